@@ -1,0 +1,92 @@
+#pragma once
+// One interface for collectives and point-to-point messages, with two backends:
+//   MpiCommunicator  (mpi_communicator.hpp)  - CPU tensors, and the bootstrap for NCCL
+//   NcclCommunicator (nccl_communicator.hpp) - CUDA tensors, on its own stream
+//
+// Every operation may run asynchronously: it returns a Work handle, and the caller must keep using
+// the tensors only after wait(). With async == false the call returns once the operation is done
+// (the handle is then already complete). On CUDA "done" means "ordered before later work on the
+// caller's stream", as in PyTorch's ProcessGroupNCCL: wait() never blocks the host there.
+//
+// All tensors must be contiguous. fp32, bf16, fp16 and integer tensors are supported; bf16/fp16
+// reductions accumulate pairwise in fp32 and round once per step, as NCCL does.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "parallel/tensor.hpp"
+
+namespace parallel {
+
+enum class ReduceOp : uint8_t { Sum, Max, Min };
+std::string_view reduce_op_name(ReduceOp op);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;           // idempotent
+  virtual bool is_completed() = 0;  // non-blocking poll; also drives MPI progress
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// A handle that is already complete (the synchronous result, or an empty batch).
+WorkHandle completed_work();
+
+struct P2POp {
+  enum class Kind : uint8_t { Send, Recv };
+  Kind kind;
+  Tensor tensor;
+  int peer;
+  int tag = 0;
+};
+
+// The slice of n elements that part `index` of `parts` owns in reduce_scatter / all_gather:
+// the first n % parts parts hold one element more (numpy's array_split). Every rank computes the
+// same split, so uneven sizes need no extra communication.
+struct Chunk {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+Chunk chunk_of(int64_t n, int parts, int index);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "mpi" or "nccl"
+
+  // In-place reduction of `tensor` over every rank.
+  virtual WorkHandle all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum, bool async = false) = 0;
+  // `in` holds n elements on every rank; rank r receives the reduction of chunk_of(n, size, r) in
+  // `out`, whose numel must be that chunk's count.
+  virtual WorkHandle reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum,
+                                    bool async = false) = 0;
+  // `out` holds n elements; rank r contributes chunk_of(n, size, r) from `in` (numel = its count).
+  virtual WorkHandle all_gather(const Tensor& in, Tensor& out, bool async = false) = 0;
+  virtual WorkHandle broadcast(Tensor& tensor, int root, bool async = false) = 0;
+  // `in` and `out` hold size * k elements; block j of `in` goes to rank j, block i of `out` comes
+  // from rank i.
+  virtual WorkHandle all_to_all(const Tensor& in, Tensor& out, bool async = false) = 0;
+
+  // Point-to-point messages are always asynchronous. `peer` is a rank in this communicator.
+  virtual WorkHandle send(const Tensor& tensor, int peer, int tag = 0) = 0;
+  virtual WorkHandle recv(Tensor& tensor, int peer, int tag = 0) = 0;
+  // Posts all sends and receives together (one NCCL group / one MPI request set), so neighbours
+  // exchanging in both directions cannot deadlock. One handle completes when all have.
+  virtual WorkHandle batch_p2p(std::span<const P2POp> ops) = 0;
+
+  virtual void barrier() = 0;
+
+  // Collective over this communicator: ranks giving the same color form a new communicator,
+  // ordered by key (then by rank). A negative color means "not a member": returns nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Ends the whole job from this rank (MPI_Abort / ncclCommAbort): for fatal errors only.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+}  // namespace parallel

@@ -1,0 +1,129 @@
+#pragma once
+// The training configuration: typed structs with defaults, read from YAML, overridden by
+// `--set section.key=value`, and validated strictly before any rank starts work.
+//
+// Every problem throws parallel::ConfigError with one line that names the key, the value and the
+// rule, e.g.
+//   config: model.num_attention_heads = 6: must be divisible by parallel.tensor (4)
+//   config: model.hidden_sise: unknown key (did you mean model.hidden_size?)
+//   config: train.steps = "ten": expected an integer
+// Key names follow Megatron's arguments, cleaned up (docs/configuration.md lists them all).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace parallel {
+
+enum class Normalization { LayerNorm, RMSNorm };
+enum class Activation { GeLU, SwiGLU };
+enum class PositionEmbedding { Learned, Rope };
+enum class Precision { FP32, BF16, FP16 };
+enum class Recompute { None, Selective, Full };
+enum class LrDecay { Constant, Linear, Cosine };
+enum class DeviceKind { CPU, CUDA };
+
+struct ModelConfig {
+  int num_layers = 2;
+  int hidden_size = 64;
+  int num_attention_heads = 4;
+  int num_query_groups = 0;  // 0: same as num_attention_heads (no grouped-query attention)
+  int ffn_hidden_size = 0;   // 0: 4 * hidden_size
+  int vocab_size = 50257;    // real vocabulary; padded to a multiple of 128 * tensor internally
+  int seq_length = 128;
+  int max_position_embeddings = 0;  // 0: seq_length
+  Normalization normalization = Normalization::LayerNorm;
+  Activation activation = Activation::GeLU;
+  PositionEmbedding position_embedding = PositionEmbedding::Learned;
+  bool add_bias = true;
+  bool tie_embeddings = true;
+  double dropout = 0.0;
+  double init_std = 0.02;
+  double norm_epsilon = 1e-5;
+  double rope_theta = 10000.0;
+};
+
+struct ParallelConfig {
+  int tensor = 1;
+  int pipeline = 1;
+  int virtual_stages = 1;
+  bool sequence_parallel = false;
+  int context = 1;  // accepted only as 1 for now
+  int expert = 1;   // accepted only as 1 for now
+  // Explicit layer counts for the first / last pipeline stage (0: split evenly).
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
+  int data = 0;  // derived: world / (tensor * pipeline * context); not a YAML key
+};
+
+struct TrainConfig {
+  int micro_batch_size = 1;
+  int global_batch_size = 8;
+  int steps = 10;
+  uint64_t seed = 1234;
+  Precision precision = Precision::FP32;
+  Recompute recompute = Recompute::None;
+  int log_interval = 1;
+  int eval_interval = 0;  // 0: never
+  int eval_steps = 1;
+  std::string output_dir = "runs/default";
+  DeviceKind device = DeviceKind::CPU;
+  double peak_tflops = 0.0;  // per rank, for MFU; 0: the device's known peak (CPU: measured default)
+};
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  int warmup_steps = 0;
+  LrDecay lr_decay = LrDecay::Cosine;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double clip_grad = 1.0;  // 0: no clipping
+  bool distributed = false;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  int64_t bucket_size = 0;  // elements; 0: Megatron's default max(40M, 1M * dp)
+  double initial_loss_scale = 65536.0;  // fp16 only
+  int loss_scale_window = 1000;         // fp16 only
+};
+
+struct DataConfig {
+  std::string path = "synthetic";  // an indexed-dataset prefix, or "synthetic"
+  std::string split = "969,30,1";
+  bool shuffle = true;
+  std::string tokenizer = "gpt2";  // GPT2BPETokenizer | ByteLevel | gpt2 (alias)
+  std::string vocab_file;
+  std::string merge_file;
+};
+
+struct CheckpointConfig {
+  std::string dir;        // empty: no checkpoints
+  int save_interval = 0;  // 0: only at the end (if dir is set)
+  std::string load;       // empty, "latest", a checkpoint root, or one step's directory
+  int keep_last = 0;      // 0: keep all
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+};
+
+// Parses YAML text (file_name is used in messages only), applies overrides of the form
+// "section.key=value" in order, and validates against `world_size` ranks. Throws ConfigError.
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    int world_size, const std::string& file_name = "<string>");
+// Reads `path` (a missing or unreadable file is a ConfigError) and calls parse_config.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size);
+// Checks every rule and fills the derived fields (parallel.data, 0-defaults). Idempotent.
+void validate_config(Config& config, int world_size);
+// The whole configuration as YAML, every key present: stored in checkpoints and run directories.
+std::string config_to_yaml(const Config& config);
+// One line per key with its type, default and meaning: for --help.
+std::string config_reference();
+
+}  // namespace parallel

@@ -1,0 +1,32 @@
+#pragma once
+// Where a tensor's bytes live, and the stream its work is ordered on.
+#include <string>
+
+namespace parallel {
+
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;  // GPU ordinal; 0 for the CPU
+
+  static Device cpu() { return {DeviceType::CPU, 0}; }
+  static Device cuda(int index = 0) { return {DeviceType::CUDA, index}; }
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;  // "cpu", "cuda:1"
+};
+
+// An opaque handle to a CUDA stream (cudaStream_t) so that public headers never include CUDA.
+// nullptr is the CPU's "stream" and CUDA's legacy default stream.
+struct Stream {
+  void* handle = nullptr;
+  bool operator==(const Stream&) const = default;
+};
+
+// True when this build has the CUDA backend and at least one GPU is visible.
+bool cuda_available();
+int cuda_device_count();  // 0 without CUDA or without a GPU
+
+}  // namespace parallel

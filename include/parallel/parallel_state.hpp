@@ -1,0 +1,85 @@
+#pragma once
+// Process groups for the parallel axes, in Megatron-Core's rank order tp-cp-ep-dp-pp (tensor
+// fastest, pipeline slowest):
+//     rank = tp + TP * (cp + CP * (ep + EP * (dp + DP * pp)))
+// RankGrid is the pure arithmetic (testable without any process); ParallelState builds the
+// communicators from it. Both are passed explicitly to whoever needs them: there is no global.
+//
+// Context and expert parallel sizes are part of the layout now, but only 1 is accepted until the
+// layers that use them exist.
+#include <memory>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+
+namespace parallel {
+
+struct ParallelSizes {
+  int tensor = 1;
+  int context = 1;
+  int expert = 1;
+  int pipeline = 1;
+  int data = 1;
+  int world() const { return tensor * context * expert * pipeline * data; }
+};
+
+struct Coord {
+  int tp = 0, cp = 0, ep = 0, dp = 0, pp = 0;
+  bool operator==(const Coord&) const = default;
+};
+
+class RankGrid {
+ public:
+  // Throws parallel::Error if a size is < 1.
+  explicit RankGrid(ParallelSizes sizes);
+  // Derives data = world / (tensor * context * expert * pipeline); throws if it does not divide.
+  static RankGrid from_world(int world_size, int tensor, int pipeline, int context = 1, int expert = 1);
+
+  const ParallelSizes& sizes() const { return sizes_; }
+  int world_size() const { return sizes_.world(); }
+  Coord coord(int rank) const;
+  int rank(const Coord& c) const;
+
+  // The ranks of each group containing `rank`, in group-rank order.
+  std::vector<int> tensor_group(int rank) const;    // vary tp
+  std::vector<int> context_group(int rank) const;   // vary cp
+  std::vector<int> data_group(int rank) const;      // vary dp
+  std::vector<int> pipeline_group(int rank) const;  // vary pp
+  std::vector<int> model_group(int rank) const;     // vary tp, cp and pp: one model replica
+  // First and last pipeline stage of `rank`'s pipeline (one rank when pp == 1); tied embeddings
+  // are kept in sync over it. Empty if `rank` is on neither stage.
+  std::vector<int> embedding_group(int rank) const;
+
+ private:
+  ParallelSizes sizes_;
+};
+
+class ParallelState {
+ public:
+  // Collective over `world`: splits it into every group. `world.size()` must equal the grid's.
+  ParallelState(Communicator& world, const RankGrid& grid);
+
+  const RankGrid& grid() const { return grid_; }
+  const Coord& coord() const { return coord_; }
+  int rank() const { return world_.rank(); }
+
+  Communicator& world() { return world_; }
+  Communicator& tp() { return *tp_; }
+  Communicator& cp() { return *cp_; }
+  Communicator& dp() { return *dp_; }
+  Communicator& pp() { return *pp_; }
+  Communicator& model() { return *model_; }
+  // nullptr on ranks that are on neither the first nor the last pipeline stage.
+  Communicator* embedding() { return embedding_.get(); }
+
+  bool is_first_stage() const { return coord_.pp == 0; }
+  bool is_last_stage() const { return coord_.pp == grid_.sizes().pipeline - 1; }
+
+ private:
+  Communicator& world_;
+  RankGrid grid_;
+  Coord coord_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, model_, embedding_;
+};
+
+}  // namespace parallel

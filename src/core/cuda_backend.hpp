@@ -1,0 +1,24 @@
+#pragma once
+// Internal seam between the device-neutral core (tensor, allocator) and the CUDA backend.
+// Implemented in src/cuda/ when PARALLEL_HAVE_CUDA, and by src/core/cuda_backend_none.cpp (which
+// throws a clear error) otherwise. Not installed: users see only Tensor and Allocator.
+#include <cstdint>
+
+#include "parallel/allocator.hpp"
+#include "parallel/dtype.hpp"
+
+namespace parallel::cuda_backend {
+
+bool available();
+int device_count();
+Allocator& allocator(int device);
+
+// Copies `bytes` between any two of host / device memory, ordered on `stream` (the copy has
+// finished when this returns if either side is host memory).
+void memcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, Stream stream);
+// Element-wise dtype conversion of n contiguous elements already on `device`.
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, Device device, Stream stream);
+void fill(void* dst, DType type, double value, int64_t n, Device device, Stream stream);
+void synchronize(Stream stream);
+
+}  // namespace parallel::cuda_backend

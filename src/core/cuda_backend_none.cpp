@@ -1,0 +1,31 @@
+// The CUDA seam for builds without the CUDA backend: every entry point says so plainly.
+#include "parallel/build_config.hpp"
+#if !PARALLEL_HAVE_CUDA
+#include "cuda_backend.hpp"
+#include "parallel/error.hpp"
+#include "parallel/nccl_communicator.hpp"
+
+namespace parallel {
+namespace {
+[[noreturn]] void no_cuda() {
+  PARALLEL_FAIL("this build of libparallel has no CUDA backend (configure with PARALLEL_WITH_CUDA=ON on a "
+                "machine with the CUDA toolkit)");
+}
+}  // namespace
+
+bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator&, Device, Stream) { no_cuda(); }
+
+namespace cuda_backend {
+bool available() { return false; }
+int device_count() { return 0; }
+Allocator& allocator(int) { no_cuda(); }
+void memcpy(void*, Device, const void*, Device, std::size_t, Stream) { no_cuda(); }
+void convert(void*, DType, const void*, DType, int64_t, Device, Stream) { no_cuda(); }
+void fill(void*, DType, double, int64_t, Device, Stream) { no_cuda(); }
+void synchronize(Stream) {}
+}  // namespace cuda_backend
+}  // namespace parallel
+#endif
