@@ -26,7 +26,7 @@ std::string_view reduce_op_name(ReduceOp op);
 class Work {
  public:
   virtual ~Work() = default;
-  virtual void wait() = 0;           // idempotent
+  virtual void wait() = 0;          // idempotent
   virtual bool is_completed() = 0;  // non-blocking poll; also drives MPI progress
 };
 using WorkHandle = std::shared_ptr<Work>;

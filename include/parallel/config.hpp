@@ -83,7 +83,7 @@ struct OptimizerConfig {
   bool distributed = false;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
-  int64_t bucket_size = 0;  // elements; 0: Megatron's default max(40M, 1M * dp)
+  int64_t bucket_size = 0;              // elements; 0: Megatron's default max(40M, 1M * dp)
   double initial_loss_scale = 65536.0;  // fp16 only
   int loss_scale_window = 1000;         // fp16 only
 };
@@ -115,8 +115,8 @@ struct Config {
 
 // Parses YAML text (file_name is used in messages only), applies overrides of the form
 // "section.key=value" in order, and validates against `world_size` ranks. Throws ConfigError.
-Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    int world_size, const std::string& file_name = "<string>");
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides, int world_size,
+                    const std::string& file_name = "<string>");
 // Reads `path` (a missing or unreadable file is a ConfigError) and calls parse_config.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size);
 // Checks every rule and fills the derived fields (parallel.data, 0-defaults). Idempotent.

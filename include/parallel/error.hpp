@@ -26,20 +26,20 @@ std::string error_location(const char* file, int line);
 
 }  // namespace parallel
 
-#define PARALLEL_CHECK(cond, ...)                                                           \
-  do {                                                                                      \
-    if (!(cond)) [[unlikely]]                                                               \
-      ::parallel::throw_error(__FILE__, __LINE__,                                           \
+#define PARALLEL_CHECK(cond, ...)                                                                   \
+  do {                                                                                              \
+    if (!(cond)) [[unlikely]]                                                                       \
+      ::parallel::throw_error(__FILE__, __LINE__,                                                   \
                               std::string("check failed: " #cond ": ") + fmt::format(__VA_ARGS__)); \
   } while (0)
 
 #define PARALLEL_FAIL(...) ::parallel::throw_error(__FILE__, __LINE__, fmt::format(__VA_ARGS__))
 
 // Checks an MPI return code (MPI_ERRORS_RETURN is set on every communicator we create).
-#define PARALLEL_MPI_CHECK(call)                                                  \
-  do {                                                                            \
-    int parallel_mpi_rc_ = (call);                                                \
-    if (parallel_mpi_rc_ != 0) [[unlikely]]                                       \
+#define PARALLEL_MPI_CHECK(call)                                                        \
+  do {                                                                                  \
+    int parallel_mpi_rc_ = (call);                                                      \
+    if (parallel_mpi_rc_ != 0) [[unlikely]]                                             \
       ::parallel::detail::throw_mpi_error(__FILE__, __LINE__, #call, parallel_mpi_rc_); \
   } while (0)
 

@@ -24,7 +24,7 @@ int64_t shape_numel(const Shape& s);
 // Bytes owned by an allocator (or borrowed from the caller, with no deleter), on one device.
 class Storage {
  public:
-  Storage(std::size_t bytes, Device device, Stream stream);  // allocates via allocator_for(device)
+  Storage(std::size_t bytes, Device device, Stream stream);   // allocates via allocator_for(device)
   Storage(void* external, std::size_t bytes, Device device);  // borrows; never freed by us
   ~Storage();
   Storage(const Storage&) = delete;

@@ -15,9 +15,11 @@ Allocator& allocator(int device);
 
 // Copies `bytes` between any two of host / device memory, ordered on `stream` (the copy has
 // finished when this returns if either side is host memory).
-void memcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, Stream stream);
+void memcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
+            Stream stream);
 // Element-wise dtype conversion of n contiguous elements already on `device`.
-void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, Device device, Stream stream);
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, Device device,
+             Stream stream);
 void fill(void* dst, DType type, double value, int64_t n, Device device, Stream stream);
 void synchronize(Stream stream);
 

@@ -8,8 +8,9 @@
 namespace parallel {
 namespace {
 [[noreturn]] void no_cuda() {
-  PARALLEL_FAIL("this build of libparallel has no CUDA backend (configure with PARALLEL_WITH_CUDA=ON on a "
-                "machine with the CUDA toolkit)");
+  PARALLEL_FAIL(
+      "this build of libparallel has no CUDA backend (configure with PARALLEL_WITH_CUDA=ON on a "
+      "machine with the CUDA toolkit)");
 }
 }  // namespace
 

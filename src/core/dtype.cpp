@@ -10,26 +10,40 @@ namespace parallel {
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::F8E4M3: return 1;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::F8E4M3:
+      return 1;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
   }
   PARALLEL_FAIL("unknown dtype {}", static_cast<int>(t));
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::F8E4M3: return "fp8_e4m3";
-    case DType::I32: return "int32";
-    case DType::I64: return "int64";
-    case DType::U8: return "uint8";
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+    case DType::F8E4M3:
+      return "fp8_e4m3";
+    case DType::I32:
+      return "int32";
+    case DType::I64:
+      return "int64";
+    case DType::U8:
+      return "uint8";
   }
   return "?";
 }
@@ -77,12 +91,12 @@ f16 float_to_f16(float v) {
   const uint32_t u = std::bit_cast<uint32_t>(v);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return f16{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to >= 65520: inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): round abs / 2^-24 to nearest even integer.
     float f = std::bit_cast<float>(abs);
-    float scaled = f * 16777216.0f;  // exact: power of two
+    float scaled = f * 16777216.0f;                              // exact: power of two
     uint32_t m = static_cast<uint32_t>(std::nearbyint(scaled));  // default rounding mode: ties to even
     return f16{static_cast<uint16_t>(sign | m)};
   }

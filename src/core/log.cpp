@@ -27,7 +27,8 @@ void init_logging(int rank, int world_size, const std::string& host) {
   if (const char* env = std::getenv("PARALLEL_LOG_ALL_RANKS")) all_ranks = std::string(env) == "1";
 
   // Logs go to stderr, unbuffered per line, so lines of a rank that aborts are not lost.
-  const std::string pattern = fmt::format("[%H:%M:%S.%e] [rank {}/{} {}] [%^%l%$] %v", rank, world_size, host);
+  const std::string pattern =
+      fmt::format("[%H:%M:%S.%e] [rank {}/{} {}] [%^%l%$] %v", rank, world_size, host);
   g_all = make_stderr_logger("parallel");
   g_all->set_pattern(pattern);
   g_all->set_level(level);
@@ -37,7 +38,8 @@ void init_logging(int rank, int world_size, const std::string& host) {
     g_progress->set_pattern(pattern);
     g_progress->set_level(level);
   } else {
-    g_progress = std::make_shared<spdlog::logger>("progress", std::make_shared<spdlog::sinks::null_sink_mt>());
+    g_progress =
+        std::make_shared<spdlog::logger>("progress", std::make_shared<spdlog::sinks::null_sink_mt>());
   }
 }
 
