@@ -1,0 +1,361 @@
+#include "parallel/tensor.hpp"
+
+#include <cstring>
+#include <numeric>
+
+#include "cuda_backend.hpp"
+#include "parallel/allocator.hpp"
+
+namespace parallel {
+
+// ---- shapes ---------------------------------------------------------------------------------
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+int64_t shape_numel(const Shape& s) {
+  return std::accumulate(s.begin(), s.end(), int64_t{1}, std::multiplies<>());
+}
+
+namespace {
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t stride = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= shape[d];
+  }
+  return strides;
+}
+
+void check_shape(const Shape& shape) {
+  for (int64_t s : shape) PARALLEL_CHECK(s >= 0, "negative dimension in shape {}", shape_str(shape));
+}
+
+// ---- element access on the host, for conversions and the strided paths -----------------------
+
+double load(const void* base, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32:
+      return static_cast<const float*>(base)[i];
+    case DType::BF16:
+      return bf16_to_float(static_cast<const bf16*>(base)[i]);
+    case DType::F16:
+      return f16_to_float(static_cast<const f16*>(base)[i]);
+    case DType::I32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::I64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::U8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::F8E4M3:
+      break;
+  }
+  PARALLEL_FAIL("no host arithmetic for dtype {}", dtype_name(t));
+}
+
+void store(void* base, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::F32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      return;
+    case DType::BF16:
+      static_cast<bf16*>(base)[i] = float_to_bf16(static_cast<float>(v));
+      return;
+    case DType::F16:
+      static_cast<f16*>(base)[i] = float_to_f16(static_cast<float>(v));
+      return;
+    case DType::I32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::I64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::U8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::F8E4M3:
+      break;
+  }
+  PARALLEL_FAIL("no host arithmetic for dtype {}", dtype_name(t));
+}
+
+// Calls fn(dst_index, src_index) for every element in row-major order of `shape`.
+template <typename Fn>
+void for_each_element(const Shape& shape, const Shape& dst_strides, const Shape& src_strides, Fn&& fn) {
+  const int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  const size_t rank = shape.size();
+  std::vector<int64_t> index(rank, 0);
+  int64_t di = 0, si = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    fn(di, si);
+    for (size_t d = rank; d-- > 0;) {
+      if (++index[d] < shape[d]) {
+        di += dst_strides[d];
+        si += src_strides[d];
+        break;
+      }
+      di -= dst_strides[d] * (shape[d] - 1);
+      si -= src_strides[d] * (shape[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+// Host-to-host copy with conversion; both tensors on the CPU, any strides.
+void copy_host(const Tensor& dst, const Tensor& src) {
+  void* d = dst.data_ptr();
+  const void* s = src.data_ptr();
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    if (dst.dtype() == src.dtype()) {
+      if (dst.nbytes() > 0) std::memcpy(d, s, dst.nbytes());
+      return;
+    }
+    const int64_t n = dst.numel();
+    if (dst.dtype() == DType::F32 && src.dtype() == DType::BF16) {
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<float*>(d)[i] = bf16_to_float(static_cast<const bf16*>(s)[i]);
+      return;
+    }
+    if (dst.dtype() == DType::BF16 && src.dtype() == DType::F32) {
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<bf16*>(d)[i] = float_to_bf16(static_cast<const float*>(s)[i]);
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) store(d, dst.dtype(), i, load(s, src.dtype(), i));
+    return;
+  }
+  const DType dt = dst.dtype(), st = src.dtype();
+  const std::size_t es = dtype_size(dt);
+  for_each_element(dst.shape(), dst.strides(), src.strides(), [&](int64_t di, int64_t si) {
+    if (dt == st)
+      std::memcpy(static_cast<char*>(d) + di * es, static_cast<const char*>(s) + si * es, es);
+    else
+      store(d, dt, di, load(s, st, si));
+  });
+}
+
+}  // namespace
+
+// ---- storage --------------------------------------------------------------------------------
+
+Storage::Storage(std::size_t bytes, Device device, Stream stream)
+    : bytes_(bytes), device_(device), stream_(stream), owned_(true) {
+  data_ = allocator_for(device).allocate(bytes, stream);
+}
+
+Storage::Storage(void* external, std::size_t bytes, Device device)
+    : data_(external), bytes_(bytes), device_(device), owned_(false) {}
+
+Storage::~Storage() {
+  if (owned_ && data_ != nullptr) allocator_for(device_).deallocate(data_, bytes_, stream_);
+}
+
+// ---- construction ---------------------------------------------------------------------------
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, Stream stream) {
+  check_shape(shape);
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device, stream);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, Stream stream) {
+  Tensor t = empty(shape, dtype, device, stream);
+  t.zero_(stream);
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device) {
+  check_shape(shape);
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(data, t.nbytes(), device);
+  return t;
+}
+
+Tensor Tensor::from_floats(const std::vector<float>& values, const Shape& shape, DType dtype) {
+  PARALLEL_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "{} values for shape {}",
+                 values.size(), shape_str(shape));
+  Tensor t = empty(shape, dtype);
+  copy_host(t, from_blob(const_cast<float*>(values.data()), shape, DType::F32));
+  return t;
+}
+
+// ---- properties -----------------------------------------------------------------------------
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t r = dim();
+  PARALLEL_CHECK(d >= -r && d < r, "dimension {} out of range for {}", d, str());
+  return shape_[d < 0 ? d + r : d];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (shape_[d] != 1 && strides_[d] != expected) return false;
+    expected *= shape_[d];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  if (!storage_) return nullptr;
+  return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
+}
+
+std::string Tensor::str() const {
+  return fmt::format("Tensor{} {} {}", shape_str(shape_), dtype_name(dtype_), device_.str());
+}
+
+// ---- views ----------------------------------------------------------------------------------
+
+Tensor Tensor::view(const Shape& shape) const {
+  PARALLEL_CHECK(is_contiguous(), "view() of a non-contiguous {}: call contiguous() first", str());
+  Shape s = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (s[d] == -1) {
+      PARALLEL_CHECK(infer < 0, "view {}: only one dimension may be -1", shape_str(shape));
+      infer = static_cast<int64_t>(d);
+    } else {
+      PARALLEL_CHECK(s[d] >= 0, "view {}: negative dimension", shape_str(shape));
+      known *= s[d];
+    }
+  }
+  if (infer >= 0) {
+    PARALLEL_CHECK(known > 0 && numel() % known == 0, "cannot view {} as {}", str(), shape_str(shape));
+    s[infer] = numel() / known;
+  }
+  PARALLEL_CHECK(shape_numel(s) == numel(), "cannot view {} as {}", str(), shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = s;
+  t.strides_ = contiguous_strides(s);
+  return t;
+}
+
+Tensor Tensor::narrow(int64_t dim_, int64_t start, int64_t length) const {
+  const int64_t d = dim_ < 0 ? dim_ + dim() : dim_;
+  PARALLEL_CHECK(d >= 0 && d < dim(), "narrow: dimension {} out of range for {}", dim_, str());
+  PARALLEL_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d],
+                 "narrow: [{}, {}) out of range for dimension {} of {}", start, start + length, d, str());
+  Tensor t = *this;
+  t.offset_ += start * strides_[d];
+  t.shape_[d] = length;
+  return t;
+}
+
+Tensor Tensor::select(int64_t index) const {
+  PARALLEL_CHECK(dim() >= 1, "select on a 0-d tensor");
+  Tensor t = narrow(0, index, 1);
+  t.shape_.erase(t.shape_.begin());
+  t.strides_.erase(t.strides_.begin());
+  return t;
+}
+
+// ---- copies ---------------------------------------------------------------------------------
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_, storage_ ? storage_->stream() : Stream{});
+  t.copy_(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device, Stream stream) const {
+  if (device == device_) return *this;
+  Tensor t = empty(shape_, dtype_, device, stream);
+  t.copy_(*this, stream);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  Tensor t = empty(shape_, dtype, device_, storage_ ? storage_->stream() : Stream{});
+  t.copy_(*this);
+  return t;
+}
+
+void Tensor::copy_(const Tensor& src, Stream stream) {
+  PARALLEL_CHECK(shape_ == src.shape_, "copy_: shape {} from {}", shape_str(shape_), shape_str(src.shape_));
+  if (numel() == 0) return;
+  if (device_.is_cpu() && src.device_.is_cpu()) return copy_host(*this, src);
+
+  // Across devices or on a GPU: bytes move contiguously; conversions happen on the GPU when both
+  // sides are there, else on the host side.
+  PARALLEL_CHECK(is_contiguous() && src.is_contiguous(), "copy_ between {} and {} needs contiguous tensors",
+                 str(), src.str());
+  if (device_.is_cuda() && src.device_.is_cuda()) {
+    if (dtype_ == src.dtype_)
+      cuda_backend::memcpy(data_ptr(), device_, src.data_ptr(), src.device_, nbytes(), stream);
+    else if (device_ == src.device_)
+      cuda_backend::convert(data_ptr(), dtype_, src.data_ptr(), src.dtype_, numel(), device_, stream);
+    else
+      copy_(src.to(device_, stream), stream);
+    return;
+  }
+  if (dtype_ == src.dtype_) {
+    cuda_backend::memcpy(data_ptr(), device_, src.data_ptr(), src.device_, nbytes(), stream);
+  } else if (device_.is_cuda()) {  // host -> device with conversion: convert on the host first
+    Tensor staged = src.to(dtype_);
+    cuda_backend::memcpy(data_ptr(), device_, staged.data_ptr(), staged.device_, nbytes(), stream);
+  } else {  // device -> host with conversion: move the bytes, then convert on the host
+    Tensor staged = empty(shape_, src.dtype_);
+    cuda_backend::memcpy(staged.data_ptr(), staged.device_, src.data_ptr(), src.device_, src.nbytes(),
+                         stream);
+    copy_host(*this, staged);
+  }
+}
+
+void Tensor::fill_(double value, Stream stream) {
+  if (numel() == 0) return;
+  if (device_.is_cuda()) {
+    PARALLEL_CHECK(is_contiguous(), "fill_ of a non-contiguous CUDA tensor {}", str());
+    cuda_backend::fill(data_ptr(), dtype_, value, numel(), device_, stream);
+    return;
+  }
+  void* d = data_ptr();
+  if (is_contiguous()) {
+    const int64_t n = numel();
+    if (dtype_ == DType::F32) {
+      std::fill_n(static_cast<float*>(d), n, static_cast<float>(value));
+      return;
+    }
+    if (value == 0.0) {
+      std::memset(d, 0, nbytes());
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) store(d, dtype_, i, value);
+    return;
+  }
+  for_each_element(shape_, strides_, strides_, [&](int64_t di, int64_t) { store(d, dtype_, di, value); });
+}
+
+std::vector<float> Tensor::to_float_vector() const {
+  const Tensor host = device_.is_cpu() ? *this : to(Device::cpu());
+  std::vector<float> out(static_cast<size_t>(numel()));
+  if (out.empty()) return out;
+  Tensor dst = from_blob(out.data(), shape_, DType::F32);
+  copy_host(dst, host);
+  return out;
+}
+
+}  // namespace parallel
