@@ -1,0 +1,133 @@
+#include "parallel/runtime.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <thread>
+
+#include "parallel/log.hpp"
+
+namespace parallel {
+namespace {
+
+bool mpi_is_live() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+// How long ranks that all failed the same way wait for each other before concluding that only
+// some failed (and aborting the job instead).
+constexpr auto kAgreementTimeout = std::chrono::seconds(10);
+
+// True when every rank reached this point within the timeout: the error was the same everywhere
+// (a bad config is read identically by all ranks), so the job can end cleanly. A rank that did not
+// fail never arrives, and then the caller must abort rather than leave it waiting.
+bool all_ranks_failed_alike() {
+  MPI_Request request;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &request) != MPI_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() + kAgreementTimeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+void terminate_handler() {
+  std::string what = "std::terminate called";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what += std::string(": ") + ex.what();
+    } catch (...) {
+      what += ": unknown exception";
+    }
+  }
+  fatal(what);
+}
+
+}  // namespace
+
+Runtime::Runtime(int* argc, char*** argv) {
+  launch_ = discover_launch_from_environment();
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    launch_.source = "mpi (already initialised)";
+  } else {
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      std::fprintf(stderr, "libparallel: MPI_Init_thread failed\n");
+      std::exit(1);
+    }
+    owns_mpi_ = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+
+  // MPI's view is authoritative; the launcher's variables must agree with it, or the job was
+  // started in a way MPI cannot see (e.g. torchrun without an MPI launcher) and would deadlock.
+  int mpi_rank = 0, mpi_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  set_error_context(mpi_rank, launch_.host);
+  if (mpi_size != launch_.world_size || mpi_rank != launch_.rank) {
+    if (launch_.source == "mpi (already initialised)" || launch_.source == "single process") {
+      launch_.rank = mpi_rank;
+      launch_.world_size = mpi_size;
+    } else {
+      std::fprintf(stderr,
+                   "libparallel: the %s environment says rank %d of %d, but MPI sees rank %d of %d; "
+                   "launch with mpirun or srun so that every rank joins one MPI job\n",
+                   launch_.source.c_str(), launch_.rank, launch_.world_size, mpi_rank, mpi_size);
+      if (owns_mpi_) MPI_Abort(MPI_COMM_WORLD, 1);
+      std::exit(1);
+    }
+  }
+  init_logging(launch_.rank, launch_.world_size, launch_.host);
+  std::set_terminate(terminate_handler);
+  world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  progress().info("launch: {} rank(s) from {} (local rank {} of {})", launch_.world_size, launch_.source,
+                  launch_.local_rank, launch_.local_size);
+}
+
+Runtime::~Runtime() {
+  world_.reset();
+  if (owns_mpi_ && mpi_is_live()) MPI_Finalize();
+}
+
+int run_main(int argc, char** argv, const std::function<int(Runtime&)>& body) {
+  std::optional<Runtime> runtime;
+  try {
+    runtime.emplace(&argc, &argv);
+  } catch (const std::exception& e) {
+    fatal(std::string("start-up failed: ") + e.what());
+  }
+  try {
+    return body(*runtime);
+  } catch (const ConfigError& e) {
+    if (all_ranks_failed_alike()) {
+      if (runtime->rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+    fatal(e.what());
+  } catch (const std::exception& e) {
+    fatal(e.what());
+  }
+}
+
+void fatal(const std::string& message) {
+  logger().critical("fatal: {}", message);
+  logger().flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (mpi_is_live()) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+}  // namespace parallel
