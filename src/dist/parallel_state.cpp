@@ -1,0 +1,53 @@
+#include "parallel/parallel_state.hpp"
+
+#include <algorithm>
+
+#include "parallel/error.hpp"
+
+namespace parallel {
+namespace {
+
+// Every rank of a group computes the same member list, so its smallest rank is a color that all
+// members agree on and no other group shares; the position in the list is the rank in the group.
+std::unique_ptr<Communicator> split_into(Communicator& world, const std::vector<int>& members,
+                                         const char* name) {
+  const int me = world.rank();
+  if (members.empty()) {
+    auto none = world.split(-1, 0);
+    PARALLEL_CHECK(none == nullptr, "split with color -1 returned a {} communicator", name);
+    return none;
+  }
+  auto it = std::find(members.begin(), members.end(), me);
+  PARALLEL_CHECK(it != members.end(), "rank {} is not in its own {} group", me, name);
+  auto comm = world.split(members.front(), static_cast<int>(it - members.begin()));
+  PARALLEL_CHECK(comm != nullptr, "split of the {} group returned no communicator", name);
+  PARALLEL_CHECK(comm->size() == static_cast<int>(members.size()) && comm->rank() == it - members.begin(),
+                 "{} group: expected rank {} of {}, communicator says {} of {}", name, it - members.begin(),
+                 members.size(), comm->rank(), comm->size());
+  return comm;
+}
+
+}  // namespace
+
+ParallelState::ParallelState(Communicator& world, const RankGrid& grid)
+    : world_(world), grid_(grid), coord_() {
+  const auto& s = grid.sizes();
+  // Checked before any split: a mismatch on one rank would otherwise leave the others hung in it.
+  if (world.size() != grid.world_size())
+    PARALLEL_FAIL(
+        "world size {} does not match the parallel layout tensor({}) x context({}) x expert({}) x "
+        "pipeline({}) "
+        "x data({}) = {}",
+        world.size(), s.tensor, s.context, s.expert, s.pipeline, s.data, grid.world_size());
+  const int me = world.rank();
+  coord_ = grid.coord(me);
+  // Every rank must make the same sequence of split calls, members or not.
+  tp_ = split_into(world, grid.tensor_group(me), "tensor");
+  cp_ = split_into(world, grid.context_group(me), "context");
+  dp_ = split_into(world, grid.data_group(me), "data");
+  pp_ = split_into(world, grid.pipeline_group(me), "pipeline");
+  model_ = split_into(world, grid.model_group(me), "model");
+  embedding_ = split_into(world, grid.embedding_group(me), "embedding");
+}
+
+}  // namespace parallel
