@@ -52,7 +52,7 @@ struct ParallelConfig {
   // Explicit layer counts for the first / last pipeline stage (0: split evenly).
   int first_stage_layers = 0;
   int last_stage_layers = 0;
-  int data = 0;  // derived: world / (tensor * pipeline * context); not a YAML key
+  int data = 0;  // derived: world / (tensor * pipeline * context * expert); not a YAML key
 };
 
 struct TrainConfig {

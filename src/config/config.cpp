@@ -1,0 +1,759 @@
+// Config: YAML <-> typed structs, overrides, validation, and the --help reference.
+//
+// Every key is listed exactly once, in the for_each_field() overloads below (key, member,
+// description). Loading, overrides, config_to_yaml(), config_reference() and the key names in
+// validation messages all walk those lists, so adding a key means adding one line.
+#include "parallel/config.hpp"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <concepts>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <set>
+#include <span>
+#include <sstream>
+#include <string_view>
+#include <type_traits>
+
+#include "parallel/error.hpp"
+
+namespace parallel {
+namespace {
+
+// ---- enum names (lowercase, in declaration order, so the enum's value indexes the list) --------
+
+constexpr std::string_view kNormalizationNames[] = {"layernorm", "rmsnorm"};
+constexpr std::string_view kActivationNames[] = {"gelu", "swiglu"};
+constexpr std::string_view kPositionEmbeddingNames[] = {"learned", "rope"};
+constexpr std::string_view kPrecisionNames[] = {"fp32", "bf16", "fp16"};
+constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
+constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
+constexpr std::string_view kDeviceKindNames[] = {"cpu", "cuda"};
+
+std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
+std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
+std::span<const std::string_view> names_of(PositionEmbedding) { return kPositionEmbeddingNames; }
+std::span<const std::string_view> names_of(Precision) { return kPrecisionNames; }
+std::span<const std::string_view> names_of(Recompute) { return kRecomputeNames; }
+std::span<const std::string_view> names_of(LrDecay) { return kLrDecayNames; }
+std::span<const std::string_view> names_of(DeviceKind) { return kDeviceKindNames; }
+
+template <typename T>
+concept NamedEnum = std::is_enum_v<T> && requires(T value) {
+  names_of(value);
+};
+
+constexpr std::string_view kTokenizers[] = {"GPT2BPETokenizer", "ByteLevel", "gpt2"};
+
+// ---- the key tables ----------------------------------------------------------------------------
+// S is the section struct, const or not; f(key, member, description) is called once per key.
+
+template <typename S, typename F>
+requires std::same_as<std::remove_const_t<S>, ModelConfig>
+void for_each_field(S& s, F&& f) {
+  f("num_layers", s.num_layers, "number of transformer layers");
+  f("hidden_size", s.hidden_size, "width of the residual stream");
+  f("num_attention_heads", s.num_attention_heads, "attention heads per layer");
+  f("num_query_groups", s.num_query_groups,
+    "key/value heads for grouped-query attention (0: num_attention_heads)");
+  f("ffn_hidden_size", s.ffn_hidden_size,
+    "MLP inner width (0: 4 * hidden_size; set it explicitly for swiglu)");
+  f("vocab_size", s.vocab_size, "real vocabulary size (padded to a multiple of 128 * tensor internally)");
+  f("seq_length", s.seq_length, "tokens per sample");
+  f("max_position_embeddings", s.max_position_embeddings, "learned position table size (0: seq_length)");
+  f("normalization", s.normalization, "normalization layer");
+  f("activation", s.activation, "MLP activation");
+  f("position_embedding", s.position_embedding, "position encoding");
+  f("add_bias", s.add_bias, "biases in linear layers");
+  f("tie_embeddings", s.tie_embeddings, "share the input embedding with the output layer");
+  f("dropout", s.dropout, "dropout probability for attention and hidden states");
+  f("init_std", s.init_std, "standard deviation of the normal weight initialization");
+  f("norm_epsilon", s.norm_epsilon, "epsilon of the normalization layers");
+  f("rope_theta", s.rope_theta, "base of the rotary embedding frequencies");
+}
+
+template <typename S, typename F>
+requires std::same_as<std::remove_const_t<S>, ParallelConfig>
+void for_each_field(S& s, F&& f) {
+  f("tensor", s.tensor, "tensor-parallel size");
+  f("pipeline", s.pipeline, "pipeline-parallel size (number of stages)");
+  f("virtual_stages", s.virtual_stages, "model chunks per pipeline stage (interleaved schedule when > 1)");
+  f("sequence_parallel", s.sequence_parallel, "split norms and dropout along the sequence over tensor ranks");
+  f("context", s.context, "context-parallel size (only 1 is supported)");
+  f("expert", s.expert, "expert-parallel size (only 1 is supported)");
+  f("first_stage_layers", s.first_stage_layers, "layers on the first pipeline stage (0: split evenly)");
+  f("last_stage_layers", s.last_stage_layers, "layers on the last pipeline stage (0: split evenly)");
+}
+
+template <typename S, typename F>
+requires std::same_as<std::remove_const_t<S>, TrainConfig>
+void for_each_field(S& s, F&& f) {
+  f("micro_batch_size", s.micro_batch_size, "samples per micro-batch per data-parallel rank");
+  f("global_batch_size", s.global_batch_size, "samples per optimizer step over all data-parallel ranks");
+  f("steps", s.steps, "optimizer steps to train");
+  f("seed", s.seed, "random seed");
+  f("precision", s.precision, "parameter and compute precision");
+  f("recompute", s.recompute, "activation recomputation");
+  f("log_interval", s.log_interval, "steps between log lines");
+  f("eval_interval", s.eval_interval, "steps between evaluations (0: never)");
+  f("eval_steps", s.eval_steps, "batches per evaluation");
+  f("output_dir", s.output_dir, "directory for logs and metrics");
+  f("device", s.device, "where to compute");
+  f("peak_tflops", s.peak_tflops, "peak TFLOP/s per rank for MFU (0: the device's known peak)");
+}
+
+template <typename S, typename F>
+requires std::same_as<std::remove_const_t<S>, OptimizerConfig>
+void for_each_field(S& s, F&& f) {
+  f("lr", s.lr, "peak learning rate");
+  f("min_lr", s.min_lr, "learning rate at the end of the decay");
+  f("warmup_steps", s.warmup_steps, "steps of linear warmup from 0 to lr");
+  f("lr_decay", s.lr_decay, "learning-rate decay after warmup");
+  f("weight_decay", s.weight_decay, "decoupled (AdamW) weight decay");
+  f("beta1", s.beta1, "Adam first-moment decay");
+  f("beta2", s.beta2, "Adam second-moment decay");
+  f("eps", s.eps, "Adam epsilon");
+  f("clip_grad", s.clip_grad, "global gradient-norm clip (0: no clipping)");
+  f("distributed", s.distributed, "shard optimizer state over data-parallel ranks");
+  f("overlap_grad_reduce", s.overlap_grad_reduce, "overlap gradient reduction with the backward pass");
+  f("overlap_param_gather", s.overlap_param_gather, "overlap parameter all-gather with the forward pass");
+  f("bucket_size", s.bucket_size, "gradient bucket size in elements (0: max(40M, 1M * data))");
+  f("initial_loss_scale", s.initial_loss_scale, "initial dynamic loss scale (fp16 only)");
+  f("loss_scale_window", s.loss_scale_window,
+    "steps without overflow before the loss scale grows (fp16 only)");
+}
+
+template <typename S, typename F>
+requires std::same_as<std::remove_const_t<S>, DataConfig>
+void for_each_field(S& s, F&& f) {
+  f("path", s.path, "indexed-dataset prefix, or \"synthetic\"");
+  f("split", s.split, "train,validation,test weights, e.g. \"969,30,1\"");
+  f("shuffle", s.shuffle, "shuffle samples each epoch");
+  f("tokenizer", s.tokenizer, "GPT2BPETokenizer, ByteLevel or gpt2 (alias of GPT2BPETokenizer)");
+  f("vocab_file", s.vocab_file, "tokenizer vocabulary file");
+  f("merge_file", s.merge_file, "tokenizer BPE merges file");
+}
+
+template <typename S, typename F>
+requires std::same_as<std::remove_const_t<S>, CheckpointConfig>
+void for_each_field(S& s, F&& f) {
+  f("dir", s.dir, "checkpoint directory (empty: no checkpoints)");
+  f("save_interval", s.save_interval, "steps between checkpoints (0: only at the end)");
+  f("load", s.load,
+    "checkpoint to resume from: empty, \"latest\", a checkpoint root or one step's directory");
+  f("keep_last", s.keep_last, "checkpoints to keep (0: all)");
+}
+
+// C is Config or const Config; f(section name, section struct).
+template <typename C, typename F>
+requires std::same_as<std::remove_const_t<C>, Config>
+void for_each_section(C& c, F&& f) {
+  f("model", c.model);
+  f("parallel", c.parallel);
+  f("train", c.train);
+  f("optimizer", c.optimizer);
+  f("data", c.data);
+  f("checkpoint", c.checkpoint);
+}
+
+// f(section, key, member, description) for every key.
+template <typename C, typename F>
+void for_each_key(C& c, F&& f) {
+  for_each_section(c, [&](const char* section, auto& s) {
+    for_each_field(s, [&](const char* key, auto& member, const char* description) {
+      f(section, key, member, description);
+    });
+  });
+}
+
+// Values computed by validate_config(): named in messages, but never read from YAML nor written.
+template <typename C, typename F>
+void for_each_derived(C& c, F&& f) {
+  f("parallel", "data", c.parallel.data,
+    "it is derived: world size / (tensor * pipeline * context * expert)");
+}
+
+// ---- values: text, display, type names -----------------------------------------------------------
+
+// A string as it appears in messages: double-quoted, escaped so that a message stays one line.
+std::string quoted(std::string_view text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+    } else {
+      out += ch;
+    }
+  }
+  return out + '"';
+}
+
+std::string format_double(double value) {
+  std::string text = fmt::format("{}", value);  // shortest text that reads back exactly
+  // Keep floats recognisable as floats, to people ("65536" reads as an integer) and to YAML 1.1
+  // readers such as PyYAML, which want a '.' in a float ("1e-05" would be a string there).
+  size_t exponent = text.find('e');
+  if (text.find('.') == std::string::npos && text.find_first_of("in") == std::string::npos) {
+    text.insert(exponent == std::string::npos ? text.size() : exponent, ".0");
+  }
+  return text;
+}
+
+// The value as YAML scalar text (unquoted): used for config_to_yaml() and, for non-strings, messages.
+template <typename T>
+std::string to_text(const T& value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return value ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return format_double(value);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return value;
+  } else if constexpr (NamedEnum<T>) {
+    return std::string(names_of(value)[static_cast<size_t>(value)]);
+  } else {
+    static_assert(std::is_integral_v<T>);
+    return std::to_string(value);
+  }
+}
+
+// The value as shown in messages and the reference: strings quoted, everything else as YAML text.
+template <typename T>
+std::string display(const T& value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return quoted(value);
+  } else {
+    return to_text(value);
+  }
+}
+
+std::string join(std::span<const std::string_view> names, std::string_view separator) {
+  std::string out;
+  for (std::string_view name : names) {
+    if (!out.empty()) out += separator;
+    out += name;
+  }
+  return out;
+}
+
+template <typename T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return "bool";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return "float";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return "string";
+  } else if constexpr (NamedEnum<T>) {
+    return join(names_of(T{}), "|");
+  } else if constexpr (std::is_unsigned_v<T>) {
+    return "uint";
+  } else {
+    return "int";
+  }
+}
+
+// ---- reading a value from YAML -------------------------------------------------------------------
+
+[[noreturn]] void fail(const std::string& message) { throw ConfigError("config: " + message); }
+
+// The whole of `text` as a number of type T (no leading '+', no trailing junk).
+template <typename T>
+bool parse_number(const std::string& text, T& out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+}
+
+// What the user wrote, for messages: numbers and booleans as they are, anything else quoted.
+std::string display_raw(const YAML::Node& node) {
+  if (node.IsNull()) return "null";
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  const std::string& text = node.Scalar();
+  double number = 0;
+  bool plain = node.Tag() != "!" && (parse_number(text, number) || text == "true" || text == "false");
+  return plain ? text : quoted(text);
+}
+
+// Sets `field` from `node` (a scalar, a null, or something else) or throws naming `name`.
+// Types follow the field, not YAML's guess: `path: 123` is the string "123", but a quoted "10"
+// for an integer key is an error, since quoting is how YAML says "this is a string".
+template <typename T>
+void assign(const std::string& name, const YAML::Node& node, T& field) {
+  auto wrong = [&](std::string_view rule) {
+    fail(fmt::format("{} = {}: {}", name, display_raw(node), rule));
+  };
+  bool quoted_scalar = node.IsScalar() && node.Tag() == "!";
+  const std::string text = node.IsScalar() && !quoted_scalar ? node.Scalar() : std::string();
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (node.IsNull()) {
+      field.clear();  // `load:` with nothing after it means "no value"
+    } else if (node.IsScalar()) {
+      field = node.Scalar();
+    } else {
+      wrong("expected a string");
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (text == "true" || text == "True" || text == "TRUE") {
+      field = true;
+    } else if (text == "false" || text == "False" || text == "FALSE") {
+      field = false;
+    } else {
+      wrong("expected true or false");
+    }
+  } else if constexpr (std::is_same_v<T, double>) {
+    double value = 0;
+    // from_chars rejects a leading '+', which YAML allows.
+    std::string digits = text.starts_with('+') ? text.substr(1) : text;
+    if (!parse_number(digits, value)) wrong("expected a number");
+    if (!std::isfinite(value)) wrong("expected a finite number");
+    field = value;
+  } else if constexpr (NamedEnum<T>) {
+    auto names = names_of(T{});
+    auto it = std::find(names.begin(), names.end(), text);
+    if (it == names.end()) wrong("must be one of " + join(names, ", "));
+    field = static_cast<T>(it - names.begin());
+  } else {
+    static_assert(std::is_integral_v<T>);
+    std::string digits = text.starts_with('+') ? text.substr(1) : text;
+    T value{};
+    if (!parse_number(digits, value)) {
+      // Tell "too big" apart from "not a number" (e.g. 2.5 or "ten").
+      bool all_digits = !digits.empty() && digits.find_first_not_of("-0123456789") == std::string::npos;
+      if (all_digits && digits != "-") {
+        wrong(fmt::format("out of range [{}, {}]", std::numeric_limits<T>::min(),
+                          std::numeric_limits<T>::max()));
+      }
+      wrong(std::is_unsigned_v<T> ? "expected a non-negative integer" : "expected an integer");
+    }
+    field = value;
+  }
+}
+
+// ---- finding keys --------------------------------------------------------------------------------
+
+// Edits (insert, delete, replace, swap two neighbours) between a typo and a key; a typed prefix of a
+// key ("warmup" for "warmup_steps") counts as one edit, since that is how keys get half-remembered.
+size_t edit_distance(std::string_view typed, std::string_view key) {
+  if (typed.size() >= 3 && key.starts_with(typed)) return 1;
+  const size_t n = typed.size(), m = key.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      size_t cost = typed[i - 1] == key[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && typed[i - 1] == key[j - 2] && typed[i - 2] == key[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[n][m];
+}
+
+// Close enough to be a typo: a third of the word, at least one edit, at most three.
+bool is_close(std::string_view typed, size_t distance) {
+  return distance <= std::clamp<size_t>(typed.size() / 3, 1, 3);
+}
+
+std::vector<std::string_view> section_names() {
+  const Config defaults;
+  std::vector<std::string_view> names;
+  for_each_section(defaults, [&](const char* section, const auto&) { names.emplace_back(section); });
+  return names;
+}
+
+// " (did you mean model.hidden_size?)" for the nearest key in any section (same section wins ties),
+// or "" when nothing is close.
+std::string suggest_key(const std::string& section, const std::string& key) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  const Config defaults;
+  for_each_key(defaults, [&](const char* s, const char* k, const auto&, const char*) {
+    size_t distance = edit_distance(key, k) * 2 + (section == s ? 0 : 1);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = fmt::format("{}.{}", s, k);
+    }
+  });
+  return is_close(key, best_distance / 2) ? " (did you mean " + best + "?)" : "";
+}
+
+std::string suggest_section(const std::string& section) {
+  for (std::string_view name : section_names()) {
+    if (is_close(section, edit_distance(section, name))) return fmt::format(" (did you mean {}?)", name);
+  }
+  return " (sections: " + join(section_names(), ", ") + ")";
+}
+
+void require_known_section(const std::string& section) {
+  auto names = section_names();
+  if (std::find(names.begin(), names.end(), section) == names.end()) {
+    fail(fmt::format("{}: unknown section{}", section, suggest_section(section)));
+  }
+}
+
+// Sets section.key from `node`; unknown and derived keys are errors.
+void set_key(Config& c, const std::string& section, const std::string& key, const YAML::Node& node) {
+  const std::string name = section + "." + key;
+  bool found = false;
+  for_each_key(c, [&](const char* s, const char* k, auto& member, const char*) {
+    if (section == s && key == k) {
+      assign(name, node, member);
+      found = true;
+    }
+  });
+  if (found) return;
+  for_each_derived(c, [&](const char* s, const char* k, const auto&, const char* why) {
+    if (section == s && key == k) fail(fmt::format("{}: not a configuration key: {}", name, why));
+  });
+  fail(fmt::format("{}: unknown key{}", name, suggest_key(section, key)));
+}
+
+std::string scalar_or(const YAML::Node& node, std::string_view fallback) {
+  return node.IsScalar() ? node.Scalar() : std::string(fallback);
+}
+
+void apply_document(Config& c, const YAML::Node& root, const std::string& file_name) {
+  if (!root || root.IsNull()) return;  // an empty document: all defaults
+  if (!root.IsMap()) fail(fmt::format("{}: the top level must be a map of sections", file_name));
+  std::set<std::string> seen;
+  for (const auto& entry : root) {
+    const std::string section = scalar_or(entry.first, "<non-scalar key>");
+    require_known_section(section);
+    const YAML::Node& body = entry.second;
+    if (body.IsNull()) continue;  // a section with every key commented out
+    if (!body.IsMap())
+      fail(fmt::format("{}: must be a map of key: value, got {}", section, display_raw(body)));
+    for (const auto& item : body) {
+      const std::string key = scalar_or(item.first, "<non-scalar key>");
+      // yaml-cpp keeps both entries of a repeated key; the second would silently win.
+      if (!seen.insert(section + "." + key).second) fail(fmt::format("{}.{}: given twice", section, key));
+      set_key(c, section, key, item.second);
+    }
+  }
+}
+
+std::string trim(std::string_view text) {
+  size_t begin = text.find_first_not_of(" \t");
+  if (begin == std::string_view::npos) return "";
+  size_t end = text.find_last_not_of(" \t");
+  return std::string(text.substr(begin, end - begin + 1));
+}
+
+void apply_override(Config& c, const std::string& override_text) {
+  size_t equals = override_text.find('=');
+  std::string name = trim(override_text.substr(0, equals));
+  size_t dot = name.find('.');
+  if (equals == std::string::npos || dot == std::string::npos || dot == 0 || dot + 1 == name.size()) {
+    fail(fmt::format("override {}: expected section.key=value", quoted(override_text)));
+  }
+  std::string value = override_text.substr(equals + 1);
+  YAML::Node node;
+  try {
+    node = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    fail(fmt::format("override {}: the value is not a YAML scalar: {}", quoted(override_text), e.msg));
+  }
+  std::string section = name.substr(0, dot);
+  require_known_section(section);
+  set_key(c, section, name.substr(dot + 1), node);
+}
+
+// ---- validation ------------------------------------------------------------------------------------
+
+// One factor of a rule's right-hand side: a key (or derived value) and its current value.
+struct Term {
+  std::string name;
+  long long value;
+};
+
+// Builds messages for the rules of one config; keys are named by looking up the member's address in
+// the key tables, so the rules below never spell a key.
+class Rules {
+ public:
+  explicit Rules(const Config& c) : c_(c) {}
+
+  template <typename T>
+  std::string key(const T& field) const {
+    std::string name;
+    auto match = [&](const char* s, const char* k, const auto& member, const char*) {
+      if (static_cast<const void*>(&member) == static_cast<const void*>(&field))
+        name = fmt::format("{}.{}", s, k);
+    };
+    for_each_key(c_, match);
+    for_each_derived(c_, match);
+    if (name.empty())
+      throw Error("config: internal error: a rule names a field that is not in the key tables");
+    return name;
+  }
+
+  Term term(const int& field) const { return {key(field), field}; }
+
+  // "config: KEY = VALUE: RULE"
+  template <typename T>
+  void require(bool ok, const T& field, std::string_view rule) const {
+    if (!ok) fail(fmt::format("{} = {}: {}", key(field), display(field), rule));
+  }
+
+  template <typename T>
+  void at_least(const T& field, T min) const {
+    require(field >= min, field, fmt::format("must be >= {}", min));
+  }
+
+  // field % (a * b * ...) == 0; the message names each factor and the product.
+  void divisible(const int& field, std::initializer_list<Term> by, std::string_view when = "") const {
+    long long product = 1;
+    for (const Term& t : by) product *= t.value;
+    if (field % product == 0) return;
+    std::string names, values;
+    for (const Term& t : by) {
+      names += (names.empty() ? "" : " * ") + t.name;
+      values += (values.empty() ? "" : " * ") + std::to_string(t.value);
+    }
+    std::string amount = by.size() == 1 ? values : fmt::format("{} = {}", values, product);
+    require(false, field, fmt::format("must be divisible by {} ({}){}", names, amount, when));
+  }
+
+  // lo <= field < hi (or <= hi when hi_inclusive).
+  void in_range(const double& field, double lo, double hi, bool hi_inclusive,
+                std::string_view hi_name = "") const {
+    bool ok = field >= lo && (hi_inclusive ? field <= hi : field < hi);
+    std::string upper =
+        hi_name.empty() ? format_double(hi) : fmt::format("{} ({})", hi_name, format_double(hi));
+    require(ok, field,
+            fmt::format("must be in [{}, {}{}", format_double(lo), upper, hi_inclusive ? "]" : ")"));
+  }
+
+ private:
+  const Config& c_;
+};
+
+// Parses data.split: up to three comma-separated non-negative numbers; missing ones are 0.
+bool valid_split(const std::string& split) {
+  std::vector<std::string> parts;
+  std::stringstream stream(split);
+  for (std::string part; std::getline(stream, part, ',');) parts.push_back(trim(part));
+  if (split.empty() || split.back() == ',' || parts.size() > 3) return false;
+  double sum = 0;
+  for (const std::string& part : parts) {
+    double value = 0;
+    if (!parse_number(part, value) || !std::isfinite(value) || value < 0) return false;
+    sum += value;
+  }
+  return sum > 0;
+}
+
+}  // namespace
+
+void validate_config(Config& c, int world_size) {
+  if (world_size < 1) fail(fmt::format("world size = {}: must be >= 1", world_size));
+  const Rules rules(c);
+  ModelConfig& m = c.model;
+  ParallelConfig& p = c.parallel;
+  TrainConfig& t = c.train;
+  OptimizerConfig& o = c.optimizer;
+
+  // Counts first: every later rule divides by some of them.
+  for (const int* count :
+       {&m.num_layers, &m.hidden_size, &m.num_attention_heads, &m.vocab_size, &m.seq_length,
+        &t.micro_batch_size, &t.global_batch_size, &t.steps, &p.tensor, &p.pipeline, &p.virtual_stages,
+        &p.context, &p.expert, &t.log_interval, &t.eval_steps, &o.loss_scale_window}) {
+    rules.at_least(*count, 1);
+  }
+  for (const int* count : {&m.num_query_groups, &m.ffn_hidden_size, &m.max_position_embeddings,
+                           &t.eval_interval, &o.warmup_steps, &c.checkpoint.save_interval,
+                           &c.checkpoint.keep_last, &p.first_stage_layers, &p.last_stage_layers}) {
+    rules.at_least(*count, 0);
+  }
+  rules.at_least(o.bucket_size, int64_t{0});
+  rules.require(p.context == 1, p.context, "context parallelism is not supported yet (must be 1)");
+  rules.require(p.expert == 1, p.expert, "expert parallelism is not supported yet (must be 1)");
+
+  // 0 means "the usual default"; filling it in here keeps every consumer from re-deriving it.
+  if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
+  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+
+  // Model shape against tensor parallelism.
+  rules.divisible(m.hidden_size, {rules.term(m.num_attention_heads)});
+  rules.divisible(m.num_attention_heads, {rules.term(m.num_query_groups)});
+  rules.divisible(m.num_attention_heads, {rules.term(p.tensor)});
+  rules.divisible(m.num_query_groups, {rules.term(p.tensor)});
+  rules.divisible(m.ffn_hidden_size, {rules.term(p.tensor)});
+  if (m.position_embedding == PositionEmbedding::Rope) {
+    int head_dim = m.hidden_size / m.num_attention_heads;
+    rules.require(head_dim % 2 == 0, m.hidden_size,
+                  fmt::format("the head dimension {} / {} = {} must be even for rope position embeddings",
+                              rules.key(m.hidden_size), rules.key(m.num_attention_heads), head_dim));
+  } else {
+    rules.require(m.seq_length <= m.max_position_embeddings, m.seq_length,
+                  fmt::format("must be <= {} ({}) with learned position embeddings",
+                              rules.key(m.max_position_embeddings), m.max_position_embeddings));
+  }
+
+  // The data-parallel size is whatever the world has left.
+  long long model_ranks = 1LL * p.tensor * p.pipeline * p.context * p.expert;
+  if (world_size % model_ranks != 0) {
+    fail(fmt::format("world size = {}: must be divisible by {} * {} * {} * {} ({} * {} * {} * {} = {})",
+                     world_size, rules.key(p.tensor), rules.key(p.pipeline), rules.key(p.context),
+                     rules.key(p.expert), p.tensor, p.pipeline, p.context, p.expert, model_ranks));
+  }
+  p.data = static_cast<int>(world_size / model_ranks);
+
+  // Layers over pipeline stages.
+  if (p.first_stage_layers == 0 && p.last_stage_layers == 0) {
+    rules.divisible(m.num_layers, {rules.term(p.pipeline), rules.term(p.virtual_stages)});
+  } else {
+    const int& explicit_field = p.first_stage_layers > 0 ? p.first_stage_layers : p.last_stage_layers;
+    rules.require(p.pipeline > 1, explicit_field, fmt::format("requires {} > 1", rules.key(p.pipeline)));
+    rules.require(p.virtual_stages == 1, p.virtual_stages,
+                  fmt::format("must be 1 when {} or {} is set", rules.key(p.first_stage_layers),
+                              rules.key(p.last_stage_layers)));
+    int other_stages = p.pipeline - (p.first_stage_layers > 0) - (p.last_stage_layers > 0);
+    int remaining = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+    std::string given =
+        fmt::format("{} ({}) and {} ({})", rules.key(p.first_stage_layers), p.first_stage_layers,
+                    rules.key(p.last_stage_layers), p.last_stage_layers);
+    if (other_stages == 0) {
+      rules.require(remaining == 0, m.num_layers,
+                    fmt::format("must equal {} + {} when {} is 2", rules.key(p.first_stage_layers),
+                                rules.key(p.last_stage_layers), rules.key(p.pipeline)) +
+                        fmt::format(" (given {})", given));
+    } else {
+      rules.require(
+          remaining > 0 && remaining % other_stages == 0, m.num_layers,
+          fmt::format("after {}, the remaining layers ({}) must split evenly over the other stages ({})",
+                      given, remaining, other_stages));
+    }
+  }
+
+  // Batches.
+  rules.divisible(t.global_batch_size, {rules.term(t.micro_batch_size), rules.term(p.data)});
+  if (p.virtual_stages > 1) {
+    rules.require(p.pipeline > 1, p.virtual_stages,
+                  fmt::format("requires {} > 1 (got {})", rules.key(p.pipeline), p.pipeline));
+    // Megatron's interleaved schedule walks micro-batches in groups of `pipeline`.
+    int micro_batches = t.global_batch_size / (t.micro_batch_size * p.data);
+    rules.require(
+        micro_batches % p.pipeline == 0, t.global_batch_size,
+        fmt::format("the number of micro-batches ({} / ({} * {}) = {}) must be divisible by {} ({}) when "
+                    "{} > 1",
+                    rules.key(t.global_batch_size), rules.key(t.micro_batch_size), rules.key(p.data),
+                    micro_batches, rules.key(p.pipeline), p.pipeline, rules.key(p.virtual_stages)));
+  }
+  if (p.sequence_parallel) {
+    rules.require(p.tensor > 1, p.sequence_parallel,
+                  fmt::format("requires {} > 1 (got {})", rules.key(p.tensor), p.tensor));
+    rules.divisible(m.seq_length, {rules.term(p.tensor)},
+                    fmt::format(" when {} is true", rules.key(p.sequence_parallel)));
+  }
+
+  // Real-valued knobs.
+  rules.in_range(m.dropout, 0.0, 1.0, false);
+  rules.require(m.init_std > 0, m.init_std, "must be > 0");
+  rules.require(m.norm_epsilon > 0, m.norm_epsilon, "must be > 0");
+  rules.require(m.rope_theta > 0, m.rope_theta, "must be > 0");
+  rules.require(t.peak_tflops >= 0, t.peak_tflops, "must be >= 0");
+  rules.require(o.lr > 0, o.lr, "must be > 0");
+  rules.in_range(o.min_lr, 0.0, o.lr, true, rules.key(o.lr));
+  rules.in_range(o.beta1, 0.0, 1.0, false);
+  rules.in_range(o.beta2, 0.0, 1.0, false);
+  rules.require(o.eps > 0, o.eps, "must be > 0");
+  rules.require(o.weight_decay >= 0, o.weight_decay, "must be >= 0");
+  rules.require(o.clip_grad >= 0, o.clip_grad, "must be >= 0");
+  rules.require(o.initial_loss_scale > 0, o.initial_loss_scale, "must be > 0");
+  rules.require(o.warmup_steps <= t.steps, o.warmup_steps,
+                fmt::format("must be <= {} ({})", rules.key(t.steps), t.steps));
+  rules.require(!o.overlap_param_gather || o.distributed, o.overlap_param_gather,
+                fmt::format("requires {} = true", rules.key(o.distributed)));
+
+  // Data.
+  rules.require(valid_split(c.data.split), c.data.split,
+                "must be one to three comma-separated non-negative numbers (\"a,b,c\") with a positive sum");
+  rules.require(
+      std::find(std::begin(kTokenizers), std::end(kTokenizers), c.data.tokenizer) != std::end(kTokenizers),
+      c.data.tokenizer, "must be one of " + join(kTokenizers, ", "));
+}
+
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides, int world_size,
+                    const std::string& file_name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    fail(
+        fmt::format("{}:{}:{}: YAML syntax error: {}", file_name, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  Config c;
+  apply_document(c, root, file_name);
+  for (const std::string& override_text : overrides) apply_override(c, override_text);
+  validate_config(c, world_size);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  std::ifstream file(path);
+  if (!file) fail(fmt::format("cannot read {}: {}", quoted(path), std::strerror(errno)));
+  std::stringstream text;
+  text << file.rdbuf();
+  if (file.bad()) fail(fmt::format("cannot read {}: {}", quoted(path), std::strerror(errno)));
+  return parse_config(text.str(), overrides, world_size, path);
+}
+
+std::string config_to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for_each_section(c, [&](const char* section, const auto& s) {
+    out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    for_each_field(s, [&](const char* key, const auto& member, const char*) {
+      out << YAML::Key << key << YAML::Value;
+      if constexpr (std::is_same_v<std::decay_t<decltype(member)>, std::string>) {
+        // Always quoted so that a string such as "123" or "" reads back as a string.
+        out << YAML::DoubleQuoted << member;
+      } else {
+        out << to_text(member);
+      }
+    });
+    out << YAML::EndMap;
+  });
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_reference() {
+  struct Row {
+    std::string key, type, value, description;
+  };
+  std::vector<Row> rows;
+  const Config defaults;
+  for_each_key(defaults,
+               [&](const char* section, const char* key, const auto& member, const char* description) {
+                 rows.push_back({fmt::format("{}.{}", section, key),
+                                 type_name<std::decay_t<decltype(member)>>(), display(member), description});
+               });
+  size_t key_width = 0, type_width = 0, value_width = 0;
+  for (const Row& row : rows) {
+    key_width = std::max(key_width, row.key.size());
+    type_width = std::max(type_width, row.type.size());
+    value_width = std::max(value_width, row.value.size());
+  }
+  std::string out = fmt::format("{:<{}}  {:<{}}  {:<{}}  {}\n", "key", key_width, "type", type_width,
+                                "default", value_width, "description");
+  for (const Row& row : rows) {
+    out += fmt::format("{:<{}}  {:<{}}  {:<{}}  {}\n", row.key, key_width, row.type, type_width, row.value,
+                       value_width, row.description);
+  }
+  return out;
+}
+
+}  // namespace parallel

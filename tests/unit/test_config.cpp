@@ -1,0 +1,598 @@
+// Config loading, overrides, validation messages and the YAML round trip.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "parallel/config.hpp"
+#include "parallel/error.hpp"
+
+namespace parallel {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+std::filesystem::path source_dir() {
+  if (const char* dir = std::getenv("PARALLEL_SOURCE_DIR")) return dir;
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+}
+
+// The ConfigError message `run` throws, or "<no error>"; every message must be one line.
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const ConfigError& e) {
+    std::string message = e.what();
+    EXPECT_THAT(message, StartsWith("config: "));
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_THAT(message, Not(HasSubstr(".cpp:"))) << "config errors carry no source location";
+    return message;
+  }
+  return "<no error>";
+}
+
+std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {},
+                        int world = 1) {
+  return error_of([&] { parse_config(yaml, overrides, world); });
+}
+
+// Defaults plus overrides.
+std::string override_error(const std::vector<std::string>& overrides, int world = 1) {
+  return parse_error("", overrides, world);
+}
+
+// ---- defaults, files, overrides ----------------------------------------------------------------
+
+TEST(Config, EmptyDocumentGivesDefaults) {
+  Config c = parse_config("", {}, 1);
+  const Config defaults;
+  EXPECT_EQ(c.model.num_layers, defaults.model.num_layers);
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_EQ(c.model.normalization, Normalization::LayerNorm);
+  EXPECT_EQ(c.train.precision, Precision::FP32);
+  EXPECT_EQ(c.train.output_dir, "runs/default");
+  EXPECT_EQ(c.optimizer.lr_decay, LrDecay::Cosine);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.data.split, "969,30,1");
+  EXPECT_TRUE(c.checkpoint.dir.empty());
+  // Comments only, and a section whose keys are all commented out, are empty too.
+  EXPECT_EQ(config_to_yaml(parse_config("# nothing\nmodel:\n  # num_layers: 4\n", {}, 1)), config_to_yaml(c));
+}
+
+TEST(Config, ValidationFillsDerivedFields) {
+  Config c = parse_config("", {}, 2);
+  EXPECT_EQ(c.parallel.data, 2);
+  EXPECT_EQ(c.model.num_query_groups, c.model.num_attention_heads);
+  EXPECT_EQ(c.model.ffn_hidden_size, 4 * c.model.hidden_size);
+  EXPECT_EQ(c.model.max_position_embeddings, c.model.seq_length);
+
+  c = parse_config("", {"parallel.tensor=2", "model.num_query_groups=2", "model.ffn_hidden_size=172"}, 8);
+  EXPECT_EQ(c.parallel.data, 4);
+  EXPECT_EQ(c.model.num_query_groups, 2);
+  EXPECT_EQ(c.model.ffn_hidden_size, 172);
+}
+
+TEST(Config, ValidateIsIdempotent) {
+  Config c = parse_config("", {"parallel.pipeline=2"}, 4);
+  std::string before = config_to_yaml(c);
+  validate_config(c, 4);
+  validate_config(c, 4);
+  EXPECT_EQ(config_to_yaml(c), before);
+  EXPECT_EQ(c.parallel.data, 2);
+}
+
+TEST(Config, TinyYamlLoads) {
+  std::string path = (source_dir() / "configs" / "tiny.yaml").string();
+  Config c = load_config(path, {}, 1);
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.num_attention_heads, 4);
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.seq_length, 32);
+  EXPECT_EQ(c.train.micro_batch_size, 2);
+  EXPECT_EQ(c.train.global_batch_size, 8);
+  EXPECT_EQ(c.train.steps, 10);
+  EXPECT_EQ(c.data.path, "synthetic");
+  EXPECT_EQ(c.parallel.data, 1);
+  // The layouts its comments promise.
+  EXPECT_EQ(load_config(path, {}, 4).parallel.data, 4);
+  EXPECT_EQ(load_config(path, {"parallel.tensor=2", "parallel.pipeline=2"}, 4).parallel.data, 1);
+}
+
+TEST(Config, OverridesWinAndApplyInOrder) {
+  Config c = parse_config("train:\n  steps: 3\n",
+                          {"train.steps=5", "model.normalization=rmsnorm", "train.steps=7"}, 1);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.model.normalization, Normalization::RMSNorm);
+
+  c = parse_config("checkpoint:\n  load: latest\n",
+                   {"checkpoint.load=", "data.path=/data/my corpus", " optimizer.lr = 0.5", "train.seed=+42"},
+                   1);
+  EXPECT_EQ(c.checkpoint.load, "");
+  EXPECT_EQ(c.data.path, "/data/my corpus");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.5);
+  EXPECT_EQ(c.train.seed, 42u);
+}
+
+TEST(Config, EnumsByLowercaseName) {
+  Config c = parse_config(
+      "model: {normalization: rmsnorm, activation: swiglu, position_embedding: rope}\n"
+      "train: {precision: bf16, recompute: selective, device: cuda}\n"
+      "optimizer: {lr_decay: linear}\n",
+      {}, 1);
+  EXPECT_EQ(c.model.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(c.model.activation, Activation::SwiGLU);
+  EXPECT_EQ(c.model.position_embedding, PositionEmbedding::Rope);
+  EXPECT_EQ(c.train.precision, Precision::BF16);
+  EXPECT_EQ(c.train.recompute, Recompute::Selective);
+  EXPECT_EQ(c.train.device, DeviceKind::CUDA);
+  EXPECT_EQ(c.optimizer.lr_decay, LrDecay::Linear);
+  EXPECT_EQ(parse_config("", {"train.precision=fp16", "train.recompute=full"}, 1).train.recompute,
+            Recompute::Full);
+}
+
+// ---- reading errors ------------------------------------------------------------------------------
+
+TEST(ConfigErrors, UnknownKeySuggestsTheNearest) {
+  EXPECT_EQ(parse_error("model:\n  hidden_sise: 64\n"),
+            "config: model.hidden_sise: unknown key (did you mean model.hidden_size?)");
+  // A key in the wrong section points at the right one.
+  EXPECT_THAT(parse_error("model:\n  tensor: 2\n"), HasSubstr("did you mean parallel.tensor?"));
+  EXPECT_THAT(override_error({"optimizer.warmup=3"}), HasSubstr("did you mean optimizer.warmup_steps?"));
+  std::string far = override_error({"model.zzzzzzzzzz=1"});
+  EXPECT_THAT(far, HasSubstr("config: model.zzzzzzzzzz: unknown key"));
+  EXPECT_THAT(far, Not(HasSubstr("did you mean")));
+}
+
+TEST(ConfigErrors, UnknownSection) {
+  EXPECT_EQ(parse_error("modle:\n  num_layers: 2\n"), "config: modle: unknown section (did you mean model?)");
+  EXPECT_THAT(
+      parse_error("foo: {}\n"),
+      HasSubstr(
+          "config: foo: unknown section (sections: model, parallel, train, optimizer, data, checkpoint)"));
+  EXPECT_THAT(override_error({"trian.steps=3"}), HasSubstr("trian: unknown section (did you mean train?)"));
+}
+
+TEST(ConfigErrors, SectionMustBeAMap) {
+  EXPECT_THAT(parse_error("model: 3\n"), HasSubstr("config: model: must be a map"));
+  EXPECT_THAT(parse_error("train: [1, 2]\n"), HasSubstr("config: train: must be a map"));
+  EXPECT_THAT(parse_error("- model\n- train\n"), HasSubstr("the top level must be a map of sections"));
+}
+
+TEST(ConfigErrors, DataParallelSizeIsDerived) {
+  std::string message = parse_error("parallel:\n  data: 2\n");
+  EXPECT_THAT(message, HasSubstr("parallel.data"));
+  EXPECT_THAT(message, HasSubstr("derived"));
+  EXPECT_THAT(message, HasSubstr("world size"));
+  EXPECT_THAT(override_error({"parallel.data=2"}), HasSubstr("derived"));
+}
+
+TEST(ConfigErrors, RepeatedKey) {
+  EXPECT_THAT(parse_error("train:\n  steps: 3\n  steps: 4\n"), HasSubstr("train.steps: given twice"));
+}
+
+TEST(ConfigErrors, WrongTypes) {
+  EXPECT_EQ(parse_error("train:\n  steps: ten\n"), "config: train.steps = \"ten\": expected an integer");
+  EXPECT_EQ(override_error({"train.steps=2.5"}), "config: train.steps = 2.5: expected an integer");
+  EXPECT_THAT(override_error({"train.steps=1e3"}), HasSubstr("expected an integer"));
+  // Quoting makes a string, even of digits.
+  EXPECT_THAT(parse_error("train:\n  steps: \"10\"\n"),
+              HasSubstr("train.steps = \"10\": expected an integer"));
+  EXPECT_THAT(parse_error("train:\n  steps:\n"), HasSubstr("train.steps = null: expected an integer"));
+  EXPECT_THAT(parse_error("model:\n  num_layers: [1, 2]\n"),
+              HasSubstr("model.num_layers = a list: expected an integer"));
+  EXPECT_THAT(override_error({"train.steps=99999999999"}),
+              HasSubstr("train.steps = 99999999999: out of range"));
+  EXPECT_THAT(override_error({"train.seed=-1"}), HasSubstr("train.seed = -1: out of range [0, "));
+  EXPECT_THAT(override_error({"model.add_bias=1"}), HasSubstr("model.add_bias = 1: expected true or false"));
+  EXPECT_THAT(override_error({"model.add_bias=maybe"}), HasSubstr("expected true or false"));
+  EXPECT_THAT(override_error({"model.dropout=abc"}), HasSubstr("model.dropout = \"abc\": expected a number"));
+  EXPECT_THAT(override_error({"model.dropout=true"}), HasSubstr("model.dropout = true: expected a number"));
+  EXPECT_THAT(override_error({"optimizer.lr=nan"}), HasSubstr("expected a finite number"));
+  EXPECT_THAT(parse_error("data:\n  path: {a: 1}\n"), HasSubstr("data.path = a map: expected a string"));
+}
+
+TEST(ConfigErrors, EnumValueNotInTheList) {
+  EXPECT_EQ(override_error({"model.normalization=batchnorm"}),
+            "config: model.normalization = \"batchnorm\": must be one of layernorm, rmsnorm");
+  EXPECT_THAT(override_error({"model.normalization=LayerNorm"}),
+              HasSubstr("must be one of layernorm, rmsnorm"));
+  EXPECT_THAT(override_error({"model.activation=relu"}), HasSubstr("must be one of gelu, swiglu"));
+  EXPECT_THAT(override_error({"model.position_embedding=alibi"}), HasSubstr("must be one of learned, rope"));
+  EXPECT_THAT(override_error({"train.precision=fp8"}), HasSubstr("must be one of fp32, bf16, fp16"));
+  EXPECT_THAT(override_error({"train.recompute=some"}), HasSubstr("must be one of none, selective, full"));
+  EXPECT_THAT(override_error({"optimizer.lr_decay=step"}),
+              HasSubstr("must be one of constant, linear, cosine"));
+  EXPECT_THAT(override_error({"train.device=tpu"}), HasSubstr("must be one of cpu, cuda"));
+}
+
+TEST(ConfigErrors, MalformedOverride) {
+  EXPECT_EQ(override_error({"model.num_layers"}),
+            "config: override \"model.num_layers\": expected section.key=value");
+  EXPECT_THAT(override_error({"num_layers=2"}),
+              HasSubstr("override \"num_layers=2\": expected section.key=value"));
+  EXPECT_THAT(override_error({"=2"}), HasSubstr("override \"=2\""));
+  EXPECT_THAT(override_error({"model.=2"}), HasSubstr("override \"model.=2\""));
+  EXPECT_THAT(override_error({"model.num_layers=[1"}), HasSubstr("override \"model.num_layers=[1\""));
+}
+
+TEST(ConfigErrors, YamlSyntaxErrorNamesFileAndLine) {
+  std::string message = parse_error("model:\n  num_layers: 2\n  hidden_size: [64\n");
+  EXPECT_THAT(message, HasSubstr("config: <string>:"));
+  EXPECT_THAT(message, HasSubstr("YAML syntax error"));
+
+  auto path = std::filesystem::temp_directory_path() / "parallel_test_config_bad.yaml";
+  std::ofstream(path) << "model:\n  num_layers: 2\n bad: indent: here\n";
+  message = error_of([&] { load_config(path.string(), {}, 1); });
+  std::filesystem::remove(path);
+  EXPECT_THAT(message, HasSubstr(path.string() + ":3:"));
+  EXPECT_THAT(message, HasSubstr("YAML syntax error"));
+}
+
+TEST(ConfigErrors, MissingFile) {
+  EXPECT_THAT(error_of([] { load_config("/nonexistent/dir/tiny.yaml", {}, 1); }),
+              HasSubstr("config: cannot read \"/nonexistent/dir/tiny.yaml\": No such file or directory"));
+}
+
+// ---- validation rules: each case is one rule seen failing -----------------------------------------
+
+struct RuleCase {
+  std::string name;
+  std::vector<std::string> overrides;
+  int world;
+  std::vector<std::string> expected;  // substrings of the message: the key, the value, the rule
+};
+
+std::ostream& operator<<(std::ostream& out, const RuleCase& rule) { return out << rule.name; }
+
+class ConfigRule : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(ConfigRule, FailsWithItsMessage) {
+  const RuleCase& rule = GetParam();
+  std::string message = override_error(rule.overrides, rule.world);
+  for (const std::string& part : rule.expected) EXPECT_THAT(message, HasSubstr(part));
+}
+
+const RuleCase kRules[] = {
+    // Counts.
+    {"NumLayersPositive", {"model.num_layers=0"}, 1, {"model.num_layers = 0: must be >= 1"}},
+    {"HiddenSizePositive", {"model.hidden_size=0"}, 1, {"model.hidden_size = 0: must be >= 1"}},
+    {"HeadsPositive", {"model.num_attention_heads=0"}, 1, {"model.num_attention_heads = 0: must be >= 1"}},
+    {"VocabPositive", {"model.vocab_size=0"}, 1, {"model.vocab_size = 0: must be >= 1"}},
+    {"SeqLengthPositive", {"model.seq_length=-4"}, 1, {"model.seq_length = -4: must be >= 1"}},
+    {"MicroBatchPositive", {"train.micro_batch_size=0"}, 1, {"train.micro_batch_size = 0: must be >= 1"}},
+    {"GlobalBatchPositive", {"train.global_batch_size=0"}, 1, {"train.global_batch_size = 0: must be >= 1"}},
+    {"StepsPositive", {"train.steps=0"}, 1, {"train.steps = 0: must be >= 1"}},
+    {"TensorPositive", {"parallel.tensor=0"}, 1, {"parallel.tensor = 0: must be >= 1"}},
+    {"PipelinePositive", {"parallel.pipeline=0"}, 1, {"parallel.pipeline = 0: must be >= 1"}},
+    {"VirtualStagesPositive",
+     {"parallel.virtual_stages=0"},
+     1,
+     {"parallel.virtual_stages = 0: must be >= 1"}},
+    {"LogIntervalPositive", {"train.log_interval=0"}, 1, {"train.log_interval = 0: must be >= 1"}},
+    {"EvalStepsPositive", {"train.eval_steps=0"}, 1, {"train.eval_steps = 0: must be >= 1"}},
+    {"EvalIntervalNonNegative", {"train.eval_interval=-1"}, 1, {"train.eval_interval = -1: must be >= 0"}},
+    {"WarmupNonNegative", {"optimizer.warmup_steps=-1"}, 1, {"optimizer.warmup_steps = -1: must be >= 0"}},
+    {"SaveIntervalNonNegative",
+     {"checkpoint.save_interval=-1"},
+     1,
+     {"checkpoint.save_interval = -1: must be >= 0"}},
+    {"KeepLastNonNegative", {"checkpoint.keep_last=-2"}, 1, {"checkpoint.keep_last = -2: must be >= 0"}},
+    {"QueryGroupsNonNegative",
+     {"model.num_query_groups=-1"},
+     1,
+     {"model.num_query_groups = -1: must be >= 0"}},
+    {"FfnNonNegative", {"model.ffn_hidden_size=-1"}, 1, {"model.ffn_hidden_size = -1: must be >= 0"}},
+    {"MaxPositionsNonNegative",
+     {"model.max_position_embeddings=-1"},
+     1,
+     {"model.max_position_embeddings = -1: must be >= 0"}},
+    {"FirstStageNonNegative",
+     {"parallel.first_stage_layers=-1"},
+     1,
+     {"parallel.first_stage_layers = -1: must be >= 0"}},
+    {"BucketSizeNonNegative", {"optimizer.bucket_size=-1"}, 1, {"optimizer.bucket_size = -1: must be >= 0"}},
+    // Model shape.
+    {"HiddenDivisibleByHeads",
+     {"model.hidden_size=66"},
+     1,
+     {"model.hidden_size = 66: must be divisible by model.num_attention_heads (4)"}},
+    {"HeadsDivisibleByQueryGroups",
+     {"model.num_query_groups=3"},
+     1,
+     {"model.num_attention_heads = 4: must be divisible by model.num_query_groups (3)"}},
+    {"HeadsDivisibleByTensor",
+     {"model.num_attention_heads=6", "model.hidden_size=72", "parallel.tensor=4"},
+     4,
+     {"config: model.num_attention_heads = 6: must be divisible by parallel.tensor (4)"}},
+    {"QueryGroupsDivisibleByTensor",
+     {"model.num_attention_heads=8", "model.num_query_groups=2", "parallel.tensor=4"},
+     4,
+     {"model.num_query_groups = 2: must be divisible by parallel.tensor (4)"}},
+    {"FfnDivisibleByTensor",
+     {"model.num_attention_heads=8", "model.ffn_hidden_size=100", "parallel.tensor=8"},
+     8,
+     {"model.ffn_hidden_size = 100: must be divisible by parallel.tensor (8)"}},
+    {"RopeHeadDimEven",
+     {"model.position_embedding=rope", "model.hidden_size=36"},
+     1,
+     {"model.hidden_size = 36", "head dimension", "= 9 must be even for rope"}},
+    {"SeqLengthWithinPositions",
+     {"model.seq_length=256", "model.max_position_embeddings=128"},
+     1,
+     {"model.seq_length = 256: must be <= model.max_position_embeddings (128) with learned position "
+      "embeddings"}},
+    // Parallel layout.
+    {"WorldDivisibleByModelRanks",
+     {"parallel.tensor=4"},
+     6,
+     {"world size = 6: must be divisible by parallel.tensor * parallel.pipeline * parallel.context * "
+      "parallel.expert",
+      "(4 * 1 * 1 * 1 = 4)"}},
+    {"WorldSizePositive", {}, 0, {"world size = 0: must be >= 1"}},
+    {"ContextNotSupported", {"parallel.context=2"}, 2, {"parallel.context = 2", "not supported yet"}},
+    {"ExpertNotSupported", {"parallel.expert=2"}, 2, {"parallel.expert = 2", "not supported yet"}},
+    {"LayersDivisibleByStages",
+     {"model.num_layers=3", "parallel.pipeline=2"},
+     2,
+     {"model.num_layers = 3: must be divisible by parallel.pipeline * parallel.virtual_stages (2 * 1 = 2)"}},
+    {"LayersDivisibleByVirtualStages",
+     {"model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_stages=4"},
+     2,
+     {"model.num_layers = 4: must be divisible by parallel.pipeline * parallel.virtual_stages (2 * 4 = 8)"}},
+    {"ExplicitStagesNeedPipeline",
+     {"parallel.first_stage_layers=1"},
+     1,
+     {"parallel.first_stage_layers = 1: requires parallel.pipeline > 1"}},
+    {"ExplicitStagesNeedOneVirtualStage",
+     {"model.num_layers=8", "parallel.pipeline=2", "parallel.virtual_stages=2",
+      "parallel.first_stage_layers=4"},
+     2,
+     {"parallel.virtual_stages = 2: must be 1 when parallel.first_stage_layers or parallel.last_stage_layers "
+      "is set"}},
+    {"FirstPlusLastIsAllLayersOnTwoStages",
+     {"model.num_layers=8", "parallel.pipeline=2", "parallel.first_stage_layers=3",
+      "parallel.last_stage_layers=4"},
+     2,
+     {"model.num_layers = 8: must equal parallel.first_stage_layers + parallel.last_stage_layers when "
+      "parallel.pipeline is 2"}},
+    {"MiddleStagesSplitEvenly",
+     {"model.num_layers=10", "parallel.pipeline=4", "parallel.first_stage_layers=3",
+      "parallel.last_stage_layers=2"},
+     4,
+     {"model.num_layers = 10", "the remaining layers (5) must split evenly over the other stages (2)"}},
+    {"ExplicitStagesLeaveLayers",
+     {"model.num_layers=4", "parallel.pipeline=3", "parallel.first_stage_layers=2",
+      "parallel.last_stage_layers=2"},
+     3,
+     {"model.num_layers = 4", "the remaining layers (0) must split evenly over the other stages (1)"}},
+    {"VirtualStagesNeedPipeline",
+     {"parallel.virtual_stages=2"},
+     1,
+     {"parallel.virtual_stages = 2: requires parallel.pipeline > 1 (got 1)"}},
+    {"VirtualStagesNeedMicroBatchesDivisibleByPipeline",
+     {"model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_stages=2", "train.micro_batch_size=2",
+      "train.global_batch_size=6"},
+     2,
+     {"train.global_batch_size = 6: the number of micro-batches",
+      "= 3) must be divisible by parallel.pipeline (2)", "parallel.virtual_stages > 1"}},
+    {"GlobalBatchDivisibleByMicroTimesData",
+     {"train.global_batch_size=10", "train.micro_batch_size=2"},
+     2,
+     {"train.global_batch_size = 10: must be divisible by train.micro_batch_size * parallel.data (2 * 2 = "
+      "4)"}},
+    {"SequenceParallelNeedsTensor",
+     {"parallel.sequence_parallel=true"},
+     1,
+     {"parallel.sequence_parallel = true: requires parallel.tensor > 1 (got 1)"}},
+    {"SequenceParallelSeqLengthDivisible",
+     {"parallel.sequence_parallel=true", "parallel.tensor=4", "model.seq_length=30"},
+     4,
+     {"model.seq_length = 30: must be divisible by parallel.tensor (4) when parallel.sequence_parallel is "
+      "true"}},
+    // Real-valued knobs.
+    {"DropoutBelowOne", {"model.dropout=1"}, 1, {"model.dropout = 1.0: must be in [0.0, 1.0)"}},
+    {"DropoutNonNegative", {"model.dropout=-0.1"}, 1, {"model.dropout = -0.1: must be in [0.0, 1.0)"}},
+    {"InitStdPositive", {"model.init_std=0"}, 1, {"model.init_std = 0.0: must be > 0"}},
+    {"NormEpsilonPositive", {"model.norm_epsilon=-1e-5"}, 1, {"model.norm_epsilon = -1.0e-05: must be > 0"}},
+    {"RopeThetaPositive", {"model.rope_theta=0"}, 1, {"model.rope_theta = 0.0: must be > 0"}},
+    {"PeakTflopsNonNegative", {"train.peak_tflops=-1"}, 1, {"train.peak_tflops = -1.0: must be >= 0"}},
+    {"LrPositive", {"optimizer.lr=0"}, 1, {"optimizer.lr = 0.0: must be > 0"}},
+    {"MinLrAtMostLr",
+     {"optimizer.lr=0.001", "optimizer.min_lr=0.01"},
+     1,
+     {"optimizer.min_lr = 0.01: must be in [0.0, optimizer.lr (0.001)]"}},
+    {"MinLrNonNegative",
+     {"optimizer.min_lr=-1e-5"},
+     1,
+     {"optimizer.min_lr = -1.0e-05: must be in [0.0, optimizer.lr"}},
+    {"Beta1BelowOne", {"optimizer.beta1=1"}, 1, {"optimizer.beta1 = 1.0: must be in [0.0, 1.0)"}},
+    {"Beta2BelowOne", {"optimizer.beta2=1.5"}, 1, {"optimizer.beta2 = 1.5: must be in [0.0, 1.0)"}},
+    {"Beta2NonNegative", {"optimizer.beta2=-0.5"}, 1, {"optimizer.beta2 = -0.5: must be in [0.0, 1.0)"}},
+    {"EpsPositive", {"optimizer.eps=0"}, 1, {"optimizer.eps = 0.0: must be > 0"}},
+    {"WeightDecayNonNegative",
+     {"optimizer.weight_decay=-0.1"},
+     1,
+     {"optimizer.weight_decay = -0.1: must be >= 0"}},
+    {"ClipGradNonNegative", {"optimizer.clip_grad=-1"}, 1, {"optimizer.clip_grad = -1.0: must be >= 0"}},
+    {"WarmupWithinSteps",
+     {"optimizer.warmup_steps=20"},
+     1,
+     {"optimizer.warmup_steps = 20: must be <= train.steps (10)"}},
+    {"OverlapParamGatherNeedsDistributed",
+     {"optimizer.overlap_param_gather=true"},
+     1,
+     {"optimizer.overlap_param_gather = true: requires optimizer.distributed = true"}},
+    {"LossScalePositive",
+     {"optimizer.initial_loss_scale=0"},
+     1,
+     {"optimizer.initial_loss_scale = 0.0: must be > 0"}},
+    {"LossScaleWindowPositive",
+     {"optimizer.loss_scale_window=0"},
+     1,
+     {"optimizer.loss_scale_window = 0: must be >= 1"}},
+    // Data.
+    {"SplitAtMostThree",
+     {"data.split=1,2,3,4"},
+     1,
+     {"data.split = \"1,2,3,4\": must be one to three", "positive sum"}},
+    {"SplitNumbers", {"data.split=a,b"}, 1, {"data.split = \"a,b\": must be one to three"}},
+    {"SplitNonNegative",
+     {"data.split=-1,2"},
+     1,
+     {"data.split = \"-1,2\": must be one to three", "non-negative"}},
+    {"SplitPositiveSum", {"data.split=0,0,0"}, 1, {"data.split = \"0,0,0\": must be", "with a positive sum"}},
+    {"SplitNotEmpty", {"data.split="}, 1, {"data.split = \"\": must be one to three"}},
+    {"SplitNoEmptyPart", {"data.split=1,,"}, 1, {"data.split = \"1,,\": must be one to three"}},
+    {"Tokenizer",
+     {"data.tokenizer=bert"},
+     1,
+     {"data.tokenizer = \"bert\": must be one of GPT2BPETokenizer, ByteLevel, gpt2"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Rules, ConfigRule, ::testing::ValuesIn(kRules),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ConfigRules, ValidLayoutsPass) {
+  // Explicit first/last stage layers with evenly split middle stages.
+  Config c = parse_config("",
+                          {"model.num_layers=10", "parallel.pipeline=4", "parallel.first_stage_layers=2",
+                           "parallel.last_stage_layers=2"},
+                          4);
+  EXPECT_EQ(c.parallel.data, 1);
+  // Only the first stage given: the other stages share the rest.
+  parse_config("", {"model.num_layers=7", "parallel.pipeline=3", "parallel.first_stage_layers=1"}, 3);
+  parse_config("",
+               {"model.num_layers=8", "parallel.pipeline=2", "parallel.first_stage_layers=3",
+                "parallel.last_stage_layers=5"},
+               2);
+  // Interleaving with micro-batches divisible by the pipeline.
+  parse_config("", {"model.num_layers=8", "parallel.pipeline=2", "parallel.virtual_stages=2"}, 4);
+  // Rope does not need a position table.
+  parse_config(
+      "", {"model.position_embedding=rope", "model.seq_length=256", "model.max_position_embeddings=128"}, 1);
+  // Splits with missing parts and spaces.
+  for (const char* split :
+       {"data.split=1", "data.split=98,2", "data.split= 98 , 1.5 , 0.5", "data.split=0,1"}) {
+    EXPECT_NO_THROW(parse_config("", {split}, 1)) << split;
+  }
+  for (const char* tokenizer : {"data.tokenizer=GPT2BPETokenizer", "data.tokenizer=ByteLevel"}) {
+    EXPECT_NO_THROW(parse_config("", {tokenizer}, 1)) << tokenizer;
+  }
+  EXPECT_NO_THROW(parse_config("", {"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2));
+  EXPECT_NO_THROW(parse_config("", {"optimizer.distributed=true", "optimizer.overlap_param_gather=true"}, 1));
+}
+
+// ---- output ----------------------------------------------------------------------------------------
+
+TEST(ConfigYaml, RoundTrips) {
+  Config c;
+  c.model.num_layers = 8;
+  c.model.hidden_size = 128;
+  c.model.num_attention_heads = 8;
+  c.model.num_query_groups = 2;
+  c.model.normalization = Normalization::RMSNorm;
+  c.model.activation = Activation::SwiGLU;
+  c.model.position_embedding = PositionEmbedding::Rope;
+  c.model.add_bias = false;
+  c.model.dropout = 0.1;
+  c.model.rope_theta = 500000.0;
+  c.parallel.tensor = 2;
+  c.parallel.pipeline = 2;
+  c.parallel.sequence_parallel = true;
+  c.train.seed = std::numeric_limits<uint64_t>::max();
+  c.train.precision = Precision::FP16;
+  c.train.recompute = Recompute::Selective;
+  c.train.output_dir = "runs/a: b #c";  // needs quoting in YAML
+  c.train.device = DeviceKind::CUDA;
+  c.optimizer.lr = 0.1 + 0.2;  // not exactly 0.3: checks the shortest exact printing
+  c.optimizer.min_lr = 1e-7;
+  c.optimizer.eps = 1e-8;
+  c.optimizer.lr_decay = LrDecay::Linear;
+  c.optimizer.bucket_size = int64_t{1} << 40;
+  c.data.path = "123";        // a string of digits stays a string
+  c.data.vocab_file = "yes";  // and so does a YAML 1.1 boolean
+  c.data.merge_file = "~";    // and a YAML null
+  c.checkpoint.load = "";
+  validate_config(c, 8);
+
+  std::string yaml = config_to_yaml(c);
+  Config back = parse_config(yaml, {}, 8);
+  EXPECT_EQ(config_to_yaml(back), yaml);
+  EXPECT_EQ(back.parallel.data, 2);
+  EXPECT_EQ(back.train.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(back.optimizer.lr, 0.1 + 0.2);
+  EXPECT_EQ(back.optimizer.eps, 1e-8);
+  EXPECT_EQ(back.optimizer.bucket_size, int64_t{1} << 40);
+  EXPECT_EQ(back.train.output_dir, "runs/a: b #c");
+  EXPECT_EQ(back.data.path, "123");
+  EXPECT_EQ(back.data.vocab_file, "yes");
+  EXPECT_EQ(back.data.merge_file, "~");
+  EXPECT_EQ(back.checkpoint.load, "");
+  EXPECT_EQ(back.model.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(back.train.device, DeviceKind::CUDA);
+  EXPECT_FALSE(back.model.add_bias);
+
+  // Defaults and tiny.yaml round-trip too.
+  Config defaults = parse_config("", {}, 1);
+  EXPECT_EQ(config_to_yaml(parse_config(config_to_yaml(defaults), {}, 1)), config_to_yaml(defaults));
+  Config tiny = load_config((source_dir() / "configs" / "tiny.yaml").string(), {}, 2);
+  EXPECT_EQ(config_to_yaml(parse_config(config_to_yaml(tiny), {}, 2)), config_to_yaml(tiny));
+}
+
+// Keys as the reference lists them: the first word of every line after the header.
+std::vector<std::string> reference_keys() {
+  std::istringstream lines(config_reference());
+  std::vector<std::string> keys;
+  std::string line;
+  std::getline(lines, line);  // header
+  while (std::getline(lines, line)) keys.push_back(line.substr(0, line.find(' ')));
+  return keys;
+}
+
+TEST(ConfigYaml, EmitsEveryKey) {
+  std::string yaml = config_to_yaml(Config{});
+  std::vector<std::string> keys = reference_keys();
+  EXPECT_EQ(keys.size(), 62u);
+  for (const std::string& key : keys) {
+    std::string section = key.substr(0, key.find('.'));
+    std::string name = key.substr(key.find('.') + 1);
+    size_t at = yaml.find("\n" + section + ":\n");
+    if (section == "model") at = 0;  // the first section starts the document
+    ASSERT_NE(at, std::string::npos) << section;
+    EXPECT_NE(yaml.find("\n  " + name + ": ", at), std::string::npos) << key;
+  }
+  EXPECT_THAT(yaml, Not(HasSubstr("  data: ")));  // parallel.data is derived, not a key
+}
+
+TEST(ConfigReference, ListsKeyTypeDefaultAndMeaning) {
+  std::string reference = config_reference();
+  EXPECT_THAT(reference, HasSubstr("model.num_layers"));
+  EXPECT_THAT(reference, HasSubstr("layernorm|rmsnorm"));
+  EXPECT_THAT(reference, HasSubstr("\"runs/default\""));
+  EXPECT_THAT(reference, HasSubstr("number of transformer layers"));
+  EXPECT_THAT(reference, Not(HasSubstr("parallel.data ")));
+}
+
+TEST(ConfigReference, DocumentationCoversEveryKey) {
+  std::ifstream file(source_dir() / "docs" / "configuration.md");
+  ASSERT_TRUE(file) << "docs/configuration.md";
+  std::stringstream text;
+  text << file.rdbuf();
+  for (const std::string& key : reference_keys()) {
+    EXPECT_THAT(text.str(), HasSubstr("`" + key + "`")) << "docs/configuration.md does not document " << key;
+  }
+}
+
+}  // namespace
+}  // namespace parallel
