@@ -1,0 +1,271 @@
+// The NCCL communicator in one process (a world of one, bootstrapped over MPI_COMM_WORLD): every
+// collective, send/recv to self, split, barrier, argument checks, and the stream contract of the
+// async handle (the communication waits for the compute stream; wait() orders the compute stream
+// after it without blocking the host). Multi-rank behaviour (uneven chunks across ranks) needs
+// several GPUs and is not covered here. Every test skips on a machine without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/device.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
+#include "parallel/tensor.hpp"
+
+namespace parallel {
+namespace {
+
+#define REQUIRE_GPU()                                                                      \
+  do {                                                                                     \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"; \
+  } while (0)
+
+// gtest_main owns main(), so MPI comes up and goes down around all tests in an environment.
+class MpiEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      ASSERT_EQ(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), MPI_SUCCESS);
+      owns_ = true;
+    }
+  }
+  void TearDown() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+
+ private:
+  bool owns_ = false;
+};
+[[maybe_unused]] ::testing::Environment* const g_mpi_env =
+    ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+
+// One communicator for the whole suite (NCCL initialisation costs far more than the tests), on a
+// non-blocking compute stream so that nothing is ordered by the legacy default stream by accident.
+class Nccl : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (cuda_device_count() == 0) return;
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), cudaSuccess);
+    bootstrap_ = new MpiCommunicator(MPI_COMM_WORLD);
+    comm_ = make_nccl_communicator(*bootstrap_, Device::cuda(0), stream()).release();
+  }
+  static void TearDownTestSuite() {
+    delete comm_;  // before MPI_Finalize (the environment's tear-down runs after the suites)
+    comm_ = nullptr;
+    delete bootstrap_;
+    bootstrap_ = nullptr;
+    if (compute_) cudaStreamDestroy(compute_);
+    compute_ = nullptr;
+  }
+  void SetUp() override { REQUIRE_GPU(); }
+
+  static Stream stream() { return Stream{static_cast<void*>(compute_)}; }
+  static Communicator& comm() { return *comm_; }
+
+  // Device tensor with the given host values (as `dtype`), uploaded on the compute stream.
+  static Tensor device_tensor(const std::vector<float>& values, DType dtype) {
+    Tensor host = Tensor::from_floats(values, {static_cast<int64_t>(values.size())}, dtype);
+    return host.to(Device::cuda(0), stream());
+  }
+  // Host copy, ordered on the compute stream (so after whatever wait() ordered there).
+  static std::vector<float> host_values(const Tensor& t) {
+    return t.to(Device::cpu(), stream()).to_float_vector();
+  }
+
+  static std::vector<float> iota(int64_t n, float start = 1.0f) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    // Small integers: exact in every dtype under test, uint8 included.
+    for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i % 100);
+    return v;
+  }
+
+  static inline cudaStream_t compute_ = nullptr;
+  static inline MpiCommunicator* bootstrap_ = nullptr;
+  static inline Communicator* comm_ = nullptr;
+};
+
+constexpr DType kAllTypes[] = {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8};
+
+TEST_F(Nccl, Identity) {
+  EXPECT_EQ(comm().rank(), 0);
+  EXPECT_EQ(comm().size(), 1);
+  EXPECT_EQ(comm().backend(), "nccl");
+}
+
+TEST_F(Nccl, AllReduceEveryDtypeAndOp) {
+  for (DType t : kAllTypes) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
+      for (bool async : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " " + std::string(reduce_op_name(op)));
+        const auto v = iota(1001);
+        Tensor x = device_tensor(v, t);
+        WorkHandle w = comm().all_reduce(x, op, async);
+        ASSERT_NE(w, nullptr);
+        w->wait();
+        w->wait();  // idempotent
+        const std::vector<float> want = Tensor::from_floats(v, {1001}, t).to_float_vector();
+        EXPECT_EQ(host_values(x), want);  // one rank: the reduction is the input
+        ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+        EXPECT_TRUE(w->is_completed());
+      }
+    }
+  }
+}
+
+TEST_F(Nccl, ReduceScatterAndAllGather) {
+  for (DType t : {DType::F32, DType::BF16, DType::I64}) {
+    for (int64_t n : {1, 8, 1000, 4099}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      const auto v = iota(n);
+      Tensor in = device_tensor(v, t);
+      Tensor out = Tensor::zeros({n}, t, Device::cuda(0), stream());
+      comm().reduce_scatter(in, out, ReduceOp::Sum, false);
+      const auto want = Tensor::from_floats(v, {n}, t).to_float_vector();
+      EXPECT_EQ(host_values(out), want);
+
+      Tensor gathered = Tensor::zeros({n}, t, Device::cuda(0), stream());
+      comm().all_gather(out, gathered, true)->wait();
+      EXPECT_EQ(host_values(gathered), want);
+    }
+  }
+}
+
+TEST_F(Nccl, BroadcastAndAllToAll) {
+  const auto v = iota(4096, -50.0f);
+  Tensor x = device_tensor(v, DType::F32);
+  comm().broadcast(x, 0, false);
+  EXPECT_EQ(host_values(x), v);
+
+  Tensor in = device_tensor(v, DType::BF16);
+  Tensor out = Tensor::zeros({4096}, DType::BF16, Device::cuda(0), stream());
+  comm().all_to_all(in, out, true)->wait();
+  EXPECT_EQ(host_values(out), Tensor::from_floats(v, {4096}, DType::BF16).to_float_vector());
+  EXPECT_THROW(comm().all_to_all(in, in, false), Error);  // in place is refused, not corrupted
+}
+
+TEST_F(Nccl, SendRecvToSelfInOneBatch) {
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const auto v = iota(777);
+    Tensor src = device_tensor(v, t);
+    Tensor dst = Tensor::zeros({777}, t, Device::cuda(0), stream());
+    Tensor src2 = device_tensor(iota(5, 50.0f), t);
+    Tensor dst2 = Tensor::zeros({5}, t, Device::cuda(0), stream());
+    // Two messages to the same peer arrive in posting order.
+    const std::vector<P2POp> ops = {{P2POp::Kind::Send, src, 0},
+                                    {P2POp::Kind::Send, src2, 0},
+                                    {P2POp::Kind::Recv, dst, 0},
+                                    {P2POp::Kind::Recv, dst2, 0}};
+    WorkHandle w = comm().batch_p2p(ops);
+    w->wait();
+    EXPECT_EQ(host_values(dst), Tensor::from_floats(v, {777}, t).to_float_vector());
+    EXPECT_EQ(host_values(dst2), Tensor::from_floats(iota(5, 50.0f), {5}, t).to_float_vector());
+  }
+  WorkHandle empty = comm().batch_p2p({});
+  EXPECT_TRUE(empty->is_completed());
+}
+
+// Blocks the compute stream until released, so the test can observe what is ordered after it.
+struct StreamGate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB hold(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    while (!gate->open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+TEST_F(Nccl, AsyncHandleFollowsTheComputeStream) {
+  const int64_t n = 1 << 20;
+  Tensor x = Tensor::zeros({n}, DType::F32, Device::cuda(0), stream());
+  // Warm up this size first: anything that synchronises (a lazy cudaMalloc inside NCCL) would
+  // otherwise hang behind the gate below.
+  comm().all_reduce(x, ReduceOp::Sum, false);
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+
+  StreamGate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(compute_, &StreamGate::hold, &gate), cudaSuccess);
+  x.fill_(3.0, stream());  // queued behind the gate
+  WorkHandle w = comm().all_reduce(x, ReduceOp::Sum, true);
+  // The all-reduce must wait for the fill, which waits for the gate: nothing can have finished,
+  // and the call itself did not block the host.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(w->is_completed());
+  w->wait();  // must not block the host either: it only orders the compute stream
+  EXPECT_FALSE(w->is_completed());
+  gate.open = true;
+  const auto got = host_values(x);  // ordered after the all-reduce by wait()
+  EXPECT_TRUE(w->is_completed());
+  for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(got[i], 3.0f) << i;
+}
+
+TEST_F(Nccl, DroppedHandleStillOrdersTheComputeStream) {
+  Tensor x = device_tensor(iota(1 << 16), DType::F32);
+  { comm().all_reduce(x, ReduceOp::Max, true); }  // handle dropped without wait()
+  EXPECT_EQ(host_values(x), iota(1 << 16));
+}
+
+TEST_F(Nccl, EmptyTensorsCompleteImmediately) {
+  Tensor x = Tensor::empty({0}, DType::F32, Device::cuda(0));
+  EXPECT_TRUE(comm().all_reduce(x, ReduceOp::Sum, true)->is_completed());
+}
+
+TEST_F(Nccl, SplitAndBarrier) {
+  EXPECT_NO_THROW(comm().barrier());
+  std::unique_ptr<Communicator> sub = comm().split(7, 0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->size(), 1);
+  EXPECT_EQ(sub->backend(), "nccl");
+  Tensor x = device_tensor(iota(100), DType::F16);
+  sub->all_reduce(x, ReduceOp::Sum, false);
+  EXPECT_EQ(host_values(x), Tensor::from_floats(iota(100), {100}, DType::F16).to_float_vector());
+  sub->barrier();
+  EXPECT_EQ(comm().split(-1, 0), nullptr);
+}
+
+TEST_F(Nccl, RejectsBadArguments) {
+  Tensor cpu = Tensor::zeros({8}, DType::F32);
+  EXPECT_THROW(comm().all_reduce(cpu, ReduceOp::Sum, false), Error);
+  try {
+    comm().all_reduce(cpu, ReduceOp::Sum, false);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+  Tensor m = Tensor::zeros({4, 6}, DType::F32, Device::cuda(0));
+  Tensor strided = m.narrow(1, 0, 3);
+  ASSERT_FALSE(strided.is_contiguous());
+  EXPECT_THROW(comm().all_reduce(strided, ReduceOp::Sum, false), Error);
+  Tensor fp8 = Tensor::zeros({8}, DType::F8E4M3, Device::cuda(0));
+  EXPECT_THROW(comm().all_reduce(fp8, ReduceOp::Sum, false), Error);
+  Tensor in = Tensor::zeros({8}, DType::F32, Device::cuda(0));
+  Tensor wrong = Tensor::zeros({7}, DType::F32, Device::cuda(0));
+  EXPECT_THROW(comm().reduce_scatter(in, wrong, ReduceOp::Sum, false), Error);
+  EXPECT_THROW(comm().all_gather(wrong, in, false), Error);
+  Tensor other = Tensor::zeros({8}, DType::BF16, Device::cuda(0));
+  EXPECT_THROW(comm().reduce_scatter(in, other, ReduceOp::Sum, false), Error);
+  EXPECT_THROW(comm().broadcast(in, 1, false), Error);
+  EXPECT_THROW(comm().send(in, 3, 0), Error);
+}
+
+TEST(NcclWithoutGpu, CreationFailsClearly) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present: the no-GPU error path is not reachable";
+  MpiCommunicator bootstrap(MPI_COMM_WORLD);
+  EXPECT_THROW(make_nccl_communicator(bootstrap, Device::cuda(0)), Error);
+  EXPECT_THROW(make_nccl_communicator(bootstrap, Device::cpu()), Error);
+}
+
+}  // namespace
+}  // namespace parallel
