@@ -1,0 +1,408 @@
+#include "parallel/mpi_communicator.hpp"
+
+#include <climits>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <utility>
+
+#include "parallel/error.hpp"
+
+namespace parallel {
+namespace {
+
+bool mpi_usable() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+// ---- bf16 / fp16 reductions -------------------------------------------------------------------
+// MPI has no 16-bit float types, so the data travels as opaque 2-byte elements and user-defined ops
+// do the arithmetic: widen to fp32, combine, round back once per pairwise step, as NCCL does.
+
+struct HalfFormat {
+  static float bf(uint16_t b) { return bf16_to_float(bf16{b}); }
+  static uint16_t to_bf(float v) { return float_to_bf16(v).bits; }
+  static float f(uint16_t b) { return f16_to_float(f16{b}); }
+  static uint16_t to_f(float v) { return float_to_f16(v).bits; }
+};
+
+struct SumOp {
+  static float apply(float a, float b) { return a + b; }
+};
+// NaN wins, as in torch.max, so that a NaN on any rank is never hidden.
+struct MaxOp {
+  static float apply(float a, float b) { return (std::isnan(a) || a > b) ? a : b; }
+};
+struct MinOp {
+  static float apply(float a, float b) { return (std::isnan(a) || a < b) ? a : b; }
+};
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Op>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = FromFloat(Op::apply(ToFloat(a[i]), ToFloat(b[i])));
+}
+
+struct HalfTypes {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // indexed by ReduceOp
+  MPI_Op f16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+HalfTypes g_half;
+std::once_flag g_half_once;
+
+// Runs at the start of MPI_Finalize (attributes on MPI_COMM_SELF are deleted first), while MPI
+// still works, so the handles are released instead of being reported as leaks.
+int free_half_types(MPI_Comm, int, void*, void*) {
+  for (MPI_Op& op : g_half.bf16_ops)
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  for (MPI_Op& op : g_half.f16_ops)
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  if (g_half.type != MPI_DATATYPE_NULL) MPI_Type_free(&g_half.type);
+  return MPI_SUCCESS;
+}
+
+const HalfTypes& half_types() {
+  std::call_once(g_half_once, [] {
+    PARALLEL_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_half.type));
+    PARALLEL_MPI_CHECK(MPI_Type_commit(&g_half.type));
+    const bool commute = true;
+    PARALLEL_MPI_CHECK(
+        MPI_Op_create(&half_reduce<HalfFormat::bf, HalfFormat::to_bf, SumOp>, commute, &g_half.bf16_ops[0]));
+    PARALLEL_MPI_CHECK(
+        MPI_Op_create(&half_reduce<HalfFormat::bf, HalfFormat::to_bf, MaxOp>, commute, &g_half.bf16_ops[1]));
+    PARALLEL_MPI_CHECK(
+        MPI_Op_create(&half_reduce<HalfFormat::bf, HalfFormat::to_bf, MinOp>, commute, &g_half.bf16_ops[2]));
+    PARALLEL_MPI_CHECK(
+        MPI_Op_create(&half_reduce<HalfFormat::f, HalfFormat::to_f, SumOp>, commute, &g_half.f16_ops[0]));
+    PARALLEL_MPI_CHECK(
+        MPI_Op_create(&half_reduce<HalfFormat::f, HalfFormat::to_f, MaxOp>, commute, &g_half.f16_ops[1]));
+    PARALLEL_MPI_CHECK(
+        MPI_Op_create(&half_reduce<HalfFormat::f, HalfFormat::to_f, MinOp>, commute, &g_half.f16_ops[2]));
+    int keyval = MPI_KEYVAL_INVALID;
+    PARALLEL_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_half_types, &keyval, nullptr));
+    PARALLEL_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
+  });
+  return g_half;
+}
+
+static_assert(static_cast<int>(ReduceOp::Sum) == 0 && static_cast<int>(ReduceOp::Max) == 1 &&
+              static_cast<int>(ReduceOp::Min) == 2);
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::U8:
+    case DType::F8E4M3:  // moved as bytes; reductions are rejected in mpi_op
+      return MPI_UINT8_T;
+    case DType::BF16:
+    case DType::F16:
+      return half_types().type;
+  }
+  PARALLEL_FAIL("MpiCommunicator: unsupported dtype {}", static_cast<int>(t));
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  const int i = static_cast<int>(op);
+  PARALLEL_CHECK(i >= 0 && i < 3, "MpiCommunicator: unknown reduce op {}", i);
+  switch (t) {
+    case DType::BF16:
+      return half_types().bf16_ops[i];
+    case DType::F16:
+      return half_types().f16_ops[i];
+    case DType::F8E4M3:
+      PARALLEL_FAIL("MpiCommunicator: reduction ({}) of {} tensors is not supported", reduce_op_name(op),
+                    dtype_name(t));
+    default:
+      break;
+  }
+  constexpr MPI_Op builtin[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
+  return builtin[i];
+}
+
+// ---- argument checks (all before any communication, so a bad call throws on its rank alone and
+// never leaves a half-posted collective behind) -----------------------------------------------
+
+void check_tensor(const Tensor& t, const char* what, const char* op) {
+  PARALLEL_CHECK(t.defined(), "MpiCommunicator::{}: {} is an undefined tensor", op, what);
+  PARALLEL_CHECK(t.device().is_cpu(), "MpiCommunicator::{}: {} is on {}, the MPI backend needs CPU tensors",
+                 op, what, t.device().str());
+  PARALLEL_CHECK(t.is_contiguous(), "MpiCommunicator::{}: {} ({}, strides {}) must be contiguous", op, what,
+                 shape_str(t.shape()), shape_str(t.strides()));
+}
+
+int mpi_count(int64_t n, const char* op) {
+  PARALLEL_CHECK(n <= INT_MAX, "MpiCommunicator::{}: {} elements exceed MPI's int count limit ({})", op, n,
+                 INT_MAX);
+  return static_cast<int>(n);
+}
+
+void check_same_dtype(const Tensor& in, const Tensor& out, const char* op) {
+  PARALLEL_CHECK(in.dtype() == out.dtype(), "MpiCommunicator::{}: in is {} but out is {}", op,
+                 dtype_name(in.dtype()), dtype_name(out.dtype()));
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.data_ptr());
+  const auto* b0 = static_cast<const char*>(b.data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// ---- the handle ------------------------------------------------------------------------------
+
+class MpiWork final : public Work {
+ public:
+  ~MpiWork() override {
+    if (done_ || requests_.empty()) return;
+    if (std::uncaught_exceptions() > 0 || !mpi_usable()) {
+      // Unwinding towards MPI_Abort: waiting could hang on peers that will never arrive, and
+      // freeing the buffers would let MPI write into freed memory. Leak both instead.
+      new std::vector<Tensor>(std::move(tensors_));
+      new std::vector<int>(std::move(counts_));
+      new std::vector<int>(std::move(displs_));
+      return;
+    }
+    // The buffers must outlive the transfer, so a dropped handle still completes its operation.
+    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+
+  void wait() override {
+    if (done_) return;
+    std::vector<MPI_Status> statuses(requests_.size());
+    int rc = MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data());
+    // MPI_ERR_IN_STATUS only says "look at the statuses"; report the failure itself.
+    if (rc == MPI_ERR_IN_STATUS)
+      for (const MPI_Status& s : statuses)
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+          rc = s.MPI_ERROR;
+          break;
+        }
+    PARALLEL_MPI_CHECK(rc);
+    finish();
+  }
+
+  bool is_completed() override {
+    if (done_) return true;
+    int flag = 0;
+    PARALLEL_MPI_CHECK(
+        MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) finish();
+    return done_;
+  }
+
+  MPI_Request* add_request() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
+  void keep(const Tensor& t) { tensors_.push_back(t); }
+  std::vector<int>& counts() { return counts_; }
+  std::vector<int>& displs() { return displs_; }
+
+ private:
+  void finish() {
+    done_ = true;
+    tensors_.clear();
+    counts_.clear();
+    displs_.clear();
+  }
+
+  std::vector<MPI_Request> requests_;
+  std::vector<Tensor> tensors_;  // copies share the storage, so it lives until the transfer ends
+  std::vector<int> counts_;      // MPI reads these arrays until the collective completes
+  std::vector<int> displs_;
+  bool done_ = false;
+};
+
+WorkHandle finish(std::shared_ptr<MpiWork> work, bool async) {
+  if (async) return work;
+  work->wait();
+  return completed_work();
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  PARALLEL_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator: MPI_COMM_NULL given");
+  PARALLEL_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  PARALLEL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  PARALLEL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  PARALLEL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (comm_ != MPI_COMM_NULL && mpi_usable()) MPI_Comm_free(&comm_);
+}
+
+WorkHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op, bool async) {
+  check_tensor(tensor, "tensor", "all_reduce");
+  const int n = mpi_count(tensor.numel(), "all_reduce");
+  const MPI_Op mop = mpi_op(op, tensor.dtype());
+  const MPI_Datatype type = mpi_type(tensor.dtype());
+  auto work = std::make_shared<MpiWork>();
+  work->keep(tensor);
+  PARALLEL_MPI_CHECK(
+      MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, type, mop, comm_, work->add_request()));
+  return finish(std::move(work), async);
+}
+
+WorkHandle MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) {
+  check_tensor(in, "in", "reduce_scatter");
+  check_tensor(out, "out", "reduce_scatter");
+  check_same_dtype(in, out, "reduce_scatter");
+  mpi_count(in.numel(), "reduce_scatter");
+  const Chunk mine = chunk_of(in.numel(), size_, rank_);
+  PARALLEL_CHECK(
+      out.numel() == mine.count,
+      "MpiCommunicator::reduce_scatter: out has {} elements, rank {}'s chunk of {} over {} ranks has {}",
+      out.numel(), rank_, in.numel(), size_, mine.count);
+  const MPI_Op mop = mpi_op(op, in.dtype());
+  const MPI_Datatype type = mpi_type(in.dtype());
+  auto work = std::make_shared<MpiWork>();
+  // MPI forbids aliased send and receive buffers (and MPI_IN_PLACE means a different layout here).
+  Tensor src = overlaps(in, out) ? in.clone() : in;
+  work->keep(src);
+  work->keep(out);
+  auto& counts = work->counts();
+  for (int r = 0; r < size_; ++r) counts.push_back(static_cast<int>(chunk_of(in.numel(), size_, r).count));
+  PARALLEL_MPI_CHECK(MPI_Ireduce_scatter(src.data_ptr(), out.data_ptr(), counts.data(), type, mop, comm_,
+                                         work->add_request()));
+  return finish(std::move(work), async);
+}
+
+WorkHandle MpiCommunicator::all_gather(const Tensor& in, Tensor& out, bool async) {
+  check_tensor(in, "in", "all_gather");
+  check_tensor(out, "out", "all_gather");
+  check_same_dtype(in, out, "all_gather");
+  mpi_count(out.numel(), "all_gather");
+  const Chunk mine = chunk_of(out.numel(), size_, rank_);
+  PARALLEL_CHECK(
+      in.numel() == mine.count,
+      "MpiCommunicator::all_gather: in has {} elements, rank {}'s chunk of {} over {} ranks has {}",
+      in.numel(), rank_, out.numel(), size_, mine.count);
+  const MPI_Datatype type = mpi_type(in.dtype());
+  auto work = std::make_shared<MpiWork>();
+  // `in` already sitting in its own slot of `out` (the usual sharded-buffer layout) is MPI_IN_PLACE;
+  // any other overlap would be undefined in MPI, so that case sends from a copy.
+  const auto* slot = static_cast<const char*>(out.data_ptr()) + mine.offset * dtype_size(out.dtype());
+  const bool in_place = mine.count > 0 && in.data_ptr() == slot;
+  Tensor src = (!in_place && overlaps(in, out)) ? in.clone() : in;
+  work->keep(src);
+  work->keep(out);
+  auto& counts = work->counts();
+  auto& displs = work->displs();
+  for (int r = 0; r < size_; ++r) {
+    const Chunk c = chunk_of(out.numel(), size_, r);
+    counts.push_back(static_cast<int>(c.count));
+    displs.push_back(static_cast<int>(c.offset));
+  }
+  PARALLEL_MPI_CHECK(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : src.data_ptr(), mine.count, type,
+                                     out.data_ptr(), counts.data(), displs.data(), type, comm_,
+                                     work->add_request()));
+  return finish(std::move(work), async);
+}
+
+WorkHandle MpiCommunicator::broadcast(Tensor& tensor, int root, bool async) {
+  check_tensor(tensor, "tensor", "broadcast");
+  PARALLEL_CHECK(root >= 0 && root < size_, "MpiCommunicator::broadcast: root {} outside [0, {})", root,
+                 size_);
+  const int n = mpi_count(tensor.numel(), "broadcast");
+  const MPI_Datatype type = mpi_type(tensor.dtype());
+  auto work = std::make_shared<MpiWork>();
+  work->keep(tensor);
+  PARALLEL_MPI_CHECK(MPI_Ibcast(tensor.data_ptr(), n, type, root, comm_, work->add_request()));
+  return finish(std::move(work), async);
+}
+
+WorkHandle MpiCommunicator::all_to_all(const Tensor& in, Tensor& out, bool async) {
+  check_tensor(in, "in", "all_to_all");
+  check_tensor(out, "out", "all_to_all");
+  check_same_dtype(in, out, "all_to_all");
+  PARALLEL_CHECK(in.numel() == out.numel(), "MpiCommunicator::all_to_all: in has {} elements but out has {}",
+                 in.numel(), out.numel());
+  PARALLEL_CHECK(in.numel() % size_ == 0,
+                 "MpiCommunicator::all_to_all: {} elements do not split into {} equal blocks", in.numel(),
+                 size_);
+  mpi_count(in.numel(), "all_to_all");
+  const int block = static_cast<int>(in.numel() / size_);
+  const MPI_Datatype type = mpi_type(in.dtype());
+  auto work = std::make_shared<MpiWork>();
+  Tensor src = overlaps(in, out) ? in.clone() : in;
+  work->keep(src);
+  work->keep(out);
+  PARALLEL_MPI_CHECK(
+      MPI_Ialltoall(src.data_ptr(), block, type, out.data_ptr(), block, type, comm_, work->add_request()));
+  return finish(std::move(work), async);
+}
+
+namespace {
+void check_p2p(const Tensor& t, int peer, int tag, int size, const char* op) {
+  check_tensor(t, "tensor", op);
+  PARALLEL_CHECK(peer >= 0 && peer < size, "MpiCommunicator::{}: peer {} outside [0, {})", op, peer, size);
+  PARALLEL_CHECK(tag >= 0, "MpiCommunicator::{}: negative tag {}", op, tag);
+  mpi_count(t.numel(), op);
+  mpi_type(t.dtype());
+}
+}  // namespace
+
+WorkHandle MpiCommunicator::send(const Tensor& tensor, int peer, int tag) {
+  const P2POp op{P2POp::Kind::Send, tensor, peer, tag};
+  return batch_p2p({&op, 1});
+}
+
+WorkHandle MpiCommunicator::recv(Tensor& tensor, int peer, int tag) {
+  const P2POp op{P2POp::Kind::Recv, tensor, peer, tag};
+  return batch_p2p({&op, 1});
+}
+
+WorkHandle MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
+  for (const P2POp& op : ops)
+    check_p2p(op.tensor, op.peer, op.tag, size_, op.kind == P2POp::Kind::Send ? "send" : "recv");
+  if (ops.empty()) return completed_work();
+  auto work = std::make_shared<MpiWork>();
+  for (const P2POp& op : ops) {
+    const int n = static_cast<int>(op.tensor.numel());
+    const MPI_Datatype type = mpi_type(op.tensor.dtype());
+    work->keep(op.tensor);
+    if (op.kind == P2POp::Kind::Send) {
+      PARALLEL_MPI_CHECK(
+          MPI_Isend(op.tensor.data_ptr(), n, type, op.peer, op.tag, comm_, work->add_request()));
+    } else {
+      PARALLEL_MPI_CHECK(
+          MPI_Irecv(op.tensor.data_ptr(), n, type, op.peer, op.tag, comm_, work->add_request()));
+    }
+  }
+  return work;
+}
+
+void MpiCommunicator::barrier() { PARALLEL_MPI_CHECK(MPI_Barrier(comm_)); }
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  PARALLEL_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+  if (sub == MPI_COMM_NULL) return nullptr;
+  // The constructor duplicates, so the intermediate communicator is released right away.
+  std::unique_ptr<Communicator> result;
+  try {
+    result = std::make_unique<MpiCommunicator>(sub);
+  } catch (...) {
+    MPI_Comm_free(&sub);
+    throw;
+  }
+  PARALLEL_MPI_CHECK(MPI_Comm_free(&sub));
+  return result;
+}
+
+void MpiCommunicator::abort(int code) {
+  MPI_Abort(comm_, code);
+  std::abort();  // MPI_Abort does not return in practice; this keeps [[noreturn]] honest
+}
+
+}  // namespace parallel
