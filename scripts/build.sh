@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds libparallel into build/ (or $BUILD_DIR). Extra arguments go to cmake.
+# CUDA is picked up automatically when nvcc is present (PARALLEL_WITH_CUDA=AUTO).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build "$build_dir" -j"$(nproc)"

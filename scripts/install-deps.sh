@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what libparallel needs from Debian's packages, and nothing when it is all there already.
+# Works as root and as a user (through sudo). docs/dependencies.md says why each package is here.
+#   --with-torch   also install python3-torch (only needed to regenerate the PyTorch fixtures)
+set -euo pipefail
+
+packages=(
+  build-essential cmake git pkg-config
+  libopenmpi-dev openmpi-bin
+  libeigen3-dev libdnnl-dev libfmt-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  jargon-text
+)
+[[ " $* " == *" --with-torch "* ]] && packages+=(python3-torch)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
