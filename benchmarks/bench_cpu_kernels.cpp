@@ -1,0 +1,181 @@
+// Throughput of the CPU ops on GPT-2 small shapes (h = 768, 4 x 256 = 1024 tokens, vocab 50304).
+//
+//   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=450] [benchmark flags]
+//
+// gemm reports GFLOP/s and "% of peak", the peak being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS,
+// else 450 (the measured fp32 FMA peak of the 2-core AVX-512 build machine). Memory-bound ops
+// report GB/s of the bytes they must move at minimum. Rates are computed here from wall-clock time
+// of the timed loop (the kernels run on OpenMP threads, so the main thread's CPU time would lie),
+// as a mean over iterations and for the best iteration (best_*).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "parallel/ops.hpp"
+#include "parallel/tensor.hpp"
+
+using namespace parallel;
+
+namespace {
+
+double g_peak_gflops = 450.0;
+
+Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (float& x : v) x = dist(gen);
+  return Tensor::from_vector(v, shape);
+}
+
+// Wall-clock seconds of the timed loop: the total (for the mean rate) and the fastest iteration.
+// The build machine's 2 cores are shared, so the mean swings with other jobs; the best iteration
+// is what the kernel achieves when it has the cores, and is the figure to compare with the peak.
+struct Timing {
+  double total = 0.0, best = 1e30;
+};
+
+template <typename F>
+Timing timed_loop(benchmark::State& state, F&& body) {
+  body();  // warm-up: primitive creation, first-touch page faults
+  Timing t;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    t.total += s;
+    t.best = std::min(t.best, s);
+  }
+  return t;
+}
+
+void report_bytes(benchmark::State& state, Timing t, double bytes_per_iter) {
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes_per_iter * static_cast<double>(state.iterations()) / t.total / 1e9);
+  state.counters["best_GB/s"] = benchmark::Counter(bytes_per_iter / t.best / 1e9);
+}
+
+// ---- gemm -------------------------------------------------------------------------------------
+
+struct GemmCase {
+  const char* name;
+  int64_t m, n, k;
+  bool ta, tb;
+  float beta;
+};
+
+// A linear layer y = x W^T, W [out, in], over T tokens: forward gemm(x, W^T) is [T, out] x [in];
+// dgrad gemm(dy, W) is [T, in] x [out]; wgrad gemm(dy^T, x, beta 1) is [out, in] x [T].
+constexpr int64_t T = 1024, H = 768;
+const GemmCase kGemmCases[] = {
+    {"qkv_fwd", T, 3 * H, H, false, true, 0.0f},        {"qkv_dgrad", T, H, 3 * H, false, false, 0.0f},
+    {"qkv_wgrad", 3 * H, H, T, true, false, 1.0f},      {"mlp_up_fwd", T, 4 * H, H, false, true, 0.0f},
+    {"mlp_up_dgrad", T, H, 4 * H, false, false, 0.0f},  {"mlp_up_wgrad", 4 * H, H, T, true, false, 1.0f},
+    {"mlp_down_fwd", T, H, 4 * H, false, true, 0.0f},   {"mlp_down_dgrad", T, 4 * H, H, false, false, 0.0f},
+    {"mlp_down_wgrad", H, 4 * H, T, true, false, 1.0f},
+};
+
+void BM_Gemm(benchmark::State& state, GemmCase c) {
+  Tensor a = random_tensor(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, 1);
+  Tensor b = random_tensor(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, 2);
+  Tensor out = Tensor::zeros({c.m, c.n}, DType::F32);
+  const Timing t = timed_loop(state, [&] { ops::gemm(a, c.ta, b, c.tb, out, 1.0f, c.beta); });
+  const double flop = 2.0 * static_cast<double>(c.m) * static_cast<double>(c.n) * static_cast<double>(c.k);
+  const double gflops = flop * static_cast<double>(state.iterations()) / t.total / 1e9,
+               best = flop / t.best / 1e9;
+  state.counters["GFLOP/s"] = benchmark::Counter(gflops);
+  state.counters["%peak"] = benchmark::Counter(100.0 * gflops / g_peak_gflops);
+  state.counters["best_GFLOP/s"] = benchmark::Counter(best);
+  state.counters["best_%peak"] = benchmark::Counter(100.0 * best / g_peak_gflops);
+  state.SetLabel(std::to_string(c.m) + "x" + std::to_string(c.k) + (c.ta ? "^T" : "") + " @ " +
+                 std::to_string(c.k) + "x" + std::to_string(c.n) + (c.tb ? "^T" : ""));
+}
+
+// ---- memory-bound ops -------------------------------------------------------------------------
+
+void BM_LayerNormForward(benchmark::State& state) {
+  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4), b = random_tensor({H}, 5);
+  Tensor y = Tensor::zeros({T, H}, DType::F32), mean = Tensor::zeros({T}, DType::F32);
+  Tensor rstd = Tensor::zeros({T}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f); });
+  report_bytes(state, s, 2.0 * T * H * sizeof(float));  // read x, write y
+}
+
+void BM_LayerNormBackward(benchmark::State& state) {
+  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4), b = random_tensor({H}, 5);
+  Tensor y = Tensor::zeros({T, H}, DType::F32), mean = Tensor::zeros({T}, DType::F32);
+  Tensor rstd = Tensor::zeros({T}, DType::F32), dy = random_tensor({T, H}, 6),
+         dx = Tensor::zeros({T, H}, DType::F32);
+  Tensor dw = Tensor::zeros({H}, DType::F32), db = Tensor::zeros({H}, DType::F32);
+  ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f);
+  const Timing s = timed_loop(state, [&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
+  report_bytes(state, s, 3.0 * T * H * sizeof(float));  // read dy and x, write dx
+}
+
+void BM_GeluForward(benchmark::State& state) {
+  Tensor x = random_tensor({T, 4 * H}, 7), y = Tensor::zeros({T, 4 * H}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::gelu_forward(x, y); });
+  report_bytes(state, s, 2.0 * T * 4 * H * sizeof(float));
+}
+
+void BM_GeluBackward(benchmark::State& state) {
+  Tensor x = random_tensor({T, 4 * H}, 7), dy = random_tensor({T, 4 * H}, 8),
+         dx = Tensor::zeros({T, 4 * H}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::gelu_backward(dy, x, dx); });
+  report_bytes(state, s, 3.0 * T * 4 * H * sizeof(float));
+}
+
+// The whole vocab-parallel cross-entropy on one rank: local stats, sum of exps, backward. The
+// logits are read three times and dlogits written once: 4 passes over [T, V].
+void BM_SoftmaxCrossEntropy(benchmark::State& state) {
+  constexpr int64_t V = 50304, vocab = 50257;
+  Tensor logits = random_tensor({T, V}, 9, -5.0f, 5.0f), dlogits = Tensor::zeros({T, V}, DType::F32);
+  std::vector<int32_t> tv(T);
+  for (int64_t i = 0; i < T; i++) tv[i] = static_cast<int32_t>((i * 7919) % vocab);
+  Tensor targets = Tensor::from_vector(tv, {T}), g = Tensor::full({T}, 1.0 / T, DType::F32);
+  Tensor row_max = Tensor::zeros({T}, DType::F32), tl = Tensor::zeros({T}, DType::F32);
+  Tensor sum_exp = Tensor::zeros({T}, DType::F32);
+  const Timing s = timed_loop(state, [&] {
+    ops::cross_entropy_local_stats(logits, targets, 0, vocab, row_max, tl);
+    ops::cross_entropy_sum_exp(logits, row_max, 0, vocab, sum_exp);
+    ops::cross_entropy_backward(logits, targets, row_max, sum_exp, g, 0, vocab, dlogits);
+  });
+  report_bytes(state, s, 4.0 * T * V * sizeof(float));
+}
+
+}  // namespace
+
+BENCHMARK(BM_LayerNormForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LayerNormBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SoftmaxCrossEntropy)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+int main(int argc, char** argv) {
+  if (const char* env = std::getenv("PARALLEL_CPU_PEAK_GFLOPS")) g_peak_gflops = std::atof(env);
+  // Our flag first, removed from argv so that Google Benchmark does not reject it.
+  int kept = 1;
+  for (int i = 1; i < argc; i++) {
+    if (std::strncmp(argv[i], "--peak_gflops=", 14) == 0)
+      g_peak_gflops = std::atof(argv[i] + 14);
+    else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
+  for (const GemmCase& c : kGemmCases)
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + c.name).c_str(), BM_Gemm, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("peak_gflops", std::to_string(g_peak_gflops));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,124 @@
+#pragma once
+// The ops layer: every numerical kernel the model needs, as plain functions on tensors.
+//
+// Each op dispatches on the device of its tensors (all arguments on one device): the CPU kernels
+// live in kernels/cpu/, the CUDA ones in kernels/cuda/ (same contract, same tolerances). Layers
+// call only these functions, so a backend plugs in here and nowhere else.
+//
+// Conventions, shared by every op:
+// - Activations are [s, b, h] (sequence first, as Megatron), row-major, contiguous. "rows" means
+//   the product of all dimensions but the last.
+// - Outputs are written, never allocated: the caller owns memory (so pipeline micro-batches and
+//   recomputation control their own lifetimes). Arguments named d* with "accumulate" in their
+//   description are parameter gradients: the op ADDS into them (+=), as gradient accumulation over
+//   micro-batches needs.
+// - fp32 everywhere for now; other dtypes are rejected with a clear error until mixed precision
+//   lands (bf16/fp16 ops must then compute in fp32 internally).
+// - Stream: ordering on CUDA; ignored on the CPU. CPU kernels use OpenMP threads (OMP_NUM_THREADS).
+#include <cstdint>
+
+#include "parallel/tensor.hpp"
+
+namespace parallel::ops {
+
+// ---- dense algebra ----------------------------------------------------------------------------
+
+// c = alpha * op(a) @ op(b) + beta * c, row-major 2-D; op(x) = x^T when trans_x.
+// op(a): [M, K], op(b): [K, N], c: [M, N]. beta = 1 accumulates (weight gradients).
+// A linear layer y = x W^T with W [out, in] is gemm(x, false, W, true, y); its input gradient is
+// gemm(dy, false, W, false, dx) and its weight gradient gemm(dy, true, x, false, dW, 1, 1).
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
+          float beta = 0.0f, Stream stream = {});
+
+// y[r, :] += bias for every row r.
+void add_bias(Tensor& y, const Tensor& bias, Stream stream = {});
+// dbias += sum over rows of dy (accumulate).
+void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream = {});
+
+// ---- element-wise -----------------------------------------------------------------------------
+
+void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream = {});  // out may alias a or b
+void add_(Tensor& a, const Tensor& b, Stream stream = {});                     // a += b
+void scale_(Tensor& a, float alpha, Stream stream = {});                       // a *= alpha
+
+// GeLU with the tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(const Tensor& x, Tensor& y, Stream stream = {});
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream = {});
+
+// SwiGLU on x = [..., 2f] split in halves (gate = x[..., :f], up = x[..., f:]): y = silu(gate) * up,
+// y = [..., f]. Under tensor parallelism each rank holds its own [gate_r | up_r] halves.
+void swiglu_forward(const Tensor& x, Tensor& y, Stream stream = {});
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream = {});
+
+// Inverted dropout with a counter-based RNG: element i is kept iff uniform(seed, offset + i) >= p,
+// kept values scaled by 1/(1-p). The same (seed, offset + i) gives the same decision on any rank,
+// so masks do not depend on how a tensor is split. p == 0 copies.
+void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset, Stream stream = {});
+void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset, Stream stream = {});
+
+// ---- normalisation ----------------------------------------------------------------------------
+
+// Over the last dimension h: y = (x - mean) * rstd * weight + bias. mean, rstd: [rows] (saved for
+// the backward). dweight, dbias: accumulate.
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                       Tensor& rstd, float eps, Stream stream = {});
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream = {});
+// y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). dweight: accumulate.
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps, Stream stream = {});
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight, Stream stream = {});
+
+// ---- attention --------------------------------------------------------------------------------
+
+// Rotary embedding in place on x = [s, b, heads, d] (d even), rotating pairs (i, i + d/2) as
+// GPT-NeoX / Llama do, at positions position_offset + s_index, frequencies theta^(-2i/d).
+// The backward is the rotation by the negative angle, applied in place to the gradient.
+void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream = {});
+void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream = {});
+
+// Scaled dot-product attention, tiled with an online softmax (FlashAttention's algorithm): no
+// [s, s] matrix is ever materialised. q: [s, b, hq, d]; k, v: [s, b, hkv, d] with hq % hkv == 0
+// (grouped-query attention: query head i uses kv head i / (hq / hkv)); out: [s, b, hq, d];
+// lse: [b, hq, s] fp32, the log-sum-exp of each query row's scaled scores, saved for the backward.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, bool causal,
+                       float softmax_scale, Stream stream = {});
+// dq, dk, dv are written (not accumulated); dk, dv sum over the query heads that share them.
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal, float softmax_scale,
+                        Stream stream = {});
+
+// ---- embedding and loss -----------------------------------------------------------------------
+
+// tokens: [b, s] int32 (global vocabulary ids); weight: [rows, h] holding ids [vocab_start,
+// vocab_start + rows); out: [s, b, h]. Ids outside this rank's range give zero rows (the
+// vocab-parallel all-reduce adds the owner's row).
+void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out,
+                       Stream stream = {});
+// dweight[id - vocab_start] += dout[s, b] for ids in range (accumulate).
+void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dweight,
+                        Stream stream = {});
+
+// The three local pieces of vocab-parallel cross-entropy over logits [n, v_local] whose column j is
+// global id vocab_start + j; columns with global id >= vocab_size (padding) are ignored.
+//   row_max[n]      = max over valid local columns (-inf if none)
+//   target_logit[n] = logits[i, target - vocab_start] if this rank owns target[i], else 0
+// After the caller all-reduces row_max (max) it calls cross_entropy_sum_exp:
+//   sum_exp[n] = sum over valid local columns of exp(logits - row_max)
+// targets: [n] int32.
+void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                               Tensor& row_max, Tensor& target_logit, Stream stream = {});
+void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start, int64_t vocab_size,
+                           Tensor& sum_exp, Stream stream = {});
+// dlogits[i, j] = grad_scale[i] * (softmax_ij - [j is target_i]); padding columns get 0.
+// softmax_ij = exp(logits_ij - row_max_i) / sum_exp_i with the all-reduced row_max and sum_exp.
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
+                            int64_t vocab_size, Tensor& dlogits, Stream stream = {});
+
+// ---- reductions -------------------------------------------------------------------------------
+
+// Sum of squares of all elements, accumulated in double (for the global gradient norm).
+double sum_of_squares(const Tensor& x, Stream stream = {});
+
+}  // namespace parallel::ops

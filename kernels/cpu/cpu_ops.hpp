@@ -1,0 +1,59 @@
+#pragma once
+// The CPU kernels behind parallel::ops (include/parallel/ops.hpp): one function per op, same
+// signature minus the Stream. src/ops/ops.cpp validates arguments (defined, contiguous, dtype,
+// shapes) before calling these, so the kernels assume well-formed fp32 (int32 ids) tensors.
+#include <cstdint>
+
+#include "parallel/tensor.hpp"
+
+namespace parallel::cpu {
+
+// ---- dense algebra (gemm.cpp, elementwise.cpp) ---------------------------------------------
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+void add_bias(Tensor& y, const Tensor& bias);
+void bias_backward(const Tensor& dy, Tensor& dbias);
+
+// ---- element-wise (elementwise.cpp) --------------------------------------------------------
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void add_(Tensor& a, const Tensor& b);
+void scale_(Tensor& a, float alpha);
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void swiglu_forward(const Tensor& x, Tensor& y);
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset);
+void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset);
+
+// ---- normalisation (norm.cpp) --------------------------------------------------------------
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                       Tensor& rstd, float eps);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight);
+
+// ---- attention (rope.cpp; attention.cpp) ---------------------------------------------------
+void rope_forward(Tensor& x, int64_t position_offset, float theta);
+void rope_backward(Tensor& dx, int64_t position_offset, float theta);
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       bool causal, float softmax_scale);
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
+                        float softmax_scale);
+
+// ---- embedding and loss (embedding.cpp, cross_entropy.cpp) ---------------------------------
+void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out);
+void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dweight);
+void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               int64_t vocab_size, Tensor& row_max, Tensor& target_logit);
+void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
+                           int64_t vocab_size, Tensor& sum_exp);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
+                            int64_t vocab_size, Tensor& dlogits);
+
+// ---- reductions (reduce.cpp) ---------------------------------------------------------------
+double sum_of_squares(const Tensor& x);
+
+}  // namespace parallel::cpu

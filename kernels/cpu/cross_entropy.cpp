@@ -1,0 +1,89 @@
+// The local pieces of vocab-parallel cross-entropy (see ops.hpp). Row i's loss is
+//   log(sum_j exp(l_ij - max_i)) + max_i - l_i,target
+// with max and sum all-reduced over ranks by the caller between the pieces. Subtracting the
+// global max keeps every exp in (0, 1], so the sums cannot overflow whatever the logits' scale.
+// Columns with global id >= vocab_size are padding (vocab rounded up to a multiple of the TP size)
+// and are skipped everywhere.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu/cpu_ops.hpp"
+#include "cpu/vec_math.hpp"
+
+#define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace parallel::cpu {
+namespace {
+
+// Local columns [0, valid) are real vocabulary entries.
+int64_t valid_columns(int64_t v_local, int64_t vocab_start, int64_t vocab_size) {
+  return std::clamp<int64_t>(vocab_size - vocab_start, 0, v_local);
+}
+
+bool worth_threads(int64_t n, int64_t v) { return n * v > (1 << 15); }
+
+PARALLEL_CLONES float row_max_of(const float* l, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; j++) m = std::max(m, l[j]);
+  return m;
+}
+
+PARALLEL_CLONES float row_sum_exp(const float* l, float m, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < n; j++) s += fast_exp(l[j] - m);
+  return s;
+}
+
+PARALLEL_CLONES void row_softmax_grad(const float* l, float m, float g_over_sum, float* d, int64_t n) {
+  for (int64_t j = 0; j < n; j++) d[j] = g_over_sum * fast_exp(l[j] - m);
+}
+
+}  // namespace
+
+void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               int64_t vocab_size, Tensor& row_max, Tensor& target_logit) {
+  const int64_t n = logits.size(0), v = logits.size(1), valid = valid_columns(v, vocab_start, vocab_size);
+  const float* L = logits.data<float>();
+  const int32_t* T = targets.data<int32_t>();
+  float *M = row_max.data<float>(), *TL = target_logit.data<float>();
+#pragma omp parallel for schedule(static) if (worth_threads(n, v))
+  for (int64_t i = 0; i < n; i++) {
+    const float* l = L + i * v;
+    M[i] = row_max_of(l, valid);  // -inf when this rank holds only padding
+    const int64_t t = static_cast<int64_t>(T[i]) - vocab_start;
+    TL[i] = t >= 0 && t < valid ? l[t] : 0.0f;
+  }
+}
+
+void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
+                           int64_t vocab_size, Tensor& sum_exp) {
+  const int64_t n = logits.size(0), v = logits.size(1), valid = valid_columns(v, vocab_start, vocab_size);
+  const float *L = logits.data<float>(), *M = row_max.data<float>();
+  float* S = sum_exp.data<float>();
+#pragma omp parallel for schedule(static) if (worth_threads(n, v))
+  for (int64_t i = 0; i < n; i++)
+    S[i] = std::isinf(M[i]) && M[i] < 0 ? 0.0f : row_sum_exp(L + i * v, M[i], valid);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
+                            int64_t vocab_size, Tensor& dlogits) {
+  const int64_t n = logits.size(0), v = logits.size(1), valid = valid_columns(v, vocab_start, vocab_size);
+  const float *L = logits.data<float>(), *M = row_max.data<float>(), *S = sum_exp.data<float>();
+  const float* G = grad_scale.data<float>();
+  const int32_t* T = targets.data<int32_t>();
+  float* dL = dlogits.data<float>();
+#pragma omp parallel for schedule(static) if (worth_threads(n, v))
+  for (int64_t i = 0; i < n; i++) {
+    float* d = dL + i * v;
+    row_softmax_grad(L + i * v, M[i], G[i] / S[i], d, valid);
+    std::fill(d + valid, d + v, 0.0f);  // padding columns: not part of the softmax
+    const int64_t t = static_cast<int64_t>(T[i]) - vocab_start;
+    if (t >= 0 && t < valid) d[t] -= G[i];
+  }
+}
+
+}  // namespace parallel::cpu

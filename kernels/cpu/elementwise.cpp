@@ -1,0 +1,204 @@
+// Element-wise ops: bias, add, scale, gelu, swiglu, dropout. Each hot loop is a small function
+// cloned for AVX-512 / AVX2 / baseline (chosen at load time) and called on per-thread chunks from
+// an OpenMP loop: the clones cannot live inside the OpenMP region itself, because GCC outlines the
+// region into a separate function that target_clones would not see.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/cpu_ops.hpp"
+#include "cpu/vec_math.hpp"
+
+#define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace parallel::cpu {
+namespace {
+
+// Chunks of this many elements per OpenMP iteration: large enough to amortise scheduling, small
+// enough to balance 2 threads on modest tensors; below two chunks the loop runs on one thread.
+constexpr int64_t kChunk = 1 << 14;
+
+template <typename F>
+void parallel_chunks(int64_t n, F&& body) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t begin = c * kChunk;
+    body(begin, std::min(n, begin + kChunk));
+  }
+}
+
+// ---- bias, add, scale ----
+
+PARALLEL_CLONES void add_row(float* y, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] += b[i];
+}
+PARALLEL_CLONES void add_into(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+PARALLEL_CLONES void scale_into(float* a, float alpha, int64_t n) {
+  for (int64_t i = 0; i < n; i++) a[i] *= alpha;
+}
+
+// ---- gelu ----
+// 0.5 (1 + tanh(u)) == sigmoid(2u) exactly, so y = x * sigmoid(2u): the same function as the
+// tanh form in ops.hpp, without tanh's cancellation near 0 and with an exp that vectorises.
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+PARALLEL_CLONES void gelu_fwd_chunk(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i];
+    const float u = kGeluC * (v + kGeluA * v * v * v);
+    y[i] = v * fast_sigmoid(2.0f * u);
+  }
+}
+// d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx, du/dx = c (1 + 3 a x^2); s (1 - s) = (1 - tanh^2)/4.
+PARALLEL_CLONES void gelu_bwd_chunk(const float* dy, const float* x, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i];
+    const float u = kGeluC * (v + kGeluA * v * v * v);
+    const float s = fast_sigmoid(2.0f * u);
+    const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+    dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+  }
+}
+
+// ---- swiglu ----
+PARALLEL_CLONES void swiglu_fwd_row(const float* gate, const float* up, float* y, int64_t f) {
+  for (int64_t i = 0; i < f; i++) y[i] = gate[i] * fast_sigmoid(gate[i]) * up[i];
+}
+// y = g s(g) u: dy/dg = u s (1 + g (1 - s)), dy/du = g s.
+PARALLEL_CLONES void swiglu_bwd_row(const float* dy, const float* gate, const float* up, float* dgate,
+                                    float* dup, int64_t f) {
+  for (int64_t i = 0; i < f; i++) {
+    const float g = gate[i], s = fast_sigmoid(g);
+    dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
+    dup[i] = dy[i] * g * s;
+  }
+}
+
+// ---- dropout ----
+// splitmix64's output function: the i-th draw of a splitmix64 stream seeded with `key` is
+// mix(key + (i + 1) * golden), a counter-based generator that passes BigCrush, so element i's
+// decision depends only on (seed, offset + i), whatever the split of the tensor.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+// Uniform in [0, 1) from the top 24 bits: exactly representable, never 1.
+inline float uniform(uint64_t key, uint64_t index) {
+  return static_cast<float>(mix64(key + (index + 1) * kGolden) >> 40) * (1.0f / 16777216.0f);
+}
+
+PARALLEL_CLONES void dropout_chunk(const float* x, float* y, int64_t n, float p, float scale, uint64_t key,
+                                   uint64_t first) {
+  for (int64_t i = 0; i < n; i++) y[i] = uniform(key, first + i) >= p ? x[i] * scale : 0.0f;
+}
+
+void dropout(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
+  const float* in = x.data<float>();
+  float* out = y.data<float>();
+  const int64_t n = x.numel();
+  if (p == 0.0f) {
+    if (out != in) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  // p == 1 drops everything; 1/(1-p) would be inf and inf * 0 NaN.
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  const uint64_t key = mix64(seed);  // decorrelates streams of nearby seeds
+  parallel_chunks(
+      n, [&](int64_t b, int64_t e) { dropout_chunk(in + b, out + b, e - b, p, scale, key, offset + b); });
+}
+
+}  // namespace
+
+// y[r, :] += bias: the broadcast makes this row-wise rather than flat.
+void add_bias(Tensor& y, const Tensor& bias) {
+  const int64_t h = bias.numel(), rows = h == 0 ? 0 : y.numel() / h;
+  float* Y = y.data<float>();
+  const float* B = bias.data<float>();
+#pragma omp parallel for schedule(static) if (rows * h > 2 * kChunk)
+  for (int64_t r = 0; r < rows; r++) add_row(Y + r * h, B, h);
+}
+
+// dbias += column sums of dy. Threads own disjoint column blocks (no partial buffers, no races,
+// and the sum order is fixed, so the result does not depend on the thread count).
+void bias_backward(const Tensor& dy, Tensor& dbias) {
+  const int64_t h = dbias.numel(), rows = h == 0 ? 0 : dy.numel() / h;
+  const float* D = dy.data<float>();
+  float* dB = dbias.data<float>();
+  constexpr int64_t kCols = 256;
+  const int64_t blocks = (h + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (rows * h > 2 * kChunk)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const int64_t c0 = blk * kCols, nc = std::min(h, c0 + kCols) - c0;
+    float acc[kCols] = {};
+    for (int64_t r = 0; r < rows; r++) add_row(acc, D + r * h + c0, nc);
+    add_row(dB + c0, acc, nc);
+  }
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const float *A = a.data<float>(), *B = b.data<float>();
+  float* O = out.data<float>();
+  parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { add_into(A + s, B + s, O + s, e - s); });
+}
+
+void add_(Tensor& a, const Tensor& b) {
+  float* A = a.data<float>();
+  const float* B = b.data<float>();
+  parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { add_row(A + s, B + s, e - s); });
+}
+
+void scale_(Tensor& a, float alpha) {
+  float* A = a.data<float>();
+  parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { scale_into(A + s, alpha, e - s); });
+}
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  const float* X = x.data<float>();
+  float* Y = y.data<float>();
+  parallel_chunks(x.numel(), [&](int64_t s, int64_t e) { gelu_fwd_chunk(X + s, Y + s, e - s); });
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const float *D = dy.data<float>(), *X = x.data<float>();
+  float* dX = dx.data<float>();
+  parallel_chunks(x.numel(), [&](int64_t s, int64_t e) { gelu_bwd_chunk(D + s, X + s, dX + s, e - s); });
+}
+
+void swiglu_forward(const Tensor& x, Tensor& y) {
+  const int64_t f = y.size(-1), rows = f == 0 ? 0 : y.numel() / f;
+  const float* X = x.data<float>();
+  float* Y = y.data<float>();
+#pragma omp parallel for schedule(static) if (rows * f > 2 * kChunk)
+  for (int64_t r = 0; r < rows; r++) swiglu_fwd_row(X + r * 2 * f, X + r * 2 * f + f, Y + r * f, f);
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const int64_t f = dy.size(-1), rows = f == 0 ? 0 : dy.numel() / f;
+  const float *D = dy.data<float>(), *X = x.data<float>();
+  float* dX = dx.data<float>();
+#pragma omp parallel for schedule(static) if (rows * f > 2 * kChunk)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* xr = X + r * 2 * f;
+    float* dxr = dX + r * 2 * f;
+    swiglu_bwd_row(D + r * f, xr, xr + f, dxr, dxr + f, f);
+  }
+}
+
+void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
+  dropout(x, y, p, seed, offset);
+}
+// The backward is the same mask and scale applied to the gradient.
+void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset) {
+  dropout(dy, dx, p, seed, offset);
+}
+
+}  // namespace parallel::cpu

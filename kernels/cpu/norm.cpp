@@ -1,0 +1,168 @@
+// LayerNorm and RMSNorm over the last dimension, forward and backward side by side.
+// Row reductions use `omp simd reduction` so they vectorise (16 partial sums) without -ffast-math.
+// Statistics are fp32 with two passes per row (mean, then the mean of squared deviations): the row
+// is in L1 for the second pass, and it avoids E[x^2] - E[x]^2's cancellation for rows with a large
+// mean. Parameter gradients are per-thread partial sums over rows, added to dweight/dbias in thread
+// order at the end (accumulate, as ops.hpp requires).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/cpu_ops.hpp"
+
+#define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace parallel::cpu {
+namespace {
+
+int64_t rows_of(const Tensor& x, int64_t h) { return h == 0 ? 0 : x.numel() / h; }
+
+// Threads only pay off when there is real work; tiny norms (tests, small models) stay serial.
+bool worth_threads(int64_t rows, int64_t h) { return rows * h > (1 << 15); }
+
+PARALLEL_CLONES float row_sum(const float* x, int64_t h) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < h; i++) s += x[i];
+  return s;
+}
+PARALLEL_CLONES float row_sq_dev(const float* x, float m, int64_t h) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < h; i++) s += (x[i] - m) * (x[i] - m);
+  return s;
+}
+PARALLEL_CLONES float row_dot(const float* a, const float* b, int64_t h) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < h; i++) s += a[i] * b[i];
+  return s;
+}
+
+// ---- layernorm ----
+
+PARALLEL_CLONES void ln_fwd_row(const float* x, const float* w, const float* b, float* y, float m, float rs,
+                                int64_t h) {
+  for (int64_t i = 0; i < h; i++) y[i] = (x[i] - m) * rs * w[i] + b[i];
+}
+
+// With xhat = (x - m) rs and g = w dy: dx = rs (g - mean(g) - xhat mean(g xhat)).
+PARALLEL_CLONES void ln_bwd_row(const float* dy, const float* x, const float* w, float m, float rs, float* dx,
+                                float* dw, float* db, int64_t h) {
+  float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+  for (int64_t i = 0; i < h; i++) {
+    const float g = w[i] * dy[i];
+    sum_g += g;
+    sum_gx += g * (x[i] - m) * rs;
+  }
+  const float mean_g = sum_g / static_cast<float>(h), mean_gx = sum_gx / static_cast<float>(h);
+  // dx, dw, db and the inputs never overlap; saying so lets GCC vectorise without runtime alias
+  // checks (six pointers are more than it is willing to version the loop for).
+#pragma omp simd
+  for (int64_t i = 0; i < h; i++) {
+    const float xhat = (x[i] - m) * rs;
+    dx[i] = rs * (w[i] * dy[i] - mean_g - xhat * mean_gx);
+    dw[i] += dy[i] * xhat;
+    db[i] += dy[i];
+  }
+}
+
+// ---- rmsnorm ----
+
+PARALLEL_CLONES void rms_fwd_row(const float* x, const float* w, float* y, float rs, int64_t h) {
+  for (int64_t i = 0; i < h; i++) y[i] = x[i] * rs * w[i];
+}
+
+// y = w x rs with rs = (mean(x^2) + eps)^-1/2, d rs / dx_i = -rs^3 x_i / h:
+// dx = rs (w dy - x rs^2 mean(w dy x)).
+PARALLEL_CLONES void rms_bwd_row(const float* dy, const float* x, const float* w, float rs, float* dx,
+                                 float* dw, int64_t h) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < h; i++) sum += w[i] * dy[i] * x[i];
+  const float c = rs * rs * sum / static_cast<float>(h);
+#pragma omp simd
+  for (int64_t i = 0; i < h; i++) {
+    dx[i] = rs * (w[i] * dy[i] - x[i] * c);
+    dw[i] += dy[i] * x[i] * rs;
+  }
+}
+
+PARALLEL_CLONES void add_into(float* dst, const float* src, int64_t h) {
+  for (int64_t i = 0; i < h; i++) dst[i] += src[i];
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                       Tensor& rstd, float eps) {
+  const int64_t h = weight.numel(), rows = rows_of(x, h);
+  const float *X = x.data<float>(), *W = weight.data<float>(), *B = bias.data<float>();
+  float *Y = y.data<float>(), *M = mean.data<float>(), *R = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (worth_threads(rows, h))
+  for (int64_t r = 0; r < rows; r++) {
+    const float* xr = X + r * h;
+    const float m = row_sum(xr, h) / static_cast<float>(h);
+    const float var = row_sq_dev(xr, m, h) / static_cast<float>(h);
+    const float rs = 1.0f / std::sqrt(var + eps);
+    ln_fwd_row(xr, W, B, Y + r * h, m, rs, h);
+    M[r] = m;
+    R[r] = rs;
+  }
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  const int64_t h = weight.numel(), rows = rows_of(x, h);
+  const float *D = dy.data<float>(), *X = x.data<float>(), *W = weight.data<float>();
+  const float *M = mean.data<float>(), *R = rstd.data<float>();
+  float *dX = dx.data<float>(), *dW = dweight.data<float>(), *dB = dbias.data<float>();
+  const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
+  // Per thread: [dweight partial | dbias partial].
+  std::vector<float> partial(static_cast<size_t>(threads) * 2 * h, 0.0f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * h;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+      ln_bwd_row(D + r * h, X + r * h, W, M[r], R[r], dX + r * h, pw, pw + h, h);
+  }
+  for (int t = 0; t < threads; t++) {
+    add_into(dW, partial.data() + static_cast<size_t>(t) * 2 * h, h);
+    add_into(dB, partial.data() + static_cast<size_t>(t) * 2 * h + h, h);
+  }
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) {
+  const int64_t h = weight.numel(), rows = rows_of(x, h);
+  const float *X = x.data<float>(), *W = weight.data<float>();
+  float *Y = y.data<float>(), *R = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (worth_threads(rows, h))
+  for (int64_t r = 0; r < rows; r++) {
+    const float* xr = X + r * h;
+    const float rs = 1.0f / std::sqrt(row_dot(xr, xr, h) / static_cast<float>(h) + eps);
+    rms_fwd_row(xr, W, Y + r * h, rs, h);
+    R[r] = rs;
+  }
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight) {
+  const int64_t h = weight.numel(), rows = rows_of(x, h);
+  const float *D = dy.data<float>(), *X = x.data<float>(), *W = weight.data<float>(), *R = rstd.data<float>();
+  float *dX = dx.data<float>(), *dW = dweight.data<float>();
+  const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
+  std::vector<float> partial(static_cast<size_t>(threads) * h, 0.0f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * h;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) rms_bwd_row(D + r * h, X + r * h, W, R[r], dX + r * h, pw, h);
+  }
+  for (int t = 0; t < threads; t++) add_into(dW, partial.data() + static_cast<size_t>(t) * h, h);
+}
+
+}  // namespace parallel::cpu

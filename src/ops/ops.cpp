@@ -1,0 +1,411 @@
+// parallel::ops: argument checks and device dispatch (see include/parallel/ops.hpp).
+//
+// Every op validates here, once, what its kernels assume: tensors defined, contiguous, on one
+// device, fp32 (int32 for ids), with the shapes of the contract. Kernels then read raw pointers.
+// A CUDA kernel plugs in by replacing the op's no_cuda_kernel() line with its call.
+#include "parallel/ops.hpp"
+
+#include <initializer_list>
+#include <string>
+
+#include "cpu/cpu_ops.hpp"
+#include "parallel/error.hpp"
+
+namespace parallel::ops {
+namespace {
+
+struct Arg {
+  const Tensor& t;
+  const char* name;
+  DType dtype = DType::F32;
+};
+
+// Checks the common conditions and returns the device of the tensors.
+Device check_args(const char* op, std::initializer_list<Arg> args) {
+  const Device device = args.begin()->t.device();
+  for (const Arg& a : args) {
+    PARALLEL_CHECK(a.t.defined(), "ops::{}: {} is undefined", op, a.name);
+    PARALLEL_CHECK(a.t.is_contiguous(), "ops::{}: {} {} must be contiguous (call .contiguous())", op, a.name,
+                   shape_str(a.t.shape()));
+    PARALLEL_CHECK(a.t.dtype() == a.dtype, "ops::{}: {} is {}, expected {}", op, a.name,
+                   dtype_name(a.t.dtype()), dtype_name(a.dtype));
+    PARALLEL_CHECK(a.t.device() == device, "ops::{}: {} is on {} but {} is on {}", op, a.name,
+                   a.t.device().str(), args.begin()->name, device.str());
+  }
+  return device;
+}
+
+[[noreturn]] void no_cuda_kernel(const char* op) {
+  PARALLEL_FAIL("no CUDA kernel for ops::{} yet (move the tensors to the CPU or wait for the CUDA backend)",
+                op);
+}
+
+void check_same_shape(const char* op, const Tensor& a, const char* an, const Tensor& b, const char* bn) {
+  PARALLEL_CHECK(a.shape() == b.shape(), "ops::{}: {} {} and {} {} must have the same shape", op, an,
+                 shape_str(a.shape()), bn, shape_str(b.shape()));
+}
+
+// x is [..., h] with h = n (the normalised / bias dimension), at least 1-D.
+void check_last_dim(const char* op, const Tensor& x, const char* xn, int64_t n, const char* what) {
+  PARALLEL_CHECK(x.dim() >= 1 && x.size(-1) == n, "ops::{}: {} {} must end in {} = {}", op, xn,
+                 shape_str(x.shape()), what, n);
+}
+
+// r is [rows] for x = [..., h]: the per-row statistics of the norms.
+void check_rows(const char* op, const Tensor& r, const char* rn, const Tensor& x) {
+  const int64_t rows = x.size(-1) == 0 ? 0 : x.numel() / x.size(-1);
+  PARALLEL_CHECK(r.dim() == 1 && r.size(0) == rows, "ops::{}: {} {} must be [{}] (one per row of {})", op, rn,
+                 shape_str(r.shape()), rows, shape_str(x.shape()));
+}
+
+void check_1d(const char* op, const Tensor& w, const char* wn) {
+  PARALLEL_CHECK(w.dim() == 1, "ops::{}: {} {} must be 1-D", op, wn, shape_str(w.shape()));
+}
+
+}  // namespace
+
+// ---- dense algebra ----------------------------------------------------------------------------
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+          Stream stream) {
+  const Device dev = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c"}});
+  PARALLEL_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
+                 "ops::gemm: operands must be 2-D, got a {} b {} c {}", shape_str(a.shape()),
+                 shape_str(b.shape()), shape_str(c.shape()));
+  const int64_t m = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  PARALLEL_CHECK(ka == kb && c.size(0) == m && c.size(1) == n,
+                 "ops::gemm: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit (a {}{}, b {}{})", m, ka,
+                 kb, n, shape_str(c.shape()), shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
+                 trans_b ? "^T" : "");
+  if (dev.is_cuda()) no_cuda_kernel("gemm");
+  cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
+  const Device dev = check_args("add_bias", {{y, "y"}, {bias, "bias"}});
+  check_1d("add_bias", bias, "bias");
+  check_last_dim("add_bias", y, "y", bias.numel(), "bias size");
+  if (dev.is_cuda()) no_cuda_kernel("add_bias");
+  cpu::add_bias(y, bias);
+}
+
+void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
+  const Device dev = check_args("bias_backward", {{dy, "dy"}, {dbias, "dbias"}});
+  check_1d("bias_backward", dbias, "dbias");
+  check_last_dim("bias_backward", dy, "dy", dbias.numel(), "dbias size");
+  if (dev.is_cuda()) no_cuda_kernel("bias_backward");
+  cpu::bias_backward(dy, dbias);
+}
+
+// ---- element-wise -----------------------------------------------------------------------------
+
+void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
+  const Device dev = check_args("add", {{a, "a"}, {b, "b"}, {out, "out"}});
+  check_same_shape("add", a, "a", b, "b");
+  check_same_shape("add", a, "a", out, "out");
+  if (dev.is_cuda()) no_cuda_kernel("add");
+  cpu::add(a, b, out);
+}
+
+void add_(Tensor& a, const Tensor& b, Stream stream) {
+  const Device dev = check_args("add_", {{a, "a"}, {b, "b"}});
+  check_same_shape("add_", a, "a", b, "b");
+  if (dev.is_cuda()) no_cuda_kernel("add_");
+  cpu::add_(a, b);
+}
+
+void scale_(Tensor& a, float alpha, Stream stream) {
+  const Device dev = check_args("scale_", {{a, "a"}});
+  if (dev.is_cuda()) no_cuda_kernel("scale_");
+  cpu::scale_(a, alpha);
+}
+
+void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
+  const Device dev = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
+  check_same_shape("gelu_forward", x, "x", y, "y");
+  if (dev.is_cuda()) no_cuda_kernel("gelu_forward");
+  cpu::gelu_forward(x, y);
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream) {
+  const Device dev = check_args("gelu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
+  check_same_shape("gelu_backward", dy, "dy", x, "x");
+  check_same_shape("gelu_backward", dx, "dx", x, "x");
+  if (dev.is_cuda()) no_cuda_kernel("gelu_backward");
+  cpu::gelu_backward(dy, x, dx);
+}
+
+namespace {
+// x [..., 2f] and y [..., f] with the same leading dimensions.
+void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* yn) {
+  bool ok = x.dim() >= 1 && x.dim() == y.dim() && x.size(-1) % 2 == 0 && y.size(-1) * 2 == x.size(-1);
+  for (int64_t d = 0; ok && d + 1 < x.dim(); d++) ok = x.size(d) == y.size(d);
+  PARALLEL_CHECK(ok, "ops::{}: x {} must be [..., 2f] and {} {} [..., f] with the same leading dimensions",
+                 op, shape_str(x.shape()), yn, shape_str(y.shape()));
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
+  const Device dev = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
+  check_swiglu("swiglu_forward", x, y, "y");
+  if (dev.is_cuda()) no_cuda_kernel("swiglu_forward");
+  cpu::swiglu_forward(x, y);
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream) {
+  const Device dev = check_args("swiglu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
+  check_swiglu("swiglu_backward", x, dy, "dy");
+  check_same_shape("swiglu_backward", dx, "dx", x, "x");
+  if (dev.is_cuda()) no_cuda_kernel("swiglu_backward");
+  cpu::swiglu_backward(dy, x, dx);
+}
+
+void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset, Stream stream) {
+  const Device dev = check_args("dropout_forward", {{x, "x"}, {y, "y"}});
+  check_same_shape("dropout_forward", x, "x", y, "y");
+  PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_forward: p = {} must be in [0, 1]", p);
+  if (dev.is_cuda()) no_cuda_kernel("dropout_forward");
+  cpu::dropout_forward(x, y, p, seed, offset);
+}
+
+void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset, Stream stream) {
+  const Device dev = check_args("dropout_backward", {{dy, "dy"}, {dx, "dx"}});
+  check_same_shape("dropout_backward", dy, "dy", dx, "dx");
+  PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_backward: p = {} must be in [0, 1]", p);
+  if (dev.is_cuda()) no_cuda_kernel("dropout_backward");
+  cpu::dropout_backward(dy, dx, p, seed, offset);
+}
+
+// ---- normalisation ----------------------------------------------------------------------------
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
+                       Tensor& rstd, float eps, Stream stream) {
+  const char* op = "layernorm_forward";
+  const Device dev = check_args(
+      op, {{x, "x"}, {weight, "weight"}, {bias, "bias"}, {y, "y"}, {mean, "mean"}, {rstd, "rstd"}});
+  check_1d(op, weight, "weight");
+  check_last_dim(op, x, "x", weight.numel(), "weight size");
+  check_same_shape(op, bias, "bias", weight, "weight");
+  check_same_shape(op, y, "y", x, "x");
+  check_rows(op, mean, "mean", x);
+  check_rows(op, rstd, "rstd", x);
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream) {
+  const char* op = "layernorm_backward";
+  const Device dev = check_args(op, {{dy, "dy"},
+                                     {x, "x"},
+                                     {weight, "weight"},
+                                     {mean, "mean"},
+                                     {rstd, "rstd"},
+                                     {dx, "dx"},
+                                     {dweight, "dweight"},
+                                     {dbias, "dbias"}});
+  check_1d(op, weight, "weight");
+  check_last_dim(op, x, "x", weight.numel(), "weight size");
+  check_same_shape(op, dy, "dy", x, "x");
+  check_same_shape(op, dx, "dx", x, "x");
+  check_same_shape(op, dweight, "dweight", weight, "weight");
+  check_same_shape(op, dbias, "dbias", weight, "weight");
+  check_rows(op, mean, "mean", x);
+  check_rows(op, rstd, "rstd", x);
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                     Stream stream) {
+  const char* op = "rmsnorm_forward";
+  const Device dev = check_args(op, {{x, "x"}, {weight, "weight"}, {y, "y"}, {rstd, "rstd"}});
+  check_1d(op, weight, "weight");
+  check_last_dim(op, x, "x", weight.numel(), "weight size");
+  check_same_shape(op, y, "y", x, "x");
+  check_rows(op, rstd, "rstd", x);
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::rmsnorm_forward(x, weight, y, rstd, eps);
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight, Stream stream) {
+  const char* op = "rmsnorm_backward";
+  const Device dev = check_args(
+      op, {{dy, "dy"}, {x, "x"}, {weight, "weight"}, {rstd, "rstd"}, {dx, "dx"}, {dweight, "dweight"}});
+  check_1d(op, weight, "weight");
+  check_last_dim(op, x, "x", weight.numel(), "weight size");
+  check_same_shape(op, dy, "dy", x, "x");
+  check_same_shape(op, dx, "dx", x, "x");
+  check_same_shape(op, dweight, "dweight", weight, "weight");
+  check_rows(op, rstd, "rstd", x);
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+namespace {
+void check_rope(const char* op, const Tensor& x, float theta) {
+  PARALLEL_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "ops::{}: x {} must be [s, b, heads, d] with d even", op,
+                 shape_str(x.shape()));
+  PARALLEL_CHECK(theta > 0.0f, "ops::{}: theta = {} must be positive", op, theta);
+}
+
+// q [s, b, hq, d]; k, v [s, b, hkv, d]; hq % hkv == 0; lse [b, hq, s].
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
+  PARALLEL_CHECK(q.dim() == 4 && k.dim() == 4, "ops::{}: q {} and k {} must be [s, b, heads, d]", op,
+                 shape_str(q.shape()), shape_str(k.shape()));
+  check_same_shape(op, k, "k", v, "v");
+  const int64_t s = q.size(0), b = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
+  PARALLEL_CHECK(k.size(0) == s && k.size(1) == b && k.size(3) == d && hkv > 0 && hq % hkv == 0,
+                 "ops::{}: k {} does not match q {} (same s, b, d; hq a multiple of hkv)", op,
+                 shape_str(k.shape()), shape_str(q.shape()));
+  PARALLEL_CHECK(lse.shape() == (Shape{b, hq, s}), "ops::{}: lse {} must be [b, hq, s] = {}", op,
+                 shape_str(lse.shape()), shape_str(Shape{b, hq, s}));
+}
+}  // namespace
+
+void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream) {
+  const Device dev = check_args("rope_forward", {{x, "x"}});
+  check_rope("rope_forward", x, theta);
+  if (dev.is_cuda()) no_cuda_kernel("rope_forward");
+  cpu::rope_forward(x, position_offset, theta);
+}
+
+void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream) {
+  const Device dev = check_args("rope_backward", {{dx, "dx"}});
+  check_rope("rope_backward", dx, theta);
+  if (dev.is_cuda()) no_cuda_kernel("rope_backward");
+  cpu::rope_backward(dx, position_offset, theta);
+}
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       bool causal, float softmax_scale, Stream stream) {
+  const char* op = "attention_forward";
+  const Device dev = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
+  check_attention(op, q, k, v, lse);
+  check_same_shape(op, out, "out", q, "q");
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
+                        float softmax_scale, Stream stream) {
+  const char* op = "attention_backward";
+  const Device dev = check_args(op, {{dout, "dout"},
+                                     {q, "q"},
+                                     {k, "k"},
+                                     {v, "v"},
+                                     {out, "out"},
+                                     {lse, "lse"},
+                                     {dq, "dq"},
+                                     {dk, "dk"},
+                                     {dv, "dv"}});
+  check_attention(op, q, k, v, lse);
+  check_same_shape(op, out, "out", q, "q");
+  check_same_shape(op, dout, "dout", q, "q");
+  check_same_shape(op, dq, "dq", q, "q");
+  check_same_shape(op, dk, "dk", k, "k");
+  check_same_shape(op, dv, "dv", v, "v");
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
+}
+
+// ---- embedding and loss -----------------------------------------------------------------------
+
+namespace {
+// tokens [b, s]; weight-like [rows, h]; activations [s, b, h].
+void check_embedding(const char* op, const Tensor& tokens, const Tensor& w, const char* wn, const Tensor& act,
+                     const char* an) {
+  PARALLEL_CHECK(tokens.dim() == 2, "ops::{}: tokens {} must be [b, s]", op, shape_str(tokens.shape()));
+  PARALLEL_CHECK(w.dim() == 2, "ops::{}: {} {} must be [rows, h]", op, wn, shape_str(w.shape()));
+  const Shape want{tokens.size(1), tokens.size(0), w.size(1)};
+  PARALLEL_CHECK(act.shape() == want, "ops::{}: {} {} must be [s, b, h] = {} for tokens {} and {} {}", op, an,
+                 shape_str(act.shape()), shape_str(want), shape_str(tokens.shape()), wn,
+                 shape_str(w.shape()));
+}
+
+// logits [n, v_local]; targets and per-row vectors [n].
+void check_ce(const char* op, const Tensor& logits, std::initializer_list<Arg> rows, int64_t vocab_start,
+              int64_t vocab_size) {
+  PARALLEL_CHECK(logits.dim() == 2, "ops::{}: logits {} must be [n, v_local]", op, shape_str(logits.shape()));
+  for (const Arg& r : rows)
+    PARALLEL_CHECK(r.t.dim() == 1 && r.t.size(0) == logits.size(0),
+                   "ops::{}: {} {} must be [{}] for logits {}", op, r.name, shape_str(r.t.shape()),
+                   logits.size(0), shape_str(logits.shape()));
+  PARALLEL_CHECK(vocab_start >= 0 && vocab_size >= 0,
+                 "ops::{}: vocab_start = {} and vocab_size = {} must be >= 0", op, vocab_start, vocab_size);
+}
+}  // namespace
+
+void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out,
+                       Stream stream) {
+  const char* op = "embedding_forward";
+  const Device dev = check_args(op, {{tokens, "tokens", DType::I32}, {weight, "weight"}, {out, "out"}});
+  check_embedding(op, tokens, weight, "weight", out, "out");
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::embedding_forward(tokens, weight, vocab_start, out);
+}
+
+void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dweight,
+                        Stream stream) {
+  const char* op = "embedding_backward";
+  const Device dev = check_args(op, {{tokens, "tokens", DType::I32}, {dout, "dout"}, {dweight, "dweight"}});
+  check_embedding(op, tokens, dweight, "dweight", dout, "dout");
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::embedding_backward(tokens, dout, vocab_start, dweight);
+}
+
+void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               int64_t vocab_size, Tensor& row_max, Tensor& target_logit, Stream stream) {
+  const char* op = "cross_entropy_local_stats";
+  const Device dev = check_args(op, {{logits, "logits"},
+                                     {targets, "targets", DType::I32},
+                                     {row_max, "row_max"},
+                                     {target_logit, "target_logit"}});
+  check_ce(op, logits, {{targets, "targets"}, {row_max, "row_max"}, {target_logit, "target_logit"}},
+           vocab_start, vocab_size);
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit);
+}
+
+void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
+                           int64_t vocab_size, Tensor& sum_exp, Stream stream) {
+  const char* op = "cross_entropy_sum_exp";
+  const Device dev = check_args(op, {{logits, "logits"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}});
+  check_ce(op, logits, {{row_max, "row_max"}, {sum_exp, "sum_exp"}}, vocab_start, vocab_size);
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
+                            int64_t vocab_size, Tensor& dlogits, Stream stream) {
+  const char* op = "cross_entropy_backward";
+  const Device dev = check_args(op, {{logits, "logits"},
+                                     {targets, "targets", DType::I32},
+                                     {row_max, "row_max"},
+                                     {sum_exp, "sum_exp"},
+                                     {grad_scale, "grad_scale"},
+                                     {dlogits, "dlogits"}});
+  check_ce(op, logits,
+           {{targets, "targets"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}, {grad_scale, "grad_scale"}},
+           vocab_start, vocab_size);
+  check_same_shape(op, dlogits, "dlogits", logits, "logits");
+  if (dev.is_cuda()) no_cuda_kernel(op);
+  cpu::cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start, vocab_size,
+                              dlogits);
+}
+
+// ---- reductions -------------------------------------------------------------------------------
+
+double sum_of_squares(const Tensor& x, Stream stream) {
+  const Device dev = check_args("sum_of_squares", {{x, "x"}});
+  if (dev.is_cuda()) no_cuda_kernel("sum_of_squares");
+  return cpu::sum_of_squares(x);
+}
+
+}  // namespace parallel::ops
