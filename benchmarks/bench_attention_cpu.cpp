@@ -1,0 +1,104 @@
+// Throughput of the tiled CPU attention on GPT-2 small shapes per rank: hq = hkv = 12 heads of
+// d = 64, causal, 1024 tokens per step as 4 x 256 or 1 x 1024.
+//
+//   OMP_NUM_THREADS=2 ./bench_attention_cpu [benchmark flags]
+//
+// GFLOP/s are counted as FlashAttention counts them: the forward is two [s, s, d] matmuls per head,
+// 4 s^2 d flops, halved under a causal mask; the backward is 2.5x the forward (five matmuls against
+// two). Softmax and exp work is not counted. Rates are from wall-clock time of the timed loop (the
+// kernels run on OpenMP threads, so the main thread's CPU time would lie).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "parallel/ops.hpp"
+#include "parallel/tensor.hpp"
+
+using namespace parallel;
+
+namespace {
+
+constexpr int64_t kHeads = 12, kHeadDim = 64;
+constexpr bool kCausal = true;
+
+Tensor random_tensor(const Shape& shape, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (float& x : v) x = dist(gen);
+  return Tensor::from_vector(v, shape);
+}
+
+template <typename F>
+double timed_loop(benchmark::State& state, F&& body) {
+  body();  // warm-up: first-touch page faults, thread pool start
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) body();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double forward_flops(int64_t s, int64_t b) {
+  const double f = 4.0 * static_cast<double>(s) * s * kHeadDim * kHeads * b;
+  return kCausal ? f / 2 : f;
+}
+
+struct Inputs {
+  Tensor q, k, v, out, lse, dout, dq, dk, dv;
+  float scale;
+  Inputs(int64_t s, int64_t b) {
+    const Shape shape{s, b, kHeads, kHeadDim};
+    q = random_tensor(shape, 1);
+    k = random_tensor(shape, 2);
+    v = random_tensor(shape, 3);
+    dout = random_tensor(shape, 4);
+    out = Tensor::zeros(shape, DType::F32);
+    lse = Tensor::zeros({b, kHeads, s}, DType::F32);
+    dq = Tensor::zeros(shape, DType::F32);
+    dk = Tensor::zeros(shape, DType::F32);
+    dv = Tensor::zeros(shape, DType::F32);
+    scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  }
+};
+
+void label(benchmark::State& state, int64_t s, int64_t b) {
+  state.SetLabel("s=" + std::to_string(s) + " b=" + std::to_string(b) + " hq=" + std::to_string(kHeads) +
+                 " d=" + std::to_string(kHeadDim) + (kCausal ? " causal" : ""));
+}
+
+void BM_AttentionForward(benchmark::State& state) {
+  const int64_t s = state.range(0), b = state.range(1);
+  Inputs x(s, b);
+  const double seconds =
+      timed_loop(state, [&] { ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, kCausal, x.scale); });
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(forward_flops(s, b) * static_cast<double>(state.iterations()) / seconds / 1e9);
+  label(state, s, b);
+}
+
+void BM_AttentionBackward(benchmark::State& state) {
+  const int64_t s = state.range(0), b = state.range(1);
+  Inputs x(s, b);
+  ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, kCausal, x.scale);
+  const double seconds = timed_loop(state, [&] {
+    ops::attention_backward(x.dout, x.q, x.k, x.v, x.out, x.lse, x.dq, x.dk, x.dv, kCausal, x.scale);
+  });
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.5 * forward_flops(s, b) * static_cast<double>(state.iterations()) / seconds / 1e9);
+  label(state, s, b);
+}
+
+}  // namespace
+
+// {s, b}: 1024 tokens either way.
+BENCHMARK(BM_AttentionForward)->Args({256, 4})->Args({1024, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionBackward)
+    ->Args({256, 4})
+    ->Args({1024, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,394 @@
+// Scaled dot-product attention on the CPU, FlashAttention-2 style: the scores are produced one
+// [Br, Bc] tile at a time and folded into the output with an online softmax, so memory is
+// O((Br + Bc) * d + Br * Bc) per thread whatever the sequence length. The backward recomputes
+// the probabilities of each tile from the saved log-sum-exp instead of storing them.
+//
+// Layouts: q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d]; lse [b, hq, s]. A head's
+// rows are therefore strided by b * heads * d, but each row's d floats are contiguous, and every
+// inner loop below runs along such a row (or along a tile row) so that GCC vectorises it without
+// -ffast-math.
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "cpu/cpu_ops.hpp"
+#include "parallel/error.hpp"
+#include "parallel/tensor.hpp"
+
+namespace parallel::cpu {
+namespace {
+
+// 64 x 64 tiles: a score tile is 16 KiB, so the tile, the transposed key block and a 64-row
+// accumulator stay in L2 together for d up to 128.
+constexpr int64_t kBr = 64;  // query rows per tile
+constexpr int64_t kBc = 64;  // keys per tile
+
+#define PARALLEL_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+
+// exp, split in two so that GCC vectorises it (std::exp is a libm call it cannot vectorise
+// without -ffast-math, and the tiles' exponentials would otherwise cost as much as their matmuls).
+//
+// The argument is first clamped to [-87, 88] with an integer min on its bit pattern, in a loop of
+// its own: with a float compare, or with the clamp inside the exp loop, GCC turns the clamp into a
+// branch (jump threading: one side is a constant), which under its default -ftrapping-math it will
+// not if-convert, and the loop stays scalar below AVX-512. Negative floats order as their unsigned
+// bits, positive ones as their signed bits; -87.0f is 0xC2AE0000, 88.0f is 0x42B00000. Tiny or
+// -inf arguments thus give ~1.6e-38, not 0: callers zero masked entries themselves.
+inline float clamp_exp_arg(float x) {
+  const uint32_t lo = std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u);
+  return std::bit_cast<float>(std::min(static_cast<int32_t>(lo), 0x42B00000));
+}
+
+// exp(x) for x in [-87, 88], Cephes' expf (~1 ulp): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
+// degree-7 polynomial, 2^n built in the exponent bits.
+inline float exp_clamped(float x) {
+  // Adding 1.5 * 2^23 rounds to the nearest integer and leaves it in the low mantissa bits.
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
+  float r = x - n * 0.693359375f;  // ln2 split in two so that n * ln2_hi is exact
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((ni + 127) << 23);
+}
+
+// s[j] = exp(scale * s[j] - shift) for j < valid, 0 for valid <= j < cols; returns the sum.
+// Forward: shift is the running max (unnormalised probabilities); backward: shift is the row's
+// lse (the probabilities themselves).
+PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols, float scale, float shift) {
+  for (int64_t j = 0; j < valid; j++) s[j] = clamp_exp_arg(scale * s[j] - shift);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < valid; j++) {
+    s[j] = exp_clamped(s[j]);
+    sum += s[j];
+  }
+  for (int64_t j = valid; j < cols; j++) s[j] = 0.0f;
+  return sum;
+}
+
+// Max of scale * s[j] over j < valid (-inf when valid == 0).
+PARALLEL_HOT float scaled_row_max(const float* __restrict s, int64_t valid, float scale) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < valid; j++) mx = std::max(mx, scale * s[j]);
+  return mx;
+}
+
+// C[m, n] += sum_k A(m, k) * B[k, n] with A(m, k) = A[m * a_rs + k * a_cs], so the same routine
+// computes A @ B (a_cs = 1) and A^T @ B (a_rs = 1). This is the plain version, for the edges the
+// register-blocked one below leaves: the n loop is the vectorised one, and k is unrolled by four
+// so each C row is loaded and stored once per four rank-1 updates.
+inline void matmul_acc_edge(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs,
+                            int64_t a_cs, const float* __restrict B, int64_t ldb, int64_t M, int64_t N,
+                            int64_t K) {
+  for (int64_t m = 0; m < M; m++) {
+    float* __restrict c = C + m * ldc;
+    const float* a = A + m * a_rs;
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) {
+      const float a0 = a[k * a_cs], a1 = a[(k + 1) * a_cs], a2 = a[(k + 2) * a_cs], a3 = a[(k + 3) * a_cs];
+      const float* __restrict b0 = B + k * ldb;
+      const float* __restrict b1 = b0 + ldb;
+      const float* __restrict b2 = b1 + ldb;
+      const float* __restrict b3 = b2 + ldb;
+      for (int64_t n = 0; n < N; n++) c[n] += a0 * b0[n] + a1 * b1[n] + a2 * b2[n] + a3 * b3[n];
+    }
+    for (; k < K; k++) {
+      const float a0 = a[k * a_cs];
+      const float* __restrict b0 = B + k * ldb;
+      for (int64_t n = 0; n < N; n++) c[n] += a0 * b0[n];
+    }
+  }
+}
+
+// The same product, register-blocked: a 4 x kNr block of C is accumulated in registers over the
+// whole k loop (one load of B's row segment and four broadcasts of A per k, for 4 kNr FMAs), where
+// the plain loop loads and stores C every few FMAs. Four named accumulators rather than a 2-D
+// array, because GCC turns these into registers (one zmm each under AVX-512) but not the array.
+constexpr int64_t kMr = 4, kNr = 16;
+
+PARALLEL_HOT void matmul_acc(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs,
+                             int64_t a_cs, const float* __restrict B, int64_t ldb, int64_t M, int64_t N,
+                             int64_t K) {
+  const int64_t M_blocked = M - M % kMr, N_blocked = N - N % kNr;
+  for (int64_t m = 0; m < M_blocked; m += kMr) {
+    const float* a = A + m * a_rs;
+    for (int64_t n = 0; n < N_blocked; n += kNr) {
+      float acc0[kNr] = {}, acc1[kNr] = {}, acc2[kNr] = {}, acc3[kNr] = {};
+      for (int64_t k = 0; k < K; k++) {
+        const float* b = B + k * ldb + n;
+        const float a0 = a[k * a_cs], a1 = a[a_rs + k * a_cs], a2 = a[2 * a_rs + k * a_cs],
+                    a3 = a[3 * a_rs + k * a_cs];
+        for (int64_t j = 0; j < kNr; j++) {
+          acc0[j] += a0 * b[j];
+          acc1[j] += a1 * b[j];
+          acc2[j] += a2 * b[j];
+          acc3[j] += a3 * b[j];
+        }
+      }
+      float* c = C + m * ldc + n;
+      for (int64_t j = 0; j < kNr; j++) {
+        c[j] += acc0[j];
+        c[ldc + j] += acc1[j];
+        c[2 * ldc + j] += acc2[j];
+        c[3 * ldc + j] += acc3[j];
+      }
+    }
+  }
+  if (N_blocked < N)
+    matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K);
+  if (M_blocked < M)
+    matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
+}
+
+// Backward: dS = scale * P * (dP - D), in place in dp. Masked entries have P = 0, hence dS = 0.
+// The softmax scale is folded in here once instead of into both dK and dQ.
+PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale,
+                                   float D) {
+  for (int64_t j = 0; j < cols; j++) dp[j] = scale * p[j] * (dp[j] - D);
+}
+
+// kT[kk, j] = rows[j][kk]: the key (or value) block transposed to [d, Bc], so that the score tile
+// Q @ K^T becomes a plain A @ B whose inner loop runs along the keys.
+void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t row_stride, int64_t cols,
+                     int64_t d) {
+  for (int64_t j = 0; j < cols; j++) {
+    const float* r = rows + j * row_stride;
+    for (int64_t kk = 0; kk < d; kk++) kT[kk * kBc + j] = r[kk];
+  }
+}
+
+// Number of keys [j0, j0 + cols) that query row qi may attend to; causal attention is a prefix.
+inline int64_t visible_keys(bool causal, int64_t qi, int64_t j0, int64_t cols) {
+  if (!causal) return cols;
+  return std::clamp<int64_t>(qi - j0 + 1, 0, cols);
+}
+
+struct Dims {
+  int64_t sq, sk, B, hq, hkv, d, group;
+};
+
+Dims attention_dims(const Tensor& q, const Tensor& k) {
+  Dims x;
+  x.sq = q.size(0);
+  x.B = q.size(1);
+  x.hq = q.size(2);
+  x.d = q.size(3);
+  x.sk = k.size(0);
+  x.hkv = k.size(2);
+  PARALLEL_CHECK(x.hkv > 0 && x.hq % x.hkv == 0, "hq = {} is not a multiple of hkv = {}", x.hq, x.hkv);
+  x.group = x.hq / x.hkv;
+  return x;
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       bool causal, float softmax_scale) {
+  const Dims x = attention_dims(q, k);
+  if (x.sq == 0 || x.B == 0 || x.hq == 0) return;
+  const float* Q = q.data<float>();
+  const float* K = k.data<float>();
+  const float* V = v.data<float>();
+  float* O = out.data<float>();
+  float* L = lse.data<float>();
+  const int64_t ldq = x.B * x.hq * x.d;  // stride between consecutive positions of one head
+  const int64_t ldk = x.B * x.hkv * x.d;
+  const int64_t d = x.d;
+  const int64_t nqb = (x.sq + kBr - 1) / kBr;
+
+  // Per-thread scratch comes from the library allocator so that memory tests see it.
+  const int64_t per_thread = d * kBc + kBr * kBc + kBr * d + 2 * kBr;
+  const int nthreads = omp_get_max_threads();
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::F32);
+  float* scratch_base = scratch.data<float>();
+
+#pragma omp parallel
+  {
+    float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
+    float* S = kT + d * kBc;                                       // [Br, Bc] scores, then probs
+    float* acc = S + kBr * kBc;                                    // [Br, d] unnormalised output
+    float* m = acc + kBr * d;                                      // [Br] running max
+    float* l = m + kBr;                                            // [Br] running sum
+
+    // (b, head, query block) tasks write disjoint rows of out and lse. Under a causal mask later
+    // blocks see more keys, so they are handed out first for a balanced dynamic schedule.
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int64_t b = 0; b < x.B; b++) {
+      for (int64_t h = 0; h < x.hq; h++) {
+        for (int64_t qb_rev = 0; qb_rev < nqb; qb_rev++) {
+          const int64_t i0 = (nqb - 1 - qb_rev) * kBr;
+          const int64_t rows = std::min(kBr, x.sq - i0);
+          const int64_t hk = h / x.group;
+          const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
+          const float* k_head = K + b * x.hkv * d + hk * d;
+          const float* v_head = V + b * x.hkv * d + hk * d;
+
+          std::fill(acc, acc + rows * d, 0.0f);
+          std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+          std::fill(l, l + rows, 0.0f);
+
+          // Causal: keys beyond the block's last query are masked for every row; skip them.
+          const int64_t key_end = causal ? std::min(x.sk, i0 + rows) : x.sk;
+          for (int64_t j0 = 0; j0 < key_end; j0 += kBc) {
+            const int64_t cols = std::min(kBc, key_end - j0);
+            transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
+            for (int64_t i = 0; i < rows; i++) std::fill(S + i * kBc, S + i * kBc + cols, 0.0f);
+            matmul_acc(S, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
+            // Online softmax: rescale what was accumulated under the old max to the new one.
+            for (int64_t i = 0; i < rows; i++) {
+              float* s_row = S + i * kBc;
+              const int64_t valid = visible_keys(causal, i0 + i, j0, cols);
+              const float m_new = std::max(m[i], scaled_row_max(s_row, valid, softmax_scale));
+              const float sum = exp_tile_row(s_row, valid, cols, softmax_scale, m_new);
+              if (m_new != m[i]) {
+                const float c = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
+                float* a = acc + i * d;
+                for (int64_t kk = 0; kk < d; kk++) a[kk] *= c;
+                l[i] *= c;
+              }
+              l[i] += sum;
+              m[i] = m_new;
+            }
+            matmul_acc(acc, d, S, kBc, 1, v_head + j0 * ldk, ldk, rows, d, cols);  // acc += P V_blk
+          }
+
+          for (int64_t i = 0; i < rows; i++) {
+            // l > 0 always for self-attention (a causal row sees at least its own key).
+            const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            float* o = O + ((i0 + i) * x.B + b) * x.hq * d + h * d;
+            const float* a = acc + i * d;
+            for (int64_t kk = 0; kk < d; kk++) o[kk] = a[kk] * inv_l;
+            L[(b * x.hq + h) * x.sq + i0 + i] =
+                l[i] > 0.0f ? m[i] + std::log(l[i]) : -std::numeric_limits<float>::infinity();
+          }
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
+                        float softmax_scale) {
+  const Dims x = attention_dims(q, k);
+  if (x.B == 0 || x.hq == 0) return;
+  const float* dO = dout.data<float>();
+  const float* Q = q.data<float>();
+  const float* K = k.data<float>();
+  const float* V = v.data<float>();
+  const float* O = out.data<float>();
+  const float* L = lse.data<float>();
+  float* dQ = dq.data<float>();
+  float* dK = dk.data<float>();
+  float* dV = dv.data<float>();
+  const int64_t ldq = x.B * x.hq * x.d;
+  const int64_t ldk = x.B * x.hkv * x.d;
+  const int64_t d = x.d;
+
+  // D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij, the softmax backward's per-row term, computed
+  // once here instead of once per key tile. [b, hq, sq] like lse: O(s), not O(s^2).
+  Tensor Dt = Tensor::empty({x.B, x.hq, x.sq}, DType::F32);
+  float* Dv = Dt.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < x.B; b++) {
+    for (int64_t h = 0; h < x.hq; h++) {
+      for (int64_t i = 0; i < x.sq; i++) {
+        const float* o = O + (i * x.B + b) * x.hq * d + h * d;
+        const float* g = dO + (i * x.B + b) * x.hq * d + h * d;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t kk = 0; kk < d; kk++) sum += o[kk] * g[kk];
+        Dv[(b * x.hq + h) * x.sq + i] = sum;
+      }
+    }
+  }
+
+  const int64_t per_thread = 2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d;
+  const int nthreads = omp_get_max_threads();
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::F32);
+  float* scratch_base = scratch.data<float>();
+
+#pragma omp parallel
+  {
+    float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
+    float* vT = kT + d * kBc;                                      // [d, Bc]
+    float* P = vT + d * kBc;                                       // [Br, Bc]
+    float* dS = P + kBr * kBc;                                     // [Br, Bc] dP, then dS
+    float* dk_acc = dS + kBr * kBc;                                // [Bc, d]
+    float* dv_acc = dk_acc + kBc * d;                              // [Bc, d]
+
+    // A (b, kv head) task owns dK and dV of that kv head and dQ of exactly the query heads of its
+    // group, so no two threads ever write the same gradient row: no atomics, no reduction.
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < x.B; b++) {
+      for (int64_t hk = 0; hk < x.hkv; hk++) {
+        const int64_t h_first = hk * x.group;
+        for (int64_t i = 0; i < x.sq; i++) {
+          float* g = dQ + (i * x.B + b) * x.hq * d + h_first * d;
+          std::fill(g, g + x.group * d, 0.0f);
+        }
+        const float* k_head = K + b * x.hkv * d + hk * d;
+        const float* v_head = V + b * x.hkv * d + hk * d;
+
+        for (int64_t j0 = 0; j0 < x.sk; j0 += kBc) {
+          const int64_t cols = std::min(kBc, x.sk - j0);
+          transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
+          transpose_block(vT, v_head + j0 * ldk, ldk, cols, d);
+          std::fill(dk_acc, dk_acc + cols * d, 0.0f);
+          std::fill(dv_acc, dv_acc + cols * d, 0.0f);
+
+          for (int64_t h = h_first; h < h_first + x.group; h++) {
+            // Causal: query rows before j0 see none of these keys; start at the block holding j0.
+            const int64_t i_start = causal ? (j0 / kBr) * kBr : 0;
+            for (int64_t i0 = i_start; i0 < x.sq; i0 += kBr) {
+              const int64_t rows = std::min(kBr, x.sq - i0);
+              const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
+              const float* do_blk = dO + (i0 * x.B + b) * x.hq * d + h * d;
+              float* dq_blk = dQ + (i0 * x.B + b) * x.hq * d + h * d;
+              const float* lse_blk = L + (b * x.hq + h) * x.sq + i0;
+              const float* D_blk = Dv + (b * x.hq + h) * x.sq + i0;
+
+              // P = exp(scale * Q K^T - lse), recomputed rather than stored by the forward.
+              for (int64_t i = 0; i < rows; i++) std::fill(P + i * kBc, P + i * kBc + cols, 0.0f);
+              matmul_acc(P, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);
+              for (int64_t i = 0; i < rows; i++)
+                exp_tile_row(P + i * kBc, visible_keys(causal, i0 + i, j0, cols), cols, softmax_scale,
+                             lse_blk[i]);
+              matmul_acc(dv_acc, d, P, 1, kBc, do_blk, ldq, cols, d, rows);  // dV += P^T dO
+
+              // dS = scale * P * (dO V^T - D)
+              for (int64_t i = 0; i < rows; i++) std::fill(dS + i * kBc, dS + i * kBc + cols, 0.0f);
+              matmul_acc(dS, kBc, do_blk, ldq, 1, vT, kBc, rows, cols, d);
+              for (int64_t i = 0; i < rows; i++)
+                dscores_tile_row(P + i * kBc, dS + i * kBc, cols, softmax_scale, D_blk[i]);
+
+              matmul_acc(dk_acc, d, dS, 1, kBc, q_blk, ldq, cols, d, rows);                // dK += dS^T Q
+              matmul_acc(dq_blk, ldq, dS, kBc, 1, k_head + j0 * ldk, ldk, rows, d, cols);  // dQ += dS K
+            }
+          }
+
+          for (int64_t j = 0; j < cols; j++) {
+            const int64_t row = ((j0 + j) * x.B + b) * x.hkv * d + hk * d;
+            std::memcpy(dK + row, dk_acc + j * d, d * sizeof(float));
+            std::memcpy(dV + row, dv_acc + j * d, d * sizeof(float));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace parallel::cpu
