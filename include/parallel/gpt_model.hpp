@@ -1,0 +1,74 @@
+#pragma once
+// A GPT model chunk: optionally the embedding (first chunk), a contiguous range of transformer
+// layers, and optionally the final norm, output layer and loss (last chunk). A whole model on one
+// pipeline stage is one chunk with both ends; the pipeline builds one chunk per (stage, virtual
+// stage) and the model never learns which schedule runs it.
+//
+// Forward and backward are explicit; everything a micro-batch needs for its backward lives in its
+// own Activations object, so several micro-batches can be in flight at once.
+#include <memory>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/config.hpp"
+#include "parallel/parameter.hpp"
+
+namespace parallel {
+
+struct GPTChunkSpec {
+  int first_layer = 0;  // global index of this chunk's first transformer layer
+  int num_layers = 0;
+  bool pre_process = true;   // holds the embedding; input is tokens
+  bool post_process = true;  // holds final norm, output layer and loss; output is the loss
+};
+
+// The padded vocabulary: the smallest multiple of 128 * tp that holds vocab_size.
+int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size);
+
+class GPTModel {
+ public:
+  struct Options {
+    bool sequence_parallel = false;
+    Recompute recompute = Recompute::None;
+    uint64_t seed = 1234;  // initialisation and dropout
+  };
+  // tp: the tensor-parallel communicator (size 1 without tensor parallelism).
+  GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp);
+  ~GPTModel();
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
+
+  struct Activations;  // per micro-batch saved state (opaque)
+  // Opaque types need an out-of-line deleter: std::default_delete would need the complete type
+  // wherever the pointer is destroyed.
+  struct ActivationsDeleter {
+    void operator()(Activations* act) const;
+  };
+  using ActivationsPtr = std::unique_ptr<Activations, ActivationsDeleter>;
+  ActivationsPtr new_activations() const;
+
+  // input: tokens [b, s] int32 on the first chunk, else hidden [s(/tp), b, h] from the previous
+  // chunk. targets: [b, s] int32, used on the last chunk. Returns the sum of the b*s token losses
+  // ([1] fp32, the same on every tp rank) on the last chunk, else the hidden output.
+  // `micro_batch` only keys the dropout masks.
+  Tensor forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch = 0);
+  // grad: on the last chunk a [1] tensor holding d(objective)/d(loss sum) (e.g. 1 / tokens in the
+  // global batch), else the gradient of this chunk's output. Accumulates parameter gradients and
+  // returns the gradient of the input hidden (an undefined Tensor on the first chunk). Frees the
+  // micro-batch's saved activations.
+  Tensor backward(const Tensor& grad, Activations& act);
+
+  std::vector<Parameter*> parameters();
+  const ModelConfig& config() const { return config_; }
+  const GPTChunkSpec& spec() const { return spec_; }
+  int64_t vocab_padded() const { return vocab_padded_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  ModelConfig config_;
+  GPTChunkSpec spec_;
+  int64_t vocab_padded_ = 0;
+};
+
+}  // namespace parallel

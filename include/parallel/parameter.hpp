@@ -1,0 +1,35 @@
+#pragma once
+// A trainable parameter: this rank's slice of a global tensor, its gradient, and where the slice
+// sits in the global tensor (for checkpoints that reshard, for the gradient norm, and for the
+// gradient reductions that tensor or sequence parallelism need).
+#include <string>
+#include <vector>
+
+#include "parallel/tensor.hpp"
+
+namespace parallel {
+
+struct Parameter {
+  std::string name;     // global name, e.g. "layers.3.attention.query.weight" (docs/model.md)
+  Tensor value;         // this rank's slice; may be a view into a larger buffer
+  Tensor grad;          // same shape as value; layers accumulate into it (+=)
+  Shape global_shape;   // shape of the whole parameter across the tensor-parallel group
+  int partition_dim = -1;       // dimension split over tensor parallel ranks; -1: replicated
+  int64_t partition_offset = 0;  // start of this slice along partition_dim
+  // Replicated over the tensor-parallel group, but each rank sees only its sequence shard's
+  // gradient (norms and row-parallel biases under sequence parallelism): the tp group must
+  // all-reduce its gradient before the optimizer step.
+  bool sequence_parallel_grad = false;
+  // The same parameter lives on several pipeline stages (tied word embeddings on the first and
+  // last stage): its gradients are all-reduced over the embedding group, and it is counted once in
+  // the gradient norm.
+  bool shared_across_pipeline = false;
+
+  bool is_replicated_over_tp() const { return partition_dim < 0; }
+  int64_t numel() const { return value.numel(); }
+};
+
+// Zeroes every gradient (start of an optimizer step's accumulation).
+void zero_grads(const std::vector<Parameter*>& params);
+
+}  // namespace parallel

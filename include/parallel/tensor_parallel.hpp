@@ -1,0 +1,121 @@
+#pragma once
+// Tensor-parallel building blocks (Megatron-Core's tensor_parallel package), each with its forward
+// and backward side by side. A layer knows its tensor-parallel communicator and nothing else about
+// the layout: pipeline schedules and data parallelism never reach in here.
+//
+// Activations are [s, b, h]. With sequence parallelism the tensors between layers are
+// [s/tp, b, h]: a column-parallel layer all-gathers its input along s (and reduce-scatters the
+// input gradient), a row-parallel layer reduce-scatters its output (and all-gathers the output
+// gradient), replacing the all-reduces of plain tensor parallelism.
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/parameter.hpp"
+
+namespace parallel::tp {
+
+// ---- communication mappings (forward; the backward is the named dual) ------------------------
+Tensor all_reduce(Communicator& tp, const Tensor& x);              // dual: identity
+Tensor gather_sequence(Communicator& tp, const Tensor& x);         // [s/tp,..] -> [s,..]; dual: reduce_scatter
+Tensor reduce_scatter_sequence(Communicator& tp, const Tensor& x); // [s,..] -> [s/tp,..]; dual: gather
+Tensor split_sequence(Communicator& tp, const Tensor& x);          // [s,..] -> own [s/tp,..]; dual: gather
+Tensor gather_last_dim(Communicator& tp, const Tensor& x);         // [..,n/tp] -> [..,n]; dual: split
+Tensor split_last_dim(Communicator& tp, const Tensor& x);          // [..,n] -> own [..,n/tp]
+
+// What a linear layer keeps from its forward for its backward (per micro-batch).
+struct LinearContext {
+  Tensor input;  // the layer's input as the GEMM saw it (gathered along s under sequence parallelism)
+};
+
+// y = x Wᵀ + b with W split by output rows over the tp group. Several global parameters may share
+// one layer ("parts": query/key/value, gate/up): the local weight is the concatenation of each
+// part's slice, so one GEMM serves them all, and the local output is [.., part0_r | part1_r | ..].
+class ColumnParallelLinear {
+ public:
+  struct Part {
+    std::string name;    // e.g. "layers.0.attention.query" (".weight"/".bias" are appended)
+    int64_t out_global;  // global output features of this part; divisible by tp size
+  };
+  struct Options {
+    bool bias = true;
+    bool gather_output = false;      // all-gather the output over tp (full output on every rank)
+    bool sequence_parallel = false;  // input is [s/tp, b, in]: all-gather it along s first
+  };
+  ColumnParallelLinear(std::vector<Part> parts, int64_t in_features, Options options, Communicator& tp);
+
+  Tensor forward(const Tensor& x, LinearContext& ctx);  // x: [s(/tp), b, in] -> [s, b, out_local]
+  Tensor backward(const Tensor& dy, LinearContext& ctx);  // accumulates weight/bias grads; returns dx
+
+  int64_t out_local() const { return out_local_; }
+  std::vector<Parameter*> parameters();
+  std::vector<Parameter> weights, biases;  // one per part, views into the fused local storage
+
+ private:
+  Options options_;
+  Communicator& tp_;
+  int64_t in_ = 0, out_local_ = 0;
+  Tensor weight_, weight_grad_, bias_, bias_grad_;  // fused local storage
+};
+
+// y = x Wᵀ + b with W split by input columns: x holds this rank's slice of the input features;
+// partial products are all-reduced (or reduce-scattered along s under sequence parallelism), and
+// the bias is added once, after the reduction.
+class RowParallelLinear {
+ public:
+  struct Options {
+    bool bias = true;
+    bool sequence_parallel = false;  // output is [s/tp, b, out]
+  };
+  RowParallelLinear(std::string name, int64_t in_global, int64_t out_features, Options options, Communicator& tp);
+
+  Tensor forward(const Tensor& x, LinearContext& ctx);    // x: [s, b, in/tp] -> [s(/tp), b, out]
+  Tensor backward(const Tensor& dy, LinearContext& ctx);  // returns dx [s, b, in/tp]
+
+  std::vector<Parameter*> parameters();
+  Parameter weight, bias;
+
+ private:
+  Options options_;
+  Communicator& tp_;
+};
+
+// Word embedding with the (padded) vocabulary split in contiguous ranges over the tp group: each
+// rank looks up the ids it owns (zeros elsewhere), and the partial results are all-reduced (or
+// reduce-scattered along s under sequence parallelism).
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding(std::string name, int64_t vocab_padded, int64_t hidden, bool sequence_parallel,
+                         Communicator& tp);
+  struct Context {
+    Tensor tokens;
+  };
+  Tensor forward(const Tensor& tokens, Context& ctx);  // tokens [b, s] int32 -> [s(/tp), b, h]
+  void backward(const Tensor& dy, Context& ctx);       // accumulates into weight.grad
+
+  int64_t vocab_start() const { return weight.partition_offset; }
+  std::vector<Parameter*> parameters() { return {&weight}; }
+  Parameter weight;
+
+ private:
+  bool sequence_parallel_;
+  Communicator& tp_;
+};
+
+// Cross-entropy over vocab-parallel logits [n, v_local] without gathering them: the row max, the
+// target logit and the sum of exponentials are reduced over tp. Columns with a global id >=
+// vocab_size (padding) never take part. Returns the per-token loss [n], the same on every tp rank.
+struct CrossEntropyContext {
+  Tensor logits, targets, row_max, sum_exp;
+  int64_t vocab_start = 0, vocab_size = 0;
+};
+Tensor vocab_parallel_cross_entropy(Communicator& tp, const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_start, int64_t vocab_size, CrossEntropyContext& ctx);
+// grad_loss: [n], d(objective)/d(loss_i). Returns dlogits [n, v_local].
+Tensor vocab_parallel_cross_entropy_backward(const Tensor& grad_loss, CrossEntropyContext& ctx);
+
+// The gradient reductions tensor parallelism owes before an optimizer step: sums the gradients of
+// sequence_parallel_grad parameters over the tp group.
+void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, Communicator& tp);
+
+}  // namespace parallel::tp

@@ -1,0 +1,247 @@
+// A GPT model chunk (docs/model.md): [embedding] -> transformer layers -> [final norm, output
+// layer, vocab-parallel cross-entropy]. Forward and backward of each stage sit side by side; the
+// per-micro-batch state lives in Activations so several micro-batches can be in flight.
+#include "parallel/gpt_model.hpp"
+
+#include <cmath>
+#include <optional>
+
+#include "layers.hpp"
+#include "parallel/init.hpp"
+#include "parallel/ops.hpp"
+
+namespace parallel {
+
+using model::LayerEnv;
+
+int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size) {
+  const int64_t multiple = 128 * static_cast<int64_t>(tensor_parallel_size);
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+struct GPTModel::Activations {
+  uint64_t micro_batch = 0;
+  int64_t seq = 0, batch = 0;  // full s and b of this micro-batch
+  tp::VocabParallelEmbedding::Context embedding;
+  std::vector<model::TransformerLayer::Context> layers;
+  model::Norm::Context final_norm;
+  tp::LinearContext output;
+  tp::CrossEntropyContext loss;
+};
+
+struct GPTModel::Impl {
+  LayerEnv env;
+  Options options;
+  // First chunk.
+  std::unique_ptr<tp::VocabParallelEmbedding> word;
+  std::optional<Parameter> position;  // learned positions only
+  // Every chunk.
+  std::vector<std::unique_ptr<model::TransformerLayer>> layers;
+  // Last chunk.
+  std::unique_ptr<model::Norm> final_norm;
+  std::optional<Parameter>
+      output_weight;  // untied "output.weight", or the tied copy on a chunk without embedding
+  std::unique_ptr<model::OutputLayer> output;
+};
+
+GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp)
+    : impl_(std::make_unique<Impl>()), config_(config), spec_(spec) {
+  const int p = tp.size();
+  LayerEnv& env = impl_->env;
+  env.config = &config_;
+  env.tp = &tp;
+  env.sequence_parallel = options.sequence_parallel && p > 1;
+  env.seed = options.seed;
+  env.hidden = config.hidden_size;
+  env.heads = config.num_attention_heads;
+  env.groups = config.num_query_groups > 0 ? config.num_query_groups : config.num_attention_heads;
+  env.ffn = config.ffn_hidden_size > 0 ? config.ffn_hidden_size : 4 * config.hidden_size;
+  PARALLEL_CHECK(env.heads > 0 && env.hidden % env.heads == 0,
+                 "GPTModel: hidden {} not divisible by {} heads", env.hidden, env.heads);
+  env.head_dim = env.hidden / env.heads;
+  PARALLEL_CHECK(
+      env.heads % p == 0 && env.groups % p == 0 && env.heads % env.groups == 0 && env.ffn % p == 0,
+      "GPTModel: heads {}, query groups {} and ffn {} must divide by tp = {} (and heads by groups)",
+      env.heads, env.groups, env.ffn, p);
+  PARALLEL_CHECK(!env.sequence_parallel || config.seq_length % p == 0,
+                 "GPTModel: sequence parallelism needs seq_length {} divisible by tp = {}", config.seq_length,
+                 p);
+  impl_->options = options;
+  vocab_padded_ = padded_vocab_size(config.vocab_size, p);
+  const float std = static_cast<float>(config.init_std);
+  // proj and fc2 feed the residual stream: scaled down by sqrt(2L) (GPT-2).
+  const float out_std = std / std::sqrt(2.0f * static_cast<float>(config.num_layers));
+  const bool tied = config.tie_embeddings;
+
+  if (spec.pre_process) {
+    impl_->word = std::make_unique<tp::VocabParallelEmbedding>("embedding.word.weight", vocab_padded_,
+                                                               env.hidden, env.sequence_parallel, tp);
+    // Tied weights on a chunk that does not also hold the output layer are kept in sync with the
+    // last stage's copy over the embedding group.
+    impl_->word->weight.shared_across_pipeline = tied && !spec.post_process;
+    init_normal(impl_->word->weight, options.seed, std);
+    if (config.position_embedding == PositionEmbedding::Learned) {
+      const int64_t max_pos =
+          config.max_position_embeddings > 0 ? config.max_position_embeddings : config.seq_length;
+      Parameter& pos = impl_->position.emplace();
+      pos.name = "embedding.position.weight";
+      pos.value = Tensor::zeros({max_pos, env.hidden}, DType::F32);
+      pos.grad = Tensor::zeros({max_pos, env.hidden}, DType::F32);
+      pos.global_shape = {max_pos, env.hidden};
+      pos.sequence_parallel_grad = env.sequence_parallel;  // each rank adds only its s-shard's rows
+      init_normal(pos, options.seed, std);
+    }
+  }
+  for (int i = 0; i < spec.num_layers; ++i) {
+    auto layer = std::make_unique<model::TransformerLayer>(env, spec.first_layer + i, options.recompute);
+    for (Parameter* param : layer->parameters()) {
+      const bool is_weight =
+          param->name.ends_with(".weight") && param->name.find("norm") == std::string::npos;
+      if (!is_weight) continue;  // norms start at 1 / 0 and biases at 0 (set by the layers)
+      const bool residual =
+          param->name.ends_with("attention.proj.weight") || param->name.ends_with("mlp.fc2.weight");
+      init_normal(*param, options.seed, residual ? out_std : std);
+    }
+    impl_->layers.push_back(std::move(layer));
+  }
+  if (spec.post_process) {
+    impl_->final_norm = std::make_unique<model::Norm>(env, "final_norm");
+    Parameter* out_weight = nullptr;
+    if (tied && spec.pre_process) {
+      out_weight = &impl_->word->weight;
+    } else {
+      const int64_t rows = vocab_padded_ / p;
+      Parameter& w = impl_->output_weight.emplace();
+      w.name = tied ? "embedding.word.weight" : "output.weight";
+      w.value = Tensor::zeros({rows, env.hidden}, DType::F32);
+      w.grad = Tensor::zeros({rows, env.hidden}, DType::F32);
+      w.global_shape = {vocab_padded_, env.hidden};
+      w.partition_dim = 0;
+      w.partition_offset = tp.rank() * rows;
+      w.shared_across_pipeline = tied;
+      // Same name and seed as the first stage's embedding: the layout-independent init makes the
+      // two copies equal without any communication.
+      init_normal(w, options.seed, std);
+      out_weight = &w;
+    }
+    impl_->output = std::make_unique<model::OutputLayer>(env, out_weight);
+  }
+}
+
+GPTModel::~GPTModel() = default;
+
+void GPTModel::ActivationsDeleter::operator()(Activations* act) const { delete act; }
+GPTModel::ActivationsPtr GPTModel::new_activations() const { return ActivationsPtr(new Activations()); }
+
+std::vector<Parameter*> GPTModel::parameters() {
+  std::vector<Parameter*> out;
+  if (impl_->word) out.push_back(&impl_->word->weight);
+  if (impl_->position) out.push_back(&*impl_->position);
+  for (auto& layer : impl_->layers)
+    for (Parameter* p : layer->parameters()) out.push_back(p);
+  if (impl_->final_norm)
+    for (Parameter* p : impl_->final_norm->parameters()) out.push_back(p);
+  if (impl_->output_weight) out.push_back(&*impl_->output_weight);
+  return out;
+}
+
+namespace {
+
+// targets [b, s] -> [s * b] in the activations' (s, b) order.
+Tensor targets_sb(const Tensor& targets) {
+  const int64_t b = targets.size(0), s = targets.size(1);
+  Tensor t = targets.contiguous();
+  Tensor out = Tensor::empty({s, b}, DType::I32, targets.device());
+  for (int64_t i = 0; i < b; ++i) {
+    Tensor column = out.narrow(1, i, 1);
+    column.copy_(t.select(i).view({s, 1}));
+  }
+  return out.view({s * b});
+}
+
+// Rows [s0, s0 + s_local) of the position table added to (or reduced from) every batch entry of
+// x [s_local, b, h]; one bias op per sequence position keeps it on the ops layer.
+void add_positions(Tensor& x, const Tensor& table, int64_t s0) {
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    Tensor row = x.select(i);
+    ops::add_bias(row, table.select(s0 + i));
+  }
+}
+void positions_backward(const Tensor& dy, Tensor& dtable, int64_t s0) {
+  for (int64_t i = 0; i < dy.size(0); ++i) {
+    Tensor drow = dtable.select(s0 + i);
+    ops::bias_backward(dy.select(i), drow);
+  }
+}
+
+}  // namespace
+
+Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch) {
+  Impl& m = *impl_;
+  const LayerEnv& env = m.env;
+  const int p = env.tp->size();
+  act.micro_batch = micro_batch;
+  Tensor x;
+  if (spec_.pre_process) {
+    PARALLEL_CHECK(input.dim() == 2 && input.dtype() == DType::I32,
+                   "GPTModel: tokens {} must be [b, s] int32", input.str());
+    act.batch = input.size(0);
+    act.seq = input.size(1);
+    x = m.word->forward(input, act.embedding);  // [s(/tp), b, h], reduced over tp
+    if (m.position) {
+      PARALLEL_CHECK(act.seq <= m.position->value.size(0), "GPTModel: sequence {} exceeds {} positions",
+                     act.seq, m.position->value.size(0));
+      // Added after the tp reduction: each rank adds the positions of its own s-shard.
+      add_positions(x, m.position->value, env.sequence_offset(x.size(0)));
+    }
+    x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
+  } else {
+    x = input;
+    act.seq = input.size(0) * (env.sequence_parallel ? p : 1);
+    act.batch = input.size(1);
+  }
+  act.layers.resize(m.layers.size());
+  for (std::size_t i = 0; i < m.layers.size(); ++i) x = m.layers[i]->forward(x, act.layers[i], micro_batch);
+  if (!spec_.post_process) return x;
+
+  Tensor y = m.final_norm->forward(x, act.final_norm);
+  Tensor logits = m.output->forward(y, act.output);  // [s, b, Vp/tp]
+  const int64_t n = act.seq * act.batch, v_local = logits.size(-1);
+  PARALLEL_CHECK(targets.dim() == 2 && targets.size(0) == act.batch && targets.size(1) == act.seq,
+                 "GPTModel: targets {} must be [b, s] = [{}, {}]", targets.str(), act.batch, act.seq);
+  Tensor losses = tp::vocab_parallel_cross_entropy(*env.tp, logits.view({n, v_local}), targets_sb(targets),
+                                                   env.tp->rank() * v_local, config_.vocab_size, act.loss);
+  // The sum over tokens as a column sum of [n, 1]: stays on the device, no extra op needed.
+  Tensor total = Tensor::zeros({1}, DType::F32, losses.device());
+  ops::bias_backward(losses.view({n, 1}), total);
+  return total;
+}
+
+Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
+  Impl& m = *impl_;
+  const LayerEnv& env = m.env;
+  Tensor dx;
+  if (spec_.post_process) {
+    PARALLEL_CHECK(grad.numel() == 1, "GPTModel::backward: the last chunk takes a [1] gradient, got {}",
+                   grad.str());
+    const int64_t n = act.seq * act.batch;
+    // d(loss sum)/d(loss_i) = 1: every token's loss gets the same scale.
+    const float g = grad.to_float_vector()[0];
+    Tensor grad_loss = Tensor::full({n}, g, DType::F32, grad.device());
+    Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
+    dx = m.output->backward(dlogits, act.output);
+    dx = m.final_norm->backward(dx, act.final_norm);
+  } else {
+    dx = grad;
+  }
+  for (std::size_t i = m.layers.size(); i-- > 0;) dx = m.layers[i]->backward(dx, act.layers[i]);
+  act.layers.clear();
+  if (!spec_.pre_process) return dx;
+
+  dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
+  if (m.position) positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
+  m.word->backward(dx, act.embedding);
+  return Tensor();
+}
+
+}  // namespace parallel

@@ -1,0 +1,136 @@
+#pragma once
+// The GPT model's internal building blocks (not part of the public API): norm, self-attention,
+// MLP, one transformer layer and the output layer, each with its forward and backward side by side
+// and a Context holding what its backward needs. Names, shapes and init follow docs/model.md.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/config.hpp"
+#include "parallel/tensor_parallel.hpp"
+
+namespace parallel::model {
+
+// What every layer of one model chunk shares.
+struct LayerEnv {
+  const ModelConfig* config = nullptr;
+  Communicator* tp = nullptr;
+  bool sequence_parallel = false;  // only meaningful when tp->size() > 1
+  uint64_t seed = 0;
+  int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
+  // First sequence position of this rank's activations [s_local, b, h] (its s-shard under sequence
+  // parallelism, else 0): dropout masks are keyed by global positions so they do not depend on tp.
+  int64_t sequence_offset(int64_t s_local) const {
+    return sequence_parallel && tp->size() > 1 ? tp->rank() * s_local : 0;
+  }
+};
+
+// Dropout keyed by (seed, layer, site, micro-batch) and each element's global position. p == 0 is
+// the identity and costs nothing (x is returned as is).
+struct DropoutSite {
+  int layer = 0;  // global layer index; -1 for the embedding
+  int site = 0;   // 0 embedding, 1 attention output, 2 MLP output
+};
+Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, uint64_t micro_batch);
+Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where, uint64_t micro_batch);
+
+// LayerNorm or RMSNorm over h; weight/bias replicated, partial gradients under sequence parallelism.
+class Norm {
+ public:
+  Norm(const LayerEnv& env, const std::string& name);
+  struct Context {
+    Tensor x, mean, rstd;
+  };
+  Tensor forward(const Tensor& x, Context& ctx);
+  Tensor backward(const Tensor& dy, Context& ctx);  // accumulates dweight/dbias; returns dx
+  std::vector<Parameter*> parameters();
+  Parameter weight, bias;  // bias only for LayerNorm
+
+ private:
+  Normalization kind_;
+  float eps_;
+};
+
+// Self-attention: fused column-parallel q/k/v projection, rope, causal flash attention over this
+// rank's heads, row-parallel output projection.
+class SelfAttention {
+ public:
+  SelfAttention(const LayerEnv& env, int layer);
+  struct Context {
+    tp::LinearContext qkv_ctx, proj_ctx;
+    Tensor qkv;                // projection output, kept instead of the core's state (selective)
+    Tensor q, k, v, out, lse;  // core attention state (after rope)
+  };
+  // keep_core = false (selective recompute): keep only qkv and rebuild the rest in the backward.
+  Tensor forward(const Tensor& x, Context& ctx, bool keep_core);  // [s(/tp), b, h] -> [s(/tp), b, h]
+  Tensor backward(const Tensor& dy, Context& ctx);
+  std::vector<Parameter*> parameters();
+
+  tp::ColumnParallelLinear qkv;
+  tp::RowParallelLinear proj;
+
+ private:
+  void core_forward(const Tensor& qkv_out, Context& ctx);
+  LayerEnv env_;
+  int64_t heads_local_, groups_local_;
+};
+
+// MLP: column-parallel fc1 (or fused gate|up for SwiGLU), activation, row-parallel fc2.
+class MLP {
+ public:
+  MLP(const LayerEnv& env, int layer);
+  struct Context {
+    tp::LinearContext fc1_ctx, fc2_ctx;
+    Tensor pre;  // fc1 output, the activation's input
+  };
+  Tensor forward(const Tensor& x, Context& ctx);
+  Tensor backward(const Tensor& dy, Context& ctx);
+  std::vector<Parameter*> parameters();
+
+  tp::ColumnParallelLinear fc1;
+  tp::RowParallelLinear fc2;
+
+ private:
+  Activation activation_;
+};
+
+// Pre-norm transformer layer with its recompute policy.
+class TransformerLayer {
+ public:
+  TransformerLayer(const LayerEnv& env, int layer, Recompute recompute);
+  struct Context {
+    uint64_t micro_batch = 0;
+    Tensor x;  // the layer input (all that full recompute keeps)
+    Norm::Context norm1, norm2;
+    SelfAttention::Context attn;
+    MLP::Context mlp;
+  };
+  Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
+  Tensor backward(const Tensor& dy, Context& ctx);  // frees ctx
+  std::vector<Parameter*> parameters();
+
+ private:
+  Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core);
+  LayerEnv env_;
+  int layer_;
+  Recompute recompute_;
+  Norm norm1_;
+  SelfAttention attention_;
+  Norm norm2_;
+  MLP mlp_;
+};
+
+// Output projection to vocab-parallel logits: a column-parallel linear without bias whose weight
+// may be borrowed (tied embeddings use the word embedding's Parameter).
+class OutputLayer {
+ public:
+  OutputLayer(const LayerEnv& env, Parameter* weight);
+  Tensor forward(const Tensor& x, tp::LinearContext& ctx);  // [s(/tp), b, h] -> [s, b, Vp/tp]
+  Tensor backward(const Tensor& dlogits, tp::LinearContext& ctx);
+
+ private:
+  LayerEnv env_;
+  Parameter* weight_;
+};
+
+}  // namespace parallel::model

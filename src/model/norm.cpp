@@ -1,0 +1,64 @@
+// LayerNorm / RMSNorm over the hidden dimension. The parameters are replicated over tp; under
+// sequence parallelism each rank normalises only its s-shard, so its gradient is partial and is
+// all-reduced over tp before the optimizer step (sequence_parallel_grad).
+#include "layers.hpp"
+#include "parallel/ops.hpp"
+
+namespace parallel::model {
+namespace {
+
+Parameter replicated(const std::string& name, int64_t n, float value, bool sp_grad) {
+  Parameter p;
+  p.name = name;
+  p.value = Tensor::full({n}, value, DType::F32);
+  p.grad = Tensor::zeros({n}, DType::F32);
+  p.global_shape = {n};
+  p.partition_dim = -1;
+  p.sequence_parallel_grad = sp_grad;
+  return p;
+}
+
+}  // namespace
+
+Norm::Norm(const LayerEnv& env, const std::string& name)
+    : kind_(env.config->normalization), eps_(static_cast<float>(env.config->norm_epsilon)) {
+  const bool sp_grad = env.sequence_parallel && env.tp->size() > 1;
+  weight = replicated(name + ".weight", env.hidden, 1.0f, sp_grad);
+  if (kind_ == Normalization::LayerNorm) bias = replicated(name + ".bias", env.hidden, 0.0f, sp_grad);
+}
+
+std::vector<Parameter*> Norm::parameters() {
+  if (kind_ == Normalization::LayerNorm) return {&weight, &bias};
+  return {&weight};
+}
+
+Tensor Norm::forward(const Tensor& x_in, Context& ctx) {
+  Tensor x = x_in.contiguous();
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor x2d = x.view({rows, h}), y2d = y.view({rows, h});
+  ctx.rstd = Tensor::empty({rows}, DType::F32, x.device());
+  if (kind_ == Normalization::LayerNorm) {
+    ctx.mean = Tensor::empty({rows}, DType::F32, x.device());
+    ops::layernorm_forward(x2d, weight.value, bias.value, y2d, ctx.mean, ctx.rstd, eps_);
+  } else {
+    ops::rmsnorm_forward(x2d, weight.value, y2d, ctx.rstd, eps_);
+  }
+  ctx.x = x;
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy_in, Context& ctx) {
+  Tensor dy = dy_in.contiguous();
+  const int64_t h = ctx.x.size(-1), rows = ctx.x.numel() / h;
+  Tensor dx = Tensor::empty(ctx.x.shape(), DType::F32, ctx.x.device());
+  Tensor dy2d = dy.view({rows, h}), x2d = ctx.x.view({rows, h}), dx2d = dx.view({rows, h});
+  if (kind_ == Normalization::LayerNorm)
+    ops::layernorm_backward(dy2d, x2d, weight.value, ctx.mean, ctx.rstd, dx2d, weight.grad, bias.grad);
+  else
+    ops::rmsnorm_backward(dy2d, x2d, weight.value, ctx.rstd, dx2d, weight.grad);
+  ctx = Context{};
+  return dx;
+}
+
+}  // namespace parallel::model

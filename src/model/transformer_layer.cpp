@@ -1,0 +1,74 @@
+// One pre-norm transformer layer:
+//   x2  = x + dropout(attention(norm1(x)))
+//   out = x2 + dropout(mlp(norm2(x2)))
+// and its recompute policies: selective drops the core attention's state (rebuilt from the saved
+// qkv projection), full keeps only x and reruns the whole forward at the start of the backward.
+#include "layers.hpp"
+#include "parallel/ops.hpp"
+
+namespace parallel::model {
+
+TransformerLayer::TransformerLayer(const LayerEnv& env, int layer, Recompute recompute)
+    : env_(env),
+      layer_(layer),
+      recompute_(recompute),
+      norm1_(env, fmt::format("layers.{}.input_norm", layer)),
+      attention_(env, layer),
+      norm2_(env, fmt::format("layers.{}.post_attention_norm", layer)),
+      mlp_(env, layer) {}
+
+std::vector<Parameter*> TransformerLayer::parameters() {
+  std::vector<Parameter*> out;
+  for (Parameter* p : norm1_.parameters()) out.push_back(p);
+  for (Parameter* p : attention_.parameters()) out.push_back(p);
+  for (Parameter* p : norm2_.parameters()) out.push_back(p);
+  for (Parameter* p : mlp_.parameters()) out.push_back(p);
+  return out;
+}
+
+Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_core) {
+  const uint64_t mb = ctx.micro_batch;
+  Tensor a = norm1_.forward(x, ctx.norm1);
+  Tensor o = dropout_forward(env_, attention_.forward(a, ctx.attn, keep_core), {layer_, 1}, mb);
+  // o is a fresh tensor (the row-parallel output or dropout's): the residual sum can reuse it.
+  ops::add(x, o, o);
+  Tensor x2 = o;
+  Tensor m = norm2_.forward(x2, ctx.norm2);
+  Tensor y = dropout_forward(env_, mlp_.forward(m, ctx.mlp), {layer_, 2}, mb);
+  ops::add(x2, y, y);
+  return y;
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, uint64_t micro_batch) {
+  ctx.micro_batch = micro_batch;
+  if (recompute_ != Recompute::Full) return forward_impl(x, ctx, /*keep_core=*/recompute_ == Recompute::None);
+  // Full recompute: run the layer for its output and forget everything but the input.
+  Context scratch;
+  scratch.micro_batch = micro_batch;
+  Tensor y = forward_impl(x, scratch, /*keep_core=*/true);
+  ctx.x = x;
+  return y;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
+  if (recompute_ == Recompute::Full) {
+    // Same inputs, same seeds, same kernels: the recomputed state is bitwise the original's.
+    Tensor x = ctx.x;
+    ctx.x = Tensor();
+    (void)forward_impl(x, ctx, /*keep_core=*/true);
+  }
+  const uint64_t mb = ctx.micro_batch;
+  Tensor dy = dy_in.contiguous();
+  // out = x2 + dropout(mlp(norm2(x2))): dy flows to x2 directly and through the MLP branch.
+  Tensor dm = mlp_.backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx.mlp);
+  Tensor dx2 = norm2_.backward(dm, ctx.norm2);
+  ops::add_(dx2, dy);
+  // x2 = x + dropout(attention(norm1(x))).
+  Tensor da = attention_.backward(dropout_backward(env_, dx2, {layer_, 1}, mb), ctx.attn);
+  Tensor dx = norm1_.backward(da, ctx.norm1);
+  ops::add_(dx, dx2);
+  ctx = Context{};
+  return dx;
+}
+
+}  // namespace parallel::model

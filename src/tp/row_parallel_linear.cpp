@@ -1,0 +1,93 @@
+// RowParallelLinear: W split by input columns. Each rank's x Wᵀ is a partial sum of the output, so
+// the forward reduces it (all-reduce, or reduce-scatter along s under sequence parallelism) and
+// adds the replicated bias once afterwards. The backward needs the full dy on every rank.
+#include "parallel/ops.hpp"
+#include "parallel/tensor_parallel.hpp"
+
+namespace parallel::tp {
+namespace {
+
+Tensor as_rows(const Tensor& t) { return t.view({-1, t.size(-1)}); }
+
+}  // namespace
+
+RowParallelLinear::RowParallelLinear(std::string name, int64_t in_global, int64_t out_features,
+                                     Options options, Communicator& tp)
+    : options_(options), tp_(tp) {
+  const int p = tp.size();
+  PARALLEL_CHECK(in_global % p == 0, "RowParallelLinear {}: {} input features not divisible by tp = {}", name,
+                 in_global, p);
+  const int64_t in_local = in_global / p;
+  weight.name = name + ".weight";
+  weight.value = Tensor::zeros({out_features, in_local}, DType::F32);
+  weight.grad = Tensor::zeros({out_features, in_local}, DType::F32);
+  weight.global_shape = {out_features, in_global};
+  weight.partition_dim = 1;
+  weight.partition_offset = tp.rank() * in_local;
+  if (options_.bias) {
+    bias.name = name + ".bias";
+    bias.value = Tensor::zeros({out_features}, DType::F32);
+    bias.grad = Tensor::zeros({out_features}, DType::F32);
+    bias.global_shape = {out_features};
+    bias.partition_dim = -1;
+    // Under sequence parallelism each rank's dy is only its s-shard: its bias gradient is partial.
+    bias.sequence_parallel_grad = options_.sequence_parallel && p > 1;
+  }
+}
+
+std::vector<Parameter*> RowParallelLinear::parameters() {
+  if (options_.bias) return {&weight, &bias};
+  return {&weight};
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x_in, LinearContext& ctx) {
+  Tensor x = x_in.contiguous();
+  const int64_t out = weight.value.size(0);
+  PARALLEL_CHECK(x.size(-1) == weight.value.size(1), "RowParallelLinear {}: input {} must end in {}",
+                 weight.name, x.str(), weight.value.size(1));
+  Shape y_shape = x.shape();
+  y_shape.back() = out;
+  Tensor partial = Tensor::empty(y_shape, DType::F32, x.device());
+  Tensor partial2d = as_rows(partial);
+  ops::gemm(as_rows(x), false, weight.value, true, partial2d);
+  Tensor y = partial;
+  if (tp_.size() > 1) {
+    if (options_.sequence_parallel) {
+      y = reduce_scatter_sequence(tp_, partial);
+    } else {
+      tp_.all_reduce(partial, ReduceOp::Sum);
+    }
+  }
+  if (options_.bias) {
+    Tensor y2d = as_rows(y);
+    ops::add_bias(y2d, bias.value);
+  }
+  ctx.input = x;
+  return y;
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
+  Tensor x = ctx.input;
+  PARALLEL_CHECK(x.defined() && x.numel() > 0, "RowParallelLinear::backward without a saved input");
+  Tensor dy = dy_in.contiguous();
+  // Start the gather of the s-shards, and reduce the bias gradient (local shard only) meanwhile.
+  Tensor dy_full = dy;
+  WorkHandle work = completed_work();
+  if (options_.sequence_parallel && tp_.size() > 1) {
+    Shape full = dy.shape();
+    full[0] *= tp_.size();
+    dy_full = Tensor::empty(full, DType::F32, dy.device());
+    work = tp_.all_gather(dy, dy_full, /*async=*/true);
+  }
+  if (options_.bias) ops::bias_backward(as_rows(dy), bias.grad);
+  work->wait();
+  const Tensor dy2d = as_rows(dy_full), x2d = as_rows(x);
+  ops::gemm(dy2d, true, x2d, false, weight.grad, 1.0f, 1.0f);
+  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor dx2d = as_rows(dx);
+  ops::gemm(dy2d, false, weight.value, false, dx2d);
+  ctx.input = Tensor();
+  return dx;
+}
+
+}  // namespace parallel::tp
