@@ -9,6 +9,7 @@
 // as a mean over iterations and for the best iteration (best_*).
 #include <benchmark/benchmark.h>
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -97,6 +98,34 @@ void BM_Gemm(benchmark::State& state, GemmCase c) {
                  std::to_string(c.k) + "x" + std::to_string(c.n) + (c.tb ? "^T" : ""));
 }
 
+// The baseline run side by side with ours: the same product through Eigen (multithreaded with
+// OpenMP), the library most C++ code would reach for first.
+void BM_GemmEigen(benchmark::State& state, GemmCase c) {
+  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::setNbThreads(0);  // 0: follow OpenMP (OMP_NUM_THREADS)
+  const RowMat a = RowMat::Random(c.ta ? c.k : c.m, c.ta ? c.m : c.k);
+  const RowMat b = RowMat::Random(c.tb ? c.n : c.k, c.tb ? c.k : c.n);
+  RowMat out = RowMat::Zero(c.m, c.n);
+  const Timing t = timed_loop(state, [&] {
+    if (c.beta == 0.0f) out.setZero();
+    if (c.ta && !c.tb)
+      out.noalias() += a.transpose() * b;
+    else if (!c.ta && c.tb)
+      out.noalias() += a * b.transpose();
+    else if (c.ta && c.tb)
+      out.noalias() += a.transpose() * b.transpose();
+    else
+      out.noalias() += a * b;
+  });
+  const double flop = 2.0 * static_cast<double>(c.m) * static_cast<double>(c.n) * static_cast<double>(c.k);
+  const double gflops = flop * static_cast<double>(state.iterations()) / t.total / 1e9,
+               best = flop / t.best / 1e9;
+  state.counters["GFLOP/s"] = benchmark::Counter(gflops);
+  state.counters["%peak"] = benchmark::Counter(100.0 * gflops / g_peak_gflops);
+  state.counters["best_GFLOP/s"] = benchmark::Counter(best);
+  state.counters["best_%peak"] = benchmark::Counter(100.0 * best / g_peak_gflops);
+}
+
 // ---- memory-bound ops -------------------------------------------------------------------------
 
 void BM_LayerNormForward(benchmark::State& state) {
@@ -168,10 +197,15 @@ int main(int argc, char** argv) {
       argv[kept++] = argv[i];
   }
   argc = kept;
-  for (const GemmCase& c : kGemmCases)
+  // Ours and the Eigen baseline alternate, so both see the same machine load.
+  for (const GemmCase& c : kGemmCases) {
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + c.name).c_str(), BM_Gemm, c)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("BM_GemmEigen/") + c.name).c_str(), BM_GemmEigen, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("peak_gflops", std::to_string(g_peak_gflops));
