@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "cpu/cpu_ops.hpp"
+#include "cpu/vec_math.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tensor.hpp"
 
@@ -29,39 +30,6 @@ constexpr int64_t kBr = 64;  // query rows per tile
 constexpr int64_t kBc = 64;  // keys per tile
 
 #define PARALLEL_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-
-// exp, split in two so that GCC vectorises it (std::exp is a libm call it cannot vectorise
-// without -ffast-math, and the tiles' exponentials would otherwise cost as much as their matmuls).
-//
-// The argument is first clamped to [-87, 88] with an integer min on its bit pattern, in a loop of
-// its own: with a float compare, or with the clamp inside the exp loop, GCC turns the clamp into a
-// branch (jump threading: one side is a constant), which under its default -ftrapping-math it will
-// not if-convert, and the loop stays scalar below AVX-512. Negative floats order as their unsigned
-// bits, positive ones as their signed bits; -87.0f is 0xC2AE0000, 88.0f is 0x42B00000. Tiny or
-// -inf arguments thus give ~1.6e-38, not 0: callers zero masked entries themselves.
-inline float clamp_exp_arg(float x) {
-  const uint32_t lo = std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u);
-  return std::bit_cast<float>(std::min(static_cast<int32_t>(lo), 0x42B00000));
-}
-
-// exp(x) for x in [-87, 88], Cephes' expf (~1 ulp): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
-// degree-7 polynomial, 2^n built in the exponent bits.
-inline float exp_clamped(float x) {
-  // Adding 1.5 * 2^23 rounds to the nearest integer and leaves it in the low mantissa bits.
-  const float t = x * 1.44269504088896341f + 12582912.0f;
-  const float n = t - 12582912.0f;
-  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
-  float r = x - n * 0.693359375f;  // ln2 split in two so that n * ln2_hi is exact
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((ni + 127) << 23);
-}
 
 // s[j] = exp(scale * s[j] - shift) for j < valid, 0 for valid <= j < cols; returns the sum.
 // Forward: shift is the running max (unnormalised probabilities); backward: shift is the row's
