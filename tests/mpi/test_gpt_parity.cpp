@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/allocator.hpp"
 #include "parallel/gpt_model.hpp"
@@ -24,15 +25,7 @@ using testing::world;
 constexpr double kTol = 1e-5;
 constexpr int64_t kBatch = 2;
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto va = a.contiguous().to_float_vector(), vb = b.contiguous().to_float_vector();
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(vb[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
+using testing::rel_err;
 
 double max_abs(const Tensor& t) {
   double m = 0;

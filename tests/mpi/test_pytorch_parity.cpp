@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/config.hpp"
 #include "parallel/gpt_model.hpp"
@@ -70,22 +71,11 @@ float scalar(const Fixture& f, const std::string& name) { return get(f, name).to
 
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), DType::F32); }
 
-// The error measure of the file comment.
-double rel_error(const Tensor& actual, const Tensor& expected, double floor) {
-  const std::vector<float> a = actual.to_float_vector(), e = expected.to_float_vector();
-  double diff = 0.0, scale = floor;
-  for (std::size_t i = 0; i < e.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - e[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(e[i])));
-  }
-  return diff / scale;
-}
-
 ::testing::AssertionResult close(const std::string& what, const Tensor& actual, const Tensor& expected,
                                  double tol, double floor = 1e-6) {
   if (actual.numel() != expected.numel())
     return ::testing::AssertionFailure() << what << ": " << actual.str() << " vs expected " << expected.str();
-  const double err = rel_error(actual, expected, floor);
+  const double err = testing::rel_err(actual, expected, floor);
   static const bool verbose = std::getenv("PARALLEL_PARITY_VERBOSE") != nullptr;
   if (verbose) std::printf("  %-45s rel error %.3g (tolerance %.0e)\n", what.c_str(), err, tol);
   if (!(err <= tol))

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/init.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -21,15 +22,7 @@ namespace {
 using testing::world;
 constexpr double kTol = 1e-5;
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto va = a.contiguous().to_float_vector(), vb = b.contiguous().to_float_vector();
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(vb[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
+using testing::rel_err;
 
 void expect_close(const Tensor& a, const Tensor& b, const std::string& what) {
   ASSERT_EQ(a.shape(), b.shape()) << what;
