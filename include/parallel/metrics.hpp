@@ -1,0 +1,46 @@
+#pragma once
+// What the trainer reports: model FLOPs (for MFU), one JSON object per line in metrics.jsonl, and
+// the readable progress line rank 0 prints.
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "parallel/config.hpp"
+
+namespace parallel {
+
+// Model FLOPs of one token's forward + backward (3x the forward), counted as PaLM's MFU does: every
+// matmul with a weight (2 FLOPs per multiply-add), plus attention's q·kᵀ and p·v over the whole
+// sequence (causal masking is not discounted, so figures compare with published MFU). Recompute is
+// not counted: MFU measures useful work.
+double model_flops_per_token(const ModelConfig& model);
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double tokens_per_sec = 0.0;
+  double step_time_ms = 0.0;
+  double mfu = 0.0;         // fraction of the peak, 0..1
+  double loss_scale = 0.0;  // fp16 only; 0 otherwise
+  bool skipped = false;     // fp16 overflow: the update was skipped
+};
+
+// Appends one JSON object per line; flushed after every line so a killed run keeps its history.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // creates parent directories; appends
+  void write_train(const StepMetrics& m);
+  void write_eval(int64_t step, double eval_loss);
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+// "step   120/2000 | loss 4.1234 | lr 2.95e-04 | grad 0.812 | 12.3k tok/s | MFU 41.2% | ETA 3m12s"
+std::string progress_line(const StepMetrics& m, int64_t total_steps, double seconds_left);
+std::string format_duration(double seconds);  // "3m12s", "1h02m", "45s"
+
+}  // namespace parallel

@@ -1,0 +1,82 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "parallel/metrics.hpp"
+
+using namespace parallel;
+
+TEST(Metrics, ModelFlopsMatchTheClosedFormForGpt2Small) {
+  // GPT-2 124M: L=12, h=768, 12 heads, s=1024, V=50257, GeLU with 4h FFN. Megatron's closed form
+  // for this architecture (Narayanan et al. 2021, eq. 3) per token:
+  //   72 L h^2 (1 + s/(6h) + V/(12 L h)) / 1   (FLOPs per token, forward + backward)
+  ModelConfig m;
+  m.num_layers = 12;
+  m.hidden_size = 768;
+  m.num_attention_heads = 12;
+  m.seq_length = 1024;
+  m.vocab_size = 50257;
+  const double L = 12, h = 768, s = 1024, V = 50257;
+  const double closed = 72.0 * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+  EXPECT_NEAR(model_flops_per_token(m) / closed, 1.0, 1e-12);
+}
+
+TEST(Metrics, GroupedQueryAttentionAndSwiGluChangeTheCount) {
+  ModelConfig m;
+  m.num_layers = 1;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.seq_length = 8;
+  m.vocab_size = 10;
+  const double mha = model_flops_per_token(m);
+  m.num_query_groups = 2;  // k and v each lose 64 x 32 weights: 2 x 2048 fewer multiply-adds
+  EXPECT_DOUBLE_EQ(mha - model_flops_per_token(m), 3.0 * 2.0 * 2.0 * 64 * 32);
+  m.num_query_groups = 0;
+  m.activation = Activation::SwiGLU;
+  m.ffn_hidden_size = 256;  // same as the GeLU default 4h: one more [h, f] matrix
+  EXPECT_DOUBLE_EQ(model_flops_per_token(m) - mha, 3.0 * 2.0 * 64 * 256);
+}
+
+TEST(Metrics, JsonLinesAreWrittenAndFlushed) {
+  const auto dir = std::filesystem::temp_directory_path() / "parallel_test_metrics";
+  std::filesystem::remove_all(dir);
+  const std::string path = (dir / "sub" / "metrics.jsonl").string();
+  {
+    MetricsWriter w(path);
+    StepMetrics s;
+    s.step = 1;
+    s.loss = 4.5;
+    s.lr = 1e-3;
+    s.grad_norm = std::numeric_limits<double>::infinity();
+    w.write_train(s);
+    w.write_eval(1, 4.25);
+    std::ifstream in(path);  // readable before the writer closes: flushed per line
+    std::string line;
+    std::getline(in, line);
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"], 1);
+    EXPECT_EQ(j["loss"], 4.5);
+    EXPECT_TRUE(j["grad_norm"].is_null());
+    for (const char* key : {"lr", "tokens_per_sec", "step_time_ms", "mfu"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    std::getline(in, line);
+    EXPECT_EQ(nlohmann::json::parse(line)["eval_loss"], 4.25);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Metrics, ProgressLineIsReadable) {
+  StepMetrics s;
+  s.step = 120;
+  s.loss = 4.12345;
+  s.lr = 2.95e-4;
+  s.grad_norm = 0.8123;
+  s.tokens_per_sec = 12345;
+  s.mfu = 0.412;
+  EXPECT_EQ(progress_line(s, 2000, 192),
+            "step  120/2000 | loss 4.1235 | lr 2.95e-04 | grad 0.812 | 12.3k tok/s | MFU 41.2% | ETA 3m12s");
+  EXPECT_EQ(format_duration(45), "45s");
+  EXPECT_EQ(format_duration(3720), "1h02m");
+}
