@@ -1,0 +1,19 @@
+#pragma once
+// The gradient reductions a model-parallel layout owes before the optimizer step, after the last
+// micro-batch's backward (Megatron's finalize_model_grads, minus data parallelism, which the
+// DDP wrapper owns):
+//   - tied word embeddings: the copies on the first and last pipeline stage each hold the gradient
+//     of their own use; both need the sum (all-reduce over the embedding group, when pp > 1);
+//   - sequence parallelism: tp::reduce_sequence_parallel_grads over the tensor-parallel group.
+#include <vector>
+
+#include "parallel/parallel_state.hpp"
+#include "parallel/parameter.hpp"
+
+namespace parallel {
+
+// params: every parameter this rank holds (all of its pipeline chunks). Collective over the
+// embedding group (first and last stage) and the tensor-parallel group.
+void finalize_grads(const std::vector<Parameter*>& params, ParallelState& state);
+
+}  // namespace parallel

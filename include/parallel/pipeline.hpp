@@ -1,0 +1,152 @@
+#pragma once
+// Pipeline parallelism: which layers a rank holds, and the executor that runs a schedule
+// (pipeline_schedule.hpp) on this rank with real point-to-point messages over the pipeline group.
+//
+// Three orthogonal pieces:
+//   stage_layout()     pure arithmetic: (layers, p, v, explicit first/last counts, rank) -> chunks
+//   PipelineExecutor   walks a Schedule, moves activations and gradients, records timings; knows
+//                      nothing about GPT
+//   PipelineModel      what the executor drives: forward/backward of (chunk, micro-batch);
+//                      GPTPipelineModel adapts GPTModel chunks (which never learn the schedule)
+// docs/pipeline.md ("The executor") explains the message-order argument and the bubble figures.
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/gpt_model.hpp"
+#include "parallel/pipeline_schedule.hpp"
+
+namespace parallel::pipeline {
+
+// ---- layer assignment ---------------------------------------------------------------------------
+
+struct LayoutParams {
+  int num_layers = 1;
+  int pipeline_size = 1;       // p
+  int virtual_stages = 1;      // v
+  int first_stage_layers = 0;  // 0: split evenly (parallel.first_stage_layers)
+  int last_stage_layers = 0;   // 0: split evenly (parallel.last_stage_layers)
+};
+
+// Layers of every global stage g = 0..p*v-1, in stage order (they are contiguous and in order).
+// Even split: num_layers / (p*v) each, which must divide. Explicit counts (v == 1 only): the first
+// and/or last stage get theirs, the other stages share the rest evenly. Every stage holds >= 1 layer.
+// Throws parallel::Error with one line naming the rule.
+std::vector<int> layers_per_stage(const LayoutParams& params);
+
+// This rank's chunks: chunk c is global stage c*p + rank. pre_process on global stage 0,
+// post_process on global stage p*v - 1.
+std::vector<GPTChunkSpec> stage_layout(const LayoutParams& params, int rank);
+
+// ---- what the executor drives -------------------------------------------------------------------
+
+class PipelineModel {
+ public:
+  virtual ~PipelineModel() = default;
+  // input: undefined on global stage 0 (the model reads its own data), else the activation received
+  // from the previous stage. Returns the activation for the next stage (ignored on the last stage).
+  virtual Tensor forward(int chunk, int micro_batch, const Tensor& input) = 0;
+  // grad: undefined on the last global stage (the model knows its loss scale), else the gradient of
+  // this chunk's output. Returns the gradient of its input (ignored on global stage 0).
+  virtual Tensor backward(int chunk, int micro_batch, const Tensor& grad) = 0;
+};
+
+// ---- executor -----------------------------------------------------------------------------------
+
+struct ExecutorOptions {
+  int micro_batches = 1;   // m
+  int virtual_stages = 1;  // v
+  // Every message between stages: [s (/tp under sequence parallelism), b, h].
+  Shape activation_shape;
+  DType dtype = DType::F32;
+  Device device = Device::cpu();
+  // Which schedule to run; given (p, r, m, v) of any rank, so the executor can also derive the order
+  // in which its neighbours send.
+  std::function<Schedule(const ScheduleParams&)> schedule = make_schedule;
+};
+
+// One rank's record of one step.
+struct StepStats {
+  double busy_seconds = 0;   // inside PipelineModel::forward / backward
+  double idle_seconds = 0;   // blocked in receives
+  double drain_seconds = 0;  // waiting for the last sends to complete at the end of the step
+  double total_seconds = 0;  // wall time of the whole step
+  int forwards = 0, backwards = 0;
+  int messages_sent = 0, messages_received = 0;
+  int received_early = 0;  // messages that arrived (in the sender's order) before their action came
+  int peak_in_flight = 0;  // (chunk, micro-batch) pairs whose forward is done and backward is not
+  std::size_t start_allocated_bytes = 0;  // allocator's live bytes when the step began
+  std::size_t peak_allocated_bytes = 0;   // allocator's high-water mark during the step
+};
+
+class PipelineExecutor {
+ public:
+  // pp: the pipeline group; its rank is the pipeline stage. Throws if the schedule does not fit.
+  PipelineExecutor(Communicator& pp, ExecutorOptions options);
+
+  // Runs this rank's schedule once (one optimizer step's forward and backward passes). Collective
+  // over the pipeline group. Resets the allocator's peak (to measure this step's).
+  StepStats run(PipelineModel& model);
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  // A message as its receiver names it.
+  struct Key {
+    bool gradient;
+    int chunk, micro_batch;
+    auto operator<=>(const Key&) const = default;
+  };
+  Tensor receive(const Key& key, int source, StepStats& stats);
+
+  Communicator& pp_;
+  ExecutorOptions options_;
+  int p_, rank_, last_stage_;
+  Schedule schedule_;
+  // Per source rank: the messages it sends to this rank, in its posting order.
+  std::map<int, std::vector<Key>> incoming_;
+  // Per source rank, during a step: how far into incoming_ we have received, and what arrived
+  // before it was needed.
+  std::map<int, std::size_t> cursor_;
+  std::map<Key, Tensor> early_;
+};
+
+// ---- GPT adapter --------------------------------------------------------------------------------
+
+struct MicroBatch {
+  Tensor tokens;   // [b, s] int32, read by the chunk with the embedding
+  Tensor targets;  // [b, s] int32, read by the chunk with the loss
+};
+using MicroBatchFn = std::function<MicroBatch(int micro_batch)>;
+
+class GPTPipelineModel final : public PipelineModel {
+ public:
+  // chunks[c] is global stage c*p + rank (stage_layout order); not owned.
+  explicit GPTPipelineModel(std::vector<GPTModel*> chunks);
+
+  // Before each executor run: where micro-batch data comes from, and d(objective)/d(loss sum) for
+  // the last chunk's backward ([1] fp32, e.g. 1 / tokens in the global batch). Resets loss_sum().
+  void start_step(MicroBatchFn data, Tensor loss_scale);
+
+  Tensor forward(int chunk, int micro_batch, const Tensor& input) override;
+  Tensor backward(int chunk, int micro_batch, const Tensor& grad) override;
+
+  // Sum of the token losses of this step's micro-batches (0 unless this rank holds the last stage).
+  double loss_sum() const { return loss_sum_; }
+  int live_activations() const { return static_cast<int>(activations_.size()); }
+  int peak_live_activations() const { return peak_live_; }  // since start_step
+  std::vector<Parameter*> parameters();                     // of every chunk
+
+ private:
+  std::vector<GPTModel*> chunks_;
+  MicroBatchFn data_;
+  Tensor loss_scale_;
+  double loss_sum_ = 0;
+  int peak_live_ = 0;
+  std::map<std::pair<int, int>, GPTModel::ActivationsPtr> activations_;  // (chunk, micro-batch)
+};
+
+}  // namespace parallel::pipeline
