@@ -1,0 +1,70 @@
+// ShardedTensors from Parameters, and who writes each replicated copy.
+#include "checkpoint/internal.hpp"
+
+namespace parallel::checkpoint {
+
+bool is_optimizer_state(const std::string& name) { return name.starts_with(kOptimizerPrefix); }
+
+bool is_replica_writer(const Parameter& param, const Coord& coord) {
+  // Data, context and expert parallel replicas hold identical copies of every parameter.
+  if (coord.dp != 0 || coord.cp != 0 || coord.ep != 0) return false;
+  if (param.is_replicated_over_tp() && coord.tp != 0) return false;
+  // The tied word embedding's copy on the last stage equals the first stage's one.
+  if (param.shared_across_pipeline && coord.pp != 0) return false;
+  return true;
+}
+
+ShardedTensor from_parameter(const Parameter& param, bool replica_writer) {
+  PARALLEL_CHECK(param.value.defined(), "checkpoint: parameter '{}' has no value", param.name);
+  const int64_t dims = static_cast<int64_t>(param.global_shape.size());
+  PARALLEL_CHECK(param.value.dim() == dims, "checkpoint: parameter '{}': value {} for global shape {}",
+                 param.name, shape_str(param.value.shape()), shape_str(param.global_shape));
+  PARALLEL_CHECK(param.partition_dim < dims, "checkpoint: parameter '{}': partition_dim {} of a {}-d tensor",
+                 param.name, param.partition_dim, dims);
+  ShardedTensor t;
+  t.name = param.name;
+  t.local = param.value;
+  t.global_shape = param.global_shape;
+  t.global_offset.assign(static_cast<std::size_t>(dims), 0);
+  if (param.partition_dim >= 0)
+    t.global_offset[static_cast<std::size_t>(param.partition_dim)] = param.partition_offset;
+  t.replica_writer = replica_writer;
+  return t;
+}
+
+ShardedTensor optimizer_state(const Parameter& param, const std::string& state, const Tensor& value,
+                              bool replica_writer) {
+  PARALLEL_CHECK(!state.empty() && state.find('.') == std::string::npos,
+                 "checkpoint: optimizer state name '{}' must be non-empty and contain no '.'", state);
+  PARALLEL_CHECK(value.defined() && value.shape() == param.value.shape(),
+                 "checkpoint: optimizer state '{}' of '{}' has shape {}, the parameter's slice {}", state,
+                 param.name, value.defined() ? shape_str(value.shape()) : "undefined",
+                 shape_str(param.value.shape()));
+  ShardedTensor t = from_parameter(param, replica_writer);
+  t.name = std::string(kOptimizerPrefix) + state + "." + param.name;
+  t.local = value;
+  return t;
+}
+
+}  // namespace parallel::checkpoint
+
+namespace parallel::checkpoint::detail {
+
+Box box_of(const ShardedTensor& t, const char* op) {
+  PARALLEL_CHECK(!t.name.empty() && t.name != "__metadata__", "checkpoint {}: invalid tensor name '{}'", op,
+                 t.name);
+  PARALLEL_CHECK(t.local.defined(), "checkpoint {}: tensor '{}' has no local tensor", op, t.name);
+  const std::size_t dims = t.global_shape.size();
+  PARALLEL_CHECK(static_cast<std::size_t>(t.local.dim()) == dims && t.global_offset.size() == dims,
+                 "checkpoint {}: tensor '{}': local {} and global_offset {} for global shape {}", op, t.name,
+                 shape_str(t.local.shape()), shape_str(t.global_offset), shape_str(t.global_shape));
+  for (std::size_t d = 0; d < dims; ++d)
+    PARALLEL_CHECK(t.global_offset[d] >= 0 && t.global_offset[d] + t.local.shape()[d] <= t.global_shape[d],
+                   "checkpoint {}: tensor '{}': the box at offset {} with shape {} lies outside the global "
+                   "shape {}",
+                   op, t.name, shape_str(t.global_offset), shape_str(t.local.shape()),
+                   shape_str(t.global_shape));
+  return Box{t.global_offset, t.local.shape()};
+}
+
+}  // namespace parallel::checkpoint::detail

@@ -1,0 +1,65 @@
+// StopFlag: SIGTERM / SIGINT -> an atomic flag the training loop polls (include/parallel/signal_handler.hpp).
+#include <atomic>
+#include <csignal>
+
+#include "parallel/signal_handler.hpp"
+
+namespace parallel {
+namespace {
+
+// Signal handlers may only touch lock-free atomics.
+static_assert(std::atomic<int>::is_always_lock_free);
+std::atomic<int> g_signal{0};
+std::atomic<bool> g_installed{false};
+
+extern "C" void on_stop_signal(int sig) {
+  int none = 0;
+  if (g_signal.compare_exchange_strong(none, sig)) return;
+  if (sig == SIGINT) {
+    // Second Ctrl-C: the user wants out now. sigaction and raise are async-signal-safe.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(SIGINT, &dfl, nullptr);
+    ::raise(SIGINT);
+  }
+}
+
+}  // namespace
+
+StopFlag::StopFlag() {
+  bool expected = false;
+  PARALLEL_CHECK(g_installed.compare_exchange_strong(expected, true),
+                 "StopFlag: another StopFlag already handles SIGTERM and SIGINT in this process");
+  g_signal.store(0);
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // blocking I/O and MPI calls carry on; the loop polls the flag
+  if (::sigaction(SIGTERM, &action, &old_term_) != 0 || ::sigaction(SIGINT, &action, &old_int_) != 0) {
+    g_installed.store(false);
+    PARALLEL_FAIL("StopFlag: cannot install signal handlers");
+  }
+}
+
+StopFlag::~StopFlag() {
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  g_installed.store(false);
+}
+
+bool StopFlag::requested() const { return g_signal.load() != 0; }
+int StopFlag::signal() const { return g_signal.load(); }
+void StopFlag::request() {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, SIGTERM);
+}
+void StopFlag::clear() { g_signal.store(0); }
+
+bool should_stop(const StopFlag& flag, Communicator& world) {
+  Tensor any = Tensor::from_vector<int32_t>({flag.requested() ? 1 : 0}, {1});
+  world.all_reduce(any, ReduceOp::Max);
+  return any.data<int32_t>()[0] != 0;
+}
+
+}  // namespace parallel
