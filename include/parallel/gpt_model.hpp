@@ -6,6 +6,7 @@
 //
 // Forward and backward are explicit; everything a micro-batch needs for its backward lives in its
 // own Activations object, so several micro-batches can be in flight at once.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -59,6 +60,10 @@ class GPTModel {
   Tensor backward(const Tensor& grad, Activations& act);
 
   std::vector<Parameter*> parameters();
+  // Called during backward() right after a parameter's last gradient contribution of that call
+  // (its gradient is final for this micro-batch), in backward order. Lets a caller such as data
+  // parallelism start reducing gradients while the rest of the backward runs. Empty: no calls.
+  void set_grad_ready_hook(std::function<void(Parameter&)> hook);
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
   int64_t vocab_padded() const { return vocab_padded_; }

@@ -49,13 +49,17 @@ class ColumnParallelLinear {
 
   int64_t out_local() const { return out_local_; }
   std::vector<Parameter*> parameters();
-  std::vector<Parameter> weights, biases;  // one per part, views into the fused local storage
+  // One per part. The parts' tensors sit back to back in one storage, so a single view spans them
+  // all and one GEMM serves every part. The Parameters are the source of truth: whoever re-binds
+  // them (ParamAndGradBuffer) must keep each tensor kind's parts adjacent and in this order.
+  std::vector<Parameter> weights, biases;
 
  private:
+  // The fused [out_local(, in)] view over the parts' `member` tensors (value or grad).
+  Tensor fused(const std::vector<Parameter>& parts, Tensor Parameter::*member) const;
   Options options_;
   Communicator& tp_;
   int64_t in_ = 0, out_local_ = 0;
-  Tensor weight_, weight_grad_, bias_, bias_grad_;  // fused local storage
 };
 
 // y = x Wᵀ + b with W split by input columns: x holds this rank's slice of the input features;

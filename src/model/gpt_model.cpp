@@ -42,6 +42,10 @@ struct GPTModel::Impl {
   std::optional<Parameter>
       output_weight;  // untied "output.weight", or the tied copy on a chunk without embedding
   std::unique_ptr<model::OutputLayer> output;
+  std::function<void(Parameter&)> grad_ready;
+  void ready(Parameter& p) const {
+    if (grad_ready) grad_ready(p);
+  }
 };
 
 GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp)
@@ -145,6 +149,10 @@ std::vector<Parameter*> GPTModel::parameters() {
   return out;
 }
 
+void GPTModel::set_grad_ready_hook(std::function<void(Parameter&)> hook) {
+  impl_->grad_ready = std::move(hook);
+}
+
 namespace {
 
 // targets [b, s] -> [s * b] in the activations' (s, b) order.
@@ -230,17 +238,27 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
     Tensor grad_loss = Tensor::full({n}, g, DType::F32, grad.device());
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
     dx = m.output->backward(dlogits, act.output);
+    // A weight tied to this chunk's own embedding gets its last contribution there, below.
+    if (m.output_weight) m.ready(*m.output_weight);
     dx = m.final_norm->backward(dx, act.final_norm);
+    for (Parameter* p : m.final_norm->parameters()) m.ready(*p);
   } else {
     dx = grad;
   }
-  for (std::size_t i = m.layers.size(); i-- > 0;) dx = m.layers[i]->backward(dx, act.layers[i]);
+  for (std::size_t i = m.layers.size(); i-- > 0;) {
+    dx = m.layers[i]->backward(dx, act.layers[i]);
+    for (Parameter* p : m.layers[i]->parameters()) m.ready(*p);
+  }
   act.layers.clear();
   if (!spec_.pre_process) return dx;
 
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
-  if (m.position) positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
+  if (m.position) {
+    positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
+    m.ready(*m.position);
+  }
   m.word->backward(dx, act.embedding);
+  m.ready(m.word->weight);
   return Tensor();
 }
 

@@ -24,20 +24,22 @@ ColumnParallelLinear::ColumnParallelLinear(std::vector<Part> parts, int64_t in_f
     out_local_ += part.out_global / p;
   }
   // One fused buffer per tensor so a single GEMM serves every part; the parts' Parameters are row
-  // views into it (rows of a row-major matrix are contiguous, so the views are too).
-  weight_ = Tensor::zeros({out_local_, in_}, DType::F32);
-  weight_grad_ = Tensor::zeros({out_local_, in_}, DType::F32);
+  // views into it (rows of a row-major matrix are contiguous, so the views are too). Only the views
+  // are kept: fused() rebuilds the spanning view on use, so re-bound Parameters stay in effect.
+  Tensor weight = Tensor::zeros({out_local_, in_}, DType::F32);
+  Tensor weight_grad = Tensor::zeros({out_local_, in_}, DType::F32);
+  Tensor bias, bias_grad;
   if (options_.bias) {
-    bias_ = Tensor::zeros({out_local_}, DType::F32);
-    bias_grad_ = Tensor::zeros({out_local_}, DType::F32);
+    bias = Tensor::zeros({out_local_}, DType::F32);
+    bias_grad = Tensor::zeros({out_local_}, DType::F32);
   }
   int64_t row = 0;
   for (const Part& part : parts) {
     const int64_t local = part.out_global / p;
     Parameter w;
     w.name = part.name + ".weight";
-    w.value = weight_.narrow(0, row, local);
-    w.grad = weight_grad_.narrow(0, row, local);
+    w.value = weight.narrow(0, row, local);
+    w.grad = weight_grad.narrow(0, row, local);
     w.global_shape = {part.out_global, in_};
     w.partition_dim = 0;
     w.partition_offset = r * local;
@@ -45,8 +47,8 @@ ColumnParallelLinear::ColumnParallelLinear(std::vector<Part> parts, int64_t in_f
     if (options_.bias) {
       Parameter b;
       b.name = part.name + ".bias";
-      b.value = bias_.narrow(0, row, local);
-      b.grad = bias_grad_.narrow(0, row, local);
+      b.value = bias.narrow(0, row, local);
+      b.grad = bias_grad.narrow(0, row, local);
       b.global_shape = {part.out_global};
       b.partition_dim = 0;
       b.partition_offset = r * local;
@@ -65,6 +67,24 @@ std::vector<Parameter*> ColumnParallelLinear::parameters() {
   return out;
 }
 
+Tensor ColumnParallelLinear::fused(const std::vector<Parameter>& parts, Tensor Parameter::*member) const {
+  const Tensor& first = parts.front().*member;
+  if (parts.size() == 1) return first;
+  int64_t rows = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& t = parts[i].*member;
+    const Tensor& prev = parts[i == 0 ? 0 : i - 1].*member;
+    PARALLEL_CHECK(t.is_contiguous() && t.storage() == first.storage() &&
+                       (i == 0 || t.storage_offset() == prev.storage_offset() + prev.numel()),
+                   "ColumnParallelLinear {}: fused parts must stay adjacent in one storage", parts[i].name);
+    rows += t.size(0);
+  }
+  Shape shape = first.shape();
+  shape[0] = rows;
+  // Borrowed view: the parts' own views keep the storage alive for as long as the layer exists.
+  return Tensor::from_blob(first.data_ptr(), shape, first.dtype(), first.device());
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {
   PARALLEL_CHECK(x.size(-1) == in_, "ColumnParallelLinear: input {} must end in {}", x.str(), in_);
   Tensor x_full = options_.sequence_parallel ? gather_sequence(tp_, x) : x.contiguous();
@@ -72,8 +92,8 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {
   y_shape.back() = out_local_;
   Tensor y = Tensor::empty(y_shape, DType::F32, x.device());
   Tensor y2d = as_rows(y);
-  ops::gemm(as_rows(x_full), false, weight_, true, y2d);
-  if (options_.bias) ops::add_bias(y2d, bias_);
+  ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d);
+  if (options_.bias) ops::add_bias(y2d, fused(biases, &Parameter::value));
   ctx.input = x_full;
   return options_.gather_output ? gather_last_dim(tp_, y) : y;
 }
@@ -87,7 +107,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
 
   Tensor dx_full = Tensor::empty(x_full.shape(), DType::F32, x_full.device());
   Tensor dx_full2d = as_rows(dx_full);
-  ops::gemm(dy2d, false, weight_, false, dx_full2d);
+  ops::gemm(dy2d, false, fused(weights, &Parameter::value), false, dx_full2d);
   // Each rank's dx covers only its output slice: sum over the group. Start the reduction now and
   // compute the parameter gradients while it runs.
   Tensor dx = dx_full;
@@ -104,8 +124,12 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
       work = tp_.all_reduce(dx_full, ReduceOp::Sum, /*async=*/true);
     }
   }
-  ops::gemm(dy2d, true, x2d, false, weight_grad_, 1.0f, 1.0f);
-  if (options_.bias) ops::bias_backward(dy2d, bias_grad_);
+  Tensor weight_grad = fused(weights, &Parameter::grad);
+  ops::gemm(dy2d, true, x2d, false, weight_grad, 1.0f, 1.0f);
+  if (options_.bias) {
+    Tensor bias_grad = fused(biases, &Parameter::grad);
+    ops::bias_backward(dy2d, bias_grad);
+  }
   work->wait();
   ctx.input = Tensor();
   return dx;

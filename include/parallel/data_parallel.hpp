@@ -1,0 +1,114 @@
+#pragma once
+// Data parallelism (Megatron-Core's DistributedDataParallel): the model replica's parameters and
+// gradients live in a ParamAndGradBuffer; gradients are averaged over the dp group bucket by bucket,
+// by all-reduce (plain optimizer) or reduce-scatter (distributed optimizer: each rank keeps only its
+// shard of every bucket's reduced gradient).
+//
+// With overlap_grad_reduce a bucket's reduction starts as soon as its gradients are final: the model
+// calls the grad-ready hook after each parameter's last contribution of a backward pass, and only the
+// last micro-batch of a step counts (set_is_last_microbatch(false) before the earlier micro-batches'
+// backward, true before the last one's). finish_grad_sync() launches what has not been launched and
+// waits for everything. Without overlap every reduction happens in finish_grad_sync().
+//
+// A training step:
+//   ddp.zero_grad();
+//   for each micro-batch m: ddp.set_is_last_microbatch(m == last); forward; backward;
+//   ddp.finish_grad_sync();
+//   tp::reduce_sequence_parallel_grads(params, tp);   // (tp > 1 with sequence parallelism)
+//   optimizer.step(lr);                                // all-gathers params (distributed optimizer)
+//   [with overlap_param_gather: ddp.finish_param_gather() before the next forward; zero_grad() does it]
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/config.hpp"
+#include "parallel/grad_buffer.hpp"
+
+namespace parallel {
+
+class GPTModel;
+
+struct DataParallelOptions {
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;  // distributed optimizer only
+  bool distributed_optimizer = false;
+  int64_t bucket_size = 0;                // elements; 0: max(40M, 1M * dp)
+  Precision precision = Precision::FP32;  // dtype of the parameter buffer; grads are always fp32
+
+  static DataParallelOptions from(const OptimizerConfig& optimizer, Precision precision);
+};
+
+// What DDP did and when: the overlap test and benchmark read this log.
+struct DdpEvent {
+  enum class Kind { GradReady, ReduceLaunched, ReduceDone, GatherLaunched, GatherDone };
+  Kind kind;
+  int bucket = -1;
+  const Parameter* param = nullptr;  // GradReady only
+  std::chrono::steady_clock::time_point time;
+};
+
+// This rank's part of a bucket under the distributed optimizer: [offset, offset + count) relative
+// to the bucket start.
+struct BucketShard {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
+class DataParallel {
+ public:
+  // Lays out every chunk's parameters (chunks in order, each in its registration order) and hooks
+  // the chunks' backward. The chunks must outlive this object; the destructor removes the hooks.
+  DataParallel(const std::vector<GPTModel*>& chunks, Communicator& dp, DataParallelOptions options);
+  // Without a model: no grad-ready hooks (call on_grad_ready yourself, or do not overlap).
+  DataParallel(const std::vector<Parameter*>& params, Communicator& dp, DataParallelOptions options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Zeroes the gradient buffer and waits for any parameter all-gather still in flight.
+  void zero_grad();
+  void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
+  // The grad-ready hook's target.
+  void on_grad_ready(Parameter& param);
+  // Launches every bucket not yet launched and waits for all of them: gradients are then averaged
+  // over dp (all of them, or this rank's shards with the distributed optimizer).
+  void finish_grad_sync();
+
+  // Distributed optimizer: all-gathers every bucket's parameters from the ranks' shards, and widens
+  // the low-precision parameters into the fp32 working copy. async: returns after launching.
+  void start_param_gather(bool async);
+  void finish_param_gather();  // idempotent
+
+  BucketShard shard(const Bucket& bucket) const;
+  ParamAndGradBuffer& buffer() { return *buffer_; }
+  Communicator& dp() { return dp_; }
+  const DataParallelOptions& options() const { return options_; }
+  // Every parameter of the replica, in registration order.
+  const std::vector<Parameter*>& params() const { return params_; }
+
+  std::vector<DdpEvent>& events() { return events_; }
+  void set_record_events(bool on) { record_ = on; }
+
+ private:
+  void launch_reduce(Bucket& bucket);
+  void record(DdpEvent::Kind kind, int bucket, const Parameter* param = nullptr);
+
+  Communicator& dp_;
+  DataParallelOptions options_;
+  std::vector<GPTModel*> chunks_;
+  std::vector<Parameter*> params_;
+  std::unique_ptr<ParamAndGradBuffer> buffer_;
+  bool is_last_microbatch_ = true;
+  std::unordered_set<const Parameter*> ready_;
+  std::vector<int> ready_count_;
+  std::vector<WorkHandle> reduce_work_;  // per bucket; null: not launched this step
+  std::vector<WorkHandle> gather_work_;  // per bucket; null: nothing in flight
+  bool record_ = false;
+  std::vector<DdpEvent> events_;
+};
+
+}  // namespace parallel

@@ -1,0 +1,87 @@
+#pragma once
+// ParamAndGradBuffer (Megatron-Core's param_and_grad_buffer): every parameter of a model replica
+// (all chunks on this rank) lives in one contiguous parameter buffer and one contiguous fp32
+// gradient buffer, laid out in reverse registration order (the order backward produces gradients)
+// and cut into buckets that data parallelism reduces one at a time.
+//
+// After construction each Parameter's value and grad are views into the buffers (existing values are
+// copied in). Parameters that already share one storage (a ColumnParallelLinear's fused q/k/v or
+// gate/up parts) form one unit: they are placed back to back in their original order so that the
+// layer's single fused GEMM operand still spans them (docs/optimizer.md).
+//
+// Precision: the parameter buffer holds `param_dtype` (fp32, bf16 or fp16). The CPU ops compute in
+// fp32 only, so for bf16/fp16 the Parameters' values are views into a separate fp32 *working copy*
+// holding the low-precision values widened (emulation; working_bytes() says what it costs).
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "parallel/parameter.hpp"
+
+namespace parallel {
+
+// Megatron's default bucket size in elements: max(40M, 1M * dp).
+int64_t default_bucket_size(int data_parallel_size);
+
+struct BufferOptions {
+  DType param_dtype = DType::F32;  // F32, BF16 or F16
+  int64_t bucket_size = 0;         // elements; <= 0: default_bucket_size(data_parallel_size)
+  int data_parallel_size = 1;
+  // The distributed optimizer's layout: every unit starts on a 64-element boundary and every
+  // bucket is padded to a multiple of lcm(dp, 128), so each dp rank owns an equal contiguous shard.
+  bool distributed_optimizer = false;
+};
+
+struct Bucket {
+  int index = 0;
+  int64_t offset = 0;              // first element in the buffers
+  int64_t numel = 0;               // padded size (a multiple of lcm(dp, 128) with the distributed optimizer)
+  std::vector<Parameter*> params;  // in layout order
+  Tensor params_view;              // [numel] view of the parameter buffer (param_dtype)
+  Tensor grads_view;               // [numel] view of the fp32 gradient buffer
+  Tensor working_view;             // [numel] view of the fp32 working copy (== params_view for fp32)
+};
+
+class ParamAndGradBuffer {
+ public:
+  // `params` in registration order (duplicates are ignored). All must be fp32 on one device.
+  ParamAndGradBuffer(const std::vector<Parameter*>& params, BufferOptions options);
+  ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
+  ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
+
+  const BufferOptions& options() const { return options_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  std::vector<Bucket>& buckets() { return buckets_; }
+  // Parameters in layout order (reverse registration order, fused units kept in order).
+  const std::vector<Parameter*>& params() const { return layout_; }
+  bool contains(const Parameter* p) const { return index_.count(p) > 0; }
+  int64_t offset_of(const Parameter* p) const { return index_.at(p).offset; }
+  int bucket_of(const Parameter* p) const { return index_.at(p).bucket; }
+
+  int64_t numel() const { return numel_; }                    // padded
+  int64_t numel_unpadded() const { return numel_unpadded_; }  // sum of parameter sizes
+  Tensor& param_data() { return params_; }                    // [numel] param_dtype
+  Tensor& grad_data() { return grads_; }                      // [numel] fp32
+  Tensor& working_data() { return working_; }  // [numel] fp32 (the param buffer itself for fp32)
+  bool has_working_copy() const { return options_.param_dtype != DType::F32; }
+  // Bytes of the fp32 working copy (0 for fp32): an emulation cost outside Megatron's table.
+  std::size_t working_bytes() const { return has_working_copy() ? working_.nbytes() : 0; }
+
+  // Widens [offset, offset + numel) of the parameter buffer into the working copy (no-op for fp32).
+  void refresh_working(int64_t offset, int64_t numel);
+  void zero_grads() { grads_.zero_(); }
+
+ private:
+  struct Location {
+    int64_t offset = 0;
+    int bucket = 0;
+  };
+  BufferOptions options_;
+  std::vector<Parameter*> layout_;
+  std::unordered_map<const Parameter*, Location> index_;
+  std::vector<Bucket> buckets_;
+  int64_t numel_ = 0, numel_unpadded_ = 0;
+  Tensor params_, grads_, working_;
+};
+
+}  // namespace parallel

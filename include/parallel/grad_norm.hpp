@@ -1,0 +1,24 @@
+#pragma once
+// The global gradient norm over every rank of every parallel axis, each gradient element counted
+// exactly once, and the clip coefficient (Megatron-Core's clip_grad_norm_fp32):
+//   - replicated over tp (partition_dim < 0): every tp rank holds the same gradient; counted on
+//     tp rank 0 only;
+//   - shared_across_pipeline (tied embedding copies): counted on the first pipeline stage only;
+//   - the distributed optimizer: each dp rank counts its own shard and the sum also runs over dp;
+//     a plain optimizer's dp ranks all hold the same reduced gradients, so dp is not summed.
+// The squares are then summed over the model-parallel group (tp x cp x pp, ParallelState::model()).
+#include "parallel/communicator.hpp"
+#include "parallel/parameter.hpp"
+
+namespace parallel {
+
+// Whether this rank counts `param`'s gradient in the global norm.
+bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pipeline_stage);
+
+// sqrt of local_sum_of_squares summed over `model` and `dp` (either may be null: not summed).
+double reduce_grad_norm(double local_sum_of_squares, Communicator* model, Communicator* dp);
+
+// max_norm / (norm + 1e-6) if that is below 1, else 1; 1 when max_norm <= 0 (clipping off).
+double clip_coefficient(double norm, double max_norm);
+
+}  // namespace parallel

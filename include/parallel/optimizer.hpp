@@ -1,0 +1,115 @@
+#pragma once
+// Optimizers (Megatron-Core semantics):
+//   AdamW                - PyTorch's torch.optim.AdamW over all parameters; every rank holds the
+//                          full state. Over plain Parameters, or over a DataParallel replica.
+//   DistributedOptimizer - ZeRO-1: dp rank r owns one contiguous shard of every DDP bucket and keeps
+//                          fp32 main params (low precision only), exp_avg and exp_avg_sq for that
+//                          shard alone. step(): (gradients already reduce-scattered by DDP) ->
+//                          [fp16: unscale, skip on overflow] -> global norm -> clip -> update own
+//                          shard -> write params back -> all-gather the params over dp.
+//
+// Both apply decoupled weight decay only to parameters with >= 2 dimensions (biases and norms
+// are not decayed) and count each gradient element once in the global norm (grad_norm.hpp).
+//
+// Precision: fp32 updates the parameters in place. bf16/fp16 keep fp32 main weights in the
+// optimizer and write rounded values back to the low-precision parameters (the DDP buffer's, or -
+// without DDP - the fp32 Parameter values themselves, rounded in place: emulation).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "parallel/config.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/loss_scaler.hpp"
+#include "parallel/parameter.hpp"
+
+namespace parallel {
+
+class ParallelState;
+
+// Where the gradient norm and the overflow check are reduced. Null communicators: this rank alone.
+struct OptimizerGroups {
+  Communicator* model = nullptr;  // tp x cp x pp (ParallelState::model())
+  Communicator* dp = nullptr;
+  int tp_rank = 0;
+  bool first_pipeline_stage = true;
+  static OptimizerGroups from(ParallelState& state);
+};
+
+struct StepResult {
+  bool skipped = false;    // fp16 overflow: nothing was updated
+  double grad_norm = 0.0;  // global, after unscaling, before clipping (0 when skipped)
+  double clip_coef = 1.0;
+  double loss_scale = 1.0;  // the scale this step's gradients carried
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update with learning rate `lr`.
+  StepResult step(double lr);
+  // Updates applied so far (skipped steps do not count): PyTorch's `step` state.
+  int64_t updates() const { return updates_; }
+  // fp16 only (null otherwise): multiply the loss gradient by loss_scaler()->scale().
+  DynamicLossScaler* loss_scaler() { return scaler_.get(); }
+  // Bytes of optimizer state this object allocated: fp32 main params (low precision only),
+  // exp_avg and exp_avg_sq.
+  std::size_t state_bytes() const;
+  const Tensor& exp_avg() const { return exp_avg_; }
+  const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  const Tensor& main_params() const { return main_; }  // undefined for fp32 (params updated in place)
+
+ protected:
+  // One contiguous range the update touches: a whole parameter (AdamW) or the part of one that
+  // lies in this rank's shard (DistributedOptimizer).
+  struct Slot {
+    Parameter* param = nullptr;
+    Tensor grad;                  // fp32 [n]
+    Tensor main;                  // fp32 [n], updated in place (the parameters themselves for fp32)
+    Tensor target;                // [n] low-precision parameters to write back to; undefined: none
+    DType round_to = DType::F32;  // target is fp32 but must hold values of this precision
+    Tensor exp_avg, exp_avg_sq;
+    float weight_decay = 0.0f;
+  };
+  Optimizer(const OptimizerConfig& config, Precision precision, OptimizerGroups groups, bool sharded);
+  // Allocates main (if needed), exp_avg and exp_avg_sq of `numel` elements.
+  void allocate_state(int64_t numel, bool need_main);
+  Slot make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target, int64_t state_offset);
+  // After the slots are updated and written back (e.g. widen, all-gather).
+  virtual void after_update() {}
+
+  OptimizerConfig config_;
+  Precision precision_;
+  OptimizerGroups groups_;
+  bool sharded_;  // gradients are dp shards: the norm and overflow check also sum over dp
+  std::vector<Slot> slots_;
+  Tensor main_, exp_avg_, exp_avg_sq_;
+  std::unique_ptr<DynamicLossScaler> scaler_;
+  int64_t updates_ = 0;
+};
+
+class AdamW : public Optimizer {
+ public:
+  // Over the Parameters as they are (no DDP). bf16/fp16: fp32 main copies here, and the Parameter
+  // values (fp32 storage) are rounded to that precision after every update.
+  AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& config, Precision precision,
+        OptimizerGroups groups = {});
+  // Over a DDP replica with all-reduced gradients (DataParallelOptions::distributed_optimizer off).
+  AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups);
+
+ private:
+  void after_update() override;
+  DataParallel* ddp_ = nullptr;
+};
+
+class DistributedOptimizer : public Optimizer {
+ public:
+  // `ddp` must use the distributed optimizer layout (reduce-scattered gradients).
+  DistributedOptimizer(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups);
+
+ private:
+  void after_update() override;
+  DataParallel& ddp_;
+};
+
+}  // namespace parallel

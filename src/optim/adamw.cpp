@@ -1,0 +1,186 @@
+// The optimizer step shared by AdamW and the distributed optimizer (unscale / overflow check, global
+// norm, clip, PyTorch's AdamW update, write-back), and AdamW's set-up over all parameters.
+#include <cmath>
+
+#include "parallel/grad_norm.hpp"
+#include "parallel/ops.hpp"
+#include "parallel/optimizer.hpp"
+#include "parallel/parallel_state.hpp"
+
+namespace parallel {
+namespace {
+
+// Rounds fp32 values in place to the nearest value of `dtype` (bf16/fp16 emulated in fp32 storage).
+void round_in_place(Tensor& t, DType dtype) {
+  float* x = t.data<float>();
+  const int64_t n = t.numel();
+  if (dtype == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+  } else if (dtype == DType::F16) {
+    for (int64_t i = 0; i < n; ++i) x[i] = f16_to_float(float_to_f16(x[i]));
+  }
+}
+
+DType low_dtype(Precision p) {
+  return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
+}
+
+}  // namespace
+
+OptimizerGroups OptimizerGroups::from(ParallelState& state) {
+  OptimizerGroups g;
+  g.model = &state.model();
+  g.dp = &state.dp();
+  g.tp_rank = state.coord().tp;
+  g.first_pipeline_stage = state.is_first_stage();
+  return g;
+}
+
+Optimizer::Optimizer(const OptimizerConfig& config, Precision precision, OptimizerGroups groups, bool sharded)
+    : config_(config), precision_(precision), groups_(groups), sharded_(sharded) {
+  if (precision == Precision::FP16)
+    scaler_ = std::make_unique<DynamicLossScaler>(config.initial_loss_scale, config.loss_scale_window);
+}
+
+void Optimizer::allocate_state(int64_t numel, bool need_main) {
+  if (need_main) main_ = Tensor::zeros({numel}, DType::F32);
+  exp_avg_ = Tensor::zeros({numel}, DType::F32);
+  exp_avg_sq_ = Tensor::zeros({numel}, DType::F32);
+}
+
+std::size_t Optimizer::state_bytes() const {
+  std::size_t bytes = exp_avg_.nbytes() + exp_avg_sq_.nbytes();
+  if (main_.defined()) bytes += main_.nbytes();
+  return bytes;
+}
+
+Optimizer::Slot Optimizer::make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target,
+                                     int64_t state_offset) {
+  Slot s;
+  const int64_t n = grad.numel();
+  s.param = p;
+  s.grad = grad;
+  s.main = main;
+  s.target = target;
+  s.exp_avg = exp_avg_.narrow(0, state_offset, n);
+  s.exp_avg_sq = exp_avg_sq_.narrow(0, state_offset, n);
+  // Megatron (and GPT practice): no decay for biases and norm weights, i.e. anything 1-D.
+  s.weight_decay = p->global_shape.size() >= 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
+  return s;
+}
+
+StepResult Optimizer::step(double lr) {
+  StepResult r;
+  Communicator* dp = sharded_ ? groups_.dp : nullptr;
+  if (scaler_) {
+    r.loss_scale = scaler_->scale();
+    const float inv = static_cast<float>(1.0 / scaler_->scale());
+    bool overflow = false;
+    for (Slot& s : slots_) {
+      ops::scale_(s.grad, inv);
+      overflow = overflow || has_inf_or_nan(s.grad);
+    }
+    // Every rank must make the same decision: one overflowing shard or stage skips the step.
+    Tensor flag = Tensor::full({1}, overflow ? 1.0 : 0.0, DType::F32);
+    if (groups_.model != nullptr && groups_.model->size() > 1) groups_.model->all_reduce(flag, ReduceOp::Max);
+    if (groups_.dp != nullptr && groups_.dp->size() > 1) groups_.dp->all_reduce(flag, ReduceOp::Max);
+    overflow = flag.to_float_vector()[0] != 0.0f;
+    scaler_->update(overflow);
+    if (overflow) {
+      r.skipped = true;
+      return r;
+    }
+  }
+
+  double local_sq = 0.0;
+  for (const Slot& s : slots_)
+    if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage))
+      local_sq += ops::sum_of_squares(s.grad);
+  r.grad_norm = reduce_grad_norm(local_sq, groups_.model, dp);
+  r.clip_coef = clip_coefficient(r.grad_norm, config_.clip_grad);
+
+  ++updates_;
+  // torch.optim.AdamW (single-tensor path), operation for operation.
+  const double b1 = config_.beta1, b2 = config_.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(updates_));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(updates_)));
+  const float step_size = static_cast<float>(lr / bc1), bc2s = static_cast<float>(bc2_sqrt);
+  const float fb1 = static_cast<float>(b1), fb2 = static_cast<float>(b2);
+  const float a1 = static_cast<float>(1.0 - b1), a2 = static_cast<float>(1.0 - b2);
+  const float eps = static_cast<float>(config_.eps), clip = static_cast<float>(r.clip_coef);
+  for (Slot& s : slots_) {
+    const int64_t n = s.grad.numel();
+    const float decay = static_cast<float>(1.0 - lr * s.weight_decay);
+    const float* g = s.grad.data<float>();
+    float* p = s.main.data<float>();
+    float* m = s.exp_avg.data<float>();
+    float* v = s.exp_avg_sq.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = clip == 1.0f ? g[i] : g[i] * clip;
+      p[i] *= decay;
+      m[i] = m[i] * fb1 + gi * a1;
+      v[i] = v[i] * fb2 + gi * gi * a2;
+      const float denom = std::sqrt(v[i]) / bc2s + eps;
+      p[i] += -step_size * (m[i] / denom);
+    }
+    if (s.target.defined()) s.target.copy_(s.main);
+    if (s.round_to != DType::F32) round_in_place(s.target, s.round_to);
+  }
+  after_update();
+  return r;
+}
+
+AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& config, Precision precision,
+             OptimizerGroups groups)
+    : Optimizer(config, precision, groups, /*sharded=*/false) {
+  int64_t total = 0;
+  for (Parameter* p : params) total += p->numel();
+  const bool low = precision != Precision::FP32;
+  allocate_state(total, low);
+  int64_t offset = 0;
+  for (Parameter* p : params) {
+    PARALLEL_CHECK(p->value.is_contiguous() && p->grad.is_contiguous() && p->value.dtype() == DType::F32,
+                   "AdamW: {} must be contiguous fp32", p->name);
+    const int64_t n = p->numel();
+    Tensor value = p->value.flatten();
+    Slot s;
+    if (low) {
+      // The model's values start at the low precision too, so both sides agree from step 0.
+      round_in_place(value, low_dtype(precision));
+      Tensor main = main_.narrow(0, offset, n);
+      main.copy_(value);
+      s = make_slot(p, p->grad.flatten(), main, value, offset);
+      s.round_to = low_dtype(precision);
+    } else {
+      s = make_slot(p, p->grad.flatten(), value, Tensor(), offset);
+    }
+    slots_.push_back(std::move(s));
+    offset += n;
+  }
+}
+
+AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups)
+    : Optimizer(config, ddp.options().precision, groups, /*sharded=*/false), ddp_(&ddp) {
+  PARALLEL_CHECK(!ddp.options().distributed_optimizer,
+                 "AdamW: this DDP reduce-scatters gradients; use DistributedOptimizer with it");
+  ParamAndGradBuffer& buf = ddp.buffer();
+  const bool low = buf.has_working_copy();
+  allocate_state(buf.numel(), low);
+  if (low) main_.copy_(buf.working_data());
+  for (Parameter* p : buf.params()) {
+    const int64_t off = buf.offset_of(p), n = p->numel();
+    Tensor grad = buf.grad_data().narrow(0, off, n);
+    if (low) {
+      slots_.push_back(make_slot(p, grad, main_.narrow(0, off, n), buf.param_data().narrow(0, off, n), off));
+    } else {
+      slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor(), off));
+    }
+  }
+}
+
+void AdamW::after_update() {
+  // The model computes on the fp32 working copy of the low-precision parameters.
+  if (ddp_ != nullptr) ddp_->buffer().refresh_working(0, ddp_->buffer().numel());
+}
+
+}  // namespace parallel

@@ -1,0 +1,132 @@
+// ParamAndGradBuffer: layout (reverse registration order, fused units kept whole, buckets, the
+// distributed optimizer's alignment and padding) and re-binding of the Parameters into it.
+#include "parallel/grad_buffer.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <unordered_set>
+
+namespace parallel {
+namespace {
+
+int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Parameters that share one value storage (a fused layer's parts), sorted by where they sit in it.
+// They must be back to back: the layer's fused operand is one view spanning them.
+std::vector<std::vector<Parameter*>> fused_units(const std::vector<Parameter*>& params) {
+  std::vector<std::vector<Parameter*>> units;
+  std::unordered_map<const Storage*, std::size_t> unit_of;
+  for (Parameter* p : params) {
+    const Storage* s = p->value.storage().get();
+    auto [it, fresh] = unit_of.try_emplace(s, units.size());
+    if (fresh) units.emplace_back();
+    units[it->second].push_back(p);
+  }
+  for (auto& unit : units) {
+    std::stable_sort(unit.begin(), unit.end(), [](const Parameter* a, const Parameter* b) {
+      return a->value.storage_offset() < b->value.storage_offset();
+    });
+    for (std::size_t i = 1; i < unit.size(); ++i) {
+      const Tensor& prev = unit[i - 1]->value;
+      PARALLEL_CHECK(unit[i]->value.storage_offset() == prev.storage_offset() + prev.numel(),
+                     "ParamAndGradBuffer: {} shares storage with {} but is not adjacent to it", unit[i]->name,
+                     unit[i - 1]->name);
+    }
+  }
+  return units;
+}
+
+}  // namespace
+
+int64_t default_bucket_size(int data_parallel_size) {
+  return std::max<int64_t>(40'000'000, int64_t{1'000'000} * data_parallel_size);
+}
+
+ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<Parameter*>& params_in, BufferOptions options)
+    : options_(options) {
+  PARALLEL_CHECK(options_.data_parallel_size >= 1, "ParamAndGradBuffer: dp size {} < 1",
+                 options_.data_parallel_size);
+  PARALLEL_CHECK(options_.param_dtype == DType::F32 || options_.param_dtype == DType::BF16 ||
+                     options_.param_dtype == DType::F16,
+                 "ParamAndGradBuffer: parameter dtype {} is not fp32, bf16 or fp16",
+                 dtype_name(options_.param_dtype));
+  if (options_.bucket_size <= 0) options_.bucket_size = default_bucket_size(options_.data_parallel_size);
+
+  std::vector<Parameter*> params;
+  std::unordered_set<const Parameter*> seen;
+  for (Parameter* p : params_in)
+    if (seen.insert(p).second) params.push_back(p);
+  PARALLEL_CHECK(!params.empty(), "ParamAndGradBuffer: no parameters");
+  const Device device = params.front()->value.device();
+  for (Parameter* p : params)
+    PARALLEL_CHECK(p->value.dtype() == DType::F32 && p->grad.dtype() == DType::F32 &&
+                       p->value.is_contiguous() && p->grad.is_contiguous() && p->value.device() == device,
+                   "ParamAndGradBuffer: {} must be contiguous fp32 on {}", p->name, device.str());
+
+  // Backward produces gradients roughly in reverse registration order: laying the buffer out that
+  // way lets the first buckets complete (and start reducing) while the backward is still running.
+  auto units = fused_units(params);
+  std::reverse(units.begin(), units.end());
+
+  const bool dist = options_.distributed_optimizer;
+  const int64_t bucket_multiple = dist ? std::lcm<int64_t>(options_.data_parallel_size, 128) : 1;
+  int64_t offset = 0, bucket_start = 0;
+  Bucket current;
+  auto close_bucket = [&] {
+    const int64_t end = round_up(offset, bucket_multiple);
+    current.index = static_cast<int>(buckets_.size());
+    current.offset = bucket_start;
+    current.numel = end - bucket_start;
+    buckets_.push_back(std::move(current));
+    current = Bucket();
+    offset = bucket_start = end;
+  };
+  for (const auto& unit : units) {
+    // Alignment keeps every shard boundary-friendly for vectorised kernels (Megatron: 64 elements).
+    if (dist) offset = round_up(offset, 64);
+    for (Parameter* p : unit) {
+      index_[p] = {offset, static_cast<int>(buckets_.size())};
+      layout_.push_back(p);
+      current.params.push_back(p);
+      offset += p->numel();
+      numel_unpadded_ += p->numel();
+    }
+    // Units are never split: a bucket closes once it has reached the size.
+    if (offset - bucket_start >= options_.bucket_size) close_bucket();
+  }
+  if (!current.params.empty()) close_bucket();
+  numel_ = offset;
+
+  params_ = Tensor::zeros({numel_}, options_.param_dtype, device);
+  grads_ = Tensor::zeros({numel_}, DType::F32, device);
+  working_ = has_working_copy() ? Tensor::zeros({numel_}, DType::F32, device) : params_;
+  for (Parameter* p : layout_) {
+    const int64_t off = index_[p].offset, n = p->numel();
+    Tensor work = working_.narrow(0, off, n);
+    work.copy_(p->value.flatten());
+    if (has_working_copy()) {
+      // Round into the low-precision parameters; the model then sees exactly those values.
+      Tensor low = params_.narrow(0, off, n);
+      low.copy_(work);
+      work.copy_(low);
+    }
+    Tensor grad = grads_.narrow(0, off, n);
+    grad.copy_(p->grad.flatten());
+    const Shape shape = p->value.shape();
+    p->value = work.view(shape);
+    p->grad = grad.view(shape);
+  }
+  for (Bucket& b : buckets_) {
+    b.params_view = params_.narrow(0, b.offset, b.numel);
+    b.grads_view = grads_.narrow(0, b.offset, b.numel);
+    b.working_view = working_.narrow(0, b.offset, b.numel);
+  }
+}
+
+void ParamAndGradBuffer::refresh_working(int64_t offset, int64_t numel) {
+  if (!has_working_copy() || numel == 0) return;
+  Tensor dst = working_.narrow(0, offset, numel);
+  dst.copy_(params_.narrow(0, offset, numel));
+}
+
+}  // namespace parallel

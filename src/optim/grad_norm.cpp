@@ -1,0 +1,28 @@
+// Global gradient norm and clip coefficient.
+#include "parallel/grad_norm.hpp"
+
+#include <cmath>
+
+namespace parallel {
+
+bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pipeline_stage) {
+  if (param.is_replicated_over_tp() && tp_rank != 0) return false;
+  if (param.shared_across_pipeline && !first_pipeline_stage) return false;
+  return true;
+}
+
+double reduce_grad_norm(double local_sum_of_squares, Communicator* model, Communicator* dp) {
+  // The collectives carry fp32: plenty for a sum of squares that is then square-rooted.
+  Tensor total = Tensor::full({1}, local_sum_of_squares, DType::F32);
+  if (model != nullptr && model->size() > 1) model->all_reduce(total, ReduceOp::Sum);
+  if (dp != nullptr && dp->size() > 1) dp->all_reduce(total, ReduceOp::Sum);
+  return std::sqrt(static_cast<double>(total.to_float_vector()[0]));
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coeff = max_norm / (norm + 1e-6);
+  return coeff < 1.0 ? coeff : 1.0;
+}
+
+}  // namespace parallel

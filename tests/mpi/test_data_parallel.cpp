@@ -1,0 +1,306 @@
+// Data parallelism and the optimizers under mpirun (world 1, 2, 4):
+//   - parity: dp = world (plain AdamW / distributed optimizer, with and without overlapped
+//     gradient reduction and parameter all-gather) and tp = 2 x dp = 2 (world 4) train a small GPT
+//     for 5 steps and end with the same parameters (relative <= 1e-5) as one rank that runs the whole
+//     global batch as accumulated micro-batches, in-process on a size-1 communicator, with gradient
+//     clipping active. dp rank d takes samples [d G/dp, (d+1) G/dp) of each global batch.
+//   - re-binding: after ParamAndGradBuffer makes every Parameter a view into its buffers (fused q/k/v
+//     and gate/up included) the model computes exactly what it did, and reads the buffer.
+//   - overlap: with small buckets, >= 2 buckets' reductions start before the last layer's backward
+//     has finished.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "mpi_test.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/gpt_model.hpp"
+#include "parallel/lr_schedule.hpp"
+#include "parallel/ops.hpp"
+#include "parallel/optimizer.hpp"
+#include "parallel/parallel_state.hpp"
+#include "parallel/tensor_parallel.hpp"
+
+namespace parallel {
+namespace {
+
+using testing::world;
+constexpr double kTol = 1e-5;
+constexpr int kGlobalBatch = 8;  // sequences per step; micro-batches of one sequence
+constexpr int kSteps = 5;
+
+double rel_err(const Tensor& a, const Tensor& b) {
+  const auto va = a.contiguous().to_float_vector(), vb = b.contiguous().to_float_vector();
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(vb[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (float x : t.contiguous().to_float_vector()) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 8;
+  c.num_query_groups = 4;
+  c.normalization = Normalization::RMSNorm;
+  c.activation = Activation::SwiGLU;  // fused gate|up as well as fused q|k|v
+  c.position_embedding = PositionEmbedding::Rope;
+  c.vocab_size = 256;  // a multiple of 128 * tp for tp = 1, 2: no padding differences
+  c.seq_length = 16;
+  c.add_bias = true;
+  c.tie_embeddings = true;
+  c.init_std = 0.1;
+  return c;
+}
+
+// Sample `i` of step `step`: tokens and next-token targets [1, s].
+std::pair<Tensor, Tensor> sample(const ModelConfig& c, int step, int i) {
+  std::vector<int32_t> ids(static_cast<std::size_t>(c.seq_length + 1));
+  for (std::size_t j = 0; j < ids.size(); ++j)
+    ids[j] = static_cast<int32_t>((j * 97 + static_cast<std::size_t>(i) * 131 +
+                                   static_cast<std::size_t>(step) * 71 + (j * j * 13) % 29 + 7) %
+                                  static_cast<std::size_t>(c.vocab_size));
+  std::vector<int32_t> in(ids.begin(), ids.end() - 1), out(ids.begin() + 1, ids.end());
+  return {Tensor::from_vector(in, {1, c.seq_length}), Tensor::from_vector(out, {1, c.seq_length})};
+}
+
+OptimizerConfig optimizer_config() {
+  OptimizerConfig o;
+  o.lr = 2e-3;
+  o.min_lr = 2e-4;
+  o.warmup_steps = 1;
+  o.lr_decay = LrDecay::Cosine;
+  o.weight_decay = 0.1;
+  o.clip_grad = 0.05;  // below the gradient norm of every step: clipping is active
+  return o;
+}
+
+// One rank, the whole global batch as accumulated micro-batches; returns each step's result.
+std::vector<StepResult> train_reference(GPTModel& model, const ModelConfig& c) {
+  const OptimizerConfig oc = optimizer_config();
+  AdamW opt(model.parameters(), oc, Precision::FP32);
+  LrSchedule schedule(oc, kSteps);
+  std::vector<StepResult> results;
+  const Tensor seed = Tensor::full({1}, 1.0 / (kGlobalBatch * c.seq_length), DType::F32);
+  for (int step = 0; step < kSteps; ++step) {
+    zero_grads(model.parameters());
+    for (int i = 0; i < kGlobalBatch; ++i) {
+      auto [tokens, targets] = sample(c, step, i);
+      auto act = model.new_activations();
+      model.forward(tokens, targets, *act, static_cast<uint64_t>(i));
+      model.backward(seed, *act);
+    }
+    results.push_back(opt.step(schedule.lr(step)));
+  }
+  return results;
+}
+
+struct Layout {
+  const char* label;
+  int tp;
+  bool distributed, overlap_grad, overlap_param;
+  Precision precision = Precision::FP32;
+};
+void PrintTo(const Layout& s, std::ostream* os) { *os << s.label; }
+
+class DataParallelParity : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
+  const Layout setup = GetParam();
+  if (world().size() % setup.tp != 0) GTEST_SKIP() << "world not divisible by tp";
+  ParallelState state(world(), RankGrid::from_world(world().size(), setup.tp, 1));
+  const int dp = state.dp().size(), d = state.coord().dp;
+  const ModelConfig c = small_config();
+  const GPTChunkSpec whole{0, c.num_layers, true, true};
+
+  auto solo = world().split(world().rank(), 0);
+  GPTModel ref(c, whole, {.seed = 11}, *solo);
+  const auto ref_results = train_reference(ref, c);
+  for (const StepResult& r : ref_results) ASSERT_LT(r.clip_coef, 1.0) << "clipping must be active";
+
+  GPTModel model(c, whole, {.seed = 11}, state.tp());
+  OptimizerConfig oc = optimizer_config();
+  oc.distributed = setup.distributed;
+  oc.overlap_grad_reduce = setup.overlap_grad;
+  oc.overlap_param_gather = setup.overlap_param;
+  oc.bucket_size = 20000;  // several buckets
+  DataParallel ddp({&model}, state.dp(), DataParallelOptions::from(oc, setup.precision));
+  ASSERT_GT(ddp.buffer().buckets().size(), 2u);
+  std::unique_ptr<Optimizer> opt;
+  if (setup.distributed)
+    opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups::from(state));
+  else
+    opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups::from(state));
+  LrSchedule schedule(oc, kSteps);
+  const int local = kGlobalBatch / dp;
+  const Tensor seed = Tensor::full({1}, 1.0 / (local * c.seq_length), DType::F32);
+  for (int step = 0; step < kSteps; ++step) {
+    ddp.zero_grad();
+    for (int m = 0; m < local; ++m) {
+      const int i = d * local + m;
+      auto [tokens, targets] = sample(c, step, i);
+      ddp.set_is_last_microbatch(m == local - 1);
+      auto act = model.new_activations();
+      model.forward(tokens, targets, *act, static_cast<uint64_t>(i));
+      model.backward(seed, *act);
+    }
+    ddp.finish_grad_sync();
+    tp::reduce_sequence_parallel_grads(model.parameters(), state.tp());
+    const StepResult r = opt->step(schedule.lr(step));
+    EXPECT_NEAR(r.grad_norm, ref_results[step].grad_norm, 1e-5 * ref_results[step].grad_norm)
+        << "step " << step;
+    EXPECT_NEAR(r.clip_coef, ref_results[step].clip_coef, 1e-5 * ref_results[step].clip_coef);
+  }
+  ddp.finish_param_gather();
+
+  std::map<std::string, Parameter*> by_name;
+  for (Parameter* p : ref.parameters()) by_name[p->name] = p;
+  for (Parameter* p : model.parameters()) {
+    ASSERT_TRUE(by_name.count(p->name)) << p->name;
+    const Parameter& r = *by_name[p->name];
+    const Tensor expected = p->partition_dim < 0 ? r.value
+                                                 : r.value.narrow(p->partition_dim, p->partition_offset,
+                                                                  p->value.size(p->partition_dim));
+    if (p->name.ends_with("attention.key.bias")) {
+      // Adding bk to every key barely moves softmax (exactly not at all without rope): its gradient
+      // is near rounding noise, which Adam normalises into lr-sized steps of either sign. Judge its
+      // error against the weights' scale (init std 0.1) instead of its own tiny values.
+      const double diff = rel_err(p->value, expected) * max_abs(expected);
+      EXPECT_LE(diff, kTol * c.init_std) << p->name << " on rank " << world().rank();
+      continue;
+    }
+    EXPECT_LE(rel_err(p->value, expected), kTol) << p->name << " on rank " << world().rank();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelParity,
+                         ::testing::Values(Layout{"AdamW", 1, false, false, false},
+                                           Layout{"AdamWOverlap", 1, false, true, false},
+                                           Layout{"Distributed", 1, true, false, false},
+                                           Layout{"DistributedOverlap", 1, true, true, true},
+                                           Layout{"Tp2AdamW", 2, false, true, false},
+                                           Layout{"Tp2Distributed", 2, true, true, true}),
+                         [](const auto& info) { return std::string(info.param.label); });
+
+// ---- re-binding into the buffers ------------------------------------------------------------------
+
+float loss_and_grads(GPTModel& model, const ModelConfig& c) {
+  auto [tokens, targets] = sample(c, 0, 0);
+  auto act = model.new_activations();
+  const float loss = model.forward(tokens, targets, *act).to_float_vector()[0];
+  model.backward(Tensor::full({1}, 1.0, DType::F32), *act);
+  return loss;
+}
+
+TEST(ParamAndGradBuffer, ModelComputesTheSameAfterRebinding) {
+  auto solo = world().split(world().rank(), 0);
+  const ModelConfig c = small_config();
+  GPTModel plain(c, {0, c.num_layers, true, true}, {.seed = 5}, *solo);
+  GPTModel bound(c, {0, c.num_layers, true, true}, {.seed = 5}, *solo);
+  DataParallelOptions o;
+  o.distributed_optimizer = true;  // the 64-element alignment too
+  o.bucket_size = 10000;
+  DataParallel ddp({&bound}, *solo, o);
+  ParamAndGradBuffer& buf = ddp.buffer();
+  for (Parameter* p : bound.parameters()) {
+    EXPECT_EQ(p->value.storage(), buf.param_data().storage()) << p->name;
+    EXPECT_EQ(p->grad.storage(), buf.grad_data().storage()) << p->name;
+  }
+  // Reverse registration order: the word embedding (registered first) sits last.
+  EXPECT_EQ(buf.params().back()->name, "embedding.word.weight");
+  EXPECT_EQ(buf.numel() % 128, 0);
+
+  EXPECT_EQ(loss_and_grads(plain, c), loss_and_grads(bound, c));
+  auto plain_params = plain.parameters(), bound_params = bound.parameters();
+  ASSERT_EQ(plain_params.size(), bound_params.size());
+  for (std::size_t i = 0; i < plain_params.size(); ++i) {
+    EXPECT_EQ(plain_params[i]->value.to_float_vector(), bound_params[i]->value.to_float_vector());
+    EXPECT_EQ(plain_params[i]->grad.to_float_vector(), bound_params[i]->grad.to_float_vector())
+        << plain_params[i]->name;
+  }
+  // The layers read the buffer (not a stale copy): change every parameter through the buffer.
+  ops::scale_(buf.param_data(), 0.5f);
+  for (Parameter* p : plain_params) ops::scale_(p->value, 0.5f);
+  zero_grads(plain_params);
+  ddp.zero_grad();
+  EXPECT_EQ(loss_and_grads(plain, c), loss_and_grads(bound, c));
+  for (std::size_t i = 0; i < plain_params.size(); ++i)
+    EXPECT_EQ(plain_params[i]->grad.to_float_vector(), bound_params[i]->grad.to_float_vector())
+        << plain_params[i]->name;
+}
+
+// ---- overlap ----------------------------------------------------------------------------------------
+
+TEST(DataParallelOverlap, EarlyBucketsStartBeforeTheBackwardEnds) {
+  const ModelConfig c = small_config();
+  // The world is the dp group; each replica has tp = 1.
+  auto solo = world().split(world().rank(), 0);
+  GPTModel replica(c, {0, c.num_layers, true, true}, {.seed = 3}, *solo);
+  DataParallelOptions o;
+  o.overlap_grad_reduce = true;
+  o.distributed_optimizer = true;
+  o.bucket_size = 8000;
+  DataParallel ddp({&replica}, world(), o);
+  ddp.set_record_events(true);
+  ddp.zero_grad();
+  ddp.set_is_last_microbatch(true);
+  auto [tokens, targets] = sample(c, 0, world().rank());
+  auto act = replica.new_activations();
+  replica.forward(tokens, targets, *act);
+  replica.backward(Tensor::full({1}, 1.0, DType::F32), *act);
+  ddp.finish_grad_sync();
+
+  const auto& ev = ddp.events();
+  // The last transformer layer to run its backward is layer 0; its parameters become ready when it
+  // has finished.
+  std::size_t layer0_done = ev.size();
+  for (std::size_t i = 0; i < ev.size(); ++i)
+    if (ev[i].kind == DdpEvent::Kind::GradReady && ev[i].param->name.starts_with("layers.0.")) {
+      layer0_done = i;
+      break;
+    }
+  ASSERT_LT(layer0_done, ev.size());
+  int launched_before = 0;
+  for (std::size_t i = 0; i < layer0_done; ++i)
+    launched_before += ev[i].kind == DdpEvent::Kind::ReduceLaunched;
+  EXPECT_GE(launched_before, 2) << "of " << ddp.buffer().buckets().size() << " buckets";
+  for (std::size_t i = 1; i < ev.size(); ++i) EXPECT_LE(ev[i - 1].time, ev[i].time);
+  int launched = 0;
+  for (const DdpEvent& e : ev) launched += e.kind == DdpEvent::Kind::ReduceLaunched;
+  EXPECT_EQ(launched, static_cast<int>(ddp.buffer().buckets().size()));  // each exactly once
+}
+
+TEST(DataParallelOverlap, GradientAfterLaunchIsAnError) {
+  auto solo = world().split(world().rank(), 0);
+  const ModelConfig c = small_config();
+  GPTModel replica(c, {0, c.num_layers, true, true}, {.seed = 3}, *solo);
+  DataParallelOptions o;
+  o.overlap_grad_reduce = true;
+  DataParallel ddp({&replica}, *solo, o);
+  ddp.zero_grad();
+  ddp.set_is_last_microbatch(true);  // twice "last": the second backward would add to reduced grads
+  for (int m = 0; m < 2; ++m) {
+    auto [tokens, targets] = sample(c, 0, m);
+    auto act = replica.new_activations();
+    replica.forward(tokens, targets, *act);
+    if (m == 0)
+      replica.backward(Tensor::full({1}, 1.0, DType::F32), *act);
+    else
+      EXPECT_THROW(replica.backward(Tensor::full({1}, 1.0, DType::F32), *act), Error);
+  }
+}
+
+}  // namespace
+}  // namespace parallel
