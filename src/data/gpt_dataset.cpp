@@ -1,0 +1,306 @@
+// The GPT sample stream: document split, epochs, seeded shuffling, and the layout-independent
+// slicing of global batches into per-rank micro-batches. See gpt_dataset.hpp for the contract.
+#include "parallel/gpt_dataset.hpp"
+
+#include <cmath>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "parallel/config.hpp"
+#include "parallel/error.hpp"
+#include "parallel/indexed_dataset.hpp"
+
+namespace parallel {
+namespace {
+
+// splitmix64's output function. The constants are part of the data order: changing them changes
+// which samples a run (or a resumed run) sees.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t state) : state_(state) {}
+  uint64_t next() {
+    state_ += 0x9E3779B97F4A7C15ull;
+    return mix64(state_);
+  }
+  // Uniform in [0, bound) without modulo bias: reject the lowest 2^64 mod bound raw values.
+  uint64_t below(uint64_t bound) {
+    const uint64_t threshold = (0 - bound) % bound;
+    for (;;) {
+      const uint64_t r = next();
+      if (r >= threshold) return r % bound;
+    }
+  }
+
+ private:
+  uint64_t state_;
+};
+
+class IndexedSource final : public TokenSource {
+ public:
+  explicit IndexedSource(const std::string& prefix) : dataset_(prefix) {}
+  int64_t num_documents() const override { return dataset_.num_documents(); }
+  int64_t document_offset(int64_t d) const override {
+    PARALLEL_CHECK(d >= 0 && d <= num_documents(), "document {} of {}", d, num_documents());
+    // Sequences tile the .bin in order (the reader checks it), so documents are consecutive ranges.
+    return d < num_documents() ? dataset_.document_begin(d) : dataset_.num_elements();
+  }
+  void read(int64_t position, int64_t count, int32_t* out) const override {
+    dataset_.read(position, count, out);
+  }
+  std::string describe() const override { return dataset_.prefix(); }
+
+ private:
+  IndexedDataset dataset_;
+};
+
+class SyntheticSource final : public TokenSource {
+ public:
+  SyntheticSource(int64_t num_tokens, int64_t vocab_size, uint64_t seed, int64_t document_length)
+      : num_tokens_(num_tokens),
+        vocab_size_(vocab_size),
+        seed_(mix64(seed ^ 0xD1B54A32D192ED03ull)),
+        document_length_(document_length) {
+    PARALLEL_CHECK(num_tokens > 0, "synthetic data needs tokens, got {}", num_tokens);
+    PARALLEL_CHECK(vocab_size > 0 && vocab_size <= (int64_t{1} << 31), "synthetic vocabulary size {}",
+                   vocab_size);
+    PARALLEL_CHECK(document_length > 0, "synthetic document length {}", document_length);
+  }
+  int64_t num_documents() const override { return (num_tokens_ + document_length_ - 1) / document_length_; }
+  int64_t document_offset(int64_t d) const override {
+    PARALLEL_CHECK(d >= 0 && d <= num_documents(), "document {} of {}", d, num_documents());
+    return std::min(d * document_length_, num_tokens_);
+  }
+  void read(int64_t position, int64_t count, int32_t* out) const override {
+    PARALLEL_CHECK(position >= 0 && count >= 0 && position <= num_tokens_ - count, "tokens [{}, {}) of {}",
+                   position, position + count, num_tokens_);
+    // A pure function of (seed, position): any reader, in any order, on any layout, sees the same.
+    for (int64_t i = 0; i < count; ++i)
+      out[i] = static_cast<int32_t>(mix64(seed_ + static_cast<uint64_t>(position + i)) %
+                                    static_cast<uint64_t>(vocab_size_));
+  }
+  std::string describe() const override {
+    return fmt::format("synthetic({} tokens, vocab {})", num_tokens_, vocab_size_);
+  }
+
+ private:
+  int64_t num_tokens_;
+  int64_t vocab_size_;
+  uint64_t seed_;
+  int64_t document_length_;
+};
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  const auto last = s.find_last_not_of(" \t");
+  return s.substr(first, last - first + 1);
+}
+
+}  // namespace
+
+std::string data_split_name(DataSplit split) {
+  switch (split) {
+    case DataSplit::Train:
+      return "train";
+    case DataSplit::Valid:
+      return "valid";
+    case DataSplit::Test:
+      return "test";
+  }
+  return "?";
+}
+
+std::array<DocumentRange, 3> split_documents(const std::string& split, int64_t num_documents) {
+  PARALLEL_CHECK(num_documents >= 0, "{} documents", num_documents);
+  std::array<double, 3> weights{0.0, 0.0, 0.0};
+  std::stringstream stream(split);
+  std::string part;
+  std::size_t count = 0;
+  while (std::getline(stream, part, ',')) {
+    if (count == 3)
+      throw Error(fmt::format("data.split = \"{}\": at most three weights (train,valid,test)", split));
+    const std::string text = trim(part);
+    std::size_t used = 0;
+    double value = -1.0;
+    try {
+      value = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (text.empty() || used != text.size() || !(value >= 0.0) || !std::isfinite(value))
+      throw Error(fmt::format("data.split = \"{}\": \"{}\" is not a non-negative number", split, text));
+    weights[count++] = value;
+  }
+  const double sum = weights[0] + weights[1] + weights[2];
+  if (count == 0 || !(sum > 0.0))
+    throw Error(fmt::format("data.split = \"{}\": the weights must sum to more than 0", split));
+  // As Megatron: normalise, accumulate, round each bookend (Python's round: half to even).
+  std::array<DocumentRange, 3> ranges{};
+  double lo = 0.0;
+  for (int k = 0; k < 3; ++k) {
+    const double hi = lo + weights[k] / sum;
+    if (hi > lo) {
+      ranges[k].begin = static_cast<int64_t>(std::nearbyint(lo * static_cast<double>(num_documents)));
+      ranges[k].end = static_cast<int64_t>(std::nearbyint(hi * static_cast<double>(num_documents)));
+      ranges[k].end = std::min(ranges[k].end, num_documents);
+    } else {
+      // Megatron builds no dataset for a zero weight; an empty range says the same.
+      const int64_t at = static_cast<int64_t>(std::nearbyint(lo * static_cast<double>(num_documents)));
+      ranges[k] = {std::min(at, num_documents), std::min(at, num_documents)};
+    }
+    lo = hi;
+  }
+  return ranges;
+}
+
+std::shared_ptr<const TokenSource> open_indexed_source(const std::string& prefix) {
+  return std::make_shared<IndexedSource>(prefix);
+}
+
+std::shared_ptr<const TokenSource> make_synthetic_source(int64_t num_tokens, int64_t vocab_size,
+                                                         uint64_t seed, int64_t document_length) {
+  return std::make_shared<SyntheticSource>(num_tokens, vocab_size, seed, document_length);
+}
+
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, DataSplit split, int64_t epoch) {
+  PARALLEL_CHECK(n >= 0 && epoch >= 0, "permutation of {} for epoch {}", n, epoch);
+  std::vector<int64_t> p(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = i;
+  // Every (seed, split, epoch) has its own stream: valid and test never mirror train's order.
+  SplitMix64 rng(mix64(mix64(mix64(seed) + static_cast<uint64_t>(split)) + static_cast<uint64_t>(epoch)));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i) + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+// The last two epochs' permutations: a global batch can straddle one epoch boundary, and ranks
+// walk forward in step, so two are enough to never recompute in steady state.
+struct GPTDataset::PermutationCache {
+  std::mutex mutex;
+  std::vector<std::pair<int64_t, std::shared_ptr<const std::vector<int64_t>>>> entries;
+
+  std::shared_ptr<const std::vector<int64_t>> get(const GPTDataset& dataset, int64_t epoch) {
+    std::lock_guard lock(mutex);
+    for (const auto& [e, p] : entries)
+      if (e == epoch) return p;
+    auto p = std::make_shared<const std::vector<int64_t>>(
+        epoch_permutation(dataset.samples_per_epoch_, dataset.options_.seed, dataset.split_, epoch));
+    if (entries.size() == 2) entries.erase(entries.begin());
+    entries.emplace_back(epoch, p);
+    return p;
+  }
+};
+
+GPTDataset::GPTDataset(std::shared_ptr<const TokenSource> source, DataSplit split, GPTDatasetOptions options)
+    : source_(std::move(source)),
+      split_(split),
+      options_(std::move(options)),
+      permutations_(std::make_unique<PermutationCache>()) {
+  PARALLEL_CHECK(source_ != nullptr, "no token source");
+  PARALLEL_CHECK(options_.seq_length >= 1, "seq_length {}", options_.seq_length);
+  PARALLEL_CHECK(options_.global_batch_size >= 1 && options_.micro_batch_size >= 1, "batch sizes {} / {}",
+                 options_.global_batch_size, options_.micro_batch_size);
+  documents_ = split_documents(options_.split, source_->num_documents())[static_cast<int>(split)];
+  begin_ = source_->document_offset(documents_.begin);
+  end_ = source_->document_offset(documents_.end);
+  const int64_t tokens = end_ - begin_;
+  samples_per_epoch_ = tokens > 0 ? (tokens - 1) / options_.seq_length : 0;
+  if (samples_per_epoch_ < 1)
+    throw Error(
+        fmt::format("data: the {} split of {} (documents [{}, {}) of {}, data.split \"{}\") has {} tokens; "
+                    "a sample needs seq_length + 1 = {}",
+                    data_split_name(split), source_->describe(), documents_.begin, documents_.end,
+                    source_->num_documents(), options_.split, tokens, options_.seq_length + 1));
+}
+
+GPTDataset::~GPTDataset() = default;
+GPTDataset::GPTDataset(GPTDataset&&) noexcept = default;
+GPTDataset& GPTDataset::operator=(GPTDataset&&) noexcept = default;
+
+int64_t GPTDataset::sample_in_epoch(int64_t n) const {
+  PARALLEL_CHECK(n >= 0, "sample {}", n);
+  const int64_t epoch = n / samples_per_epoch_;
+  const int64_t i = n % samples_per_epoch_;
+  if (!options_.shuffle) return i;
+  return (*permutations_->get(*this, epoch))[static_cast<std::size_t>(i)];
+}
+
+void GPTDataset::sample(int64_t n, int32_t* out) const {
+  const int64_t s = options_.seq_length;
+  source_->read(begin_ + sample_in_epoch(n) * s, s + 1, out);
+}
+
+std::vector<int32_t> GPTDataset::sample(int64_t n) const {
+  std::vector<int32_t> out(static_cast<std::size_t>(options_.seq_length + 1));
+  sample(n, out.data());
+  return out;
+}
+
+int64_t GPTDataset::num_micro_batches(int dp_size) const {
+  const int64_t g = options_.global_batch_size;
+  const int64_t mbs = options_.micro_batch_size;
+  PARALLEL_CHECK(dp_size >= 1 && g % dp_size == 0 && (g / dp_size) % mbs == 0,
+                 "global batch {} does not split into {} data ranks of micro-batches of {}", g, dp_size, mbs);
+  return g / dp_size / mbs;
+}
+
+MicroBatch GPTDataset::micro_batch(int64_t global_batch, int dp_rank, int dp_size,
+                                   int64_t micro_batch) const {
+  const int64_t count = num_micro_batches(dp_size);
+  PARALLEL_CHECK(global_batch >= 0, "global batch {}", global_batch);
+  PARALLEL_CHECK(dp_rank >= 0 && dp_rank < dp_size, "data rank {} of {}", dp_rank, dp_size);
+  PARALLEL_CHECK(micro_batch >= 0 && micro_batch < count, "micro-batch {} of {}", micro_batch, count);
+  const int64_t s = options_.seq_length;
+  const int64_t mbs = options_.micro_batch_size;
+  const int64_t g = options_.global_batch_size;
+  const int64_t first = global_batch * g + dp_rank * (g / dp_size) + micro_batch * mbs;
+
+  MicroBatch batch{Tensor::empty({mbs, s}, DType::I32), Tensor::empty({mbs, s}, DType::I32)};
+  int32_t* tokens = batch.tokens.data<int32_t>();
+  int32_t* targets = batch.targets.data<int32_t>();
+  std::vector<int32_t> row(static_cast<std::size_t>(s + 1));
+  for (int64_t k = 0; k < mbs; ++k) {
+    sample(first + k, row.data());
+    if (options_.vocab_size > 0) {
+      for (int64_t j = 0; j <= s; ++j) {
+        if (row[j] < 0 || row[j] >= options_.vocab_size)
+          throw Error(
+              fmt::format("data: {} has token {} (sample {}, position {}) outside the vocabulary [0, {})",
+                          source_->describe(), row[j], first + k, j, options_.vocab_size));
+      }
+    }
+    std::copy(row.begin(), row.begin() + s, tokens + k * s);
+    std::copy(row.begin() + 1, row.end(), targets + k * s);
+  }
+  return batch;
+}
+
+GPTDataset make_gpt_dataset(const Config& config, DataSplit split) {
+  GPTDatasetOptions options;
+  options.seq_length = config.model.seq_length;
+  options.global_batch_size = config.train.global_batch_size;
+  options.micro_batch_size = config.train.micro_batch_size;
+  options.shuffle = config.data.shuffle;
+  options.seed = config.train.seed;
+  options.split = config.data.split;
+  options.vocab_size = config.model.vocab_size;
+  std::shared_ptr<const TokenSource> source;
+  if (config.data.path == "synthetic") {
+    const int64_t tokens = std::max<int64_t>(int64_t{1} << 24, 2048 * (options.seq_length + 1));
+    source = make_synthetic_source(tokens, config.model.vocab_size, config.train.seed);
+  } else {
+    source = open_indexed_source(config.data.path);
+  }
+  return GPTDataset(std::move(source), split, std::move(options));
+}
+
+}  // namespace parallel
