@@ -8,13 +8,16 @@
 // calls the grad-ready hook after each parameter's last contribution of a backward pass, and only the
 // last micro-batch of a step counts (set_is_last_microbatch(false) before the earlier micro-batches'
 // backward, true before the last one's). finish_grad_sync() launches what has not been launched and
-// waits for everything. Without overlap every reduction happens in finish_grad_sync().
+// waits for everything. Without overlap every reduction happens in finish_grad_sync(). Parameters
+// whose gradients other groups still sum (sequence_parallel_grad, shared_across_pipeline) never
+// start their bucket early: finalize_grads must run first, and the distributed optimizer's shards of
+// a tied embedding differ between the first and last stage, so reducing before finalising is wrong.
 //
 // A training step:
 //   ddp.zero_grad();
 //   for each micro-batch m: ddp.set_is_last_microbatch(m == last); forward; backward;
+//   finalize_grads(params, state);   // tied embeddings over the embedding group, SP norms over tp
 //   ddp.finish_grad_sync();
-//   tp::reduce_sequence_parallel_grads(params, tp);   // (tp > 1 with sequence parallelism)
 //   optimizer.step(lr);                                // all-gathers params (distributed optimizer)
 //   [with overlap_param_gather: ddp.finish_param_gather() before the next forward; zero_grad() does it]
 #include <chrono>

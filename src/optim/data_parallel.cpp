@@ -108,6 +108,10 @@ void DataParallel::on_grad_ready(Parameter& param) {
   if (!options_.overlap_grad_reduce || !is_last_microbatch_) return;
   const Parameter* p = &param;
   if (!buffer_->contains(p)) return;  // not part of this replica (e.g. another DDP's chunk)
+  // Gradients that other groups must still sum (tied embeddings over the embedding group,
+  // sequence-parallel norms over tp: finalize_grads) are not final yet; their buckets are reduced
+  // in finish_grad_sync, which the caller runs after finalize_grads.
+  if (param.sequence_parallel_grad || param.shared_across_pipeline) return;
   record(DdpEvent::Kind::GradReady, -1, p);
   const int b = buffer_->bucket_of(p);
   PARALLEL_CHECK(ready_.insert(p).second,

@@ -156,8 +156,9 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
       model.forward(tokens, targets, *act, static_cast<uint64_t>(i));
       model.backward(seed, *act);
     }
-    ddp.finish_grad_sync();
+    // The order a trainer uses: gradients other groups sum are finalised before the dp reduction.
     tp::reduce_sequence_parallel_grads(model.parameters(), state.tp());
+    ddp.finish_grad_sync();
     const StepResult r = opt->step(schedule.lr(step));
     EXPECT_NEAR(r.grad_norm, ref_results[step].grad_norm, 1e-5 * ref_results[step].grad_norm)
         << "step " << step;
