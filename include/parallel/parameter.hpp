@@ -10,11 +10,11 @@
 namespace parallel {
 
 struct Parameter {
-  std::string name;     // global name, e.g. "layers.3.attention.query.weight" (docs/model.md)
-  Tensor value;         // this rank's slice; may be a view into a larger buffer
-  Tensor grad;          // same shape as value; layers accumulate into it (+=)
-  Shape global_shape;   // shape of the whole parameter across the tensor-parallel group
-  int partition_dim = -1;       // dimension split over tensor parallel ranks; -1: replicated
+  std::string name;              // global name, e.g. "layers.3.attention.query.weight" (docs/model.md)
+  Tensor value;                  // this rank's slice; may be a view into a larger buffer
+  Tensor grad;                   // same shape as value; layers accumulate into it (+=)
+  Shape global_shape;            // shape of the whole parameter across the tensor-parallel group
+  int partition_dim = -1;        // dimension split over tensor parallel ranks; -1: replicated
   int64_t partition_offset = 0;  // start of this slice along partition_dim
   // Replicated over the tensor-parallel group, but each rank sees only its sequence shard's
   // gradient (norms and row-parallel biases under sequence parallelism): the tp group must
@@ -24,6 +24,10 @@ struct Parameter {
   // last stage): its gradients are all-reduced over the embedding group, and it is counted once in
   // the gradient norm.
   bool shared_across_pipeline = false;
+  // Rows of the global tensor that hold real data, or -1 for all. The vocabulary is padded to a
+  // multiple of 128 * tp, so the padded row count depends on the layout; checkpoints store only
+  // these rows, which is what lets a checkpoint load at any tensor-parallel size.
+  int64_t unpadded_rows = -1;
 
   bool is_replicated_over_tp() const { return partition_dim < 0; }
   int64_t numel() const { return value.numel(); }

@@ -1,4 +1,6 @@
 // ShardedTensors from Parameters, and who writes each replicated copy.
+#include <algorithm>
+
 #include "checkpoint/internal.hpp"
 
 namespace parallel::checkpoint {
@@ -13,6 +15,19 @@ bool is_replica_writer(const Parameter& param, const Coord& coord) {
   if (param.shared_across_pipeline && coord.pp != 0) return false;
   return true;
 }
+
+namespace {
+// Drops the vocabulary-padding rows (global rows >= rows) from the tensor's box.
+void clip_to_unpadded_rows(ShardedTensor& t, int64_t rows) {
+  PARALLEL_CHECK(rows <= t.global_shape[0], "checkpoint: '{}' has {} unpadded rows of {}", t.name, rows,
+                 t.global_shape[0]);
+  const int64_t begin = std::min(t.global_offset[0], rows);
+  const int64_t kept = std::min(t.global_offset[0] + t.local.size(0), rows) - begin;
+  t.global_shape[0] = rows;
+  t.global_offset[0] = begin;
+  t.local = t.local.narrow(0, 0, kept);
+}
+}  // namespace
 
 ShardedTensor from_parameter(const Parameter& param, bool replica_writer) {
   PARALLEL_CHECK(param.value.defined(), "checkpoint: parameter '{}' has no value", param.name);
@@ -29,6 +44,7 @@ ShardedTensor from_parameter(const Parameter& param, bool replica_writer) {
   if (param.partition_dim >= 0)
     t.global_offset[static_cast<std::size_t>(param.partition_dim)] = param.partition_offset;
   t.replica_writer = replica_writer;
+  if (param.unpadded_rows >= 0) clip_to_unpadded_rows(t, param.unpadded_rows);
   return t;
 }
 
@@ -42,7 +58,7 @@ ShardedTensor optimizer_state(const Parameter& param, const std::string& state, 
                  shape_str(param.value.shape()));
   ShardedTensor t = from_parameter(param, replica_writer);
   t.name = std::string(kOptimizerPrefix) + state + "." + param.name;
-  t.local = value;
+  t.local = value.narrow(0, 0, t.local.size(0));  // the rows from_parameter kept
   return t;
 }
 

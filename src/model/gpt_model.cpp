@@ -83,6 +83,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
     // Tied weights on a chunk that does not also hold the output layer are kept in sync with the
     // last stage's copy over the embedding group.
     impl_->word->weight.shared_across_pipeline = tied && !spec.post_process;
+    impl_->word->weight.unpadded_rows = config.vocab_size;
     init_normal(impl_->word->weight, options.seed, std);
     if (config.position_embedding == PositionEmbedding::Learned) {
       const int64_t max_pos =
@@ -123,6 +124,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       w.partition_dim = 0;
       w.partition_offset = tp.rank() * rows;
       w.shared_across_pipeline = tied;
+      w.unpadded_rows = config.vocab_size;
       // Same name and seed as the first stage's embedding: the layout-independent init makes the
       // two copies equal without any communication.
       init_normal(w, options.seed, std);

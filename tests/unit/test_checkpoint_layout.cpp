@@ -445,3 +445,32 @@ TEST(StopFlagDeathTest, SecondSigintEndsTheProcess) {
 
 }  // namespace
 }  // namespace parallel
+
+namespace parallel {
+
+// Vocabulary padding depends on the layout (a multiple of 128 * tp), so checkpoints keep only the
+// real rows: a tp=2 slice [256, 512) of a 300-row vocabulary saves rows [256, 300).
+TEST(CheckpointLayout, VocabularyPaddingRowsAreNotSaved) {
+  Parameter p;
+  p.name = "embedding.word.weight";
+  p.value = Tensor::zeros({256, 4}, DType::F32);
+  p.global_shape = {512, 4};
+  p.partition_dim = 0;
+  p.partition_offset = 256;
+  p.unpadded_rows = 300;
+  const checkpoint::ShardedTensor t = checkpoint::from_parameter(p, true);
+  EXPECT_EQ(t.global_shape, (Shape{300, 4}));
+  EXPECT_EQ(t.global_offset, (std::vector<int64_t>{256, 0}));
+  EXPECT_EQ(t.local.shape(), (Shape{44, 4}));
+  EXPECT_EQ(t.local.data_ptr(), p.value.data_ptr());
+  const checkpoint::ShardedTensor s =
+      checkpoint::optimizer_state(p, "exp_avg", Tensor::zeros({256, 4}, DType::F32), true);
+  EXPECT_EQ(s.local.shape(), (Shape{44, 4}));
+
+  p.partition_offset = 384;  // a slice that is all padding (tp = 4 of a 512-row table): empty box
+  const checkpoint::ShardedTensor e = checkpoint::from_parameter(p, true);
+  EXPECT_EQ(e.local.size(0), 0);
+  EXPECT_EQ(e.global_offset[0], 300);
+}
+
+}  // namespace parallel
