@@ -51,7 +51,8 @@ class GPTModel {
   // input: tokens [b, s] int32 on the first chunk, else hidden [s(/tp), b, h] from the previous
   // chunk. targets: [b, s] int32, used on the last chunk. Returns the sum of the b*s token losses
   // ([1] fp32, the same on every tp rank) on the last chunk, else the hidden output.
-  // `micro_batch` only keys the dropout masks.
+  // `micro_batch` only keys the dropout masks: give every micro-batch of a run its own id (the
+  // trainer uses its index among all micro-batches of all global batches), else masks repeat.
   Tensor forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch = 0);
   // grad: on the last chunk a [1] tensor holding d(objective)/d(loss sum) (e.g. 1 / tokens in the
   // global batch), else the gradient of this chunk's output. Accumulates parameter gradients and
@@ -60,6 +61,8 @@ class GPTModel {
   Tensor backward(const Tensor& grad, Activations& act);
 
   std::vector<Parameter*> parameters();
+  // Evaluation mode (false) turns dropout off; training is the default.
+  void set_training(bool training);
   // Called during backward() right after a parameter's last gradient contribution of that call
   // (its gradient is final for this micro-batch), in backward order. Lets a caller such as data
   // parallelism start reducing gradients while the rest of the backward runs. Empty: no calls.

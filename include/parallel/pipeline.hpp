@@ -129,7 +129,12 @@ class GPTPipelineModel final : public PipelineModel {
 
   // Before each executor run: where micro-batch data comes from, and d(objective)/d(loss sum) for
   // the last chunk's backward ([1] fp32, e.g. 1 / tokens in the global batch). Resets loss_sum().
-  void start_step(MicroBatchFn data, Tensor loss_scale);
+  // Micro-batch i of the step reaches the model as id `first_micro_batch_id + i`, which keys its
+  // dropout masks: ids must not repeat over a run.
+  void start_step(MicroBatchFn data, Tensor loss_scale, uint64_t first_micro_batch_id = 0);
+  // Before an executor run of a forward-only schedule (evaluation): dropout off, nothing kept for a
+  // backward; loss_sum() accumulates as in training.
+  void start_forward_only(MicroBatchFn data);
 
   Tensor forward(int chunk, int micro_batch, const Tensor& input) override;
   Tensor backward(int chunk, int micro_batch, const Tensor& grad) override;
@@ -144,6 +149,8 @@ class GPTPipelineModel final : public PipelineModel {
   std::vector<GPTModel*> chunks_;
   MicroBatchFn data_;
   Tensor loss_scale_;
+  uint64_t first_id_ = 0;
+  bool forward_only_ = false;
   double loss_sum_ = 0;
   int peak_live_ = 0;
   std::map<std::pair<int, int>, GPTModel::ActivationsPtr> activations_;  // (chunk, micro-batch)

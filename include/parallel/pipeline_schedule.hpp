@@ -51,6 +51,9 @@ Schedule gpipe(const ScheduleParams& s);          // all forwards, then all back
 Schedule one_f_one_b(const ScheduleParams& s);    // warm-up min(p - r - 1, m), steady 1F1B, cool-down
 Schedule interleaved_one_f_one_b(const ScheduleParams& s);  // Megatron's interleaved 1F1B, v > 1
 
+// Forwards only, micro-batch by micro-batch through every chunk (evaluation).
+Schedule forward_only(const ScheduleParams& s);
+
 // The schedule a config asks for: p == 1 -> no_pipelining, v == 1 -> 1F1B, else interleaved.
 Schedule make_schedule(const ScheduleParams& s);
 

@@ -30,7 +30,7 @@ uint64_t site_offset(const LayerEnv& env, const Tensor& x) {
 }  // namespace
 
 Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, uint64_t micro_batch) {
-  const float p = static_cast<float>(env.config->dropout);
+  const float p = env.training ? static_cast<float>(env.config->dropout) : 0.0f;
   if (p == 0.0f) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::dropout_forward(x, y, p, site_seed(env, where, micro_batch), site_offset(env, x));
@@ -38,7 +38,7 @@ Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, 
 }
 
 Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where, uint64_t micro_batch) {
-  const float p = static_cast<float>(env.config->dropout);
+  const float p = env.training ? static_cast<float>(env.config->dropout) : 0.0f;
   if (p == 0.0f) return dy;
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   ops::dropout_backward(dy, dx, p, site_seed(env, where, micro_batch), site_offset(env, dy));

@@ -151,6 +151,8 @@ std::vector<Parameter*> GPTModel::parameters() {
   return out;
 }
 
+void GPTModel::set_training(bool training) { impl_->env.training = training; }
+
 void GPTModel::set_grad_ready_hook(std::function<void(Parameter&)> hook) {
   impl_->grad_ready = std::move(hook);
 }

@@ -18,6 +18,7 @@ struct LayerEnv {
   bool sequence_parallel = false;  // only meaningful when tp->size() > 1
   uint64_t seed = 0;
   int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
+  bool training = true;  // false: dropout is the identity (evaluation)
   // First sequence position of this rank's activations [s_local, b, h] (its s-shard under sequence
   // parallelism, else 0): dropout masks are keyed by global positions so they do not depend on tp.
   int64_t sequence_offset(int64_t s_local) const {
@@ -71,7 +72,7 @@ class SelfAttention {
 
  private:
   void core_forward(const Tensor& qkv_out, Context& ctx);
-  LayerEnv env_;
+  const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
   int64_t heads_local_, groups_local_;
 };
 
@@ -111,7 +112,7 @@ class TransformerLayer {
 
  private:
   Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core);
-  LayerEnv env_;
+  const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
   int layer_;
   Recompute recompute_;
   Norm norm1_;
@@ -129,7 +130,7 @@ class OutputLayer {
   Tensor backward(const Tensor& dlogits, tp::LinearContext& ctx);
 
  private:
-  LayerEnv env_;
+  const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
   Parameter* weight_;
 };
 

@@ -12,14 +12,23 @@ GPTPipelineModel::GPTPipelineModel(std::vector<GPTModel*> chunks) : chunks_(std:
   for (GPTModel* chunk : chunks_) PARALLEL_CHECK(chunk != nullptr, "GPTPipelineModel: null chunk");
 }
 
-void GPTPipelineModel::start_step(MicroBatchFn data, Tensor loss_scale) {
+void GPTPipelineModel::start_step(MicroBatchFn data, Tensor loss_scale, uint64_t first_micro_batch_id) {
   PARALLEL_CHECK(activations_.empty(),
                  "GPTPipelineModel: {} micro-batches of the last step are still in flight",
                  activations_.size());
   data_ = std::move(data);
   loss_scale_ = std::move(loss_scale);
+  first_id_ = first_micro_batch_id;
+  forward_only_ = false;
+  for (GPTModel* chunk : chunks_) chunk->set_training(true);
   loss_sum_ = 0;
   peak_live_ = 0;
+}
+
+void GPTPipelineModel::start_forward_only(MicroBatchFn data) {
+  start_step(std::move(data), Tensor());
+  forward_only_ = true;
+  for (GPTModel* chunk : chunks_) chunk->set_training(false);
 }
 
 Tensor GPTPipelineModel::forward(int chunk, int micro_batch, const Tensor& input) {
@@ -34,8 +43,9 @@ Tensor GPTPipelineModel::forward(int chunk, int micro_batch, const Tensor& input
   }
   auto act = model.new_activations();
   Tensor out = model.forward(spec.pre_process ? batch.tokens : input, batch.targets, *act,
-                             static_cast<uint64_t>(micro_batch));
+                             first_id_ + static_cast<uint64_t>(micro_batch));
   if (spec.post_process) loss_sum_ += out.to_float_vector()[0];
+  if (forward_only_) return out;  // no backward will come: let the saved activations go now
   const bool fresh = activations_.emplace(std::pair{chunk, micro_batch}, std::move(act)).second;
   PARALLEL_CHECK(fresh, "GPTPipelineModel: second forward of chunk {} micro-batch {}", chunk, micro_batch);
   peak_live_ = std::max(peak_live_, live_activations());

@@ -100,6 +100,17 @@ Schedule gpipe(const ScheduleParams& s) {
   return b.take();
 }
 
+Schedule forward_only(const ScheduleParams& s) {
+  check_common(s, "forward-only");
+  // Micro-batch by micro-batch through this rank's chunks in stage order. Deadlock-free by induction
+  // on (micro-batch, global stage): everything a rank does before a forward has a smaller pair, and
+  // a forward waits only for the same micro-batch's previous stage.
+  Builder b(s);
+  for (int mb = 0; mb < s.micro_batches; ++mb)
+    for (int c = 0; c < s.virtual_stages; ++c) b.forward(c, mb);
+  return b.take();
+}
+
 Schedule one_f_one_b(const ScheduleParams& s) {
   check_common(s, "1F1B");
   if (s.virtual_stages != 1)
