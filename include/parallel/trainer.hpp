@@ -1,0 +1,48 @@
+#pragma once
+// The GPT pretraining loop, composed from the library's orthogonal pieces:
+//
+//   ParallelState      tp / pp / dp groups from the config and the world size
+//   stage_layout       this rank's model chunks (virtual pipeline stages)
+//   GPTModel           each chunk, tensor-parallel inside
+//   PipelineExecutor   the 1F1B / interleaved schedule over real point-to-point messages
+//   DataParallel       gradient buffers and bucketed, overlapped dp reduction
+//   AdamW / DistributedOptimizer, LrSchedule, DynamicLossScaler (fp16)
+//   GPTDataset         the layout-independent sample stream
+//   train_state        resharding checkpoints; metrics: metrics.jsonl and the progress line
+//
+// Data, initial weights and losses do not depend on the parallel layout.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "parallel/config.hpp"
+#include "parallel/metrics.hpp"
+#include "parallel/mpi_communicator.hpp"
+
+namespace parallel {
+
+class Trainer {
+ public:
+  // Collective over `world`: builds the groups, this rank's model chunks, data, DDP and optimizer,
+  // and loads checkpoint.load if set. `config` must have been validated for world.size() ranks.
+  Trainer(const Config& config, MpiCommunicator& world);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains up to train.steps. Evaluates every train.eval_interval steps, saves every
+  // checkpoint.save_interval steps and at the end (when checkpoint.dir is set). On SIGTERM/SIGINT
+  // every rank stops at the same step boundary, saves, and returns. Returns the last step done.
+  int64_t train();
+  // Mean token loss over train.eval_steps global batches of the validation split (dropout off).
+  double evaluate();
+
+  int64_t step() const;                             // optimizer steps done
+  const std::vector<StepMetrics>& history() const;  // metrics of the steps this object trained
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace parallel

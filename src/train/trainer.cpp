@@ -1,0 +1,282 @@
+#include "parallel/trainer.hpp"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "parallel/checkpoint.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/finalize_grads.hpp"
+#include "parallel/gpt_dataset.hpp"
+#include "parallel/gpt_model.hpp"
+#include "parallel/log.hpp"
+#include "parallel/lr_schedule.hpp"
+#include "parallel/optimizer.hpp"
+#include "parallel/parallel_state.hpp"
+#include "parallel/pipeline.hpp"
+#include "parallel/signal_handler.hpp"
+#include "parallel/train_state.hpp"
+
+namespace parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// fp32 multiply-add peak of one core of the build machines (450 GFLOP/s on 2 AVX-512 cores):
+// the CPU default for MFU when train.peak_tflops is not given.
+constexpr double kCpuPeakFlopsPerCore = 225e9;
+
+double peak_flops_per_rank(const TrainConfig& train) {
+  if (train.peak_tflops > 0) return train.peak_tflops * 1e12;
+  return kCpuPeakFlopsPerCore * omp_get_max_threads();
+}
+
+// The DDP bookkeeping the executor must not know about: only the last micro-batch's backward of a
+// chunk makes its gradients final (and may start their bucket's reduction).
+class DataParallelAwareModel final : public pipeline::PipelineModel {
+ public:
+  DataParallelAwareModel(pipeline::GPTPipelineModel& inner, DataParallel& ddp, int micro_batches)
+      : inner_(inner), ddp_(ddp), micro_batches_(micro_batches) {}
+  Tensor forward(int chunk, int micro_batch, const Tensor& input) override {
+    return inner_.forward(chunk, micro_batch, input);
+  }
+  Tensor backward(int chunk, int micro_batch, const Tensor& grad) override {
+    ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    return inner_.backward(chunk, micro_batch, grad);
+  }
+
+ private:
+  pipeline::GPTPipelineModel& inner_;
+  DataParallel& ddp_;
+  int micro_batches_;
+};
+
+}  // namespace
+
+struct Trainer::Impl {
+  Config cfg;
+  Communicator& world;  // the base interface: its calls carry the default arguments
+  std::unique_ptr<ParallelState> state;
+  std::vector<std::unique_ptr<GPTModel>> chunks;
+  std::unique_ptr<pipeline::GPTPipelineModel> model;
+  std::unique_ptr<DataParallel> ddp;
+  std::unique_ptr<Optimizer> optimizer;
+  std::optional<LrSchedule> lr;
+  std::optional<GPTDataset> train_data, valid_data;
+  std::unique_ptr<pipeline::PipelineExecutor> executor, eval_executor;
+  std::unique_ptr<MetricsWriter> metrics;  // rank 0 only
+  StopFlag stop;
+  int64_t step = 0;
+  int micro_batches = 1;  // per data-parallel rank and step
+  double flops_per_token = 0;
+  std::vector<StepMetrics> history;
+
+  Impl(const Config& config, MpiCommunicator& w) : cfg(config), world(w) {}
+
+  int64_t tokens_per_batch() const {
+    return static_cast<int64_t>(cfg.train.global_batch_size) * cfg.model.seq_length;
+  }
+  std::vector<Parameter*> parameters() const { return model->parameters(); }
+
+  // Micro-batch `mb` of global batch `batch` for this data-parallel rank.
+  pipeline::MicroBatchFn data_of(const GPTDataset& data, int64_t batch) const {
+    const int dp_rank = state->coord().dp, dp_size = state->grid().sizes().data;
+    return [&data, batch, dp_rank, dp_size](int mb) {
+      MicroBatch m = data.micro_batch(batch, dp_rank, dp_size, mb);
+      return pipeline::MicroBatch{std::move(m.tokens), std::move(m.targets)};
+    };
+  }
+
+  // The global mean token loss: the last stage's sums (one tp rank each) added over the world.
+  double global_mean_loss() {
+    const bool counts = state->is_last_stage() && state->coord().tp == 0;
+    Tensor sum = Tensor::full({1}, counts ? model->loss_sum() : 0.0, DType::F32);
+    world.all_reduce(sum);
+    return sum.to_float_vector()[0] / static_cast<double>(tokens_per_batch());
+  }
+
+  void save(int64_t at_step) {
+    TrainProgress progress;
+    progress.step = at_step;
+    progress.consumed_samples = at_step * cfg.train.global_batch_size;
+    progress.seed = cfg.train.seed;
+    progress.config_yaml = config_to_yaml(cfg);
+    const std::string dir = save_train_state(cfg.checkpoint.dir, progress, parameters(), optimizer.get(),
+                                             *state, cfg.checkpoint.keep_last);
+    parallel::progress().info("saved checkpoint {}", dir);
+  }
+};
+
+Trainer::Trainer(const Config& config, MpiCommunicator& world)
+    : impl_(std::make_unique<Impl>(config, world)) {
+  Impl& m = *impl_;
+  const Config& c = m.cfg;
+  const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
+  m.state = std::make_unique<ParallelState>(world, grid);
+  const int pp_rank = m.state->coord().pp;
+
+  // This rank's model chunks (one per virtual pipeline stage).
+  const auto specs = pipeline::stage_layout({.num_layers = c.model.num_layers,
+                                             .pipeline_size = c.parallel.pipeline,
+                                             .virtual_stages = c.parallel.virtual_stages,
+                                             .first_stage_layers = c.parallel.first_stage_layers,
+                                             .last_stage_layers = c.parallel.last_stage_layers},
+                                            pp_rank);
+  GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
+                            .recompute = c.train.recompute,
+                            .seed = c.train.seed};
+  std::vector<GPTModel*> raw;
+  for (const GPTChunkSpec& spec : specs) {
+    m.chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, m.state->tp()));
+    raw.push_back(m.chunks.back().get());
+  }
+  m.model = std::make_unique<pipeline::GPTPipelineModel>(raw);
+
+  // Data parallelism owns the parameter and gradient buffers; the optimizer works on them.
+  m.ddp = std::make_unique<DataParallel>(raw, m.state->dp(),
+                                         DataParallelOptions::from(c.optimizer, c.train.precision));
+  const auto groups = OptimizerGroups::from(*m.state);
+  if (c.optimizer.distributed)
+    m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups);
+  else
+    m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups);
+  m.lr.emplace(c.optimizer, c.train.steps);
+
+  m.train_data.emplace(make_gpt_dataset(c, DataSplit::Train));
+  if (c.train.eval_interval > 0) m.valid_data.emplace(make_gpt_dataset(c, DataSplit::Valid));
+
+  const int dp = grid.sizes().data;
+  m.micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
+  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor > 1;
+  pipeline::ExecutorOptions exec;
+  exec.micro_batches = m.micro_batches;
+  exec.virtual_stages = c.parallel.virtual_stages;
+  exec.activation_shape = {c.model.seq_length / (sp ? c.parallel.tensor : 1), c.train.micro_batch_size,
+                           c.model.hidden_size};
+  m.executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
+  exec.schedule = pipeline::forward_only;
+  m.eval_executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
+
+  m.flops_per_token = model_flops_per_token(c.model);
+  if (world.rank() == 0) {
+    std::filesystem::create_directories(c.train.output_dir);
+    std::ofstream(std::filesystem::path(c.train.output_dir) / "config.yaml") << config_to_yaml(c);
+    m.metrics = std::make_unique<MetricsWriter>(
+        (std::filesystem::path(c.train.output_dir) / "metrics.jsonl").string());
+  }
+
+  // Parameter count of the whole model: every element counted once, by the rank that would write it
+  // to a checkpoint, without vocabulary padding.
+  int64_t local = 0;
+  for (Parameter* p : m.parameters())
+    if (checkpoint::is_replica_writer(*p, m.state->coord()))
+      local += checkpoint::from_parameter(*p, true).local.numel();
+  Tensor count = Tensor::full({1}, static_cast<double>(local), DType::F32);
+  m.world.all_reduce(count);
+  progress().info(
+      "GPT: {:.2f}M parameters, {} layers, hidden {}, {} heads; tensor {} x pipeline {} (x{} virtual) x data "
+      "{}; {} micro-batches of {} per rank and step",
+      count.to_float_vector()[0] / 1e6, c.model.num_layers, c.model.hidden_size, c.model.num_attention_heads,
+      c.parallel.tensor, c.parallel.pipeline, c.parallel.virtual_stages, dp, m.micro_batches,
+      c.train.micro_batch_size);
+
+  if (!c.checkpoint.load.empty()) {
+    const LoadResult loaded =
+        load_train_state(c.checkpoint.load, c.checkpoint.dir, m.parameters(), m.optimizer.get(), *m.state);
+    m.step = loaded.progress.step;
+    progress().info(
+        "loaded {} ({}): resuming at step {}", loaded.path,
+        loaded.had_optimizer_state ? "weights and optimizer state" : "weights only, fresh optimizer", m.step);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return impl_->step; }
+const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }
+
+double Trainer::evaluate() {
+  Impl& m = *impl_;
+  PARALLEL_CHECK(m.valid_data.has_value(),
+                 "evaluate: train.eval_interval is 0, so no validation data was opened");
+  double total = 0;
+  for (int i = 0; i < m.cfg.train.eval_steps; ++i) {
+    m.model->start_forward_only(m.data_of(*m.valid_data, i));
+    m.eval_executor->run(*m.model);
+    total += m.global_mean_loss();
+  }
+  return total / m.cfg.train.eval_steps;
+}
+
+int64_t Trainer::train() {
+  Impl& m = *impl_;
+  const Config& c = m.cfg;
+  const int dp_rank = m.state->coord().dp;
+  const int64_t batches_per_step =
+      c.train.global_batch_size / c.train.micro_batch_size;  // global micro-batches
+  const auto run_start = Clock::now();
+  const int64_t first_step = m.step;
+  DataParallelAwareModel driver(*m.model, *m.ddp, m.micro_batches);
+
+  while (m.step < c.train.steps) {
+    const auto start = Clock::now();
+    const int64_t t = m.step;  // 0-based index of this step's global batch
+    m.ddp->zero_grad();
+    const double lr = m.lr->lr(static_cast<int>(t));
+    // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp),
+    // times the fp16 loss scale.
+    const double scale = m.optimizer->loss_scaler() ? m.optimizer->loss_scaler()->scale() : 1.0;
+    const double local_tokens =
+        static_cast<double>(m.micro_batches) * c.train.micro_batch_size * c.model.seq_length;
+    m.model->start_step(m.data_of(*m.train_data, t), Tensor::full({1}, scale / local_tokens, DType::F32),
+                        static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
+    m.executor->run(driver);
+    finalize_grads(m.parameters(), *m.state);
+    m.ddp->finish_grad_sync();
+    const StepResult result = m.optimizer->step(lr);
+    const double loss = m.global_mean_loss();
+    ++m.step;
+
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    StepMetrics s;
+    s.step = m.step;
+    s.loss = loss;
+    s.lr = lr;
+    s.grad_norm = result.grad_norm;
+    s.step_time_ms = seconds * 1e3;
+    s.tokens_per_sec = static_cast<double>(m.tokens_per_batch()) / seconds;
+    s.mfu = m.flops_per_token * s.tokens_per_sec / (peak_flops_per_rank(c.train) * m.world.size());
+    s.skipped = result.skipped;
+    s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
+    m.history.push_back(s);
+
+    const bool log =
+        m.step == first_step + 1 || m.step % c.train.log_interval == 0 || m.step == c.train.steps;
+    if (m.metrics && log) m.metrics->write_train(s);
+    if (log) {
+      const double per_step = std::chrono::duration<double>(Clock::now() - run_start).count() /
+                              static_cast<double>(m.step - first_step);
+      progress().info(
+          "{}", progress_line(s, c.train.steps, per_step * static_cast<double>(c.train.steps - m.step)));
+    }
+    if (c.train.eval_interval > 0 && (m.step % c.train.eval_interval == 0 || m.step == c.train.steps)) {
+      const double eval_loss = evaluate();
+      if (m.metrics) m.metrics->write_eval(m.step, eval_loss);
+      progress().info("step {} | eval loss {:.4f} (ppl {:.2f})", m.step, eval_loss, std::exp(eval_loss));
+    }
+    const bool stopping = should_stop(m.stop, m.world);
+    const bool periodic = c.checkpoint.save_interval > 0 && m.step % c.checkpoint.save_interval == 0;
+    if (!c.checkpoint.dir.empty() && (periodic || stopping || m.step == c.train.steps)) m.save(m.step);
+    if (stopping) {
+      progress().info("stopping at step {} on signal {}", m.step, m.stop.signal());
+      break;
+    }
+  }
+  return m.step;
+}
+
+}  // namespace parallel
