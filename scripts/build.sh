@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Configures and builds libparallel into build/ (or $BUILD_DIR). Extra arguments go to cmake.
-# CUDA is picked up automatically when nvcc is present (PARALLEL_WITH_CUDA=AUTO).
+# Configures and builds libparallel into build/ (or $BUILD_DIR). Extra arguments go to cmake;
+# BUILD_TARGETS="a b" builds only those targets. CUDA is picked up automatically when nvcc is present
+# (PARALLEL_WITH_CUDA=AUTO).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build "$build_dir" -j"$(nproc)"
+targets=()
+for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j"$(nproc)" "${targets[@]}"
