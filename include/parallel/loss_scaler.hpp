@@ -17,6 +17,11 @@ class DynamicLossScaler {
   // found_inf: this step's gradients overflowed somewhere (already agreed across ranks).
   void update(bool found_inf);
   int clean_steps() const { return clean_steps_; }
+  // A resumed run continues with the saved scale and growth countdown (train_state.hpp).
+  void restore(double scale, int clean_steps) {
+    scale_ = scale;
+    clean_steps_ = clean_steps;
+  }
 
  private:
   double scale_, min_scale_, backoff_, growth_;

@@ -59,6 +59,24 @@ class Optimizer {
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
   const Tensor& main_params() const { return main_; }  // undefined for fp32 (params updated in place)
 
+  // ---- checkpointing (train_state.hpp) ----
+  // One contiguous piece of a parameter's state: elements [param_offset, param_offset + n) of the
+  // flattened parameter. The tensors are views into the optimizer's state (writable); `main` is
+  // the parameter itself for fp32.
+  struct StateSlice {
+    Parameter* param = nullptr;
+    int64_t param_offset = 0;
+    Tensor main, exp_avg, exp_avg_sq;
+  };
+  std::vector<StateSlice> state_slices() const;
+  // The DDP whose buffer this optimizer updates; null for AdamW over plain Parameters.
+  virtual DataParallel* data_parallel() { return nullptr; }
+  // A resumed run continues the bias correction where it stopped.
+  void set_updates(int64_t updates) { updates_ = updates; }
+  // Low precision: re-reads the fp32 main params from the low-precision parameters (after new
+  // weights were loaded into them), so the next step starts from those weights. No-op for fp32.
+  void reset_main_from_params();
+
  protected:
   // One contiguous range the update touches: a whole parameter (AdamW) or the part of one that
   // lies in this rank's shard (DistributedOptimizer).
@@ -70,6 +88,7 @@ class Optimizer {
     DType round_to = DType::F32;  // target is fp32 but must hold values of this precision
     Tensor exp_avg, exp_avg_sq;
     float weight_decay = 0.0f;
+    int64_t param_offset = 0;  // where the range starts in the flattened parameter
   };
   Optimizer(const OptimizerConfig& config, Precision precision, OptimizerGroups groups, bool sharded);
   // Allocates main (if needed), exp_avg and exp_avg_sq of `numel` elements.
@@ -96,6 +115,7 @@ class AdamW : public Optimizer {
         OptimizerGroups groups = {});
   // Over a DDP replica with all-reduced gradients (DataParallelOptions::distributed_optimizer off).
   AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups);
+  DataParallel* data_parallel() override { return ddp_; }
 
  private:
   void after_update() override;
@@ -106,6 +126,7 @@ class DistributedOptimizer : public Optimizer {
  public:
   // `ddp` must use the distributed optimizer layout (reduce-scattered gradients).
   DistributedOptimizer(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups);
+  DataParallel* data_parallel() override { return &ddp_; }
 
  private:
   void after_update() override;

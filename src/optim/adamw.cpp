@@ -130,6 +130,22 @@ StepResult Optimizer::step(double lr) {
   return r;
 }
 
+std::vector<Optimizer::StateSlice> Optimizer::state_slices() const {
+  std::vector<StateSlice> out;
+  out.reserve(slots_.size());
+  for (const Slot& s : slots_) out.push_back({s.param, s.param_offset, s.main, s.exp_avg, s.exp_avg_sq});
+  return out;
+}
+
+void Optimizer::reset_main_from_params() {
+  if (!main_.defined()) return;
+  for (Slot& s : slots_) {
+    // Without DDP the target is the fp32 Parameter itself: round it first, as the constructor does.
+    if (s.round_to != DType::F32) round_in_place(s.target, s.round_to);
+    s.main.copy_(s.target);
+  }
+}
+
 AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& config, Precision precision,
              OptimizerGroups groups)
     : Optimizer(config, precision, groups, /*sharded=*/false) {

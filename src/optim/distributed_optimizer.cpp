@@ -36,6 +36,7 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
       } else {
         slots_.push_back(make_slot(p, grad, params, Tensor(), state_off));
       }
+      slots_.back().param_offset = s_lo - p_lo;
     }
     state_base += sh.count;
   }

@@ -1,0 +1,334 @@
+// Training state checkpoints: parameters + optimizer state + progress over checkpoint::save/load.
+#include "parallel/train_state.hpp"
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "parallel/checkpoint.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/error.hpp"
+
+namespace parallel {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kExpAvg = "exp_avg";
+constexpr const char* kExpAvgSq = "exp_avg_sq";
+constexpr const char* kMainParam = "main_param";
+
+// The parameters by name, first occurrence first. A rank may hold two Parameter objects with one
+// name (the tied embedding on the first and last virtual stage of one rank); the checkpoint has
+// one tensor per name, so the first one is saved and loaded and the others copied from it.
+struct NamedParams {
+  std::vector<Parameter*> unique;
+  std::vector<std::pair<Parameter*, Parameter*>> duplicates;  // (copy, the unique one it mirrors)
+};
+
+NamedParams by_name(const std::vector<Parameter*>& params) {
+  NamedParams out;
+  std::unordered_map<std::string, Parameter*> first;
+  for (Parameter* p : params) {
+    PARALLEL_CHECK(p != nullptr, "train state: null parameter");
+    auto [it, fresh] = first.try_emplace(p->name, p);
+    if (fresh) {
+      out.unique.push_back(p);
+    } else if (it->second != p) {
+      PARALLEL_CHECK(it->second->value.shape() == p->value.shape(),
+                     "train state: two parameters named '{}' with different shapes {} and {}", p->name,
+                     shape_str(it->second->value.shape()), shape_str(p->value.shape()));
+      out.duplicates.emplace_back(p, it->second);
+    }
+  }
+  return out;
+}
+
+// The optimizer's state slices grouped by parameter name (every copy of a name: see NamedParams).
+std::map<std::string, std::vector<Optimizer::StateSlice>> slices_by_name(const Optimizer& optimizer) {
+  std::map<std::string, std::vector<Optimizer::StateSlice>> out;
+  for (const Optimizer::StateSlice& s : optimizer.state_slices()) out[s.param->name].push_back(s);
+  return out;
+}
+
+bool has_main_params(const Optimizer& optimizer) { return optimizer.main_params().defined(); }
+
+// The distributed optimizer keeps state only for this rank's shard of each bucket.
+bool is_sharded(Optimizer& optimizer) {
+  DataParallel* ddp = optimizer.data_parallel();
+  return ddp != nullptr && ddp->options().distributed_optimizer;
+}
+
+// One parameter's full local state, shaped like the parameter.
+struct ParamState {
+  Tensor exp_avg, exp_avg_sq, main;  // main undefined for fp32
+};
+
+// Distributed optimizer: every dp rank owns a contiguous shard of each bucket. Each rank scatters
+// its slices into a zeroed buffer-shaped tensor at the parameters' buffer offsets, then every
+// bucket is all-gathered from the owners' shards: all dp ranks end up with the state of every
+// parameter laid out exactly like the parameter buffer. Only the slices and the shard rule are
+// used, not the optimizer's internal flat layout.
+std::vector<Tensor> gather_over_dp(Optimizer& optimizer, int states) {
+  DataParallel& ddp = *optimizer.data_parallel();
+  ParamAndGradBuffer& buf = ddp.buffer();
+  std::vector<Tensor> full;
+  for (int k = 0; k < states; ++k) full.push_back(Tensor::zeros({buf.numel()}, DType::F32));
+  for (const Optimizer::StateSlice& s : optimizer.state_slices()) {
+    const int64_t at = buf.offset_of(s.param) + s.param_offset, n = s.exp_avg.numel();
+    const Tensor* src[3] = {&s.exp_avg, &s.exp_avg_sq, &s.main};
+    for (int k = 0; k < states; ++k) full[k].narrow(0, at, n).copy_(*src[k]);
+  }
+  Communicator& dp = ddp.dp();
+  if (dp.size() == 1) return full;
+  for (const Bucket& b : buf.buckets()) {
+    const BucketShard sh = ddp.shard(b);
+    for (int k = 0; k < states; ++k) {
+      // The shard already sits in its slot of the bucket: an in-place all-gather, as DDP's.
+      const Tensor mine = full[k].narrow(0, b.offset + sh.offset, sh.count).clone();
+      Tensor bucket = full[k].narrow(0, b.offset, b.numel);
+      dp.all_gather(mine, bucket);
+    }
+  }
+  return full;
+}
+
+// Every parameter's full state (collective over dp for the distributed optimizer).
+std::map<std::string, ParamState> full_state(Optimizer& optimizer, const std::vector<Parameter*>& params) {
+  const bool main = has_main_params(optimizer);
+  const int states = main ? 3 : 2;
+  std::map<std::string, ParamState> out;
+  if (is_sharded(optimizer)) {
+    const std::vector<Tensor> full = gather_over_dp(optimizer, states);
+    ParamAndGradBuffer& buf = optimizer.data_parallel()->buffer();
+    for (Parameter* p : params) {
+      PARALLEL_CHECK(buf.contains(p), "save_train_state: parameter '{}' is not in the optimizer's DDP buffer",
+                     p->name);
+      const int64_t at = buf.offset_of(p), n = p->numel();
+      ParamState s;
+      s.exp_avg = full[0].narrow(0, at, n).view(p->value.shape());
+      s.exp_avg_sq = full[1].narrow(0, at, n).view(p->value.shape());
+      if (main) s.main = full[2].narrow(0, at, n).view(p->value.shape());
+      out[p->name] = s;
+    }
+    return out;
+  }
+  const auto slices = slices_by_name(optimizer);
+  for (Parameter* p : params) {
+    auto it = slices.find(p->name);
+    PARALLEL_CHECK(it != slices.end(), "save_train_state: the optimizer does not update parameter '{}'",
+                   p->name);
+    // AdamW: one slice spans the whole parameter (of the copy it updates).
+    const Optimizer::StateSlice& s = it->second.front();
+    PARALLEL_CHECK(s.param_offset == 0 && s.exp_avg.numel() == p->numel(),
+                   "save_train_state: the optimizer holds only part of '{}'", p->name);
+    ParamState st;
+    st.exp_avg = s.exp_avg.view(p->value.shape());
+    st.exp_avg_sq = s.exp_avg_sq.view(p->value.shape());
+    if (main) st.main = s.main.view(p->value.shape());
+    out[p->name] = st;
+  }
+  return out;
+}
+
+std::string layout_json(ParallelState& state, Optimizer* optimizer) {
+  const ParallelSizes& s = state.grid().sizes();
+  json j = {{"tensor", s.tensor}, {"pipeline", s.pipeline}, {"data", s.data}};
+  if (s.context != 1) j["context"] = s.context;
+  if (s.expert != 1) j["expert"] = s.expert;
+  j["optimizer"] = optimizer == nullptr ? "none" : is_sharded(*optimizer) ? "distributed" : "adamw";
+  return j.dump();
+}
+
+// The extras hold everything scalar: the progress, the optimizer's counters and what it saved.
+std::string extras_json(const TrainProgress& progress, Optimizer* optimizer) {
+  json j;
+  j["step"] = progress.step;
+  j["consumed_samples"] = progress.consumed_samples;
+  j["seed"] = progress.seed;
+  j["rng"] = "counter-based (seed, step, micro-batch): no state beyond seed and step";
+  j["config_yaml"] = progress.config_yaml;
+  if (optimizer != nullptr) {
+    DynamicLossScaler* scaler = optimizer->loss_scaler();
+    j["optimizer"] = {
+        {"updates", optimizer->updates()},
+        {"loss_scale", scaler != nullptr ? scaler->scale() : 0.0},
+        {"loss_scale_clean_steps", scaler != nullptr ? scaler->clean_steps() : 0},
+        {"main_params", has_main_params(*optimizer)},
+    };
+  } else {
+    j["optimizer"] = {{"updates", progress.optimizer_updates},
+                      {"loss_scale", progress.loss_scale},
+                      {"loss_scale_clean_steps", progress.loss_scale_clean_steps},
+                      {"main_params", false}};
+  }
+  return j.dump();
+}
+
+// Tolerates missing keys (a checkpoint written by checkpoint::save directly): defaults then.
+TrainProgress progress_from(const std::string& extras, int64_t index_step, bool& main_params) {
+  const json j = json::parse(extras.empty() ? "{}" : extras);
+  TrainProgress p;
+  p.step = j.value("step", index_step);
+  p.consumed_samples = j.value("consumed_samples", int64_t{0});
+  p.seed = j.value("seed", uint64_t{0});
+  // "config" as in the examples of docs/checkpoints.md; converters (HF GPT-2) write "config_yaml".
+  p.config_yaml = j.value("config_yaml", j.value("config", std::string()));
+  main_params = false;
+  if (j.contains("optimizer") && j["optimizer"].is_object()) {
+    const json& o = j["optimizer"];
+    p.optimizer_updates = o.value("updates", int64_t{0});
+    p.loss_scale = o.value("loss_scale", 0.0);
+    p.loss_scale_clean_steps = o.value("loss_scale_clean_steps", int64_t{0});
+    main_params = o.value("main_params", false);
+  }
+  return p;
+}
+
+// With bf16/fp16 DDP the Parameters are views into the fp32 working copy; the low-precision
+// buffer is what the optimizer writes back to and all-gathers, so it must hold the loaded values
+// too (rounded; the working copy then holds exactly the rounded values, as after construction).
+void sync_low_precision_buffer(Optimizer* optimizer) {
+  if (optimizer == nullptr || optimizer->data_parallel() == nullptr) return;
+  ParamAndGradBuffer& buf = optimizer->data_parallel()->buffer();
+  if (!buf.has_working_copy()) return;
+  buf.param_data().copy_(buf.working_data());
+  buf.refresh_working(0, buf.numel());
+}
+
+void finish_pending_gather(Optimizer* optimizer) {
+  if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->finish_param_gather();
+}
+
+}  // namespace
+
+std::string save_train_state(const std::string& root, const TrainProgress& progress,
+                             const std::vector<Parameter*>& params, Optimizer* optimizer,
+                             ParallelState& state, int keep_last) {
+  // With overlap_param_gather the last step's all-gather may still be filling the parameters.
+  finish_pending_gather(optimizer);
+  const NamedParams named = by_name(params);
+  const Coord& coord = state.coord();
+  std::vector<checkpoint::ShardedTensor> tensors;
+  for (Parameter* p : named.unique)
+    tensors.push_back(checkpoint::from_parameter(*p, checkpoint::is_replica_writer(*p, coord)));
+
+  // Kept alive until save() has written them (the gathered state of the distributed optimizer).
+  std::map<std::string, ParamState> states;
+  if (optimizer != nullptr) {
+    states = full_state(*optimizer, named.unique);
+    for (Parameter* p : named.unique) {
+      const ParamState& s = states.at(p->name);
+      // Every dp rank holds the same (gathered) state: the parameter's writer rule applies as is.
+      const bool writer = checkpoint::is_replica_writer(*p, coord);
+      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvg, s.exp_avg, writer));
+      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvgSq, s.exp_avg_sq, writer));
+      if (s.main.defined()) tensors.push_back(checkpoint::optimizer_state(*p, kMainParam, s.main, writer));
+    }
+  }
+  checkpoint::SaveOptions options;
+  options.keep_last = keep_last;
+  options.layout_json = layout_json(state, optimizer);
+  return checkpoint::save(root, progress.step, tensors, extras_json(progress, optimizer), state.world(),
+                          options);
+}
+
+LoadResult load_train_state(const std::string& path, const std::string& default_root,
+                            const std::vector<Parameter*>& params, Optimizer* optimizer,
+                            ParallelState& state) {
+  // A gather still in flight would overwrite the loaded parameters when it lands.
+  finish_pending_gather(optimizer);
+  const NamedParams named = by_name(params);
+  std::vector<checkpoint::ShardedTensor> weights;
+  for (Parameter* p : named.unique) weights.push_back(checkpoint::from_parameter(*p, true));
+  checkpoint::LoadOptions options;
+  options.default_root = default_root;
+  const checkpoint::LoadResult loaded =
+      checkpoint::load(path.empty() ? "latest" : path, weights, state.world(), options);
+
+  LoadResult result;
+  result.path = loaded.step_dir;
+  bool saved_main = false;
+  result.progress = progress_from(loaded.extras_json, loaded.step, saved_main);
+  if (optimizer == nullptr) {
+    for (auto [copy, original] : named.duplicates) copy->value.copy_(original->value);
+    return result;
+  }
+
+  const bool opt_main = has_main_params(*optimizer);
+  std::map<std::string, ParamState> states;
+  if (loaded.has_optimizer_state) {
+    // Each parameter's full local box of state, filled from whatever boxes were saved. Padded
+    // vocabulary rows are not in the checkpoint: their moments stay 0 (they never get a gradient)
+    // and their main params follow the loaded weights.
+    std::vector<checkpoint::ShardedTensor> tensors;
+    for (Parameter* p : named.unique) {
+      ParamState& s = states[p->name];
+      s.exp_avg = Tensor::zeros(p->value.shape(), DType::F32);
+      s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::F32);
+      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvg, s.exp_avg, true));
+      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvgSq, s.exp_avg_sq, true));
+      if (!saved_main) continue;
+      if (opt_main) {
+        s.main = p->value.to(DType::F32).contiguous().clone();
+        tensors.push_back(checkpoint::optimizer_state(*p, kMainParam, s.main, true));
+      } else {
+        // Saved in low precision, resumed in fp32: the fp32 main params are the better weights.
+        tensors.push_back(checkpoint::optimizer_state(*p, kMainParam, p->value, true));
+      }
+    }
+    checkpoint::load(loaded.step_dir, tensors, state.world());
+  }
+  for (auto [copy, original] : named.duplicates) copy->value.copy_(original->value);
+  sync_low_precision_buffer(optimizer);
+  // The main params must follow the loaded weights (or, below, the saved main params): otherwise
+  // the next step would write the optimizer's old weights back over the loaded ones.
+  optimizer->reset_main_from_params();
+
+  auto slices = slices_by_name(*optimizer);
+  // The distributed optimizer holds no state at all for parameters outside this rank's shards.
+  if (!is_sharded(*optimizer))
+    for (Parameter* p : named.unique)
+      PARALLEL_CHECK(slices.count(p->name), "load_train_state: the optimizer does not update parameter '{}'",
+                     p->name);
+  if (!loaded.has_optimizer_state) {
+    // A weights-only checkpoint: start a new run from these weights with a fresh optimizer.
+    for (auto& [name, list] : slices)
+      for (Optimizer::StateSlice& s : list) {
+        s.exp_avg.zero_();
+        s.exp_avg_sq.zero_();
+      }
+    optimizer->set_updates(0);
+    result.progress.step = 0;
+    result.progress.consumed_samples = 0;
+    result.progress.optimizer_updates = 0;
+    result.progress.loss_scale =
+        optimizer->loss_scaler() != nullptr ? optimizer->loss_scaler()->scale() : 0.0;
+    result.progress.loss_scale_clean_steps = 0;
+    return result;
+  }
+
+  // Cut each parameter's state into the slices this rank's optimizer keeps (all of it for AdamW,
+  // the part inside the rank's bucket shards for the distributed optimizer).
+  for (auto& [name, list] : slices) {
+    auto it = states.find(name);
+    PARALLEL_CHECK(it != states.end(),
+                   "load_train_state: the optimizer updates '{}', which is not in `params`", name);
+    const ParamState& st = it->second;
+    const Tensor m = st.exp_avg.flatten(), v = st.exp_avg_sq.flatten();
+    for (Optimizer::StateSlice& s : list) {
+      const int64_t n = s.exp_avg.numel();
+      s.exp_avg.copy_(m.narrow(0, s.param_offset, n));
+      s.exp_avg_sq.copy_(v.narrow(0, s.param_offset, n));
+      if (opt_main && st.main.defined()) s.main.copy_(st.main.flatten().narrow(0, s.param_offset, n));
+    }
+  }
+  optimizer->set_updates(result.progress.optimizer_updates);
+  if (DynamicLossScaler* scaler = optimizer->loss_scaler();
+      scaler != nullptr && result.progress.loss_scale > 0)
+    scaler->restore(result.progress.loss_scale, static_cast<int>(result.progress.loss_scale_clean_steps));
+  result.had_optimizer_state = true;
+  return result;
+}
+
+}  // namespace parallel
