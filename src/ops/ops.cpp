@@ -2,14 +2,18 @@
 //
 // Every op validates here, once, what its kernels assume: tensors defined, contiguous, on one
 // device, fp32 (int32 for ids), with the shapes of the contract. Kernels then read raw pointers.
-// A CUDA kernel plugs in by replacing the op's no_cuda_kernel() line with its call.
+// CUDA tensors go to the kernels of kernels/cuda/cuda_ops.hpp: one PARALLEL_ON_CUDA line per op.
 #include "parallel/ops.hpp"
 
 #include <initializer_list>
 #include <string>
 
 #include "cpu/cpu_ops.hpp"
+#include "parallel/build_config.hpp"
 #include "parallel/error.hpp"
+#if PARALLEL_HAVE_CUDA
+#include "cuda/cuda_ops.hpp"
+#endif
 
 namespace parallel::ops {
 namespace {
@@ -35,10 +39,16 @@ Device check_args(const char* op, std::initializer_list<Arg> args) {
   return device;
 }
 
-[[noreturn]] void no_cuda_kernel(const char* op) {
-  PARALLEL_FAIL("no CUDA kernel for ops::{} yet (move the tensors to the CPU or wait for the CUDA backend)",
-                op);
+// `call` is the op's CUDA kernel (kernels/cuda/cuda_ops.hpp) with the op's own arguments.
+#if PARALLEL_HAVE_CUDA
+#define PARALLEL_ON_CUDA(call) return ::parallel::cuda::call
+#else
+[[noreturn]] void no_cuda_kernel(const char* call) {
+  PARALLEL_FAIL("no CUDA kernel for ops::{}: this build has no CUDA backend (move the tensors to the CPU)",
+                call);
 }
+#define PARALLEL_ON_CUDA(call) no_cuda_kernel(#call)
+#endif
 
 void check_same_shape(const char* op, const Tensor& a, const char* an, const Tensor& b, const char* bn) {
   PARALLEL_CHECK(a.shape() == b.shape(), "ops::{}: {} {} and {} {} must have the same shape", op, an,
@@ -78,7 +88,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                  "ops::gemm: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit (a {}{}, b {}{})", m, ka,
                  kb, n, shape_str(c.shape()), shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
                  trans_b ? "^T" : "");
-  if (dev.is_cuda()) no_cuda_kernel("gemm");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
 }
 
@@ -86,7 +96,7 @@ void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   const Device dev = check_args("add_bias", {{y, "y"}, {bias, "bias"}});
   check_1d("add_bias", bias, "bias");
   check_last_dim("add_bias", y, "y", bias.numel(), "bias size");
-  if (dev.is_cuda()) no_cuda_kernel("add_bias");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(add_bias(y, bias, stream));
   cpu::add_bias(y, bias);
 }
 
@@ -94,7 +104,7 @@ void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
   const Device dev = check_args("bias_backward", {{dy, "dy"}, {dbias, "dbias"}});
   check_1d("bias_backward", dbias, "dbias");
   check_last_dim("bias_backward", dy, "dy", dbias.numel(), "dbias size");
-  if (dev.is_cuda()) no_cuda_kernel("bias_backward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(bias_backward(dy, dbias, stream));
   cpu::bias_backward(dy, dbias);
 }
 
@@ -104,27 +114,27 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
   const Device dev = check_args("add", {{a, "a"}, {b, "b"}, {out, "out"}});
   check_same_shape("add", a, "a", b, "b");
   check_same_shape("add", a, "a", out, "out");
-  if (dev.is_cuda()) no_cuda_kernel("add");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(add(a, b, out, stream));
   cpu::add(a, b, out);
 }
 
 void add_(Tensor& a, const Tensor& b, Stream stream) {
   const Device dev = check_args("add_", {{a, "a"}, {b, "b"}});
   check_same_shape("add_", a, "a", b, "b");
-  if (dev.is_cuda()) no_cuda_kernel("add_");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(add_(a, b, stream));
   cpu::add_(a, b);
 }
 
 void scale_(Tensor& a, float alpha, Stream stream) {
   const Device dev = check_args("scale_", {{a, "a"}});
-  if (dev.is_cuda()) no_cuda_kernel("scale_");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(scale_(a, alpha, stream));
   cpu::scale_(a, alpha);
 }
 
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Device dev = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("gelu_forward", x, "x", y, "y");
-  if (dev.is_cuda()) no_cuda_kernel("gelu_forward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(gelu_forward(x, y, stream));
   cpu::gelu_forward(x, y);
 }
 
@@ -132,7 +142,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream)
   const Device dev = check_args("gelu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_same_shape("gelu_backward", dy, "dy", x, "x");
   check_same_shape("gelu_backward", dx, "dx", x, "x");
-  if (dev.is_cuda()) no_cuda_kernel("gelu_backward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(gelu_backward(dy, x, dx, stream));
   cpu::gelu_backward(dy, x, dx);
 }
 
@@ -149,7 +159,7 @@ void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* 
 void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Device dev = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
   check_swiglu("swiglu_forward", x, y, "y");
-  if (dev.is_cuda()) no_cuda_kernel("swiglu_forward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(swiglu_forward(x, y, stream));
   cpu::swiglu_forward(x, y);
 }
 
@@ -157,7 +167,7 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream strea
   const Device dev = check_args("swiglu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_swiglu("swiglu_backward", x, dy, "dy");
   check_same_shape("swiglu_backward", dx, "dx", x, "x");
-  if (dev.is_cuda()) no_cuda_kernel("swiglu_backward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(swiglu_backward(dy, x, dx, stream));
   cpu::swiglu_backward(dy, x, dx);
 }
 
@@ -165,7 +175,7 @@ void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_
   const Device dev = check_args("dropout_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("dropout_forward", x, "x", y, "y");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_forward: p = {} must be in [0, 1]", p);
-  if (dev.is_cuda()) no_cuda_kernel("dropout_forward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(dropout_forward(x, y, p, seed, offset, stream));
   cpu::dropout_forward(x, y, p, seed, offset);
 }
 
@@ -173,7 +183,7 @@ void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint
   const Device dev = check_args("dropout_backward", {{dy, "dy"}, {dx, "dx"}});
   check_same_shape("dropout_backward", dy, "dy", dx, "dx");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_backward: p = {} must be in [0, 1]", p);
-  if (dev.is_cuda()) no_cuda_kernel("dropout_backward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(dropout_backward(dy, dx, p, seed, offset, stream));
   cpu::dropout_backward(dy, dx, p, seed, offset);
 }
 
@@ -190,7 +200,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(layernorm_forward(x, weight, bias, y, mean, rstd, eps, stream));
   cpu::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
 }
 
@@ -213,7 +223,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_same_shape(op, dbias, "dbias", weight, "weight");
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda())
+    PARALLEL_ON_CUDA(layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, stream));
   cpu::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
 }
 
@@ -225,7 +236,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
   check_last_dim(op, x, "x", weight.numel(), "weight size");
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(rmsnorm_forward(x, weight, y, rstd, eps, stream));
   cpu::rmsnorm_forward(x, weight, y, rstd, eps);
 }
 
@@ -240,7 +251,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   check_same_shape(op, dx, "dx", x, "x");
   check_same_shape(op, dweight, "dweight", weight, "weight");
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(rmsnorm_backward(dy, x, weight, rstd, dx, dweight, stream));
   cpu::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 }
 
@@ -270,14 +281,14 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream) {
   const Device dev = check_args("rope_forward", {{x, "x"}});
   check_rope("rope_forward", x, theta);
-  if (dev.is_cuda()) no_cuda_kernel("rope_forward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(rope_forward(x, position_offset, theta, stream));
   cpu::rope_forward(x, position_offset, theta);
 }
 
 void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream) {
   const Device dev = check_args("rope_backward", {{dx, "dx"}});
   check_rope("rope_backward", dx, theta);
-  if (dev.is_cuda()) no_cuda_kernel("rope_backward");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(rope_backward(dx, position_offset, theta, stream));
   cpu::rope_backward(dx, position_offset, theta);
 }
 
@@ -287,7 +298,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const Device dev = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, stream));
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
 
@@ -310,7 +321,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_same_shape(op, dq, "dq", q, "q");
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda())
+    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream));
   cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
 }
 
@@ -346,7 +358,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab
   const char* op = "embedding_forward";
   const Device dev = check_args(op, {{tokens, "tokens", DType::I32}, {weight, "weight"}, {out, "out"}});
   check_embedding(op, tokens, weight, "weight", out, "out");
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(embedding_forward(tokens, weight, vocab_start, out, stream));
   cpu::embedding_forward(tokens, weight, vocab_start, out);
 }
 
@@ -355,7 +367,7 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_
   const char* op = "embedding_backward";
   const Device dev = check_args(op, {{tokens, "tokens", DType::I32}, {dout, "dout"}, {dweight, "dweight"}});
   check_embedding(op, tokens, dweight, "dweight", dout, "dout");
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(embedding_backward(tokens, dout, vocab_start, dweight, stream));
   cpu::embedding_backward(tokens, dout, vocab_start, dweight);
 }
 
@@ -368,7 +380,9 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
                                      {target_logit, "target_logit"}});
   check_ce(op, logits, {{targets, "targets"}, {row_max, "row_max"}, {target_logit, "target_logit"}},
            vocab_start, vocab_size);
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda())
+    PARALLEL_ON_CUDA(
+        cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, stream));
   cpu::cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit);
 }
 
@@ -377,7 +391,8 @@ void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t 
   const char* op = "cross_entropy_sum_exp";
   const Device dev = check_args(op, {{logits, "logits"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}});
   check_ce(op, logits, {{row_max, "row_max"}, {sum_exp, "sum_exp"}}, vocab_start, vocab_size);
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda())
+    PARALLEL_ON_CUDA(cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp, stream));
   cpu::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
 }
 
@@ -395,7 +410,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
            {{targets, "targets"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}, {grad_scale, "grad_scale"}},
            vocab_start, vocab_size);
   check_same_shape(op, dlogits, "dlogits", logits, "logits");
-  if (dev.is_cuda()) no_cuda_kernel(op);
+  if (dev.is_cuda())
+    PARALLEL_ON_CUDA(cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start,
+                                            vocab_size, dlogits, stream));
   cpu::cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start, vocab_size,
                               dlogits);
 }
@@ -404,7 +421,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 double sum_of_squares(const Tensor& x, Stream stream) {
   const Device dev = check_args("sum_of_squares", {{x, "x"}});
-  if (dev.is_cuda()) no_cuda_kernel("sum_of_squares");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(sum_of_squares(x, stream));
   return cpu::sum_of_squares(x);
 }
 

@@ -1,0 +1,94 @@
+// The local pieces of vocab-parallel cross-entropy (see ops.hpp and kernels/cpu/cross_entropy.cpp).
+// Row statistics: one block per row (the vocabulary is long: 50k-150k columns), a strided loop and
+// a fixed-order block reduction. The backward is element-wise. Columns [valid, v) are padding.
+#include <cmath>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.hpp"
+
+namespace parallel::kernels {
+namespace {
+
+using cuda::detail::block_reduce;
+using cuda::detail::blocks_for;
+using cuda::detail::kThreads;
+using cuda::detail::MaxOp;
+using cuda::detail::SumOp;
+
+__global__ void ce_stats_kernel(const float* logits, const int32_t* targets, int64_t v, int64_t vocab_start,
+                                int64_t valid, float* row_max, float* target_logit) {
+  __shared__ float shared[32];
+  const int64_t i = blockIdx.x;
+  const float* l = logits + i * v;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, l[j]);
+  m = block_reduce(m, shared, MaxOp{}, -INFINITY);
+  if (threadIdx.x == 0) {
+    row_max[i] = m;  // -inf when this rank holds only padding
+    const int64_t t = static_cast<int64_t>(targets[i]) - vocab_start;
+    target_logit[i] = t >= 0 && t < valid ? l[t] : 0.0f;
+  }
+}
+
+__global__ void ce_sum_exp_kernel(const float* logits, const float* row_max, int64_t v, int64_t valid,
+                                  float* sum_exp) {
+  __shared__ float shared[32];
+  const int64_t i = blockIdx.x;
+  const float m = row_max[i];
+  if (isinf(m) && m < 0.0f) {  // uniform over the block: all threads leave together
+    if (threadIdx.x == 0) sum_exp[i] = 0.0f;
+    return;
+  }
+  const float* l = logits + i * v;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += expf(l[j] - m);
+  s = block_reduce(s, shared, SumOp{}, 0.0f);
+  if (threadIdx.x == 0) sum_exp[i] = s;
+}
+
+// dlogits[i, j] = g_i (softmax_ij - [j == target_i]), 0 on padding columns.
+__global__ void ce_backward_kernel(const float* logits, const int32_t* targets, const float* row_max,
+                                   const float* sum_exp, const float* grad_scale, int64_t n, int64_t v,
+                                   int64_t vocab_start, int64_t valid, float* dlogits) {
+  const int64_t total = n * v;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = t / v, j = t % v;
+    float d = 0.0f;
+    if (j < valid) {
+      const float g = grad_scale[i];
+      d = g / sum_exp[i] * expf(logits[t] - row_max[i]);
+      if (j == static_cast<int64_t>(targets[i]) - vocab_start) d -= g;
+    }
+    dlogits[t] = d;
+  }
+}
+
+}  // namespace
+
+void ce_local_stats(const float* logits, const int32_t* targets, int64_t n, int64_t v, int64_t vocab_start,
+                    int64_t valid, float* row_max, float* target_logit, stream_t stream) {
+  if (n == 0) return;
+  ce_stats_kernel<<<static_cast<unsigned>(n), 512, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, targets, v, vocab_start, valid, row_max, target_logit);
+  CUDA_OPS_LAUNCHED();
+}
+
+void ce_sum_exp(const float* logits, const float* row_max, int64_t n, int64_t v, int64_t valid,
+                float* sum_exp, stream_t stream) {
+  if (n == 0) return;
+  ce_sum_exp_kernel<<<static_cast<unsigned>(n), 512, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, row_max, v, valid, sum_exp);
+  CUDA_OPS_LAUNCHED();
+}
+
+void ce_backward(const float* logits, const int32_t* targets, const float* row_max, const float* sum_exp,
+                 const float* grad_scale, int64_t n, int64_t v, int64_t vocab_start, int64_t valid,
+                 float* dlogits, stream_t stream) {
+  if (n * v == 0) return;
+  ce_backward_kernel<<<blocks_for(n * v), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, targets, row_max, sum_exp, grad_scale, n, v, vocab_start, valid, dlogits);
+  CUDA_OPS_LAUNCHED();
+}
+
+}  // namespace parallel::kernels

@@ -1,0 +1,171 @@
+// GEMM through cuBLASLt: fp32 (CUBLAS_COMPUTE_32F, never TF32) for ops::gemm, and bf16 inputs with
+// fp32 accumulation and output for benchmarks / mixed precision.
+//
+// Row-major to column-major: a row-major [r, c] matrix is a column-major [c, r] one, so
+// C = op(A) op(B) (row-major, [M, N]) is computed as C^T = op(B)^T op(A)^T in column-major terms:
+// cuBLAS's "A" is our b, its "B" our a, its m = N, n = M, and each operand keeps its own
+// transposition flag. Layouts describe the stored matrices: b stored [K, N] row-major is
+// column-major [N, K] (ld N) used as is; b stored [N, K] (trans_b) is column-major [K, N] (ld K)
+// used transposed; likewise a.
+//
+// One cuBLASLt handle per device (a handle is not tied to a stream), created on first use. The
+// algorithm for each (shape, transposes, dtype, alignments) comes from the heuristic once and is
+// cached. The workspace (32 MiB) comes from the caching allocator on the call's stream.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.hpp"
+
+namespace parallel {
+namespace {
+
+[[noreturn]] void throw_cublas(const char* file, int line, const char* call, cublasStatus_t st) {
+  throw_error(
+      file, line,
+      std::string(call) + " failed: " + cublasLtGetStatusName(st) + " (" + cublasLtGetStatusString(st) + ")");
+}
+
+#define CUBLAS_CHECK(call)                                                                        \
+  do {                                                                                            \
+    const cublasStatus_t cublas_st_ = (call);                                                     \
+    if (cublas_st_ != CUBLAS_STATUS_SUCCESS) throw_cublas(__FILE__, __LINE__, #call, cublas_st_); \
+  } while (0)
+
+constexpr std::size_t kWorkspaceBytes = 32u << 20;
+
+cublasLtHandle_t handle_for(int device) {
+  static std::mutex mutex;
+  static std::vector<cublasLtHandle_t> handles;  // leaked on purpose: usable until process exit
+  std::lock_guard<std::mutex> lock(mutex);
+  if (static_cast<int>(handles.size()) <= device) handles.resize(device + 1, nullptr);
+  if (!handles[device]) CUBLAS_CHECK(cublasLtCreate(&handles[device]));
+  return handles[device];
+}
+
+struct Key {
+  int device;
+  int64_t m, n, k;
+  bool ta, tb;
+  int dtype;  // cudaDataType of a and b
+  int align_a, align_b, align_c;
+  bool beta_zero;
+  auto tie() const { return std::tie(device, m, n, k, ta, tb, dtype, align_a, align_b, align_c, beta_zero); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+int alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+// RAII for the descriptors of one call.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Descs() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// Row-major c[m, n] = alpha op(a)[m, k] op(b)[k, n] + beta c with a, b of `in_type`, c fp32.
+void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
+             int64_t k, float alpha, float beta, cudaDataType_t in_type, cudaStream_t stream) {
+  if (m == 0 || n == 0) return;
+  const int device = cuda::detail::current_device();
+  cublasLtHandle_t handle = handle_for(device);
+  Descs d;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLAS "A" = our b, "B" = our a (column-major view, see the top of the file).
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  // Stored shapes, column-major (rows, cols, ld).
+  if (trans_b)
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, in_type, k, n, k));
+  else
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, in_type, n, k, n));
+  if (trans_a)
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_type, m, k, m));
+  else
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_type, k, m, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, n, m, n));
+
+  const Key key{device,
+                m,
+                n,
+                k,
+                trans_a,
+                trans_b,
+                static_cast<int>(in_type),
+                alignment(a),
+                alignment(b),
+                alignment(c),
+                beta == 0.0f};
+  static std::mutex mutex;
+  static std::map<Key, cublasLtMatmulAlgo_t> cache;
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = kWorkspaceBytes;
+      const uint32_t al_a = key.align_b, al_b = key.align_a, al_c = key.align_c;  // cuBLAS A = our b
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                           sizeof al_a);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                           sizeof al_b);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                           sizeof al_c);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                           sizeof al_c);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t st =
+          cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+        throw_error(__FILE__, __LINE__,
+                    "cuBLASLt has no algorithm for gemm [" + std::to_string(m) + ", " + std::to_string(k) +
+                        "] x [" + std::to_string(k) + ", " + std::to_string(n) + "]");
+      it = cache.emplace(key, result.algo).first;
+    }
+    algo = it->second;
+  }
+  cuda::detail::Scratch workspace(kWorkspaceBytes, stream);
+  // a = cuBLAS B, b = cuBLAS A; C and D are both c (in place: beta c read, result written).
+  CUBLAS_CHECK(cublasLtMatmul(handle, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &algo,
+                              workspace.as<void>(), kWorkspaceBytes, stream));
+}
+
+}  // namespace
+
+namespace kernels {
+void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n,
+              int64_t k, float alpha, float beta, stream_t stream) {
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_32F, static_cast<cudaStream_t>(stream));
+}
+}  // namespace kernels
+
+namespace cuda {
+void gemm_cublaslt_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m,
+                        int64_t n, int64_t k, float alpha, float beta, void* stream) {
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16BF, static_cast<cudaStream_t>(stream));
+}
+}  // namespace cuda
+
+}  // namespace parallel

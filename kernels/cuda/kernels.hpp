@@ -1,0 +1,105 @@
+#pragma once
+// Raw-pointer launchers of the CUDA kernels (kernels/cuda/*.cu, kernels/attention/*.cu), one per op
+// of include/parallel/ops.hpp. Plain C++ without fmt or CUDA headers, so that both the .cu files
+// (which cannot include fmt) and host code include it. All pointers are device memory of the
+// current device, contiguous fp32 (int32 ids); work is ordered on `stream` (a cudaStream_t).
+// Failures throw parallel::Error. Shapes are validated by the callers (src/ops/ops.cpp and
+// cuda_ops.hpp); launchers assume them.
+#include <cstdint>
+
+#include "parallel/dtype.hpp"
+
+namespace parallel::kernels {
+
+using stream_t = void*;  // cudaStream_t
+
+// ---- elementwise.cu ----
+void add_bias(float* y, const float* bias, int64_t rows, int64_t h, stream_t stream);
+void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t h,
+                   stream_t stream);  // += , deterministic
+void add(const float* a, const float* b, float* out, int64_t n, stream_t stream);
+void scale(float* a, float alpha, int64_t n, stream_t stream);
+void gelu_forward(const float* x, float* y, int64_t n, stream_t stream);
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, stream_t stream);
+void swiglu_forward(const float* x, float* y, int64_t rows, int64_t f, stream_t stream);
+void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t f, stream_t stream);
+void dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, stream_t stream);
+
+// ---- norm.cu ----
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                       int64_t rows, int64_t h, float eps, stream_t stream);
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t h, stream_t stream);
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t h,
+                     float eps, stream_t stream);
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, int64_t rows, int64_t h, stream_t stream);
+
+// ---- rope.cu ---- x [s, per_pos, d]; direction +1 forward, -1 backward.
+void rope(float* x, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
+          float direction, stream_t stream);
+
+// ---- embedding.cu ---- tokens [b, s]; weight [rows, h]; out [s, b, h].
+void embedding_forward(const int32_t* tokens, const float* weight, int64_t vocab_start, int64_t rows,
+                       float* out, int64_t b, int64_t s, int64_t h, stream_t stream);
+void embedding_backward(const int32_t* tokens, const float* dout, int64_t vocab_start, float* dweight,
+                        int64_t rows, int64_t b, int64_t s, int64_t h, stream_t stream);
+
+// ---- cross_entropy.cu ---- logits [n, v]; columns [0, valid) are real vocabulary.
+void ce_local_stats(const float* logits, const int32_t* targets, int64_t n, int64_t v, int64_t vocab_start,
+                    int64_t valid, float* row_max, float* target_logit, stream_t stream);
+void ce_sum_exp(const float* logits, const float* row_max, int64_t n, int64_t v, int64_t valid,
+                float* sum_exp, stream_t stream);
+void ce_backward(const float* logits, const int32_t* targets, const float* row_max, const float* sum_exp,
+                 const float* grad_scale, int64_t n, int64_t v, int64_t vocab_start, int64_t valid,
+                 float* dlogits, stream_t stream);
+
+// ---- reduce.cu ---- synchronises the stream.
+double sum_of_squares(const float* x, int64_t n, stream_t stream);
+
+// ---- gemm_cublaslt.cu ---- row-major fp32 c[m, n] = alpha op(a) op(b) + beta c, no TF32.
+void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n,
+              int64_t k, float alpha, float beta, stream_t stream);
+
+// ---- attention/flash_attention.cu ---- q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d];
+// lse [b, hq, s]. d <= 256.
+struct AttentionShape {
+  int64_t s, b, hq, hkv, d;
+};
+void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                       const AttentionShape& shape, bool causal, float softmax_scale, stream_t stream);
+void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, float* dq, float* dk, float* dv, const AttentionShape& shape,
+                        bool causal, float softmax_scale, stream_t stream);
+
+}  // namespace parallel::kernels
+
+namespace parallel::cuda {
+
+// ---- adamw.cu: a fused AdamW step over flat fp32 buffers ----
+// torch.optim.AdamW's single-tensor arithmetic, operation for operation (as src/optim/adamw.cpp):
+//   g = grad * grad_scale; p *= 1 - lr wd (decayed elements); m = b1 m + (1 - b1) g;
+//   v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // decoupled, on decayed elements only
+  int64_t step = 1;           // 1 for the first update (bias correction)
+  float grad_scale = 1.0f;    // multiplies every gradient first (the clip coefficient; 1 = none)
+};
+
+// n elements of device buffers on the current device: param, exp_avg, exp_avg_sq updated in place,
+// grad read. Decayed elements: decay_mask[i] != 0 when decay_mask is given, else i in
+// [decay_begin, decay_end) (pass 0, 0 for no decay). model_bf16 (optional) receives the updated
+// params rounded to bf16 (nearest even) in the same pass. Ordered on `stream` (a cudaStream_t).
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, bf16* model_bf16,
+                int64_t n, const AdamWHyper& hyper, const uint8_t* decay_mask, int64_t decay_begin,
+                int64_t decay_end, void* stream);
+
+// ---- gemm_cublaslt.cu: cuBLASLt bf16 x bf16 -> fp32 (fp32 accumulation), row-major ----
+// c[m, n] = alpha op(a) op(b) + beta c; the baseline our own mma GEMM is measured against.
+void gemm_cublaslt_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m,
+                        int64_t n, int64_t k, float alpha, float beta, void* stream);
+
+}  // namespace parallel::cuda

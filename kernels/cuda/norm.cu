@@ -1,0 +1,200 @@
+// LayerNorm and RMSNorm over the last dimension h, forward and backward (see ops.hpp).
+//
+// Layering:
+//   row kernels   one warp per row (8 rows per 256-thread block): the warp strides over the row's h
+//                 values, reduces with shuffles, writes y (forward) or dx (backward). Statistics in
+//                 fp32 with two passes (mean, then mean of squared deviations) as the CPU kernel:
+//                 no E[x^2] - E[x]^2 cancellation; the second pass hits L1/L2.
+//   param grads   dweight / dbias are column sums over rows. Deterministic without atomics: blocks
+//                 of 32 columns x a chunk of rows write partials [chunks, h], then one thread per
+//                 column adds the chunks in order into dweight / dbias (accumulate, as ops.hpp).
+//                 The chunking is a function of the shape only: bit-identical run to run.
+#include "cuda/common.cuh"
+#include "cuda/kernels.hpp"
+
+namespace parallel::kernels {
+namespace {
+
+using cuda::detail::blocks_for;
+using cuda::detail::kThreads;
+using cuda::detail::warp_sum;
+
+cudaStream_t st(stream_t s) { return static_cast<cudaStream_t>(s); }
+
+constexpr int kRowsPerBlock = kThreads / 32;
+
+__global__ void layernorm_fwd_kernel(const float* x, const float* w, const float* b, float* y, float* mean,
+                                     float* rstd, int64_t rows, int64_t h, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // whole warps leave together: the shuffles below stay convergent
+  const float* xr = x + row * h;
+  float s = 0.0f;
+  for (int64_t i = lane; i < h; i += 32) s += xr[i];
+  const float m = warp_sum(s) / static_cast<float>(h);
+  float v = 0.0f;
+  for (int64_t i = lane; i < h; i += 32) v += (xr[i] - m) * (xr[i] - m);
+  const float rs = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(h) + eps);
+  float* yr = y + row * h;
+  for (int64_t i = lane; i < h; i += 32) yr[i] = (xr[i] - m) * rs * w[i] + b[i];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// With xhat = (x - m) rs and g = w dy: dx = rs (g - mean(g) - xhat mean(g xhat)).
+__global__ void layernorm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* mean,
+                                        const float* rstd, float* dx, int64_t rows, int64_t h) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float *xr = x + row * h, *dyr = dy + row * h;
+  const float m = mean[row], rs = rstd[row];
+  float sg = 0.0f, sgx = 0.0f;
+  for (int64_t i = lane; i < h; i += 32) {
+    const float g = w[i] * dyr[i];
+    sg += g;
+    sgx += g * (xr[i] - m) * rs;
+  }
+  const float mean_g = warp_sum(sg) / static_cast<float>(h), mean_gx = warp_sum(sgx) / static_cast<float>(h);
+  float* dxr = dx + row * h;
+  for (int64_t i = lane; i < h; i += 32) {
+    const float xhat = (xr[i] - m) * rs;
+    dxr[i] = rs * (w[i] * dyr[i] - mean_g - xhat * mean_gx);
+  }
+}
+
+__global__ void rmsnorm_fwd_kernel(const float* x, const float* w, float* y, float* rstd, int64_t rows,
+                                   int64_t h, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* xr = x + row * h;
+  float s = 0.0f;
+  for (int64_t i = lane; i < h; i += 32) s += xr[i] * xr[i];
+  const float rs = 1.0f / sqrtf(warp_sum(s) / static_cast<float>(h) + eps);
+  float* yr = y + row * h;
+  for (int64_t i = lane; i < h; i += 32) yr[i] = xr[i] * rs * w[i];
+  if (lane == 0) rstd[row] = rs;
+}
+
+// dx = rs (w dy - x rs^2 mean(w dy x)).
+__global__ void rmsnorm_bwd_dx_kernel(const float* dy, const float* x, const float* w, const float* rstd,
+                                      float* dx, int64_t rows, int64_t h) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float *xr = x + row * h, *dyr = dy + row * h;
+  const float rs = rstd[row];
+  float s = 0.0f;
+  for (int64_t i = lane; i < h; i += 32) s += w[i] * dyr[i] * xr[i];
+  const float c = rs * rs * warp_sum(s) / static_cast<float>(h);
+  float* dxr = dx + row * h;
+  for (int64_t i = lane; i < h; i += 32) dxr[i] = rs * (w[i] * dyr[i] - xr[i] * c);
+}
+
+// ---- parameter gradients: column partials, then an ordered sum ----
+constexpr int kColTile = 32, kRowLanes = 8;
+
+// partial_w[chunk, c] = sum over the chunk's rows of dy * xhat (layernorm: xhat = (x - mean) rstd;
+// rmsnorm, mean == nullptr: xhat = x rstd); partial_b[chunk, c] = sum of dy (when partial_b given).
+__global__ void norm_param_partials_kernel(const float* dy, const float* x, const float* mean,
+                                           const float* rstd, float* partial_w, float* partial_b,
+                                           int64_t rows, int64_t h, int64_t rows_per_chunk) {
+  __shared__ float acc_w[kRowLanes][kColTile];
+  __shared__ float acc_b[kRowLanes][kColTile];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float sw = 0.0f, sb = 0.0f;
+  if (col < h) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      const float d = dy[r * h + col];
+      const float xhat = (x[r * h + col] - (mean ? mean[r] : 0.0f)) * rstd[r];
+      sw += d * xhat;
+      sb += d;
+    }
+  }
+  acc_w[threadIdx.y][threadIdx.x] = sw;
+  acc_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < h) {
+    float tw = 0.0f, tb = 0.0f;
+#pragma unroll
+    for (int l = 0; l < kRowLanes; l++) {
+      tw += acc_w[l][threadIdx.x];
+      tb += acc_b[l][threadIdx.x];
+    }
+    partial_w[static_cast<int64_t>(blockIdx.y) * h + col] = tw;
+    if (partial_b) partial_b[static_cast<int64_t>(blockIdx.y) * h + col] = tb;
+  }
+}
+
+__global__ void sum_partials_kernel(const float* partial, float* out, int64_t chunks, int64_t h) {
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < h;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float t = 0.0f;
+    for (int64_t k = 0; k < chunks; k++) t += partial[k * h + c];
+    out[c] += t;
+  }
+}
+
+void param_grads(const float* dy, const float* x, const float* mean, const float* rstd, float* dw, float* db,
+                 int64_t rows, int64_t h, cudaStream_t stream) {
+  if (rows == 0 || h == 0) return;
+  const int64_t chunks = std::min<int64_t>(256, (rows + 63) / 64);
+  const int64_t rpc = (rows + chunks - 1) / chunks;
+  const std::size_t one = static_cast<std::size_t>(chunks * h) * sizeof(float);
+  cuda::detail::Scratch partial(db ? 2 * one : one, stream);
+  float* pw = partial.as<float>();
+  float* pb = db ? pw + chunks * h : nullptr;
+  const dim3 grid(static_cast<unsigned>((h + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
+  norm_param_partials_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(dy, x, mean, rstd, pw, pb, rows,
+                                                                             h, rpc);
+  CUDA_OPS_LAUNCHED();
+  sum_partials_kernel<<<blocks_for(h), kThreads, 0, stream>>>(pw, dw, chunks, h);
+  CUDA_OPS_LAUNCHED();
+  if (db) {
+    sum_partials_kernel<<<blocks_for(h), kThreads, 0, stream>>>(pb, db, chunks, h);
+    CUDA_OPS_LAUNCHED();
+  }
+}
+
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+}  // namespace
+
+void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                       int64_t rows, int64_t h, float eps, stream_t stream) {
+  if (rows == 0 || h == 0) return;
+  layernorm_fwd_kernel<<<row_blocks(rows), kThreads, 0, st(stream)>>>(x, w, b, y, mean, rstd, rows, h, eps);
+  CUDA_OPS_LAUNCHED();
+}
+
+void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                        float* dx, float* dw, float* db, int64_t rows, int64_t h, stream_t stream) {
+  if (rows == 0 || h == 0) return;
+  layernorm_bwd_dx_kernel<<<row_blocks(rows), kThreads, 0, st(stream)>>>(dy, x, w, mean, rstd, dx, rows, h);
+  CUDA_OPS_LAUNCHED();
+  param_grads(dy, x, mean, rstd, dw, db, rows, h, st(stream));
+}
+
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t h,
+                     float eps, stream_t stream) {
+  if (rows == 0 || h == 0) return;
+  rmsnorm_fwd_kernel<<<row_blocks(rows), kThreads, 0, st(stream)>>>(x, w, y, rstd, rows, h, eps);
+  CUDA_OPS_LAUNCHED();
+}
+
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, int64_t rows, int64_t h, stream_t stream) {
+  if (rows == 0 || h == 0) return;
+  rmsnorm_bwd_dx_kernel<<<row_blocks(rows), kThreads, 0, st(stream)>>>(dy, x, w, rstd, dx, rows, h);
+  CUDA_OPS_LAUNCHED();
+  param_grads(dy, x, nullptr, rstd, dw, nullptr, rows, h, st(stream));
+}
+
+}  // namespace parallel::kernels

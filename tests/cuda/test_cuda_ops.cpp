@@ -1,0 +1,386 @@
+// Every parallel::ops kernel on the GPU against the CPU implementation, on the same random inputs,
+// with odd sizes (nothing a multiple of a tile or a warp). Parameter gradients start non-zero so
+// that accumulation (+=) is tested, not just the value. Every test skips without a GPU.
+//
+// Tolerances (max |gpu - cpu| / max |cpu|, tests/common/compare.hpp):
+//   1e-5  element-wise, norms, rope, cross-entropy, bias: fp32 with a different summation order
+//         or exp implementation (expf vs the CPU's polynomial), a few ulp;
+//   1e-5  gemm: cuBLASLt with CUBLAS_COMPUTE_32F (TF32 disabled) vs oneDNN fp32;
+//   1e-4  attention: tiled online softmax in a different tile order than the CPU's;
+//   0     dropout (masks and values bit-identical) and embedding backward (same summation order).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../../kernels/cuda/kernels.hpp"
+#include "../common/compare.hpp"
+#include "parallel/ops.hpp"
+#include "parallel/tensor.hpp"
+
+namespace parallel {
+namespace {
+
+#define REQUIRE_GPU()                                                                      \
+  do {                                                                                     \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"; \
+  } while (0)
+
+using testing::rel_err;
+
+Tensor rand_cpu(const Shape& shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+  for (float& x : v) x = dist(gen);
+  return Tensor::from_vector(v, shape);
+}
+Tensor gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
+Tensor host(const Tensor& t) { return t.to(Device::cpu()); }
+// Error of a GPU result against the CPU one.
+double err(const Tensor& g, const Tensor& c) { return rel_err(host(g), c); }
+
+bool bits_equal(const Tensor& a, const Tensor& b) {
+  const Tensor x = host(a), y = host(b);
+  return x.nbytes() == y.nbytes() && std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+// ---- dense algebra ----------------------------------------------------------------------------
+
+TEST(CudaOps, GemmAllTranspositionsAndBetaAccumulate) {
+  REQUIRE_GPU();
+  const int64_t M = 67, N = 45, K = 83;
+  for (int ta = 0; ta < 2; ta++) {
+    for (int tb = 0; tb < 2; tb++) {
+      for (float beta : {0.0f, 1.0f, 0.5f}) {
+        const Tensor a = rand_cpu(ta ? Shape{K, M} : Shape{M, K}, 1 + ta);
+        const Tensor b = rand_cpu(tb ? Shape{N, K} : Shape{K, N}, 3 + tb);
+        Tensor c_cpu = rand_cpu({M, N}, 5);
+        Tensor c_gpu = gpu(c_cpu);
+        ops::gemm(a, ta, b, tb, c_cpu, 0.75f, beta);
+        ops::gemm(gpu(a), ta, gpu(b), tb, c_gpu, 0.75f, beta);
+        EXPECT_LT(err(c_gpu, c_cpu), 1e-5) << "trans_a " << ta << " trans_b " << tb << " beta " << beta;
+      }
+    }
+  }
+}
+
+TEST(CudaOps, GemmEmptyK) {
+  REQUIRE_GPU();
+  const Tensor a = Tensor::empty({5, 0}, DType::F32), b = Tensor::empty({0, 7}, DType::F32);
+  Tensor c_cpu = rand_cpu({5, 7}, 9);
+  Tensor c_gpu = gpu(c_cpu);
+  ops::gemm(a, false, b, false, c_cpu, 1.0f, 0.5f);
+  ops::gemm(gpu(a), false, gpu(b), false, c_gpu, 1.0f, 0.5f);
+  EXPECT_LT(err(c_gpu, c_cpu), 1e-6);
+}
+
+TEST(CudaOps, BiasForwardAndBackwardAccumulates) {
+  REQUIRE_GPU();
+  for (int64_t rows : {37, 1000}) {  // 1000 rows: several row chunks in the partial sums
+    const int64_t h = 131;
+    Tensor y_cpu = rand_cpu({rows, h}, 11);
+    const Tensor bias = rand_cpu({h}, 12);
+    Tensor y_gpu = gpu(y_cpu);
+    ops::add_bias(y_cpu, bias);
+    ops::add_bias(y_gpu, gpu(bias));
+    EXPECT_LT(err(y_gpu, y_cpu), 1e-6);
+
+    Tensor db_cpu = rand_cpu({h}, 13);  // non-zero: the op accumulates
+    Tensor db_gpu = gpu(db_cpu);
+    ops::bias_backward(y_cpu, db_cpu);
+    ops::bias_backward(y_gpu, db_gpu);
+    EXPECT_LT(err(db_gpu, db_cpu), 1e-5) << "rows " << rows;
+  }
+}
+
+// ---- element-wise -----------------------------------------------------------------------------
+
+TEST(CudaOps, AddScale) {
+  REQUIRE_GPU();
+  const Tensor a = rand_cpu({3, 5, 77}, 21), b = rand_cpu({3, 5, 77}, 22);
+  Tensor out_cpu = Tensor::empty(a.shape(), DType::F32);
+  Tensor out_gpu = Tensor::empty(a.shape(), DType::F32, Device::cuda(0));
+  ops::add(a, b, out_cpu);
+  ops::add(gpu(a), gpu(b), out_gpu);
+  EXPECT_LT(err(out_gpu, out_cpu), 1e-7);
+
+  Tensor x_cpu = a.clone(), x_gpu = gpu(a);
+  ops::add_(x_cpu, b);
+  ops::add_(x_gpu, gpu(b));
+  ops::scale_(x_cpu, -1.7f);
+  ops::scale_(x_gpu, -1.7f);
+  EXPECT_LT(err(x_gpu, x_cpu), 1e-7);
+}
+
+TEST(CudaOps, GeluForwardBackward) {
+  REQUIRE_GPU();
+  const Tensor x = rand_cpu({7, 3, 101}, 31, -6.0f, 6.0f), dy = rand_cpu({7, 3, 101}, 32);
+  Tensor y_cpu = Tensor::empty(x.shape(), DType::F32), dx_cpu = Tensor::empty(x.shape(), DType::F32);
+  Tensor y_gpu = Tensor::empty(x.shape(), DType::F32, Device::cuda(0));
+  Tensor dx_gpu = Tensor::empty(x.shape(), DType::F32, Device::cuda(0));
+  ops::gelu_forward(x, y_cpu);
+  ops::gelu_forward(gpu(x), y_gpu);
+  ops::gelu_backward(dy, x, dx_cpu);
+  ops::gelu_backward(gpu(dy), gpu(x), dx_gpu);
+  EXPECT_LT(err(y_gpu, y_cpu), 1e-5);
+  EXPECT_LT(err(dx_gpu, dx_cpu), 1e-5);
+}
+
+TEST(CudaOps, SwigluForwardBackward) {
+  REQUIRE_GPU();
+  const int64_t f = 45;
+  const Tensor x = rand_cpu({5, 3, 2 * f}, 41, -4.0f, 4.0f), dy = rand_cpu({5, 3, f}, 42);
+  Tensor y_cpu = Tensor::empty(dy.shape(), DType::F32), dx_cpu = Tensor::empty(x.shape(), DType::F32);
+  Tensor y_gpu = Tensor::empty(dy.shape(), DType::F32, Device::cuda(0));
+  Tensor dx_gpu = Tensor::empty(x.shape(), DType::F32, Device::cuda(0));
+  ops::swiglu_forward(x, y_cpu);
+  ops::swiglu_forward(gpu(x), y_gpu);
+  ops::swiglu_backward(dy, x, dx_cpu);
+  ops::swiglu_backward(gpu(dy), gpu(x), dx_gpu);
+  EXPECT_LT(err(y_gpu, y_cpu), 1e-5);
+  EXPECT_LT(err(dx_gpu, dx_cpu), 1e-5);
+}
+
+TEST(CudaOps, DropoutMaskBitIdenticalToCpu) {
+  REQUIRE_GPU();
+  const Tensor x = rand_cpu({13, 7, 97}, 51);
+  for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
+    for (uint64_t offset : {uint64_t{0}, uint64_t{123456789}}) {
+      Tensor y_cpu = Tensor::empty(x.shape(), DType::F32);
+      Tensor y_gpu = Tensor::empty(x.shape(), DType::F32, Device::cuda(0));
+      ops::dropout_forward(x, y_cpu, p, 1234, offset);
+      ops::dropout_forward(gpu(x), y_gpu, p, 1234, offset);
+      EXPECT_TRUE(bits_equal(y_gpu, y_cpu)) << "p " << p << " offset " << offset;
+      Tensor dx_cpu = Tensor::empty(x.shape(), DType::F32);
+      Tensor dx_gpu = Tensor::empty(x.shape(), DType::F32, Device::cuda(0));
+      ops::dropout_backward(x, dx_cpu, p, 1234, offset);
+      ops::dropout_backward(gpu(x), dx_gpu, p, 1234, offset);
+      EXPECT_TRUE(bits_equal(dx_gpu, dx_cpu)) << "p " << p << " offset " << offset;
+    }
+  }
+}
+
+// ---- normalisation ----------------------------------------------------------------------------
+
+TEST(CudaOps, LayerNormForwardBackwardAccumulates) {
+  REQUIRE_GPU();
+  const int64_t s = 100, b = 3, h = 193;  // 300 rows: 5 row chunks for the parameter gradients
+  const Tensor x = rand_cpu({s, b, h}, 61, -2.0f, 3.0f), w = rand_cpu({h}, 62), bias = rand_cpu({h}, 63);
+  const Tensor dy = rand_cpu({s, b, h}, 64);
+  Tensor y_c = Tensor::empty(x.shape(), DType::F32), mean_c = Tensor::empty({s * b}, DType::F32),
+         rstd_c = Tensor::empty({s * b}, DType::F32);
+  Tensor y_g = gpu(y_c), mean_g = gpu(mean_c), rstd_g = gpu(rstd_c);
+  ops::layernorm_forward(x, w, bias, y_c, mean_c, rstd_c, 1e-5f);
+  ops::layernorm_forward(gpu(x), gpu(w), gpu(bias), y_g, mean_g, rstd_g, 1e-5f);
+  EXPECT_LT(err(y_g, y_c), 1e-5);
+  EXPECT_LT(err(mean_g, mean_c), 1e-5);
+  EXPECT_LT(err(rstd_g, rstd_c), 1e-5);
+
+  Tensor dx_c = Tensor::empty(x.shape(), DType::F32), dw_c = rand_cpu({h}, 65), db_c = rand_cpu({h}, 66);
+  Tensor dx_g = gpu(dx_c), dw_g = gpu(dw_c), db_g = gpu(db_c);
+  ops::layernorm_backward(dy, x, w, mean_c, rstd_c, dx_c, dw_c, db_c);
+  ops::layernorm_backward(gpu(dy), gpu(x), gpu(w), mean_g, rstd_g, dx_g, dw_g, db_g);
+  EXPECT_LT(err(dx_g, dx_c), 1e-5);
+  EXPECT_LT(err(dw_g, dw_c), 1e-5);
+  EXPECT_LT(err(db_g, db_c), 1e-5);
+
+  // Deterministic: the same inputs give the same bits.
+  Tensor dw2 = gpu(rand_cpu({h}, 65)), db2 = gpu(rand_cpu({h}, 66)), dx2 = gpu(dx_c);
+  ops::layernorm_backward(gpu(dy), gpu(x), gpu(w), mean_g, rstd_g, dx2, dw2, db2);
+  EXPECT_TRUE(bits_equal(dw2, dw_g));
+  EXPECT_TRUE(bits_equal(db2, db_g));
+}
+
+TEST(CudaOps, RmsNormForwardBackwardAccumulates) {
+  REQUIRE_GPU();
+  const int64_t rows = 259, h = 77;
+  const Tensor x = rand_cpu({rows, h}, 71, -2.0f, 2.0f), w = rand_cpu({h}, 72), dy = rand_cpu({rows, h}, 73);
+  Tensor y_c = Tensor::empty(x.shape(), DType::F32), rstd_c = Tensor::empty({rows}, DType::F32);
+  Tensor y_g = gpu(y_c), rstd_g = gpu(rstd_c);
+  ops::rmsnorm_forward(x, w, y_c, rstd_c, 1e-6f);
+  ops::rmsnorm_forward(gpu(x), gpu(w), y_g, rstd_g, 1e-6f);
+  EXPECT_LT(err(y_g, y_c), 1e-5);
+  EXPECT_LT(err(rstd_g, rstd_c), 1e-5);
+  Tensor dx_c = Tensor::empty(x.shape(), DType::F32), dw_c = rand_cpu({h}, 74);
+  Tensor dx_g = gpu(dx_c), dw_g = gpu(dw_c);
+  ops::rmsnorm_backward(dy, x, w, rstd_c, dx_c, dw_c);
+  ops::rmsnorm_backward(gpu(dy), gpu(x), gpu(w), rstd_g, dx_g, dw_g);
+  EXPECT_LT(err(dx_g, dx_c), 1e-5);
+  EXPECT_LT(err(dw_g, dw_c), 1e-5);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+TEST(CudaOps, RopeForwardBackward) {
+  REQUIRE_GPU();
+  const Tensor x = rand_cpu({13, 3, 5, 24}, 81);
+  Tensor c = x.clone(), g = gpu(x);
+  ops::rope_forward(c, 1000, 10000.0f);
+  ops::rope_forward(g, 1000, 10000.0f);
+  EXPECT_LT(err(g, c), 1e-5);
+  ops::rope_backward(c, 1000, 10000.0f);
+  ops::rope_backward(g, 1000, 10000.0f);
+  EXPECT_LT(err(g, c), 1e-5);
+  EXPECT_LT(err(g, x), 1e-5);  // the backward undoes the forward
+}
+
+void check_attention(int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d, bool causal) {
+  SCOPED_TRACE(::testing::Message() << "s " << s << " b " << b << " hq " << hq << " hkv " << hkv << " d " << d
+                                    << " causal " << causal);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const Tensor q = rand_cpu({s, b, hq, d}, 91, -2.0f, 2.0f), k = rand_cpu({s, b, hkv, d}, 92, -2.0f, 2.0f);
+  const Tensor v = rand_cpu({s, b, hkv, d}, 93), dout = rand_cpu({s, b, hq, d}, 94);
+  Tensor out_c = Tensor::empty(q.shape(), DType::F32), lse_c = Tensor::empty({b, hq, s}, DType::F32);
+  Tensor out_g = gpu(out_c), lse_g = gpu(lse_c);
+  ops::attention_forward(q, k, v, out_c, lse_c, causal, scale);
+  ops::attention_forward(gpu(q), gpu(k), gpu(v), out_g, lse_g, causal, scale);
+  EXPECT_LT(err(out_g, out_c), 1e-4);
+  EXPECT_LT(err(lse_g, lse_c), 1e-4);
+
+  Tensor dq_c = Tensor::empty(q.shape(), DType::F32), dk_c = Tensor::empty(k.shape(), DType::F32),
+         dv_c = Tensor::empty(v.shape(), DType::F32);
+  // Garbage in the GPU outputs: they must be written, not accumulated.
+  Tensor dq_g = gpu(rand_cpu(q.shape(), 95)), dk_g = gpu(rand_cpu(k.shape(), 96)),
+         dv_g = gpu(rand_cpu(v.shape(), 97));
+  ops::attention_backward(dout, q, k, v, out_c, lse_c, dq_c, dk_c, dv_c, causal, scale);
+  ops::attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), out_g, lse_g, dq_g, dk_g, dv_g, causal, scale);
+  EXPECT_LT(err(dq_g, dq_c), 1e-4);
+  EXPECT_LT(err(dk_g, dk_c), 1e-4);
+  EXPECT_LT(err(dv_g, dv_c), 1e-4);
+}
+
+TEST(CudaOps, AttentionCausalGqaOddSizes) {
+  REQUIRE_GPU();
+  check_attention(77, 2, 4, 2, 40, true);
+  check_attention(77, 2, 4, 2, 40, false);
+  check_attention(5, 1, 3, 1, 8, true);  // fewer rows than one tile
+}
+
+TEST(CudaOps, AttentionHeadDim128) {
+  REQUIRE_GPU();
+  check_attention(130, 1, 2, 2, 128, true);
+  check_attention(70, 2, 2, 1, 128, false);
+}
+
+// ---- embedding and loss -----------------------------------------------------------------------
+
+TEST(CudaOps, EmbeddingForwardBackwardVocabParallel) {
+  REQUIRE_GPU();
+  const int64_t b = 3, s = 37, rows = 50, h = 67, vocab_start = 40;
+  std::mt19937 gen(101);
+  std::uniform_int_distribution<int32_t> id(0, 120);  // many ids outside [40, 90), many repeats
+  std::vector<int32_t> ids(b * s);
+  for (auto& t : ids) t = id(gen);
+  ids[0] = ids[1] = ids[2] = 45;
+  const Tensor tokens = Tensor::from_vector(ids, {b, s});
+  const Tensor w = rand_cpu({rows, h}, 102), dout = rand_cpu({s, b, h}, 103);
+  Tensor out_c = Tensor::empty({s, b, h}, DType::F32), out_g = gpu(out_c);
+  ops::embedding_forward(tokens, w, vocab_start, out_c);
+  ops::embedding_forward(gpu(tokens), gpu(w), vocab_start, out_g);
+  EXPECT_TRUE(bits_equal(out_g, out_c));
+  Tensor dw_c = rand_cpu({rows, h}, 104), dw_g = gpu(dw_c);
+  ops::embedding_backward(tokens, dout, vocab_start, dw_c);
+  ops::embedding_backward(gpu(tokens), gpu(dout), vocab_start, dw_g);
+  EXPECT_TRUE(bits_equal(dw_g, dw_c)) << "error " << err(dw_g, dw_c);  // same summation order
+}
+
+TEST(CudaOps, CrossEntropyPiecesWithPadding) {
+  REQUIRE_GPU();
+  const int64_t n = 29, v = 1000, vocab_start = 500, vocab_size = 1400;  // local columns 900.. are padding
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; i++) t[i] = static_cast<int32_t>((i * 97) % 1400);
+  const Tensor targets = Tensor::from_vector(t, {n});
+  const Tensor logits = rand_cpu({n, v}, 111, -8.0f, 8.0f), gs = rand_cpu({n}, 112, 0.1f, 1.0f);
+  Tensor mx_c = Tensor::empty({n}, DType::F32), tl_c = Tensor::empty({n}, DType::F32),
+         se_c = Tensor::empty({n}, DType::F32), dl_c = Tensor::empty({n, v}, DType::F32);
+  Tensor mx_g = gpu(mx_c), tl_g = gpu(tl_c), se_g = gpu(se_c), dl_g = gpu(dl_c);
+  ops::cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, mx_c, tl_c);
+  ops::cross_entropy_local_stats(gpu(logits), gpu(targets), vocab_start, vocab_size, mx_g, tl_g);
+  EXPECT_TRUE(bits_equal(mx_g, mx_c));
+  EXPECT_TRUE(bits_equal(tl_g, tl_c));
+  ops::cross_entropy_sum_exp(logits, mx_c, vocab_start, vocab_size, se_c);
+  ops::cross_entropy_sum_exp(gpu(logits), mx_g, vocab_start, vocab_size, se_g);
+  EXPECT_LT(err(se_g, se_c), 1e-5);
+  ops::cross_entropy_backward(logits, targets, mx_c, se_c, gs, vocab_start, vocab_size, dl_c);
+  ops::cross_entropy_backward(gpu(logits), gpu(targets), mx_g, se_g, gpu(gs), vocab_start, vocab_size, dl_g);
+  EXPECT_LT(err(dl_g, dl_c), 1e-5);
+
+  // A rank holding only padding: row_max -inf, sum_exp 0, gradients 0.
+  Tensor mx2 = Tensor::empty({n}, DType::F32, Device::cuda(0)), tl2 = gpu(tl_c), se2 = gpu(se_c);
+  ops::cross_entropy_local_stats(gpu(logits), gpu(targets), 1400, vocab_size, mx2, tl2);
+  ops::cross_entropy_sum_exp(gpu(logits), mx2, 1400, vocab_size, se2);
+  for (float m : host(mx2).to_float_vector()) EXPECT_TRUE(std::isinf(m) && m < 0);
+  for (float e : host(se2).to_float_vector()) EXPECT_EQ(e, 0.0f);
+}
+
+// ---- reductions and the optimizer -------------------------------------------------------------
+
+TEST(CudaOps, SumOfSquaresInDouble) {
+  REQUIRE_GPU();
+  const Tensor x = rand_cpu({1000003}, 121);
+  const double c = ops::sum_of_squares(x), g = ops::sum_of_squares(gpu(x));
+  EXPECT_NEAR(g, c, 1e-12 * c);
+  EXPECT_EQ(ops::sum_of_squares(gpu(x)), g);  // deterministic
+}
+
+TEST(CudaOps, AdamWStepMatchesHostReference) {
+  REQUIRE_GPU();
+  const int64_t n = 10007, decay_end = 6000;
+  Tensor p = rand_cpu({n}, 131), g = rand_cpu({n}, 132), m = rand_cpu({n}, 133, -0.1f, 0.1f);
+  Tensor v = rand_cpu({n}, 134, 0.0f, 0.01f);
+  cuda::AdamWHyper hp;
+  hp.lr = 3e-4;
+  hp.weight_decay = 0.1;
+  hp.step = 7;
+  hp.grad_scale = 0.5f;
+  // Host reference: src/optim/adamw.cpp's arithmetic.
+  std::vector<float> P = p.to_float_vector(), G = g.to_float_vector(), Mv = m.to_float_vector(),
+                     V = v.to_float_vector();
+  const double bc1 = 1.0 - std::pow(hp.beta1, 7.0), bc2s = std::sqrt(1.0 - std::pow(hp.beta2, 7.0));
+  for (int64_t i = 0; i < n; i++) {
+    const float gi = G[i] * hp.grad_scale;
+    if (i < decay_end) P[i] *= static_cast<float>(1.0 - hp.lr * hp.weight_decay);
+    Mv[i] = Mv[i] * 0.9f + gi * static_cast<float>(1.0 - 0.9);
+    V[i] = V[i] * 0.999f + gi * gi * static_cast<float>(1.0 - 0.999);
+    const float denom = std::sqrt(V[i]) / static_cast<float>(bc2s) + 1e-8f;
+    P[i] += -static_cast<float>(hp.lr / bc1) * (Mv[i] / denom);
+  }
+  Tensor pg = gpu(p), gg = gpu(g), mg = gpu(m), vg = gpu(v);
+  Tensor model = Tensor::empty({n}, DType::BF16, Device::cuda(0));
+  cuda::adamw_step(static_cast<float*>(pg.data_ptr()), static_cast<const float*>(gg.data_ptr()),
+                   static_cast<float*>(mg.data_ptr()), static_cast<float*>(vg.data_ptr()),
+                   static_cast<bf16*>(model.data_ptr()), n, hp, nullptr, 0, decay_end, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Tensor ref = Tensor::from_vector(P, {n});
+  EXPECT_LT(err(pg, ref), 1e-6);
+  EXPECT_LT(err(mg, Tensor::from_vector(Mv, {n})), 1e-6);
+  EXPECT_LT(err(vg, Tensor::from_vector(V, {n})), 1e-6);
+  // The bf16 copy is the updated fp32 param rounded to nearest even.
+  const std::vector<float> pm = host(pg).to_float_vector(), mb = host(model).to_float_vector();
+  for (int64_t i = 0; i < n; i++) ASSERT_EQ(mb[i], bf16_to_float(float_to_bf16(pm[i]))) << i;
+}
+
+TEST(CudaOps, NonDefaultStreamOrdersWork) {
+  REQUIRE_GPU();
+  cudaStream_t cs;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), cudaSuccess);
+  const Stream st{cs};
+  const Tensor x = rand_cpu({4099}, 141);
+  Tensor xg = x.to(Device::cuda(0), st), yg = Tensor::empty({4099}, DType::F32, Device::cuda(0), st);
+  ops::gelu_forward(xg, yg, st);
+  ops::scale_(yg, 2.0f, st);
+  const Tensor y = yg.to(Device::cpu(), st);
+  Tensor ref = Tensor::empty({4099}, DType::F32);
+  ops::gelu_forward(x, ref);
+  ops::scale_(ref, 2.0f);
+  EXPECT_LT(rel_err(y, ref), 1e-5);
+  ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+  cudaStreamDestroy(cs);
+}
+
+}  // namespace
+}  // namespace parallel
