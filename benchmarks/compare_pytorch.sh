@@ -29,5 +29,5 @@ printf "%-6s %14s %14s %8s\n" round "ours tok/s" "pytorch tok/s" ratio
 for r in $(seq 1 "$rounds"); do
   a=$(ours)
   b=$(torch_step)
-  printf "%-6s %14.0f %14.0f %8.2f\n" "$r" "$a" "$b" "$(echo "$a / $b" | bc -l)"
+  awk -v r="$r" -v a="$a" -v b="$b" 'BEGIN { printf "%-6s %14.0f %14.0f %8.2f\n", r, a, b, a / b }'
 done

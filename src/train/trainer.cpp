@@ -115,6 +115,11 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
     : impl_(std::make_unique<Impl>(config, world)) {
   Impl& m = *impl_;
   const Config& c = m.cfg;
+  // The CUDA kernels and NCCL communicator exist, but the trainer does not place tensors on GPUs
+  // yet: say so rather than silently training on the CPU.
+  if (c.train.device == DeviceKind::CUDA)
+    throw ConfigError(
+        "config: train.device = cuda: the trainer runs on the CPU only so far (use train.device: cpu)");
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
   m.state = std::make_unique<ParallelState>(world, grid);
   const int pp_rank = m.state->coord().pp;

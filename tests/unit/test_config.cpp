@@ -594,5 +594,19 @@ TEST(ConfigReference, DocumentationCoversEveryKey) {
   }
 }
 
+// Every shipped config loads and validates for the world size its comments name.
+TEST(ConfigFiles, ShippedConfigsAreValid) {
+  const std::pair<const char*, int> files[] = {{"tiny.yaml", 1},
+                                               {"quickstart.yaml", 4},
+                                               {"gpt2_124m.yaml", 1},
+                                               {"gpt2_124m.yaml", 8},
+                                               {"gpt_1b_gpu.yaml", 8}};
+  for (const auto& [name, world] : files) {
+    const std::string path = (source_dir() / "configs" / name).string();
+    EXPECT_NO_THROW(load_config(path, {}, world))
+        << name << " at world size " << world << ": " << error_of([&] { load_config(path, {}, world); });
+  }
+}
+
 }  // namespace
 }  // namespace parallel
