@@ -32,6 +32,10 @@ class GPTModel {
     bool sequence_parallel = false;
     Recompute recompute = Recompute::None;
     uint64_t seed = 1234;  // initialisation and dropout
+    // BF16 / FP16: the activations and the gradients flowing between ops are rounded to that
+    // precision at every op boundary, as a GPU mixed-precision run holds them (docs/optimizer.md);
+    // GEMMs, norms, softmax and the loss still compute in fp32, parameter gradients stay fp32.
+    Precision precision = Precision::FP32;
   };
   // tp: the tensor-parallel communicator (size 1 without tensor parallelism).
   GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp);

@@ -12,8 +12,9 @@
 //   recomputation control their own lifetimes). Arguments named d* with "accumulate" in their
 //   description are parameter gradients: the op ADDS into them (+=), as gradient accumulation over
 //   micro-batches needs.
-// - fp32 everywhere for now; other dtypes are rejected with a clear error until mixed precision
-//   lands (bf16/fp16 ops must then compute in fp32 internally).
+// - fp32 tensors everywhere; other dtypes are rejected with a clear error. Mixed precision is
+//   emulated by rounding fp32 tensors to bf16/fp16 between ops (round_to_precision_); ops on real
+//   bf16/fp16 tensors must compute in fp32 internally when they come.
 // - Stream: ordering on CUDA; ignored on the CPU. CPU kernels use OpenMP threads (OMP_NUM_THREADS).
 #include <cstdint>
 
@@ -40,6 +41,13 @@ void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream = {});
 void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream = {});  // out may alias a or b
 void add_(Tensor& a, const Tensor& b, Stream stream = {});                     // a += b
 void scale_(Tensor& a, float alpha, Stream stream = {});                       // a *= alpha
+
+// Mixed-precision emulation: rounds every element of the fp32 tensor x in place to the nearest
+// value of `precision` (BF16 or F16; round to nearest, ties to even, exactly as float_to_bf16 /
+// float_to_f16 followed by the widening back: NaN stays a quiet NaN, fp16 overflow becomes inf,
+// fp16 subnormals are kept). F32 is a no-op. The model calls it wherever a GPU run would hold a
+// tensor in bf16/fp16 (docs/optimizer.md).
+void round_to_precision_(Tensor& x, DType precision, Stream stream = {});
 
 // GeLU with the tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream = {});

@@ -17,6 +17,8 @@ void bias_backward(const Tensor& dy, Tensor& dbias);
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add_(Tensor& a, const Tensor& b);
 void scale_(Tensor& a, float alpha);
+void round_to_bf16_(Tensor& x);
+void round_to_f16_(Tensor& x);
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 void swiglu_forward(const Tensor& x, Tensor& y);

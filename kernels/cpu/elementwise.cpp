@@ -1,11 +1,13 @@
-// Element-wise ops: bias, add, scale, gelu, swiglu, dropout. Each hot loop is a small function
-// cloned for AVX-512 / AVX2 / baseline (chosen at load time) and called on per-thread chunks from
-// an OpenMP loop: the clones cannot live inside the OpenMP region itself, because GCC outlines the
-// region into a separate function that target_clones would not see.
+// Element-wise ops: bias, add, scale, rounding to bf16/fp16, gelu, swiglu, dropout. Each hot loop
+// is a small function cloned for AVX-512 / AVX2 / baseline (chosen at load time) and called on
+// per-thread chunks from an OpenMP loop: the clones cannot live inside the OpenMP region itself,
+// because GCC outlines the region into a separate function that target_clones would not see.
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "cpu/cpu_ops.hpp"
@@ -40,6 +42,38 @@ PARALLEL_CLONES void add_into(const float* a, const float* b, float* out, int64_
 }
 PARALLEL_CLONES void scale_into(float* a, float alpha, int64_t n) {
   for (int64_t i = 0; i < n; i++) a[i] *= alpha;
+}
+
+// ---- rounding to bf16 / fp16 (mixed-precision emulation) ----
+// Bit arithmetic on the fp32 pattern, branch-free so that it vectorises; the results are bitwise
+// those of float_to_bf16 / float_to_f16 (src/core/dtype.cpp) widened back to fp32.
+
+// bf16 keeps the top 16 bits: add 0x7fff plus the lowest kept bit (ties to even), clear the rest.
+// NaN: keep the top bits and set the quiet bit, as float_to_bf16 does.
+PARALLEL_CLONES void round_bf16_chunk(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t nan = (u & 0xffff0000u) | 0x00400000u;
+    x[i] = std::bit_cast<float>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+// fp16 by magnitude: NaN -> quiet NaN; >= 65520 -> inf; normal range [2^-14, 65520): keep 10
+// mantissa bits (add 0xfff plus the lowest kept bit, clear 13 bits); below 2^-14 the fp16 grid is
+// multiples of 2^-24: adding 0.5 puts the value where the fp32 ulp is 2^-24, so the fp32 addition
+// itself rounds (ties to even, the default rounding mode) and subtracting 0.5 back is exact.
+PARALLEL_CLONES void round_f16_chunk(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t sign = u & 0x80000000u, abs = u & 0x7fffffffu;
+    const uint32_t normal = (abs + 0x0fffu + ((abs >> 13) & 1u)) & 0xffffe000u;
+    const float tiny = (std::bit_cast<float>(abs) + 0.5f) - 0.5f;
+    uint32_t r = abs < 0x38800000u ? std::bit_cast<uint32_t>(tiny) : normal;
+    r = abs >= 0x477ff000u ? 0x7f800000u : r;
+    r = abs > 0x7f800000u ? 0x7fc00000u : r;
+    x[i] = std::bit_cast<float>(sign | r);
+  }
 }
 
 // ---- gelu ----
@@ -159,6 +193,16 @@ void add_(Tensor& a, const Tensor& b) {
 void scale_(Tensor& a, float alpha) {
   float* A = a.data<float>();
   parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { scale_into(A + s, alpha, e - s); });
+}
+
+void round_to_bf16_(Tensor& x) {
+  float* X = x.data<float>();
+  parallel_chunks(x.numel(), [&](int64_t s, int64_t e) { round_bf16_chunk(X + s, e - s); });
+}
+
+void round_to_f16_(Tensor& x) {
+  float* X = x.data<float>();
+  parallel_chunks(x.numel(), [&](int64_t s, int64_t e) { round_f16_chunk(X + s, e - s); });
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {

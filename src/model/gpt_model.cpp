@@ -56,6 +56,9 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.tp = &tp;
   env.sequence_parallel = options.sequence_parallel && p > 1;
   env.seed = options.seed;
+  env.activation_dtype = options.precision == Precision::BF16   ? DType::BF16
+                         : options.precision == Precision::FP16 ? DType::F16
+                                                                : DType::F32;
   env.hidden = config.hidden_size;
   env.heads = config.num_attention_heads;
   env.groups = config.num_query_groups > 0 ? config.num_query_groups : config.num_attention_heads;
@@ -206,6 +209,8 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
       add_positions(x, m.position->value, env.sequence_offset(x.size(0)));
     }
+    // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
+    model::to_activation_precision(env, x);
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
   } else {
     x = input;
@@ -241,6 +246,8 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
     const float g = grad.to_float_vector()[0];
     Tensor grad_loss = Tensor::full({n}, g, DType::F32, grad.device());
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
+    // The loss is computed in fp32 from the bf16 logits; the gradient goes back as bf16 logits' grad.
+    model::to_activation_precision(env, dlogits);
     dx = m.output->backward(dlogits, act.output);
     // A weight tied to this chunk's own embedding gets its last contribution there, below.
     if (m.output_weight) m.ready(*m.output_weight);

@@ -21,7 +21,7 @@ Parameter replicated(const std::string& name, int64_t n, float value, bool sp_gr
 }  // namespace
 
 Norm::Norm(const LayerEnv& env, const std::string& name)
-    : kind_(env.config->normalization), eps_(static_cast<float>(env.config->norm_epsilon)) {
+    : env_(env), kind_(env.config->normalization), eps_(static_cast<float>(env.config->norm_epsilon)) {
   const bool sp_grad = env.sequence_parallel && env.tp->size() > 1;
   weight = replicated(name + ".weight", env.hidden, 1.0f, sp_grad);
   if (kind_ == Normalization::LayerNorm) bias = replicated(name + ".bias", env.hidden, 0.0f, sp_grad);
@@ -44,6 +44,8 @@ Tensor Norm::forward(const Tensor& x_in, Context& ctx) {
   } else {
     ops::rmsnorm_forward(x2d, weight.value, y2d, ctx.rstd, eps_);
   }
+  // Statistics in fp32 (mean, rstd stay fp32, as the fused GPU kernels keep them); output in bf16.
+  to_activation_precision(env_, y);
   ctx.x = x;
   return y;
 }
@@ -57,6 +59,7 @@ Tensor Norm::backward(const Tensor& dy_in, Context& ctx) {
     ops::layernorm_backward(dy2d, x2d, weight.value, ctx.mean, ctx.rstd, dx2d, weight.grad, bias.grad);
   else
     ops::rmsnorm_backward(dy2d, x2d, weight.value, ctx.rstd, dx2d, weight.grad);
+  to_activation_precision(env_, dx);  // dweight/dbias accumulate in fp32; dx leaves in bf16
   ctx = Context{};
   return dx;
 }

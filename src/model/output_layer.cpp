@@ -17,6 +17,7 @@ Tensor OutputLayer::forward(const Tensor& x, tp::LinearContext& ctx) {
   Tensor logits = Tensor::empty({s, b, v_local}, DType::F32, x.device());
   Tensor logits2d = logits.view({s * b, v_local});
   ops::gemm(x_full.view({s * b, h}), false, weight_->value, true, logits2d);
+  to_activation_precision(env_, logits);  // the logits are bf16; the cross-entropy reads them in fp32
   ctx.input = x_full;
   return logits;
 }
@@ -43,6 +44,7 @@ Tensor OutputLayer::backward(const Tensor& dlogits_in, tp::LinearContext& ctx) {
   }
   ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f);
   work->wait();
+  to_activation_precision(env_, dx);  // after the tp reduction
   ctx.input = Tensor();
   return dx;
 }

@@ -131,6 +131,20 @@ void scale_(Tensor& a, float alpha, Stream stream) {
   cpu::scale_(a, alpha);
 }
 
+void round_to_precision_(Tensor& x, DType precision, Stream stream) {
+  (void)stream;
+  PARALLEL_CHECK(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
+                 "ops::round_to_precision_: precision must be fp32, bf16 or fp16, got {}",
+                 dtype_name(precision));
+  const Device dev = check_args("round_to_precision_", {{x, "x"}});
+  if (precision == DType::F32) return;
+  if (dev.is_cuda()) PARALLEL_FAIL("no CUDA kernel for ops::round_to_precision_ yet");
+  if (precision == DType::BF16)
+    cpu::round_to_bf16_(x);
+  else
+    cpu::round_to_f16_(x);
+}
+
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Device dev = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("gelu_forward", x, "x", y, "y");

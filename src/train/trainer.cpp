@@ -133,7 +133,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
                                             pp_rank);
   GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
                             .recompute = c.train.recompute,
-                            .seed = c.train.seed};
+                            .seed = c.train.seed,
+                            .precision = c.train.precision};
   std::vector<GPTModel*> raw;
   for (const GPTChunkSpec& spec : specs) {
     m.chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, m.state->tp()));

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -302,6 +303,78 @@ TEST(OpsElementwise, SwigluForwardBackward) {
               ops::swiglu_forward(random_tensor({rows, 2 * f}, 1), bad);
             }).find("ops::swiglu_forward"),
             std::string::npos);
+}
+
+// ---- rounding to bf16 / fp16 -------------------------------------------------------------------
+
+// Values that stress the rounding: exact ties in both directions, the largest finite values and
+// their overflow neighbours, inf, NaNs (quiet, signalling, with payloads), zeros, fp32 and fp16
+// subnormals and the fp16 normal/subnormal boundary, then a random sweep of bit patterns.
+namespace {
+
+std::vector<float> rounding_cases() {
+  std::vector<uint32_t> bits = {
+      0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u,  // +-0, +-1
+      0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu,  // bf16 ties to even (down / up) and neighbours
+      0x3f801000u, 0x3f803000u, 0x3f801001u, 0x3f800fffu,  // fp16 ties to even (down / up) and neighbours
+      0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x7f7f7fffu,  // fp32 max, bf16 overflow tie
+      0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u,  // fp16 65504, just below / at / above 65520
+      0x7f800000u, 0xff800000u,                            // +-inf
+      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fa00000u, 0xff812345u, 0x7fffffffu,  // NaNs
+      0x00000001u, 0x80000001u, 0x007fffffu, 0x00400000u, 0x00008000u,               // fp32 subnormals
+      0x33800000u, 0x33000000u, 0x33000001u, 0x33c00000u, 0xb3400000u,               // around 2^-24
+      0x38800000u, 0x387fffffu, 0x387fe000u, 0x387ff000u, 0xb87ff000u, 0x38000000u,  // around 2^-14
+  };
+  std::mt19937 gen(2024);
+  for (int i = 0; i < 200000; ++i) bits.push_back(static_cast<uint32_t>(gen()));
+  // Values near 1 with all low-bit patterns, so every tie/non-tie combination appears.
+  for (uint32_t low = 0; low < 0x10000u; low += 7) bits.push_back(0x3f800000u | low);
+  std::vector<float> out;
+  for (uint32_t b : bits) out.push_back(std::bit_cast<float>(b));
+  return out;
+}
+
+void expect_rounding_matches(DType precision) {
+  const std::vector<float> values = rounding_cases();
+  Tensor x = Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+  ops::round_to_precision_(x, precision);
+  const std::vector<float> got = x.to_float_vector();
+  int64_t mismatches = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const float want = precision == DType::BF16 ? bf16_to_float(float_to_bf16(values[i]))
+                                                : f16_to_float(float_to_f16(values[i]));
+    const uint32_t w = std::bit_cast<uint32_t>(want), g = std::bit_cast<uint32_t>(got[i]);
+    if (w != g && ++mismatches <= 10)
+      ADD_FAILURE() << dtype_name(precision) << ": input 0x" << std::hex << std::bit_cast<uint32_t>(values[i])
+                    << " gave 0x" << g << ", expected 0x" << w;
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+}  // namespace
+
+TEST(OpsRounding, Bf16MatchesTheScalarConversionBitwise) { expect_rounding_matches(DType::BF16); }
+TEST(OpsRounding, F16MatchesTheScalarConversionBitwise) { expect_rounding_matches(DType::F16); }
+
+TEST(OpsRounding, F32IsANoOpAndOtherDtypesAreRejected) {
+  const std::vector<float> values = rounding_cases();
+  Tensor x = Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+  ops::round_to_precision_(x, DType::F32);
+  const std::vector<float> got = x.to_float_vector();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(values[i]));
+  // Rounding is idempotent: an already rounded tensor does not change.
+  ops::round_to_precision_(x, DType::BF16);
+  const std::vector<float> once = x.to_float_vector();
+  ops::round_to_precision_(x, DType::BF16);
+  const std::vector<float> twice = x.to_float_vector();
+  for (std::size_t i = 0; i < once.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(once[i]), std::bit_cast<uint32_t>(twice[i]));
+  std::string msg = error_of([&] { ops::round_to_precision_(x, DType::I32); });
+  EXPECT_NE(msg.find("precision"), std::string::npos) << msg;
+  Tensor h = Tensor::zeros({4}, DType::BF16);
+  msg = error_of([&] { ops::round_to_precision_(h, DType::BF16); });
+  EXPECT_NE(msg.find("x is bf16"), std::string::npos) << msg;
 }
 
 // ---- dropout ------------------------------------------------------------------------------------
