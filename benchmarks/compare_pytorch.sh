@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build} rounds=${2:-3}
+# Both sides use libgomp; on a shared machine its default spin-waiting threads steal cores, so both
+# run with passive waiting unless the caller chose a policy.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 L=6 H=384 HEADS=6 V=8192 S=256 B=4 STEPS=12 THREADS=2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -24,7 +27,15 @@ ours() {
 }
 torch_step() { /usr/bin/python3 benchmarks/pytorch_gpt_step.py $L $H $HEADS $V $S $B $STEPS $THREADS; }
 
-echo "model: $L layers, width $H, $HEADS heads, vocab $V, seq $S, batch $B, fp32, $THREADS threads"
+# Debian's python3-torch uses the system BLAS; the reference BLAS would make it several times
+# slower and the comparison meaningless. Install OpenBLAS (scripts/install-deps.sh --with-torch).
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 || true)
+if [[ $blas != *openblas* && $blas != *blis* && $blas != *mkl* ]]; then
+  echo "compare_pytorch: the system BLAS is $blas (reference BLAS?): install libopenblas0-openmp first" >&2
+  exit 1
+fi
+echo "PyTorch BLAS: $blas"
+echo "model: $L layers, width $H, $HEADS heads, vocab $V, seq $S, batch $B, fp32, $THREADS threads, OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
 printf "%-6s %14s %14s %8s\n" round "ours tok/s" "pytorch tok/s" ratio
 for r in $(seq 1 "$rounds"); do
   a=$(ours)

@@ -11,7 +11,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   jargon-text
 )
-[[ " $* " == *" --with-torch "* ]] && packages+=(python3-torch)
+# PyTorch from Debian calls the system BLAS: OpenBLAS, not the reference BLAS, for a fair baseline.
+[[ " $* " == *" --with-torch "* ]] && packages+=(python3-torch libopenblas0-openmp)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -18,6 +18,7 @@ fi
 
 mpi_flags=(--oversubscribe --bind-to none)
 [[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
-# Four ranks share two cores: one thread each.
-OMP_NUM_THREADS=1 mpirun "${mpi_flags[@]}" -np 4 build/bin/pretrain_gpt --config configs/quickstart.yaml "$@" \
+# Four ranks share two cores: one thread each, and OpenMP threads that sleep rather than spin
+# while they wait (spinning steals the cores other ranks need).
+OMP_NUM_THREADS=1 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} mpirun "${mpi_flags[@]}" -np 4 build/bin/pretrain_gpt --config configs/quickstart.yaml "$@" \
   2>&1 | tee runs/quickstart/log.txt
