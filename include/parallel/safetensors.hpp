@@ -16,6 +16,10 @@
 
 namespace parallel::safetensors {
 
+// The format's dtype names: "F32", "BF16", "F16", "F8_E4M3", "I32", "I64", "U8".
+const char* format_name(DType t);
+bool parse_format_name(const std::string& name, DType& out);  // false: not one of them
+
 // Reads every tensor of the file. Any malformation (a file too short for its header, invalid JSON,
 // an unknown dtype, a byte range that does not match the shape, ranges that overlap, leave holes or
 // run past the end, bytes after the last tensor) throws parallel::Error naming the file and the

@@ -20,8 +20,10 @@ uint32_t parse_crc_hex(const std::string& s, const std::string& where) {
 }
 
 json shard_to_json(const ShardEntry& s) {
-  return {
-      {"file", s.file}, {"dtype", format_dtype(s.dtype)}, {"offset", s.box.offset}, {"shape", s.box.shape}};
+  return {{"file", s.file},
+          {"dtype", safetensors::format_name(s.dtype)},
+          {"offset", s.box.offset},
+          {"shape", s.box.shape}};
 }
 
 ShardEntry shard_from_json(const json& j, const std::string& where) {
@@ -35,29 +37,9 @@ ShardEntry shard_from_json(const json& j, const std::string& where) {
 
 }  // namespace
 
-const char* format_dtype(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::BF16:
-      return "BF16";
-    case DType::F16:
-      return "F16";
-    case DType::F8E4M3:
-      return "F8_E4M3";
-    case DType::I32:
-      return "I32";
-    case DType::I64:
-      return "I64";
-    case DType::U8:
-      return "U8";
-  }
-  PARALLEL_FAIL("checkpoint: no format name for dtype {}", static_cast<int>(t));
-}
-
 DType parse_dtype(const std::string& s, const std::string& where) {
-  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F8E4M3, DType::I32, DType::I64, DType::U8})
-    if (s == format_dtype(t)) return t;
+  DType t;
+  if (safetensors::parse_format_name(s, t)) return t;
   PARALLEL_FAIL("checkpoint: {}: unknown dtype '{}'", where, s);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "parallel/checkpoint.hpp"
+#include "parallel/safetensors.hpp"
 
 namespace parallel::checkpoint::detail {
 
@@ -96,7 +97,6 @@ struct RankManifest {
 std::string manifest_to_json(const RankManifest& manifest);
 RankManifest manifest_from_json(const std::string& text);
 
-const char* format_dtype(DType t);  // safetensors' names: "F32", "BF16", ...
 DType parse_dtype(const std::string& s, const std::string& where);
 
 // Checks a file of the step directory against its index entry (size, then CRC32C) and returns it

@@ -147,8 +147,8 @@ LoadResult load(const std::string& path, const std::vector<ShardedTensor>& tenso
         const FileTensor& ft = found->second;
         PARALLEL_CHECK(ft.dtype == piece.shard->dtype && ft.shape == piece.shard->box.shape,
                        "checkpoint load: {}: tensor '{}' is {} {} but the index says {} {}", file_path,
-                       req.tensor->name, detail::format_dtype(ft.dtype), shape_str(ft.shape),
-                       detail::format_dtype(piece.shard->dtype), shape_str(piece.shard->box.shape));
+                       req.tensor->name, safetensors::format_name(ft.dtype), shape_str(ft.shape),
+                       safetensors::format_name(piece.shard->dtype), shape_str(piece.shard->box.shape));
         // Read-only use: the mapping is PROT_READ and the tensor only ever is a copy source.
         const Tensor saved =
             Tensor::from_blob(const_cast<unsigned char*>(mapped->data()) + ft.begin, ft.shape, ft.dtype);

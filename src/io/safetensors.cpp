@@ -24,39 +24,6 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 // The reference implementation's limit: a header this large is a corrupt length, not a header.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
-const char* format_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::BF16:
-      return "BF16";
-    case DType::F16:
-      return "F16";
-    case DType::F8E4M3:
-      return "F8_E4M3";
-    case DType::I32:
-      return "I32";
-    case DType::I64:
-      return "I64";
-    case DType::U8:
-      return "U8";
-  }
-  PARALLEL_FAIL("safetensors: no format name for dtype {}", static_cast<int>(t));
-}
-
-bool parse_format_name(const std::string& s, DType& out) {
-  static const std::pair<const char*, DType> kTable[] = {
-      {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16}, {"F8_E4M3", DType::F8E4M3},
-      {"I32", DType::I32}, {"I64", DType::I64},   {"U8", DType::U8}};
-  for (const auto& [name, dtype] : kTable) {
-    if (s == name) {
-      out = dtype;
-      return true;
-    }
-  }
-  return false;
-}
-
 std::string errno_str() { return std::strerror(errno); }
 
 // An open file descriptor, closed on scope exit.
@@ -246,6 +213,39 @@ Fd open_for_reading(const std::string& path) {
 }
 
 }  // namespace
+
+const char* format_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::F8E4M3:
+      return "F8_E4M3";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
+  }
+  PARALLEL_FAIL("safetensors: no format name for dtype {}", static_cast<int>(t));
+}
+
+bool parse_format_name(const std::string& s, DType& out) {
+  static const std::pair<const char*, DType> kTable[] = {
+      {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16}, {"F8_E4M3", DType::F8E4M3},
+      {"I32", DType::I32}, {"I64", DType::I64},   {"U8", DType::U8}};
+  for (const auto& [name, dtype] : kTable) {
+    if (s == name) {
+      out = dtype;
+      return true;
+    }
+  }
+  return false;
+}
 
 std::map<std::string, Tensor> load(const std::string& path) {
   Fd fd = open_for_reading(path);

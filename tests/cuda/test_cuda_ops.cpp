@@ -17,17 +17,13 @@
 #include <vector>
 
 #include "../../kernels/cuda/kernels.hpp"
-#include "../common/compare.hpp"
+#include "compare.hpp"
+#include "gpu.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel {
 namespace {
-
-#define REQUIRE_GPU()                                                                      \
-  do {                                                                                     \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"; \
-  } while (0)
 
 using testing::rel_err;
 

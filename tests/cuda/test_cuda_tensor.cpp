@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../src/cuda/cuda_caching_allocator.hpp"
+#include "gpu.hpp"
 #include "parallel/allocator.hpp"
 #include "parallel/device.hpp"
 #include "parallel/dtype.hpp"
@@ -20,11 +21,6 @@
 
 namespace parallel {
 namespace {
-
-#define REQUIRE_GPU()                                                                      \
-  do {                                                                                     \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"; \
-  } while (0)
 
 constexpr std::size_t kMiB = 1 << 20;
 using cuda::CudaCachingAllocator;

@@ -14,15 +14,11 @@
 
 #include "../../kernels/cuda/kernels.hpp"
 #include "../../kernels/gemm/gemm.hpp"
+#include "gpu.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel {
 namespace {
-
-#define REQUIRE_GPU()                                                                      \
-  do {                                                                                     \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"; \
-  } while (0)
 
 struct Case {
   int64_t m, n, k;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/device.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -22,11 +23,6 @@
 
 namespace parallel {
 namespace {
-
-#define REQUIRE_GPU()                                                                      \
-  do {                                                                                     \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: this test needs a GPU"; \
-  } while (0)
 
 // gtest_main owns main(), so MPI comes up and goes down around all tests in an environment.
 class MpiEnvironment : public ::testing::Environment {
