@@ -19,7 +19,13 @@
 //   finalize_grads(params, state);   // tied embeddings over the embedding group, SP norms over tp
 //   ddp.finish_grad_sync();
 //   optimizer.step(lr);                                // all-gathers params (distributed optimizer)
-//   [with overlap_param_gather: ddp.finish_param_gather() before the next forward; zero_grad() does it]
+//
+// With overlap_param_gather the all-gathers launched by step() are left in flight: the chunk
+// constructor installs a parameter-use hook, so the next forward waits for a bucket's gather only
+// right before the first layer that uses one of its parameters, and the later buckets' gathers
+// overlap the earlier layers' compute. Built from a parameter list (no hook), zero_grad() waits
+// for all of them instead. Anything else that reads or writes the parameters in between
+// (optimizer step, checkpoint save/load) calls finish_param_gather() first.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -47,10 +53,10 @@ struct DataParallelOptions {
 
 // What DDP did and when: the overlap test and benchmark read this log.
 struct DdpEvent {
-  enum class Kind { GradReady, ReduceLaunched, ReduceDone, GatherLaunched, GatherDone };
+  enum class Kind { GradReady, ReduceLaunched, ReduceDone, GatherLaunched, GatherDone, ParamUse };
   Kind kind;
-  int bucket = -1;
-  const Parameter* param = nullptr;  // GradReady only
+  int bucket = -1;                   // -1 for GradReady
+  const Parameter* param = nullptr;  // GradReady and ParamUse only
   std::chrono::steady_clock::time_point time;
 };
 
@@ -64,7 +70,8 @@ struct BucketShard {
 class DataParallel {
  public:
   // Lays out every chunk's parameters (chunks in order, each in its registration order) and hooks
-  // the chunks' backward. The chunks must outlive this object; the destructor removes the hooks.
+  // the chunks' backward (and, with overlap_param_gather, their forward). The chunks must outlive
+  // this object; the destructor removes the hooks.
   DataParallel(const std::vector<GPTModel*>& chunks, Communicator& dp, DataParallelOptions options);
   // Without a model: no grad-ready hooks (call on_grad_ready yourself, or do not overlap).
   DataParallel(const std::vector<Parameter*>& params, Communicator& dp, DataParallelOptions options);
@@ -72,11 +79,15 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Zeroes the gradient buffer and waits for any parameter all-gather still in flight.
+  // Zeroes the gradient buffer. Waits for any parameter all-gather still in flight, unless the
+  // parameter-use hook is installed (overlap_param_gather with model chunks): the forward waits.
   void zero_grad();
   void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
   // The grad-ready hook's target.
   void on_grad_ready(Parameter& param);
+  // The parameter-use hook's target: waits for the all-gather of the parameter's bucket if one is
+  // in flight (once per bucket) and records ParamUse.
+  void on_param_use(Parameter& param);
   // Launches every bucket not yet launched and waits for all of them: gradients are then averaged
   // over dp (all of them, or this rank's shards with the distributed optimizer).
   void finish_grad_sync();
@@ -98,6 +109,7 @@ class DataParallel {
 
  private:
   void launch_reduce(Bucket& bucket);
+  void finish_gather(Bucket& bucket);  // waits for the bucket's in-flight gather, if any
   void record(DdpEvent::Kind kind, int bucket, const Parameter* param = nullptr);
 
   Communicator& dp_;
@@ -106,6 +118,7 @@ class DataParallel {
   std::vector<Parameter*> params_;
   std::unique_ptr<ParamAndGradBuffer> buffer_;
   bool is_last_microbatch_ = true;
+  bool gather_on_use_ = false;  // the parameter-use hook waits for the gathers
   std::unordered_set<const Parameter*> ready_;
   std::vector<int> ready_count_;
   std::vector<WorkHandle> reduce_work_;  // per bucket; null: not launched this step

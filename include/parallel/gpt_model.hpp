@@ -71,6 +71,10 @@ class GPTModel {
   // (its gradient is final for this micro-batch), in backward order. Lets a caller such as data
   // parallelism start reducing gradients while the rest of the backward runs. Empty: no calls.
   void set_grad_ready_hook(std::function<void(Parameter&)> hook);
+  // Called during forward() right before a parameter's first use in that call, in forward order
+  // (a layer's parameters together, before the layer runs). Lets a caller such as data parallelism
+  // wait for a parameter's all-gather only when it is needed. Empty: no calls.
+  void set_param_use_hook(std::function<void(Parameter&)> hook);
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
   int64_t vocab_padded() const { return vocab_padded_; }

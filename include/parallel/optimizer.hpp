@@ -94,6 +94,9 @@ class Optimizer {
   // Allocates main (if needed), exp_avg and exp_avg_sq of `numel` elements.
   void allocate_state(int64_t numel, bool need_main);
   Slot make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target, int64_t state_offset);
+  // Before anything reads the gradients or writes the parameters (e.g. finish an all-gather still
+  // filling the parameter buffer).
+  virtual void before_update() {}
   // After the slots are updated and written back (e.g. widen, all-gather).
   virtual void after_update() {}
 
@@ -129,6 +132,7 @@ class DistributedOptimizer : public Optimizer {
   DataParallel* data_parallel() override { return &ddp_; }
 
  private:
+  void before_update() override;
   void after_update() override;
   DataParallel& ddp_;
 };

@@ -43,8 +43,12 @@ struct GPTModel::Impl {
       output_weight;  // untied "output.weight", or the tied copy on a chunk without embedding
   std::unique_ptr<model::OutputLayer> output;
   std::function<void(Parameter&)> grad_ready;
+  std::function<void(Parameter&)> param_use;
   void ready(Parameter& p) const {
     if (grad_ready) grad_ready(p);
+  }
+  void use(Parameter& p) const {
+    if (param_use) param_use(p);
   }
 };
 
@@ -160,6 +164,10 @@ void GPTModel::set_grad_ready_hook(std::function<void(Parameter&)> hook) {
   impl_->grad_ready = std::move(hook);
 }
 
+void GPTModel::set_param_use_hook(std::function<void(Parameter&)> hook) {
+  impl_->param_use = std::move(hook);
+}
+
 namespace {
 
 // targets [b, s] -> [s * b] in the activations' (s, b) order.
@@ -202,11 +210,13 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                    "GPTModel: tokens {} must be [b, s] int32", input.str());
     act.batch = input.size(0);
     act.seq = input.size(1);
+    m.use(m.word->weight);
     x = m.word->forward(input, act.embedding);  // [s(/tp), b, h], reduced over tp
     if (m.position) {
       PARALLEL_CHECK(act.seq <= m.position->value.size(0), "GPTModel: sequence {} exceeds {} positions",
                      act.seq, m.position->value.size(0));
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
+      m.use(*m.position);
       add_positions(x, m.position->value, env.sequence_offset(x.size(0)));
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
@@ -218,10 +228,16 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
     act.batch = input.size(1);
   }
   act.layers.resize(m.layers.size());
-  for (std::size_t i = 0; i < m.layers.size(); ++i) x = m.layers[i]->forward(x, act.layers[i], micro_batch);
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    for (Parameter* p : m.layers[i]->parameters()) m.use(*p);
+    x = m.layers[i]->forward(x, act.layers[i], micro_batch);
+  }
   if (!spec_.post_process) return x;
 
+  for (Parameter* p : m.final_norm->parameters()) m.use(*p);
   Tensor y = m.final_norm->forward(x, act.final_norm);
+  // A weight tied to this chunk's own embedding was already used by the lookup above.
+  if (m.output_weight) m.use(*m.output_weight);
   Tensor logits = m.output->forward(y, act.output);  // [s, b, Vp/tp]
   const int64_t n = act.seq * act.batch, v_local = logits.size(-1);
   PARALLEL_CHECK(targets.dim() == 2 && targets.size(0) == act.batch && targets.size(1) == act.seq,

@@ -71,6 +71,7 @@ Optimizer::Slot Optimizer::make_slot(Parameter* p, Tensor grad, Tensor main, Ten
 
 StepResult Optimizer::step(double lr) {
   StepResult r;
+  before_update();
   Communicator* dp = sharded_ ? groups_.dp : nullptr;
   if (scaler_) {
     r.loss_scale = scaler_->scale();

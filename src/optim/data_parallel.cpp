@@ -44,6 +44,10 @@ DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& d
     : DataParallel(chunk_params(chunks), dp, options) {
   chunks_ = chunks;
   for (GPTModel* c : chunks_) c->set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
+  if (options_.overlap_param_gather && options_.distributed_optimizer) {
+    gather_on_use_ = true;
+    for (GPTModel* c : chunks_) c->set_param_use_hook([this](Parameter& p) { on_param_use(p); });
+  }
 }
 
 DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& dp,
@@ -65,7 +69,10 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& 
 }
 
 DataParallel::~DataParallel() {
-  for (GPTModel* c : chunks_) c->set_grad_ready_hook(nullptr);
+  for (GPTModel* c : chunks_) {
+    c->set_grad_ready_hook(nullptr);
+    c->set_param_use_hook(nullptr);
+  }
   // Nothing may still write into the buffers once they are gone.
   for (auto& w : reduce_work_)
     if (w) w->wait();
@@ -78,7 +85,7 @@ void DataParallel::record(DdpEvent::Kind kind, int bucket, const Parameter* para
 }
 
 void DataParallel::zero_grad() {
-  finish_param_gather();
+  if (!gather_on_use_) finish_param_gather();
   buffer_->zero_grads();
   ready_.clear();
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
@@ -152,14 +159,24 @@ void DataParallel::start_param_gather(bool async) {
   if (!async) finish_param_gather();
 }
 
+void DataParallel::finish_gather(Bucket& bucket) {
+  if (!gather_work_[bucket.index]) return;
+  gather_work_[bucket.index]->wait();
+  gather_work_[bucket.index] = nullptr;
+  buffer_->refresh_working(bucket.offset, bucket.numel);
+  record(DdpEvent::Kind::GatherDone, bucket.index);
+}
+
 void DataParallel::finish_param_gather() {
-  for (Bucket& b : buffer_->buckets()) {
-    if (!gather_work_[b.index]) continue;
-    gather_work_[b.index]->wait();
-    gather_work_[b.index] = nullptr;
-    buffer_->refresh_working(b.offset, b.numel);
-    record(DdpEvent::Kind::GatherDone, b.index);
-  }
+  for (Bucket& b : buffer_->buckets()) finish_gather(b);
+}
+
+void DataParallel::on_param_use(Parameter& param) {
+  const Parameter* p = &param;
+  if (!buffer_->contains(p)) return;  // not part of this replica
+  Bucket& bucket = buffer_->buckets()[buffer_->bucket_of(p)];
+  finish_gather(bucket);
+  record(DdpEvent::Kind::ParamUse, bucket.index, p);
 }
 
 }  // namespace parallel

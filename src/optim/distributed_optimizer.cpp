@@ -42,6 +42,12 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
   }
 }
 
+void DistributedOptimizer::before_update() {
+  // With overlap_param_gather a bucket whose parameters the forward never used may still be
+  // gathering into the buffer that the update writes this rank's shard of.
+  ddp_.finish_param_gather();
+}
+
 void DistributedOptimizer::after_update() {
   ddp_.start_param_gather(/*async=*/ddp_.options().overlap_param_gather);
 }

@@ -7,7 +7,8 @@
 //   - re-binding: after ParamAndGradBuffer makes every Parameter a view into its buffers (fused q/k/v
 //     and gate/up included) the model computes exactly what it did, and reads the buffer.
 //   - overlap: with small buckets, >= 2 buckets' reductions start before the last layer's backward
-//     has finished.
+//     has finished; with overlap_param_gather the next forward waits for each bucket's all-gather
+//     only before that bucket's first use, so some gathers complete after the forward has begun.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -281,6 +282,72 @@ TEST(DataParallelOverlap, EarlyBucketsStartBeforeTheBackwardEnds) {
   int launched = 0;
   for (const DdpEvent& e : ev) launched += e.kind == DdpEvent::Kind::ReduceLaunched;
   EXPECT_EQ(launched, static_cast<int>(ddp.buffer().buckets().size()));  // each exactly once
+}
+
+TEST(DataParallelOverlap, ParamGatherOverlapsTheNextForward) {
+  const ModelConfig c = small_config();
+  ParallelState state(world(), RankGrid::from_world(world().size(), 1, 1));  // dp = world
+  GPTModel replica(c, {0, c.num_layers, true, true}, {.seed = 3}, state.tp());
+  OptimizerConfig oc = optimizer_config();
+  oc.distributed = true;
+  oc.overlap_param_gather = true;
+  oc.bucket_size = 8000;
+  DataParallel ddp({&replica}, state.dp(), DataParallelOptions::from(oc, Precision::FP32));
+  const int buckets = static_cast<int>(ddp.buffer().buckets().size());
+  ASSERT_GE(buckets, 3);
+  DistributedOptimizer opt(ddp, oc, OptimizerGroups::from(state));
+  const Tensor seed = Tensor::full({1}, 1.0, DType::F32);
+
+  auto train_step = [&](int step) {
+    ddp.zero_grad();
+    ddp.set_is_last_microbatch(true);
+    auto [tokens, targets] = sample(c, step, world().rank());
+    auto act = replica.new_activations();
+    replica.forward(tokens, targets, *act);
+    replica.backward(seed, *act);
+    ddp.finish_grad_sync();
+    opt.step(1e-3);
+  };
+  train_step(0);  // leaves every bucket's gather in flight
+
+  ddp.set_record_events(true);
+  ddp.zero_grad();  // must not wait for the gathers: the forward does, bucket by bucket
+  for (const DdpEvent& e : ddp.events()) EXPECT_NE(e.kind, DdpEvent::Kind::GatherDone);
+  auto [tokens, targets] = sample(c, 1, world().rank());
+  auto act = replica.new_activations();
+  replica.forward(tokens, targets, *act);
+
+  const auto& ev = ddp.events();
+  std::size_t first_use = ev.size();
+  for (std::size_t i = 0; i < ev.size(); ++i)
+    if (ev[i].kind == DdpEvent::Kind::ParamUse) {
+      first_use = i;
+      break;
+    }
+  ASSERT_LT(first_use, ev.size());
+  // Every bucket's gather completes exactly once, and before any of its parameters is used.
+  std::vector<int> done(static_cast<std::size_t>(buckets), 0);
+  int done_after_forward_began = 0;
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    const auto b = static_cast<std::size_t>(ev[i].bucket);
+    if (ev[i].kind == DdpEvent::Kind::GatherDone) {
+      ++done[b];
+      if (i > first_use && ev[i].bucket != ev[first_use].bucket) ++done_after_forward_began;
+    }
+    if (ev[i].kind == DdpEvent::Kind::ParamUse)
+      EXPECT_EQ(done[b], 1) << ev[i].param->name << " used before its bucket's gather finished";
+  }
+  for (int b = 0; b < buckets; ++b) EXPECT_EQ(done[static_cast<std::size_t>(b)], 1) << "bucket " << b;
+  // The overlap: later buckets' gathers were still pending while earlier layers ran.
+  EXPECT_GE(done_after_forward_began, 1) << "of " << buckets << " buckets";
+  for (std::size_t i = 1; i < ev.size(); ++i) EXPECT_LE(ev[i - 1].time, ev[i].time);
+
+  // The rest of the step and another one still work; nothing is left in flight at the end.
+  replica.backward(seed, *act);
+  ddp.finish_grad_sync();
+  opt.step(1e-3);
+  train_step(2);
+  ddp.finish_param_gather();
 }
 
 TEST(DataParallelOverlap, GradientAfterLaunchIsAnError) {
