@@ -13,16 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "mpi_benchmark.hpp"
 #include "parallel/runtime.hpp"
 
 namespace parallel {
 namespace {
-
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 
 std::string size_name(int64_t bytes) {
   if (bytes >= (int64_t{1} << 20)) return std::to_string(bytes >> 20) + "MiB";
@@ -56,8 +51,7 @@ void run_timed(benchmark::State& state, MpiCommunicator& comm, const std::string
   for (auto _ : state) {
     const double start = MPI_Wtime();
     op();
-    double local = (MPI_Wtime() - start) * time_scale, slowest = 0;
-    PARALLEL_MPI_CHECK(MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm.handle()));
+    const double slowest = bench::slowest_over_ranks(comm, (MPI_Wtime() - start) * time_scale);
     state.SetIterationTime(slowest);
     total += slowest;
   }
@@ -134,23 +128,5 @@ void register_benchmarks(MpiCommunicator& comm) {
 }  // namespace parallel
 
 int main(int argc, char** argv) {
-  return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
-    // Only rank 0 may write --benchmark_out, or every rank would truncate and write the same file.
-    std::vector<char*> args;
-    for (int i = 0; i < argc; ++i)
-      if (rt.rank() == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
-    int nargs = static_cast<int>(args.size());
-    benchmark::Initialize(&nargs, args.data());
-    if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
-
-    parallel::register_benchmarks(rt.world());
-    if (rt.rank() == 0) {
-      benchmark::RunSpecifiedBenchmarks();
-    } else {
-      parallel::NullReporter quiet;
-      benchmark::RunSpecifiedBenchmarks(&quiet);
-    }
-    benchmark::Shutdown();
-    return 0;
-  });
+  return parallel::bench::run_mpi_benchmarks(argc, argv, parallel::register_benchmarks);
 }

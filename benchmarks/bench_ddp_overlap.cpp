@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "mpi_benchmark.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/optimizer.hpp"
@@ -20,12 +21,6 @@
 
 namespace parallel {
 namespace {
-
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 
 ModelConfig bench_config() {
   ModelConfig c;
@@ -79,9 +74,7 @@ void bench_step(benchmark::State& state, MpiCommunicator& world, bool overlap, b
     const double start = MPI_Wtime();
     step();
     ddp.finish_param_gather();
-    double local = MPI_Wtime() - start, slowest = 0;
-    MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, world.handle());
-    state.SetIterationTime(slowest);
+    state.SetIterationTime(bench::slowest_over_ranks(world, MPI_Wtime() - start));
   }
   // Without overlap there are no grad-ready events: every launch is in finish_grad_sync().
   int early = 0, launched = 0;
@@ -115,21 +108,5 @@ void register_benchmarks(MpiCommunicator& world) {
 }  // namespace parallel
 
 int main(int argc, char** argv) {
-  return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
-    std::vector<char*> args;
-    for (int i = 0; i < argc; ++i)
-      if (rt.rank() == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
-    int nargs = static_cast<int>(args.size());
-    benchmark::Initialize(&nargs, args.data());
-    if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
-    parallel::register_benchmarks(rt.world());
-    if (rt.rank() == 0) {
-      benchmark::RunSpecifiedBenchmarks();
-    } else {
-      parallel::NullReporter quiet;
-      benchmark::RunSpecifiedBenchmarks(&quiet);
-    }
-    benchmark::Shutdown();
-    return 0;
-  });
+  return parallel::bench::run_mpi_benchmarks(argc, argv, parallel::register_benchmarks);
 }
