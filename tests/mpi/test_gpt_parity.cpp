@@ -12,11 +12,11 @@
 #include <memory>
 #include <vector>
 
-#include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/allocator.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/tensor_parallel.hpp"
+#include "parity.hpp"
 
 namespace parallel {
 namespace {
@@ -25,13 +25,9 @@ using testing::world;
 constexpr double kTol = 1e-5;
 constexpr int64_t kBatch = 2;
 
+using testing::is_vocab_param;
+using testing::max_abs;
 using testing::rel_err;
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float x : t.contiguous().to_float_vector()) m = std::max(m, std::fabs(static_cast<double>(x)));
-  return m;
-}
 
 struct Variant {
   const char* label;
@@ -83,42 +79,9 @@ float step(GPTModel& model, const ModelConfig& c, Communicator& tp) {
   return loss.to_float_vector()[0];
 }
 
-bool is_vocab_param(const std::string& name) {
-  return name == "embedding.word.weight" || name == "output.weight";
-}
-
-// Compares `p` (this rank's slice) with the one-rank reference parameter's gradient. Vocabulary
-// weights have different padded heights at different tp, so only real rows are compared; padded
-// rows must have exactly zero gradient.
 void expect_grad_matches(const Parameter& p, const Parameter& ref, int64_t vocab, bool key_bias_is_inert) {
-  const std::string what = p.name + " (rank " + std::to_string(world().rank()) + ")";
-  Tensor mine = p.grad, expected;
-  if (is_vocab_param(p.name)) {
-    ASSERT_EQ(p.partition_dim, 0) << what;
-    const int64_t start = p.partition_offset, rows = p.value.size(0);
-    const int64_t real = std::clamp<int64_t>(vocab - start, 0, rows);
-    const auto pad = p.grad.narrow(0, real, rows - real).contiguous().to_float_vector();
-    for (float x : pad) ASSERT_EQ(x, 0.0f) << what << ": padded row has a gradient";
-    if (real == 0) return;
-    mine = p.grad.narrow(0, 0, real);
-    expected = ref.grad.narrow(0, start, real);
-  } else {
-    ASSERT_EQ(p.global_shape, ref.global_shape) << what;
-    expected = p.partition_dim < 0
-                   ? ref.grad
-                   : ref.grad.narrow(p.partition_dim, p.partition_offset, p.value.size(p.partition_dim));
-  }
-  ASSERT_EQ(mine.shape(), expected.shape()) << what;
-  if (key_bias_is_inert) {
-    // Without rope, adding bk to every key shifts each score row by q·bk, which softmax ignores: the
-    // exact gradient is 0 and both sides hold only rounding noise (|g| ~ 1e-9), so compare absolutely.
-    EXPECT_LE(max_abs(mine), 1e-6) << what;
-    EXPECT_LE(max_abs(expected), 1e-6) << what;
-    return;
-  }
-  EXPECT_LE(rel_err(mine, expected), kTol) << what;
-  // Every gradient must carry signal, or the comparison proves nothing.
-  EXPECT_GT(max_abs(expected), 0.0) << what << ": zero reference gradient";
+  testing::expect_grad_matches(p, ref, vocab, key_bias_is_inert,
+                               p.name + " (rank " + std::to_string(world().rank()) + ")", kTol);
 }
 
 void run_parity(const Variant& v, bool sp) {

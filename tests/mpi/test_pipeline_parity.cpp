@@ -23,6 +23,7 @@
 #include "parallel/gpt_model.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
+#include "parity.hpp"
 
 namespace parallel {
 namespace {
@@ -37,21 +38,8 @@ constexpr int64_t kMicroBatchSize = 2;
 constexpr int kSteps = 3;
 constexpr float kLr = 0.1f;
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto va = a.contiguous().to_float_vector(), vb = b.contiguous().to_float_vector();
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(vb[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (float x : t.contiguous().to_float_vector()) m = std::max(m, std::fabs(static_cast<double>(x)));
-  return m;
-}
+using testing::max_abs;
+using testing::rel_err;
 
 struct Case {
   const char* label;
@@ -91,41 +79,10 @@ MicroBatch batch_of(const ModelConfig& c, int step, int micro_batch) {
   return {make_ids(c, step, micro_batch, 0), make_ids(c, step, micro_batch, 1)};
 }
 
-bool is_vocab_param(const std::string& name) {
-  return name == "embedding.word.weight" || name == "output.weight";
-}
-
-// Compares this rank's gradient slice of `p` with the reference's gradient. Vocabulary weights have
-// different padded heights at different tp: only real rows are compared, padded rows must be 0.
 void expect_grad_matches(const Parameter& p, const Parameter& ref, int64_t vocab, bool inert, int step) {
-  const std::string what =
-      p.name + " (rank " + std::to_string(world().rank()) + ", step " + std::to_string(step) + ")";
-  Tensor mine = p.grad, expected;
-  if (is_vocab_param(p.name)) {
-    ASSERT_EQ(p.partition_dim, 0) << what;
-    const int64_t start = p.partition_offset, rows = p.value.size(0);
-    const int64_t real = std::clamp<int64_t>(vocab - start, 0, rows);
-    for (float x : p.grad.narrow(0, real, rows - real).contiguous().to_float_vector())
-      ASSERT_EQ(x, 0.0f) << what << ": padded row has a gradient";
-    if (real == 0) return;
-    mine = p.grad.narrow(0, 0, real);
-    expected = ref.grad.narrow(0, start, real);
-  } else {
-    ASSERT_EQ(p.global_shape, ref.global_shape) << what;
-    expected = p.partition_dim < 0
-                   ? ref.grad
-                   : ref.grad.narrow(p.partition_dim, p.partition_offset, p.value.size(p.partition_dim));
-  }
-  ASSERT_EQ(mine.shape(), expected.shape()) << what;
-  if (inert) {
-    // Without rope the key bias shifts each score row by a constant, which softmax ignores: its
-    // exact gradient is 0 and both sides hold rounding noise only.
-    EXPECT_LE(max_abs(mine), 1e-6) << what;
-    EXPECT_LE(max_abs(expected), 1e-6) << what;
-    return;
-  }
-  EXPECT_LE(rel_err(mine, expected), kTol) << what;
-  EXPECT_GT(max_abs(expected), 0.0) << what << ": zero reference gradient proves nothing";
+  testing::expect_grad_matches(
+      p, ref, vocab, inert,
+      p.name + " (rank " + std::to_string(world().rank()) + ", step " + std::to_string(step) + ")", kTol);
 }
 
 // Plain SGD, identical on both sides (the real optimizer is tested elsewhere): w -= lr * g.
