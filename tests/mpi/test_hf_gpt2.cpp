@@ -38,6 +38,7 @@
 #include "parallel/lr_schedule.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/safetensors.hpp"
+#include "paths.hpp"
 
 namespace parallel {
 namespace {
@@ -48,11 +49,8 @@ using Tensors = std::map<std::string, Tensor>;
 constexpr int kSteps = 3;
 constexpr double kLr = 1e-2, kBeta1 = 0.9, kBeta2 = 0.95;
 
-std::string fixtures_dir() {
-  if (const char* src = std::getenv("PARALLEL_SOURCE_DIR"))
-    return std::string(src) + "/tests/reference/fixtures";
-  return (fs::path(__FILE__).parent_path().parent_path() / "reference" / "fixtures").string();
-}
+using parallel::testing::fixtures_dir;
+
 std::string hf_file() { return fixtures_dir() + "/hf_gpt2_tiny.safetensors"; }
 
 // Fixtures are committed: a missing file is a failure, never a skip (safetensors::load throws).

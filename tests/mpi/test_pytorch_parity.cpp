@@ -37,6 +37,7 @@
 #include "parallel/ops.hpp"
 #include "parallel/safetensors.hpp"
 #include "parallel/tensor_parallel.hpp"
+#include "paths.hpp"
 
 namespace parallel {
 namespace {
@@ -44,11 +45,7 @@ namespace {
 namespace fs = std::filesystem;
 using Fixture = std::map<std::string, Tensor>;
 
-std::string fixtures_dir() {
-  if (const char* src = std::getenv("PARALLEL_SOURCE_DIR"))
-    return std::string(src) + "/tests/reference/fixtures";
-  return (fs::path(__FILE__).parent_path().parent_path() / "reference" / "fixtures").string();
-}
+using parallel::testing::fixtures_dir;
 
 // Fixtures are committed: a missing directory or file is a failure, never a skip.
 Fixture load_fixture(const std::string& name) {

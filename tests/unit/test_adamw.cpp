@@ -10,17 +10,14 @@
 
 #include "parallel/optimizer.hpp"
 #include "parallel/safetensors.hpp"
+#include "paths.hpp"
 
 namespace parallel {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string fixtures_dir() {
-  if (const char* src = std::getenv("PARALLEL_SOURCE_DIR"))
-    return std::string(src) + "/tests/reference/fixtures";
-  return (fs::path(__FILE__).parent_path().parent_path() / "reference" / "fixtures").string();
-}
+using parallel::testing::fixtures_dir;
 
 Parameter make_param(const std::string& name, const std::vector<float>& values, const Shape& shape) {
   Parameter p;

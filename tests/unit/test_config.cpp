@@ -14,6 +14,7 @@
 
 #include "parallel/config.hpp"
 #include "parallel/error.hpp"
+#include "paths.hpp"
 
 namespace parallel {
 namespace {
@@ -22,10 +23,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-std::filesystem::path source_dir() {
-  if (const char* dir = std::getenv("PARALLEL_SOURCE_DIR")) return dir;
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
+using parallel::testing::source_dir;
 
 // The ConfigError message `run` throws, or "<no error>"; every message must be one line.
 std::string error_of(const std::function<void()>& run) {

@@ -15,18 +15,16 @@
 #include "parallel/error.hpp"
 #include "parallel/indexed_dataset.hpp"
 #include "parallel/tokenizer.hpp"
+#include "paths.hpp"
 
 namespace fs = std::filesystem;
 using namespace parallel;
 
 namespace {
 
-fs::path source_dir() {
-  if (const char* dir = std::getenv("PARALLEL_SOURCE_DIR")) return dir;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
+using parallel::testing::source_dir;
 
-fs::path gpt2_dir() { return source_dir() / ".." / "shared" / "data" / "gpt2"; }
+using parallel::testing::gpt2_dir;
 
 class IndexedDatasetTest : public ::testing::Test {
  protected:

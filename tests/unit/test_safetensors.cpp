@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "parallel/safetensors.hpp"
+#include "paths.hpp"
 
 using namespace parallel;
 namespace fs = std::filesystem;
@@ -87,11 +88,7 @@ void expect_error(const std::function<void()>& fn, const std::string& path, cons
   }
 }
 
-std::string fixtures_dir() {
-  if (const char* src = std::getenv("PARALLEL_SOURCE_DIR"))
-    return std::string(src) + "/tests/reference/fixtures";
-  return (fs::path(__FILE__).parent_path().parent_path() / "reference" / "fixtures").string();
-}
+using parallel::testing::fixtures_dir;
 
 }  // namespace
 

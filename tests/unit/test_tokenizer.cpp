@@ -17,18 +17,16 @@
 
 #include "parallel/error.hpp"
 #include "parallel/tokenizer.hpp"
+#include "paths.hpp"
 
 namespace fs = std::filesystem;
 using namespace parallel;
 
 namespace {
 
-fs::path source_dir() {
-  if (const char* dir = std::getenv("PARALLEL_SOURCE_DIR")) return dir;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
+using parallel::testing::source_dir;
 
-fs::path gpt2_dir() { return source_dir() / ".." / "shared" / "data" / "gpt2"; }
+using parallel::testing::gpt2_dir;
 
 bool have_gpt2() { return fs::exists(gpt2_dir() / "encoder.json") && fs::exists(gpt2_dir() / "vocab.bpe"); }
 
