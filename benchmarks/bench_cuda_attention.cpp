@@ -1,0 +1,165 @@
+// Attention benchmarks on the GPU (Google Benchmark, CUDA-event manual time):
+//   - our tensor-core FlashAttention-2 (kernels/attention/flash_attention_mma.cu), bf16, forward
+//     and backward, causal and not, in FlashAttention-2's paper setting: b * s = 16384 tokens,
+//     hidden 2048 (16 heads of d = 128, or 32 heads of d = 64), s = 1024 .. 8192;
+//   - our fp32 CUDA-core kernel (kernels::attention_forward / attention_backward) at s = 4096,
+//     d = 128 in the same setting, as the side-by-side baseline.
+// TFLOP/s as FlashAttention counts them: 4 s^2 d heads b for the forward (two matmuls of 2 s^2 d),
+// halved when causal, and 2.5x the forward for the backward (five matmuls; our backward does seven
+// tile products, so its own arithmetic rate is 7/5 of the reported number). The backward's time
+// includes the D = rowsum(dO * O) pass.
+// Every benchmark skips with a message (SkipWithError) without a GPU; the file builds without CUDA.
+#include <benchmark/benchmark.h>
+
+#include "parallel/build_config.hpp"
+
+#if PARALLEL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/attention/flash_attention_mma.hpp"
+#include "../kernels/cuda/kernels.hpp"
+#include "parallel/tensor.hpp"
+
+namespace {
+
+using namespace parallel;
+
+constexpr int64_t kTokens = 16384, kHidden = 2048;
+
+bool no_gpu(benchmark::State& state) {
+  if (cuda_device_count() > 0) return false;
+  state.SkipWithError("no CUDA device: GPU benchmarks skipped");
+  return true;
+}
+
+// Runs fn once to warm up, then once per iteration between CUDA events (default stream); sets the
+// manual time and returns the mean seconds per iteration.
+template <typename F>
+double time_loop(benchmark::State& state, F&& fn) {
+  double total = 0.0;
+  int64_t iters = 0;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  fn();
+  cudaDeviceSynchronize();
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    fn();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms / 1e3);
+    total += ms / 1e3;
+    iters++;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return iters > 0 ? total / static_cast<double>(iters) : 0.0;
+}
+
+Tensor gpu_random(const Shape& shape, DType dtype) {
+  // Values only need to be finite and varied; a cheap deterministic pattern on the host.
+  const int64_t n = shape_numel(shape);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; i++) v[i] = static_cast<float>((i * 7919) % 2003) / 2003.0f - 0.5f;
+  Tensor t = Tensor::from_vector(v, shape);
+  return (dtype == DType::F32 ? t : t.to(dtype)).to(Device::cuda(0));
+}
+
+double attention_flops(int64_t s, int64_t d, int64_t heads, int64_t b, bool causal, bool backward) {
+  return 4.0 * s * s * d * heads * b * (causal ? 0.5 : 1.0) * (backward ? 2.5 : 1.0);
+}
+
+// Args: s, d, causal, backward (d = 64: 32 heads; d = 128: 16 heads; b = 16384 / s).
+void BM_FlashAttentionBf16(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t s = state.range(0), d = state.range(1), heads = kHidden / d, b = kTokens / s;
+  const bool causal = state.range(2) == 1, backward = state.range(3) == 1;
+  const Shape qs{s, b, heads, d};
+  const Device dev = Device::cuda(0);
+  Tensor q = gpu_random(qs, DType::BF16), k = gpu_random(qs, DType::BF16), v = gpu_random(qs, DType::BF16);
+  Tensor dout = gpu_random(qs, DType::BF16);
+  Tensor out = Tensor::empty(qs, DType::BF16, dev), lse = Tensor::empty({b, heads, s}, DType::F32, dev);
+  Tensor dq = Tensor::empty(qs, DType::BF16, dev), dk = Tensor::empty(qs, DType::BF16, dev),
+         dv = Tensor::empty(qs, DType::BF16, dev);
+  const kernels::AttentionShape sh{s, b, heads, heads, d};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto bp = [](const Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
+  auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh, causal, scale, nullptr);
+  const double sec = time_loop(state, [&] {
+    if (backward)
+      kernels::flash_attention_backward_bf16(bp(dout), bp(q), bp(k), bp(v), bp(out), fp(lse), bp(dq), bp(dk),
+                                             bp(dv), sh, causal, scale, nullptr);
+    else
+      kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh, causal, scale,
+                                            nullptr);
+  });
+  state.SetLabel("bf16 mma.sync FlashAttention-2");
+  state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;
+}
+
+void flash_args(benchmark::internal::Benchmark* bm) {
+  for (int64_t d : {128, 64})
+    for (int64_t backward : {0, 1})
+      for (int64_t causal : {0, 1})
+        for (int64_t s : {1024, 2048, 4096, 8192}) bm->Args({s, d, causal, backward});
+}
+BENCHMARK(BM_FlashAttentionBf16)->Apply(flash_args)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// Args: causal, backward. s = 4096, d = 128, 16 heads, b = 4: the bf16 benchmark's setting.
+void BM_AttentionFp32Baseline(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t s = 4096, d = 128, heads = kHidden / d, b = kTokens / s;
+  const bool causal = state.range(0) == 1, backward = state.range(1) == 1;
+  const Shape qs{s, b, heads, d};
+  const Device dev = Device::cuda(0);
+  Tensor q = gpu_random(qs, DType::F32), k = gpu_random(qs, DType::F32), v = gpu_random(qs, DType::F32);
+  Tensor dout = gpu_random(qs, DType::F32);
+  Tensor out = Tensor::empty(qs, DType::F32, dev), lse = Tensor::empty({b, heads, s}, DType::F32, dev);
+  Tensor dq = Tensor::empty(qs, DType::F32, dev), dk = Tensor::empty(qs, DType::F32, dev),
+         dv = Tensor::empty(qs, DType::F32, dev);
+  const kernels::AttentionShape sh{s, b, heads, heads, d};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, causal, scale, nullptr);
+  const double sec = time_loop(state, [&] {
+    if (backward)
+      kernels::attention_backward(fp(dout), fp(q), fp(k), fp(v), fp(out), fp(lse), fp(dq), fp(dk), fp(dv), sh,
+                                  causal, scale, nullptr);
+    else
+      kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, causal, scale, nullptr);
+  });
+  state.SetLabel("fp32 CUDA cores (baseline)");
+  state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;
+}
+BENCHMARK(BM_AttentionFp32Baseline)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+#else  // no CUDA in this build
+
+namespace {
+void BM_CudaAttention(benchmark::State& state) {
+  state.SkipWithError("this build has no CUDA backend (PARALLEL_WITH_CUDA=OFF): GPU benchmarks skipped");
+  for (auto _ : state) {
+  }
+}
+BENCHMARK(BM_CudaAttention);
+}  // namespace
+
+#endif
+
+BENCHMARK_MAIN();
