@@ -4,9 +4,10 @@
 //
 // gemm reports GFLOP/s and "% of peak", the peak being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS,
 // else 450 (the measured fp32 FMA peak of the 2-core AVX-512 build machine). Memory-bound ops
-// report GB/s of the bytes they must move at minimum. Rates are computed here from wall-clock time
-// of the timed loop (the kernels run on OpenMP threads, so the main thread's CPU time would lie),
-// as a mean over iterations and for the best iteration (best_*).
+// report GB/s of the bytes they must move at minimum (stated per benchmark), also as Google
+// Benchmark's bytes_per_second. Rates are computed here from wall-clock time of the timed loop (the
+// kernels run on OpenMP threads, so the main thread's CPU time would lie), as a mean over
+// iterations and for the best iteration (best_*).
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -15,10 +16,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "parallel/config.hpp"
 #include "parallel/ops.hpp"
+#include "parallel/optimizer.hpp"
+#include "parallel/parameter.hpp"
 #include "parallel/tensor.hpp"
 
 using namespace parallel;
@@ -57,6 +62,8 @@ Timing timed_loop(benchmark::State& state, F&& body) {
 }
 
 void report_bytes(benchmark::State& state, Timing t, double bytes_per_iter) {
+  // bytes_per_second: over the benchmark's own (real) time, which is the timed loop's.
+  state.SetBytesProcessed(static_cast<int64_t>(bytes_per_iter * static_cast<double>(state.iterations())));
   state.counters["GB/s"] =
       benchmark::Counter(bytes_per_iter * static_cast<double>(state.iterations()) / t.total / 1e9);
   state.counters["best_GB/s"] = benchmark::Counter(bytes_per_iter / t.best / 1e9);
@@ -178,6 +185,95 @@ void BM_SoftmaxCrossEntropy(benchmark::State& state) {
   report_bytes(state, s, 4.0 * T * V * sizeof(float));
 }
 
+void BM_RmsNormForward(benchmark::State& state) {
+  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4);
+  Tensor y = Tensor::zeros({T, H}, DType::F32), rstd = Tensor::zeros({T}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::rmsnorm_forward(x, w, y, rstd, 1e-6f); });
+  report_bytes(state, s, 2.0 * T * H * sizeof(float));  // read x, write y
+}
+
+void BM_RmsNormBackward(benchmark::State& state) {
+  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4), dy = random_tensor({T, H}, 6);
+  Tensor y = Tensor::zeros({T, H}, DType::F32), rstd = Tensor::zeros({T}, DType::F32);
+  Tensor dx = Tensor::zeros({T, H}, DType::F32), dw = Tensor::zeros({H}, DType::F32);
+  ops::rmsnorm_forward(x, w, y, rstd, 1e-6f);
+  const Timing s = timed_loop(state, [&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
+  report_bytes(state, s, 3.0 * T * H * sizeof(float));  // read dy and x, write dx
+}
+
+// SwiGLU with f = 2048 (~8/3 h, the usual SwiGLU width for h = 768): x [T, 2f] -> y [T, f].
+constexpr int64_t F = 2048;
+
+void BM_SwigluForward(benchmark::State& state) {
+  Tensor x = random_tensor({T, 2 * F}, 7, -4.0f, 4.0f), y = Tensor::zeros({T, F}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::swiglu_forward(x, y); });
+  report_bytes(state, s, 3.0 * T * F * sizeof(float));  // read x (2f), write y (f)
+}
+
+void BM_SwigluBackward(benchmark::State& state) {
+  Tensor x = random_tensor({T, 2 * F}, 7, -4.0f, 4.0f), dy = random_tensor({T, F}, 8);
+  Tensor dx = Tensor::zeros({T, 2 * F}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::swiglu_backward(dy, x, dx); });
+  report_bytes(state, s, 5.0 * T * F * sizeof(float));  // read dy (f) and x (2f), write dx (2f)
+}
+
+// RoPE over q of the T tokens: [s 256, b 4, heads 12, d 64], rotated in place (read and write).
+void BM_RopeForward(benchmark::State& state) {
+  Tensor x = random_tensor({256, 4, 12, 64}, 9);
+  const Timing s = timed_loop(state, [&] { ops::rope_forward(x, 0, 10000.0f); });
+  report_bytes(state, s, 2.0 * static_cast<double>(x.numel()) * sizeof(float));
+}
+
+// One AdamW step (parallel::AdamW, fp32, clipping on) over a flat 16M-element parameter: the global
+// norm reads the gradient once, the update reads param, grad, exp_avg, exp_avg_sq and writes param,
+// exp_avg, exp_avg_sq: 8 x 4 bytes per element.
+void BM_AdamWStep(benchmark::State& state) {
+  constexpr int64_t rows = 4096, cols = 4096;
+  Parameter p;
+  p.name = "flat.weight";
+  p.value = random_tensor({rows, cols}, 10);
+  p.grad = random_tensor({rows, cols}, 11, -1e-3f, 1e-3f);
+  p.global_shape = {rows, cols};  // 2-D: decayed, as a weight matrix
+  OptimizerConfig config;
+  AdamW opt({&p}, config, Precision::FP32);
+  const Timing s = timed_loop(state, [&] { opt.step(1e-4); });
+  report_bytes(state, s, 8.0 * rows * cols * sizeof(float));
+}
+
+// round_to_precision_ over the MLP activation [T, 4H], in place (read and write). Arg: 0 bf16, 1 fp16.
+void BM_RoundToPrecision(benchmark::State& state) {
+  const DType precision = state.range(0) == 0 ? DType::BF16 : DType::F16;
+  Tensor x = random_tensor({T, 4 * H}, 12, -8.0f, 8.0f);
+  const Timing s = timed_loop(state, [&] { ops::round_to_precision_(x, precision); });
+  report_bytes(state, s, 2.0 * T * 4 * H * sizeof(float));
+  state.SetLabel(std::string(dtype_name(precision)));
+}
+
+// Word embedding of [b 4, s 256] ids from a [50304, H] table.
+std::vector<int32_t> token_ids() {
+  std::vector<int32_t> t(T);
+  for (int64_t i = 0; i < T; i++) t[i] = static_cast<int32_t>((i * 7919 + 13) % 50257);
+  return t;
+}
+
+void BM_EmbeddingForward(benchmark::State& state) {
+  Tensor tokens = Tensor::from_vector(token_ids(), {4, T / 4});
+  Tensor w = random_tensor({50304, H}, 13), out = Tensor::zeros({T / 4, 4, H}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::embedding_forward(tokens, w, 0, out); });
+  report_bytes(state, s,
+               4.0 * T + 2.0 * T * H * sizeof(float));  // ids; a weight row read, an output row written
+}
+
+void BM_EmbeddingBackward(benchmark::State& state) {
+  const std::vector<int32_t> ids = token_ids();
+  const double distinct = static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+  Tensor tokens = Tensor::from_vector(ids, {4, T / 4});
+  Tensor dout = random_tensor({T / 4, 4, H}, 14), dw = Tensor::zeros({50304, H}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::embedding_backward(tokens, dout, 0, dw); });
+  // ids and dout read; each distinct id's dweight row read and written (accumulate).
+  report_bytes(state, s, 4.0 * T + (T + 2.0 * distinct) * H * sizeof(float));
+}
+
 }  // namespace
 
 BENCHMARK(BM_LayerNormForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -185,6 +281,15 @@ BENCHMARK(BM_LayerNormBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GeluForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GeluBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SoftmaxCrossEntropy)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RmsNormForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RmsNormBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RopeForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AdamWStep)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RoundToPrecision)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EmbeddingForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EmbeddingBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   if (const char* env = std::getenv("PARALLEL_CPU_PEAK_GFLOPS")) g_peak_gflops = std::atof(env);

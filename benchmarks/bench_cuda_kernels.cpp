@@ -1,12 +1,20 @@
 // GPU kernel benchmarks (Google Benchmark), timed with CUDA events (manual time):
-//   - GEMM, bf16 inputs / fp32 accumulation and output: our mma.sync kernel (kernels/gemm) vs
-//     cuBLASLt, TFLOP/s = 2 M N K / time, at 4096^3, 8192^3 and GPT shapes (8192 tokens x
-//     [h -> 3h (QKV), h -> 4h (MLP up), 4h -> h (MLP down)] for h = 768 (GPT-2 124M) and 4096 (7B));
-//   - attention forward / backward (the fp32 FlashAttention-2 kernels of ops::attention_*; fp32 CUDA
-//     cores, not tensor cores: expect a small fraction of the bf16 numbers), FlashAttention's
-//     counting: 4 s^2 d heads b for the forward, halved when causal, 2.5x that for the backward;
-//   - memory-bound kernels (layernorm, gelu, AdamW), GB/s and the fraction of the H100 SXM's
-//     3.35 TB/s.
+//   - GEMM, bf16 inputs / fp32 accumulation and output: our mma.sync kernel (kernels/gemm), cuBLASLt
+//     and the automatic choice between them (kernels::gemm_bf16_auto) side by side, TFLOP/s =
+//     2 M N K / time. Squares 4096^3 and 8192^3, and the linear layers of GPT-2 124M (h 768, ffn
+//     3072), GPT 1.3B (h 2048, ffn 8192) and a 7B (h 4096, SwiGLU ffn 11008: the up projection
+//     computes gate and up together, 2 x 11008 outputs) over 8192 tokens, with the GPT-2 vocabulary
+//     padded to 50304 for the LM head. Each layer in its three GEMMs: forward y = x W^T (fwd), input
+//     gradient dx = dy W (dgrad), weight gradient dW += dy^T x with beta = 1 (wgrad). Names:
+//     BM_GemmBf16/<model>/<layer>/<fwd|dgrad|wgrad>/<ours|cublaslt|auto>; auto's label says which
+//     it picked and the times it measured for both.
+//   - memory-bound kernels (norms, activations, rope, cross-entropy, embedding, AdamW, rounding,
+//     sum of squares): bytes_per_second from the bytes each must move at minimum (stated per
+//     benchmark), and pct_hbm = 100 x (GB/s) / 3350, the percentage of the H100 SXM's 3.35 TB/s.
+// Attention has its own file (bench_cuda_attention.cpp).
+//
+//   ./bench_cuda_kernels --benchmark_filter='BM_GemmBf16/gpt2_124m'      (one model's GEMMs)
+//
 // Every benchmark skips with a message (SkipWithError) without a GPU, and the file builds without
 // CUDA (PARALLEL_HAVE_CUDA = 0), registering a single benchmark that says so.
 #include <benchmark/benchmark.h>
@@ -16,9 +24,15 @@
 #if PARALLEL_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "../kernels/cuda/cuda_ops.hpp"
 #include "../kernels/cuda/kernels.hpp"
 #include "../kernels/gemm/gemm.hpp"
 #include "parallel/ops.hpp"
@@ -28,7 +42,9 @@ namespace {
 
 using namespace parallel;
 
-constexpr double kPeakBandwidth = 3.35e12;  // H100 SXM HBM3, bytes/s
+constexpr double kPeakGBs = 3350.0;  // H100 SXM HBM3, GB/s
+constexpr int64_t kTokens = 8192;    // rows of every activation below
+constexpr int64_t kVocab = 50304;    // GPT-2's 50257 padded to a multiple of 128
 
 bool no_gpu(benchmark::State& state) {
   if (cuda_device_count() > 0) return false;
@@ -36,8 +52,9 @@ bool no_gpu(benchmark::State& state) {
   return true;
 }
 
-// Runs fn once to warm up, then once per iteration between CUDA events; sets the manual time and
-// returns the mean seconds per iteration (rates below are computed from it, not from CPU time).
+// Runs fn once to warm up (and, for auto, to make its choice), then once per iteration between
+// CUDA events on the default stream (where every call below runs); sets the manual time and
+// returns the mean seconds per iteration.
 template <typename F>
 double time_loop(benchmark::State& state, F&& fn) {
   double total = 0.0;
@@ -63,132 +80,352 @@ double time_loop(benchmark::State& state, F&& fn) {
   return iters > 0 ? total / static_cast<double>(iters) : 0.0;
 }
 
-Tensor gpu_random(const Shape& shape, DType dtype) {
-  // Values only need to be finite and varied; a cheap deterministic pattern on the host.
+// A GPU tensor of finite, varied values in [lo, hi). Built from a host pattern of at most 2^20
+// elements, repeated on the device by doubling copies: generating gigabyte operands (the LM head's
+// logits) on the host would take longer than the benchmark.
+Tensor gpu_pattern(const Shape& shape, DType dtype, float lo = -0.5f, float hi = 0.5f) {
   const int64_t n = shape_numel(shape);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; i++) v[i] = static_cast<float>((i * 7919) % 2003) / 2003.0f - 0.5f;
-  Tensor t = Tensor::from_vector(v, shape);
-  return (dtype == DType::F32 ? t : t.to(dtype)).to(Device::cuda(0));
+  Tensor t = Tensor::empty(shape, dtype, Device::cuda(0));
+  if (n == 0) return t;
+  const int64_t period = std::min<int64_t>(n, int64_t{1} << 20);
+  std::vector<float> v(static_cast<std::size_t>(period));
+  for (int64_t i = 0; i < period; i++)
+    v[i] = lo + (hi - lo) * static_cast<float>((i * 7919) % 2003) / 2003.0f;
+  Tensor src = Tensor::from_vector(v, {period});
+  if (dtype != DType::F32) src = src.to(dtype);
+  Tensor head = t.flatten().narrow(0, 0, period);
+  head.copy_(src);
+  auto* base = static_cast<char*>(t.data_ptr());
+  const std::size_t es = dtype_size(dtype);
+  for (int64_t done = period; done < n; done *= 2) {
+    const int64_t count = std::min(done, n - done);
+    cudaMemcpy(base + done * es, base, static_cast<std::size_t>(count) * es, cudaMemcpyDeviceToDevice);
+  }
+  cudaDeviceSynchronize();
+  return t;
 }
 
-// ---- GEMM ----
-// Args: M, N, K, which (0 ours, 1 cuBLASLt). Forward layout: y[M, N] = x[M, K] W[N, K]^T.
-void BM_GemmBf16(benchmark::State& state) {
+Tensor gpu_empty(const Shape& shape, DType dtype = DType::F32) {
+  return Tensor::empty(shape, dtype, Device::cuda(0));
+}
+
+// bytes_per_second (from the manual time) and pct_hbm for `bytes` moved per iteration.
+void set_bandwidth(benchmark::State& state, double bytes, double sec) {
+  state.SetBytesProcessed(static_cast<int64_t>(bytes * static_cast<double>(state.iterations())));
+  state.counters["pct_hbm"] = sec > 0 ? 100.0 * bytes / sec / 1e9 / kPeakGBs : 0.0;
+}
+
+// ---- GEMM -------------------------------------------------------------------------------------
+
+struct GemmShape {
+  std::string name;  // model/layer/case
+  int64_t m, n, k;
+  bool ta, tb;
+  float beta;
+};
+enum GemmWhich { kOurs = 0, kCublasLt = 1, kAuto = 2 };
+const char* const kWhichName[] = {"ours", "cublaslt", "auto"};
+
+// The three GEMMs of a linear layer with W [out, in] over `tokens` rows (include/parallel/ops.hpp).
+void add_linear(std::vector<GemmShape>& v, const std::string& name, int64_t tokens, int64_t in, int64_t out) {
+  v.push_back({name + "/fwd", tokens, out, in, false, true, 0.0f});     // y[T, out] = x[T, in] W^T
+  v.push_back({name + "/dgrad", tokens, in, out, false, false, 0.0f});  // dx[T, in] = dy[T, out] W
+  v.push_back({name + "/wgrad", out, in, tokens, true, false, 1.0f});   // dW[out, in] += dy^T x
+}
+
+std::vector<GemmShape> gemm_shapes() {
+  std::vector<GemmShape> v;
+  add_linear(v, "square/4096", 4096, 4096, 4096);
+  add_linear(v, "square/8192", 8192, 8192, 8192);
+  struct Model {
+    const char* name;
+    int64_t h, mlp_up_out, ffn;
+  };
+  const Model models[] = {
+      {"gpt2_124m", 768, 3072, 3072},
+      {"gpt_1.3b", 2048, 8192, 8192},
+      {"llama_7b", 4096, 2 * 11008, 11008},  // SwiGLU: gate and up in one GEMM
+  };
+  for (const Model& m : models) {
+    const std::string p = m.name;
+    add_linear(v, p + "/qkv", kTokens, m.h, 3 * m.h);
+    add_linear(v, p + "/attn_out", kTokens, m.h, m.h);
+    add_linear(v, p + "/mlp_up", kTokens, m.h, m.mlp_up_out);
+    add_linear(v, p + "/mlp_down", kTokens, m.ffn, m.h);
+    add_linear(v, p + "/lm_head", kTokens, m.h, kVocab);
+  }
+  return v;
+}
+
+void BM_GemmBf16(benchmark::State& state, GemmShape g, int which) {
   if (no_gpu(state)) return;
-  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
-  const bool cublas = state.range(3) == 1;
-  Tensor a = gpu_random({M, K}, DType::BF16), b = gpu_random({N, K}, DType::BF16);
-  Tensor c = Tensor::zeros({M, N}, DType::F32, Device::cuda(0));
+  const Tensor a = gpu_pattern(g.ta ? Shape{g.k, g.m} : Shape{g.m, g.k}, DType::BF16);
+  const Tensor b = gpu_pattern(g.tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, DType::BF16);
+  Tensor c = Tensor::zeros({g.m, g.n}, DType::F32, Device::cuda(0));
   const auto* A = static_cast<const bf16*>(a.data_ptr());
   const auto* B = static_cast<const bf16*>(b.data_ptr());
   auto* C = static_cast<float*>(c.data_ptr());
   const double sec = time_loop(state, [&] {
-    if (cublas)
-      cuda::gemm_cublaslt_bf16(A, false, B, true, C, M, N, K, 1.0f, 0.0f, nullptr);
+    if (which == kOurs)
+      kernels::gemm_bf16(A, g.ta, B, g.tb, C, g.m, g.n, g.k, 1.0f, g.beta, {}, nullptr);
+    else if (which == kCublasLt)
+      cuda::gemm_cublaslt_bf16(A, g.ta, B, g.tb, C, g.m, g.n, g.k, 1.0f, g.beta, nullptr);
     else
-      kernels::gemm_bf16(A, false, B, true, C, M, N, K, 1.0f, 0.0f, {}, nullptr);
+      kernels::gemm_bf16_auto(A, g.ta, B, g.tb, C, g.m, g.n, g.k, 1.0f, g.beta, {}, nullptr);
   });
-  state.SetLabel(cublas ? "cuBLASLt" : "ours (mma.sync)");
-  state.counters["TFLOP/s"] = sec > 0 ? 2.0 * M * N * K / sec / 1e12 : 0.0;
-}
-
-void gemm_args(benchmark::internal::Benchmark* b) {
-  for (int which = 0; which < 2; which++) {
-    b->Args({4096, 4096, 4096, which});
-    b->Args({8192, 8192, 8192, which});
-    for (int64_t h : {768, 4096}) {
-      b->Args({8192, 3 * h, h, which});  // QKV projection
-      b->Args({8192, 4 * h, h, which});  // MLP up
-      b->Args({8192, h, 4 * h, which});  // MLP down
+  std::string label = std::to_string(g.m) + "x" + std::to_string(g.k) + (g.ta ? "^T" : "") + " @ " +
+                      std::to_string(g.k) + "x" + std::to_string(g.n) + (g.tb ? "^T" : "");
+  if (which == kAuto) {
+    kernels::GemmKey key;
+    key.device = 0;
+    key.m = g.m;
+    key.n = g.n;
+    key.k = g.k;
+    key.trans_a = g.ta;
+    key.trans_b = g.tb;
+    key.beta_nonzero = g.beta != 0.0f;
+    key.dtype = DType::BF16;
+    if (const auto choice = kernels::gemm_choice(key)) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " -> %s (timed: ours %.3f ms, cublaslt %.3f ms)",
+                    kernels::gemm_impl_name(choice->impl), choice->ours_ms, choice->cublaslt_ms);
+      label += buf;
+    } else {
+      label += " -> forced by PARALLEL_GEMM";
     }
   }
+  state.SetLabel(label);
+  state.counters["TFLOP/s"] = sec > 0 ? 2.0 * g.m * g.n * g.k / sec / 1e12 : 0.0;
 }
-BENCHMARK(BM_GemmBf16)->Apply(gemm_args)->UseManualTime()->Unit(benchmark::kMillisecond);
 
-// ---- attention (fp32) ----
-// Args: s, causal, backward. b = 1, 16 heads of d = 128.
-void BM_AttentionFp32(benchmark::State& state) {
-  if (no_gpu(state)) return;
-  const int64_t s = state.range(0), b = 1, heads = 16, d = 128;
-  const bool causal = state.range(1) == 1, backward = state.range(2) == 1;
-  Tensor q = gpu_random({s, b, heads, d}, DType::F32), k = gpu_random({s, b, heads, d}, DType::F32);
-  Tensor v = gpu_random({s, b, heads, d}, DType::F32), dout = gpu_random({s, b, heads, d}, DType::F32);
-  Tensor out = Tensor::empty({s, b, heads, d}, DType::F32, Device::cuda(0));
-  Tensor lse = Tensor::empty({b, heads, s}, DType::F32, Device::cuda(0));
-  Tensor dq = Tensor::empty(q.shape(), DType::F32, Device::cuda(0)),
-         dk = Tensor::empty(k.shape(), DType::F32, Device::cuda(0));
-  Tensor dv = Tensor::empty(v.shape(), DType::F32, Device::cuda(0));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ops::attention_forward(q, k, v, out, lse, causal, scale);
-  const double sec = time_loop(state, [&] {
-    if (backward)
-      ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, scale);
-    else
-      ops::attention_forward(q, k, v, out, lse, causal, scale);
-  });
-  double flops = 4.0 * s * s * d * heads * b * (causal ? 0.5 : 1.0) * (backward ? 2.5 : 1.0);
-  state.SetLabel("fp32 CUDA cores (no tensor cores yet)");
-  state.counters["TFLOP/s"] = sec > 0 ? flops / sec / 1e12 : 0.0;
-}
-BENCHMARK(BM_AttentionFp32)
-    ->Args({4096, 0, 0})
-    ->Args({4096, 1, 0})
-    ->Args({4096, 0, 1})
-    ->Args({4096, 1, 1})
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+// Ours, cuBLASLt and auto registered next to each other for every shape.
+[[maybe_unused]] const bool g_gemm_registered = [] {
+  for (const GemmShape& g : gemm_shapes()) {
+    for (int which = 0; which < 3; which++) {
+      const std::string name = "BM_GemmBf16/" + g.name + "/" + kWhichName[which];
+      benchmark::RegisterBenchmark(name.c_str(), BM_GemmBf16, g, which)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  return true;
+}();
 
-// ---- memory-bound ----
-void set_bandwidth(benchmark::State& state, double bytes, double sec) {
-  if (sec <= 0) return;
-  state.counters["GB/s"] = bytes / sec / 1e9;
-  state.counters["of_3.35TB/s"] = bytes / sec / kPeakBandwidth;
-}
+// ---- normalisation ----------------------------------------------------------------------------
+// Arg: h. Rows: kTokens. Bytes: the [rows, h] tensors read and written; the per-row statistics and
+// the [h] parameters are included (small).
 
 void BM_LayerNormForward(benchmark::State& state) {
   if (no_gpu(state)) return;
-  const int64_t rows = 8192, h = state.range(0);
-  Tensor x = gpu_random({rows, h}, DType::F32), w = gpu_random({h}, DType::F32),
-         bias = gpu_random({h}, DType::F32);
-  Tensor y = Tensor::empty({rows, h}, DType::F32, Device::cuda(0));
-  Tensor mean = Tensor::empty({rows}, DType::F32, Device::cuda(0)),
-         rstd = Tensor::empty({rows}, DType::F32, Device::cuda(0));
-  const double sec = time_loop(state, [&] { ops::layernorm_forward(x, w, bias, y, mean, rstd, 1e-5f); });
-  set_bandwidth(state, 2.0 * rows * h * sizeof(float), sec);
+  const int64_t rows = kTokens, h = state.range(0);
+  Tensor x = gpu_pattern({rows, h}, DType::F32), w = gpu_pattern({h}, DType::F32),
+         b = gpu_pattern({h}, DType::F32);
+  Tensor y = gpu_empty({rows, h}), mean = gpu_empty({rows}), rstd = gpu_empty({rows});
+  const double sec = time_loop(state, [&] { ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f); });
+  set_bandwidth(state, 4.0 * (2.0 * rows * h + 2.0 * rows + 2.0 * h), sec);  // x, y; mean, rstd; w, b
 }
 BENCHMARK(BM_LayerNormForward)->Arg(768)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+void BM_LayerNormBackward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t rows = kTokens, h = state.range(0);
+  Tensor x = gpu_pattern({rows, h}, DType::F32), w = gpu_pattern({h}, DType::F32),
+         b = gpu_pattern({h}, DType::F32);
+  Tensor dy = gpu_pattern({rows, h}, DType::F32);
+  Tensor y = gpu_empty({rows, h}), mean = gpu_empty({rows}), rstd = gpu_empty({rows}),
+         dx = gpu_empty({rows, h});
+  Tensor dw = Tensor::zeros({h}, DType::F32, Device::cuda(0)),
+         db = Tensor::zeros({h}, DType::F32, Device::cuda(0));
+  ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f);
+  const double sec = time_loop(state, [&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
+  // dy, x read, dx written; mean, rstd read; w read, dw and db read and written.
+  set_bandwidth(state, 4.0 * (3.0 * rows * h + 2.0 * rows + 5.0 * h), sec);
+}
+BENCHMARK(BM_LayerNormBackward)->Arg(768)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_RmsNormForward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t rows = kTokens, h = state.range(0);
+  Tensor x = gpu_pattern({rows, h}, DType::F32), w = gpu_pattern({h}, DType::F32);
+  Tensor y = gpu_empty({rows, h}), rstd = gpu_empty({rows});
+  const double sec = time_loop(state, [&] { ops::rmsnorm_forward(x, w, y, rstd, 1e-6f); });
+  set_bandwidth(state, 4.0 * (2.0 * rows * h + rows + h), sec);  // x, y; rstd; w
+}
+BENCHMARK(BM_RmsNormForward)->Arg(2048)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_RmsNormBackward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t rows = kTokens, h = state.range(0);
+  Tensor x = gpu_pattern({rows, h}, DType::F32), w = gpu_pattern({h}, DType::F32);
+  Tensor dy = gpu_pattern({rows, h}, DType::F32);
+  Tensor y = gpu_empty({rows, h}), rstd = gpu_empty({rows}), dx = gpu_empty({rows, h});
+  Tensor dw = Tensor::zeros({h}, DType::F32, Device::cuda(0));
+  ops::rmsnorm_forward(x, w, y, rstd, 1e-6f);
+  const double sec = time_loop(state, [&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
+  set_bandwidth(state, 4.0 * (3.0 * rows * h + rows + 3.0 * h), sec);  // dy, x, dx; rstd; w, dw r/w
+}
+BENCHMARK(BM_RmsNormBackward)->Arg(2048)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- activations ------------------------------------------------------------------------------
+// GeLU, arg: width (kTokens rows): GPT-2 124M's MLP (3072) and a 7B-sized one (16384).
+
 void BM_GeluForward(benchmark::State& state) {
   if (no_gpu(state)) return;
-  const int64_t n = state.range(0);
-  Tensor x = gpu_random({n}, DType::F32), y = Tensor::empty({n}, DType::F32, Device::cuda(0));
+  const int64_t n = kTokens * state.range(0);
+  Tensor x = gpu_pattern({n}, DType::F32, -4.0f, 4.0f), y = gpu_empty({n});
   const double sec = time_loop(state, [&] { ops::gelu_forward(x, y); });
-  set_bandwidth(state, 2.0 * n * sizeof(float), sec);
+  set_bandwidth(state, 2.0 * n * sizeof(float), sec);  // x, y
 }
-BENCHMARK(BM_GeluForward)
-    ->Arg(8192 * 3072)
-    ->Arg(8192 * 16384)
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluForward)->Arg(3072)->Arg(16384)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+void BM_GeluBackward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t n = kTokens * state.range(0);
+  Tensor x = gpu_pattern({n}, DType::F32, -4.0f, 4.0f), dy = gpu_pattern({n}, DType::F32),
+         dx = gpu_empty({n});
+  const double sec = time_loop(state, [&] { ops::gelu_backward(dy, x, dx); });
+  set_bandwidth(state, 3.0 * n * sizeof(float), sec);  // dy, x, dx
+}
+BENCHMARK(BM_GeluBackward)->Arg(3072)->Arg(16384)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// SwiGLU, arg: f (x [kTokens, 2f] -> y [kTokens, f]); 11008: the 7B MLP.
+void BM_SwigluForward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t rows = kTokens, f = state.range(0);
+  Tensor x = gpu_pattern({rows, 2 * f}, DType::F32, -4.0f, 4.0f), y = gpu_empty({rows, f});
+  const double sec = time_loop(state, [&] { ops::swiglu_forward(x, y); });
+  set_bandwidth(state, 3.0 * rows * f * sizeof(float), sec);  // x (2f), y (f)
+}
+BENCHMARK(BM_SwigluForward)->Arg(11008)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_SwigluBackward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t rows = kTokens, f = state.range(0);
+  Tensor x = gpu_pattern({rows, 2 * f}, DType::F32, -4.0f, 4.0f), dy = gpu_pattern({rows, f}, DType::F32);
+  Tensor dx = gpu_empty({rows, 2 * f});
+  const double sec = time_loop(state, [&] { ops::swiglu_backward(dy, x, dx); });
+  set_bandwidth(state, 5.0 * rows * f * sizeof(float), sec);  // dy (f), x (2f), dx (2f)
+}
+BENCHMARK(BM_SwigluBackward)->Arg(11008)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- rope -------------------------------------------------------------------------------------
+// x [s 2048, b 4, heads 32, d 128] (the 7B's q over 8192 tokens), rotated in place. Arg: backward.
+void BM_Rope(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t s = 2048, b = 4, heads = 32, d = 128;
+  const bool backward = state.range(0) == 1;
+  Tensor x = gpu_pattern({s, b, heads, d}, DType::F32);
+  const double sec = time_loop(state, [&] {
+    if (backward)
+      ops::rope_backward(x, 0, 10000.0f);
+    else
+      ops::rope_forward(x, 0, 10000.0f);
+  });
+  set_bandwidth(state, 2.0 * x.numel() * sizeof(float), sec);  // read and write x
+}
+BENCHMARK(BM_Rope)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- softmax cross-entropy --------------------------------------------------------------------
+// The whole vocab-parallel loss on one rank over [kTokens, 50304] logits (50257 real): local stats,
+// sum of exps, backward. The logits are read three times and dlogits written once: 4 passes.
+void BM_SoftmaxCrossEntropy(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t n = kTokens, v = kVocab, vocab = 50257;
+  Tensor logits = gpu_pattern({n, v}, DType::F32, -5.0f, 5.0f), dlogits = gpu_empty({n, v});
+  std::vector<int32_t> tv(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; i++) tv[i] = static_cast<int32_t>((i * 7919) % vocab);
+  Tensor targets = Tensor::from_vector(tv, {n}).to(Device::cuda(0));
+  Tensor g = Tensor::full({n}, 1.0 / static_cast<double>(n), DType::F32, Device::cuda(0));
+  Tensor row_max = gpu_empty({n}), tl = gpu_empty({n}), sum_exp = gpu_empty({n});
+  const double sec = time_loop(state, [&] {
+    ops::cross_entropy_local_stats(logits, targets, 0, vocab, row_max, tl);
+    ops::cross_entropy_sum_exp(logits, row_max, 0, vocab, sum_exp);
+    ops::cross_entropy_backward(logits, targets, row_max, sum_exp, g, 0, vocab, dlogits);
+  });
+  set_bandwidth(state, 4.0 * n * v * sizeof(float), sec);
+}
+BENCHMARK(BM_SoftmaxCrossEntropy)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---- embedding --------------------------------------------------------------------------------
+// tokens [b 4, s 2048], weight [50304, h]. Arg: h.
+std::vector<int32_t> token_ids(int64_t n) {
+  std::vector<int32_t> t(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; i++) t[i] = static_cast<int32_t>((i * 7919 + 13) % 50257);
+  return t;
+}
+
+void BM_EmbeddingForward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t b = 4, s = kTokens / 4, h = state.range(0);
+  Tensor tokens = Tensor::from_vector(token_ids(b * s), {b, s}).to(Device::cuda(0));
+  Tensor w = gpu_pattern({kVocab, h}, DType::F32), out = gpu_empty({s, b, h});
+  const double sec = time_loop(state, [&] { ops::embedding_forward(tokens, w, 0, out); });
+  // ids read; one weight row read and one output row written per token.
+  set_bandwidth(state, 4.0 * b * s + 2.0 * b * s * h * sizeof(float), sec);
+}
+BENCHMARK(BM_EmbeddingForward)->Arg(768)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_EmbeddingBackward(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t b = 4, s = kTokens / 4, h = state.range(0);
+  const std::vector<int32_t> ids = token_ids(b * s);
+  const double distinct = static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+  Tensor tokens = Tensor::from_vector(ids, {b, s}).to(Device::cuda(0));
+  Tensor dout = gpu_pattern({s, b, h}, DType::F32),
+         dw = Tensor::zeros({kVocab, h}, DType::F32, Device::cuda(0));
+  const double sec = time_loop(state, [&] { ops::embedding_backward(tokens, dout, 0, dw); });
+  // ids and dout read; each distinct id's dweight row read and written (accumulate).
+  set_bandwidth(state, 4.0 * b * s + (b * s + 2.0 * distinct) * h * sizeof(float), sec);
+}
+BENCHMARK(BM_EmbeddingBackward)->Arg(768)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- optimizer and mixed precision ------------------------------------------------------------
+// AdamW over 124M fp32 parameters (GPT-2 small). Arg: 1 also writes the bf16 model copy.
 void BM_AdamW(benchmark::State& state) {
   if (no_gpu(state)) return;
-  const int64_t n = state.range(0);
-  Tensor p = gpu_random({n}, DType::F32), g = gpu_random({n}, DType::F32);
+  const int64_t n = 124'000'000;
+  const bool model_copy = state.range(0) == 1;
+  Tensor p = gpu_pattern({n}, DType::F32), g = gpu_pattern({n}, DType::F32);
   Tensor m = Tensor::zeros({n}, DType::F32, Device::cuda(0)),
          v = Tensor::zeros({n}, DType::F32, Device::cuda(0));
-  Tensor model = Tensor::empty({n}, DType::BF16, Device::cuda(0));
+  Tensor model = model_copy ? gpu_empty({n}, DType::BF16) : Tensor();
   cuda::AdamWHyper hp;
   hp.weight_decay = 0.1;
   const double sec = time_loop(state, [&] {
     cuda::adamw_step(static_cast<float*>(p.data_ptr()), static_cast<const float*>(g.data_ptr()),
                      static_cast<float*>(m.data_ptr()), static_cast<float*>(v.data_ptr()),
-                     static_cast<bf16*>(model.data_ptr()), n, hp, nullptr, 0, n, nullptr);
+                     model_copy ? static_cast<bf16*>(model.data_ptr()) : nullptr, n, hp, nullptr, 0, n,
+                     nullptr);
   });
-  set_bandwidth(state, (7.0 * sizeof(float) + sizeof(uint16_t)) * n, sec);  // 4 reads, 3 writes, bf16 copy
+  // param, exp_avg, exp_avg_sq read and written, grad read; the bf16 copy written.
+  set_bandwidth(state, (7.0 * sizeof(float) + (model_copy ? sizeof(uint16_t) : 0)) * n, sec);
+  state.SetLabel(model_copy ? "with bf16 model copy" : "fp32 only");
 }
-BENCHMARK(BM_AdamW)->Arg(int64_t{124} << 20)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamW)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// round_to_precision_ over a [kTokens, 4096] activation, in place. Arg: 0 bf16, 1 fp16.
+void BM_RoundToPrecision(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t n = kTokens * 4096;
+  const DType precision = state.range(0) == 0 ? DType::BF16 : DType::F16;
+  Tensor x = gpu_pattern({n}, DType::F32, -8.0f, 8.0f);
+  const double sec = time_loop(state, [&] { cuda::round_to_precision_(x, precision, {}); });
+  set_bandwidth(state, 2.0 * n * sizeof(float), sec);  // read and write x
+  state.SetLabel(std::string(dtype_name(precision)));
+}
+BENCHMARK(BM_RoundToPrecision)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// The global gradient norm's reduction over 124M fp32 gradients (synchronises, as the op does).
+void BM_SumOfSquares(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t n = 124'000'000;
+  Tensor x = gpu_pattern({n}, DType::F32);
+  double sink = 0.0;
+  const double sec = time_loop(state, [&] { sink += ops::sum_of_squares(x); });
+  benchmark::DoNotOptimize(sink);
+  set_bandwidth(state, static_cast<double>(n) * sizeof(float), sec);
+}
+BENCHMARK(BM_SumOfSquares)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -28,8 +28,16 @@ namespace parallel::ops {
 // op(a): [M, K], op(b): [K, N], c: [M, N]. beta = 1 accumulates (weight gradients).
 // A linear layer y = x W^T with W [out, in] is gemm(x, false, W, true, y); its input gradient is
 // gemm(dy, false, W, false, dx) and its weight gradient gemm(dy, true, x, false, dW, 1, 1).
+//
+// operand_precision (BF16 / F16; F32 = none): the caller declares that a and b hold values of that
+// precision, as a mixed-precision model's activations, gradients and weights do (they are rounded
+// at every op boundary and the weights are the optimizer's bf16 copy). CUDA then converts them to
+// 16-bit (exactly) and runs the product on tensor cores with fp32 accumulation (our GEMM or
+// cuBLASLt, whichever measured faster for the shape): the same products as fp32, only the order
+// of the fp32 sums differs. A value that is not representable is rounded to nearest even there.
+// The CPU multiplies the fp32 values as they are.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
-          float beta = 0.0f, Stream stream = {});
+          float beta = 0.0f, DType operand_precision = DType::F32, Stream stream = {});
 
 // y[r, :] += bias for every row r.
 void add_bias(Tensor& y, const Tensor& bias, Stream stream = {});
@@ -39,8 +47,8 @@ void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream = {});
 // ---- element-wise -----------------------------------------------------------------------------
 
 void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream = {});  // out may alias a or b
-void add_(Tensor& a, const Tensor& b, Stream stream = {});                     // a += b
-void scale_(Tensor& a, float alpha, Stream stream = {});                       // a *= alpha
+void add_(Tensor& a, const Tensor& b, Stream stream = {});                    // a += b
+void scale_(Tensor& a, float alpha, Stream stream = {});                      // a *= alpha
 
 // Mixed-precision emulation: rounds every element of the fp32 tensor x in place to the nearest
 // value of `precision` (BF16 or F16; round to nearest, ties to even, exactly as float_to_bf16 /
@@ -62,7 +70,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream strea
 // kept values scaled by 1/(1-p). The same (seed, offset + i) gives the same decision on any rank,
 // so masks do not depend on how a tensor is split. p == 0 copies.
 void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset, Stream stream = {});
-void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset, Stream stream = {});
+void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset,
+                      Stream stream = {});
 
 // ---- normalisation ----------------------------------------------------------------------------
 
@@ -73,7 +82,8 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream = {});
 // y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). dweight: accumulate.
-void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps, Stream stream = {});
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
+                     Stream stream = {});
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight, Stream stream = {});
 
@@ -89,12 +99,19 @@ void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stre
 // [s, s] matrix is ever materialised. q: [s, b, hq, d]; k, v: [s, b, hkv, d] with hq % hkv == 0
 // (grouped-query attention: query head i uses kv head i / (hq / hkv)); out: [s, b, hq, d];
 // lse: [b, hq, s] fp32, the log-sum-exp of each query row's scaled scores, saved for the backward.
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, bool causal,
-                       float softmax_scale, Stream stream = {});
+//
+// operand_precision (BF16 / F16; F32 = none), as ops::gemm's: the caller declares q, k, v (and, in
+// the backward, dout and out) hold values of that precision. CUDA then runs the 16-bit tensor-core
+// kernels (head dims 64 and 128; others keep the fp32 kernel), which also round the softmax
+// probabilities and dS to 16 bits before their products, as FlashAttention does, and write out,
+// dq, dk, dv rounded to that precision. The CPU computes in fp32 as always.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       bool causal, float softmax_scale, DType operand_precision = DType::F32,
+                       Stream stream = {});
 // dq, dk, dv are written (not accumulated); dk, dv sum over the query heads that share them.
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal, float softmax_scale,
-                        Stream stream = {});
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
+                        float softmax_scale, DType operand_precision = DType::F32, Stream stream = {});
 
 // ---- embedding and loss -----------------------------------------------------------------------
 
@@ -114,10 +131,10 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_
 // After the caller all-reduces row_max (max) it calls cross_entropy_sum_exp:
 //   sum_exp[n] = sum over valid local columns of exp(logits - row_max)
 // targets: [n] int32.
-void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
-                               Tensor& row_max, Tensor& target_logit, Stream stream = {});
-void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start, int64_t vocab_size,
-                           Tensor& sum_exp, Stream stream = {});
+void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               int64_t vocab_size, Tensor& row_max, Tensor& target_logit, Stream stream = {});
+void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
+                           int64_t vocab_size, Tensor& sum_exp, Stream stream = {});
 // dlogits[i, j] = grad_scale[i] * (softmax_ij - [j is target_i]); padding columns get 0.
 // softmax_ij = exp(logits_ij - row_max_i) / sum_exp_i with the all-reduced row_max and sum_exp.
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
@@ -128,5 +145,25 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 // Sum of squares of all elements, accumulated in double (for the global gradient norm).
 double sum_of_squares(const Tensor& x, Stream stream = {});
+
+// ---- optimizer --------------------------------------------------------------------------------
+
+// One AdamW update of fp32 param, exp_avg, exp_avg_sq (in place, all [n]) from grad [n], with
+// torch.optim.AdamW's single-tensor arithmetic operation for operation (t = step, from 1):
+//   g = grad * grad_scale (skipped when 1); p *= 1 - lr wd;
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// The scalars are computed once in double and rounded to float, the same on every device, so the
+// CPU and CUDA kernels perform the same float operations per element.
+struct AdamWStep {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t step = 1;
+  float grad_scale = 1.0f;  // the clip coefficient
+};
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
+                   Stream stream = {});
 
 }  // namespace parallel::ops

@@ -92,7 +92,7 @@ class Optimizer {
   };
   Optimizer(const OptimizerConfig& config, Precision precision, OptimizerGroups groups, bool sharded);
   // Allocates main (if needed), exp_avg and exp_avg_sq of `numel` elements.
-  void allocate_state(int64_t numel, bool need_main);
+  void allocate_state(int64_t numel, bool need_main, Device device);  // on the parameters' device
   Slot make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target, int64_t state_offset);
   // Before anything reads the gradients or writes the parameters (e.g. finish an all-gather still
   // filling the parameter buffer).

@@ -16,12 +16,12 @@
 namespace parallel::tp {
 
 // ---- communication mappings (forward; the backward is the named dual) ------------------------
-Tensor all_reduce(Communicator& tp, const Tensor& x);              // dual: identity
-Tensor gather_sequence(Communicator& tp, const Tensor& x);         // [s/tp,..] -> [s,..]; dual: reduce_scatter
-Tensor reduce_scatter_sequence(Communicator& tp, const Tensor& x); // [s,..] -> [s/tp,..]; dual: gather
-Tensor split_sequence(Communicator& tp, const Tensor& x);          // [s,..] -> own [s/tp,..]; dual: gather
-Tensor gather_last_dim(Communicator& tp, const Tensor& x);         // [..,n/tp] -> [..,n]; dual: split
-Tensor split_last_dim(Communicator& tp, const Tensor& x);          // [..,n] -> own [..,n/tp]
+Tensor all_reduce(Communicator& tp, const Tensor& x);       // dual: identity
+Tensor gather_sequence(Communicator& tp, const Tensor& x);  // [s/tp,..] -> [s,..]; dual: reduce_scatter
+Tensor reduce_scatter_sequence(Communicator& tp, const Tensor& x);  // [s,..] -> [s/tp,..]; dual: gather
+Tensor split_sequence(Communicator& tp, const Tensor& x);           // [s,..] -> own [s/tp,..]; dual: gather
+Tensor gather_last_dim(Communicator& tp, const Tensor& x);          // [..,n/tp] -> [..,n]; dual: split
+Tensor split_last_dim(Communicator& tp, const Tensor& x);           // [..,n] -> own [..,n/tp]
 
 // What a linear layer keeps from its forward for its backward (per micro-batch).
 struct LinearContext {
@@ -41,10 +41,13 @@ class ColumnParallelLinear {
     bool bias = true;
     bool gather_output = false;      // all-gather the output over tp (full output on every rank)
     bool sequence_parallel = false;  // input is [s/tp, b, in]: all-gather it along s first
+    // Mixed precision: inputs, output gradients and weights hold values of this precision, so
+    // the GEMMs may run on 16-bit tensor cores (ops::gemm's operand_precision).
+    DType operand_precision = DType::F32;
   };
   ColumnParallelLinear(std::vector<Part> parts, int64_t in_features, Options options, Communicator& tp);
 
-  Tensor forward(const Tensor& x, LinearContext& ctx);  // x: [s(/tp), b, in] -> [s, b, out_local]
+  Tensor forward(const Tensor& x, LinearContext& ctx);    // x: [s(/tp), b, in] -> [s, b, out_local]
   Tensor backward(const Tensor& dy, LinearContext& ctx);  // accumulates weight/bias grads; returns dx
 
   int64_t out_local() const { return out_local_; }
@@ -69,9 +72,11 @@ class RowParallelLinear {
  public:
   struct Options {
     bool bias = true;
-    bool sequence_parallel = false;  // output is [s/tp, b, out]
+    bool sequence_parallel = false;        // output is [s/tp, b, out]
+    DType operand_precision = DType::F32;  // as ColumnParallelLinear::Options
   };
-  RowParallelLinear(std::string name, int64_t in_global, int64_t out_features, Options options, Communicator& tp);
+  RowParallelLinear(std::string name, int64_t in_global, int64_t out_features, Options options,
+                    Communicator& tp);
 
   Tensor forward(const Tensor& x, LinearContext& ctx);    // x: [s, b, in/tp] -> [s(/tp), b, out]
   Tensor backward(const Tensor& dy, LinearContext& ctx);  // returns dx [s, b, in/tp]

@@ -4,6 +4,7 @@
 // shapes) before calling these, so the kernels assume well-formed fp32 (int32 ids) tensors.
 #include <cstdint>
 
+#include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel::cpu {
@@ -57,5 +58,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 // ---- reductions (reduce.cpp) ---------------------------------------------------------------
 double sum_of_squares(const Tensor& x);
+
+// ---- optimizer (adamw.cpp) -----------------------------------------------------------------
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                   const ops::AdamWStep& h);
 
 }  // namespace parallel::cpu

@@ -1,4 +1,5 @@
-// Element-wise dtype conversion (F32 <-> BF16 <-> F16) and fill.
+// Element-wise dtype conversion (F32 <-> BF16 <-> F16), fill, and the in-place rounding of fp32
+// values to bf16 / fp16 precision (kernels::round_to_precision, mixed-precision emulation).
 //
 // Both are pure bandwidth: each thread moves 16 or 32 bytes per load so the memory system sees
 // full 128-bit transactions, in a grid-stride loop so one launch covers any n. Unaligned pointers
@@ -10,7 +11,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common.cuh"
 #include "cuda/convert.hpp"
+#include "cuda/kernels.hpp"
 
 namespace parallel::kernels {
 namespace {
@@ -124,6 +127,71 @@ cudaError_t launch_fill(void* dst, T value, int64_t n, cudaStream_t stream) {
 
 bool is_float16or32(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
+// ---- rounding fp32 to bf16 / fp16 precision, in place ----------------------------------------
+// The CPU kernel's integer formulas (kernels/cpu/elementwise.cpp), operation for operation, so the
+// results are bit-identical, NaN payloads included. The hardware conversions (__float2bfloat16_rn)
+// would round the same finite values but return a canonical NaN instead of the input's top bits.
+
+// bf16 keeps the top 16 bits: add 0x7fff plus the lowest kept bit (ties to even), clear the rest.
+// NaN: keep the top bits and set the quiet bit.
+__device__ __forceinline__ float round_bf16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t nan = (u & 0xffff0000u) | 0x00400000u;
+  return __uint_as_float((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// fp16 by magnitude: NaN -> quiet NaN; >= 65520 -> inf; normal range [2^-14, 65520): keep 10
+// mantissa bits; below 2^-14 the fp16 grid is multiples of 2^-24, and (|x| + 0.5) - 0.5 rounds
+// there because the fp32 ulp of 0.5 is 2^-24. __fadd_rn: two separate round-to-nearest additions
+// that the compiler may neither fuse nor reassociate (the CPU does exactly these two).
+__device__ __forceinline__ float round_f16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t sign = u & 0x80000000u, abs = u & 0x7fffffffu;
+  const uint32_t normal = (abs + 0x0fffu + ((abs >> 13) & 1u)) & 0xffffe000u;
+  const float tiny = __fadd_rn(__fadd_rn(__uint_as_float(abs), 0.5f), -0.5f);
+  uint32_t r = abs < 0x38800000u ? __float_as_uint(tiny) : normal;
+  r = abs >= 0x477ff000u ? 0x7f800000u : r;
+  r = abs > 0x7f800000u ? 0x7fc00000u : r;
+  return __uint_as_float(sign | r);
+}
+
+template <bool kBF16>
+__device__ __forceinline__ float round_one(float x) {
+  if constexpr (kBF16)
+    return round_bf16(x);
+  else
+    return round_f16(x);
+}
+
+// Same layout as convert_kernel: N = 4 floats (one 128-bit access) per step when x is 16-byte
+// aligned, else N = 1; the last n % N elements go one per thread.
+template <bool kBF16, int N>
+__global__ void __launch_bounds__(kThreads) round_kernel(float* __restrict__ x, int64_t n_packs, int64_t n) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  auto* packs = reinterpret_cast<Packed<float, N>*>(x);
+  for (int64_t i = first; i < n_packs; i += stride) {
+    Packed<float, N> p = packs[i];
+#pragma unroll
+    for (int k = 0; k < N; ++k) p.v[k] = round_one<kBF16>(p.v[k]);
+    packs[i] = p;
+  }
+  const int64_t tail = n_packs * N + first;
+  if (tail < n) x[tail] = round_one<kBF16>(x[tail]);
+}
+
+template <bool kBF16>
+void launch_round(float* x, int64_t n, cudaStream_t stream) {
+  constexpr int N = 4;
+  if (aligned(x, sizeof(float) * N)) {
+    const int64_t packs = n / N;
+    round_kernel<kBF16, N><<<blocks_for(packs), kThreads, 0, stream>>>(x, packs, n);
+  } else {
+    round_kernel<kBF16, 1><<<blocks_for(n), kThreads, 0, stream>>>(x, n, n);
+  }
+}
+
 }  // namespace
 
 bool convert_supported(DType dst, DType src) {
@@ -164,6 +232,18 @@ cudaError_t fill(void* dst, int elem_size, uint64_t bits, int64_t n, cudaStream_
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+void round_to_precision(float* x, int64_t n, DType precision, stream_t stream) {
+  CUDA_OPS_REQUIRE(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
+                   "round_to_precision: precision must be F32, BF16 or F16");
+  if (n <= 0 || precision == DType::F32) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (precision == DType::BF16)
+    launch_round<true>(x, n, s);
+  else
+    launch_round<false>(x, n, s);
+  CUDA_OPS_LAUNCHED();
 }
 
 }  // namespace parallel::kernels

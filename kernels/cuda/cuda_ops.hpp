@@ -16,6 +16,9 @@
 
 // Relative includes: usable from tests and benchmarks, which do not see the private include dirs.
 #include "../../src/cuda/cuda_check.hpp"
+#include "../attention/flash_attention_mma.hpp"
+#include "../gemm/gemm.hpp"
+#include "convert.hpp"
 #include "kernels.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tensor.hpp"
@@ -49,6 +52,48 @@ inline void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, T
   }
   kernels::gemm_f32(cf(a), trans_a, cf(b), trans_b, f(c), m, n, k, alpha, beta, stream.handle);
 }
+
+// gemm with operands rounded to bf16 (or fp16) and tensor-core products, for callers whose fp32
+// operands hold values of that precision (mixed-precision emulation): then the conversion is exact,
+// every product of two bf16 (fp16) values is exact in fp32, and the result differs from gemm's only
+// in the fp32 summation order. Other values are rounded to nearest even first.
+// a, b, c: contiguous fp32 on one GPU, shapes as ops::gemm. The operands are converted into scratch
+// tensors from the caching allocator (ordered on `stream`, returned to the cache on exit) and
+// multiplied by kernels::gemm_bf16_auto / gemm_f16_auto (ours or cuBLASLt, whichever is faster for
+// the shape) with fp32 accumulation into c.
+inline void gemm_reduced(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+                         float beta, DType operand_precision, Stream stream) {
+  using namespace ops_detail;
+  PARALLEL_CHECK(operand_precision == DType::BF16 || operand_precision == DType::F16,
+                 "cuda::gemm_reduced: operand precision must be bf16 or fp16, got {}",
+                 dtype_name(operand_precision));
+  DeviceGuard guard(c.device().index);
+  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // empty sum: only the beta term, as gemm
+    if (beta == 0.0f)
+      c.zero_(stream);
+    else
+      kernels::scale(f(c), beta, c.numel(), stream.handle);
+    return;
+  }
+  const auto s = static_cast<cudaStream_t>(stream.handle);
+  Tensor a16 = Tensor::empty(a.shape(), operand_precision, c.device(), stream);
+  Tensor b16 = Tensor::empty(b.shape(), operand_precision, c.device(), stream);
+  PARALLEL_CUDA_CHECK(
+      kernels::convert(a16.data_ptr(), operand_precision, a.data_ptr(), DType::F32, a.numel(), s));
+  PARALLEL_CUDA_CHECK(
+      kernels::convert(b16.data_ptr(), operand_precision, b.data_ptr(), DType::F32, b.numel(), s));
+  if (operand_precision == DType::BF16)
+    kernels::gemm_bf16_auto(static_cast<const bf16*>(a16.data_ptr()), trans_a,
+                            static_cast<const bf16*>(b16.data_ptr()), trans_b, f(c), m, n, k, alpha, beta, {},
+                            stream.handle);
+  else
+    kernels::gemm_f16_auto(static_cast<const f16*>(a16.data_ptr()), trans_a,
+                           static_cast<const f16*>(b16.data_ptr()), trans_b, f(c), m, n, k, alpha, beta, {},
+                           stream.handle);
+}
+
 inline void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   DeviceGuard guard(y.device().index);
   const int64_t h = bias.numel();
@@ -73,6 +118,15 @@ inline void add_(Tensor& a, const Tensor& b, Stream stream) {
 inline void scale_(Tensor& a, float alpha, Stream stream) {
   DeviceGuard guard(a.device().index);
   kernels::scale(ops_detail::f(a), alpha, a.numel(), stream.handle);
+}
+// Mixed-precision emulation, bit-identical to the CPU kernel (see kernels::round_to_precision).
+inline void round_to_precision_(Tensor& x, DType precision, Stream stream) {
+  PARALLEL_CHECK(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
+                 "cuda::round_to_precision_: precision must be fp32, bf16 or fp16, got {}",
+                 dtype_name(precision));
+  if (precision == DType::F32 || x.numel() == 0) return;
+  DeviceGuard guard(x.device().index);
+  kernels::round_to_precision(ops_detail::f(x), x.numel(), precision, stream.handle);
 }
 inline void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
   DeviceGuard guard(x.device().index);
@@ -150,19 +204,80 @@ inline kernels::AttentionShape attention_shape(const Tensor& q, const Tensor& k)
   PARALLEL_CHECK(q.size(3) <= 256, "CUDA attention supports head dimensions up to 256, got {}", q.size(3));
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
 }
-// Head dimension d <= 256; the backward's shared-memory tiles need d <= 128 on sm_80.
+// 16-bit tensor-core attention (kernels/attention/flash_attention_mma.cu) for fp32 tensors holding
+// bf16 / fp16 values: the inputs are converted (exactly) into scratch, the outputs widened back.
+inline bool use_attention_mma(const Tensor& q, DType operand_precision) {
+  return operand_precision != DType::F32 && (q.size(3) == 64 || q.size(3) == 128);
+}
+inline Tensor to_16bit(const Tensor& x, DType precision, Stream stream) {
+  Tensor out = Tensor::empty(x.shape(), precision, x.device(), stream);
+  PARALLEL_CUDA_CHECK(kernels::convert(out.data_ptr(), precision, x.data_ptr(), DType::F32, x.numel(),
+                                       static_cast<cudaStream_t>(stream.handle)));
+  return out;
+}
+inline void widen_into(Tensor& dst, const Tensor& src16, Stream stream) {
+  PARALLEL_CUDA_CHECK(kernels::convert(dst.data_ptr(), DType::F32, src16.data_ptr(), src16.dtype(),
+                                       dst.numel(), static_cast<cudaStream_t>(stream.handle)));
+}
+
+// Head dimension d <= 256 in fp32; the backward's shared-memory tiles need d <= 128 on sm_80.
 inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                              bool causal, float softmax_scale, Stream stream) {
+                              bool causal, float softmax_scale, DType operand_precision, Stream stream) {
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
+  if (use_attention_mma(q, operand_precision)) {
+    const kernels::AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+    Tensor q16 = to_16bit(q, operand_precision, stream), k16 = to_16bit(k, operand_precision, stream);
+    Tensor v16 = to_16bit(v, operand_precision, stream);
+    Tensor o16 = Tensor::empty(out.shape(), operand_precision, out.device(), stream);
+    if (operand_precision == DType::BF16)
+      kernels::flash_attention_forward_bf16(
+          static_cast<const bf16*>(q16.data_ptr()), static_cast<const bf16*>(k16.data_ptr()),
+          static_cast<const bf16*>(v16.data_ptr()), static_cast<bf16*>(o16.data_ptr()), f(lse), shape, causal,
+          softmax_scale, stream.handle);
+    else
+      kernels::flash_attention_forward_f16(
+          static_cast<const f16*>(q16.data_ptr()), static_cast<const f16*>(k16.data_ptr()),
+          static_cast<const f16*>(v16.data_ptr()), static_cast<f16*>(o16.data_ptr()), f(lse), shape, causal,
+          softmax_scale, stream.handle);
+    widen_into(out, o16, stream);
+    return;
+  }
   kernels::attention_forward(cf(q), cf(k), cf(v), f(out), f(lse), attention_shape(q, k), causal,
                              softmax_scale, stream.handle);
 }
 inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
-                               bool causal, float softmax_scale, Stream stream) {
+                               bool causal, float softmax_scale, DType operand_precision, Stream stream) {
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
+  if (use_attention_mma(q, operand_precision)) {
+    const kernels::AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+    const DType p = operand_precision;
+    Tensor do16 = to_16bit(dout, p, stream), q16 = to_16bit(q, p, stream), k16 = to_16bit(k, p, stream);
+    Tensor v16 = to_16bit(v, p, stream), o16 = to_16bit(out, p, stream);
+    Tensor dq16 = Tensor::empty(dq.shape(), p, dq.device(), stream);
+    Tensor dk16 = Tensor::empty(dk.shape(), p, dk.device(), stream);
+    Tensor dv16 = Tensor::empty(dv.shape(), p, dv.device(), stream);
+    if (p == DType::BF16)
+      kernels::flash_attention_backward_bf16(
+          static_cast<const bf16*>(do16.data_ptr()), static_cast<const bf16*>(q16.data_ptr()),
+          static_cast<const bf16*>(k16.data_ptr()), static_cast<const bf16*>(v16.data_ptr()),
+          static_cast<const bf16*>(o16.data_ptr()), cf(lse), static_cast<bf16*>(dq16.data_ptr()),
+          static_cast<bf16*>(dk16.data_ptr()), static_cast<bf16*>(dv16.data_ptr()), shape, causal,
+          softmax_scale, stream.handle);
+    else
+      kernels::flash_attention_backward_f16(
+          static_cast<const f16*>(do16.data_ptr()), static_cast<const f16*>(q16.data_ptr()),
+          static_cast<const f16*>(k16.data_ptr()), static_cast<const f16*>(v16.data_ptr()),
+          static_cast<const f16*>(o16.data_ptr()), cf(lse), static_cast<f16*>(dq16.data_ptr()),
+          static_cast<f16*>(dk16.data_ptr()), static_cast<f16*>(dv16.data_ptr()), shape, causal,
+          softmax_scale, stream.handle);
+    widen_into(dq, dq16, stream);
+    widen_into(dk, dk16, stream);
+    widen_into(dv, dv16, stream);
+    return;
+  }
   kernels::attention_backward(cf(dout), cf(q), cf(k), cf(v), cf(out), cf(lse), f(dq), f(dk), f(dv),
                               attention_shape(q, k), causal, softmax_scale, stream.handle);
 }
@@ -219,6 +334,7 @@ inline double sum_of_squares(const Tensor& x, Stream stream) {
   return kernels::sum_of_squares(ops_detail::cf(x), x.numel(), stream.handle);
 }
 
-// adamw_step and gemm_cublaslt_bf16 (raw device buffers) are declared in kernels.hpp, included above.
+// adamw_step and gemm_cublaslt_bf16 / _f16 (raw device buffers) are declared in kernels.hpp, and the
+// bf16 / fp16 GEMMs (ours, and the automatic choice) in gemm/gemm.hpp, both included above.
 
 }  // namespace parallel::cuda

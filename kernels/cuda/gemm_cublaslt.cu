@@ -1,5 +1,6 @@
-// GEMM through cuBLASLt: fp32 (CUBLAS_COMPUTE_32F, never TF32) for ops::gemm, and bf16 inputs with
-// fp32 accumulation and output for benchmarks / mixed precision.
+// GEMM through cuBLASLt: fp32 (CUBLAS_COMPUTE_32F, never TF32) for ops::gemm, and bf16 or fp16 inputs
+// with fp32 accumulation and output for mixed precision (kernels::gemm_bf16_auto picks between these
+// and our own mma kernel) and benchmarks.
 //
 // Row-major to column-major: a row-major [r, c] matrix is a column-major [c, r] one, so
 // C = op(A) op(B) (row-major, [M, N]) is computed as C^T = op(B)^T op(A)^T in column-major terms:
@@ -165,6 +166,10 @@ namespace cuda {
 void gemm_cublaslt_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m,
                         int64_t n, int64_t k, float alpha, float beta, void* stream) {
   lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16BF, static_cast<cudaStream_t>(stream));
+}
+void gemm_cublaslt_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
+                       int64_t k, float alpha, float beta, void* stream) {
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16F, static_cast<cudaStream_t>(stream));
 }
 }  // namespace cuda
 

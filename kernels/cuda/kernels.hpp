@@ -25,6 +25,12 @@ void swiglu_forward(const float* x, float* y, int64_t rows, int64_t f, stream_t 
 void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t f, stream_t stream);
 void dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, stream_t stream);
 
+// ---- convert.cu ---- mixed-precision emulation: rounds n fp32 values in place to the nearest bf16
+// (precision BF16) or fp16 (F16) value, widened back to fp32; ties to even, NaN -> quiet NaN, fp16
+// overflow -> inf, fp16 subnormals kept. Bit for bit the CPU kernel's result
+// (kernels/cpu/elementwise.cpp, round_bf16_chunk / round_f16_chunk). F32: nothing to do.
+void round_to_precision(float* x, int64_t n, DType precision, stream_t stream);
+
 // ---- norm.cu ----
 void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                        int64_t rows, int64_t h, float eps, stream_t stream);
@@ -98,8 +104,12 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
                 int64_t decay_end, void* stream);
 
 // ---- gemm_cublaslt.cu: cuBLASLt bf16 x bf16 -> fp32 (fp32 accumulation), row-major ----
-// c[m, n] = alpha op(a) op(b) + beta c; the baseline our own mma GEMM is measured against.
+// c[m, n] = alpha op(a) op(b) + beta c; k >= 1 (cuBLASLt rejects k = 0). The baseline our own mma
+// GEMM is measured against, and the other candidate of kernels::gemm_bf16_auto (gemm/gemm.hpp).
 void gemm_cublaslt_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m,
                         int64_t n, int64_t k, float alpha, float beta, void* stream);
+// The same with fp16 inputs (fp32 accumulation and output).
+void gemm_cublaslt_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
+                       int64_t k, float alpha, float beta, void* stream);
 
 }  // namespace parallel::cuda

@@ -8,6 +8,7 @@
 // device, work on `stream` (a cudaStream_t). Plain C++ (no CUDA or fmt headers). Throws
 // parallel::Error on a launch failure.
 #include <cstdint>
+#include <optional>
 
 #include "parallel/dtype.hpp"
 
@@ -23,5 +24,50 @@ void gemm_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* 
                int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
 void gemm_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
               int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
+
+// ---- gemm_dispatch.cu: "ours where faster" -----------------------------------------------------
+// The same contract as gemm_bf16 / gemm_f16, computed by our kernel or by cuBLASLt
+// (parallel::cuda::gemm_cublaslt_bf16 / _f16, kernels/cuda/kernels.hpp), whichever is faster for the
+// problem:
+//   - with an epilogue (bias or gelu): ours (cuBLASLt's epilogues are not wired);
+//   - k == 0: ours (cuBLASLt rejects k = 0);
+//   - otherwise, per GemmKey: the first call with a key times both on the caller's stream and real
+//     operands (2 rounds of 2 warm-up + 5 timed runs each, CUDA events; that first call therefore
+//     synchronises the stream once) and caches the faster; every call then runs the cached winner.
+//     With beta != 0 the timing runs go into a scratch copy of c, so c is updated exactly once. A
+//     stream being captured into a CUDA graph cannot be timed: such calls run ours, uncached.
+//     Shapes our kernel does not take (a dimension over INT_MAX, m over 65535 tiles) use cuBLASLt.
+// PARALLEL_GEMM=ours|cublaslt|auto (read once, at the first call; default auto) forces the choice
+// for calls without an epilogue (k == 0 still runs ours). Results of the two differ only in fp32
+// summation order.
+void gemm_bf16_auto(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m, int64_t n,
+                    int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
+void gemm_f16_auto(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
+                   int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
+
+enum class GemmMode : uint8_t { Auto, Ours, CublasLt };
+enum class GemmImpl : uint8_t { Ours, CublasLt };
+
+// The choice PARALLEL_GEMM asks for: parse_gemm_mode(getenv("PARALLEL_GEMM")), computed once.
+GemmMode gemm_mode();
+// "ours" / "cublaslt" / "auto" -> the mode; null or "" -> Auto. Anything else throws
+// parallel::Error naming PARALLEL_GEMM and the allowed values.
+GemmMode parse_gemm_mode(const char* value);
+const char* gemm_impl_name(GemmImpl impl);  // "ours", "cublaslt"
+
+// What the automatic choice is cached under. device: the CUDA device current at the call.
+struct GemmKey {
+  int device = 0;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  bool beta_nonzero = false;
+  DType dtype = DType::BF16;  // of a and b: BF16 or F16
+};
+struct GemmChoice {
+  GemmImpl impl = GemmImpl::Ours;
+  float ours_ms = 0.0f, cublaslt_ms = 0.0f;  // mean time of one run, as measured at the choice
+};
+// The timed choice made for `key`, or nullopt when none was made (key not seen in auto mode).
+std::optional<GemmChoice> gemm_choice(const GemmKey& key);
 
 }  // namespace parallel::kernels

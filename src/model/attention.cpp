@@ -13,10 +13,16 @@ SelfAttention::SelfAttention(const LayerEnv& env, int layer)
            {fmt::format("layers.{}.attention.key", layer), env.groups * env.head_dim},
            {fmt::format("layers.{}.attention.value", layer), env.groups * env.head_dim}},
           env.hidden,
-          {.bias = env.config->add_bias, .gather_output = false, .sequence_parallel = env.sequence_parallel},
+          {.bias = env.config->add_bias,
+           .gather_output = false,
+           .sequence_parallel = env.sequence_parallel,
+           .operand_precision = env.activation_dtype},
           *env.tp),
       proj(fmt::format("layers.{}.attention.proj", layer), env.heads * env.head_dim, env.hidden,
-           {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
+           {.bias = env.config->add_bias,
+            .sequence_parallel = env.sequence_parallel,
+            .operand_precision = env.activation_dtype},
+           *env.tp),
       env_(env),
       heads_local_(env.heads / env.tp->size()),
       groups_local_(env.groups / env.tp->size()) {}
@@ -50,7 +56,7 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   ctx.out = Tensor::empty({s, b, heads_local_, d}, DType::F32, dev);
   ctx.lse = Tensor::empty({b, heads_local_, s}, DType::F32, dev);
   ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, /*causal=*/true,
-                         1.0f / std::sqrt(static_cast<float>(d)));
+                         1.0f / std::sqrt(static_cast<float>(d)), env_.activation_dtype);
   to_activation_precision(env_, ctx.out);  // softmax statistics (lse) stay fp32, the output is bf16
 }
 
@@ -87,7 +93,7 @@ Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
   Tensor dk = Tensor::empty(ctx.k.shape(), DType::F32, dev);
   Tensor dv = Tensor::empty(ctx.v.shape(), DType::F32, dev);
   ops::attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dq, dk, dv, /*causal=*/true,
-                          1.0f / std::sqrt(static_cast<float>(d)));
+                          1.0f / std::sqrt(static_cast<float>(d)), env_.activation_dtype);
   ctx.q = ctx.k = ctx.v = ctx.out = ctx.lse = Tensor();
   // dq, dk, dv leave the attention kernel in bf16, and again after the rope's backward rotation.
   to_activation_precision(env_, dq);

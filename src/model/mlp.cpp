@@ -17,10 +17,16 @@ std::vector<tp::ColumnParallelLinear::Part> fc1_parts(const LayerEnv& env, int l
 
 MLP::MLP(const LayerEnv& env, int layer)
     : fc1(fc1_parts(env, layer), env.hidden,
-          {.bias = env.config->add_bias, .gather_output = false, .sequence_parallel = env.sequence_parallel},
+          {.bias = env.config->add_bias,
+           .gather_output = false,
+           .sequence_parallel = env.sequence_parallel,
+           .operand_precision = env.activation_dtype},
           *env.tp),
       fc2(fmt::format("layers.{}.mlp.fc2", layer), env.ffn, env.hidden,
-          {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
+          {.bias = env.config->add_bias,
+           .sequence_parallel = env.sequence_parallel,
+           .operand_precision = env.activation_dtype},
+          *env.tp),
       env_(env),
       activation_(env.config->activation) {}
 

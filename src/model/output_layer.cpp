@@ -16,7 +16,8 @@ Tensor OutputLayer::forward(const Tensor& x, tp::LinearContext& ctx) {
   const int64_t v_local = weight_->value.size(0);
   Tensor logits = Tensor::empty({s, b, v_local}, DType::F32, x.device());
   Tensor logits2d = logits.view({s * b, v_local});
-  ops::gemm(x_full.view({s * b, h}), false, weight_->value, true, logits2d);
+  ops::gemm(x_full.view({s * b, h}), false, weight_->value, true, logits2d, 1.0f, 0.0f,
+            env_.activation_dtype);
   to_activation_precision(env_, logits);  // the logits are bf16; the cross-entropy reads them in fp32
   ctx.input = x_full;
   return logits;
@@ -30,7 +31,7 @@ Tensor OutputLayer::backward(const Tensor& dlogits_in, tp::LinearContext& ctx) {
   const Tensor dl2d = dlogits.view({s * b, dlogits.size(-1)}), x2d = x_full.view({s * b, h});
   Tensor dx_full = Tensor::empty(x_full.shape(), DType::F32, x_full.device());
   Tensor dx_full2d = dx_full.view({s * b, h});
-  ops::gemm(dl2d, false, weight_->value, false, dx_full2d);
+  ops::gemm(dl2d, false, weight_->value, false, dx_full2d, 1.0f, 0.0f, env_.activation_dtype);
   // dx is partial over the vocabulary slices: reduce it while the weight gradient is computed.
   Tensor dx = dx_full;
   WorkHandle work = completed_work();
@@ -42,7 +43,7 @@ Tensor OutputLayer::backward(const Tensor& dlogits_in, tp::LinearContext& ctx) {
       work = tp.all_reduce(dx_full, ReduceOp::Sum, /*async=*/true);
     }
   }
-  ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f);
+  ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f, env_.activation_dtype);
   work->wait();
   to_activation_precision(env_, dx);  // after the tp reduction
   ctx.input = Tensor();

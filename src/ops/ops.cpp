@@ -13,6 +13,7 @@
 #include "parallel/error.hpp"
 #if PARALLEL_HAVE_CUDA
 #include "cuda/cuda_ops.hpp"
+#include "cuda/cuda_optim_ops.hpp"
 #endif
 
 namespace parallel::ops {
@@ -68,6 +69,11 @@ void check_rows(const char* op, const Tensor& r, const char* rn, const Tensor& x
                  shape_str(r.shape()), rows, shape_str(x.shape()));
 }
 
+void check_operand_precision(const char* op, DType p) {
+  PARALLEL_CHECK(p == DType::F32 || p == DType::BF16 || p == DType::F16,
+                 "ops::{}: operand_precision must be fp32, bf16 or fp16, got {}", op, dtype_name(p));
+}
+
 void check_1d(const char* op, const Tensor& w, const char* wn) {
   PARALLEL_CHECK(w.dim() == 1, "ops::{}: {} {} must be 1-D", op, wn, shape_str(w.shape()));
 }
@@ -77,8 +83,11 @@ void check_1d(const char* op, const Tensor& w, const char* wn) {
 // ---- dense algebra ----------------------------------------------------------------------------
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
-          Stream stream) {
+          DType operand_precision, Stream stream) {
   const Device dev = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c"}});
+  PARALLEL_CHECK(
+      operand_precision == DType::F32 || operand_precision == DType::BF16 || operand_precision == DType::F16,
+      "ops::gemm: operand_precision must be fp32, bf16 or fp16, got {}", dtype_name(operand_precision));
   PARALLEL_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
                  "ops::gemm: operands must be 2-D, got a {} b {} c {}", shape_str(a.shape()),
                  shape_str(b.shape()), shape_str(c.shape()));
@@ -88,7 +97,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                  "ops::gemm: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit (a {}{}, b {}{})", m, ka,
                  kb, n, shape_str(c.shape()), shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
                  trans_b ? "^T" : "");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
+  if (dev.is_cuda()) {
+    if (operand_precision != DType::F32)
+      PARALLEL_ON_CUDA(gemm_reduced(a, trans_a, b, trans_b, c, alpha, beta, operand_precision, stream));
+    PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
+  }
   cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
 }
 
@@ -132,13 +145,12 @@ void scale_(Tensor& a, float alpha, Stream stream) {
 }
 
 void round_to_precision_(Tensor& x, DType precision, Stream stream) {
-  (void)stream;
   PARALLEL_CHECK(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
                  "ops::round_to_precision_: precision must be fp32, bf16 or fp16, got {}",
                  dtype_name(precision));
   const Device dev = check_args("round_to_precision_", {{x, "x"}});
   if (precision == DType::F32) return;
-  if (dev.is_cuda()) PARALLEL_FAIL("no CUDA kernel for ops::round_to_precision_ yet");
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(round_to_precision_(x, precision, stream));
   if (precision == DType::BF16)
     cpu::round_to_bf16_(x);
   else
@@ -307,19 +319,22 @@ void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stre
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale, Stream stream) {
+                       bool causal, float softmax_scale, DType operand_precision, Stream stream) {
   const char* op = "attention_forward";
+  check_operand_precision(op, operand_precision);
   const Device dev = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, stream));
+  if (dev.is_cuda())
+    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, operand_precision, stream));
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale, Stream stream) {
+                        float softmax_scale, DType operand_precision, Stream stream) {
   const char* op = "attention_backward";
+  check_operand_precision(op, operand_precision);
   const Device dev = check_args(op, {{dout, "dout"},
                                      {q, "q"},
                                      {k, "k"},
@@ -336,7 +351,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
   if (dev.is_cuda())
-    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream));
+    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale,
+                                        operand_precision, stream));
   cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
 }
 
@@ -437,6 +453,21 @@ double sum_of_squares(const Tensor& x, Stream stream) {
   const Device dev = check_args("sum_of_squares", {{x, "x"}});
   if (dev.is_cuda()) PARALLEL_ON_CUDA(sum_of_squares(x, stream));
   return cpu::sum_of_squares(x);
+}
+
+// ---- optimizer --------------------------------------------------------------------------------
+
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
+                   Stream stream) {
+  const Device dev = check_args(
+      "adamw_update_", {{param, "param"}, {grad, "grad"}, {exp_avg, "exp_avg"}, {exp_avg_sq, "exp_avg_sq"}});
+  PARALLEL_CHECK(grad.numel() == param.numel() && exp_avg.numel() == param.numel() &&
+                     exp_avg_sq.numel() == param.numel(),
+                 "ops::adamw_update_: param {}, grad {}, exp_avg {}, exp_avg_sq {} must have one numel",
+                 param.numel(), grad.numel(), exp_avg.numel(), exp_avg_sq.numel());
+  PARALLEL_CHECK(h.step >= 1, "ops::adamw_update_: step counts from 1, got {}", h.step);
+  if (dev.is_cuda()) PARALLEL_ON_CUDA(adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream));
+  cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h);
 }
 
 }  // namespace parallel::ops

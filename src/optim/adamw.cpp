@@ -10,17 +10,6 @@
 namespace parallel {
 namespace {
 
-// Rounds fp32 values in place to the nearest value of `dtype` (bf16/fp16 emulated in fp32 storage).
-void round_in_place(Tensor& t, DType dtype) {
-  float* x = t.data<float>();
-  const int64_t n = t.numel();
-  if (dtype == DType::BF16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
-  } else if (dtype == DType::F16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = f16_to_float(float_to_f16(x[i]));
-  }
-}
-
 DType low_dtype(Precision p) {
   return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
 }
@@ -42,10 +31,10 @@ Optimizer::Optimizer(const OptimizerConfig& config, Precision precision, Optimiz
     scaler_ = std::make_unique<DynamicLossScaler>(config.initial_loss_scale, config.loss_scale_window);
 }
 
-void Optimizer::allocate_state(int64_t numel, bool need_main) {
-  if (need_main) main_ = Tensor::zeros({numel}, DType::F32);
-  exp_avg_ = Tensor::zeros({numel}, DType::F32);
-  exp_avg_sq_ = Tensor::zeros({numel}, DType::F32);
+void Optimizer::allocate_state(int64_t numel, bool need_main, Device device) {
+  if (need_main) main_ = Tensor::zeros({numel}, DType::F32, device);
+  exp_avg_ = Tensor::zeros({numel}, DType::F32, device);
+  exp_avg_sq_ = Tensor::zeros({numel}, DType::F32, device);
 }
 
 std::size_t Optimizer::state_bytes() const {
@@ -101,31 +90,18 @@ StepResult Optimizer::step(double lr) {
   r.clip_coef = clip_coefficient(r.grad_norm, config_.clip_grad);
 
   ++updates_;
-  // torch.optim.AdamW (single-tensor path), operation for operation.
-  const double b1 = config_.beta1, b2 = config_.beta2;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(updates_));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(updates_)));
-  const float step_size = static_cast<float>(lr / bc1), bc2s = static_cast<float>(bc2_sqrt);
-  const float fb1 = static_cast<float>(b1), fb2 = static_cast<float>(b2);
-  const float a1 = static_cast<float>(1.0 - b1), a2 = static_cast<float>(1.0 - b2);
-  const float eps = static_cast<float>(config_.eps), clip = static_cast<float>(r.clip_coef);
+  ops::AdamWStep h;
+  h.lr = lr;
+  h.beta1 = config_.beta1;
+  h.beta2 = config_.beta2;
+  h.eps = config_.eps;
+  h.step = updates_;
+  h.grad_scale = static_cast<float>(r.clip_coef);
   for (Slot& s : slots_) {
-    const int64_t n = s.grad.numel();
-    const float decay = static_cast<float>(1.0 - lr * s.weight_decay);
-    const float* g = s.grad.data<float>();
-    float* p = s.main.data<float>();
-    float* m = s.exp_avg.data<float>();
-    float* v = s.exp_avg_sq.data<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = clip == 1.0f ? g[i] : g[i] * clip;
-      p[i] *= decay;
-      m[i] = m[i] * fb1 + gi * a1;
-      v[i] = v[i] * fb2 + gi * gi * a2;
-      const float denom = std::sqrt(v[i]) / bc2s + eps;
-      p[i] += -step_size * (m[i] / denom);
-    }
+    h.weight_decay = s.weight_decay;
+    ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
     if (s.target.defined()) s.target.copy_(s.main);
-    if (s.round_to != DType::F32) round_in_place(s.target, s.round_to);
+    if (s.round_to != DType::F32) ops::round_to_precision_(s.target, s.round_to);
   }
   after_update();
   return r;
@@ -142,7 +118,7 @@ void Optimizer::reset_main_from_params() {
   if (!main_.defined()) return;
   for (Slot& s : slots_) {
     // Without DDP the target is the fp32 Parameter itself: round it first, as the constructor does.
-    if (s.round_to != DType::F32) round_in_place(s.target, s.round_to);
+    if (s.round_to != DType::F32) ops::round_to_precision_(s.target, s.round_to);
     s.main.copy_(s.target);
   }
 }
@@ -153,7 +129,7 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
   int64_t total = 0;
   for (Parameter* p : params) total += p->numel();
   const bool low = precision != Precision::FP32;
-  allocate_state(total, low);
+  allocate_state(total, low, params.empty() ? Device::cpu() : params.front()->value.device());
   int64_t offset = 0;
   for (Parameter* p : params) {
     PARALLEL_CHECK(p->value.is_contiguous() && p->grad.is_contiguous() && p->value.dtype() == DType::F32,
@@ -163,7 +139,7 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
     Slot s;
     if (low) {
       // The model's values start at the low precision too, so both sides agree from step 0.
-      round_in_place(value, low_dtype(precision));
+      ops::round_to_precision_(value, low_dtype(precision));
       Tensor main = main_.narrow(0, offset, n);
       main.copy_(value);
       s = make_slot(p, p->grad.flatten(), main, value, offset);
@@ -182,7 +158,7 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
                  "AdamW: this DDP reduce-scatters gradients; use DistributedOptimizer with it");
   ParamAndGradBuffer& buf = ddp.buffer();
   const bool low = buf.has_working_copy();
-  allocate_state(buf.numel(), low);
+  allocate_state(buf.numel(), low, buf.grad_data().device());
   if (low) main_.copy_(buf.working_data());
   for (Parameter* p : buf.params()) {
     const int64_t off = buf.offset_of(p), n = p->numel();

@@ -17,7 +17,7 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
   for (const Bucket& b : buf.buckets()) total += ddp.shard(b).count;
   // The shards are laid out in the state tensors bucket after bucket, padding included: at most
   // lcm(dp, 128) / dp elements per bucket.
-  allocate_state(total, low);
+  allocate_state(total, low, buf.grad_data().device());
   int64_t state_base = 0;
   for (const Bucket& b : buf.buckets()) {
     const BucketShard sh = ddp.shard(b);

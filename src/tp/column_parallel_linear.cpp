@@ -92,7 +92,8 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {
   y_shape.back() = out_local_;
   Tensor y = Tensor::empty(y_shape, DType::F32, x.device());
   Tensor y2d = as_rows(y);
-  ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d);
+  ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d, 1.0f, 0.0f,
+            options_.operand_precision);
   if (options_.bias) ops::add_bias(y2d, fused(biases, &Parameter::value));
   ctx.input = x_full;
   return options_.gather_output ? gather_last_dim(tp_, y) : y;
@@ -107,7 +108,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
 
   Tensor dx_full = Tensor::empty(x_full.shape(), DType::F32, x_full.device());
   Tensor dx_full2d = as_rows(dx_full);
-  ops::gemm(dy2d, false, fused(weights, &Parameter::value), false, dx_full2d);
+  ops::gemm(dy2d, false, fused(weights, &Parameter::value), false, dx_full2d, 1.0f, 0.0f,
+            options_.operand_precision);
   // Each rank's dx covers only its output slice: sum over the group. Start the reduction now and
   // compute the parameter gradients while it runs.
   Tensor dx = dx_full;
@@ -125,7 +127,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
     }
   }
   Tensor weight_grad = fused(weights, &Parameter::grad);
-  ops::gemm(dy2d, true, x2d, false, weight_grad, 1.0f, 1.0f);
+  ops::gemm(dy2d, true, x2d, false, weight_grad, 1.0f, 1.0f, options_.operand_precision);
   if (options_.bias) {
     Tensor bias_grad = fused(biases, &Parameter::grad);
     ops::bias_backward(dy2d, bias_grad);

@@ -49,7 +49,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, LinearContext& ctx) {
   y_shape.back() = out;
   Tensor partial = Tensor::empty(y_shape, DType::F32, x.device());
   Tensor partial2d = as_rows(partial);
-  ops::gemm(as_rows(x), false, weight.value, true, partial2d);
+  ops::gemm(as_rows(x), false, weight.value, true, partial2d, 1.0f, 0.0f, options_.operand_precision);
   Tensor y = partial;
   if (tp_.size() > 1) {
     if (options_.sequence_parallel) {
@@ -82,10 +82,10 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   if (options_.bias) ops::bias_backward(as_rows(dy), bias.grad);
   work->wait();
   const Tensor dy2d = as_rows(dy_full), x2d = as_rows(x);
-  ops::gemm(dy2d, true, x2d, false, weight.grad, 1.0f, 1.0f);
+  ops::gemm(dy2d, true, x2d, false, weight.grad, 1.0f, 1.0f, options_.operand_precision);
   Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
   Tensor dx2d = as_rows(dx);
-  ops::gemm(dy2d, false, weight.value, false, dx2d);
+  ops::gemm(dy2d, false, weight.value, false, dx2d, 1.0f, 0.0f, options_.operand_precision);
   ctx.input = Tensor();
   return dx;
 }

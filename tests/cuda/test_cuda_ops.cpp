@@ -6,16 +6,23 @@
 //   1e-5  element-wise, norms, rope, cross-entropy, bias: fp32 with a different summation order
 //         or exp implementation (expf vs the CPU's polynomial), a few ulp;
 //   1e-5  gemm: cuBLASLt with CUBLAS_COMPUTE_32F (TF32 disabled) vs oneDNN fp32;
+//   1e-4  gemm_reduced (bf16 / fp16 tensor cores) vs the fp32 gemm on operands that are exact in the
+//         reduced precision: the products are exact in fp32 on both sides, only the summation order
+//         (and the tensor cores' accumulation) differs, ~K ulp of the partial sums at worst;
+//   0     round_to_precision_ (bit-identical to the CPU kernel, NaN payloads included).
 //   1e-4  attention: tiled online softmax in a different tile order than the CPU's;
+//   2e-2 / 3e-2  attention with bf16 operands (16-bit tensor-core kernels; forward / gradients);
 //   0     dropout (masks and values bit-identical) and embedding backward (same summation order).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "../../kernels/cuda/cuda_ops.hpp"
 #include "../../kernels/cuda/kernels.hpp"
 #include "compare.hpp"
 #include "gpu.hpp"
@@ -74,6 +81,53 @@ TEST(CudaOps, GemmEmptyK) {
   EXPECT_LT(err(c_gpu, c_cpu), 1e-6);
 }
 
+// gemm_reduced against the fp32 gemm, both on the GPU, on operands rounded to the reduced precision
+// first (what the ops layer guarantees when it picks gemm_reduced). The three linear-layer cases of
+// ops.hpp with odd sizes, plus a^T b^T, alpha and beta.
+TEST(CudaOps, GemmReducedMatchesFp32GemmOnRepresentableOperands) {
+  REQUIRE_GPU();
+  struct Case {
+    int64_t m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+  };
+  const Case cases[] = {
+      {203, 96, 136, false, true, 1.0f, 0.0f},   // forward y = x W^T
+      {203, 136, 96, false, false, 1.0f, 0.0f},  // input gradient dx = dy W
+      {96, 136, 203, true, false, 1.0f, 1.0f},   // weight gradient dW += dy^T x
+      {77, 65, 300, true, true, -0.5f, 0.25f},
+  };
+  for (const DType precision : {DType::BF16, DType::F16}) {
+    for (const Case& cs : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(precision) << " m " << cs.m << " n " << cs.n << " k "
+                                        << cs.k << " trans_a " << cs.ta << " trans_b " << cs.tb);
+      // Rounded on the host: the fp32 values are exactly representable in `precision`.
+      const Tensor a =
+          rand_cpu(cs.ta ? Shape{cs.k, cs.m} : Shape{cs.m, cs.k}, 151).to(precision).to(DType::F32);
+      const Tensor b =
+          rand_cpu(cs.tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n}, 152).to(precision).to(DType::F32);
+      const Tensor c0 = rand_cpu({cs.m, cs.n}, 153);
+      Tensor ref = gpu(c0), got = gpu(c0);
+      cuda::gemm(gpu(a), cs.ta, gpu(b), cs.tb, ref, cs.alpha, cs.beta, {});
+      cuda::gemm_reduced(gpu(a), cs.ta, gpu(b), cs.tb, got, cs.alpha, cs.beta, precision, {});
+      EXPECT_LT(err(got, host(ref)), 1e-4);
+    }
+  }
+}
+
+TEST(CudaOps, GemmReducedEmptyKAndBadPrecision) {
+  REQUIRE_GPU();
+  const Tensor a = Tensor::empty({5, 0}, DType::F32, Device::cuda(0));
+  const Tensor b = Tensor::empty({0, 7}, DType::F32, Device::cuda(0));
+  const Tensor c0 = rand_cpu({5, 7}, 154);
+  Tensor c = gpu(c0);
+  cuda::gemm_reduced(a, false, b, false, c, 1.0f, 0.5f, DType::BF16, {});
+  Tensor expected = c0.clone();
+  ops::scale_(expected, 0.5f);
+  EXPECT_LT(err(c, expected), 1e-7);
+  EXPECT_THROW(cuda::gemm_reduced(a, false, b, false, c, 1.0f, 0.0f, DType::F32, {}), Error);
+}
+
 TEST(CudaOps, BiasForwardAndBackwardAccumulates) {
   REQUIRE_GPU();
   for (int64_t rows : {37, 1000}) {  // 1000 rows: several row chunks in the partial sums
@@ -110,6 +164,93 @@ TEST(CudaOps, AddScale) {
   ops::scale_(x_cpu, -1.7f);
   ops::scale_(x_gpu, -1.7f);
   EXPECT_LT(err(x_gpu, x_cpu), 1e-7);
+}
+
+// ---- round_to_precision_ ----
+// fp32 bit patterns that reach every branch of both roundings, each also with the sign flipped.
+std::vector<float> rounding_special_values() {
+  const uint32_t bits[] = {
+      0x00000000u, 0x7f800000u,                            // 0, inf
+      0x7fc00000u, 0x7f800001u, 0x7fbfffffu, 0x7fffffffu,  // quiet NaN, signalling NaNs, NaN payloads
+      0x7f812345u, 0x7fc0ffffu,                            // payload bits below 16 (bf16 keeps only the top)
+      0x00000001u, 0x007fffffu, 0x00800000u,               // fp32 subnormals, smallest fp32 normal
+      0x3f808000u, 0x3f818000u,                            // bf16 ties: 1 + 2^-8 (to even: down), odd: up
+      0x3f807fffu, 0x3f808001u,                            // just below / above a bf16 tie
+      0x7f7f8000u, 0x7f7fffffu, 0x7f7effffu,               // bf16 ties and rounding at the top: -> inf
+      0x3f801000u, 0x3f803000u,                            // fp16 ties: 1 + 2^-11 (down), 1 + 3 2^-11 (up)
+      0x3f800fffu, 0x3f801001u,                            // around an fp16 tie
+      0x477fe000u,                                         // 65504, the largest fp16
+      0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u,  // just below 65520 (-> 65504), 65520 (-> inf)
+      0x38800000u, 0x387fffffu, 0x387fc000u,               // 2^-14 (smallest fp16 normal) and below
+      0x33800000u, 0x33000000u, 0x33000001u, 0x32ffffffu,  // 2^-24 (smallest fp16 subnormal), 2^-25 tie
+      0x33c00000u, 0x34200000u,  // 1.5 2^-24 (tie -> 2^-23), 2.5 2^-24 (tie -> 2 2^-24)
+      0x3dcccccdu, 0x3eaaaaabu, 0x40490fdbu, 0x4b000001u,  // 0.1, 1/3, pi, 2^23 + 1
+  };
+  std::vector<float> v;
+  for (uint32_t u : bits) {
+    v.push_back(std::bit_cast<float>(u));
+    v.push_back(std::bit_cast<float>(u | 0x80000000u));
+  }
+  return v;
+}
+
+// Random bit patterns (every exponent, NaNs and subnormals included) and random values around the
+// fp16 range's ends.
+std::vector<float> rounding_random_values(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> exp(-30, 17);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; i++)
+    v[i] = i % 2 == 0 ? std::bit_cast<float>(static_cast<uint32_t>(gen())) : std::ldexp(mant(gen), exp(gen));
+  return v;
+}
+
+bool is_quiet_nan(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return (u & 0x7fffffffu) > 0x7f800000u && (u & 0x00400000u) != 0;
+}
+
+void check_rounding(const std::vector<float>& values, DType precision, int64_t offset) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(precision) << " offset " << offset);
+  const int64_t n = static_cast<int64_t>(values.size());
+  Tensor all_cpu = Tensor::from_vector(values, {n});
+  Tensor all_gpu = gpu(all_cpu);
+  // A view starting `offset` elements in: offset 1 is not 16-byte aligned (the one-element path).
+  Tensor x_cpu = all_cpu.narrow(0, offset, n - offset), x_gpu = all_gpu.narrow(0, offset, n - offset);
+  ops::round_to_precision_(x_cpu, precision);
+  cuda::round_to_precision_(x_gpu, precision, {});
+  const std::vector<float> got = host(all_gpu).to_float_vector(), want = all_cpu.to_float_vector();
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t g = std::bit_cast<uint32_t>(got[i]), w = std::bit_cast<uint32_t>(want[i]);
+    ASSERT_EQ(g, w) << "element " << i << ": input bits 0x" << std::hex << std::bit_cast<uint32_t>(values[i]);
+    // Independently of the CPU kernel: the scalar conversions' result, or a quiet NaN.
+    if (i < offset) {
+      ASSERT_EQ(g, std::bit_cast<uint32_t>(values[i])) << "element " << i << " before the view was written";
+    } else if (std::isnan(values[i])) {
+      ASSERT_TRUE(is_quiet_nan(got[i])) << "element " << i;
+    } else {
+      const float ref = precision == DType::BF16 ? bf16_to_float(float_to_bf16(values[i]))
+                                                 : f16_to_float(float_to_f16(values[i]));
+      ASSERT_EQ(g, std::bit_cast<uint32_t>(ref)) << "element " << i;
+    }
+  }
+}
+
+TEST(CudaOps, RoundToPrecisionBitIdenticalToCpu) {
+  REQUIRE_GPU();
+  const std::vector<float> special = rounding_special_values();
+  const std::vector<float> random = rounding_random_values(100003, 161);  // odd: a tail after the packs
+  for (const DType precision : {DType::BF16, DType::F16}) {
+    check_rounding(special, precision, 0);
+    check_rounding(random, precision, 0);
+    check_rounding(random, precision, 1);
+  }
+  // F32: nothing changes, NaN payloads included.
+  Tensor x = gpu(Tensor::from_vector(random, {static_cast<int64_t>(random.size())}));
+  const Tensor before = host(x);
+  cuda::round_to_precision_(x, DType::F32, {});
+  EXPECT_TRUE(bits_equal(x, before));
 }
 
 TEST(CudaOps, GeluForwardBackward) {
@@ -260,6 +401,70 @@ TEST(CudaOps, AttentionHeadDim128) {
   REQUIRE_GPU();
   check_attention(130, 1, 2, 2, 128, true);
   check_attention(70, 2, 2, 1, 128, false);
+}
+
+// The model's mixed-precision path: fp32 tensors holding bf16 values, operand_precision BF16. CUDA
+// runs the tensor-core kernels; the CPU computes in fp32 on the same values. Tolerances as the
+// kernels' own tests (tests/cuda/test_flash_attention_mma.cpp): P and dS are rounded to bf16 and
+// the outputs are bf16.
+void round_bf16(Tensor& t) { ops::round_to_precision_(t, DType::BF16); }
+TEST(CudaOps, AttentionWithBf16OperandsUsesTensorCoresWithinBf16Tolerance) {
+  REQUIRE_GPU();
+  for (int64_t d : {64, 128}) {
+    SCOPED_TRACE(d);
+    const int64_t s = 97, b = 2, hq = 4, hkv = 2;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    Tensor q = rand_cpu({s, b, hq, d}, 191, -2.0f, 2.0f), k = rand_cpu({s, b, hkv, d}, 192, -2.0f, 2.0f);
+    Tensor v = rand_cpu({s, b, hkv, d}, 193), dout = rand_cpu({s, b, hq, d}, 194);
+    for (Tensor* t : {&q, &k, &v, &dout}) round_bf16(*t);
+    Tensor out_c = Tensor::empty(q.shape(), DType::F32), lse_c = Tensor::empty({b, hq, s}, DType::F32);
+    Tensor out_g = gpu(out_c), lse_g = gpu(lse_c);
+    ops::attention_forward(q, k, v, out_c, lse_c, true, scale, DType::BF16);
+    ops::attention_forward(gpu(q), gpu(k), gpu(v), out_g, lse_g, true, scale, DType::BF16);
+    EXPECT_LT(err(out_g, out_c), 2e-2);
+    EXPECT_LT(err(lse_g, lse_c), 1e-3);
+    // The output is bf16-representable (written by the 16-bit kernel).
+    Tensor rounded = host(out_g).clone();
+    round_bf16(rounded);
+    EXPECT_TRUE(bits_equal(rounded, out_g));
+    round_bf16(out_c);  // the model rounds the attention output; the backward reads it so
+    Tensor dq_c = Tensor::empty(q.shape(), DType::F32), dk_c = Tensor::empty(k.shape(), DType::F32),
+           dv_c = Tensor::empty(v.shape(), DType::F32);
+    Tensor dq_g = gpu(dq_c), dk_g = gpu(dk_c), dv_g = gpu(dv_c);
+    ops::attention_backward(dout, q, k, v, out_c, lse_c, dq_c, dk_c, dv_c, true, scale, DType::BF16);
+    ops::attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), out_g, lse_g, dq_g, dk_g, dv_g, true, scale,
+                            DType::BF16);
+    EXPECT_LT(err(dq_g, dq_c), 3e-2);
+    EXPECT_LT(err(dk_g, dk_c), 3e-2);
+    EXPECT_LT(err(dv_g, dv_c), 3e-2);
+  }
+}
+
+TEST(CudaOps, GemmWithBf16OperandsMatchesCpu) {
+  REQUIRE_GPU();
+  Tensor a = rand_cpu({67, 83}, 201), b = rand_cpu({45, 83}, 202);
+  round_bf16(a);
+  round_bf16(b);
+  Tensor c = rand_cpu({67, 45}, 203), cg = gpu(c);
+  ops::gemm(a, false, b, true, c, 1.0f, 1.0f, DType::BF16);
+  ops::gemm(gpu(a), false, gpu(b), true, cg, 1.0f, 1.0f, DType::BF16);
+  EXPECT_LT(err(cg, c), 1e-4);
+}
+
+TEST(CudaOps, AdamWUpdateOpMatchesCpuBitwise) {
+  REQUIRE_GPU();
+  const int64_t n = 10007;
+  Tensor p = rand_cpu({n}, 211), g = rand_cpu({n}, 212), m = rand_cpu({n}, 213, -0.1f, 0.1f);
+  Tensor v = rand_cpu({n}, 214, 0.0f, 0.01f);
+  Tensor pg = gpu(p), gg = gpu(g), mg = gpu(m), vg = gpu(v);
+  const ops::AdamWStep h{.lr = 3e-4, .weight_decay = 0.1, .step = 3, .grad_scale = 0.5f};
+  ops::adamw_update_(p, g, m, v, h);
+  ops::adamw_update_(pg, gg, mg, vg, h);
+  // Same float operations per element on both devices; sqrt and division are correctly rounded
+  // in both (no fast-math), so only FMA contraction could differ: allow 1 ulp.
+  EXPECT_LT(err(pg, p), 1e-6);
+  EXPECT_LT(err(mg, m), 1e-6);
+  EXPECT_LT(err(vg, v), 1e-6);
 }
 
 // ---- embedding and loss -----------------------------------------------------------------------

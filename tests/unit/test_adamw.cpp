@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/safetensors.hpp"
 #include "paths.hpp"
@@ -155,6 +156,18 @@ TEST(AdamW, Bf16KeepsFp32MainWeightsAndRoundsTheModelValues) {
     EXPECT_EQ(value[i], bf16_to_float(float_to_bf16(main[i])));
   }
   EXPECT_NEAR(main[0], 1.0f - 20 * 1e-5f, 1e-6);
+}
+
+// The op under the optimizer (ops::adamw_update_, shared by CPU and CUDA) checks its arguments.
+TEST(AdamW, UpdateOpRejectsMismatchedBuffersAndStepZero) {
+  Tensor p = Tensor::zeros({8}, DType::F32), g = Tensor::zeros({8}, DType::F32);
+  Tensor m = Tensor::zeros({8}, DType::F32), short_v = Tensor::zeros({7}, DType::F32);
+  EXPECT_THROW(ops::adamw_update_(p, g, m, short_v, {}), Error);
+  Tensor v = Tensor::zeros({8}, DType::F32);
+  EXPECT_THROW(ops::adamw_update_(p, g, m, v, {.step = 0}), Error);
+  Tensor half = Tensor::zeros({8}, DType::BF16);
+  EXPECT_THROW(ops::adamw_update_(p, half, m, v, {}), Error);
+  EXPECT_NO_THROW(ops::adamw_update_(p, g, m, v, {}));
 }
 
 }  // namespace

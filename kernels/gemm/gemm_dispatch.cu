@@ -1,0 +1,238 @@
+// "Ours where faster": gemm_bf16_auto / gemm_f16_auto pick between our mma.sync kernel
+// (gemm_mma.cu) and cuBLASLt (kernels/cuda/gemm_cublaslt.cu) per problem. See gemm.hpp for the
+// contract.
+//
+// Why time instead of a rule: which one wins depends on the shape, the transposition case and the
+// GPU (cuBLASLt has Hopper wgmma kernels, ours is the portable sm_80 design), and a training run
+// issues the same few shapes millions of times, so measuring each shape once on the real operands
+// costs nothing over a run and needs no table to maintain.
+//
+// Host code only (no kernels here); a .cu file because the build compiles kernels/**/*.cu only when
+// CUDA is present, which is also when cuBLASLt is.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.hpp"
+#include "gemm/gemm.hpp"
+
+namespace parallel::kernels {
+namespace {
+
+// Per candidate and round: kWarmupRuns untimed runs (the first round only: clocks up, cuBLASLt's
+// heuristic query and workspace allocation), then kTimedRuns between two events. Two rounds,
+// alternating the candidates, and the faster round of each counts: one slow round (another stream's
+// work, a clock change) does not decide alone.
+constexpr int kWarmupRuns = 2, kTimedRuns = 5, kRounds = 2;
+
+struct KeyLess {
+  static auto tie(const GemmKey& k) {
+    return std::tie(k.device, k.m, k.n, k.k, k.trans_a, k.trans_b, k.beta_nonzero, k.dtype);
+  }
+  bool operator()(const GemmKey& a, const GemmKey& b) const { return tie(a) < tie(b); }
+};
+
+std::mutex g_mutex;  // guards g_choices
+std::map<GemmKey, GemmChoice, KeyLess> g_choices;
+
+// Our kernel takes int dimensions and at most 65535 row tiles of 128 (grid.y); see gemm_mma.cu.
+bool ours_supports(int64_t m, int64_t n, int64_t k) {
+  return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m + 127) / 128 <= 65535;
+}
+
+// The two candidates for one input type.
+template <typename T>
+struct Candidates;
+template <>
+struct Candidates<bf16> {
+  static constexpr DType dtype = DType::BF16;
+  static void ours(const bf16* a, bool ta, const bf16* b, bool tb, float* c, int64_t m, int64_t n, int64_t k,
+                   float alpha, float beta, const GemmEpilogue& epi, void* stream) {
+    gemm_bf16(a, ta, b, tb, c, m, n, k, alpha, beta, epi, stream);
+  }
+  static void cublaslt(const bf16* a, bool ta, const bf16* b, bool tb, float* c, int64_t m, int64_t n,
+                       int64_t k, float alpha, float beta, void* stream) {
+    cuda::gemm_cublaslt_bf16(a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+  }
+};
+template <>
+struct Candidates<f16> {
+  static constexpr DType dtype = DType::F16;
+  static void ours(const f16* a, bool ta, const f16* b, bool tb, float* c, int64_t m, int64_t n, int64_t k,
+                   float alpha, float beta, const GemmEpilogue& epi, void* stream) {
+    gemm_f16(a, ta, b, tb, c, m, n, k, alpha, beta, epi, stream);
+  }
+  static void cublaslt(const f16* a, bool ta, const f16* b, bool tb, float* c, int64_t m, int64_t n,
+                       int64_t k, float alpha, float beta, void* stream) {
+    cuda::gemm_cublaslt_f16(a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+  }
+};
+
+// One GEMM through `impl`, no epilogue.
+template <typename T>
+void run(GemmImpl impl, const T* a, bool ta, const T* b, bool tb, float* c, int64_t m, int64_t n, int64_t k,
+         float alpha, float beta, void* stream) {
+  if (impl == GemmImpl::Ours)
+    Candidates<T>::ours(a, ta, b, tb, c, m, n, k, alpha, beta, GemmEpilogue{}, stream);
+  else
+    Candidates<T>::cublaslt(a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+}
+
+// A pair of CUDA events, destroyed on every path out (the timing may throw).
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    CUDA_OPS_CHECK(cudaEventCreate(&start));
+    CUDA_OPS_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    if (stop) cudaEventDestroy(stop);
+    if (start) cudaEventDestroy(start);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+// Mean milliseconds of one run of `impl` over kTimedRuns runs (after `warmup` untimed ones). c is
+// the buffer the runs write (the caller's c, or a scratch copy when beta != 0).
+template <typename T>
+float time_runs(GemmImpl impl, int warmup, const T* a, bool ta, const T* b, bool tb, float* c, int64_t m,
+                int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream) {
+  for (int i = 0; i < warmup; i++) run(impl, a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+  EventPair ev;
+  CUDA_OPS_CHECK(cudaEventRecord(ev.start, stream));
+  for (int i = 0; i < kTimedRuns; i++) run(impl, a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+  CUDA_OPS_CHECK(cudaEventRecord(ev.stop, stream));
+  CUDA_OPS_CHECK(cudaEventSynchronize(ev.stop));
+  float ms = 0.0f;
+  CUDA_OPS_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+  return ms / kTimedRuns;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_OPS_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// The implementation to run for `key`: the cached choice, or a new one timed now.
+template <typename T>
+GemmImpl choose(const GemmKey& key, const T* a, bool ta, const T* b, bool tb, float* c, int64_t m, int64_t n,
+                int64_t k, float alpha, float beta, cudaStream_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto it = g_choices.find(key);
+    if (it != g_choices.end()) return it->second.impl;
+  }
+  // Event timing needs a synchronisation, which a stream under graph capture forbids.
+  if (capturing(stream)) return GemmImpl::Ours;
+
+  // The timing runs write c several times. beta == 0: c is overwritten by the real run afterwards,
+  // so they may go to c itself. beta != 0: they would accumulate into c, so they go to a scratch
+  // copy of c instead, placed at the same address modulo 256 as c so that cuBLASLt sees the same
+  // alignment (its algorithm choice depends on it) as in the real run.
+  float* target = c;
+  const std::size_t c_bytes = static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(float);
+  cuda::detail::Scratch scratch(beta != 0.0f ? c_bytes + 256 : 0, stream);
+  if (beta != 0.0f) {
+    const auto base = reinterpret_cast<uintptr_t>(scratch.as<char>());
+    const uintptr_t shift = (reinterpret_cast<uintptr_t>(c) % 256 + 256 - base % 256) % 256;
+    target = reinterpret_cast<float*>(scratch.as<char>() + shift);
+    CUDA_OPS_CHECK(cudaMemcpyAsync(target, c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+
+  GemmChoice choice;
+  float best[2] = {1e30f, 1e30f};  // indexed by GemmImpl
+  for (int round = 0; round < kRounds; round++) {
+    const int warmup = round == 0 ? kWarmupRuns : 0;
+    for (const GemmImpl impl : {GemmImpl::Ours, GemmImpl::CublasLt}) {
+      const float ms = time_runs(impl, warmup, a, ta, b, tb, target, m, n, k, alpha, beta, stream);
+      float& slot = best[static_cast<int>(impl)];
+      slot = std::min(slot, ms);
+    }
+  }
+  choice.ours_ms = best[static_cast<int>(GemmImpl::Ours)];
+  choice.cublaslt_ms = best[static_cast<int>(GemmImpl::CublasLt)];
+  // Ours only where it is strictly faster: on a tie the vendor library is the safer default.
+  choice.impl = choice.ours_ms < choice.cublaslt_ms ? GemmImpl::Ours : GemmImpl::CublasLt;
+
+  std::lock_guard<std::mutex> lock(g_mutex);
+  // Another thread may have timed the same key meanwhile: the first entry stays, so every caller
+  // keeps seeing one answer per key.
+  return g_choices.emplace(key, choice).first->second.impl;
+}
+
+template <typename T>
+void gemm_auto(const T* a, bool trans_a, const T* b, bool trans_b, float* c, int64_t m, int64_t n, int64_t k,
+               float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
+  if (m == 0 || n == 0) return;
+  const GemmMode mode = gemm_mode();  // throws on an invalid PARALLEL_GEMM, also for epilogue calls
+  const bool has_epilogue = epilogue.bias != nullptr || epilogue.gelu;
+  if (has_epilogue || k == 0 || mode == GemmMode::Ours) {
+    Candidates<T>::ours(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+    return;
+  }
+  if (mode == GemmMode::CublasLt || !ours_supports(m, n, k)) {
+    Candidates<T>::cublaslt(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, stream);
+    return;
+  }
+  GemmKey key;
+  key.device = cuda::detail::current_device();
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.trans_a = trans_a;
+  key.trans_b = trans_b;
+  key.beta_nonzero = beta != 0.0f;
+  key.dtype = Candidates<T>::dtype;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const GemmImpl impl = choose(key, a, trans_a, b, trans_b, c, m, n, k, alpha, beta, s);
+  run(impl, a, trans_a, b, trans_b, c, m, n, k, alpha, beta, stream);
+}
+
+}  // namespace
+
+GemmMode parse_gemm_mode(const char* value) {
+  if (value == nullptr || *value == '\0') return GemmMode::Auto;
+  const std::string v(value);
+  if (v == "auto") return GemmMode::Auto;
+  if (v == "ours") return GemmMode::Ours;
+  if (v == "cublaslt") return GemmMode::CublasLt;
+  throw_error(
+      __FILE__, __LINE__,
+      "PARALLEL_GEMM='" + v + "' is not a valid GEMM choice: allowed values are ours, cublaslt, auto");
+}
+
+GemmMode gemm_mode() {
+  // A function-local static: read once; if parsing throws, the next call reads (and throws) again.
+  static const GemmMode mode = parse_gemm_mode(std::getenv("PARALLEL_GEMM"));
+  return mode;
+}
+
+const char* gemm_impl_name(GemmImpl impl) { return impl == GemmImpl::Ours ? "ours" : "cublaslt"; }
+
+std::optional<GemmChoice> gemm_choice(const GemmKey& key) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto it = g_choices.find(key);
+  if (it == g_choices.end()) return std::nullopt;
+  return it->second;
+}
+
+void gemm_bf16_auto(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m, int64_t n,
+                    int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
+  gemm_auto(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+}
+
+void gemm_f16_auto(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
+                   int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
+  gemm_auto(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+}
+
+}  // namespace parallel::kernels

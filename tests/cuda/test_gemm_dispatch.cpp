@@ -1,0 +1,228 @@
+// The "ours where faster" GEMM dispatch (kernels/gemm/gemm_dispatch.cu): gemm_bf16_auto and
+// gemm_f16_auto against our kernel, cuBLASLt and a CPU reference computed in double from the same
+// bf16 (fp16) inputs, for the three GEMMs of a linear layer (forward x W^T, input gradient dy W,
+// weight gradient dy^T x accumulated with beta = 1). Tolerance 1e-3 of the largest reference value,
+// as test_gemm_mma.cpp: products of bf16 values are exact in fp32, only the accumulation order
+// differs. Parsing PARALLEL_GEMM needs no GPU; everything else skips without one.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../kernels/cuda/kernels.hpp"
+#include "../../kernels/gemm/gemm.hpp"
+#include "gpu.hpp"
+#include "parallel/error.hpp"
+#include "parallel/tensor.hpp"
+
+namespace parallel {
+namespace {
+
+using kernels::GemmImpl;
+using kernels::GemmMode;
+
+TEST(GemmDispatch, ParsesTheEnvironmentVariable) {
+  EXPECT_EQ(kernels::parse_gemm_mode(nullptr), GemmMode::Auto);
+  EXPECT_EQ(kernels::parse_gemm_mode(""), GemmMode::Auto);
+  EXPECT_EQ(kernels::parse_gemm_mode("auto"), GemmMode::Auto);
+  EXPECT_EQ(kernels::parse_gemm_mode("ours"), GemmMode::Ours);
+  EXPECT_EQ(kernels::parse_gemm_mode("cublaslt"), GemmMode::CublasLt);
+  for (const char* bad : {"cublas", "OURS", "auto ", "1"}) {
+    try {
+      kernels::parse_gemm_mode(bad);
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("PARALLEL_GEMM"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+      EXPECT_NE(msg.find("ours, cublaslt, auto"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_STREQ(kernels::gemm_impl_name(GemmImpl::Ours), "ours");
+  EXPECT_STREQ(kernels::gemm_impl_name(GemmImpl::CublasLt), "cublaslt");
+}
+
+std::vector<float> rand_vec(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+double max_rel_diff(const std::vector<float>& got, const std::vector<double>& ref) {
+  double diff = 0.0, scale = 1e-30;
+  for (std::size_t i = 0; i < ref.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(got[i] - ref[i]));
+    scale = std::max(scale, std::fabs(ref[i]));
+  }
+  return diff / scale;
+}
+
+struct Case {
+  const char* name;
+  int64_t m, n, k;
+  bool ta, tb;
+  float beta;
+};
+
+// Which implementation computes c: 0 ours, 1 cuBLASLt, 2 the automatic choice.
+void gemm_with(int which, DType type, const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,
+               const Case& cs, float alpha, void* stream) {
+  auto* C = static_cast<float*>(c.data_ptr());
+  if (type == DType::BF16) {
+    const auto* A = static_cast<const bf16*>(a.data_ptr());
+    const auto* B = static_cast<const bf16*>(b.data_ptr());
+    if (which == 0)
+      kernels::gemm_bf16(A, ta, B, tb, C, cs.m, cs.n, cs.k, alpha, cs.beta, {}, stream);
+    else if (which == 1)
+      cuda::gemm_cublaslt_bf16(A, ta, B, tb, C, cs.m, cs.n, cs.k, alpha, cs.beta, stream);
+    else
+      kernels::gemm_bf16_auto(A, ta, B, tb, C, cs.m, cs.n, cs.k, alpha, cs.beta, {}, stream);
+  } else {
+    const auto* A = static_cast<const f16*>(a.data_ptr());
+    const auto* B = static_cast<const f16*>(b.data_ptr());
+    if (which == 0)
+      kernels::gemm_f16(A, ta, B, tb, C, cs.m, cs.n, cs.k, alpha, cs.beta, {}, stream);
+    else if (which == 1)
+      cuda::gemm_cublaslt_f16(A, ta, B, tb, C, cs.m, cs.n, cs.k, alpha, cs.beta, stream);
+    else
+      kernels::gemm_f16_auto(A, ta, B, tb, C, cs.m, cs.n, cs.k, alpha, cs.beta, {}, stream);
+  }
+}
+
+// A linear layer with T tokens, `in` inputs and `out` outputs (W [out, in]).
+constexpr int64_t T = 300, kIn = 136, kOut = 200;
+const Case kLinearCases[] = {
+    {"forward x W^T", T, kOut, kIn, false, true, 0.0f},
+    {"input gradient dy W", T, kIn, kOut, false, false, 0.0f},
+    {"weight gradient dy^T x, beta 1", kOut, kIn, T, true, false, 1.0f},
+};
+
+void check_case(const Case& cs, DType type, void* stream) {
+  SCOPED_TRACE(::testing::Message() << cs.name << " " << dtype_name(type) << " m " << cs.m << " n " << cs.n
+                                    << " k " << cs.k);
+  const float alpha = 1.0f;
+  const Tensor a16 =
+      Tensor::from_vector(rand_vec(cs.m * cs.k, 11), cs.ta ? Shape{cs.k, cs.m} : Shape{cs.m, cs.k}).to(type);
+  const Tensor b16 =
+      Tensor::from_vector(rand_vec(cs.k * cs.n, 12), cs.tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n}).to(type);
+  const std::vector<float> A = a16.to_float_vector(), B = b16.to_float_vector(),
+                           C0 = rand_vec(cs.m * cs.n, 13);
+  std::vector<double> ref(static_cast<std::size_t>(cs.m * cs.n));
+  for (int64_t i = 0; i < cs.m; i++) {
+    for (int64_t j = 0; j < cs.n; j++) {
+      double s = 0.0;
+      for (int64_t kk = 0; kk < cs.k; kk++)
+        s += static_cast<double>(cs.ta ? A[kk * cs.m + i] : A[i * cs.k + kk]) *
+             (cs.tb ? B[j * cs.k + kk] : B[kk * cs.n + j]);
+      ref[i * cs.n + j] = alpha * s + (cs.beta != 0.0f ? cs.beta * C0[i * cs.n + j] : 0.0);
+    }
+  }
+
+  const Device dev = Device::cuda(0);
+  const Tensor a = a16.to(dev), b = b16.to(dev);
+  std::vector<float> results[3];
+  for (int which = 0; which < 3; which++) {
+    // beta == 0: c starts as NaN, which must never be read (nor leak out of the timing runs).
+    Tensor c = cs.beta != 0.0f ? Tensor::from_vector(C0, {cs.m, cs.n}).to(dev)
+                               : Tensor::full({cs.m, cs.n}, NAN, DType::F32, dev);
+    gemm_with(which, type, a, cs.ta, b, cs.tb, c, cs, alpha, stream);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    results[which] = c.to(Device::cpu()).to_float_vector();
+    EXPECT_LT(max_rel_diff(results[which], ref), 1e-3) << (which == 0   ? "ours"
+                                                           : which == 1 ? "cuBLASLt"
+                                                                        : "auto");
+  }
+  std::vector<double> ours(results[0].begin(), results[0].end());
+  EXPECT_LT(max_rel_diff(results[1], ours), 1e-3) << "cuBLASLt vs ours";
+  EXPECT_LT(max_rel_diff(results[2], ours), 1e-3) << "auto vs ours";
+
+  if (kernels::gemm_mode() != GemmMode::Auto) return;  // PARALLEL_GEMM forces a choice: nothing timed
+  kernels::GemmKey key;
+  key.device = 0;
+  key.m = cs.m;
+  key.n = cs.n;
+  key.k = cs.k;
+  key.trans_a = cs.ta;
+  key.trans_b = cs.tb;
+  key.beta_nonzero = cs.beta != 0.0f;
+  key.dtype = type;
+  const auto choice = kernels::gemm_choice(key);
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_GT(choice->ours_ms, 0.0f);
+  EXPECT_GT(choice->cublaslt_ms, 0.0f);
+  EXPECT_EQ(choice->impl == GemmImpl::Ours, choice->ours_ms < choice->cublaslt_ms);
+  // Our kernel is deterministic: when it won, auto's result (first call, after the timing runs)
+  // is exactly ours, which also shows that the timing runs left c alone.
+  if (choice->impl == GemmImpl::Ours) EXPECT_EQ(results[2], results[0]);
+  // A shape never run has no choice.
+  key.m += 1;
+  EXPECT_FALSE(kernels::gemm_choice(key).has_value());
+}
+
+TEST(GemmDispatch, LinearLayerCasesAgreeWithOursCublasLtAndReference) {
+  REQUIRE_GPU();
+  for (const DType type : {DType::BF16, DType::F16})
+    for (const Case& cs : kLinearCases) check_case(cs, type, nullptr);
+}
+
+TEST(GemmDispatch, NonDefaultStream) {
+  REQUIRE_GPU();
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  // Other sizes than above: new keys, timed on this stream.
+  check_case({"forward on a stream", 264, 72, 88, false, true, 0.0f}, DType::BF16, s);
+  check_case({"weight gradient on a stream", 72, 88, 264, true, false, 1.0f}, DType::BF16, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaStreamDestroy(s);
+}
+
+// With an epilogue the automatic choice is always ours: bit-identical to calling it directly.
+TEST(GemmDispatch, EpilogueRunsOurs) {
+  REQUIRE_GPU();
+  const int64_t M = 130, N = 96, K = 72;
+  const Device dev = Device::cuda(0);
+  const Tensor a = Tensor::from_vector(rand_vec(M * K, 21), {M, K}).to(DType::BF16).to(dev);
+  const Tensor b = Tensor::from_vector(rand_vec(N * K, 22), {N, K}).to(DType::BF16).to(dev);
+  const Tensor bias = Tensor::from_vector(rand_vec(N, 23), {N}).to(dev);
+  Tensor c1 = Tensor::zeros({M, N}, DType::F32, dev), c2 = Tensor::zeros({M, N}, DType::F32, dev);
+  Tensor p1 = Tensor::zeros({M, N}, DType::F32, dev), p2 = Tensor::zeros({M, N}, DType::F32, dev);
+  kernels::GemmEpilogue e1, e2;
+  e1.bias = e2.bias = static_cast<const float*>(bias.data_ptr());
+  e1.gelu = e2.gelu = true;
+  e1.pre_gelu = static_cast<float*>(p1.data_ptr());
+  e2.pre_gelu = static_cast<float*>(p2.data_ptr());
+  const auto* A = static_cast<const bf16*>(a.data_ptr());
+  const auto* B = static_cast<const bf16*>(b.data_ptr());
+  kernels::gemm_bf16(A, false, B, true, static_cast<float*>(c1.data_ptr()), M, N, K, 1.0f, 0.0f, e1, nullptr);
+  kernels::gemm_bf16_auto(A, false, B, true, static_cast<float*>(c2.data_ptr()), M, N, K, 1.0f, 0.0f, e2,
+                          nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(c1.to(Device::cpu()).to_float_vector(), c2.to(Device::cpu()).to_float_vector());
+  EXPECT_EQ(p1.to(Device::cpu()).to_float_vector(), p2.to(Device::cpu()).to_float_vector());
+}
+
+// k == 0: only the beta term (cuBLASLt would reject it; the dispatch runs ours).
+TEST(GemmDispatch, EmptyK) {
+  REQUIRE_GPU();
+  const int64_t M = 5, N = 7;
+  const Device dev = Device::cuda(0);
+  const std::vector<float> C0 = rand_vec(M * N, 31);
+  Tensor c = Tensor::from_vector(C0, {M, N}).to(dev);
+  const Tensor a = Tensor::empty({M, 1}, DType::BF16, dev), b = Tensor::empty({1, N}, DType::BF16, dev);
+  kernels::gemm_bf16_auto(static_cast<const bf16*>(a.data_ptr()), false,
+                          static_cast<const bf16*>(b.data_ptr()), false, static_cast<float*>(c.data_ptr()), M,
+                          N, 0, 1.0f, 0.5f, {}, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = c.to(Device::cpu()).to_float_vector();
+  for (int64_t i = 0; i < M * N; i++) EXPECT_EQ(got[i], 0.5f * C0[i]) << i;
+}
+
+}  // namespace
+}  // namespace parallel
