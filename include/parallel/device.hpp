@@ -29,4 +29,11 @@ struct Stream {
 bool cuda_available();
 int cuda_device_count();  // 0 without CUDA or without a GPU
 
+// Makes `device` the calling thread's current GPU (cudaSetDevice): kernels launched with the
+// default stream and libraries that use the current device (NCCL, cuBLAS) go there. A rank that
+// drives one GPU calls it once, first. No-op for the CPU; throws for a GPU that does not exist.
+void set_current_device(Device device);
+// The GPU's marketing name ("NVIDIA H100 80GB HBM3"), "cpu" for the CPU.
+std::string device_name(Device device);
+
 }  // namespace parallel

@@ -57,7 +57,11 @@ class RankGrid {
 class ParallelState {
  public:
   // Collective over `world`: splits it into every group. `world.size()` must equal the grid's.
-  ParallelState(Communicator& world, const RankGrid& grid);
+  // device CPU: the groups are `world`'s backend (MPI). device CUDA: every group is a NCCL
+  // communicator on that GPU (world must then be an MpiCommunicator, NCCL's bootstrap), which
+  // carries CPU tensors over its MPI twin; the pipeline group gets per-direction p2p links
+  // (NcclOptions). world() itself stays as given.
+  ParallelState(Communicator& world, const RankGrid& grid, Device device = Device::cpu());
 
   const RankGrid& grid() const { return grid_; }
   const Coord& coord() const { return coord_; }
@@ -72,6 +76,7 @@ class ParallelState {
   // nullptr on ranks that are on neither the first nor the last pipeline stage.
   Communicator* embedding() { return embedding_.get(); }
 
+  Device device() const { return device_; }  // where this rank computes and its groups communicate
   bool is_first_stage() const { return coord_.pp == 0; }
   bool is_last_stage() const { return coord_.pp == grid_.sizes().pipeline - 1; }
 
@@ -79,6 +84,9 @@ class ParallelState {
   Communicator& world_;
   RankGrid grid_;
   Coord coord_;
+  Device device_;
+  // device CUDA: the MPI groups the NCCL ones were bootstrapped from (and send CPU tensors over).
+  std::vector<std::unique_ptr<Communicator>> host_groups_;
   std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, model_, embedding_;
 };
 

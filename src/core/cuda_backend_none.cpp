@@ -16,8 +16,15 @@ namespace {
 
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
+std::string device_name(Device device) {
+  if (!device.is_cpu()) no_cuda();
+  return "cpu";
+}
+void set_current_device(Device device) {
+  if (!device.is_cpu()) no_cuda();
+}
 
-std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator&, Device, Stream) { no_cuda(); }
+std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator&, Device, NcclOptions) { no_cuda(); }
 
 namespace cuda_backend {
 bool available() { return false; }

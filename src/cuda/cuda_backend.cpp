@@ -133,4 +133,19 @@ void synchronize(Stream stream) { PARALLEL_CUDA_CHECK(cudaStreamSynchronize(to_c
 bool cuda_available() { return cuda_backend::available(); }
 int cuda_device_count() { return cuda_backend::device_count(); }
 
+std::string device_name(Device device) {
+  if (device.is_cpu()) return "cpu";
+  cudaDeviceProp prop{};
+  PARALLEL_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
+  return prop.name;
+}
+
+void set_current_device(Device device) {
+  if (device.is_cpu()) return;
+  const int count = cuda_backend::device_count();
+  PARALLEL_CHECK(device.index >= 0 && device.index < count,
+                 "set_current_device: {} does not exist ({} visible)", device.str(), count);
+  PARALLEL_CUDA_CHECK(cudaSetDevice(device.index));
+}
+
 }  // namespace parallel

@@ -11,7 +11,10 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "cuda_check.hpp"
@@ -59,52 +62,78 @@ char* at(const Tensor& t, int64_t offset) {
   return static_cast<char*>(t.data_ptr()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
 }
 
+// One "done" event per stream the operation ran on (a batch over several p2p links runs on
+// several); they are never joined on a communication stream, which would couple the links again.
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaStream_t compute, cudaEvent_t done, std::vector<Tensor> keep)
-      : compute_(compute), done_(done), keep_(std::move(keep)) {}
+  NcclWork(cudaStream_t compute, std::vector<cudaEvent_t> done, std::vector<Tensor> keep)
+      : compute_(compute), done_(std::move(done)), keep_(std::move(keep)) {}
 
   ~NcclWork() override {
     // A handle dropped without wait() must still order the caller's stream after the operation:
     // the storages released below return to that stream's cache and may be reused by its very
     // next allocation while NCCL is still reading or writing them.
-    if (!waited_) (void)cudaStreamWaitEvent(compute_, done_, 0);
-    (void)cudaEventDestroy(done_);  // released by the runtime once the event has completed
+    for (cudaEvent_t e : done_) {
+      if (!waited_) (void)cudaStreamWaitEvent(compute_, e, 0);
+      (void)cudaEventDestroy(e);  // released by the runtime once the event has completed
+    }
   }
 
   void wait() override {
     if (waited_) return;
-    PARALLEL_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    for (cudaEvent_t e : done_) PARALLEL_CUDA_CHECK(cudaStreamWaitEvent(compute_, e, 0));
     waited_ = true;
   }
 
   bool is_completed() override {
-    const cudaError_t err = cudaEventQuery(done_);
-    if (err == cudaErrorNotReady) return false;
-    PARALLEL_CUDA_CHECK(err);
+    for (cudaEvent_t e : done_) {
+      const cudaError_t err = cudaEventQuery(e);
+      if (err == cudaErrorNotReady) return false;
+      PARALLEL_CUDA_CHECK(err);
+    }
     return true;
   }
 
  private:
   cudaStream_t compute_;
-  cudaEvent_t done_;
+  std::vector<cudaEvent_t> done_;
   std::vector<Tensor> keep_;  // keeps the storages alive until the operation is ordered
   bool waited_ = false;
 };
 
+// A high-priority non-blocking stream: when compute fills the GPU, communication kernels are
+// scheduled first as SMs free up, which is what lets gradient reduction hide behind the backward.
+cudaStream_t make_comm_stream() {
+  int least = 0, greatest = 0;
+  PARALLEL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  PARALLEL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  return s;
+}
+
+// One direction between two neighbours: a two-rank communicator (sender rank 0, receiver rank 1)
+// and the stream its messages run on.
+struct Link {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int peer_in_link = 0;  // the other end's rank in `comm`
+};
+
+bool on_host(const Tensor& t) { return t.device().is_cpu(); }
+
 class NcclCommunicator final : public Communicator {
  public:
-  // Takes ownership of `comm`, an initialised communicator on GPU `device`.
-  NcclCommunicator(ncclComm_t comm, int device, cudaStream_t compute)
-      : comm_(comm), device_(device), compute_(compute) {
+  // Takes ownership of `comm`, an initialised communicator on GPU `device`. `host` (optional, not
+  // owned) carries CPU tensors over the same ranks.
+  NcclCommunicator(ncclComm_t comm, int device, cudaStream_t compute, Communicator* host)
+      : comm_(comm), device_(device), compute_(compute), host_(host) {
     cuda::DeviceGuard guard(device_);
     PARALLEL_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     PARALLEL_NCCL_CHECK(ncclCommCount(comm_, &size_));
-    // Highest priority: when compute fills the GPU, the communication kernels are scheduled first
-    // as SMs free up, which is what lets gradient reduction hide behind the backward pass.
-    int least = 0, greatest = 0;
-    PARALLEL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    PARALLEL_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    PARALLEL_CHECK(host_ == nullptr || (host_->size() == size_ && host_->rank() == rank_),
+                   "nccl: the host communicator (rank {} of {}) does not match NCCL's (rank {} of {})",
+                   host_->rank(), host_->size(), rank_, size_);
+    stream_ = make_comm_stream();
     PARALLEL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     PARALLEL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
     PARALLEL_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(float)));
@@ -112,6 +141,11 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     cuda::DeviceGuard guard(device_);
+    for (auto& [key, link] : links_) {
+      (void)cudaStreamSynchronize(link.stream);
+      (void)ncclCommDestroy(link.comm);
+      (void)cudaStreamDestroy(link.stream);
+    }
     if (stream_) (void)cudaStreamSynchronize(stream_);
     if (comm_) (void)ncclCommDestroy(comm_);
     if (ready_) (void)cudaEventDestroy(ready_);
@@ -119,11 +153,38 @@ class NcclCommunicator final : public Communicator {
     if (barrier_buf_) (void)cudaFree(barrier_buf_);
   }
 
+  // Collective: builds the per-direction links to the ring neighbours (see NcclOptions). Every rank
+  // makes the same sequence of ncclCommSplit calls on the main communicator, members or not.
+  void create_p2p_links() {
+    if (size_ < 2) return;
+    cuda::DeviceGuard guard(device_);
+    // Unordered neighbour pairs {r, r + 1 mod size}, each once (size 2 has a single pair).
+    const int pairs = size_ == 2 ? 1 : size_;
+    for (int a = 0; a < pairs; ++a) {
+      const int b = (a + 1) % size_;
+      for (const auto& [from, to] : {std::pair{a, b}, std::pair{b, a}}) {
+        const bool member = rank_ == from || rank_ == to;
+        ncclComm_t child = nullptr;
+        PARALLEL_NCCL_CHECK(
+            ncclCommSplit(comm_, member ? 0 : NCCL_SPLIT_NOCOLOR, rank_ == from ? 0 : 1, &child, nullptr));
+        if (!member) continue;
+        PARALLEL_CHECK(child != nullptr, "nccl: the split for link {} -> {} returned no communicator", from,
+                       to);
+        Link link;
+        link.comm = child;
+        link.stream = make_comm_stream();
+        link.peer_in_link = rank_ == from ? 1 : 0;
+        links_[{from, to}] = link;
+      }
+    }
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "nccl"; }
 
   WorkHandle all_reduce(Tensor& tensor, ReduceOp op, bool async) override {
+    if (on_host(tensor)) return host("all_reduce").all_reduce(tensor, op, async);
     check(tensor, "all_reduce");
     const int64_t n = tensor.numel();
     if (n == 0) return completed_work();
@@ -135,6 +196,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkHandle reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) override {
+    if (on_host(in) && on_host(out)) return host("reduce_scatter").reduce_scatter(in, out, op, async);
     check(in, "reduce_scatter");
     check(out, "reduce_scatter");
     PARALLEL_CHECK(in.dtype() == out.dtype(), "nccl reduce_scatter: in is {}, out is {}",
@@ -166,6 +228,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkHandle all_gather(const Tensor& in, Tensor& out, bool async) override {
+    if (on_host(in) && on_host(out)) return host("all_gather").all_gather(in, out, async);
     check(in, "all_gather");
     check(out, "all_gather");
     PARALLEL_CHECK(in.dtype() == out.dtype(), "nccl all_gather: in is {}, out is {}", dtype_name(in.dtype()),
@@ -196,6 +259,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkHandle broadcast(Tensor& tensor, int root, bool async) override {
+    if (on_host(tensor)) return host("broadcast").broadcast(tensor, root, async);
     check(tensor, "broadcast");
     check_peer(root, "broadcast root");
     const int64_t n = tensor.numel();
@@ -208,6 +272,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkHandle all_to_all(const Tensor& in, Tensor& out, bool async) override {
+    if (on_host(in) && on_host(out)) return host("all_to_all").all_to_all(in, out, async);
     check(in, "all_to_all");
     check(out, "all_to_all");
     PARALLEL_CHECK(in.dtype() == out.dtype(), "nccl all_to_all: in is {}, out is {}", dtype_name(in.dtype()),
@@ -247,6 +312,13 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkHandle batch_p2p(std::span<const P2POp> ops) override {
+    const bool any_host =
+        std::any_of(ops.begin(), ops.end(), [](const P2POp& op) { return on_host(op.tensor); });
+    if (any_host) {
+      PARALLEL_CHECK(std::all_of(ops.begin(), ops.end(), [](const P2POp& op) { return on_host(op.tensor); }),
+                     "nccl batch_p2p: mixes CPU and CUDA tensors; post them as two batches");
+      return host("batch_p2p").batch_p2p(ops);
+    }
     std::vector<Tensor> keep;
     keep.reserve(ops.size());
     for (const P2POp& op : ops) {
@@ -256,19 +328,41 @@ class NcclCommunicator final : public Communicator {
     }
     if (keep.empty()) return completed_work();
     cuda::DeviceGuard guard(device_);
-    begin();
+    // Each message runs on its link's stream when there is one, else on the main stream.
+    std::vector<cudaStream_t> used;
+    auto route = [&](const P2POp& op, ncclComm_t& comm, int& peer, cudaStream_t& stream) {
+      const bool send = op.kind == P2POp::Kind::Send;
+      auto it = links_.find(send ? std::pair{rank_, op.peer} : std::pair{op.peer, rank_});
+      if (it == links_.end()) {
+        comm = comm_, peer = op.peer, stream = stream_;
+      } else {
+        comm = it->second.comm, peer = it->second.peer_in_link, stream = it->second.stream;
+      }
+      if (std::find(used.begin(), used.end(), stream) == used.end()) used.push_back(stream);
+    };
+    for (const P2POp& op : ops) {
+      ncclComm_t comm;
+      int peer;
+      cudaStream_t stream;
+      route(op, comm, peer, stream);
+    }
+    begin(used);
     PARALLEL_NCCL_CHECK(ncclGroupStart());
     for (const P2POp& op : ops) {
       const int64_t n = op.tensor.numel();
       if (n == 0) continue;
+      ncclComm_t comm;
+      int peer;
+      cudaStream_t stream;
+      route(op, comm, peer, stream);
       const ncclDataType_t type = nccl_type(op.tensor.dtype());
       if (op.kind == P2POp::Kind::Send)
-        PARALLEL_NCCL_CHECK(ncclSend(op.tensor.data_ptr(), n, type, op.peer, comm_, stream_));
+        PARALLEL_NCCL_CHECK(ncclSend(op.tensor.data_ptr(), n, type, peer, comm, stream));
       else
-        PARALLEL_NCCL_CHECK(ncclRecv(op.tensor.data_ptr(), n, type, op.peer, comm_, stream_));
+        PARALLEL_NCCL_CHECK(ncclRecv(op.tensor.data_ptr(), n, type, peer, comm, stream));
     }
     PARALLEL_NCCL_CHECK(ncclGroupEnd());
-    return finish(std::move(keep), true);
+    return finish(std::move(keep), true, used);
   }
 
   // NCCL has no barrier: a one-element all-reduce that the host waits for is one.
@@ -282,13 +376,20 @@ class NcclCommunicator final : public Communicator {
     cuda::DeviceGuard guard(device_);
     ncclComm_t child = nullptr;
     PARALLEL_NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr));
+    // The host side splits too (collective on every rank, members or not), so the child keeps
+    // carrying CPU tensors.
+    std::unique_ptr<Communicator> host_child = host_ != nullptr ? host_->split(color, key) : nullptr;
     if (color < 0 || child == nullptr) return nullptr;
-    return std::make_unique<NcclCommunicator>(child, device_, compute_);
+    auto out = std::make_unique<NcclCommunicator>(child, device_, compute_, host_child.get());
+    out->owned_host_ = std::move(host_child);
+    return out;
   }
 
   [[noreturn]] void abort(int code) override {
     // Abort NCCL first: peers blocked in a collective with us are released instead of hanging
     // until a timeout, then MPI ends every process of the job.
+    for (auto& [key, link] : links_) (void)ncclCommAbort(link.comm);
+    links_.clear();
     if (comm_) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -296,6 +397,15 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  Communicator& host(const char* op) {
+    PARALLEL_CHECK(
+        host_ != nullptr,
+        "nccl {}: CPU tensors need the host fallback (NcclOptions::host_fallback); move the tensor to "
+        "cuda:{}",
+        op, device_);
+    return *host_;
+  }
+
   void check(const Tensor& t, const char* op) const {
     PARALLEL_CHECK(t.device().is_cuda() && t.device().index == device_,
                    "nccl {}: tensor {} must be on cuda:{}, the communicator's device", op, t.str(), device_);
@@ -312,20 +422,33 @@ class NcclCommunicator final : public Communicator {
 
   // Orders the communication stream after everything the caller has queued so far. One event is
   // enough: cudaStreamWaitEvent captures the event's state at the time of the call.
-  void begin() {
+  void begin() { begin({stream_}); }
+  void begin(const std::vector<cudaStream_t>& streams) {
     PARALLEL_CUDA_CHECK(cudaEventRecord(ready_, compute_));
-    PARALLEL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    for (cudaStream_t s : streams) PARALLEL_CUDA_CHECK(cudaStreamWaitEvent(s, ready_, 0));
   }
 
   WorkHandle finish(std::vector<Tensor> keep, bool async) {
-    cudaEvent_t done = nullptr;
-    PARALLEL_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    const cudaError_t err = cudaEventRecord(done, stream_);
-    if (err != cudaSuccess) {
-      (void)cudaEventDestroy(done);
-      PARALLEL_CUDA_CHECK(err);
+    return finish(std::move(keep), async, {stream_});
+  }
+  WorkHandle finish(std::vector<Tensor> keep, bool async, const std::vector<cudaStream_t>& streams) {
+    std::vector<cudaEvent_t> done;
+    auto release = [&done] {
+      for (cudaEvent_t e : done) (void)cudaEventDestroy(e);
+    };
+    for (cudaStream_t s : streams) {
+      cudaEvent_t e = nullptr;
+      cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (err == cudaSuccess) {
+        done.push_back(e);
+        err = cudaEventRecord(e, s);
+      }
+      if (err != cudaSuccess) {
+        release();
+        PARALLEL_CUDA_CHECK(err);
+      }
     }
-    auto work = std::make_shared<NcclWork>(compute_, done, std::move(keep));
+    auto work = std::make_shared<NcclWork>(compute_, std::move(done), std::move(keep));
     if (!async) work->wait();
     return work;
   }
@@ -338,12 +461,15 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;   // ours: every NCCL operation runs here
   cudaEvent_t ready_ = nullptr;
   float* barrier_buf_ = nullptr;
+  Communicator* host_ = nullptr;               // carries CPU tensors; see NcclOptions
+  std::unique_ptr<Communicator> owned_host_;   // host_ when this communicator made it (split)
+  std::map<std::pair<int, int>, Link> links_;  // (from, to) -> link, for the directions touching us
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& bootstrap, Device device,
-                                                     Stream compute_stream) {
+                                                     NcclOptions options) {
   PARALLEL_CHECK(device.is_cuda(), "make_nccl_communicator needs a CUDA device, got {}", device.str());
   const int devices = cuda_device_count();
   PARALLEL_CHECK(device.index >= 0 && device.index < devices,
@@ -355,13 +481,17 @@ std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& bootstrap,
   PARALLEL_CUDA_CHECK(cudaSetDevice(device.index));
   ncclComm_t comm = nullptr;
   PARALLEL_NCCL_CHECK(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
+  std::unique_ptr<NcclCommunicator> out;
   try {
-    return std::make_unique<NcclCommunicator>(comm, device.index,
-                                              static_cast<cudaStream_t>(compute_stream.handle));
+    out = std::make_unique<NcclCommunicator>(comm, device.index,
+                                             static_cast<cudaStream_t>(options.compute_stream.handle),
+                                             options.host_fallback ? &bootstrap : nullptr);
   } catch (...) {
     (void)ncclCommDestroy(comm);
     throw;
   }
+  if (options.p2p_links) out->create_p2p_links();
+  return out;
 }
 
 }  // namespace parallel

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "parallel/error.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
 
 namespace parallel {
 namespace {
@@ -29,8 +31,8 @@ std::unique_ptr<Communicator> split_into(Communicator& world, const std::vector<
 
 }  // namespace
 
-ParallelState::ParallelState(Communicator& world, const RankGrid& grid)
-    : world_(world), grid_(grid), coord_() {
+ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device device)
+    : world_(world), grid_(grid), coord_(), device_(device) {
   const auto& s = grid.sizes();
   // Checked before any split: a mismatch on one rank would otherwise leave the others hung in it.
   if (world.size() != grid.world_size())
@@ -48,6 +50,31 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid)
   pp_ = split_into(world, grid.pipeline_group(me), "pipeline");
   model_ = split_into(world, grid.model_group(me), "model");
   embedding_ = split_into(world, grid.embedding_group(me), "embedding");
+  if (device.is_cpu()) return;
+
+  // On GPUs: a NCCL communicator per group, bootstrapped over (and falling back for CPU tensors
+  // to) the MPI group just made, which is kept alive here. In the same order on every rank;
+  // ranks outside a group (the embedding group) skip it, and NCCL creation is collective only
+  // over the group's members.
+  PARALLEL_CHECK(dynamic_cast<MpiCommunicator*>(&world) != nullptr,
+                 "ParallelState on {}: the world communicator must be MPI (NCCL's bootstrap), got {}",
+                 device.str(), world.backend());
+  set_current_device(device);
+  auto to_nccl = [&](std::unique_ptr<Communicator>& group, bool p2p_links) {
+    if (group == nullptr) return;
+    auto* mpi = dynamic_cast<MpiCommunicator*>(group.get());
+    PARALLEL_CHECK(mpi != nullptr, "ParallelState: an MPI split returned a {} communicator",
+                   group->backend());
+    std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, device, {.p2p_links = p2p_links});
+    host_groups_.push_back(std::move(group));
+    group = std::move(nccl);
+  };
+  to_nccl(tp_, false);
+  to_nccl(cp_, false);
+  to_nccl(dp_, false);
+  to_nccl(pp_, true);
+  to_nccl(model_, false);
+  to_nccl(embedding_, false);
 }
 
 }  // namespace parallel

@@ -57,7 +57,7 @@ class Nccl : public ::testing::Test {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     ASSERT_EQ(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), cudaSuccess);
     bootstrap_ = new MpiCommunicator(MPI_COMM_WORLD);
-    comm_ = make_nccl_communicator(*bootstrap_, Device::cuda(0), stream()).release();
+    comm_ = make_nccl_communicator(*bootstrap_, Device::cuda(0), {.compute_stream = stream()}).release();
   }
   static void TearDownTestSuite() {
     delete comm_;  // before MPI_Finalize (the environment's tear-down runs after the suites)
@@ -232,14 +232,46 @@ TEST_F(Nccl, SplitAndBarrier) {
   EXPECT_EQ(comm().split(-1, 0), nullptr);
 }
 
-TEST_F(Nccl, RejectsBadArguments) {
+// CPU tensors (a trainer's scalars) go over the MPI communicator NCCL was bootstrapped from.
+TEST_F(Nccl, HostTensorsGoOverTheBootstrapCommunicator) {
+  Tensor cpu = Tensor::from_vector(std::vector<float>{1.5f, -2.0f}, {2});
+  comm().all_reduce(cpu, ReduceOp::Sum, false);
+  EXPECT_EQ(cpu.to_float_vector(), (std::vector<float>{1.5f, -2.0f}));  // a world of one
+  Tensor in = Tensor::from_vector(std::vector<float>{3.0f}, {1}), out = Tensor::zeros({1}, DType::F32);
+  comm().all_gather(in, out, false);
+  EXPECT_EQ(out.to_float_vector(), (std::vector<float>{3.0f}));
+  std::unique_ptr<Communicator> sub = comm().split(3, 0);  // the child keeps the fallback
+  ASSERT_NE(sub, nullptr);
+  sub->broadcast(cpu, 0, false);
+  // Mixed CPU and CUDA tensors in one p2p batch are refused rather than half-posted.
+  Tensor dev = Tensor::zeros({2}, DType::F32, Device::cuda(0));
+  std::vector<P2POp> mixed{{P2POp::Kind::Send, cpu, 0}, {P2POp::Kind::Recv, dev, 0}};
+  EXPECT_THROW(comm().batch_p2p(mixed), Error);
+}
+
+TEST_F(Nccl, WithoutHostFallbackCpuTensorsAreRejected) {
+  MpiCommunicator bootstrap(MPI_COMM_WORLD);
+  auto strict = make_nccl_communicator(bootstrap, Device::cuda(0), {.host_fallback = false});
   Tensor cpu = Tensor::zeros({8}, DType::F32);
-  EXPECT_THROW(comm().all_reduce(cpu, ReduceOp::Sum, false), Error);
   try {
-    comm().all_reduce(cpu, ReduceOp::Sum, false);
+    strict->all_reduce(cpu, ReduceOp::Sum, false);
+    ADD_FAILURE() << "a CPU tensor was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
   }
+}
+
+// A world of one has no neighbours: asking for links is harmless and send/recv to self still work.
+TEST_F(Nccl, P2pLinksOnAWorldOfOne) {
+  MpiCommunicator bootstrap(MPI_COMM_WORLD);
+  auto linked = make_nccl_communicator(bootstrap, Device::cuda(0), {.p2p_links = true});
+  Tensor a = device_tensor(iota(16), DType::F32), b = Tensor::zeros({16}, DType::F32, Device::cuda(0));
+  std::vector<P2POp> ops{{P2POp::Kind::Send, a, 0}, {P2POp::Kind::Recv, b, 0}};
+  linked->batch_p2p(ops)->wait();
+  EXPECT_EQ(host_values(b), iota(16));
+}
+
+TEST_F(Nccl, RejectsBadArguments) {
   Tensor m = Tensor::zeros({4, 6}, DType::F32, Device::cuda(0));
   Tensor strided = m.narrow(1, 0, 3);
   ASSERT_FALSE(strided.is_contiguous());
