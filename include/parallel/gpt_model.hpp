@@ -36,6 +36,9 @@ class GPTModel {
     // precision at every op boundary, as a GPU mixed-precision run holds them (docs/optimizer.md);
     // GEMMs, norms, softmax and the loss still compute in fp32, parameter gradients stay fp32.
     Precision precision = Precision::FP32;
+    // Where the parameters (and so every activation) live. They are initialised on the host, so
+    // the values do not depend on the device, then moved. Inputs must be on this device too.
+    Device device = Device::cpu();
   };
   // tp: the tensor-parallel communicator (size 1 without tensor parallelism).
   GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp);

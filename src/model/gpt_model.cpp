@@ -139,6 +139,13 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
     }
     impl_->output = std::make_unique<model::OutputLayer>(env, out_weight);
   }
+  // Layers read their weights through the Parameter objects at every call, so moving the tensors
+  // here moves the model.
+  if (!options.device.is_cpu())
+    for (Parameter* param : parameters()) {
+      param->value = param->value.to(options.device);
+      param->grad = param->grad.to(options.device);
+    }
 }
 
 GPTModel::~GPTModel() = default;

@@ -18,6 +18,7 @@
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/runtime.hpp"
 #include "parallel/signal_handler.hpp"
 #include "parallel/train_state.hpp"
 
@@ -30,9 +31,33 @@ using Clock = std::chrono::steady_clock;
 // the CPU default for MFU when train.peak_tflops is not given.
 constexpr double kCpuPeakFlopsPerCore = 225e9;
 
-double peak_flops_per_rank(const TrainConfig& train) {
+// Dense peak of the GPUs we know, per precision: fp32 runs use fp32 CUDA cores (no TF32), bf16 and
+// fp16 the tensor cores (the figures NVIDIA publishes for the SXM parts, without sparsity).
+double known_gpu_peak_flops(const std::string& name, Precision precision) {
+  const bool low = precision != Precision::FP32;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos)
+    return low ? 989e12 : 67e12;
+  if (name.find("A100") != std::string::npos) return low ? 312e12 : 19.5e12;
+  return 0.0;  // unknown: MFU is reported as 0 unless train.peak_tflops is set
+}
+
+double peak_flops_per_rank(const TrainConfig& train, Device device) {
   if (train.peak_tflops > 0) return train.peak_tflops * 1e12;
+  if (device.is_cuda()) return known_gpu_peak_flops(device_name(device), train.precision);
   return kCpuPeakFlopsPerCore * omp_get_max_threads();
+}
+
+// One GPU per rank, chosen from the rank's index on its node (local_rank mod the visible GPUs),
+// as torchrun / Megatron do. A missing GPU is a configuration problem, reported alike on all ranks.
+Device select_device(const TrainConfig& train) {
+  if (train.device == DeviceKind::CPU) return Device::cpu();
+  const int count = cuda_device_count();
+  if (count == 0)
+    throw ConfigError(
+        "config: train.device = cuda, but no GPU is usable here (a build without the CUDA backend, or no "
+        "device "
+        "visible); use train.device: cpu");
+  return Device::cuda(discover_launch_from_environment().local_rank % count);
 }
 
 // The DDP bookkeeping the executor must not know about: only the last micro-batch's backward of a
@@ -60,6 +85,7 @@ class DataParallelAwareModel final : public pipeline::PipelineModel {
 struct Trainer::Impl {
   Config cfg;
   Communicator& world;  // the base interface: its calls carry the default arguments
+  Device device;        // where this rank computes
   std::unique_ptr<ParallelState> state;
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::unique_ptr<pipeline::GPTPipelineModel> model;
@@ -75,19 +101,21 @@ struct Trainer::Impl {
   double flops_per_token = 0;
   std::vector<StepMetrics> history;
 
-  Impl(const Config& config, MpiCommunicator& w) : cfg(config), world(w) {}
+  Impl(const Config& config, MpiCommunicator& w)
+      : cfg(config), world(w), device(select_device(config.train)) {}
 
   int64_t tokens_per_batch() const {
     return static_cast<int64_t>(cfg.train.global_batch_size) * cfg.model.seq_length;
   }
   std::vector<Parameter*> parameters() const { return model->parameters(); }
 
-  // Micro-batch `mb` of global batch `batch` for this data-parallel rank.
+  // Micro-batch `mb` of global batch `batch` for this data-parallel rank, on this rank's device.
   pipeline::MicroBatchFn data_of(const GPTDataset& data, int64_t batch) const {
     const int dp_rank = state->coord().dp, dp_size = state->grid().sizes().data;
-    return [&data, batch, dp_rank, dp_size](int mb) {
+    const Device dev = device;
+    return [&data, batch, dp_rank, dp_size, dev](int mb) {
       MicroBatch m = data.micro_batch(batch, dp_rank, dp_size, mb);
-      return pipeline::MicroBatch{std::move(m.tokens), std::move(m.targets)};
+      return pipeline::MicroBatch{m.tokens.to(dev), m.targets.to(dev)};
     };
   }
 
@@ -115,13 +143,9 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
     : impl_(std::make_unique<Impl>(config, world)) {
   Impl& m = *impl_;
   const Config& c = m.cfg;
-  // The CUDA kernels and NCCL communicator exist, but the trainer does not place tensors on GPUs
-  // yet: say so rather than silently training on the CPU.
-  if (c.train.device == DeviceKind::CUDA)
-    throw ConfigError(
-        "config: train.device = cuda: the trainer runs on the CPU only so far (use train.device: cpu)");
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
-  m.state = std::make_unique<ParallelState>(world, grid);
+  // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
+  m.state = std::make_unique<ParallelState>(world, grid, m.device);
   const int pp_rank = m.state->coord().pp;
 
   // This rank's model chunks (one per virtual pipeline stage).
@@ -134,7 +158,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
   GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
                             .recompute = c.train.recompute,
                             .seed = c.train.seed,
-                            .precision = c.train.precision};
+                            .precision = c.train.precision,
+                            .device = m.device};
   std::vector<GPTModel*> raw;
   for (const GPTChunkSpec& spec : specs) {
     m.chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, m.state->tp()));
@@ -163,6 +188,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
   exec.virtual_stages = c.parallel.virtual_stages;
   exec.activation_shape = {c.model.seq_length / (sp ? c.parallel.tensor : 1), c.train.micro_batch_size,
                            c.model.hidden_size};
+  exec.device = m.device;
   m.executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
   exec.schedule = pipeline::forward_only;
   m.eval_executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
@@ -238,7 +264,8 @@ int64_t Trainer::train() {
     const double scale = m.optimizer->loss_scaler() ? m.optimizer->loss_scaler()->scale() : 1.0;
     const double local_tokens =
         static_cast<double>(m.micro_batches) * c.train.micro_batch_size * c.model.seq_length;
-    m.model->start_step(m.data_of(*m.train_data, t), Tensor::full({1}, scale / local_tokens, DType::F32),
+    m.model->start_step(m.data_of(*m.train_data, t),
+                        Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
     m.executor->run(driver);
     finalize_grads(m.parameters(), *m.state);
@@ -255,7 +282,8 @@ int64_t Trainer::train() {
     s.grad_norm = result.grad_norm;
     s.step_time_ms = seconds * 1e3;
     s.tokens_per_sec = static_cast<double>(m.tokens_per_batch()) / seconds;
-    s.mfu = m.flops_per_token * s.tokens_per_sec / (peak_flops_per_rank(c.train) * m.world.size());
+    const double peak = peak_flops_per_rank(c.train, m.device);
+    s.mfu = peak > 0 ? m.flops_per_token * s.tokens_per_sec / (peak * m.world.size()) : 0.0;
     s.skipped = result.skipped;
     s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
     m.history.push_back(s);
