@@ -22,6 +22,7 @@
 
 #include "../kernels/attention/flash_attention_mma.hpp"
 #include "../kernels/cuda/kernels.hpp"
+#include "cuda_benchmark.hpp"
 #include "parallel/tensor.hpp"
 
 namespace {
@@ -30,38 +31,8 @@ using namespace parallel;
 
 constexpr int64_t kTokens = 16384, kHidden = 2048;
 
-bool no_gpu(benchmark::State& state) {
-  if (cuda_device_count() > 0) return false;
-  state.SkipWithError("no CUDA device: GPU benchmarks skipped");
-  return true;
-}
-
-// Runs fn once to warm up, then once per iteration between CUDA events (default stream); sets the
-// manual time and returns the mean seconds per iteration.
-template <typename F>
-double time_loop(benchmark::State& state, F&& fn) {
-  double total = 0.0;
-  int64_t iters = 0;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  fn();
-  cudaDeviceSynchronize();
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    fn();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    total += ms / 1e3;
-    iters++;
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return iters > 0 ? total / static_cast<double>(iters) : 0.0;
-}
+using bench::no_gpu;
+using bench::time_loop;
 
 Tensor gpu_random(const Shape& shape, DType dtype) {
   // Values only need to be finite and varied; a cheap deterministic pattern on the host.

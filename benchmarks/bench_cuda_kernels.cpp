@@ -35,6 +35,7 @@
 #include "../kernels/cuda/cuda_ops.hpp"
 #include "../kernels/cuda/kernels.hpp"
 #include "../kernels/gemm/gemm.hpp"
+#include "cuda_benchmark.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
 
@@ -46,39 +47,8 @@ constexpr double kPeakGBs = 3350.0;  // H100 SXM HBM3, GB/s
 constexpr int64_t kTokens = 8192;    // rows of every activation below
 constexpr int64_t kVocab = 50304;    // GPT-2's 50257 padded to a multiple of 128
 
-bool no_gpu(benchmark::State& state) {
-  if (cuda_device_count() > 0) return false;
-  state.SkipWithError("no CUDA device: GPU benchmarks skipped");
-  return true;
-}
-
-// Runs fn once to warm up (and, for auto, to make its choice), then once per iteration between
-// CUDA events on the default stream (where every call below runs); sets the manual time and
-// returns the mean seconds per iteration.
-template <typename F>
-double time_loop(benchmark::State& state, F&& fn) {
-  double total = 0.0;
-  int64_t iters = 0;
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  fn();
-  cudaDeviceSynchronize();
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    fn();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms / 1e3);
-    total += ms / 1e3;
-    iters++;
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return iters > 0 ? total / static_cast<double>(iters) : 0.0;
-}
+using bench::no_gpu;
+using bench::time_loop;
 
 // A GPU tensor of finite, varied values in [lo, hi). Built from a host pattern of at most 2^20
 // elements, repeated on the device by doubling copies: generating gigabyte operands (the LM head's

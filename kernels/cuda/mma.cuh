@@ -1,8 +1,7 @@
 #pragma once
 // Inline PTX wrappers for sm_80+ tensor-core kernels: cp.async (global -> shared without a register
 // round trip), ldmatrix (shared -> mma fragments) and mma.sync.m16n8k16 with fp32 accumulators, for
-// bf16 or fp16 operands. Internal to kernels/ (not installed). kernels/gemm/gemm_mma.cu has its own
-// copies of the same wrappers; new kernels include this header.
+// bf16 or fp16 operands. Internal to kernels/ (not installed); used by the GEMM and attention kernels.
 //
 // Fragment layouts of mma.sync.aligned.m16n8k16.row.col (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16"), with g = lane / 4 (the "group", 0..7) and t = lane % 4 (0..3). Every register

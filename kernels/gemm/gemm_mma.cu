@@ -29,8 +29,10 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 #include "gemm/gemm.hpp"
 
 namespace parallel::kernels {
@@ -52,48 +54,10 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * COLS + (chunk << 3) + (c & 7);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ---- PTX wrappers ----------------------------------------------------------------------------
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// d += a (16x16, row) * b (16x8, col); fp32 accumulators c[0..3].
+// The PTX wrappers (cp.async, ldmatrix, mma.sync) are shared with the attention kernels.
+using namespace parallel::cuda::mma;
 template <bool kBF16>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (kBF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
+using Elem16 = std::conditional_t<kBF16, __nv_bfloat16, __half>;
 
 // ---- block level: global -> shared tile loads -------------------------------------------------
 // Tile [ROWS][COLS] of a row-major storage g (leading dimension ld) starting at (row0, col0), rows
@@ -213,7 +177,7 @@ __global__ void __launch_bounds__(kThreadsGemm) gemm_mma_kernel(const Params p) 
 #pragma unroll
       for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-        for (int nj = 0; nj < 8; nj++) mma16816<kBF16>(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
+        for (int nj = 0; nj < 8; nj++) mma_16816<Elem16<kBF16>>(acc[mi][nj], af[mi], bf[nj][0], bf[nj][1]);
     }
     __syncthreads();  // everyone is done with stage kt & 1 before step kt + 2 overwrites it
   }
