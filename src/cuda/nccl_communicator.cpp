@@ -329,37 +329,34 @@ class NcclCommunicator final : public Communicator {
     if (keep.empty()) return completed_work();
     cuda::DeviceGuard guard(device_);
     // Each message runs on its link's stream when there is one, else on the main stream.
-    std::vector<cudaStream_t> used;
-    auto route = [&](const P2POp& op, ncclComm_t& comm, int& peer, cudaStream_t& stream) {
-      const bool send = op.kind == P2POp::Kind::Send;
-      auto it = links_.find(send ? std::pair{rank_, op.peer} : std::pair{op.peer, rank_});
-      if (it == links_.end()) {
-        comm = comm_, peer = op.peer, stream = stream_;
-      } else {
-        comm = it->second.comm, peer = it->second.peer_in_link, stream = it->second.stream;
-      }
-      if (std::find(used.begin(), used.end(), stream) == used.end()) used.push_back(stream);
-    };
-    for (const P2POp& op : ops) {
+    struct Route {
       ncclComm_t comm;
       int peer;
       cudaStream_t stream;
-      route(op, comm, peer, stream);
+    };
+    std::vector<Route> routes;
+    std::vector<cudaStream_t> used;
+    routes.reserve(ops.size());
+    for (const P2POp& op : ops) {
+      const bool send = op.kind == P2POp::Kind::Send;
+      auto it = links_.find(send ? std::pair{rank_, op.peer} : std::pair{op.peer, rank_});
+      const Route r = it == links_.end() ? Route{comm_, op.peer, stream_}
+                                         : Route{it->second.comm, it->second.peer_in_link, it->second.stream};
+      if (std::find(used.begin(), used.end(), r.stream) == used.end()) used.push_back(r.stream);
+      routes.push_back(r);
     }
     begin(used);
     PARALLEL_NCCL_CHECK(ncclGroupStart());
-    for (const P2POp& op : ops) {
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const P2POp& op = ops[i];
       const int64_t n = op.tensor.numel();
       if (n == 0) continue;
-      ncclComm_t comm;
-      int peer;
-      cudaStream_t stream;
-      route(op, comm, peer, stream);
+      const Route& r = routes[i];
       const ncclDataType_t type = nccl_type(op.tensor.dtype());
       if (op.kind == P2POp::Kind::Send)
-        PARALLEL_NCCL_CHECK(ncclSend(op.tensor.data_ptr(), n, type, peer, comm, stream));
+        PARALLEL_NCCL_CHECK(ncclSend(op.tensor.data_ptr(), n, type, r.peer, r.comm, r.stream));
       else
-        PARALLEL_NCCL_CHECK(ncclRecv(op.tensor.data_ptr(), n, type, peer, comm, stream));
+        PARALLEL_NCCL_CHECK(ncclRecv(op.tensor.data_ptr(), n, type, r.peer, r.comm, r.stream));
     }
     PARALLEL_NCCL_CHECK(ncclGroupEnd());
     return finish(std::move(keep), true, used);
