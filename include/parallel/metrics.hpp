@@ -2,10 +2,10 @@
 // What the trainer reports: model FLOPs (for MFU), one JSON object per line in metrics.jsonl, and
 // the readable progress line rank 0 prints.
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include "parallel/config.hpp"
+#include "parallel/line_file.hpp"
 
 namespace parallel {
 
@@ -27,16 +27,17 @@ struct StepMetrics {
   bool skipped = false;     // fp16 overflow: the update was skipped
 };
 
-// Appends one JSON object per line; flushed after every line so a killed run keeps its history.
+// Appends one JSON object per line, each in one write() so a killed run keeps its history and a
+// full disk leaves only whole lines. A failed write is a warning (LineFile), never the end of a run.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // creates parent directories; appends
-  void write_train(const StepMetrics& m);
-  void write_eval(int64_t step, double eval_loss);
+  bool write_train(const StepMetrics& m);           // false: the line was dropped (see LineFile)
+  bool write_eval(int64_t step, double eval_loss);
+  int64_t dropped_lines() const { return out_.dropped_lines(); }
 
  private:
-  std::ofstream out_;
-  std::string path_;
+  LineFile out_;
 };
 
 // "step   120/2000 | loss 4.1234 | lr 2.95e-04 | grad 0.812 | 12.3k tok/s | MFU 41.2% | ETA 3m12s"

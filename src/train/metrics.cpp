@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "parallel/error.hpp"
@@ -25,19 +24,14 @@ double model_flops_per_token(const ModelConfig& m) {
   return 3.0 * forward;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  const auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-  out_.open(path, std::ios::app);
-  PARALLEL_CHECK(out_.good(), "cannot open {} for writing", path);
-}
+MetricsWriter::MetricsWriter(const std::string& path) : out_(path) {}
 
 namespace {
 // JSON has no NaN or infinity: write null so that every line still parses.
 nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 }  // namespace
 
-void MetricsWriter::write_train(const StepMetrics& m) {
+bool MetricsWriter::write_train(const StepMetrics& m) {
   nlohmann::json j = {{"step", m.step},
                       {"loss", number(m.loss)},
                       {"lr", number(m.lr)},
@@ -47,13 +41,11 @@ void MetricsWriter::write_train(const StepMetrics& m) {
                       {"mfu", number(m.mfu)}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.skipped) j["skipped"] = true;
-  out_ << j.dump() << '\n' << std::flush;
-  PARALLEL_CHECK(out_.good(), "writing {} failed", path_);
+  return out_.append(j.dump());
 }
 
-void MetricsWriter::write_eval(int64_t step, double eval_loss) {
-  out_ << nlohmann::json({{"step", step}, {"eval_loss", number(eval_loss)}}).dump() << '\n' << std::flush;
-  PARALLEL_CHECK(out_.good(), "writing {} failed", path_);
+bool MetricsWriter::write_eval(int64_t step, double eval_loss) {
+  return out_.append(nlohmann::json({{"step", step}, {"eval_loss", number(eval_loss)}}).dump());
 }
 
 std::string format_duration(double seconds) {

@@ -1,0 +1,43 @@
+#pragma once
+// Append-only text files written one whole line at a time (metrics.jsonl, the log), so that a full
+// disk never leaves half a line behind and never stops training.
+//
+// Each line goes out in a single write(2). If the disk fills up mid-line (a short write followed by
+// ENOSPC or EFBIG), the bytes already written are cut off again with ftruncate, so a reader only
+// ever sees whole lines. A failed line is dropped, not retried: the next line is tried afresh (the
+// disk may have room again by then).
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace parallel {
+
+// Writes `line` (which should end in '\n') to `fd` in as few write() calls as the kernel allows
+// (one, unless it is interrupted or the file is a pipe taking the line in parts). Returns 0, or the
+// errno of the failure; on a regular file, a line that could not be written whole is truncated away.
+int write_whole_line(int fd, std::string_view line);
+
+class LineFile {
+ public:
+  // Creates the parent directories and opens `path` for appending. Not being able to open it is an
+  // error (parallel::Error naming the path and errno): that is caught at start-up, not mid-run.
+  explicit LineFile(std::string path);
+  ~LineFile();
+  LineFile(const LineFile&) = delete;
+  LineFile& operator=(const LineFile&) = delete;
+
+  // Appends `line` and a '\n'. On failure logs one warning naming the file and the errno text (the
+  // first failure only, and once more when writing works again) and returns false; never throws.
+  bool append(std::string_view line);
+
+  const std::string& path() const { return path_; }
+  int64_t dropped_lines() const { return dropped_; }  // lines lost to write failures so far
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  int64_t dropped_ = 0;
+  bool failing_ = false;  // the last append failed (a warning has been printed)
+};
+
+}  // namespace parallel

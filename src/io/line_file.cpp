@@ -1,0 +1,76 @@
+// Whole-line appends that survive a full disk (include/parallel/line_file.hpp).
+#include "parallel/line_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "parallel/error.hpp"
+#include "parallel/log.hpp"
+
+namespace parallel {
+
+int write_whole_line(int fd, std::string_view line) {
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const int err = n < 0 ? errno : EIO;  // write() returning 0 for a non-empty buffer: treat as EIO
+    if (done > 0) {
+      // Part of the line reached a regular file: cut it off so that the file ends in a whole line.
+      // After an appending write the offset is just past our bytes, so the line began `done` before.
+      struct stat st {};
+      if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        const off_t end = ::lseek(fd, 0, SEEK_CUR);
+        if (end >= static_cast<off_t>(done)) {
+          // Nothing more can be done if this fails too; the caller reports the write error.
+          [[maybe_unused]] const int rc = ::ftruncate(fd, end - static_cast<off_t>(done));
+        }
+      }
+    }
+    return err;
+  }
+  return 0;
+}
+
+LineFile::LineFile(std::string path) : path_(std::move(path)) {
+  const auto parent = std::filesystem::path(path_).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) PARALLEL_FAIL("cannot create directory {} for {}: {}", parent.string(), path_, ec.message());
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) PARALLEL_FAIL("cannot open {} for appending: {}", path_, std::strerror(errno));
+}
+
+LineFile::~LineFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool LineFile::append(std::string_view line) {
+  std::string text;
+  text.reserve(line.size() + 1);
+  text.append(line).push_back('\n');
+  const int err = write_whole_line(fd_, text);
+  if (err != 0) {
+    ++dropped_;
+    // Logs must never end a run: warn once, keep training, keep trying with later lines.
+    if (!failing_)
+      logger().warn("cannot write to {}: {}; training goes on, lines are dropped until writing works again",
+                    path_, std::strerror(err));
+    failing_ = true;
+    return false;
+  }
+  if (failing_) logger().warn("writing to {} works again; {} line(s) were dropped", path_, dropped_);
+  failing_ = false;
+  return true;
+}
+
+}  // namespace parallel
