@@ -17,7 +17,7 @@
 
 int main(int argc, char** argv) {
   std::string from, to, config_path, input, output;
-  bool no_prefix = false;
+  bool no_prefix = false, allow_nonfinite = false;
   CLI::App app{"Convert Hugging Face GPT-2 weights to and from libparallel checkpoints"};
   CLI::Option* from_opt = app.add_option("--from", from, "import: the input's format (hf-gpt2)")
                               ->check(CLI::IsMember({"hf-gpt2"}));
@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_flag("--no-transformer-prefix", no_prefix,
                "--to: name tensors wte.weight, h.0. ... instead of transformer.wte.weight, ...");
+  app.add_flag("--allow-nonfinite", allow_nonfinite,
+               "--from: import weights holding NaN or infinity (refused by default, naming the tensor)");
   try {
     app.parse(argc, argv);
     if (from.empty() == to.empty())
@@ -51,7 +53,8 @@ int main(int argc, char** argv) {
     try {
       if (!from.empty()) {
         const parallel::Config config = parallel::hf_gpt2::config_for_conversion(config_path);
-        const std::string dir = parallel::hf_gpt2::import_checkpoint(input, config, output, rt.world());
+        const std::string dir =
+            parallel::hf_gpt2::import_checkpoint(input, config, output, rt.world(), allow_nonfinite);
         std::printf("wrote %s\n", dir.c_str());
       } else {
         parallel::ModelConfig model;

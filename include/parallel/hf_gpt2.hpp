@@ -40,9 +40,11 @@ std::map<std::string, Shape> parameter_shapes(const ModelConfig& config);
 
 // HF GPT-2 tensors (F32/F16/BF16) -> our global parameters (F32, contiguous, vocabulary unpadded).
 // Every shape is checked against `config`; a missing, unexpected or misshapen tensor throws
-// parallel::Error with one line naming it (`source` names the file in messages).
+// parallel::Error with one line naming it (`source` names the file in messages). So does a tensor
+// holding NaN or infinity (a broken download or a diverged run), unless `allow_nonfinite`, and an
+// FP8 tensor (storage-only here: it cannot be converted).
 std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, const ModelConfig& config,
-                                      const std::string& source = "input");
+                                      const std::string& source = "input", bool allow_nonfinite = false);
 
 // Our global parameters (any float dtype; embedding rows beyond V are dropped) -> HF GPT-2 tensors
 // (F32, Conv1D layout), named with the "transformer." prefix when `transformer_prefix`, no lm_head.
@@ -59,7 +61,7 @@ Config config_for_conversion(const std::string& path);
 // `latest`; extras {"config_yaml": config_to_yaml(config), "converted_from": ...}). Collective over
 // `world` (rank 0 writes). Refuses a root that already holds checkpoints. Returns the step directory.
 std::string import_checkpoint(const std::string& hf_file, const Config& config, const std::string& root,
-                              Communicator& world);
+                              Communicator& world, bool allow_nonfinite = false);
 
 // A checkpoint (root, step directory or "latest" as in checkpoint::load) -> an HF safetensors file
 // (metadata {"format": "pt"}). The model config is `config` if given, else the checkpoint's extras

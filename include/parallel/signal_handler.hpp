@@ -13,6 +13,7 @@
 // a user can still kill a stuck job with Ctrl-C twice. SIGTERM never escalates: launchers may send
 // it more than once during the grace period, and the save must be allowed to finish.
 #include <csignal>
+#include <string>
 
 #include "parallel/communicator.hpp"
 
@@ -40,5 +41,12 @@ class StopFlag {
 // Collective over `world`: true on every rank when any rank's flag is set (all_reduce max), so all
 // ranks leave the loop at the same step. `world` must accept CPU tensors (an MpiCommunicator).
 bool should_stop(const StopFlag& flag, Communicator& world);
+
+// Collective like should_stop(): the signal that stopped some rank (the largest number if ranks got
+// different ones), 0 on every rank when none did. Rank 0 may not have received the signal itself.
+int agreed_stop_signal(const StopFlag& flag, Communicator& world);
+
+// "SIGTERM", "SIGINT", ...; "signal N" for a number without a name here.
+std::string signal_name(int sig);
 
 }  // namespace parallel

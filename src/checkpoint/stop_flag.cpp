@@ -1,6 +1,7 @@
 // StopFlag: SIGTERM / SIGINT -> an atomic flag the training loop polls (include/parallel/signal_handler.hpp).
 #include <atomic>
 #include <csignal>
+#include <string>
 
 #include "parallel/signal_handler.hpp"
 
@@ -56,10 +57,33 @@ void StopFlag::request() {
 }
 void StopFlag::clear() { g_signal.store(0); }
 
-bool should_stop(const StopFlag& flag, Communicator& world) {
-  Tensor any = Tensor::from_vector<int32_t>({flag.requested() ? 1 : 0}, {1});
-  world.all_reduce(any, ReduceOp::Max);
-  return any.data<int32_t>()[0] != 0;
+bool should_stop(const StopFlag& flag, Communicator& world) { return agreed_stop_signal(flag, world) != 0; }
+
+int agreed_stop_signal(const StopFlag& flag, Communicator& world) {
+  // The signal number itself is reduced, not a yes/no: the rank that reports the stop (rank 0) must
+  // be able to name the signal even when only another rank received it.
+  Tensor sig = Tensor::from_vector<int32_t>({flag.signal()}, {1});
+  world.all_reduce(sig, ReduceOp::Max);
+  return sig.data<int32_t>()[0];
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    default:
+      return "signal " + std::to_string(sig);
+  }
 }
 
 }  // namespace parallel

@@ -1,6 +1,7 @@
 // Hugging Face GPT-2 <-> our parameters and checkpoints (include/parallel/hf_gpt2.hpp).
 #include "parallel/hf_gpt2.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -47,6 +48,22 @@ bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
   const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
   return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// NaN or infinity in imported weights is a broken file or a diverged run: training from it would
+// produce NaN losses far from the cause, so the import refuses it and names the tensor.
+void check_finite(const Tensor& t, const std::string& source, const std::string& name) {
+  const std::vector<float> values = t.to_float_vector();
+  int64_t bad = 0, first = -1;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i])) {
+      if (bad++ == 0) first = static_cast<int64_t>(i);
+    }
+  if (bad > 0)
+    fail(
+        fmt::format("{}: tensor '{}' holds {} non-finite value(s) (the first, {}, at flat index {}); pass "
+                    "--allow-nonfinite to import it anyway",
+                    source, name, bad, values[static_cast<std::size_t>(first)], first));
 }
 
 // The HF tensors a GPT-2 of `config` has (names without prefix) and their shapes.
@@ -148,7 +165,7 @@ std::map<std::string, Shape> parameter_shapes(const ModelConfig& c) {
 }
 
 std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, const ModelConfig& config,
-                                      const std::string& source) {
+                                      const std::string& source, bool allow_nonfinite) {
   check_config(config);
   // Strip the optional prefix; the model's own names must then be unique.
   std::map<std::string, Tensor> in;
@@ -171,6 +188,11 @@ std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, c
     if (name == "lm_head.weight") {
       // GPT-2 ties the output layer to wte; an lm_head that differs would be silently lost.
       const auto wte = in.find("wte.weight");
+      if (t.dtype() == DType::F8E4M3 || (wte != in.end() && wte->second.dtype() == DType::F8E4M3))
+        fail(
+            fmt::format("{}: '{}' or 'wte.weight' has dtype fp8_e4m3, expected f32, bf16 or f16 (fp8 is "
+                        "storage-only here: no conversion)",
+                        source, original[name]));
       if (wte == in.end() || !same_values(t, wte->second))
         fail(fmt::format("{}: '{}' differs from the word embedding (untied GPT-2 heads are not supported)",
                          source, original[name]));
@@ -182,15 +204,18 @@ std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, c
   for (const auto& [name, shape] : expected) {
     const auto it = in.find(name);
     if (it == in.end()) fail(fmt::format("{}: missing tensor '{}'", source, name));
-    if (!is_floating(it->second.dtype()))
-      fail(fmt::format("{}: '{}' has dtype {}, expected a float type", source, original[name],
-                       dtype_name(it->second.dtype())));
+    if (!is_floating(it->second.dtype()) || it->second.dtype() == DType::F8E4M3)
+      fail(fmt::format(
+          "{}: '{}' has dtype {}, expected f32, bf16 or f16{}", source, original[name],
+          dtype_name(it->second.dtype()),
+          it->second.dtype() == DType::F8E4M3 ? " (fp8 is storage-only here: no conversion)" : ""));
     if (it->second.shape() != shape)
       fail(
           fmt::format("{}: '{}' has shape {}, but the config (model.vocab_size {}, model.hidden_size {}, "
                       "model.ffn_hidden_size {}, model.max_position_embeddings {}) needs {}",
                       source, original[name], shape_str(it->second.shape()), config.vocab_size,
                       config.hidden_size, ffn_size(config), max_positions(config), shape_str(shape)));
+    if (!allow_nonfinite) check_finite(it->second, source, original[name]);
   }
 
   const int64_t h = config.hidden_size;
@@ -278,11 +303,12 @@ ModelConfig model_config_from_yaml(const std::string& yaml_text, const std::stri
 Config config_for_conversion(const std::string& path) { return load_config(path, one_rank_overrides(), 1); }
 
 std::string import_checkpoint(const std::string& hf_file, const Config& config, const std::string& root,
-                              Communicator& world) {
+                              Communicator& world, bool allow_nonfinite) {
   if (world.size() != 1) fail(fmt::format("conversion runs on one process, not {}", world.size()));
   if (fs::exists(root) && !checkpoint::list_steps(root).empty())
     fail(fmt::format("{} already holds checkpoints; convert into an empty or new directory", root));
-  const std::map<std::string, Tensor> params = from_hf(safetensors::load(hf_file), config.model, hf_file);
+  const std::map<std::string, Tensor> params =
+      from_hf(safetensors::load(hf_file), config.model, hf_file, allow_nonfinite);
 
   std::vector<checkpoint::ShardedTensor> tensors;
   for (const auto& [name, t] : params) {

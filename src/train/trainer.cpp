@@ -18,6 +18,7 @@
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/preflight.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/signal_handler.hpp"
 #include "parallel/train_state.hpp"
@@ -95,7 +96,9 @@ struct Trainer::Impl {
   std::optional<GPTDataset> train_data, valid_data;
   std::unique_ptr<pipeline::PipelineExecutor> executor, eval_executor;
   std::unique_ptr<MetricsWriter> metrics;  // rank 0 only
-  StopFlag stop;
+  // Installed when start-up is over: until then SIGTERM keeps its default action and ends the
+  // process at once (there is nothing to save yet), instead of waiting for the first step.
+  std::optional<StopFlag> stop;
   int64_t step = 0;
   int micro_batches = 1;  // per data-parallel rank and step
   double flops_per_token = 0;
@@ -143,6 +146,9 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
     : impl_(std::make_unique<Impl>(config, world)) {
   Impl& m = *impl_;
   const Config& c = m.cfg;
+  // Before anything is built: an unwritable output or checkpoint directory fails now, not at the
+  // first save hours later. Every rank probes (checkpoint shards are written by every rank).
+  check_output_dirs(c, "rank" + std::to_string(world.rank()));
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
   // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
   m.state = std::make_unique<ParallelState>(world, grid, m.device);
@@ -216,7 +222,20 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
       c.parallel.tensor, c.parallel.pipeline, c.parallel.virtual_stages, dp, m.micro_batches,
       c.train.micro_batch_size);
 
-  if (!c.checkpoint.load.empty()) {
+  // `latest` with no checkpoint yet is a first run, as in Megatron: a warning, then step 0. The
+  // ranks agree (any rank seeing a checkpoint makes all load) so that none skips a collective load.
+  bool load = !c.checkpoint.load.empty();
+  if (load && c.checkpoint.load == "latest" && !c.checkpoint.dir.empty()) {
+    Tensor found =
+        Tensor::full({1}, checkpoint::list_steps(c.checkpoint.dir).empty() ? 0.0 : 1.0, DType::F32);
+    m.world.all_reduce(found, ReduceOp::Max);
+    if (found.to_float_vector()[0] == 0.0) {
+      progress().warn("checkpoint.load = latest: no checkpoint under {} yet; starting from scratch",
+                      c.checkpoint.dir);
+      load = false;
+    }
+  }
+  if (load) {
     const LoadResult loaded =
         load_train_state(c.checkpoint.load, c.checkpoint.dir, m.parameters(), m.optimizer.get(), *m.state);
     m.step = loaded.progress.step;
@@ -224,6 +243,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
         "loaded {} ({}): resuming at step {}", loaded.path,
         loaded.had_optimizer_state ? "weights and optimizer state" : "weights only, fresh optimizer", m.step);
   }
+  m.stop.emplace();
 }
 
 Trainer::~Trainer() = default;
@@ -302,11 +322,12 @@ int64_t Trainer::train() {
       if (m.metrics) m.metrics->write_eval(m.step, eval_loss);
       progress().info("step {} | eval loss {:.4f} (ppl {:.2f})", m.step, eval_loss, std::exp(eval_loss));
     }
-    const bool stopping = should_stop(m.stop, m.world);
+    const int stop_signal = agreed_stop_signal(*m.stop, m.world);
+    const bool stopping = stop_signal != 0;
     const bool periodic = c.checkpoint.save_interval > 0 && m.step % c.checkpoint.save_interval == 0;
     if (!c.checkpoint.dir.empty() && (periodic || stopping || m.step == c.train.steps)) m.save(m.step);
     if (stopping) {
-      progress().info("stopping at step {} on signal {}", m.step, m.stop.signal());
+      progress().info("stopping at step {} on {}", m.step, signal_name(stop_signal));
       break;
     }
   }

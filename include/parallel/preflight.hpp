@@ -1,0 +1,20 @@
+#pragma once
+// Checks the trainer runs before it builds anything, so that a problem that would otherwise show up
+// only after minutes or hours of compute (an unwritable checkpoint directory found at the first
+// save) ends the run at start-up with one line.
+#include <string>
+
+#include "parallel/config.hpp"
+
+namespace parallel {
+
+// Creates `dir` (with parents) and proves it writable: a probe file is created, written, fsynced,
+// closed and removed. Throws ConfigError naming `key`, the path and the errno text, e.g.
+//   config: checkpoint.dir = "/ckpt": not writable: cannot create /ckpt/.write_probe...: Permission denied
+// `tag` makes the probe's name unique among processes sharing the directory (e.g. the rank).
+void check_writable_dir(const std::string& key, const std::string& dir, const std::string& tag);
+
+// train.output_dir and, when set, checkpoint.dir.
+void check_output_dirs(const Config& config, const std::string& tag);
+
+}  // namespace parallel

@@ -1,0 +1,57 @@
+// Start-up checks of the trainer (include/parallel/preflight.hpp).
+#include "parallel/preflight.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "parallel/error.hpp"
+
+namespace parallel {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void not_writable(const std::string& key, const std::string& dir, const std::string& what) {
+  throw ConfigError(fmt::format("config: {} = \"{}\": not writable: {}", key, dir, what));
+}
+
+}  // namespace
+
+void check_writable_dir(const std::string& key, const std::string& dir, const std::string& tag) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) not_writable(key, dir, fmt::format("cannot create the directory: {}", ec.message()));
+  if (!fs::is_directory(dir, ec)) not_writable(key, dir, "exists and is not a directory");
+
+  // A real file, written and fsynced: access(W_OK) would say yes on a read-only mount for root, and
+  // an empty file would not find a full disk or a quota.
+  const std::string probe =
+      (fs::path(dir) / fmt::format(".write_probe.{}.{}", tag, static_cast<long>(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) not_writable(key, dir, fmt::format("cannot create {}: {}", probe, std::strerror(errno)));
+  const char text[] = "libparallel write probe\n";
+  std::string failure;
+  const ssize_t n = ::write(fd, text, sizeof(text) - 1);
+  if (n < 0)
+    failure = fmt::format("cannot write {}: {}", probe, std::strerror(errno));
+  else if (n != static_cast<ssize_t>(sizeof(text) - 1))
+    failure = fmt::format("cannot write {}: short write ({} of {} bytes)", probe, n, sizeof(text) - 1);
+  else if (::fsync(fd) != 0)
+    failure = fmt::format("cannot fsync {}: {}", probe, std::strerror(errno));
+  if (::close(fd) != 0 && failure.empty())
+    failure = fmt::format("cannot close {}: {}", probe, std::strerror(errno));
+  if (::unlink(probe.c_str()) != 0 && failure.empty())
+    failure = fmt::format("cannot remove {}: {}", probe, std::strerror(errno));
+  if (!failure.empty()) not_writable(key, dir, failure);
+}
+
+void check_output_dirs(const Config& config, const std::string& tag) {
+  check_writable_dir("train.output_dir", config.train.output_dir, tag);
+  if (!config.checkpoint.dir.empty()) check_writable_dir("checkpoint.dir", config.checkpoint.dir, tag);
+}
+
+}  // namespace parallel
