@@ -26,7 +26,9 @@ int main(int argc, char** argv) {
   app.add_option("--merge-file", options.merge_file, "GPT-2 vocab.bpe / merges.txt");
   app.add_flag("--append-eod", options.append_eod,
                "append the end-of-document token to every non-empty document");
-  app.add_option("--workers", options.workers, "tokenising threads (default 1)")->check(CLI::PositiveNumber);
+  // An explicit range: CLI::PositiveNumber's message prints the largest double in full (300 digits).
+  app.add_option("--workers", options.workers, "tokenising threads, 1 to 1024 (default 1)")
+      ->check(CLI::Range(1, 1024));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

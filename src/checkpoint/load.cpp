@@ -149,6 +149,13 @@ LoadResult load(const std::string& path, const std::vector<ShardedTensor>& tenso
                        "checkpoint load: {}: tensor '{}' is {} {} but the index says {} {}", file_path,
                        req.tensor->name, safetensors::format_name(ft.dtype), shape_str(ft.shape),
                        safetensors::format_name(piece.shard->dtype), shape_str(piece.shard->box.shape));
+        // FP8 is storage-only (no host arithmetic): it can be loaded into FP8 but not converted.
+        if ((ft.dtype == DType::F8E4M3) != (req.target.dtype() == DType::F8E4M3))
+          PARALLEL_FAIL(
+              "checkpoint load: {}: tensor '{}' is stored as {} but requested as {}: fp8 is "
+              "storage-only, there is no conversion to or from it",
+              file_path, req.tensor->name, safetensors::format_name(ft.dtype),
+              dtype_name(req.target.dtype()));
         // Read-only use: the mapping is PROT_READ and the tensor only ever is a copy source.
         const Tensor saved =
             Tensor::from_blob(const_cast<unsigned char*>(mapped->data()) + ft.begin, ft.shape, ft.dtype);

@@ -263,7 +263,36 @@ std::string type_name() {
 
 // ---- reading a value from YAML -------------------------------------------------------------------
 
-[[noreturn]] void fail(const std::string& message) { throw ConfigError("config: " + message); }
+// `text` with every byte that would not print as itself escaped as \xNN: control characters and
+// bytes that are not part of valid UTF-8 (a binary file given as a config must not put raw bytes
+// on the terminal). Valid UTF-8 (a path with an accent) is kept as written.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    // Length of the UTF-8 sequence starting here (1 for ASCII), 0 if `byte` cannot start one.
+    std::size_t len = byte < 0x80           ? 1
+                      : (byte >> 5) == 0x6  ? 2
+                      : (byte >> 4) == 0xe  ? 3
+                      : (byte >> 3) == 0x1e ? 4
+                                            : 0;
+    if (len > 1 && byte < 0xc2) len = 0;  // overlong two-byte forms
+    for (std::size_t k = 1; k < len; ++k)
+      if (i + k >= text.size() || (static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) len = 0;
+    if (len == 0 || (len == 1 && (byte < 0x20 || byte == 0x7f))) {
+      out += fmt::format("\\x{:02x}", byte);
+      ++i;
+      continue;
+    }
+    out.append(text.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+// Every message goes through here: one line, nothing unprintable.
+[[noreturn]] void fail(const std::string& message) { throw ConfigError("config: " + printable(message)); }
 
 // The whole of `text` as a number of type T (no leading '+', no trailing junk).
 template <typename T>
@@ -689,7 +718,12 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
                     const std::string& file_name) {
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    // LoadAll, not Load: Load reads the first document and silently ignores any after a `---`.
+    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
+    if (documents.size() > 1)
+      fail(fmt::format("{}: holds {} YAML documents (separated by ---); a config must be exactly one",
+                       file_name, documents.size()));
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::Exception& e) {
     fail(
         fmt::format("{}:{}:{}: YAML syntax error: {}", file_name, e.mark.line + 1, e.mark.column + 1, e.msg));

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -116,7 +117,17 @@ Header read_header(int fd, const std::string& path) {
 
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text);
+    // The format forbids two entries with one name; a plain parse would keep the last silently.
+    // The callback sees every key as it is read: depth 1 is the header object's own keys.
+    std::set<std::string> names;
+    const auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& key) {
+      if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+          !names.insert(key.get<std::string>()).second)
+        PARALLEL_FAIL("safetensors: {}: tensor '{}' appears twice in the header (names must be unique)", path,
+                      key.get<std::string>());
+      return true;
+    };
+    json = nlohmann::json::parse(text, no_duplicates);
   } catch (const nlohmann::json::exception& e) {
     PARALLEL_FAIL("safetensors: {}: header is not valid JSON: {}", path, e.what());
   }

@@ -1,6 +1,8 @@
 // Training state checkpoints: parameters + optimizer state + progress over checkpoint::save/load.
 #include "parallel/train_state.hpp"
 
+#include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -165,9 +167,33 @@ std::string extras_json(const TrainProgress& progress, Optimizer* optimizer) {
   return j.dump();
 }
 
-// Tolerates missing keys (a checkpoint written by checkpoint::save directly): defaults then.
-TrainProgress progress_from(const std::string& extras, int64_t index_step, bool& main_params) {
-  const json j = json::parse(extras.empty() ? "{}" : extras);
+TrainProgress progress_from_json(const json& j, int64_t index_step, bool& main_params);
+
+// Tolerates missing keys (a checkpoint written by checkpoint::save directly): defaults then. Values
+// of the wrong type or out of range (a hand-edited or corrupt index) are refused naming `where`
+// (the checkpoint's index file) and the key, instead of failing later far from the cause.
+TrainProgress progress_from(const std::string& extras, int64_t index_step, bool& main_params,
+                            const std::string& where) {
+  TrainProgress p;
+  try {
+    p = progress_from_json(json::parse(extras.empty() ? "{}" : extras), index_step, main_params);
+  } catch (const json::exception& e) {
+    PARALLEL_FAIL("checkpoint {}: extras: {}", where, e.what());
+  }
+  auto require = [&](bool ok, const char* key, auto value, const char* rule) {
+    if (!ok) PARALLEL_FAIL("checkpoint {}: extras.{} = {}: {}", where, key, value, rule);
+  };
+  require(p.step >= 0, "step", p.step, "must be >= 0");
+  require(p.consumed_samples >= 0, "consumed_samples", p.consumed_samples, "must be >= 0");
+  require(p.optimizer_updates >= 0, "optimizer.updates", p.optimizer_updates, "must be >= 0");
+  require(std::isfinite(p.loss_scale) && p.loss_scale >= 0, "optimizer.loss_scale", p.loss_scale,
+          "must be finite and >= 0");
+  require(p.loss_scale_clean_steps >= 0, "optimizer.loss_scale_clean_steps", p.loss_scale_clean_steps,
+          "must be >= 0");
+  return p;
+}
+
+TrainProgress progress_from_json(const json& j, int64_t index_step, bool& main_params) {
   TrainProgress p;
   p.step = j.value("step", index_step);
   p.consumed_samples = j.value("consumed_samples", int64_t{0});
@@ -249,7 +275,8 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   LoadResult result;
   result.path = loaded.step_dir;
   bool saved_main = false;
-  result.progress = progress_from(loaded.extras_json, loaded.step, saved_main);
+  result.progress = progress_from(loaded.extras_json, loaded.step, saved_main,
+                                  (std::filesystem::path(loaded.step_dir) / "index.json").string());
   if (optimizer == nullptr) {
     for (auto [copy, original] : named.duplicates) copy->value.copy_(original->value);
     return result;

@@ -606,5 +606,27 @@ TEST(ConfigFiles, ShippedConfigsAreValid) {
   }
 }
 
+// ---- strict parsing: one document, printable messages -----------------------------------------
+
+TEST(ConfigStrict, MoreThanOneYamlDocumentIsRefusedNamingTheFile) {
+  // yaml-cpp's Load would read the first document and ignore the second without a word.
+  const std::string message = error_of(
+      [] { parse_config("model:\n  num_layers: 2\n---\nmodel:\n  num_layers: 4\n", {}, 1, "run.yaml"); });
+  EXPECT_THAT(message, HasSubstr("run.yaml"));
+  EXPECT_THAT(message, HasSubstr("2 YAML documents"));
+  // One document with an explicit start marker is still one document.
+  EXPECT_EQ(parse_config("---\nmodel:\n  num_layers: 3\n", {}, 1).model.num_layers, 3);
+}
+
+TEST(ConfigStrict, RawBytesOfABinaryFileAreEscapedInMessages) {
+  // A key holding a byte that is not UTF-8 (as in a binary file given as --config).
+  const std::string message = parse_error("model:\n  hidden\x99size: 8\n");
+  EXPECT_THAT(message, HasSubstr("\\x99"));
+  EXPECT_EQ(message.find('\x99'), std::string::npos) << message;
+  // Valid UTF-8 is kept as written.
+  const std::string accented = "gr\xc3\xb6\xc3\x9f";  // "groß", two UTF-8 sequences
+  EXPECT_THAT(parse_error("model:\n  " + accented + "e: 8\n"), HasSubstr(accented + "e"));
+}
+
 }  // namespace
 }  // namespace parallel

@@ -390,3 +390,10 @@ TEST(SafetensorsFixtures, PythonWrittenFilesLoad) {
   ASSERT_EQ(again.size(), t.size());
   for (const auto& [name, tensor] : t) EXPECT_TRUE(same_bytes(again.at(name), tensor)) << name;
 }
+
+TEST_F(SafetensorsCorruption, DuplicateTensorNameIsRefused) {
+  // JSON parsers keep the last of two equal keys; the format forbids them, so the file is refused.
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                             R"("a":{"dtype":"F32","shape":[3],"data_offsets":[16,28]}})";
+  expect_corrupt(join(header, raw_.data), "tensor 'a' appears twice");
+}
