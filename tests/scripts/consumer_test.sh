@@ -1,17 +1,43 @@
 #!/usr/bin/env bash
-# Installs this build into a temporary prefix, builds examples/consumer against the *installed*
-# package with find_package(parallel), and runs it on 2 ranks.
-#   consumer_test.sh BUILD_DIR SOURCE_DIR MPIEXEC...
+# Installs this build into a temporary prefix, builds a consumer project against the *installed*
+# package and runs it on 2 ranks:
+#   cmake: examples/consumer with find_package(parallel), setting no C++ standard of its own;
+#   make:  examples/consumer_make, a plain Makefile using `pkg-config --cflags --libs parallel`.
+# The consumer is compiled with the compiler that built the library.
+#   consumer_test.sh cmake|make BUILD_DIR SOURCE_DIR CXX MPIEXEC...
 set -euo pipefail
-build_dir=$1 source_dir=$2
-shift 2
+mode=$1 build_dir=$2 source_dir=$3 cxx=$4
+shift 4
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
-cmake -S "$source_dir/examples/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/build" -j2 >/dev/null
-# The consumer must have been linked against the installed library, not the build tree.
-ldd "$work/build/consumer" | grep -q "$work/prefix" || {
-  LD_LIBRARY_PATH="$work/prefix/lib" ldd "$work/build/consumer" | grep -q "$work/prefix" || { echo "consumer does not use the installed libparallel"; exit 1; }
-}
-LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$@" -np 2 "$work/build/consumer"
+libdirs="$work/prefix/lib:$work/prefix/lib64"
+case $mode in
+  cmake)
+    cmake -S "$source_dir/examples/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+      -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
+    cmake --build "$work/build" -j2 >/dev/null
+    exe=$work/build/consumer
+    ;;
+  make)
+    pcdir=$(dirname "$(find "$work/prefix" -name parallel.pc | head -1)")
+    cp -r "$source_dir/examples/consumer_make" "$work/build"
+    # A static libparallel needs its private dependencies too.
+    pkg_config="pkg-config"
+    if ! ls "$work"/prefix/lib*/libparallel.so >/dev/null 2>&1; then pkg_config="pkg-config --static"; fi
+    PKG_CONFIG_PATH="$pcdir" make -C "$work/build" CXX="$cxx" PKG_CONFIG="$pkg_config"
+    exe=$work/build/consumer_make
+    ;;
+  *)
+    echo "consumer_test.sh: unknown mode '$mode' (cmake or make)"
+    exit 2
+    ;;
+esac
+# The consumer must use the installed library, not the build tree.
+if ldd "$exe" | grep -q 'libparallel\.so'; then
+  LD_LIBRARY_PATH="$libdirs" ldd "$exe" | grep 'libparallel\.so' | grep -q "$work/prefix" || {
+    echo "consumer does not use the installed libparallel"
+    exit 1
+  }
+fi
+LD_LIBRARY_PATH="$libdirs:${LD_LIBRARY_PATH:-}" "$@" -np 2 "$exe"
