@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -473,4 +474,33 @@ TEST(CheckpointLayout, VocabularyPaddingRowsAreNotSaved) {
   EXPECT_EQ(e.global_offset[0], 300);
 }
 
+}  // namespace parallel
+
+namespace parallel {
+namespace {
+
+// ---- messages that say where (issue 16) --------------------------------------------------------
+
+TEST_F(CheckpointTest, Fp8TensorLoadedAsFloatNamesFileAndTensor) {
+  Tensor fp8 = Tensor::empty({4}, DType::F8E4M3);
+  std::memset(fp8.data_ptr(), 0, fp8.nbytes());
+  checkpoint::save(root(), 1, {whole("layers.0.scale", fp8)}, "{}", world_);
+  Tensor target = Tensor::empty({4}, DType::F32);
+  const std::string message =
+      message_of([&] { checkpoint::load(root(), {whole("layers.0.scale", target)}, world_); });
+  EXPECT_NE(message.find("tensor 'layers.0.scale' is stored as F8_E4M3 but requested as"), std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("no host arithmetic"), std::string::npos) << message;
+}
+
+TEST(StopFlag, TheAgreedSignalIsNamed) {
+  SoloCommunicator world;
+  StopFlag stop;
+  EXPECT_EQ(agreed_stop_signal(stop, world), 0);
+  ASSERT_EQ(std::raise(SIGTERM), 0);
+  EXPECT_EQ(signal_name(agreed_stop_signal(stop, world)), "SIGTERM");
+  stop.clear();
+}
+
+}  // namespace
 }  // namespace parallel
