@@ -3,7 +3,10 @@
 //     and backward, causal and not, in FlashAttention-2's paper setting: b * s = 16384 tokens,
 //     hidden 2048 (16 heads of d = 128, or 32 heads of d = 64), s = 1024 .. 8192;
 //   - our fp32 CUDA-core kernel (kernels::attention_forward / attention_backward) at s = 4096,
-//     d = 128 in the same setting, as the side-by-side baseline.
+//     d = 128 in the same setting, as the side-by-side baseline;
+//   - the plain path (kernels/attention/attention_plain.cu: batched cuBLAS products around a
+//     row-softmax kernel, PARALLEL_ATTENTION=plain), bf16, s = 1024 and 4096, d = 128, in the same
+//     setting: what training on the plain path costs while an own kernel fails its check.
 // TFLOP/s as FlashAttention counts them: 4 s^2 d heads b for the forward (two matmuls of 2 s^2 d),
 // halved when causal, and 2.5x the forward for the backward (five matmuls; our backward does seven
 // tile products, so its own arithmetic rate is 7/5 of the reported number). The backward's time
@@ -20,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../kernels/attention/attention_plain.hpp"
 #include "../kernels/attention/flash_attention_mma.hpp"
 #include "../kernels/cuda/kernels.hpp"
 #include "cuda_benchmark.hpp"
@@ -115,6 +119,38 @@ BENCHMARK(BM_AttentionFp32Baseline)
     ->Args({1, 0})
     ->Args({0, 1})
     ->Args({1, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Args: s, causal, backward. d = 128, 16 heads, b = 16384 / s; the same FLOP count as the others
+// (the plain path does the full s x s products even when causal).
+void BM_AttentionPlainBf16(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t s = state.range(0), d = 128, heads = kHidden / d, b = kTokens / s;
+  const bool causal = state.range(1) == 1, backward = state.range(2) == 1;
+  const Shape qs{s, b, heads, d};
+  const Device dev = Device::cuda(0);
+  Tensor q = gpu_random(qs, DType::BF16), k = gpu_random(qs, DType::BF16), v = gpu_random(qs, DType::BF16);
+  Tensor dout = gpu_random(qs, DType::BF16), out16 = gpu_random(qs, DType::BF16);
+  Tensor out = Tensor::empty(qs, DType::F32, dev), lse = Tensor::empty({b, heads, s}, DType::F32, dev);
+  Tensor dq = Tensor::empty(qs, DType::F32, dev), dk = Tensor::empty(qs, DType::F32, dev),
+         dv = Tensor::empty(qs, DType::F32, dev);
+  const kernels::AttentionShape sh{s, b, heads, heads, d};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  const double sec = time_loop(state, [&] {
+    if (backward)
+      kernels::attention_plain_backward(dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out16.data_ptr(),
+                                        DType::BF16, fp(dq), fp(dk), fp(dv), sh, causal, scale, nullptr);
+    else
+      kernels::attention_plain_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), DType::BF16, fp(out), fp(lse), sh,
+                                       causal, scale, nullptr);
+  });
+  state.SetLabel("plain: cuBLAS batched GEMMs + row softmax");
+  state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;
+}
+BENCHMARK(BM_AttentionPlainBf16)
+    ->ArgsProduct({{1024, 4096}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

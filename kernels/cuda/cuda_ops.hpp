@@ -16,6 +16,7 @@
 
 // Relative includes: usable from tests and benchmarks, which do not see the private include dirs.
 #include "../../src/cuda/cuda_check.hpp"
+#include "../attention/attention_plain_ops.hpp"
 #include "../attention/flash_attention_mma.hpp"
 #include "../gemm/gemm.hpp"
 #include "convert.hpp"
@@ -225,6 +226,8 @@ inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               bool causal, float softmax_scale, DType operand_precision, Stream stream) {
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
+  if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
+    return attention_plain_forward(q, k, v, out, lse, causal, softmax_scale, stream, operand_precision);
   if (use_attention_mma(q, operand_precision)) {
     const kernels::AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
     Tensor q16 = to_16bit(q, operand_precision, stream), k16 = to_16bit(k, operand_precision, stream);
@@ -251,6 +254,9 @@ inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor
                                bool causal, float softmax_scale, DType operand_precision, Stream stream) {
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
+  if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
+    return attention_plain_backward(dout, q, k, v, out, dq, dk, dv, causal, softmax_scale, stream,
+                                    operand_precision);
   if (use_attention_mma(q, operand_precision)) {
     const kernels::AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
     const DType p = operand_precision;
