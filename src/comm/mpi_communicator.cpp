@@ -126,8 +126,18 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
     default:
       break;
   }
-  constexpr MPI_Op builtin[3] = {MPI_SUM, MPI_MAX, MPI_MIN};
-  return builtin[i];
+  // A switch, not a constexpr table: Open MPI's MPI_SUM casts the address of a global object, which
+  // is no constant expression (GCC let it pass, Clang does not); this suits pointer handles and the
+  // MPICH family's integer handles alike.
+  switch (op) {
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
+  }
+  PARALLEL_FAIL("MpiCommunicator: unknown reduce op {}", i);
 }
 
 // ---- argument checks (all before any communication, so a bad call throws on its rank alone and

@@ -93,7 +93,9 @@ std::vector<int> group_of(const RankGrid& grid, int rank, std::initializer_list<
   return members;
 }
 
-constexpr int kTp = 0, kCp = 1, kEp = 2, kDp = 3, kPp = 4;
+// Axis positions in a Coord, Megatron's order. An enum, not ints, because kEp has no group of its own
+// yet and an unused constant is a warning under Clang.
+enum Axis : int { kTp, kCp, kEp, kDp, kPp };
 
 }  // namespace
 
