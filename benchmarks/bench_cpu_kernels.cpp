@@ -1,14 +1,16 @@
 // Throughput of the CPU ops on GPT-2 small shapes (h = 768, 4 x 256 = 1024 tokens, vocab 50304).
 //
-//   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=450] [benchmark flags]
+//   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=N] [benchmark flags]
 //
 // gemm reports GFLOP/s and "% of peak", the peak being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS,
-// else 450 (the measured fp32 FMA peak of the 2-core AVX-512 build machine). Memory-bound ops
+// else this CPU's fp32 FMA peak measured at start on all OpenMP threads (hardware_peak.hpp); the
+// header prints the ISA and every measured peak (context keys cpu_isa, cpu_peak). Memory-bound ops
 // report GB/s of the bytes they must move at minimum (stated per benchmark), also as Google
 // Benchmark's bytes_per_second. Rates are computed here from wall-clock time of the timed loop (the
 // kernels run on OpenMP threads, so the main thread's CPU time would lie), as a mean over
 // iterations and for the best iteration (best_*).
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "parallel/config.hpp"
+#include "parallel/hardware_peak.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parameter.hpp"
@@ -30,7 +33,7 @@ using namespace parallel;
 
 namespace {
 
-double g_peak_gflops = 450.0;
+double g_peak_gflops = 0.0;  // set in main: the flag, else cpu_peak_flops(fp32)
 
 Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 gen(seed);
@@ -292,7 +295,6 @@ BENCHMARK(BM_EmbeddingForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EmbeddingBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
-  if (const char* env = std::getenv("PARALLEL_CPU_PEAK_GFLOPS")) g_peak_gflops = std::atof(env);
   // Our flag first, removed from argv so that Google Benchmark does not reject it.
   int kept = 1;
   for (int i = 1; i < argc; i++) {
@@ -302,6 +304,12 @@ int main(int argc, char** argv) {
       argv[kept++] = argv[i];
   }
   argc = kept;
+  // The measured peak (or $PARALLEL_CPU_PEAK_GFLOPS), taken before any benchmark loads the cores.
+  std::string peak_source = "--peak_gflops";
+  if (g_peak_gflops <= 0) {
+    g_peak_gflops = cpu_peak_flops(Precision::FP32) / 1e9;
+    peak_source = cpu_peak_source(Precision::FP32);
+  }
   // Ours and the Eigen baseline alternate, so both see the same machine load.
   for (const GemmCase& c : kGemmCases) {
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + c.name).c_str(), BM_Gemm, c)
@@ -313,7 +321,9 @@ int main(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("peak_gflops", std::to_string(g_peak_gflops));
+  benchmark::AddCustomContext("peak_gflops", fmt::format("{:.1f} (fp32, {})", g_peak_gflops, peak_source));
+  benchmark::AddCustomContext("cpu_isa", measured_cpu_peak().isa);
+  benchmark::AddCustomContext("cpu_peak", describe(measured_cpu_peak()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -11,6 +11,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   jargon-text
 )
+# A Clang build (CXX=clang++ ./scripts/test.sh) needs the compiler and its OpenMP runtime.
+[[ "${CXX:-}" == *clang* ]] && packages+=(clang libomp-dev)
 # PyTorch from Debian calls the system BLAS: OpenBLAS, not the reference BLAS, for a fair baseline.
 [[ " $* " == *" --with-torch "* ]] && packages+=(python3-torch libopenblas0-openmp)
 

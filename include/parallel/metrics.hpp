@@ -22,9 +22,10 @@ struct StepMetrics {
   double grad_norm = 0.0;
   double tokens_per_sec = 0.0;
   double step_time_ms = 0.0;
-  double mfu = 0.0;         // fraction of the peak, 0..1
-  double loss_scale = 0.0;  // fp16 only; 0 otherwise
-  bool skipped = false;     // fp16 overflow: the update was skipped
+  double mfu = 0.0;                  // fraction of the peak, 0..1
+  double peak_flops_per_rank = 0.0;  // the peak MFU is measured against (FLOP/s); 0: unknown
+  double loss_scale = 0.0;           // fp16 only; 0 otherwise
+  bool skipped = false;              // fp16 overflow: the update was skipped
 };
 
 // Appends one JSON object per line, each in one write() so a killed run keeps its history and a

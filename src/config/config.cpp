@@ -107,7 +107,8 @@ void for_each_field(S& s, F&& f) {
   f("eval_steps", s.eval_steps, "batches per evaluation");
   f("output_dir", s.output_dir, "directory for logs and metrics");
   f("device", s.device, "where to compute");
-  f("peak_tflops", s.peak_tflops, "peak TFLOP/s per rank for MFU (0: the device's known peak)");
+  f("peak_tflops", s.peak_tflops,
+    "peak TFLOP/s per rank for MFU (0: the GPU's known or CPU's measured peak)");
 }
 
 template <typename S, typename F>

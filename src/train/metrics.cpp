@@ -38,7 +38,8 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
                       {"grad_norm", number(m.grad_norm)},
                       {"tokens_per_sec", number(m.tokens_per_sec)},
                       {"step_time_ms", number(m.step_time_ms)},
-                      {"mfu", number(m.mfu)}};
+                      {"mfu", number(m.mfu)},
+                      {"peak_flops_per_rank", number(m.peak_flops_per_rank)}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.skipped) j["skipped"] = true;
   return out_.append(j.dump());

@@ -1,7 +1,5 @@
 #include "parallel/trainer.hpp"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include "parallel/finalize_grads.hpp"
 #include "parallel/gpt_dataset.hpp"
 #include "parallel/gpt_model.hpp"
+#include "parallel/hardware_peak.hpp"
 #include "parallel/log.hpp"
 #include "parallel/lr_schedule.hpp"
 #include "parallel/optimizer.hpp"
@@ -28,10 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// fp32 multiply-add peak of one core of the build machines (450 GFLOP/s on 2 AVX-512 cores):
-// the CPU default for MFU when train.peak_tflops is not given.
-constexpr double kCpuPeakFlopsPerCore = 225e9;
-
 // Dense peak of the GPUs we know, per precision: fp32 runs use fp32 CUDA cores (no TF32), bf16 and
 // fp16 the tensor cores (the figures NVIDIA publishes for the SXM parts, without sparsity).
 double known_gpu_peak_flops(const std::string& name, Precision precision) {
@@ -42,10 +37,27 @@ double known_gpu_peak_flops(const std::string& name, Precision precision) {
   return 0.0;  // unknown: MFU is reported as 0 unless train.peak_tflops is set
 }
 
-double peak_flops_per_rank(const TrainConfig& train, Device device) {
-  if (train.peak_tflops > 0) return train.peak_tflops * 1e12;
-  if (device.is_cuda()) return known_gpu_peak_flops(device_name(device), train.precision);
-  return kCpuPeakFlopsPerCore * omp_get_max_threads();
+// The peak MFU divides by, and where it comes from (for the start-up log line). A CPU rank is one
+// process running omp_get_max_threads() threads: its peak is the process total measured for the run's
+// precision, shared with the other ranks on the machine when they are not bound to cores
+// (hardware_peak.hpp; PARALLEL_CPU_PEAK_GFLOPS overrides it).
+struct RankPeak {
+  double flops = 0.0;
+  std::string source;
+};
+
+RankPeak peak_flops_per_rank(const TrainConfig& train, Device device) {
+  if (train.peak_tflops > 0) return {train.peak_tflops * 1e12, "train.peak_tflops"};
+  if (device.is_cuda()) {
+    const std::string name = device_name(device);
+    return {known_gpu_peak_flops(name, train.precision), name + " (published dense peak)"};
+  }
+  const int local_ranks = discover_launch_from_environment().local_size;
+  const double rank = cpu_peak_flops_per_rank(train.precision, local_ranks);
+  std::string source = cpu_peak_source(train.precision);
+  if (rank < cpu_peak_flops(train.precision))
+    source += fmt::format(", the CPUs shared by {} unbound ranks", local_ranks);
+  return {rank, source};
 }
 
 // One GPU per rank, chosen from the rank's index on its node (local_rank mod the visible GPUs),
@@ -102,6 +114,7 @@ struct Trainer::Impl {
   int64_t step = 0;
   int micro_batches = 1;  // per data-parallel rank and step
   double flops_per_token = 0;
+  double peak_flops = 0;  // per rank, for MFU; 0: unknown (MFU reported as 0)
   std::vector<StepMetrics> history;
 
   Impl(const Config& config, MpiCommunicator& w)
@@ -222,6 +235,16 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
       c.parallel.tensor, c.parallel.pipeline, c.parallel.virtual_stages, dp, m.micro_batches,
       c.train.micro_batch_size);
 
+  // MFU's denominator, said once so that a figure in metrics.jsonl can be checked against it.
+  const RankPeak peak = peak_flops_per_rank(c.train, m.device);
+  m.peak_flops = peak.flops;
+  const char* precision = c.train.precision == Precision::FP32   ? "fp32"
+                          : c.train.precision == Precision::BF16 ? "bf16"
+                                                                 : "fp16";
+  progress().info("MFU peak: {:.1f} GFLOP/s per rank ({} from {})", peak.flops / 1e9, precision, peak.source);
+  if (!m.device.is_cuda() && c.train.peak_tflops <= 0 && !cpu_peak_overridden())
+    progress().info("CPU peak: {}", describe(measured_cpu_peak()));
+
   // `latest` with no checkpoint yet is a first run, as in Megatron: a warning, then step 0. The
   // ranks agree (any rank seeing a checkpoint makes all load) so that none skips a collective load.
   bool load = !c.checkpoint.load.empty();
@@ -302,8 +325,8 @@ int64_t Trainer::train() {
     s.grad_norm = result.grad_norm;
     s.step_time_ms = seconds * 1e3;
     s.tokens_per_sec = static_cast<double>(m.tokens_per_batch()) / seconds;
-    const double peak = peak_flops_per_rank(c.train, m.device);
-    s.mfu = peak > 0 ? m.flops_per_token * s.tokens_per_sec / (peak * m.world.size()) : 0.0;
+    s.peak_flops_per_rank = m.peak_flops;
+    s.mfu = m.peak_flops > 0 ? m.flops_per_token * s.tokens_per_sec / (m.peak_flops * m.world.size()) : 0.0;
     s.skipped = result.skipped;
     s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
     m.history.push_back(s);

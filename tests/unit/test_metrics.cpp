@@ -59,7 +59,7 @@ TEST(Metrics, JsonLinesAreWrittenAndFlushed) {
     EXPECT_EQ(j["step"], 1);
     EXPECT_EQ(j["loss"], 4.5);
     EXPECT_TRUE(j["grad_norm"].is_null());
-    for (const char* key : {"lr", "tokens_per_sec", "step_time_ms", "mfu"})
+    for (const char* key : {"lr", "tokens_per_sec", "step_time_ms", "mfu", "peak_flops_per_rank"})
       EXPECT_TRUE(j.contains(key)) << key;
     std::getline(in, line);
     EXPECT_EQ(nlohmann::json::parse(line)["eval_loss"], 4.25);
