@@ -9,9 +9,10 @@
 // gate/up parts) form one unit: they are placed back to back in their original order so that the
 // layer's single fused GEMM operand still spans them (docs/optimizer.md).
 //
-// Precision: the parameter buffer holds `param_dtype` (fp32, bf16 or fp16). The CPU ops compute in
-// fp32 only, so for bf16/fp16 the Parameters' values are views into a separate fp32 *working copy*
-// holding the low-precision values widened (emulation; working_bytes() says what it costs).
+// Precision: the parameter buffer holds `param_dtype` (fp32, bf16 or fp16) and the Parameters'
+// values are views into it: under bf16/fp16 the model computes on exactly these 16-bit values
+// (precision.hpp), which the optimizer writes from its fp32 main weights once per step and the
+// distributed optimizer all-gathers in 16 bits. Gradients are always fp32.
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -39,12 +40,12 @@ struct Bucket {
   std::vector<Parameter*> params;  // in layout order
   Tensor params_view;              // [numel] view of the parameter buffer (param_dtype)
   Tensor grads_view;               // [numel] view of the fp32 gradient buffer
-  Tensor working_view;             // [numel] view of the fp32 working copy (== params_view for fp32)
 };
 
 class ParamAndGradBuffer {
  public:
-  // `params` in registration order (duplicates are ignored). All must be fp32 on one device.
+  // `params` in registration order (duplicates are ignored). Values fp32 or param_dtype (copied in,
+  // rounded), gradients fp32, all on one device.
   ParamAndGradBuffer(const std::vector<Parameter*>& params, BufferOptions options);
   ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
   ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
@@ -62,13 +63,8 @@ class ParamAndGradBuffer {
   int64_t numel_unpadded() const { return numel_unpadded_; }  // sum of parameter sizes
   Tensor& param_data() { return params_; }                    // [numel] param_dtype
   Tensor& grad_data() { return grads_; }                      // [numel] fp32
-  Tensor& working_data() { return working_; }  // [numel] fp32 (the param buffer itself for fp32)
-  bool has_working_copy() const { return options_.param_dtype != DType::F32; }
-  // Bytes of the fp32 working copy (0 for fp32): an emulation cost outside Megatron's table.
-  std::size_t working_bytes() const { return has_working_copy() ? working_.nbytes() : 0; }
-
-  // Widens [offset, offset + numel) of the parameter buffer into the working copy (no-op for fp32).
-  void refresh_working(int64_t offset, int64_t numel);
+  // bf16/fp16 parameters: the optimizer keeps fp32 main weights apart from this buffer.
+  bool low_precision() const { return options_.param_dtype != DType::F32; }
   void zero_grads() { grads_.zero_(); }
 
  private:
@@ -81,7 +77,7 @@ class ParamAndGradBuffer {
   std::unordered_map<const Parameter*, Location> index_;
   std::vector<Bucket> buckets_;
   int64_t numel_ = 0, numel_unpadded_ = 0;
-  Tensor params_, grads_, working_;
+  Tensor params_, grads_;
 };
 
 }  // namespace parallel

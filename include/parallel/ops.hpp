@@ -12,9 +12,17 @@
 //   recomputation control their own lifetimes). Arguments named d* with "accumulate" in their
 //   description are parameter gradients: the op ADDS into them (+=), as gradient accumulation over
 //   micro-batches needs.
-// - fp32 tensors everywhere; other dtypes are rejected with a clear error. Mixed precision is
-//   emulated by rounding fp32 tensors to bf16/fp16 between ops (round_to_precision_); ops on real
-//   bf16/fp16 tensors must compute in fp32 internally when they come.
+// - Precision (the contract every op states and checks): activations and activation gradients -
+//   the tensors that flow between ops - may be fp32, bf16 or fp16 ("floating"); all of one op's
+//   activation arguments share one dtype, its *activation dtype*, and its outputs of that kind are
+//   written in it. Every op computes in fp32 inside (norm statistics, softmax, GeLU/SwiGLU,
+//   cross-entropy, attention's online softmax, GEMM accumulation) and rounds to nearest even when
+//   it writes a 16-bit output. Per-row statistics (mean, rstd, lse, row_max, sum_exp, target
+//   logits, per-token losses) are always fp32. Parameter *values* are fp32 or the activation dtype
+//   (the model's 16-bit copy of the optimizer's fp32 main weights); parameter *gradients* are fp32
+//   (accumulated in fp32, Megatron's gradient-accumulation fusion). Anything else is rejected with
+//   an error naming the op, the argument and the dtypes. Which dtype each tensor has is decided in
+//   one place, the model's precision policy (precision.hpp), not by the ops.
 // - Stream: ordering on CUDA; ignored on the CPU. CPU kernels use OpenMP threads (OMP_NUM_THREADS).
 #include <cstdint>
 
@@ -29,15 +37,13 @@ namespace parallel::ops {
 // A linear layer y = x W^T with W [out, in] is gemm(x, false, W, true, y); its input gradient is
 // gemm(dy, false, W, false, dx) and its weight gradient gemm(dy, true, x, false, dW, 1, 1).
 //
-// operand_precision (BF16 / F16; F32 = none): the caller declares that a and b hold values of that
-// precision, as a mixed-precision model's activations, gradients and weights do (they are rounded
-// at every op boundary and the weights are the optimizer's bf16 copy). CUDA then converts them to
-// 16-bit (exactly) and runs the product on tensor cores with fp32 accumulation (our GEMM or
-// cuBLASLt, whichever measured faster for the shape): the same products as fp32, only the order
-// of the fp32 sums differs. A value that is not representable is rounded to nearest even there.
-// The CPU multiplies the fp32 values as they are.
+// Dtypes: a and b share one floating dtype; c is fp32 or that dtype. With 16-bit a and b the
+// products accumulate in fp32 (oneDNN's bf16 matmul on the CPU: AMX or AVX512-BF16 where the CPU
+// has them, a widening fallback elsewhere; tensor cores on CUDA) and c is rounded once at the end
+// when it is 16-bit. beta != 0 reads c in its own dtype (fp32 weight gradients accumulate exactly
+// as in an fp32 run).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
-          float beta = 0.0f, DType operand_precision = DType::F32, Stream stream = {});
+          float beta = 0.0f, Stream stream = {});
 
 // y[r, :] += bias for every row r.
 void add_bias(Tensor& y, const Tensor& bias, Stream stream = {});
@@ -50,11 +56,11 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream = {});  //
 void add_(Tensor& a, const Tensor& b, Stream stream = {});                    // a += b
 void scale_(Tensor& a, float alpha, Stream stream = {});                      // a *= alpha
 
-// Mixed-precision emulation: rounds every element of the fp32 tensor x in place to the nearest
-// value of `precision` (BF16 or F16; round to nearest, ties to even, exactly as float_to_bf16 /
-// float_to_f16 followed by the widening back: NaN stays a quiet NaN, fp16 overflow becomes inf,
-// fp16 subnormals are kept). F32 is a no-op. The model calls it wherever a GPU run would hold a
-// tensor in bf16/fp16 (docs/optimizer.md).
+// Rounds every element of the fp32 tensor x in place to the nearest value of `precision` (BF16 or
+// F16; round to nearest, ties to even, exactly as float_to_bf16 / float_to_f16 followed by the
+// widening back: NaN stays a quiet NaN, fp16 overflow becomes inf, fp16 subnormals are kept). F32 is
+// a no-op. For fp32 tensors that must hold 16-bit values (references in tests); the model itself
+// holds real 16-bit tensors (precision.hpp) and never calls it.
 void round_to_precision_(Tensor& x, DType precision, Stream stream = {});
 
 // GeLU with the tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -100,18 +106,16 @@ void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stre
 // (grouped-query attention: query head i uses kv head i / (hq / hkv)); out: [s, b, hq, d];
 // lse: [b, hq, s] fp32, the log-sum-exp of each query row's scaled scores, saved for the backward.
 //
-// operand_precision (BF16 / F16; F32 = none), as ops::gemm's: the caller declares q, k, v (and, in
-// the backward, dout and out) hold values of that precision. CUDA then runs the 16-bit tensor-core
-// kernels (head dims 64 and 128; others keep the fp32 kernel), which also round the softmax
-// probabilities and dS to 16 bits before their products, as FlashAttention does, and write out,
-// dq, dk, dv rounded to that precision. The CPU computes in fp32 as always.
+// Dtypes: q, k, v, out (and dout, dq, dk, dv) share the activation dtype; lse is fp32. 16-bit
+// inputs are widened per tile and the online softmax runs in fp32; CUDA runs 16-bit inputs on the
+// tensor-core kernels (head dims 64 and 128), which round the probabilities and dS to 16 bits
+// before their products, as FlashAttention does.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale, DType operand_precision = DType::F32,
-                       Stream stream = {});
+                       bool causal, float softmax_scale, Stream stream = {});
 // dq, dk, dv are written (not accumulated); dk, dv sum over the query heads that share them.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale, DType operand_precision = DType::F32, Stream stream = {});
+                        float softmax_scale, Stream stream = {});
 
 // ---- embedding and loss -----------------------------------------------------------------------
 

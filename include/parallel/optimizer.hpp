@@ -12,8 +12,8 @@
 // are not decayed) and count each gradient element once in the global norm (grad_norm.hpp).
 //
 // Precision: fp32 updates the parameters in place. bf16/fp16 keep fp32 main weights in the
-// optimizer and write rounded values back to the low-precision parameters (the DDP buffer's, or -
-// without DDP - the fp32 Parameter values themselves, rounded in place: emulation).
+// optimizer and write rounded values back to the model's 16-bit parameters (the DDP buffer's, or -
+// without DDP - the Parameter values themselves), once per step.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -82,10 +82,9 @@ class Optimizer {
   // lies in this rank's shard (DistributedOptimizer).
   struct Slot {
     Parameter* param = nullptr;
-    Tensor grad;                  // fp32 [n]
-    Tensor main;                  // fp32 [n], updated in place (the parameters themselves for fp32)
-    Tensor target;                // [n] low-precision parameters to write back to; undefined: none
-    DType round_to = DType::F32;  // target is fp32 but must hold values of this precision
+    Tensor grad;    // fp32 [n]
+    Tensor main;    // fp32 [n], updated in place (the parameters themselves for fp32)
+    Tensor target;  // [n] low-precision parameters to write back to; undefined: none
     Tensor exp_avg, exp_avg_sq;
     float weight_decay = 0.0f;
     int64_t param_offset = 0;  // where the range starts in the flattened parameter
@@ -112,8 +111,9 @@ class Optimizer {
 
 class AdamW : public Optimizer {
  public:
-  // Over the Parameters as they are (no DDP). bf16/fp16: fp32 main copies here, and the Parameter
-  // values (fp32 storage) are rounded to that precision after every update.
+  // Over the Parameters as they are (no DDP). bf16/fp16: the values must already be the policy's
+  // 16-bit copy (GPTModel casts them; precision.hpp); fp32 main copies live here and the values
+  // are written from them after every update.
   AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& config, Precision precision,
         OptimizerGroups groups = {});
   // Over a DDP replica with all-reduced gradients (DataParallelOptions::distributed_optimizer off).
@@ -121,7 +121,6 @@ class AdamW : public Optimizer {
   DataParallel* data_parallel() override { return ddp_; }
 
  private:
-  void after_update() override;
   DataParallel* ddp_ = nullptr;
 };
 

@@ -41,9 +41,6 @@ class ColumnParallelLinear {
     bool bias = true;
     bool gather_output = false;      // all-gather the output over tp (full output on every rank)
     bool sequence_parallel = false;  // input is [s/tp, b, in]: all-gather it along s first
-    // Mixed precision: inputs, output gradients and weights hold values of this precision, so
-    // the GEMMs may run on 16-bit tensor cores (ops::gemm's operand_precision).
-    DType operand_precision = DType::F32;
   };
   ColumnParallelLinear(std::vector<Part> parts, int64_t in_features, Options options, Communicator& tp);
 
@@ -72,8 +69,7 @@ class RowParallelLinear {
  public:
   struct Options {
     bool bias = true;
-    bool sequence_parallel = false;        // output is [s/tp, b, out]
-    DType operand_precision = DType::F32;  // as ColumnParallelLinear::Options
+    bool sequence_parallel = false;  // output is [s/tp, b, out]
   };
   RowParallelLinear(std::string name, int64_t in_global, int64_t out_features, Options options,
                     Communicator& tp);

@@ -165,6 +165,15 @@ Dims attention_dims(const Tensor& q, const Tensor& k) {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        bool causal, float softmax_scale) {
+  if (q.dtype() != DType::F32) {
+    // 16-bit inputs: widened whole, computed in fp32, the output narrowed once. The tiles are
+    // what a fused 16-bit kernel would widen; doing it up front costs one fp32 copy of q, k, v
+    // per call (docs/benchmarks.md lists it among the known costs).
+    Tensor o32 = Tensor::empty(out.shape(), DType::F32);
+    attention_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), o32, lse, causal, softmax_scale);
+    out.copy_(o32);
+    return;
+  }
   const Dims x = attention_dims(q, k);
   if (x.sq == 0 || x.B == 0 || x.hq == 0) return;
   const float* Q = q.data<float>();
@@ -251,6 +260,16 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale) {
+  if (q.dtype() != DType::F32) {
+    Tensor dq32 = Tensor::empty(dq.shape(), DType::F32), dk32 = Tensor::empty(dk.shape(), DType::F32),
+           dv32 = Tensor::empty(dv.shape(), DType::F32);
+    attention_backward(dout.to(DType::F32), q.to(DType::F32), k.to(DType::F32), v.to(DType::F32),
+                       out.to(DType::F32), lse, dq32, dk32, dv32, causal, softmax_scale);
+    dq.copy_(dq32);
+    dk.copy_(dk32);
+    dv.copy_(dv32);
+    return;
+  }
   const Dims x = attention_dims(q, k);
   if (x.B == 0 || x.hq == 0) return;
   const float* dO = dout.data<float>();

@@ -1,8 +1,11 @@
 #pragma once
 // The CPU kernels behind parallel::ops (include/parallel/ops.hpp): one function per op, same
 // signature minus the Stream. src/ops/ops.cpp validates arguments (defined, contiguous, dtype,
-// shapes) before calling these, so the kernels assume well-formed fp32 (int32 ids) tensors.
+// shapes) before calling these, so the kernels assume well-formed tensors of the dtypes ops.hpp
+// allows: fp32 / bf16 / fp16 activations (read and written through widen.hpp), fp32 statistics
+// and gradients, int32 ids.
 #include <cstdint>
+#include <string>
 
 #include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
@@ -11,6 +14,9 @@ namespace parallel::cpu {
 
 // ---- dense algebra (gemm.cpp, elementwise.cpp) ---------------------------------------------
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+// oneDNN's name for the implementation it picks for a GEMM with these operands on this CPU (e.g.
+// "brg:avx512_core_bf16"), for benchmarks and logs.
+std::string gemm_implementation(DType operands);
 void add_bias(Tensor& y, const Tensor& bias);
 void bias_backward(const Tensor& dy, Tensor& dbias);
 

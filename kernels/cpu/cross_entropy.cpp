@@ -3,13 +3,15 @@
 // with max and sum all-reduced over ranks by the caller between the pieces. Subtracting the
 // global max keeps every exp in (0, 1], so the sums cannot overflow whatever the logits' scale.
 // Columns with global id >= vocab_size are padding (vocab rounded up to a multiple of the TP size)
-// and are skipped everywhere.
+// and are skipped everywhere. 16-bit logits are widened a row at a time; dlogits are written in
+// the logits' dtype.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "cpu/cpu_ops.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/widen.hpp"
 
 #define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
@@ -46,12 +48,12 @@ PARALLEL_CLONES void row_softmax_grad(const float* l, float m, float g_over_sum,
 void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                int64_t vocab_size, Tensor& row_max, Tensor& target_logit) {
   const int64_t n = logits.size(0), v = logits.size(1), valid = valid_columns(v, vocab_start, vocab_size);
-  const float* L = logits.data<float>();
+  const DType dt = logits.dtype();
   const int32_t* T = targets.data<int32_t>();
   float *M = row_max.data<float>(), *TL = target_logit.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(n, v))
   for (int64_t i = 0; i < n; i++) {
-    const float* l = L + i * v;
+    const float* l = read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0);
     M[i] = row_max_of(l, valid);  // -inf when this rank holds only padding
     const int64_t t = static_cast<int64_t>(T[i]) - vocab_start;
     TL[i] = t >= 0 && t < valid ? l[t] : 0.0f;
@@ -61,28 +63,34 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
 void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
                            int64_t vocab_size, Tensor& sum_exp) {
   const int64_t n = logits.size(0), v = logits.size(1), valid = valid_columns(v, vocab_start, vocab_size);
-  const float *L = logits.data<float>(), *M = row_max.data<float>();
+  const DType dt = logits.dtype();
+  const float* M = row_max.data<float>();
   float* S = sum_exp.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(n, v))
   for (int64_t i = 0; i < n; i++)
-    S[i] = std::isinf(M[i]) && M[i] < 0 ? 0.0f : row_sum_exp(L + i * v, M[i], valid);
+    S[i] = std::isinf(M[i]) && M[i] < 0
+               ? 0.0f
+               : row_sum_exp(read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0), M[i], valid);
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits) {
   const int64_t n = logits.size(0), v = logits.size(1), valid = valid_columns(v, vocab_start, vocab_size);
-  const float *L = logits.data<float>(), *M = row_max.data<float>(), *S = sum_exp.data<float>();
+  const DType dt = logits.dtype();
+  const float *M = row_max.data<float>(), *S = sum_exp.data<float>();
   const float* G = grad_scale.data<float>();
   const int32_t* T = targets.data<int32_t>();
-  float* dL = dlogits.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(n, v))
   for (int64_t i = 0; i < n; i++) {
-    float* d = dL + i * v;
-    row_softmax_grad(L + i * v, M[i], G[i] / S[i], d, valid);
+    const float* l = read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0);
+    void* stored = offset_ptr(dlogits.data_ptr(), dt, i * v);
+    float* d = write_f32(stored, dt, v, 1);
+    row_softmax_grad(l, M[i], G[i] / S[i], d, valid);
     std::fill(d + valid, d + v, 0.0f);  // padding columns: not part of the softmax
     const int64_t t = static_cast<int64_t>(T[i]) - vocab_start;
     if (t >= 0 && t < valid) d[t] -= G[i];
+    write_back(d, dt, stored, v);
   }
 }
 

@@ -2,6 +2,8 @@
 // is a small function cloned for AVX-512 / AVX2 / baseline (chosen at load time) and called on
 // per-thread chunks from an OpenMP loop: the clones cannot live inside the OpenMP region itself,
 // because GCC outlines the region into a separate function that target_clones would not see.
+// bf16/fp16 tensors are widened chunk by chunk into per-thread fp32 scratch (widen.hpp), so the
+// same fp32 loops serve every dtype.
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/widen.hpp"
 
 #define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
@@ -136,36 +139,70 @@ PARALLEL_CLONES void dropout_chunk(const float* x, float* y, int64_t n, float p,
 }
 
 void dropout(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
-  const float* in = x.data<float>();
-  float* out = y.data<float>();
+  const DType dt = x.dtype();
   const int64_t n = x.numel();
   if (p == 0.0f) {
-    if (out != in) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+    if (y.data_ptr() != x.data_ptr()) std::memcpy(y.data_ptr(), x.data_ptr(), x.nbytes());
     return;
   }
   // p == 1 drops everything; 1/(1-p) would be inf and inf * 0 NaN.
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   const uint64_t key = mix64(seed);  // decorrelates streams of nearby seeds
-  parallel_chunks(
-      n, [&](int64_t b, int64_t e) { dropout_chunk(in + b, out + b, e - b, p, scale, key, offset + b); });
+  parallel_chunks(n, [&](int64_t b, int64_t e) {
+    const float* in = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
+    float* out = write_f32(offset_ptr(y.data_ptr(), dt, b), dt, e - b, 1);
+    dropout_chunk(in, out, e - b, p, scale, key, offset + b);
+    write_back(out, dt, offset_ptr(y.data_ptr(), dt, b), e - b);
+  });
+}
+
+// The flat element-wise ops on any floating dtype: widen the inputs' chunk, run the fp32 loop,
+// narrow the output chunk. `body(inputs..., out, n)` sees fp32 pointers.
+template <typename F>
+void unary_chunks(const Tensor& x, Tensor& out, F&& body) {
+  const DType dt = x.dtype();
+  parallel_chunks(x.numel(), [&](int64_t b, int64_t e) {
+    const float* in = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
+    float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 1);
+    body(in, o, e - b);
+    write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+  });
+}
+template <typename F>
+void binary_chunks(const Tensor& x, const Tensor& z, Tensor& out, F&& body) {
+  const DType dt = x.dtype();
+  parallel_chunks(x.numel(), [&](int64_t b, int64_t e) {
+    const float* in0 = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
+    const float* in1 = read_f32(offset_ptr(z.data_ptr(), dt, b), dt, e - b, 1);
+    float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 2);
+    body(in0, in1, o, e - b);
+    write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+  });
 }
 
 }  // namespace
 
-// y[r, :] += bias: the broadcast makes this row-wise rather than flat.
+// y[r, :] += bias: the broadcast makes this row-wise rather than flat. The bias is widened once,
+// on the calling thread, and shared read-only by the workers.
 void add_bias(Tensor& y, const Tensor& bias) {
   const int64_t h = bias.numel(), rows = h == 0 ? 0 : y.numel() / h;
-  float* Y = y.data<float>();
-  const float* B = bias.data<float>();
+  const DType dt = y.dtype();
+  const float* B = read_f32(bias.data_ptr(), bias.dtype(), h, 7);
 #pragma omp parallel for schedule(static) if (rows * h > 2 * kChunk)
-  for (int64_t r = 0; r < rows; r++) add_row(Y + r * h, B, h);
+  for (int64_t r = 0; r < rows; r++) {
+    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
+    float* Y = write_f32(yr, dt, h, 0);
+    if (dt != DType::F32) widen_to_f32(yr, dt, Y, h);
+    add_row(Y, B, h);
+    write_back(Y, dt, yr, h);
+  }
 }
 
 // dbias += column sums of dy. Threads own disjoint column blocks (no partial buffers, no races,
 // and the sum order is fixed, so the result does not depend on the thread count).
 void bias_backward(const Tensor& dy, Tensor& dbias) {
   const int64_t h = dbias.numel(), rows = h == 0 ? 0 : dy.numel() / h;
-  const float* D = dy.data<float>();
+  const DType dt = dy.dtype();
   float* dB = dbias.data<float>();
   constexpr int64_t kCols = 256;
   const int64_t blocks = (h + kCols - 1) / kCols;
@@ -173,26 +210,25 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   for (int64_t blk = 0; blk < blocks; blk++) {
     const int64_t c0 = blk * kCols, nc = std::min(h, c0 + kCols) - c0;
     float acc[kCols] = {};
-    for (int64_t r = 0; r < rows; r++) add_row(acc, D + r * h + c0, nc);
+    for (int64_t r = 0; r < rows; r++)
+      add_row(acc, read_f32(offset_ptr(dy.data_ptr(), dt, r * h + c0), dt, nc, 0), nc);
     add_row(dB + c0, acc, nc);
   }
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  const float *A = a.data<float>(), *B = b.data<float>();
-  float* O = out.data<float>();
-  parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { add_into(A + s, B + s, O + s, e - s); });
+  binary_chunks(a, b, out, [](const float* A, const float* B, float* O, int64_t n) { add_into(A, B, O, n); });
 }
 
 void add_(Tensor& a, const Tensor& b) {
-  float* A = a.data<float>();
-  const float* B = b.data<float>();
-  parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { add_row(A + s, B + s, e - s); });
+  binary_chunks(a, b, a, [](const float* A, const float* B, float* O, int64_t n) { add_into(A, B, O, n); });
 }
 
 void scale_(Tensor& a, float alpha) {
-  float* A = a.data<float>();
-  parallel_chunks(a.numel(), [&](int64_t s, int64_t e) { scale_into(A + s, alpha, e - s); });
+  unary_chunks(a, a, [alpha](const float* A, float* O, int64_t n) {
+    if (O != A) std::memcpy(O, A, static_cast<size_t>(n) * sizeof(float));
+    scale_into(O, alpha, n);
+  });
 }
 
 void round_to_bf16_(Tensor& x) {
@@ -206,34 +242,38 @@ void round_to_f16_(Tensor& x) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {
-  const float* X = x.data<float>();
-  float* Y = y.data<float>();
-  parallel_chunks(x.numel(), [&](int64_t s, int64_t e) { gelu_fwd_chunk(X + s, Y + s, e - s); });
+  unary_chunks(x, y, [](const float* X, float* Y, int64_t n) { gelu_fwd_chunk(X, Y, n); });
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
-  const float *D = dy.data<float>(), *X = x.data<float>();
-  float* dX = dx.data<float>();
-  parallel_chunks(x.numel(), [&](int64_t s, int64_t e) { gelu_bwd_chunk(D + s, X + s, dX + s, e - s); });
+  binary_chunks(dy, x, dx,
+                [](const float* D, const float* X, float* dX, int64_t n) { gelu_bwd_chunk(D, X, dX, n); });
 }
 
 void swiglu_forward(const Tensor& x, Tensor& y) {
   const int64_t f = y.size(-1), rows = f == 0 ? 0 : y.numel() / f;
-  const float* X = x.data<float>();
-  float* Y = y.data<float>();
+  const DType dt = x.dtype();
 #pragma omp parallel for schedule(static) if (rows * f > 2 * kChunk)
-  for (int64_t r = 0; r < rows; r++) swiglu_fwd_row(X + r * 2 * f, X + r * 2 * f + f, Y + r * f, f);
+  for (int64_t r = 0; r < rows; r++) {
+    const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * 2 * f), dt, 2 * f, 0);
+    void* yr = offset_ptr(y.data_ptr(), dt, r * f);
+    float* Y = write_f32(yr, dt, f, 1);
+    swiglu_fwd_row(X, X + f, Y, f);
+    write_back(Y, dt, yr, f);
+  }
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const int64_t f = dy.size(-1), rows = f == 0 ? 0 : dy.numel() / f;
-  const float *D = dy.data<float>(), *X = x.data<float>();
-  float* dX = dx.data<float>();
+  const DType dt = x.dtype();
 #pragma omp parallel for schedule(static) if (rows * f > 2 * kChunk)
   for (int64_t r = 0; r < rows; r++) {
-    const float* xr = X + r * 2 * f;
-    float* dxr = dX + r * 2 * f;
-    swiglu_bwd_row(D + r * f, xr, xr + f, dxr, dxr + f, f);
+    const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * f), dt, f, 0);
+    const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * 2 * f), dt, 2 * f, 1);
+    void* dxr = offset_ptr(dx.data_ptr(), dt, r * 2 * f);
+    float* dX = write_f32(dxr, dt, 2 * f, 2);
+    swiglu_bwd_row(D, X, X + f, dX, dX + f, f);
+    write_back(dX, dt, dxr, 2 * f);
   }
 }
 

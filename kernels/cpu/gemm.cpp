@@ -9,6 +9,12 @@
 //   [1024x3072]x[3072x768], so that case calls it (it needs no primitive and no cache).
 // Primitives are created once per (M, N, K, transposes, alpha, beta, threads) and cached.
 //
+// 16-bit operands (bf16, fp16) go to the same matmul primitive with 16-bit source and weights and
+// an fp32 or 16-bit destination: oneDNN accumulates in fp32 and picks the best kernel for the CPU
+// (AMX, AVX512-BF16 dot products, or its own bf16 emulation on plain AVX-512; gemm_isa() names it).
+// Where oneDNN has no implementation (fp16 on CPUs without AVX512-FP16, anything below AVX-512),
+// the operands are widened to fp32 and the fp32 path runs: slower, same contract.
+//
 // Weight pre-packing (format_tag::any + reorder) was measured too: within noise of the plain
 // primitive except on the no-transpose case, which sgemm covers. A correct cache of packed weights
 // would need a version counter on the tensor (the optimizer updates weights in place at the same
@@ -20,9 +26,13 @@
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "cpu/cpu_ops.hpp"
+#include "cpu/widen.hpp"
 #include "parallel/error.hpp"
 
 namespace parallel::cpu {
@@ -33,7 +43,8 @@ struct GemmKey {
   bool trans_a, trans_b;
   uint32_t alpha_bits, beta_bits;  // the bit patterns: exact, and NaN-safe as map keys
   int threads;                     // a primitive is tuned for the thread count it was created with
-  auto tie() const { return std::tie(m, n, k, trans_a, trans_b, alpha_bits, beta_bits, threads); }
+  DType in, out;                   // operand and destination dtypes
+  auto tie() const { return std::tie(m, n, k, trans_a, trans_b, alpha_bits, beta_bits, threads, in, out); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -46,7 +57,8 @@ uint32_t bits_of(float f) {
 struct DnnlContext {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;
-  std::map<GemmKey, dnnl::matmul> cache;
+  // An empty optional: oneDNN has no implementation for this key (16-bit on an older CPU).
+  std::map<GemmKey, std::optional<dnnl::matmul>> cache;
 };
 
 DnnlContext& context() {
@@ -57,12 +69,23 @@ DnnlContext& context() {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-// op(x) as a [rows, cols] descriptor over row-major storage: trans means storage is [cols, rows].
-dnnl::memory::desc operand_desc(int64_t rows, int64_t cols, bool trans) {
-  return dnnl::memory::desc({rows, cols}, dt::f32, trans ? tag::ba : tag::ab);
+dt dnnl_type(DType d) {
+  switch (d) {
+    case DType::BF16:
+      return dt::bf16;
+    case DType::F16:
+      return dt::f16;
+    default:
+      return dt::f32;
+  }
 }
 
-dnnl::matmul make_matmul(const GemmKey& key, const dnnl::engine& engine) {
+// op(x) as a [rows, cols] descriptor over row-major storage: trans means storage is [cols, rows].
+dnnl::memory::desc operand_desc(int64_t rows, int64_t cols, bool trans, DType d) {
+  return dnnl::memory::desc({rows, cols}, dnnl_type(d), trans ? tag::ba : tag::ab);
+}
+
+dnnl::matmul::primitive_desc matmul_desc(const GemmKey& key, const dnnl::engine& engine) {
   dnnl::primitive_attr attr;
   if (key.alpha_bits != bits_of(1.0f)) {
     float alpha;
@@ -76,45 +99,106 @@ dnnl::matmul make_matmul(const GemmKey& key, const dnnl::engine& engine) {
     ops.append_sum(beta);  // dst = alpha * a @ b + beta * dst
     attr.set_post_ops(ops);
   }
-  auto desc = dnnl::matmul::desc(operand_desc(key.m, key.k, key.trans_a),
-                                 operand_desc(key.k, key.n, key.trans_b), operand_desc(key.m, key.n, false));
-  return dnnl::matmul(dnnl::matmul::primitive_desc(desc, attr, engine));
+  auto desc = dnnl::matmul::desc(operand_desc(key.m, key.k, key.trans_a, key.in),
+                                 operand_desc(key.k, key.n, key.trans_b, key.in),
+                                 operand_desc(key.m, key.n, false, key.out));
+  return dnnl::matmul::primitive_desc(desc, attr, engine);
+}
+
+std::optional<dnnl::matmul> make_matmul(const GemmKey& key, const dnnl::engine& engine) {
+  try {
+    return dnnl::matmul(matmul_desc(key, engine));
+  } catch (const dnnl::error& e) {
+    if (key.in == DType::F32) throw;  // fp32 always has an implementation: a real failure
+    return std::nullopt;              // unimplemented for this CPU: the caller widens
+  }
+}
+
+void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
+               int64_t k, float alpha, float beta);
+
+// 16-bit operands without a oneDNN implementation: widen a, b (and c when it is 16-bit) to fp32,
+// run the fp32 product, narrow c back.
+void widened_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+                  float beta) {
+  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  std::vector<float> A(static_cast<size_t>(a.numel())), B(static_cast<size_t>(b.numel()));
+  widen_to_f32(a.data_ptr(), a.dtype(), A.data(), a.numel());
+  widen_to_f32(b.data_ptr(), b.dtype(), B.data(), b.numel());
+  if (c.dtype() == DType::F32)
+    return fp32_gemm(A.data(), trans_a, B.data(), trans_b, c.data<float>(), m, n, k, alpha, beta);
+  std::vector<float> C(static_cast<size_t>(c.numel()));
+  if (beta != 0.0f) widen_to_f32(c.data_ptr(), c.dtype(), C.data(), c.numel());
+  fp32_gemm(A.data(), trans_a, B.data(), trans_b, C.data(), m, n, k, alpha, beta);
+  narrow_from_f32(C.data(), c.dtype(), c.data_ptr(), c.numel());
+}
+
+// A cached primitive for the key, or nullopt when oneDNN cannot run it.
+std::optional<dnnl::matmul> cached_matmul(const GemmKey& key) {
+  DnnlContext& ctx = context();
+  // Primitive creation is the expensive part (JIT); execution of a cached primitive is reentrant.
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  auto it = ctx.cache.find(key);
+  if (it == ctx.cache.end()) it = ctx.cache.emplace(key, make_matmul(key, ctx.engine)).first;
+  return it->second;
+}
+
+void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, const void* B, void* C) {
+  DnnlContext& ctx = context();
+  dnnl::memory am(operand_desc(key.m, key.k, key.trans_a, key.in), ctx.engine, const_cast<void*>(A));
+  dnnl::memory bm(operand_desc(key.k, key.n, key.trans_b, key.in), ctx.engine, const_cast<void*>(B));
+  dnnl::memory cm(operand_desc(key.m, key.n, false, key.out), ctx.engine, C);
+  // A stream per call is cheap on the CPU and keeps concurrent callers independent.
+  dnnl::stream stream(ctx.engine);
+  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+}
+
+void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
+               int64_t k, float alpha, float beta) {
+  if (!trans_a && !trans_b) {
+    dnnl_status_t st = dnnl_sgemm('N', 'N', m, n, k, alpha, A, k, B, n, beta, C, n);
+    PARALLEL_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} for [{}, {}] x [{}, {}]",
+                   static_cast<int>(st), m, k, k, n);
+    return;
+  }
+  const GemmKey key{
+      m,          n,         k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(),
+      DType::F32, DType::F32};
+  run_matmul(*cached_matmul(key), key, A, B, C);
 }
 
 }  // namespace
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
-  float* C = c.data<float>();
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sum: only the beta term is left (oneDNN would reject zero-sized operands)
-    for (int64_t i = 0; i < m * n; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+    std::vector<float> C(static_cast<size_t>(m * n), 0.0f);
+    if (beta != 0.0f) {
+      widen_to_f32(c.data_ptr(), c.dtype(), C.data(), m * n);
+      for (float& v : C) v *= beta;
+    }
+    narrow_from_f32(C.data(), c.dtype(), c.data_ptr(), m * n);
     return;
   }
-  if (!trans_a && !trans_b) {
-    dnnl_status_t st =
-        dnnl_sgemm('N', 'N', m, n, k, alpha, a.data<float>(), k, b.data<float>(), n, beta, C, n);
-    PARALLEL_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} for [{}, {}] x [{}, {}]",
-                   static_cast<int>(st), m, k, k, n);
-    return;
+  if (a.dtype() == DType::F32)
+    return fp32_gemm(a.data<float>(), trans_a, b.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
+                     beta);
+  const GemmKey key{
+      m, n, k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(), a.dtype(), c.dtype()};
+  if (auto prim = cached_matmul(key)) return run_matmul(*prim, key, a.data_ptr(), b.data_ptr(), c.data_ptr());
+  widened_gemm(a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+std::string gemm_implementation(DType operands) {
+  const GemmKey key{
+      256, 256, 256, false, true, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(), operands, DType::F32};
+  try {
+    return matmul_desc(key, context().engine).impl_info_str();
+  } catch (const dnnl::error&) {
+    return "widened to fp32 (no oneDNN implementation on this CPU)";
   }
-  const GemmKey key{m, n, k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads()};
-  DnnlContext& ctx = context();
-  dnnl::matmul prim;
-  {
-    // Primitive creation is the expensive part (JIT); execution of a cached primitive is reentrant.
-    std::lock_guard<std::mutex> lock(ctx.mutex);
-    auto it = ctx.cache.find(key);
-    if (it == ctx.cache.end()) it = ctx.cache.emplace(key, make_matmul(key, ctx.engine)).first;
-    prim = it->second;
-  }
-  dnnl::memory am(operand_desc(m, k, trans_a), ctx.engine, a.data<float>());
-  dnnl::memory bm(operand_desc(k, n, trans_b), ctx.engine, b.data<float>());
-  dnnl::memory cm(operand_desc(m, n, false), ctx.engine, C);
-  // A stream per call is cheap on the CPU and keeps concurrent callers independent.
-  dnnl::stream stream(ctx.engine);
-  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  stream.wait();
 }
 
 }  // namespace parallel::cpu

@@ -3,7 +3,8 @@
 // Statistics are fp32 with two passes per row (mean, then the mean of squared deviations): the row
 // is in L1 for the second pass, and it avoids E[x^2] - E[x]^2's cancellation for rows with a large
 // mean. Parameter gradients are per-thread partial sums over rows, added to dweight/dbias in thread
-// order at the end (accumulate, as ops.hpp requires).
+// order at the end (accumulate, as ops.hpp requires). bf16/fp16 rows are widened into per-thread
+// fp32 scratch (widen.hpp) and the outputs narrowed back; weights are widened once per call.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
+#include "cpu/widen.hpp"
 
 #define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
@@ -100,15 +102,20 @@ PARALLEL_CLONES void add_into(float* dst, const float* src, int64_t h) {
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                        Tensor& rstd, float eps) {
   const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const float *X = x.data<float>(), *W = weight.data<float>(), *B = bias.data<float>();
-  float *Y = y.data<float>(), *M = mean.data<float>(), *R = rstd.data<float>();
+  const DType dt = x.dtype();
+  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 6);
+  const float* B = read_f32(bias.data_ptr(), bias.dtype(), h, 7);
+  float *M = mean.data<float>(), *R = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(rows, h))
   for (int64_t r = 0; r < rows; r++) {
-    const float* xr = X + r * h;
+    const float* xr = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 0);
+    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
+    float* Y = write_f32(yr, dt, h, 1);
     const float m = row_sum(xr, h) / static_cast<float>(h);
     const float var = row_sq_dev(xr, m, h) / static_cast<float>(h);
     const float rs = 1.0f / std::sqrt(var + eps);
-    ln_fwd_row(xr, W, B, Y + r * h, m, rs, h);
+    ln_fwd_row(xr, W, B, Y, m, rs, h);
+    write_back(Y, dt, yr, h);
     M[r] = m;
     R[r] = rs;
   }
@@ -117,9 +124,10 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const float *D = dy.data<float>(), *X = x.data<float>(), *W = weight.data<float>();
+  const DType dt = x.dtype();
+  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
   const float *M = mean.data<float>(), *R = rstd.data<float>();
-  float *dX = dx.data<float>(), *dW = dweight.data<float>(), *dB = dbias.data<float>();
+  float *dW = dweight.data<float>(), *dB = dbias.data<float>();
   const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
   // Per thread: [dweight partial | dbias partial].
   std::vector<float> partial(static_cast<size_t>(threads) * 2 * h, 0.0f);
@@ -127,8 +135,14 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   {
     float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * h;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-      ln_bwd_row(D + r * h, X + r * h, W, M[r], R[r], dX + r * h, pw, pw + h, h);
+    for (int64_t r = 0; r < rows; r++) {
+      const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * h), dt, h, 0);
+      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
+      void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
+      float* dX = write_f32(dxr, dt, h, 2);
+      ln_bwd_row(D, X, W, M[r], R[r], dX, pw, pw + h, h);
+      write_back(dX, dt, dxr, h);
+    }
   }
   for (int t = 0; t < threads; t++) {
     add_into(dW, partial.data() + static_cast<size_t>(t) * 2 * h, h);
@@ -138,13 +152,17 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) {
   const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const float *X = x.data<float>(), *W = weight.data<float>();
-  float *Y = y.data<float>(), *R = rstd.data<float>();
+  const DType dt = x.dtype();
+  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
+  float* R = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(rows, h))
   for (int64_t r = 0; r < rows; r++) {
-    const float* xr = X + r * h;
+    const float* xr = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 0);
+    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
+    float* Y = write_f32(yr, dt, h, 1);
     const float rs = 1.0f / std::sqrt(row_dot(xr, xr, h) / static_cast<float>(h) + eps);
-    rms_fwd_row(xr, W, Y + r * h, rs, h);
+    rms_fwd_row(xr, W, Y, rs, h);
+    write_back(Y, dt, yr, h);
     R[r] = rs;
   }
 }
@@ -152,15 +170,24 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight) {
   const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const float *D = dy.data<float>(), *X = x.data<float>(), *W = weight.data<float>(), *R = rstd.data<float>();
-  float *dX = dx.data<float>(), *dW = dweight.data<float>();
+  const DType dt = x.dtype();
+  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
+  const float* R = rstd.data<float>();
+  float* dW = dweight.data<float>();
   const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
   std::vector<float> partial(static_cast<size_t>(threads) * h, 0.0f);
 #pragma omp parallel num_threads(threads)
   {
     float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * h;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) rms_bwd_row(D + r * h, X + r * h, W, R[r], dX + r * h, pw, h);
+    for (int64_t r = 0; r < rows; r++) {
+      const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * h), dt, h, 0);
+      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
+      void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
+      float* dX = write_f32(dxr, dt, h, 2);
+      rms_bwd_row(D, X, W, R[r], dX, pw, h);
+      write_back(dX, dt, dxr, h);
+    }
   }
   for (int t = 0; t < threads; t++) add_into(dW, partial.data() + static_cast<size_t>(t) * h, h);
 }

@@ -1,12 +1,21 @@
 // Reductions. sum_of_squares feeds the global gradient norm (clip_grad_norm): accumulated in
 // double because a float sum over ~1e8 parameters loses the small contributions entirely.
+#include <vector>
+
 #include "cpu/cpu_ops.hpp"
+#include "cpu/widen.hpp"
 
 namespace parallel::cpu {
 
 double sum_of_squares(const Tensor& x) {
-  const float* X = x.data<float>();
   const int64_t n = x.numel();
+  if (x.dtype() != DType::F32) {  // 16-bit tensors (not on the gradient path, which is fp32)
+    std::vector<float> wide(static_cast<size_t>(n));
+    widen_to_f32(x.data_ptr(), x.dtype(), wide.data(), n);
+    Tensor w = Tensor::from_blob(wide.data(), {n}, DType::F32);
+    return sum_of_squares(w);
+  }
+  const float* X = x.data<float>();
   double total = 0.0;
 #pragma omp parallel for simd reduction(+ : total) schedule(static) if (n > (1 << 16))
   for (int64_t i = 0; i < n; i++) total += static_cast<double>(X[i]) * static_cast<double>(X[i]);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
+#include "cpu/widen.hpp"
 
 namespace parallel::cpu {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 // product position * inv_freq would already be off by ~1e-2 rad.
 void rope(Tensor& x, int64_t position_offset, float theta, float direction) {
   const int64_t s = x.size(0), per_pos = x.size(1) * x.size(2), d = x.size(3), half = d / 2;
-  float* X = x.data<float>();
+  const DType dt = x.dtype();
   // Table [s, half] of cos and sin: s * d/2 trig calls instead of s * b * heads * d/2.
   std::vector<float> cos_t(static_cast<size_t>(s * half)), sin_t(static_cast<size_t>(s * half));
   for (int64_t i = 0; i < half; i++) {
@@ -28,7 +29,10 @@ void rope(Tensor& x, int64_t position_offset, float theta, float direction) {
 #pragma omp parallel for collapse(2) schedule(static) if (x.numel() > (1 << 15))
   for (int64_t p = 0; p < s; p++) {
     for (int64_t v = 0; v < per_pos; v++) {
-      float* head = X + (p * per_pos + v) * d;
+      // One head at a time: widened in place for bf16/fp16 (a 16-bit head is d values).
+      void* stored = offset_ptr(x.data_ptr(), dt, (p * per_pos + v) * d);
+      float* head = write_f32(stored, dt, d, 0);
+      if (dt != DType::F32) widen_to_f32(stored, dt, head, d);
       const float* c = cos_t.data() + p * half;
       const float* sn = sin_t.data() + p * half;
 #pragma omp simd
@@ -37,6 +41,7 @@ void rope(Tensor& x, int64_t position_offset, float theta, float direction) {
         head[i] = x1 * c[i] - x2 * sn[i];
         head[i + half] = x2 * c[i] + x1 * sn[i];
       }
+      write_back(head, dt, stored, d);
     }
   }
 }

@@ -13,16 +13,10 @@ SelfAttention::SelfAttention(const LayerEnv& env, int layer)
            {fmt::format("layers.{}.attention.key", layer), env.groups * env.head_dim},
            {fmt::format("layers.{}.attention.value", layer), env.groups * env.head_dim}},
           env.hidden,
-          {.bias = env.config->add_bias,
-           .gather_output = false,
-           .sequence_parallel = env.sequence_parallel,
-           .operand_precision = env.activation_dtype},
+          {.bias = env.config->add_bias, .gather_output = false, .sequence_parallel = env.sequence_parallel},
           *env.tp),
       proj(fmt::format("layers.{}.attention.proj", layer), env.heads * env.head_dim, env.hidden,
-           {.bias = env.config->add_bias,
-            .sequence_parallel = env.sequence_parallel,
-            .operand_precision = env.activation_dtype},
-           *env.tp),
+           {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
       env_(env),
       heads_local_(env.heads / env.tp->size()),
       groups_local_(env.groups / env.tp->size()) {}
@@ -38,9 +32,10 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   const int64_t s = qkv_out.size(0), b = qkv_out.size(1), d = env_.head_dim;
   const int64_t nq = heads_local_ * d, nkv = groups_local_ * d;
   const Device dev = qkv_out.device();
-  ctx.q = Tensor::empty({s, b, heads_local_, d}, DType::F32, dev);
-  ctx.k = Tensor::empty({s, b, groups_local_, d}, DType::F32, dev);
-  ctx.v = Tensor::empty({s, b, groups_local_, d}, DType::F32, dev);
+  const DType dt = qkv_out.dtype();
+  ctx.q = Tensor::empty({s, b, heads_local_, d}, dt, dev);
+  ctx.k = Tensor::empty({s, b, groups_local_, d}, dt, dev);
+  ctx.v = Tensor::empty({s, b, groups_local_, d}, dt, dev);
   ctx.q.view({s, b, nq}).copy_(qkv_out.narrow(2, 0, nq));
   ctx.k.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq, nkv));
   ctx.v.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq + nkv, nkv));
@@ -50,23 +45,18 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
     ops::rope_forward(ctx.q, 0, theta);
     ops::rope_forward(ctx.k, 0, theta);
     // The rotated q and k are bf16 tensors on the GPU (the attention kernel's inputs).
-    to_activation_precision(env_, ctx.q);
-    to_activation_precision(env_, ctx.k);
   }
-  ctx.out = Tensor::empty({s, b, heads_local_, d}, DType::F32, dev);
+  ctx.out = Tensor::empty({s, b, heads_local_, d}, dt, dev);
   ctx.lse = Tensor::empty({b, heads_local_, s}, DType::F32, dev);
   ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, /*causal=*/true,
-                         1.0f / std::sqrt(static_cast<float>(d)), env_.activation_dtype);
-  to_activation_precision(env_, ctx.out);  // softmax statistics (lse) stay fp32, the output is bf16
+                         1.0f / std::sqrt(static_cast<float>(d)));
 }
 
 Tensor SelfAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
   Tensor qkv_out = qkv.forward(x, ctx.qkv_ctx);
-  to_activation_precision(env_, qkv_out);  // q, k, v leave the projection GEMM in bf16
   core_forward(qkv_out, ctx);
   const int64_t s = qkv_out.size(0), b = qkv_out.size(1);
   Tensor y = proj.forward(ctx.out.view({s, b, heads_local_ * env_.head_dim}), ctx.proj_ctx);
-  to_activation_precision(env_, y);  // after the bias and the tp reduction
   if (keep_core) return y;
   // Selective recompute: the core's state (q, k, v, out, lse, and proj's saved input, which is
   // `out`) is rebuilt from qkv in the backward; qkv is the only activation kept.
@@ -86,33 +76,27 @@ Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
   const int64_t s = ctx.out.size(0), b = ctx.out.size(1), d = env_.head_dim;
   const int64_t nq = heads_local_ * d, nkv = groups_local_ * d;
   Tensor dout = proj.backward(dy, ctx.proj_ctx).view({s, b, heads_local_, d});
-  to_activation_precision(env_, dout);
 
   const Device dev = dout.device();
-  Tensor dq = Tensor::empty(ctx.q.shape(), DType::F32, dev);
-  Tensor dk = Tensor::empty(ctx.k.shape(), DType::F32, dev);
-  Tensor dv = Tensor::empty(ctx.v.shape(), DType::F32, dev);
+  const DType dt = dout.dtype();
+  Tensor dq = Tensor::empty(ctx.q.shape(), dt, dev);
+  Tensor dk = Tensor::empty(ctx.k.shape(), dt, dev);
+  Tensor dv = Tensor::empty(ctx.v.shape(), dt, dev);
   ops::attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dq, dk, dv, /*causal=*/true,
-                          1.0f / std::sqrt(static_cast<float>(d)), env_.activation_dtype);
+                          1.0f / std::sqrt(static_cast<float>(d)));
   ctx.q = ctx.k = ctx.v = ctx.out = ctx.lse = Tensor();
   // dq, dk, dv leave the attention kernel in bf16, and again after the rope's backward rotation.
-  to_activation_precision(env_, dq);
-  to_activation_precision(env_, dk);
-  to_activation_precision(env_, dv);
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
     const float theta = static_cast<float>(env_.config->rope_theta);
     ops::rope_backward(dq, 0, theta);
     ops::rope_backward(dk, 0, theta);
-    to_activation_precision(env_, dq);
-    to_activation_precision(env_, dk);
   }
   // Back into the fused layout [.., q_r | k_r | v_r] the qkv GEMM produced.
-  Tensor dqkv = Tensor::empty({s, b, nq + 2 * nkv}, DType::F32, dev);
+  Tensor dqkv = Tensor::empty({s, b, nq + 2 * nkv}, dt, dev);
   dqkv.narrow(2, 0, nq).copy_(dq.view({s, b, nq}));
   dqkv.narrow(2, nq, nkv).copy_(dk.view({s, b, nkv}));
   dqkv.narrow(2, nq + nkv, nkv).copy_(dv.view({s, b, nkv}));
   Tensor dx = qkv.backward(dqkv, ctx.qkv_ctx);
-  to_activation_precision(env_, dx);  // after the tp reduction of the input gradient
   return dx;
 }
 

@@ -34,7 +34,6 @@ Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, 
   if (p == 0.0f) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::dropout_forward(x, y, p, site_seed(env, where, micro_batch), site_offset(env, x));
-  to_activation_precision(env, y);  // x / (1 - p) is not representable in bf16: the GPU output rounds
   return y;
 }
 
@@ -43,7 +42,6 @@ Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where
   if (p == 0.0f) return dy;
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
   ops::dropout_backward(dy, dx, p, site_seed(env, where, micro_batch), site_offset(env, dy));
-  to_activation_precision(env, dx);  // the gradient leaves the op in bf16 too
   return dx;
 }
 

@@ -9,6 +9,7 @@
 #include "layers.hpp"
 #include "parallel/init.hpp"
 #include "parallel/ops.hpp"
+#include "parallel/precision.hpp"
 
 namespace parallel {
 
@@ -60,9 +61,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.tp = &tp;
   env.sequence_parallel = options.sequence_parallel && p > 1;
   env.seed = options.seed;
-  env.activation_dtype = options.precision == Precision::BF16   ? DType::BF16
-                         : options.precision == Precision::FP16 ? DType::F16
-                                                                : DType::F32;
+  env.activation_dtype = compute_dtype(options.precision);
   env.hidden = config.hidden_size;
   env.heads = config.num_attention_heads;
   env.groups = config.num_query_groups > 0 ? config.num_query_groups : config.num_attention_heads;
@@ -139,8 +138,10 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
     }
     impl_->output = std::make_unique<model::OutputLayer>(env, out_weight);
   }
-  // Layers read their weights through the Parameter objects at every call, so moving the tensors
-  // here moves the model.
+  // Layers read their weights through the Parameter objects at every call, so casting or moving
+  // the tensors here changes the model. Init ran in fp32 (layout-independent); the 16-bit copy is
+  // its rounding, and the optimizer's fp32 main weights start from that copy.
+  cast_parameters(parameters(), env.activation_dtype);
   if (!options.device.is_cpu())
     for (Parameter* param : parameters()) {
       param->value = param->value.to(options.device);
@@ -227,7 +228,6 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
       add_positions(x, m.position->value, env.sequence_offset(x.size(0)));
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
-    model::to_activation_precision(env, x);
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
   } else {
     x = input;
@@ -270,7 +270,6 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
     Tensor grad_loss = Tensor::full({n}, g, DType::F32, grad.device());
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
     // The loss is computed in fp32 from the bf16 logits; the gradient goes back as bf16 logits' grad.
-    model::to_activation_precision(env, dlogits);
     dx = m.output->backward(dlogits, act.output);
     // A weight tied to this chunk's own embedding gets its last contribution there, below.
     if (m.output_weight) m.ready(*m.output_weight);

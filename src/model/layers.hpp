@@ -20,8 +20,9 @@ struct LayerEnv {
   uint64_t seed = 0;
   int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
   bool training = true;  // false: dropout is the identity (evaluation)
-  // F32, or BF16 / F16 under mixed precision: the precision every activation and every gradient
-  // passed between ops is held in (emulated by rounding fp32 tensors; see to_activation_precision).
+  // The precision policy's compute dtype (precision.hpp): the model's parameter copy and so every
+  // activation and activation gradient. Layers follow their inputs' dtype; this is for the odd
+  // tensor a layer creates from nothing.
   DType activation_dtype = DType::F32;
   // First sequence position of this rank's activations [s_local, b, h] (its s-shard under sequence
   // parallelism, else 0): dropout masks are keyed by global positions so they do not depend on tp.
@@ -29,14 +30,6 @@ struct LayerEnv {
     return sequence_parallel && tp->size() > 1 ? tp->rank() * s_local : 0;
   }
 };
-
-// Mixed precision: a GPU run holds every tensor that flows between ops (activations forward,
-// their gradients backward) in bf16/fp16, while each op computes internally in fp32. The CPU path
-// keeps fp32 storage and rounds x in place to the activation precision at exactly those
-// boundaries, so it follows the same algorithm. No-op for fp32.
-inline void to_activation_precision(const LayerEnv& env, Tensor& x) {
-  if (env.activation_dtype != DType::F32) ops::round_to_precision_(x, env.activation_dtype);
-}
 
 // Dropout keyed by (seed, layer, site, micro-batch) and each element's global position. p == 0 is
 // the identity and costs nothing (x is returned as is).

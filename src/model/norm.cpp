@@ -35,7 +35,7 @@ std::vector<Parameter*> Norm::parameters() {
 Tensor Norm::forward(const Tensor& x_in, Context& ctx) {
   Tensor x = x_in.contiguous();
   const int64_t h = x.size(-1), rows = x.numel() / h;
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor x2d = x.view({rows, h}), y2d = y.view({rows, h});
   ctx.rstd = Tensor::empty({rows}, DType::F32, x.device());
   if (kind_ == Normalization::LayerNorm) {
@@ -45,7 +45,6 @@ Tensor Norm::forward(const Tensor& x_in, Context& ctx) {
     ops::rmsnorm_forward(x2d, weight.value, y2d, ctx.rstd, eps_);
   }
   // Statistics in fp32 (mean, rstd stay fp32, as the fused GPU kernels keep them); output in bf16.
-  to_activation_precision(env_, y);
   ctx.x = x;
   return y;
 }
@@ -53,13 +52,12 @@ Tensor Norm::forward(const Tensor& x_in, Context& ctx) {
 Tensor Norm::backward(const Tensor& dy_in, Context& ctx) {
   Tensor dy = dy_in.contiguous();
   const int64_t h = ctx.x.size(-1), rows = ctx.x.numel() / h;
-  Tensor dx = Tensor::empty(ctx.x.shape(), DType::F32, ctx.x.device());
+  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
   Tensor dy2d = dy.view({rows, h}), x2d = ctx.x.view({rows, h}), dx2d = dx.view({rows, h});
   if (kind_ == Normalization::LayerNorm)
     ops::layernorm_backward(dy2d, x2d, weight.value, ctx.mean, ctx.rstd, dx2d, weight.grad, bias.grad);
   else
     ops::rmsnorm_backward(dy2d, x2d, weight.value, ctx.rstd, dx2d, weight.grad);
-  to_activation_precision(env_, dx);  // dweight/dbias accumulate in fp32; dx leaves in bf16
   ctx = Context{};
   return dx;
 }

@@ -14,11 +14,9 @@ Tensor OutputLayer::forward(const Tensor& x, tp::LinearContext& ctx) {
   Tensor x_full = env_.sequence_parallel ? tp::gather_sequence(tp, x) : x.contiguous();
   const int64_t s = x_full.size(0), b = x_full.size(1), h = x_full.size(2);
   const int64_t v_local = weight_->value.size(0);
-  Tensor logits = Tensor::empty({s, b, v_local}, DType::F32, x.device());
+  Tensor logits = Tensor::empty({s, b, v_local}, x_full.dtype(), x.device());
   Tensor logits2d = logits.view({s * b, v_local});
-  ops::gemm(x_full.view({s * b, h}), false, weight_->value, true, logits2d, 1.0f, 0.0f,
-            env_.activation_dtype);
-  to_activation_precision(env_, logits);  // the logits are bf16; the cross-entropy reads them in fp32
+  ops::gemm(x_full.view({s * b, h}), false, weight_->value, true, logits2d);
   ctx.input = x_full;
   return logits;
 }
@@ -29,23 +27,22 @@ Tensor OutputLayer::backward(const Tensor& dlogits_in, tp::LinearContext& ctx) {
   Tensor dlogits = dlogits_in.contiguous();
   const int64_t s = x_full.size(0), b = x_full.size(1), h = x_full.size(2);
   const Tensor dl2d = dlogits.view({s * b, dlogits.size(-1)}), x2d = x_full.view({s * b, h});
-  Tensor dx_full = Tensor::empty(x_full.shape(), DType::F32, x_full.device());
+  Tensor dx_full = Tensor::empty(x_full.shape(), dlogits.dtype(), x_full.device());
   Tensor dx_full2d = dx_full.view({s * b, h});
-  ops::gemm(dl2d, false, weight_->value, false, dx_full2d, 1.0f, 0.0f, env_.activation_dtype);
+  ops::gemm(dl2d, false, weight_->value, false, dx_full2d);
   // dx is partial over the vocabulary slices: reduce it while the weight gradient is computed.
   Tensor dx = dx_full;
   WorkHandle work = completed_work();
   if (tp.size() > 1) {
     if (env_.sequence_parallel) {
-      dx = Tensor::empty({s / tp.size(), b, h}, DType::F32, x_full.device());
+      dx = Tensor::empty({s / tp.size(), b, h}, dx_full.dtype(), x_full.device());
       work = tp.reduce_scatter(dx_full, dx, ReduceOp::Sum, /*async=*/true);
     } else {
       work = tp.all_reduce(dx_full, ReduceOp::Sum, /*async=*/true);
     }
   }
-  ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f, env_.activation_dtype);
+  ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f);
   work->wait();
-  to_activation_precision(env_, dx);  // after the tp reduction
   ctx.input = Tensor();
   return dx;
 }

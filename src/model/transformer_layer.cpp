@@ -32,12 +32,10 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_c
   Tensor o = dropout_forward(env_, attention_.forward(a, ctx.attn, keep_core), {layer_, 1}, mb);
   // o is a fresh tensor (the row-parallel output or dropout's): the residual sum can reuse it.
   ops::add(x, o, o);
-  to_activation_precision(env_, o);  // the residual stream is bf16 on the GPU
   Tensor x2 = o;
   Tensor m = norm2_.forward(x2, ctx.norm2);
   Tensor y = dropout_forward(env_, mlp_.forward(m, ctx.mlp), {layer_, 2}, mb);
   ops::add(x2, y, y);
-  to_activation_precision(env_, y);
   return y;
 }
 
@@ -65,12 +63,10 @@ Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
   Tensor dm = mlp_.backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx.mlp);
   Tensor dx2 = norm2_.backward(dm, ctx.norm2);
   ops::add_(dx2, dy);
-  to_activation_precision(env_, dx2);  // the residual gradient is bf16 on the GPU as well
   // x2 = x + dropout(attention(norm1(x))).
   Tensor da = attention_.backward(dropout_backward(env_, dx2, {layer_, 1}, mb), ctx.attn);
   Tensor dx = norm1_.backward(da, ctx.norm1);
   ops::add_(dx, dx2);
-  to_activation_precision(env_, dx);
   ctx = Context{};
   return dx;
 }

@@ -1,7 +1,8 @@
 // parallel::ops: argument checks and device dispatch (see include/parallel/ops.hpp).
 //
 // Every op validates here, once, what its kernels assume: tensors defined, contiguous, on one
-// device, fp32 (int32 for ids), with the shapes of the contract. Kernels then read raw pointers.
+// device, the dtypes the op's contract allows (ops.hpp, "Precision"), with the shapes of the
+// contract. Kernels then read raw pointers.
 // CUDA tensors go to the kernels of kernels/cuda/cuda_ops.hpp: one PARALLEL_ON_CUDA line per op.
 #include "parallel/ops.hpp"
 
@@ -19,25 +20,73 @@
 namespace parallel::ops {
 namespace {
 
+// What dtype an argument may have (ops.hpp, "Precision"):
+//   Act   - fp32, bf16 or fp16, the same for every Act argument of the op (its activation dtype)
+//   Param - a parameter value: fp32, or the op's activation dtype
+//   F32   - fp32 only (statistics, parameter gradients)
+//   I32   - int32 (token ids, targets)
+enum class Want { Act, Param, F32, I32 };
+
 struct Arg {
   const Tensor& t;
   const char* name;
-  DType dtype = DType::F32;
+  Want want = Want::Act;
 };
 
-// Checks the common conditions and returns the device of the tensors.
-Device check_args(const char* op, std::initializer_list<Arg> args) {
-  const Device device = args.begin()->t.device();
+bool is_float_dtype(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+struct Checked {
+  Device device;
+  DType act = DType::F32;  // the op's activation dtype (fp32 when it has no Act argument)
+};
+
+// Checks the common conditions; returns the device of the tensors and the op's activation dtype.
+Checked check_args(const char* op, std::initializer_list<Arg> args) {
+  Checked out{args.begin()->t.device()};
+  const Arg* first_act = nullptr;
   for (const Arg& a : args) {
     PARALLEL_CHECK(a.t.defined(), "ops::{}: {} is undefined", op, a.name);
     PARALLEL_CHECK(a.t.is_contiguous(), "ops::{}: {} {} must be contiguous (call .contiguous())", op, a.name,
                    shape_str(a.t.shape()));
-    PARALLEL_CHECK(a.t.dtype() == a.dtype, "ops::{}: {} is {}, expected {}", op, a.name,
-                   dtype_name(a.t.dtype()), dtype_name(a.dtype));
-    PARALLEL_CHECK(a.t.device() == device, "ops::{}: {} is on {} but {} is on {}", op, a.name,
-                   a.t.device().str(), args.begin()->name, device.str());
+    PARALLEL_CHECK(a.t.device() == out.device, "ops::{}: {} is on {} but {} is on {}", op, a.name,
+                   a.t.device().str(), args.begin()->name, out.device.str());
+    if (a.want == Want::Act) {
+      PARALLEL_CHECK(is_float_dtype(a.t.dtype()), "ops::{}: {} is {}, expected fp32, bf16 or fp16", op,
+                     a.name, dtype_name(a.t.dtype()));
+      if (first_act == nullptr) {
+        first_act = &a;
+        out.act = a.t.dtype();
+      }
+      PARALLEL_CHECK(a.t.dtype() == out.act, "ops::{}: {} is {} but {} is {} (activations share one dtype)",
+                     op, a.name, dtype_name(a.t.dtype()), first_act->name, dtype_name(out.act));
+    }
   }
-  return device;
+  for (const Arg& a : args) {
+    const DType d = a.t.dtype();
+    switch (a.want) {
+      case Want::Act:
+        break;
+      case Want::Param:
+        PARALLEL_CHECK(d == DType::F32 || d == out.act,
+                       "ops::{}: {} is {}, expected fp32 or {} (the activations')", op, a.name, dtype_name(d),
+                       dtype_name(out.act));
+        break;
+      case Want::F32:
+        PARALLEL_CHECK(d == DType::F32, "ops::{}: {} is {}, expected fp32", op, a.name, dtype_name(d));
+        break;
+      case Want::I32:
+        PARALLEL_CHECK(d == DType::I32, "ops::{}: {} is {}, expected int32", op, a.name, dtype_name(d));
+        break;
+    }
+  }
+  return out;
+}
+
+// The CUDA kernels take fp32 tensors only so far (docs/gpu.md): 16-bit tensors on a GPU stop here
+// with the op's name rather than reaching a kernel that would misread them.
+void check_cuda_dtype(const char* op, const Checked& c) {
+  PARALLEL_CHECK(c.act == DType::F32, "ops::{}: no CUDA kernel for {} activations yet (fp32 only on CUDA)",
+                 op, dtype_name(c.act));
 }
 
 // `call` is the op's CUDA kernel (kernels/cuda/cuda_ops.hpp) with the op's own arguments.
@@ -69,11 +118,6 @@ void check_rows(const char* op, const Tensor& r, const char* rn, const Tensor& x
                  shape_str(r.shape()), rows, shape_str(x.shape()));
 }
 
-void check_operand_precision(const char* op, DType p) {
-  PARALLEL_CHECK(p == DType::F32 || p == DType::BF16 || p == DType::F16,
-                 "ops::{}: operand_precision must be fp32, bf16 or fp16, got {}", op, dtype_name(p));
-}
-
 void check_1d(const char* op, const Tensor& w, const char* wn) {
   PARALLEL_CHECK(w.dim() == 1, "ops::{}: {} {} must be 1-D", op, wn, shape_str(w.shape()));
 }
@@ -83,11 +127,8 @@ void check_1d(const char* op, const Tensor& w, const char* wn) {
 // ---- dense algebra ----------------------------------------------------------------------------
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
-          DType operand_precision, Stream stream) {
-  const Device dev = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c"}});
-  PARALLEL_CHECK(
-      operand_precision == DType::F32 || operand_precision == DType::BF16 || operand_precision == DType::F16,
-      "ops::gemm: operand_precision must be fp32, bf16 or fp16, got {}", dtype_name(operand_precision));
+          Stream stream) {
+  const Checked k = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c", Want::Param}});
   PARALLEL_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
                  "ops::gemm: operands must be 2-D, got a {} b {} c {}", shape_str(a.shape()),
                  shape_str(b.shape()), shape_str(c.shape()));
@@ -97,50 +138,64 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                  "ops::gemm: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit (a {}{}, b {}{})", m, ka,
                  kb, n, shape_str(c.shape()), shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
                  trans_b ? "^T" : "");
-  if (dev.is_cuda()) {
-    if (operand_precision != DType::F32)
-      PARALLEL_ON_CUDA(gemm_reduced(a, trans_a, b, trans_b, c, alpha, beta, operand_precision, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("gemm", k);
     PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   }
   cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
 }
 
 void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
-  const Device dev = check_args("add_bias", {{y, "y"}, {bias, "bias"}});
+  const Checked k = check_args("add_bias", {{y, "y"}, {bias, "bias", Want::Param}});
   check_1d("add_bias", bias, "bias");
   check_last_dim("add_bias", y, "y", bias.numel(), "bias size");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(add_bias(y, bias, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("add_bias", k);
+    PARALLEL_ON_CUDA(add_bias(y, bias, stream));
+  }
   cpu::add_bias(y, bias);
 }
 
 void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
-  const Device dev = check_args("bias_backward", {{dy, "dy"}, {dbias, "dbias"}});
+  const Checked k = check_args("bias_backward", {{dy, "dy"}, {dbias, "dbias", Want::F32}});
   check_1d("bias_backward", dbias, "dbias");
   check_last_dim("bias_backward", dy, "dy", dbias.numel(), "dbias size");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(bias_backward(dy, dbias, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("bias_backward", k);
+    PARALLEL_ON_CUDA(bias_backward(dy, dbias, stream));
+  }
   cpu::bias_backward(dy, dbias);
 }
 
 // ---- element-wise -----------------------------------------------------------------------------
 
 void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
-  const Device dev = check_args("add", {{a, "a"}, {b, "b"}, {out, "out"}});
+  const Checked k = check_args("add", {{a, "a"}, {b, "b"}, {out, "out"}});
   check_same_shape("add", a, "a", b, "b");
   check_same_shape("add", a, "a", out, "out");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(add(a, b, out, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("add", k);
+    PARALLEL_ON_CUDA(add(a, b, out, stream));
+  }
   cpu::add(a, b, out);
 }
 
 void add_(Tensor& a, const Tensor& b, Stream stream) {
-  const Device dev = check_args("add_", {{a, "a"}, {b, "b"}});
+  const Checked k = check_args("add_", {{a, "a"}, {b, "b"}});
   check_same_shape("add_", a, "a", b, "b");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(add_(a, b, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("add_", k);
+    PARALLEL_ON_CUDA(add_(a, b, stream));
+  }
   cpu::add_(a, b);
 }
 
 void scale_(Tensor& a, float alpha, Stream stream) {
-  const Device dev = check_args("scale_", {{a, "a"}});
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(scale_(a, alpha, stream));
+  const Checked k = check_args("scale_", {{a, "a"}});
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("scale_", k);
+    PARALLEL_ON_CUDA(scale_(a, alpha, stream));
+  }
   cpu::scale_(a, alpha);
 }
 
@@ -148,9 +203,9 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream) {
   PARALLEL_CHECK(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
                  "ops::round_to_precision_: precision must be fp32, bf16 or fp16, got {}",
                  dtype_name(precision));
-  const Device dev = check_args("round_to_precision_", {{x, "x"}});
+  const Checked k = check_args("round_to_precision_", {{x, "x", Want::F32}});
   if (precision == DType::F32) return;
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(round_to_precision_(x, precision, stream));
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(round_to_precision_(x, precision, stream));
   if (precision == DType::BF16)
     cpu::round_to_bf16_(x);
   else
@@ -158,17 +213,23 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
-  const Device dev = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
+  const Checked k = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("gelu_forward", x, "x", y, "y");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(gelu_forward(x, y, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("gelu_forward", k);
+    PARALLEL_ON_CUDA(gelu_forward(x, y, stream));
+  }
   cpu::gelu_forward(x, y);
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream) {
-  const Device dev = check_args("gelu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
+  const Checked k = check_args("gelu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_same_shape("gelu_backward", dy, "dy", x, "x");
   check_same_shape("gelu_backward", dx, "dx", x, "x");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(gelu_backward(dy, x, dx, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("gelu_backward", k);
+    PARALLEL_ON_CUDA(gelu_backward(dy, x, dx, stream));
+  }
   cpu::gelu_backward(dy, x, dx);
 }
 
@@ -183,33 +244,45 @@ void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* 
 }  // namespace
 
 void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
-  const Device dev = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
+  const Checked k = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
   check_swiglu("swiglu_forward", x, y, "y");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(swiglu_forward(x, y, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("swiglu_forward", k);
+    PARALLEL_ON_CUDA(swiglu_forward(x, y, stream));
+  }
   cpu::swiglu_forward(x, y);
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream) {
-  const Device dev = check_args("swiglu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
+  const Checked k = check_args("swiglu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_swiglu("swiglu_backward", x, dy, "dy");
   check_same_shape("swiglu_backward", dx, "dx", x, "x");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(swiglu_backward(dy, x, dx, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("swiglu_backward", k);
+    PARALLEL_ON_CUDA(swiglu_backward(dy, x, dx, stream));
+  }
   cpu::swiglu_backward(dy, x, dx);
 }
 
 void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset, Stream stream) {
-  const Device dev = check_args("dropout_forward", {{x, "x"}, {y, "y"}});
+  const Checked k = check_args("dropout_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("dropout_forward", x, "x", y, "y");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_forward: p = {} must be in [0, 1]", p);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(dropout_forward(x, y, p, seed, offset, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("dropout_forward", k);
+    PARALLEL_ON_CUDA(dropout_forward(x, y, p, seed, offset, stream));
+  }
   cpu::dropout_forward(x, y, p, seed, offset);
 }
 
 void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset, Stream stream) {
-  const Device dev = check_args("dropout_backward", {{dy, "dy"}, {dx, "dx"}});
+  const Checked k = check_args("dropout_backward", {{dy, "dy"}, {dx, "dx"}});
   check_same_shape("dropout_backward", dy, "dy", dx, "dx");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_backward: p = {} must be in [0, 1]", p);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(dropout_backward(dy, dx, p, seed, offset, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("dropout_backward", k);
+    PARALLEL_ON_CUDA(dropout_backward(dy, dx, p, seed, offset, stream));
+  }
   cpu::dropout_backward(dy, dx, p, seed, offset);
 }
 
@@ -218,29 +291,36 @@ void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                        Tensor& rstd, float eps, Stream stream) {
   const char* op = "layernorm_forward";
-  const Device dev = check_args(
-      op, {{x, "x"}, {weight, "weight"}, {bias, "bias"}, {y, "y"}, {mean, "mean"}, {rstd, "rstd"}});
+  const Checked k = check_args(op, {{x, "x"},
+                                    {weight, "weight", Want::Param},
+                                    {bias, "bias", Want::Param},
+                                    {y, "y"},
+                                    {mean, "mean", Want::F32},
+                                    {rstd, "rstd", Want::F32}});
   check_1d(op, weight, "weight");
   check_last_dim(op, x, "x", weight.numel(), "weight size");
   check_same_shape(op, bias, "bias", weight, "weight");
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(layernorm_forward(x, weight, bias, y, mean, rstd, eps, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
+    PARALLEL_ON_CUDA(layernorm_forward(x, weight, bias, y, mean, rstd, eps, stream));
+  }
   cpu::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream) {
   const char* op = "layernorm_backward";
-  const Device dev = check_args(op, {{dy, "dy"},
-                                     {x, "x"},
-                                     {weight, "weight"},
-                                     {mean, "mean"},
-                                     {rstd, "rstd"},
-                                     {dx, "dx"},
-                                     {dweight, "dweight"},
-                                     {dbias, "dbias"}});
+  const Checked k = check_args(op, {{dy, "dy"},
+                                    {x, "x"},
+                                    {weight, "weight", Want::Param},
+                                    {mean, "mean", Want::F32},
+                                    {rstd, "rstd", Want::F32},
+                                    {dx, "dx"},
+                                    {dweight, "dweight", Want::F32},
+                                    {dbias, "dbias", Want::F32}});
   check_1d(op, weight, "weight");
   check_last_dim(op, x, "x", weight.numel(), "weight size");
   check_same_shape(op, dy, "dy", x, "x");
@@ -249,35 +329,48 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_same_shape(op, dbias, "dbias", weight, "weight");
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda())
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, stream));
+  }
   cpu::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                      Stream stream) {
   const char* op = "rmsnorm_forward";
-  const Device dev = check_args(op, {{x, "x"}, {weight, "weight"}, {y, "y"}, {rstd, "rstd"}});
+  const Checked k =
+      check_args(op, {{x, "x"}, {weight, "weight", Want::Param}, {y, "y"}, {rstd, "rstd", Want::F32}});
   check_1d(op, weight, "weight");
   check_last_dim(op, x, "x", weight.numel(), "weight size");
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(rmsnorm_forward(x, weight, y, rstd, eps, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
+    PARALLEL_ON_CUDA(rmsnorm_forward(x, weight, y, rstd, eps, stream));
+  }
   cpu::rmsnorm_forward(x, weight, y, rstd, eps);
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight, Stream stream) {
   const char* op = "rmsnorm_backward";
-  const Device dev = check_args(
-      op, {{dy, "dy"}, {x, "x"}, {weight, "weight"}, {rstd, "rstd"}, {dx, "dx"}, {dweight, "dweight"}});
+  const Checked k = check_args(op, {{dy, "dy"},
+                                    {x, "x"},
+                                    {weight, "weight", Want::Param},
+                                    {rstd, "rstd", Want::F32},
+                                    {dx, "dx"},
+                                    {dweight, "dweight", Want::F32}});
   check_1d(op, weight, "weight");
   check_last_dim(op, x, "x", weight.numel(), "weight size");
   check_same_shape(op, dy, "dy", x, "x");
   check_same_shape(op, dx, "dx", x, "x");
   check_same_shape(op, dweight, "dweight", weight, "weight");
   check_rows(op, rstd, "rstd", x);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(rmsnorm_backward(dy, x, weight, rstd, dx, dweight, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
+    PARALLEL_ON_CUDA(rmsnorm_backward(dy, x, weight, rstd, dx, dweight, stream));
+  }
   cpu::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 }
 
@@ -305,54 +398,62 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }  // namespace
 
 void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream) {
-  const Device dev = check_args("rope_forward", {{x, "x"}});
+  const Checked k = check_args("rope_forward", {{x, "x"}});
   check_rope("rope_forward", x, theta);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(rope_forward(x, position_offset, theta, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("rope_forward", k);
+    PARALLEL_ON_CUDA(rope_forward(x, position_offset, theta, stream));
+  }
   cpu::rope_forward(x, position_offset, theta);
 }
 
 void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream) {
-  const Device dev = check_args("rope_backward", {{dx, "dx"}});
+  const Checked k = check_args("rope_backward", {{dx, "dx"}});
   check_rope("rope_backward", dx, theta);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(rope_backward(dx, position_offset, theta, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("rope_backward", k);
+    PARALLEL_ON_CUDA(rope_backward(dx, position_offset, theta, stream));
+  }
   cpu::rope_backward(dx, position_offset, theta);
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale, DType operand_precision, Stream stream) {
+                       bool causal, float softmax_scale, Stream stream) {
   const char* op = "attention_forward";
-  check_operand_precision(op, operand_precision);
-  const Device dev = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}});
+  const Checked c = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse", Want::F32}});
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
-  if (dev.is_cuda())
-    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, operand_precision, stream));
+  if (c.device.is_cuda()) {
+    check_cuda_dtype(op, c);
+    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, DType::F32, stream));
+  }
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale, DType operand_precision, Stream stream) {
+                        float softmax_scale, Stream stream) {
   const char* op = "attention_backward";
-  check_operand_precision(op, operand_precision);
-  const Device dev = check_args(op, {{dout, "dout"},
-                                     {q, "q"},
-                                     {k, "k"},
-                                     {v, "v"},
-                                     {out, "out"},
-                                     {lse, "lse"},
-                                     {dq, "dq"},
-                                     {dk, "dk"},
-                                     {dv, "dv"}});
+  const Checked c = check_args(op, {{dout, "dout"},
+                                    {q, "q"},
+                                    {k, "k"},
+                                    {v, "v"},
+                                    {out, "out"},
+                                    {lse, "lse", Want::F32},
+                                    {dq, "dq"},
+                                    {dk, "dk"},
+                                    {dv, "dv"}});
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
   check_same_shape(op, dout, "dout", q, "q");
   check_same_shape(op, dq, "dq", q, "q");
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
-  if (dev.is_cuda())
-    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale,
-                                        operand_precision, stream));
+  if (c.device.is_cuda()) {
+    check_cuda_dtype(op, c);
+    PARALLEL_ON_CUDA(
+        attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, DType::F32, stream));
+  }
   cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
 }
 
@@ -386,43 +487,56 @@ void check_ce(const char* op, const Tensor& logits, std::initializer_list<Arg> r
 void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out,
                        Stream stream) {
   const char* op = "embedding_forward";
-  const Device dev = check_args(op, {{tokens, "tokens", DType::I32}, {weight, "weight"}, {out, "out"}});
+  const Checked k =
+      check_args(op, {{tokens, "tokens", Want::I32}, {weight, "weight", Want::Param}, {out, "out"}});
   check_embedding(op, tokens, weight, "weight", out, "out");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(embedding_forward(tokens, weight, vocab_start, out, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
+    PARALLEL_ON_CUDA(embedding_forward(tokens, weight, vocab_start, out, stream));
+  }
   cpu::embedding_forward(tokens, weight, vocab_start, out);
 }
 
 void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dweight,
                         Stream stream) {
   const char* op = "embedding_backward";
-  const Device dev = check_args(op, {{tokens, "tokens", DType::I32}, {dout, "dout"}, {dweight, "dweight"}});
+  const Checked k =
+      check_args(op, {{tokens, "tokens", Want::I32}, {dout, "dout"}, {dweight, "dweight", Want::F32}});
   check_embedding(op, tokens, dweight, "dweight", dout, "dout");
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(embedding_backward(tokens, dout, vocab_start, dweight, stream));
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
+    PARALLEL_ON_CUDA(embedding_backward(tokens, dout, vocab_start, dweight, stream));
+  }
   cpu::embedding_backward(tokens, dout, vocab_start, dweight);
 }
 
 void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                int64_t vocab_size, Tensor& row_max, Tensor& target_logit, Stream stream) {
   const char* op = "cross_entropy_local_stats";
-  const Device dev = check_args(op, {{logits, "logits"},
-                                     {targets, "targets", DType::I32},
-                                     {row_max, "row_max"},
-                                     {target_logit, "target_logit"}});
+  const Checked k = check_args(op, {{logits, "logits"},
+                                    {targets, "targets", Want::I32},
+                                    {row_max, "row_max", Want::F32},
+                                    {target_logit, "target_logit", Want::F32}});
   check_ce(op, logits, {{targets, "targets"}, {row_max, "row_max"}, {target_logit, "target_logit"}},
            vocab_start, vocab_size);
-  if (dev.is_cuda())
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(
         cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, stream));
+  }
   cpu::cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit);
 }
 
 void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
                            int64_t vocab_size, Tensor& sum_exp, Stream stream) {
   const char* op = "cross_entropy_sum_exp";
-  const Device dev = check_args(op, {{logits, "logits"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}});
+  const Checked k =
+      check_args(op, {{logits, "logits"}, {row_max, "row_max", Want::F32}, {sum_exp, "sum_exp", Want::F32}});
   check_ce(op, logits, {{row_max, "row_max"}, {sum_exp, "sum_exp"}}, vocab_start, vocab_size);
-  if (dev.is_cuda())
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp, stream));
+  }
   cpu::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
 }
 
@@ -430,19 +544,21 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits, Stream stream) {
   const char* op = "cross_entropy_backward";
-  const Device dev = check_args(op, {{logits, "logits"},
-                                     {targets, "targets", DType::I32},
-                                     {row_max, "row_max"},
-                                     {sum_exp, "sum_exp"},
-                                     {grad_scale, "grad_scale"},
-                                     {dlogits, "dlogits"}});
+  const Checked k = check_args(op, {{logits, "logits"},
+                                    {targets, "targets", Want::I32},
+                                    {row_max, "row_max", Want::F32},
+                                    {sum_exp, "sum_exp", Want::F32},
+                                    {grad_scale, "grad_scale", Want::F32},
+                                    {dlogits, "dlogits"}});
   check_ce(op, logits,
            {{targets, "targets"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}, {grad_scale, "grad_scale"}},
            vocab_start, vocab_size);
   check_same_shape(op, dlogits, "dlogits", logits, "logits");
-  if (dev.is_cuda())
+  if (k.device.is_cuda()) {
+    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start,
                                             vocab_size, dlogits, stream));
+  }
   cpu::cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start, vocab_size,
                               dlogits);
 }
@@ -450,8 +566,11 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 // ---- reductions -------------------------------------------------------------------------------
 
 double sum_of_squares(const Tensor& x, Stream stream) {
-  const Device dev = check_args("sum_of_squares", {{x, "x"}});
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(sum_of_squares(x, stream));
+  const Checked k = check_args("sum_of_squares", {{x, "x"}});
+  if (k.device.is_cuda()) {
+    check_cuda_dtype("sum_of_squares", k);
+    PARALLEL_ON_CUDA(sum_of_squares(x, stream));
+  }
   return cpu::sum_of_squares(x);
 }
 
@@ -459,14 +578,16 @@ double sum_of_squares(const Tensor& x, Stream stream) {
 
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
                    Stream stream) {
-  const Device dev = check_args(
-      "adamw_update_", {{param, "param"}, {grad, "grad"}, {exp_avg, "exp_avg"}, {exp_avg_sq, "exp_avg_sq"}});
+  const Checked k = check_args("adamw_update_", {{param, "param", Want::F32},
+                                                 {grad, "grad", Want::F32},
+                                                 {exp_avg, "exp_avg", Want::F32},
+                                                 {exp_avg_sq, "exp_avg_sq", Want::F32}});
   PARALLEL_CHECK(grad.numel() == param.numel() && exp_avg.numel() == param.numel() &&
                      exp_avg_sq.numel() == param.numel(),
                  "ops::adamw_update_: param {}, grad {}, exp_avg {}, exp_avg_sq {} must have one numel",
                  param.numel(), grad.numel(), exp_avg.numel(), exp_avg_sq.numel());
   PARALLEL_CHECK(h.step >= 1, "ops::adamw_update_: step counts from 1, got {}", h.step);
-  if (dev.is_cuda()) PARALLEL_ON_CUDA(adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream));
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream));
   cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h);
 }
 

@@ -6,15 +6,10 @@
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
+#include "parallel/precision.hpp"
 
 namespace parallel {
-namespace {
-
-DType low_dtype(Precision p) {
-  return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 OptimizerGroups OptimizerGroups::from(ParallelState& state) {
   OptimizerGroups g;
@@ -100,8 +95,8 @@ StepResult Optimizer::step(double lr) {
   for (Slot& s : slots_) {
     h.weight_decay = s.weight_decay;
     ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
+    // The model's 16-bit copy, rounded to nearest even from the fp32 main weights.
     if (s.target.defined()) s.target.copy_(s.main);
-    if (s.round_to != DType::F32) ops::round_to_precision_(s.target, s.round_to);
   }
   after_update();
   return r;
@@ -116,11 +111,7 @@ std::vector<Optimizer::StateSlice> Optimizer::state_slices() const {
 
 void Optimizer::reset_main_from_params() {
   if (!main_.defined()) return;
-  for (Slot& s : slots_) {
-    // Without DDP the target is the fp32 Parameter itself: round it first, as the constructor does.
-    if (s.round_to != DType::F32) ops::round_to_precision_(s.target, s.round_to);
-    s.main.copy_(s.target);
-  }
+  for (Slot& s : slots_) s.main.copy_(s.target);
 }
 
 AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& config, Precision precision,
@@ -132,18 +123,20 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
   allocate_state(total, low, params.empty() ? Device::cpu() : params.front()->value.device());
   int64_t offset = 0;
   for (Parameter* p : params) {
-    PARALLEL_CHECK(p->value.is_contiguous() && p->grad.is_contiguous() && p->value.dtype() == DType::F32,
-                   "AdamW: {} must be contiguous fp32", p->name);
+    const DType want = compute_dtype(precision);
+    PARALLEL_CHECK(p->value.is_contiguous() && p->grad.is_contiguous() && p->grad.dtype() == DType::F32 &&
+                       p->value.dtype() == want,
+                   "AdamW: {} must be contiguous with a {} value (the precision policy's, precision.hpp) and "
+                   "an fp32 gradient; got a {} value",
+                   p->name, dtype_name(want), dtype_name(p->value.dtype()));
     const int64_t n = p->numel();
     Tensor value = p->value.flatten();
     Slot s;
     if (low) {
-      // The model's values start at the low precision too, so both sides agree from step 0.
-      ops::round_to_precision_(value, low_dtype(precision));
+      // Main weights start from the model's 16-bit values, so both sides agree from step 0.
       Tensor main = main_.narrow(0, offset, n);
       main.copy_(value);
       s = make_slot(p, p->grad.flatten(), main, value, offset);
-      s.round_to = low_dtype(precision);
     } else {
       s = make_slot(p, p->grad.flatten(), value, Tensor(), offset);
     }
@@ -157,9 +150,9 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
   PARALLEL_CHECK(!ddp.options().distributed_optimizer,
                  "AdamW: this DDP reduce-scatters gradients; use DistributedOptimizer with it");
   ParamAndGradBuffer& buf = ddp.buffer();
-  const bool low = buf.has_working_copy();
+  const bool low = buf.low_precision();
   allocate_state(buf.numel(), low, buf.grad_data().device());
-  if (low) main_.copy_(buf.working_data());
+  if (low) main_.copy_(buf.param_data());
   for (Parameter* p : buf.params()) {
     const int64_t off = buf.offset_of(p), n = p->numel();
     Tensor grad = buf.grad_data().narrow(0, off, n);
@@ -169,11 +162,6 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
       slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor(), off));
     }
   }
-}
-
-void AdamW::after_update() {
-  // The model computes on the fp32 working copy of the low-precision parameters.
-  if (ddp_ != nullptr) ddp_->buffer().refresh_working(0, ddp_->buffer().numel());
 }
 
 }  // namespace parallel

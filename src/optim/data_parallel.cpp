@@ -4,21 +4,10 @@
 
 #include "parallel/gpt_model.hpp"
 #include "parallel/ops.hpp"
+#include "parallel/precision.hpp"
 
 namespace parallel {
 namespace {
-
-DType param_dtype(Precision p) {
-  switch (p) {
-    case Precision::BF16:
-      return DType::BF16;
-    case Precision::FP16:
-      return DType::F16;
-    case Precision::FP32:
-      break;
-  }
-  return DType::F32;
-}
 
 std::vector<Parameter*> chunk_params(const std::vector<GPTModel*>& chunks) {
   std::vector<Parameter*> out;
@@ -57,7 +46,7 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& 
   for (Parameter* p : params)
     if (seen.insert(p).second) params_.push_back(p);
   BufferOptions b;
-  b.param_dtype = param_dtype(options_.precision);
+  b.param_dtype = compute_dtype(options_.precision);
   b.bucket_size = options_.bucket_size;
   b.data_parallel_size = dp.size();
   b.distributed_optimizer = options_.distributed_optimizer;
@@ -163,7 +152,6 @@ void DataParallel::finish_gather(Bucket& bucket) {
   if (!gather_work_[bucket.index]) return;
   gather_work_[bucket.index]->wait();
   gather_work_[bucket.index] = nullptr;
-  buffer_->refresh_working(bucket.offset, bucket.numel);
   record(DdpEvent::Kind::GatherDone, bucket.index);
 }
 

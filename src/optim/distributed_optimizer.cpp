@@ -12,7 +12,7 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
                  "DistributedOptimizer: dp group size {} differs from the DDP's {}", groups.dp->size(),
                  ddp.dp().size());
   ParamAndGradBuffer& buf = ddp.buffer();
-  const bool low = buf.has_working_copy();
+  const bool low = buf.low_precision();
   int64_t total = 0;
   for (const Bucket& b : buf.buckets()) total += ddp.shard(b).count;
   // The shards are laid out in the state tensors bucket after bucket, padding included: at most
@@ -31,7 +31,7 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
       Tensor params = buf.param_data().narrow(0, s_lo, n);
       if (low) {
         Tensor main = main_.narrow(0, state_off, n);
-        main.copy_(buf.working_data().narrow(0, s_lo, n));
+        main.copy_(params);  // widened from the 16-bit values
         slots_.push_back(make_slot(p, grad, main, params, state_off));
       } else {
         slots_.push_back(make_slot(p, grad, params, Tensor(), state_off));

@@ -59,9 +59,12 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<Parameter*>& params_in,
   PARALLEL_CHECK(!params.empty(), "ParamAndGradBuffer: no parameters");
   const Device device = params.front()->value.device();
   for (Parameter* p : params)
-    PARALLEL_CHECK(p->value.dtype() == DType::F32 && p->grad.dtype() == DType::F32 &&
-                       p->value.is_contiguous() && p->grad.is_contiguous() && p->value.device() == device,
-                   "ParamAndGradBuffer: {} must be contiguous fp32 on {}", p->name, device.str());
+    PARALLEL_CHECK((p->value.dtype() == DType::F32 || p->value.dtype() == options_.param_dtype) &&
+                       p->grad.dtype() == DType::F32 && p->value.is_contiguous() && p->grad.is_contiguous() &&
+                       p->value.device() == device,
+                   "ParamAndGradBuffer: {} must be contiguous on {} with an fp32 gradient and an fp32 or {} "
+                   "value (got {})",
+                   p->name, device.str(), dtype_name(options_.param_dtype), dtype_name(p->value.dtype()));
 
   // Backward produces gradients roughly in reverse registration order: laying the buffer out that
   // way lets the first buckets complete (and start reducing) while the backward is still running.
@@ -99,34 +102,20 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<Parameter*>& params_in,
 
   params_ = Tensor::zeros({numel_}, options_.param_dtype, device);
   grads_ = Tensor::zeros({numel_}, DType::F32, device);
-  working_ = has_working_copy() ? Tensor::zeros({numel_}, DType::F32, device) : params_;
   for (Parameter* p : layout_) {
     const int64_t off = index_[p].offset, n = p->numel();
-    Tensor work = working_.narrow(0, off, n);
-    work.copy_(p->value.flatten());
-    if (has_working_copy()) {
-      // Round into the low-precision parameters; the model then sees exactly those values.
-      Tensor low = params_.narrow(0, off, n);
-      low.copy_(work);
-      work.copy_(low);
-    }
+    Tensor value = params_.narrow(0, off, n);
+    value.copy_(p->value.flatten());  // rounds fp32 values into a 16-bit buffer
     Tensor grad = grads_.narrow(0, off, n);
     grad.copy_(p->grad.flatten());
     const Shape shape = p->value.shape();
-    p->value = work.view(shape);
+    p->value = value.view(shape);
     p->grad = grad.view(shape);
   }
   for (Bucket& b : buckets_) {
     b.params_view = params_.narrow(0, b.offset, b.numel);
     b.grads_view = grads_.narrow(0, b.offset, b.numel);
-    b.working_view = working_.narrow(0, b.offset, b.numel);
   }
-}
-
-void ParamAndGradBuffer::refresh_working(int64_t offset, int64_t numel) {
-  if (!has_working_copy() || numel == 0) return;
-  Tensor dst = working_.narrow(0, offset, numel);
-  dst.copy_(params_.narrow(0, offset, numel));
 }
 
 }  // namespace parallel

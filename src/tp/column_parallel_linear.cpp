@@ -90,10 +90,9 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {
   Tensor x_full = options_.sequence_parallel ? gather_sequence(tp_, x) : x.contiguous();
   Shape y_shape = x_full.shape();
   y_shape.back() = out_local_;
-  Tensor y = Tensor::empty(y_shape, DType::F32, x.device());
+  Tensor y = Tensor::empty(y_shape, x_full.dtype(), x.device());
   Tensor y2d = as_rows(y);
-  ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d, 1.0f, 0.0f,
-            options_.operand_precision);
+  ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d);
   if (options_.bias) ops::add_bias(y2d, fused(biases, &Parameter::value));
   ctx.input = x_full;
   return options_.gather_output ? gather_last_dim(tp_, y) : y;
@@ -106,10 +105,9 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   Tensor dy = options_.gather_output ? split_last_dim(tp_, dy_in) : dy_in.contiguous();
   const Tensor x2d = as_rows(x_full), dy2d = as_rows(dy);
 
-  Tensor dx_full = Tensor::empty(x_full.shape(), DType::F32, x_full.device());
+  Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype(), x_full.device());
   Tensor dx_full2d = as_rows(dx_full);
-  ops::gemm(dy2d, false, fused(weights, &Parameter::value), false, dx_full2d, 1.0f, 0.0f,
-            options_.operand_precision);
+  ops::gemm(dy2d, false, fused(weights, &Parameter::value), false, dx_full2d);
   // Each rank's dx covers only its output slice: sum over the group. Start the reduction now and
   // compute the parameter gradients while it runs.
   Tensor dx = dx_full;
@@ -120,14 +118,14 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
       PARALLEL_CHECK(shard[0] % tp_.size() == 0, "ColumnParallelLinear: sequence {} not divisible by tp = {}",
                      shard[0], tp_.size());
       shard[0] /= tp_.size();
-      dx = Tensor::empty(shard, DType::F32, x_full.device());
+      dx = Tensor::empty(shard, dx_full.dtype(), x_full.device());
       work = tp_.reduce_scatter(dx_full, dx, ReduceOp::Sum, /*async=*/true);
     } else {
       work = tp_.all_reduce(dx_full, ReduceOp::Sum, /*async=*/true);
     }
   }
   Tensor weight_grad = fused(weights, &Parameter::grad);
-  ops::gemm(dy2d, true, x2d, false, weight_grad, 1.0f, 1.0f, options_.operand_precision);
+  ops::gemm(dy2d, true, x2d, false, weight_grad, 1.0f, 1.0f);
   if (options_.bias) {
     Tensor bias_grad = fused(biases, &Parameter::grad);
     ops::bias_backward(dy2d, bias_grad);

@@ -45,7 +45,7 @@ Tensor vocab_parallel_cross_entropy(Communicator& tp, const Tensor& logits_in, c
 Tensor vocab_parallel_cross_entropy_backward(const Tensor& grad_loss, CrossEntropyContext& ctx) {
   PARALLEL_CHECK(ctx.logits.defined() && ctx.logits.numel() > 0,
                  "vocab_parallel_cross_entropy_backward: no saved state");
-  Tensor dlogits = Tensor::empty(ctx.logits.shape(), DType::F32, ctx.logits.device());
+  Tensor dlogits = Tensor::empty(ctx.logits.shape(), ctx.logits.dtype(), ctx.logits.device());
   ops::cross_entropy_backward(ctx.logits, ctx.targets, ctx.row_max, ctx.sum_exp, grad_loss.contiguous(),
                               ctx.vocab_start, ctx.vocab_size, dlogits);
   ctx = CrossEntropyContext{};

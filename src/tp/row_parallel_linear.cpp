@@ -47,9 +47,9 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, LinearContext& ctx) {
                  weight.name, x.str(), weight.value.size(1));
   Shape y_shape = x.shape();
   y_shape.back() = out;
-  Tensor partial = Tensor::empty(y_shape, DType::F32, x.device());
+  Tensor partial = Tensor::empty(y_shape, x.dtype(), x.device());
   Tensor partial2d = as_rows(partial);
-  ops::gemm(as_rows(x), false, weight.value, true, partial2d, 1.0f, 0.0f, options_.operand_precision);
+  ops::gemm(as_rows(x), false, weight.value, true, partial2d);
   Tensor y = partial;
   if (tp_.size() > 1) {
     if (options_.sequence_parallel) {
@@ -76,16 +76,16 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   if (options_.sequence_parallel && tp_.size() > 1) {
     Shape full = dy.shape();
     full[0] *= tp_.size();
-    dy_full = Tensor::empty(full, DType::F32, dy.device());
+    dy_full = Tensor::empty(full, dy.dtype(), dy.device());
     work = tp_.all_gather(dy, dy_full, /*async=*/true);
   }
   if (options_.bias) ops::bias_backward(as_rows(dy), bias.grad);
   work->wait();
   const Tensor dy2d = as_rows(dy_full), x2d = as_rows(x);
-  ops::gemm(dy2d, true, x2d, false, weight.grad, 1.0f, 1.0f, options_.operand_precision);
-  Tensor dx = Tensor::empty(x.shape(), DType::F32, x.device());
+  ops::gemm(dy2d, true, x2d, false, weight.grad, 1.0f, 1.0f);
+  Tensor dx = Tensor::empty(x.shape(), dy.dtype(), x.device());
   Tensor dx2d = as_rows(dx);
-  ops::gemm(dy2d, false, weight.value, false, dx2d, 1.0f, 0.0f, options_.operand_precision);
+  ops::gemm(dy2d, false, weight.value, false, dx2d);
   ctx.input = Tensor();
   return dx;
 }

@@ -24,7 +24,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(std::string name, int64_t vocab_p
 Tensor VocabParallelEmbedding::forward(const Tensor& tokens, Context& ctx) {
   PARALLEL_CHECK(tokens.dim() == 2, "VocabParallelEmbedding: tokens {} must be [b, s]", tokens.str());
   const int64_t b = tokens.size(0), s = tokens.size(1), h = weight.value.size(1);
-  Tensor out = Tensor::empty({s, b, h}, DType::F32, weight.value.device());
+  // The lookup output has the weight's dtype: the model's 16-bit copy under mixed precision.
+  Tensor out = Tensor::empty({s, b, h}, weight.value.dtype(), weight.value.device());
   ops::embedding_forward(tokens, weight.value, vocab_start(), out);
   ctx.tokens = tokens;
   if (tp_.size() == 1) return out;

@@ -211,17 +211,6 @@ TrainProgress progress_from_json(const json& j, int64_t index_step, bool& main_p
   return p;
 }
 
-// With bf16/fp16 DDP the Parameters are views into the fp32 working copy; the low-precision
-// buffer is what the optimizer writes back to and all-gathers, so it must hold the loaded values
-// too (rounded; the working copy then holds exactly the rounded values, as after construction).
-void sync_low_precision_buffer(Optimizer* optimizer) {
-  if (optimizer == nullptr || optimizer->data_parallel() == nullptr) return;
-  ParamAndGradBuffer& buf = optimizer->data_parallel()->buffer();
-  if (!buf.has_working_copy()) return;
-  buf.param_data().copy_(buf.working_data());
-  buf.refresh_working(0, buf.numel());
-}
-
 void finish_pending_gather(Optimizer* optimizer) {
   if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->finish_param_gather();
 }
@@ -307,7 +296,6 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
     checkpoint::load(loaded.step_dir, tensors, state.world());
   }
   for (auto [copy, original] : named.duplicates) copy->value.copy_(original->value);
-  sync_low_precision_buffer(optimizer);
   // The main params must follow the loaded weights (or, below, the saved main params): otherwise
   // the next step would write the optimizer's old weights back over the loaded ones.
   optimizer->reset_main_from_params();

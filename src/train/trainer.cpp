@@ -9,6 +9,7 @@
 #include "parallel/checkpoint.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/finalize_grads.hpp"
+#include "parallel/precision.hpp"
 #include "parallel/gpt_dataset.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/hardware_peak.hpp"
@@ -207,6 +208,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
   exec.virtual_stages = c.parallel.virtual_stages;
   exec.activation_shape = {c.model.seq_length / (sp ? c.parallel.tensor : 1), c.train.micro_batch_size,
                            c.model.hidden_size};
+  exec.dtype = compute_dtype(c.train.precision);  // stages pass 16-bit activations under bf16/fp16
   exec.device = m.device;
   m.executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
   exec.schedule = pipeline::forward_only;

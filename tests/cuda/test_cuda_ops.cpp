@@ -403,51 +403,43 @@ TEST(CudaOps, AttentionHeadDim128) {
   check_attention(70, 2, 2, 1, 128, false);
 }
 
-// The model's mixed-precision path: fp32 tensors holding bf16 values, operand_precision BF16. CUDA
-// runs the tensor-core kernels; the CPU computes in fp32 on the same values. Tolerances as the
+// The model's mixed-precision path: real bf16 tensors (ops.hpp, "Precision"). CUDA runs the
+// tensor-core kernels; the CPU widens the same values and computes in fp32. Tolerances as the
 // kernels' own tests (tests/cuda/test_flash_attention_mma.cpp): P and dS are rounded to bf16 and
 // the outputs are bf16.
-void round_bf16(Tensor& t) { ops::round_to_precision_(t, DType::BF16); }
-TEST(CudaOps, AttentionWithBf16OperandsUsesTensorCoresWithinBf16Tolerance) {
+Tensor to_bf16(const Tensor& t) { return t.to(DType::BF16); }
+TEST(CudaOps, AttentionOnBf16TensorsUsesTensorCoresWithinBf16Tolerance) {
   REQUIRE_GPU();
   for (int64_t d : {64, 128}) {
     SCOPED_TRACE(d);
     const int64_t s = 97, b = 2, hq = 4, hkv = 2;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    Tensor q = rand_cpu({s, b, hq, d}, 191, -2.0f, 2.0f), k = rand_cpu({s, b, hkv, d}, 192, -2.0f, 2.0f);
-    Tensor v = rand_cpu({s, b, hkv, d}, 193), dout = rand_cpu({s, b, hq, d}, 194);
-    for (Tensor* t : {&q, &k, &v, &dout}) round_bf16(*t);
-    Tensor out_c = Tensor::empty(q.shape(), DType::F32), lse_c = Tensor::empty({b, hq, s}, DType::F32);
+    const Tensor q = to_bf16(rand_cpu({s, b, hq, d}, 191, -2.0f, 2.0f)),
+                 k = to_bf16(rand_cpu({s, b, hkv, d}, 192, -2.0f, 2.0f));
+    const Tensor v = to_bf16(rand_cpu({s, b, hkv, d}, 193)), dout = to_bf16(rand_cpu({s, b, hq, d}, 194));
+    Tensor out_c = Tensor::empty(q.shape(), DType::BF16), lse_c = Tensor::empty({b, hq, s}, DType::F32);
     Tensor out_g = gpu(out_c), lse_g = gpu(lse_c);
-    ops::attention_forward(q, k, v, out_c, lse_c, true, scale, DType::BF16);
-    ops::attention_forward(gpu(q), gpu(k), gpu(v), out_g, lse_g, true, scale, DType::BF16);
+    ops::attention_forward(q, k, v, out_c, lse_c, true, scale);
+    ops::attention_forward(gpu(q), gpu(k), gpu(v), out_g, lse_g, true, scale);
     EXPECT_LT(err(out_g, out_c), 2e-2);
     EXPECT_LT(err(lse_g, lse_c), 1e-3);
-    // The output is bf16-representable (written by the 16-bit kernel).
-    Tensor rounded = host(out_g).clone();
-    round_bf16(rounded);
-    EXPECT_TRUE(bits_equal(rounded, out_g));
-    round_bf16(out_c);  // the model rounds the attention output; the backward reads it so
-    Tensor dq_c = Tensor::empty(q.shape(), DType::F32), dk_c = Tensor::empty(k.shape(), DType::F32),
-           dv_c = Tensor::empty(v.shape(), DType::F32);
+    Tensor dq_c = Tensor::empty(q.shape(), DType::BF16), dk_c = Tensor::empty(k.shape(), DType::BF16),
+           dv_c = Tensor::empty(v.shape(), DType::BF16);
     Tensor dq_g = gpu(dq_c), dk_g = gpu(dk_c), dv_g = gpu(dv_c);
-    ops::attention_backward(dout, q, k, v, out_c, lse_c, dq_c, dk_c, dv_c, true, scale, DType::BF16);
-    ops::attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), out_g, lse_g, dq_g, dk_g, dv_g, true, scale,
-                            DType::BF16);
+    ops::attention_backward(dout, q, k, v, out_c, lse_c, dq_c, dk_c, dv_c, true, scale);
+    ops::attention_backward(gpu(dout), gpu(q), gpu(k), gpu(v), out_g, lse_g, dq_g, dk_g, dv_g, true, scale);
     EXPECT_LT(err(dq_g, dq_c), 3e-2);
     EXPECT_LT(err(dk_g, dk_c), 3e-2);
     EXPECT_LT(err(dv_g, dv_c), 3e-2);
   }
 }
 
-TEST(CudaOps, GemmWithBf16OperandsMatchesCpu) {
+TEST(CudaOps, GemmOnBf16TensorsMatchesCpu) {
   REQUIRE_GPU();
-  Tensor a = rand_cpu({67, 83}, 201), b = rand_cpu({45, 83}, 202);
-  round_bf16(a);
-  round_bf16(b);
+  const Tensor a = to_bf16(rand_cpu({67, 83}, 201)), b = to_bf16(rand_cpu({45, 83}, 202));
   Tensor c = rand_cpu({67, 45}, 203), cg = gpu(c);
-  ops::gemm(a, false, b, true, c, 1.0f, 1.0f, DType::BF16);
-  ops::gemm(gpu(a), false, gpu(b), true, cg, 1.0f, 1.0f, DType::BF16);
+  ops::gemm(a, false, b, true, c, 1.0f, 1.0f);
+  ops::gemm(gpu(a), false, gpu(b), true, cg, 1.0f, 1.0f);
   EXPECT_LT(err(cg, c), 1e-4);
 }
 

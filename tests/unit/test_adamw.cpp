@@ -10,6 +10,7 @@
 
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
+#include "parallel/precision.hpp"
 #include "parallel/safetensors.hpp"
 #include "paths.hpp"
 
@@ -134,11 +135,14 @@ TEST(AdamW, ClipsByTheGlobalNorm) {
   EXPECT_NEAR(clipped.exp_avg_sq().to_float_vector()[5], 0.05 * 16.0 * r.clip_coef * r.clip_coef, 1e-7);
 }
 
-TEST(AdamW, Bf16KeepsFp32MainWeightsAndRoundsTheModelValues) {
+TEST(AdamW, Bf16KeepsFp32MainWeightsAndWritesTheModelsBf16Values) {
   Parameter w = make_param("w", {1.0f, 1.001f, -3.14159f, 0.3f}, {2, 2});
   OptimizerConfig cfg;
   cfg.clip_grad = 0.0;
   cfg.weight_decay = 0.0;
+  // The precision policy gives the model a bf16 copy (precision.hpp); the optimizer keeps fp32.
+  cast_parameters({&w}, DType::BF16);
+  ASSERT_EQ(w.value.dtype(), DType::BF16);
   AdamW opt({&w}, cfg, Precision::BF16);
   ASSERT_TRUE(opt.main_params().defined());
   EXPECT_EQ(opt.state_bytes(), 3u * 4u * sizeof(float));  // main + exp_avg + exp_avg_sq
@@ -156,6 +160,17 @@ TEST(AdamW, Bf16KeepsFp32MainWeightsAndRoundsTheModelValues) {
     EXPECT_EQ(value[i], bf16_to_float(float_to_bf16(main[i])));
   }
   EXPECT_NEAR(main[0], 1.0f - 20 * 1e-5f, 1e-6);
+}
+
+TEST(AdamW, LowPrecisionRefusesFp32ModelValues) {
+  Parameter w = make_param("w", {1.0f, 2.0f}, {2});
+  try {
+    AdamW opt({&w}, OptimizerConfig{}, Precision::BF16);
+    FAIL() << "accepted fp32 values for a bf16 run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be contiguous with a bf16 value"), std::string::npos)
+        << e.what();
+  }
 }
 
 // The op under the optimizer (ops::adamw_update_, shared by CPU and CUDA) checks its arguments.

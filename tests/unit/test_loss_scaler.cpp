@@ -7,6 +7,7 @@
 
 #include "parallel/loss_scaler.hpp"
 #include "parallel/optimizer.hpp"
+#include "parallel/precision.hpp"
 
 namespace parallel {
 namespace {
@@ -50,6 +51,7 @@ TEST(LossScaler, Fp16OverflowSkipsTheStep) {
   cfg.initial_loss_scale = 256.0;
   cfg.loss_scale_window = 2;
   cfg.clip_grad = 0.0;
+  cast_parameters({&w}, DType::F16);  // the model's fp16 copy (precision.hpp)
   AdamW opt({&w}, cfg, Precision::FP16);
   DynamicLossScaler* scaler = opt.loss_scaler();
   ASSERT_NE(scaler, nullptr);

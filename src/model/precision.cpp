@@ -1,0 +1,52 @@
+// The mixed-precision policy (precision.hpp).
+#include "parallel/precision.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace parallel {
+
+DType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::BF16:
+      return DType::BF16;
+    case Precision::FP16:
+      return DType::F16;
+    case Precision::FP32:
+      break;
+  }
+  return DType::F32;
+}
+
+void cast_parameters(const std::vector<Parameter*>& params, DType dtype) {
+  // Group by storage: a fused layer's parts must stay adjacent in one allocation.
+  std::vector<std::vector<Parameter*>> units;
+  std::unordered_map<const Storage*, std::size_t> unit_of;
+  std::unordered_set<const Parameter*> seen;
+  for (Parameter* p : params) {
+    if (!seen.insert(p).second || p->value.dtype() == dtype) continue;
+    PARALLEL_CHECK(p->value.is_contiguous(), "cast_parameters: {} must be contiguous", p->name);
+    auto [it, fresh] = unit_of.try_emplace(p->value.storage().get(), units.size());
+    if (fresh) units.emplace_back();
+    units[it->second].push_back(p);
+  }
+  for (auto& unit : units) {
+    std::stable_sort(unit.begin(), unit.end(), [](const Parameter* a, const Parameter* b) {
+      return a->value.storage_offset() < b->value.storage_offset();
+    });
+    int64_t total = 0;
+    for (Parameter* p : unit) total += p->numel();
+    Tensor low = Tensor::empty({total}, dtype, unit.front()->value.device());
+    int64_t offset = 0;
+    for (Parameter* p : unit) {
+      const int64_t n = p->numel();
+      Tensor slot = low.narrow(0, offset, n);
+      slot.copy_(p->value.flatten());
+      p->value = slot.view(p->value.shape());
+      offset += n;
+    }
+  }
+}
+
+}  // namespace parallel
