@@ -37,6 +37,15 @@ bf16 float_to_bf16(float v);  // round to nearest even; NaN stays NaN
 float f16_to_float(f16 v);
 f16 float_to_f16(float v);  // round to nearest even; overflow -> inf
 
+// Bulk conversions of n contiguous values between fp32 and `dt` (F32, BF16 or F16), vectorised,
+// with exactly the rounding of the scalar functions above (NaN payloads aside). The *_block forms
+// run on the calling thread (for use inside parallel regions); the others split large inputs
+// over the OpenMP threads.
+void convert_block_to_f32(const void* src, DType dt, float* dst, int64_t n);
+void convert_block_from_f32(const float* src, DType dt, void* dst, int64_t n);
+void convert_to_f32(const void* src, DType dt, float* dst, int64_t n);
+void convert_from_f32(const float* src, DType dt, void* dst, int64_t n);
+
 // Maps a C++ type to its DType, for typed accessors such as Tensor::data<T>().
 template <typename T>
 struct dtype_of;

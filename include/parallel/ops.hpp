@@ -169,5 +169,10 @@ struct AdamWStep {
 };
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
                    Stream stream = {});
+// The same update of the fp32 main weights `param`, also writing model_copy (bf16/fp16, [n]) =
+// param rounded to nearest even in the same pass: the mixed-precision write-back of the model's
+// 16-bit parameters, without a second pass over the main weights.
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& model_copy,
+                   const AdamWStep& h, Stream stream = {});
 
 }  // namespace parallel::ops

@@ -67,6 +67,6 @@ double sum_of_squares(const Tensor& x);
 
 // ---- optimizer (adamw.cpp) -----------------------------------------------------------------
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                   const ops::AdamWStep& h);
+                   const ops::AdamWStep& h, Tensor* model_copy);
 
 }  // namespace parallel::cpu

@@ -113,16 +113,11 @@ void copy_host(const Tensor& dst, const Tensor& src) {
       return;
     }
     const int64_t n = dst.numel();
-    if (dst.dtype() == DType::F32 && src.dtype() == DType::BF16) {
-      for (int64_t i = 0; i < n; ++i)
-        static_cast<float*>(d)[i] = bf16_to_float(static_cast<const bf16*>(s)[i]);
-      return;
-    }
-    if (dst.dtype() == DType::BF16 && src.dtype() == DType::F32) {
-      for (int64_t i = 0; i < n; ++i)
-        static_cast<bf16*>(d)[i] = float_to_bf16(static_cast<const float*>(s)[i]);
-      return;
-    }
+    auto half = [](DType t) { return t == DType::BF16 || t == DType::F16; };
+    if (dst.dtype() == DType::F32 && half(src.dtype()))
+      return convert_to_f32(s, src.dtype(), static_cast<float*>(d), n);
+    if (half(dst.dtype()) && src.dtype() == DType::F32)
+      return convert_from_f32(static_cast<const float*>(s), dst.dtype(), d, n);
     for (int64_t i = 0; i < n; ++i) store(d, dst.dtype(), i, load(s, src.dtype(), i));
     return;
   }

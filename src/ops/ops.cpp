@@ -576,8 +576,8 @@ double sum_of_squares(const Tensor& x, Stream stream) {
 
 // ---- optimizer --------------------------------------------------------------------------------
 
-void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
-                   Stream stream) {
+namespace {
+Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h) {
   const Checked k = check_args("adamw_update_", {{param, "param", Want::F32},
                                                  {grad, "grad", Want::F32},
                                                  {exp_avg, "exp_avg", Want::F32},
@@ -587,8 +587,33 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
                  "ops::adamw_update_: param {}, grad {}, exp_avg {}, exp_avg_sq {} must have one numel",
                  param.numel(), grad.numel(), exp_avg.numel(), exp_avg_sq.numel());
   PARALLEL_CHECK(h.step >= 1, "ops::adamw_update_: step counts from 1, got {}", h.step);
+  return k;
+}
+}  // namespace
+
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
+                   Stream stream) {
+  const Checked k = check_adamw(param, grad, exp_avg, exp_avg_sq, h);
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream));
-  cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h);
+  cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h, nullptr);
+}
+
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& model_copy,
+                   const AdamWStep& h, Stream stream) {
+  const Checked k = check_adamw(param, grad, exp_avg, exp_avg_sq, h);
+  PARALLEL_CHECK(model_copy.dtype() == DType::BF16 || model_copy.dtype() == DType::F16,
+                 "ops::adamw_update_: model_copy is {}, expected bf16 or fp16", dtype_name(model_copy.dtype()));
+  PARALLEL_CHECK(model_copy.is_contiguous() && model_copy.numel() == param.numel() &&
+                     model_copy.device() == param.device(),
+                 "ops::adamw_update_: model_copy {} must be contiguous, on {}, with {} elements", model_copy.str(),
+                 param.device().str(), param.numel());
+  if (k.device.is_cuda()) {
+    // No fused CUDA kernel yet: the update, then the rounding copy (stream-ordered).
+    adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream);
+    model_copy.copy_(param, stream);
+    return;
+  }
+  cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h, &model_copy);
 }
 
 }  // namespace parallel::ops

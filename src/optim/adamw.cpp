@@ -94,9 +94,11 @@ StepResult Optimizer::step(double lr) {
   h.grad_scale = static_cast<float>(r.clip_coef);
   for (Slot& s : slots_) {
     h.weight_decay = s.weight_decay;
-    ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
-    // The model's 16-bit copy, rounded to nearest even from the fp32 main weights.
-    if (s.target.defined()) s.target.copy_(s.main);
+    // Low precision: the model's 16-bit copy is written from the fp32 main weights in the same pass.
+    if (s.target.defined())
+      ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, s.target, h);
+    else
+      ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
   }
   after_update();
   return r;
