@@ -17,6 +17,8 @@
 //   whole GPT                      loss 1e-5; gradients 5e-5 (two layers of the above, forward
 //                                   and backward, each step adding its fp32 error;
 //                                   measured: <= 4e-6)
+//   whole GPT in bf16 against PyTorch's bf16 autocast (gpt_a_bf16): loss 1e-2, gradients 0.15
+//                                  each and 0.06 on average (see ConfigA_Bf16MatchesTorchAutocast)
 // PARALLEL_PARITY_VERBOSE=1 prints every comparison's error.
 #include <gtest/gtest.h>
 
@@ -400,13 +402,23 @@ bool is_vocab_param(const std::string& name) {
   return name == "embedding.word.weight" || name == "output.weight";
 }
 
-void check_gpt(const std::string& fixture_name) {
+// Tolerances of a whole-GPT comparison: fp32 against float64 (the file comment), or bf16 against
+// PyTorch's bf16 autocast (below).
+struct GptTolerance {
+  Precision precision = Precision::FP32;
+  double loss = 1e-5;
+  double grad = kGptGradTol;       // every gradient
+  double mean_grad = kGptGradTol;  // the mean of the gradients' errors
+};
+
+void check_gpt(const std::string& fixture_name, const GptTolerance& tol = {}) {
   SCOPED_TRACE(fixture_name);
   const Fixture f = load_fixture(fixture_name);
   const ModelConfig cfg =
       config_from_metadata(safetensors::load_metadata(fixtures_dir() + "/" + fixture_name + ".safetensors"));
   const int64_t V = cfg.vocab_size;
-  GPTModel model(cfg, GPTChunkSpec{0, cfg.num_layers, true, true}, GPTModel::Options{}, tp1());
+  GPTModel model(cfg, GPTChunkSpec{0, cfg.num_layers, true, true}, GPTModel::Options{.precision = tol.precision},
+                 tp1());
   const int64_t Vp = model.vocab_padded();
   EXPECT_EQ(Vp, 128);
 
@@ -441,14 +453,21 @@ void check_gpt(const std::string& fixture_name) {
   ASSERT_EQ(loss_sum.numel(), 1);
   const Tensor loss_mean =
       Tensor::full({}, loss_sum.to_float_vector()[0] / static_cast<double>(n), DType::F32);
-  EXPECT_TRUE(close("loss", loss_mean, get(f, "loss"), 1e-5));
+  EXPECT_TRUE(close("loss", loss_mean, get(f, "loss"), tol.loss));
 
   model.backward(Tensor::full({1}, 1.0 / static_cast<double>(n), DType::F32), *act);
+  double err_sum = 0.0;
+  int err_count = 0;
+  auto check_grad = [&](const std::string& what, const Tensor& actual, const Tensor& expected, double floor) {
+    EXPECT_TRUE(close(what, actual, expected, tol.grad, floor));
+    err_sum += testing::rel_err(actual, expected, floor);
+    ++err_count;
+  };
   for (Parameter* p : params) {
     if (!f.count("grad." + p->name)) continue;
     const Tensor& g = get(f, "grad." + p->name);
     if (is_vocab_param(p->name)) {
-      EXPECT_TRUE(close("grad." + p->name, p->grad.narrow(0, 0, V).contiguous(), g, kGptGradTol));
+      check_grad("grad." + p->name, p->grad.narrow(0, 0, V).contiguous(), g, 1e-6);
       const std::vector<float> pad = p->grad.narrow(0, V, Vp - V).to_float_vector();
       EXPECT_TRUE(std::all_of(pad.begin(), pad.end(), [](float x) { return x == 0.0f; }))
           << p->name << ": the padded vocabulary rows got a non-zero gradient";
@@ -459,15 +478,39 @@ void check_gpt(const std::string& fixture_name) {
           get(f, "grad." + p->name.substr(0, p->name.size() - 4) + "weight").to_float_vector();
       double scale = 0.0;
       for (float x : gw) scale = std::max(scale, std::fabs(static_cast<double>(x)));
-      EXPECT_TRUE(close("grad." + p->name, p->grad.contiguous(), g, kGptGradTol, scale));
+      check_grad("grad." + p->name, p->grad.contiguous(), g, scale);
     } else {
-      EXPECT_TRUE(close("grad." + p->name, p->grad.contiguous(), g, kGptGradTol, 1e-6));
+      check_grad("grad." + p->name, p->grad.contiguous(), g, 1e-6);
     }
   }
+  ASSERT_GT(err_count, 0);
+  EXPECT_LE(err_sum / err_count, tol.mean_grad) << "mean gradient error over " << err_count << " parameters";
 }
 
 TEST(GptParity, ConfigA_Gpt2Style) { check_gpt("gpt_a"); }
 TEST(GptParity, ConfigB_GqaSwigluRmsnormRope) { check_gpt("gpt_b"); }
+
+// Model A in bf16 against PyTorch's bf16 autocast on the same bf16 weights (gpt_a_bf16, written by
+// make_fixtures.py, which describes what autocast rounds). Both sides run the GEMMs on bf16 operands with
+// fp32 accumulation, but they round in different places, each rounding 2^-9 relative: autocast keeps the
+// residual stream, the norms and the residual adds in fp32, adds a linear's bias inside its GEMM and hands
+// bf16 probabilities to p·v; we keep every tensor between ops in bf16 (the residual stream, and in the
+// backward every op's input gradient before the residual sums), round a linear's GEMM output before adding
+// the bias and again after, and keep the probabilities fp32. So we round about twice as often, and our
+// gradients are further from the float64 result than autocast's (on these weights, worst / mean over the
+// gradients (the key biases aside) of max|error| / max|exact|: autocast 3.6e-2 / 1.7e-2, ours 1.06e-1 /
+// 4.2e-2, the worst being layer 0's query weight, the end of the longest backward chain through softmax). A
+// float64 emulation of exactly our rounding sites (run while writing this test, not committed: rounding
+// after every op output, every op input gradient, and the GEMM output before the bias) reproduces our
+// figures to three digits (loss 8.87e-4 relative, worst 0.106, mean 0.0415), so the gap is the policy's,
+// not a bug; without the rounding before the bias add it halves (mean 0.021). Measured ours against
+// autocast: loss 7.4e-4 relative; gradients worst 0.115 (layers.0.attention.query.weight), mean 0.039.
+// Tolerances: the loss within 1e-2 relative, every gradient within 0.15 of its largest element, their mean
+// within 0.06. A real error in the bf16 path (a dropped term, an unscaled, unreduced or wrongly rounded
+// gradient) is O(1) on the worst or moves the mean well past 0.06.
+TEST(GptParity, ConfigA_Bf16MatchesTorchAutocast) {
+  check_gpt("gpt_a_bf16", {.precision = Precision::BF16, .loss = 1e-2, .grad = 0.15, .mean_grad = 0.06});
+}
 
 }  // namespace
 }  // namespace parallel

@@ -48,6 +48,22 @@ Fixture files and tensor names (shapes in brackets; conventions of docs/model.md
       num_query_groups, ffn_hidden_size, vocab_size, seq_length, max_position_embeddings,
       normalization, activation, position_embedding, add_bias, tie_embeddings, norm_epsilon,
       rope_theta) and micro_batch_size, as strings.
+  gpt_a_bf16.safetensors  model A in bf16 with PyTorch's own mixed precision as the reference:
+      gpt_a's parameters, tokens and targets, the parameters rounded to bfloat16 (stored as BF16,
+      exact), and the model run in float32 under torch.autocast("cpu", dtype=torch.bfloat16) the
+      way a PyTorch user writes it (F.embedding, F.layer_norm, F.linear, torch.softmax, F.gelu,
+      F.cross_entropy; fp32 parameters that hold bf16 values). Tensors: every parameter (BF16),
+      "grad." + name (gradient of the mean loss, stored as BF16: autocast computes the weight
+      gradients by bf16 GEMMs, so they are bf16 values before the cast to the fp32 leaf), tokens,
+      targets, loss [] (F32). __metadata__ as gpt_a. What autocast rounds (torch 1.13, CPU): the
+      GEMMs (linear, q k^T, p v) and their backward run in bf16, with bf16 outputs; softmax and
+      GeLU take those bf16 tensors and return bf16 (fp32 inside the kernel); cross-entropy is on
+      autocast's fp32 list; layer_norm is not on CPU autocast's lists at all, but its input is the
+      residual stream, which stays fp32 (fp32 embedding + bf16 branch promotes to fp32), so the
+      norms and residual adds run in fp32. Our bf16 model keeps the residual stream in bf16 and
+      the attention probabilities in fp32, so the two round in different places (see
+      tests/mpi/test_pytorch_parity.cpp for the tolerance). The generator prints both sides'
+      distance from the float64 result on the same bf16 weights.
 """
 
 import json
@@ -64,7 +80,8 @@ OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 # ---- a minimal safetensors writer --------------------------------------------------------------
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: name -> torch tensor. Floats are written as F32, integers as I32."""
+    """tensors: name -> torch tensor. bfloat16 tensors are written as BF16, other floats as F32,
+    integers as I32."""
     header = {}
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
@@ -72,11 +89,14 @@ def write_safetensors(path, tensors, metadata=None):
     offset = 0
     for name in sorted(tensors):
         t = tensors[name].detach().cpu()
-        if t.is_floating_point():
-            t, dtype = t.to(torch.float32), "F32"
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: write its bits
+            data, dtype = t.contiguous().view(torch.int16).numpy().tobytes(), "BF16"
         else:
-            t, dtype = t.to(torch.int32), "I32"
-        data = t.contiguous().numpy().tobytes()  # little-endian on every machine we run on
+            if t.is_floating_point():
+                t, dtype = t.to(torch.float32), "F32"
+            else:
+                t, dtype = t.to(torch.int32), "I32"
+            data = t.contiguous().numpy().tobytes()  # little-endian on every machine we run on
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -392,6 +412,73 @@ def fixture_gpt(name, seed):
     return out, meta
 
 
+def gpt_forward_autocast(cfg, p, tokens, targets):
+    """Model A (GPT-2 style) as a PyTorch user writes it, to run under torch.autocast: the same
+    math as gpt_forward, with PyTorch's ops, so that autocast decides what runs in bf16."""
+    import torch.nn.functional as F
+    assert cfg["normalization"] == "layernorm" and cfg["activation"] == "gelu" and cfg["add_bias"]
+    assert cfg["position_embedding"] == "learned" and cfg["tie_embeddings"]
+    h, L, hq = cfg["hidden_size"], cfg["num_layers"], cfg["num_attention_heads"]
+    assert cfg["num_query_groups"] == hq
+    d, eps = h // hq, cfg["norm_epsilon"]
+    b, s = tokens.shape
+
+    def ln(prefix, x):
+        return F.layer_norm(x, (h,), p[prefix + ".weight"], p[prefix + ".bias"], eps)
+
+    def linear(prefix, x):
+        return F.linear(x, p[prefix + ".weight"], p[prefix + ".bias"])
+
+    x = F.embedding(tokens.T.long(), p["embedding.word.weight"]) + p["embedding.position.weight"][:s][:, None, :]
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+    for i in range(L):
+        pre = f"layers.{i}"
+        a = ln(pre + ".input_norm", x)
+        q, k, v = (linear(pre + ".attention." + n, a).view(s, b, hq, d).permute(1, 2, 0, 3)
+                   for n in ("query", "key", "value"))  # [b, h, s, d]
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        o = (probs @ v).permute(2, 0, 1, 3).reshape(s, b, h)
+        x = x + linear(pre + ".attention.proj", o)
+        m = ln(pre + ".post_attention_norm", x)
+        x = x + linear(pre + ".mlp.fc2", F.gelu(linear(pre + ".mlp.fc1", m), approximate="tanh"))
+    logits = F.linear(ln("final_norm", x), p["embedding.word.weight"])  # [s, b, V]
+    loss = F.cross_entropy(logits.reshape(s * b, -1), targets.T.reshape(-1).long())
+    return logits, loss
+
+
+def fixture_gpt_bf16(name, seed):
+    """gpt_<name>'s parameters and data, rounded to bf16, under PyTorch's bf16 autocast."""
+    torch.manual_seed(seed)  # the same draws as fixture_gpt(name, seed)
+    cfg = gpt_config(name)
+    values = {k: v.to(torch.bfloat16) for k, v in gpt_parameters(cfg).items()}
+    b, s, V = cfg["micro_batch_size"], cfg["seq_length"], cfg["vocab_size"]
+    tokens = torch.randint(0, V, (b, s), dtype=torch.int32)
+    targets = torch.randint(0, V, (b, s), dtype=torch.int32)
+    names = sorted(values)
+
+    def run(dtype, autocast):
+        params = {k: leaf(v.to(dtype)) for k, v in values.items()}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            _, loss = gpt_forward_autocast(cfg, params, tokens, targets)
+        return loss, torch.autograd.grad(loss, [params[n] for n in names])
+
+    loss, g = run(torch.float32, True)
+    loss64, g64 = run(torch.float64, False)  # the exact result on the same weights, for the record
+    # The key bias's exact gradient is 0 (softmax ignores a shift of a query's scores): skipped here.
+    err = max(float((a.double() - e).abs().max() / e.abs().max())
+              for n, a, e in zip(names, g, g64) if not n.endswith("attention.key.bias"))
+    print(f"gpt_{name}_bf16: autocast loss {float(loss):.6f} vs float64 {float(loss64):.6f} "
+          f"(rel {abs(float(loss) - float(loss64)) / float(loss64):.2e}), worst gradient error relative "
+          f"to its max {err:.2e}")
+    out = {n: values[n] for n in names}
+    out.update({"grad." + n: gn.to(torch.bfloat16) for n, gn in zip(names, g)})
+    out.update(tokens=tokens, targets=targets, loss=loss.float())
+    meta = {k: (str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, float) else str(v))
+            for k, v in cfg.items()}
+    return out, meta
+
+
 def main():
     fixtures = {
         "linear": fixture_linear(),
@@ -410,6 +497,8 @@ def main():
     for name, seed in (("a", 101), ("b", 102)):
         tensors, meta = fixture_gpt(name, seed)
         write_safetensors(os.path.join(OUT_DIR, f"gpt_{name}.safetensors"), tensors, meta)
+    tensors, meta = fixture_gpt_bf16("a", 101)
+    write_safetensors(os.path.join(OUT_DIR, "gpt_a_bf16.safetensors"), tensors, meta)
 
 
 if __name__ == "__main__":
