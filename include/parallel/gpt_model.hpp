@@ -80,6 +80,7 @@ class GPTModel {
   void set_param_use_hook(std::function<void(Parameter&)> hook);
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
+  Device device() const;  // where the parameters and activations live (Options::device)
   int64_t vocab_padded() const { return vocab_padded_; }
 
  private:

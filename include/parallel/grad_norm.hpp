@@ -15,8 +15,9 @@ namespace parallel {
 // Whether this rank counts `param`'s gradient in the global norm.
 bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pipeline_stage);
 
-// sqrt of local_sum_of_squares summed over `model` and `dp` (either may be null: not summed).
-double reduce_grad_norm(double local_sum_of_squares, Communicator* model, Communicator* dp);
+// sqrt of the local sum of squares (an fp32 [1] tensor on the gradients' device) summed in place
+// over `model` and `dp` (either may be null: not summed). Reads the result: one host read.
+double reduce_grad_norm(Tensor& local_sum_of_squares, Communicator* model, Communicator* dp);
 
 // max_norm / (norm + 1e-6) if that is below 1, else 1; 1 when max_norm <= 0 (clipping off).
 double clip_coefficient(double norm, double max_norm);

@@ -25,6 +25,7 @@ struct StepMetrics {
   double mfu = 0.0;                  // fraction of the peak, 0..1
   double peak_flops_per_rank = 0.0;  // the peak MFU is measured against (FLOP/s); 0: unknown
   double loss_scale = 0.0;           // fp16 only; 0 otherwise
+  int64_t host_reads = 0;            // host reads of tensor values this step, max over ranks (tensor.hpp)
   bool skipped = false;              // fp16 overflow: the update was skipped
 };
 

@@ -145,10 +145,20 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits, Stream stream = {});
 
+// loss[i] = log(sum_exp[i]) + row_max[i] - target_logit[i]: the per-token loss from the
+// all-reduced pieces, formed on their device (all fp32 [n]) so the host reads nothing per
+// micro-batch.
+void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        Tensor& loss, Stream stream = {});
+
 // ---- reductions -------------------------------------------------------------------------------
 
-// Sum of squares of all elements, accumulated in double (for the global gradient norm).
+// Sum of squares of all elements, accumulated in double. Returns a host value: one host read
+// (host_reads() counts it); prefer sum_of_squares_accumulate on the training path.
 double sum_of_squares(const Tensor& x, Stream stream = {});
+// acc[0] += sum of squares of x (x fp32, acc an fp32 [1] tensor on x's device; each tensor's sum is
+// formed in double): the global gradient norm without a host read per tensor.
+void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream = {});
 
 // ---- optimizer --------------------------------------------------------------------------------
 

@@ -139,8 +139,10 @@ class GPTPipelineModel final : public PipelineModel {
   Tensor forward(int chunk, int micro_batch, const Tensor& input) override;
   Tensor backward(int chunk, int micro_batch, const Tensor& grad) override;
 
-  // Sum of the token losses of this step's micro-batches (0 unless this rank holds the last stage).
-  double loss_sum() const { return loss_sum_; }
+  // Sum of the token losses of this step's micro-batches: [1] fp32 on the model's device, summed
+  // there in micro-batch order (0 unless this rank holds the last stage). Reading it is the
+  // caller's one host read per step.
+  const Tensor& loss_sum() const { return loss_sum_; }
   int live_activations() const { return static_cast<int>(activations_.size()); }
   int peak_live_activations() const { return peak_live_; }  // since start_step
   std::vector<Parameter*> parameters();                     // of every chunk
@@ -151,7 +153,7 @@ class GPTPipelineModel final : public PipelineModel {
   Tensor loss_scale_;
   uint64_t first_id_ = 0;
   bool forward_only_ = false;
-  double loss_sum_ = 0;
+  Tensor loss_sum_;
   int peak_live_ = 0;
   std::map<std::pair<int, int>, GPTModel::ActivationsPtr> activations_;  // (chunk, micro-batch)
 };

@@ -109,6 +109,14 @@ class Tensor {
   Device device_;
 };
 
+// Host reads: how often tensor values were turned into host numbers - Tensor::to_float_vector()
+// and ops that return a host value (ops::sum_of_squares) - counted the same on every device,
+// process-wide. On a GPU each one is a device-to-host transfer that makes the host wait, so the
+// training path reads values only through these (never through data<T>() of a copied tensor); the
+// trainer logs the count per step (metrics.jsonl "host_reads") and a test holds it at <= 3.
+int64_t host_reads();
+void count_host_read();
+
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
   PARALLEL_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "{} values for shape {}",

@@ -62,8 +62,12 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits);
 
+void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        Tensor& loss);
+
 // ---- reductions (reduce.cpp) ---------------------------------------------------------------
 double sum_of_squares(const Tensor& x);
+void sum_of_squares_accumulate(const Tensor& x, Tensor& acc);
 
 // ---- optimizer (adamw.cpp) -----------------------------------------------------------------
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

@@ -94,4 +94,12 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   }
 }
 
+void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        Tensor& loss) {
+  const int64_t n = loss.numel();
+  const float *M = row_max.data<float>(), *S = sum_exp.data<float>(), *T = target_logit.data<float>();
+  float* L = loss.data<float>();
+  for (int64_t i = 0; i < n; i++) L[i] = std::log(S[i]) + M[i] - T[i];
+}
+
 }  // namespace parallel::cpu

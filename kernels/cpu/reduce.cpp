@@ -22,4 +22,11 @@ double sum_of_squares(const Tensor& x) {
   return total;
 }
 
+// The accumulator is fp32 (a [1] tensor on the tensors' device, so that on a GPU nothing is read
+// back per tensor); each tensor's own sum is formed in double first.
+void sum_of_squares_accumulate(const Tensor& x, Tensor& acc) {
+  float* a = acc.data<float>();
+  a[0] = static_cast<float>(static_cast<double>(a[0]) + sum_of_squares(x));
+}
+
 }  // namespace parallel::cpu

@@ -1,5 +1,6 @@
 #include "parallel/tensor.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
 
@@ -344,7 +345,15 @@ void Tensor::fill_(double value, Stream stream) {
   for_each_element(shape_, strides_, strides_, [&](int64_t di, int64_t) { store(d, dtype_, di, value); });
 }
 
+namespace {
+std::atomic<int64_t> g_host_reads{0};
+}  // namespace
+
+int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }
+void count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
+
 std::vector<float> Tensor::to_float_vector() const {
+  count_host_read();
   const Tensor host = device_.is_cpu() ? *this : to(Device::cpu());
   std::vector<float> out(static_cast<size_t>(numel()));
   if (out.empty()) return out;

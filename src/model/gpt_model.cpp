@@ -167,6 +167,7 @@ std::vector<Parameter*> GPTModel::parameters() {
 }
 
 void GPTModel::set_training(bool training) { impl_->env.training = training; }
+Device GPTModel::device() const { return impl_->options.device; }
 
 void GPTModel::set_grad_ready_hook(std::function<void(Parameter&)> hook) {
   impl_->grad_ready = std::move(hook);
@@ -265,9 +266,11 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
     PARALLEL_CHECK(grad.numel() == 1, "GPTModel::backward: the last chunk takes a [1] gradient, got {}",
                    grad.str());
     const int64_t n = act.seq * act.batch;
-    // d(loss sum)/d(loss_i) = 1: every token's loss gets the same scale.
-    const float g = grad.to_float_vector()[0];
-    Tensor grad_loss = Tensor::full({n}, g, DType::F32, grad.device());
+    // d(loss sum)/d(loss_i) = 1: every token's loss gets the same scale, broadcast on the device
+    // (a bias added to a zero column) so the host never reads the scale.
+    Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
+    ops::add_bias(grad_loss, grad.view({1}));
+    grad_loss = grad_loss.view({n});
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
     // The loss is computed in fp32 from the bf16 logits; the gradient goes back as bf16 logits' grad.
     dx = m.output->backward(dlogits, act.output);

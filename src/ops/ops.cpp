@@ -4,15 +4,15 @@
 // device, the dtypes the op's contract allows (ops.hpp, "Precision"), with the shapes of the
 // contract. Kernels then read raw pointers.
 // CUDA tensors go to the kernels of kernels/cuda/cuda_ops.hpp: one PARALLEL_ON_CUDA line per op.
-#include "parallel/ops.hpp"
-
 #include <initializer_list>
 #include <string>
 
 #include "cpu/cpu_ops.hpp"
 #include "parallel/build_config.hpp"
 #include "parallel/error.hpp"
+#include "parallel/ops.hpp"
 #if PARALLEL_HAVE_CUDA
+#include "cuda/cuda_loss_ops.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/cuda_optim_ops.hpp"
 #endif
@@ -563,10 +563,26 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                               dlogits);
 }
 
+void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        Tensor& loss, Stream stream) {
+  const char* op = "cross_entropy_loss";
+  const Checked k = check_args(op, {{row_max, "row_max", Want::F32},
+                                    {sum_exp, "sum_exp", Want::F32},
+                                    {target_logit, "target_logit", Want::F32},
+                                    {loss, "loss", Want::F32}});
+  PARALLEL_CHECK(loss.dim() == 1, "ops::{}: loss {} must be [n]", op, shape_str(loss.shape()));
+  check_same_shape(op, row_max, "row_max", loss, "loss");
+  check_same_shape(op, sum_exp, "sum_exp", loss, "loss");
+  check_same_shape(op, target_logit, "target_logit", loss, "loss");
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(cross_entropy_loss(row_max, sum_exp, target_logit, loss, stream));
+  cpu::cross_entropy_loss(row_max, sum_exp, target_logit, loss);
+}
+
 // ---- reductions -------------------------------------------------------------------------------
 
 double sum_of_squares(const Tensor& x, Stream stream) {
   const Checked k = check_args("sum_of_squares", {{x, "x"}});
+  count_host_read();  // the result is a host value, on any device
   if (k.device.is_cuda()) {
     check_cuda_dtype("sum_of_squares", k);
     PARALLEL_ON_CUDA(sum_of_squares(x, stream));
@@ -574,10 +590,18 @@ double sum_of_squares(const Tensor& x, Stream stream) {
   return cpu::sum_of_squares(x);
 }
 
+void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream) {
+  const Checked k = check_args("sum_of_squares_accumulate", {{x, "x", Want::F32}, {acc, "acc", Want::F32}});
+  PARALLEL_CHECK(acc.numel() == 1, "ops::sum_of_squares_accumulate: acc {} must have one element", acc.str());
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(sum_of_squares_accumulate(x, acc, stream));
+  cpu::sum_of_squares_accumulate(x, acc);
+}
+
 // ---- optimizer --------------------------------------------------------------------------------
 
 namespace {
-Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h) {
+Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                    const AdamWStep& h) {
   const Checked k = check_args("adamw_update_", {{param, "param", Want::F32},
                                                  {grad, "grad", Want::F32},
                                                  {exp_avg, "exp_avg", Want::F32},
@@ -602,11 +626,12 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
                    const AdamWStep& h, Stream stream) {
   const Checked k = check_adamw(param, grad, exp_avg, exp_avg_sq, h);
   PARALLEL_CHECK(model_copy.dtype() == DType::BF16 || model_copy.dtype() == DType::F16,
-                 "ops::adamw_update_: model_copy is {}, expected bf16 or fp16", dtype_name(model_copy.dtype()));
+                 "ops::adamw_update_: model_copy is {}, expected bf16 or fp16",
+                 dtype_name(model_copy.dtype()));
   PARALLEL_CHECK(model_copy.is_contiguous() && model_copy.numel() == param.numel() &&
                      model_copy.device() == param.device(),
-                 "ops::adamw_update_: model_copy {} must be contiguous, on {}, with {} elements", model_copy.str(),
-                 param.device().str(), param.numel());
+                 "ops::adamw_update_: model_copy {} must be contiguous, on {}, with {} elements",
+                 model_copy.str(), param.device().str(), param.numel());
   if (k.device.is_cuda()) {
     // No fused CUDA kernel yet: the update, then the rounding copy (stream-ordered).
     adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream);

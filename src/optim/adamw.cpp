@@ -60,28 +60,29 @@ StepResult Optimizer::step(double lr) {
   if (scaler_) {
     r.loss_scale = scaler_->scale();
     const float inv = static_cast<float>(1.0 / scaler_->scale());
-    bool overflow = false;
-    for (Slot& s : slots_) {
-      ops::scale_(s.grad, inv);
-      overflow = overflow || has_inf_or_nan(s.grad);
-    }
-    // Every rank must make the same decision: one overflowing shard or stage skips the step.
-    Tensor flag = Tensor::full({1}, overflow ? 1.0 : 0.0, DType::F32);
-    if (groups_.model != nullptr && groups_.model->size() > 1) groups_.model->all_reduce(flag, ReduceOp::Max);
-    if (groups_.dp != nullptr && groups_.dp->size() > 1) groups_.dp->all_reduce(flag, ReduceOp::Max);
-    overflow = flag.to_float_vector()[0] != 0.0f;
+    for (Slot& s : slots_) ops::scale_(s.grad, inv);
+  }
+
+  // The global norm, summed on the gradients' device and reduced there: one host read per step.
+  // It doubles as the fp16 overflow check: a sum of squares is finite exactly when every gradient
+  // element is (short of values beyond 1e19, which no unscaled gradient reaches), and the
+  // reductions carry an inf or NaN to every rank, so all ranks make the same decision. Gradients
+  // left out of the norm (tp replicas, the tied embedding's second copy) equal ones counted.
+  Tensor sum_sq =
+      Tensor::zeros({1}, DType::F32, slots_.empty() ? Device::cpu() : slots_.front().grad.device());
+  for (const Slot& s : slots_)
+    if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage))
+      ops::sum_of_squares_accumulate(s.grad, sum_sq);
+  r.grad_norm = reduce_grad_norm(sum_sq, groups_.model, dp);
+  if (scaler_) {
+    const bool overflow = !std::isfinite(r.grad_norm);
     scaler_->update(overflow);
     if (overflow) {
       r.skipped = true;
+      r.grad_norm = 0.0;
       return r;
     }
   }
-
-  double local_sq = 0.0;
-  for (const Slot& s : slots_)
-    if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage))
-      local_sq += ops::sum_of_squares(s.grad);
-  r.grad_norm = reduce_grad_norm(local_sq, groups_.model, dp);
   r.clip_coef = clip_coefficient(r.grad_norm, config_.clip_grad);
 
   ++updates_;

@@ -11,9 +11,8 @@ bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pip
   return true;
 }
 
-double reduce_grad_norm(double local_sum_of_squares, Communicator* model, Communicator* dp) {
+double reduce_grad_norm(Tensor& total, Communicator* model, Communicator* dp) {
   // The collectives carry fp32: plenty for a sum of squares that is then square-rooted.
-  Tensor total = Tensor::full({1}, local_sum_of_squares, DType::F32);
   if (model != nullptr && model->size() > 1) model->all_reduce(total, ReduceOp::Sum);
   if (dp != nullptr && dp->size() > 1) dp->all_reduce(total, ReduceOp::Sum);
   return std::sqrt(static_cast<double>(total.to_float_vector()[0]));

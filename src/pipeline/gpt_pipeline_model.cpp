@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "parallel/error.hpp"
+#include "parallel/ops.hpp"
 #include "parallel/pipeline.hpp"
 
 namespace parallel::pipeline {
@@ -21,7 +22,7 @@ void GPTPipelineModel::start_step(MicroBatchFn data, Tensor loss_scale, uint64_t
   first_id_ = first_micro_batch_id;
   forward_only_ = false;
   for (GPTModel* chunk : chunks_) chunk->set_training(true);
-  loss_sum_ = 0;
+  loss_sum_ = Tensor::zeros({1}, DType::F32, chunks_.front()->device());
   peak_live_ = 0;
 }
 
@@ -44,7 +45,7 @@ Tensor GPTPipelineModel::forward(int chunk, int micro_batch, const Tensor& input
   auto act = model.new_activations();
   Tensor out = model.forward(spec.pre_process ? batch.tokens : input, batch.targets, *act,
                              first_id_ + static_cast<uint64_t>(micro_batch));
-  if (spec.post_process) loss_sum_ += out.to_float_vector()[0];
+  if (spec.post_process) ops::add_(loss_sum_, out);
   if (forward_only_) return out;  // no backward will come: let the saved activations go now
   const bool fresh = activations_.emplace(std::pair{chunk, micro_batch}, std::move(act)).second;
   PARALLEL_CHECK(fresh, "GPTPipelineModel: second forward of chunk {} micro-batch {}", chunk, micro_batch);

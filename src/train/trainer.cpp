@@ -9,7 +9,6 @@
 #include "parallel/checkpoint.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/finalize_grads.hpp"
-#include "parallel/precision.hpp"
 #include "parallel/gpt_dataset.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/hardware_peak.hpp"
@@ -18,6 +17,7 @@
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/precision.hpp"
 #include "parallel/preflight.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/signal_handler.hpp"
@@ -139,9 +139,18 @@ struct Trainer::Impl {
   // The global mean token loss: the last stage's sums (one tp rank each) added over the world.
   double global_mean_loss() {
     const bool counts = state->is_last_stage() && state->coord().tp == 0;
-    Tensor sum = Tensor::full({1}, counts ? model->loss_sum() : 0.0, DType::F32);
+    Tensor sum = Tensor::zeros({1}, DType::F32);
+    if (counts) sum.copy_(model->loss_sum());  // device -> host bytes; read once below
     world.all_reduce(sum);
     return sum.to_float_vector()[0] / static_cast<double>(tokens_per_batch());
+  }
+
+  // The largest value over all ranks: a host-side all-reduce of a host number (no tensor value is
+  // read back from a device here, so it is not itself a host read).
+  int64_t max_over_ranks(int64_t v) {
+    Tensor t = Tensor::full({1}, static_cast<double>(v), DType::F32);
+    world.all_reduce(t, ReduceOp::Max);
+    return static_cast<int64_t>(t.data<float>()[0]);
   }
 
   void save(int64_t at_step) {
@@ -301,6 +310,7 @@ int64_t Trainer::train() {
 
   while (m.step < c.train.steps) {
     const auto start = Clock::now();
+    const int64_t reads_before = host_reads();
     const int64_t t = m.step;  // 0-based index of this step's global batch
     m.ddp->zero_grad();
     const double lr = m.lr->lr(static_cast<int>(t));
@@ -317,6 +327,7 @@ int64_t Trainer::train() {
     m.ddp->finish_grad_sync();
     const StepResult result = m.optimizer->step(lr);
     const double loss = m.global_mean_loss();
+    const int64_t reads = m.max_over_ranks(host_reads() - reads_before);
     ++m.step;
 
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -330,6 +341,7 @@ int64_t Trainer::train() {
     s.peak_flops_per_rank = m.peak_flops;
     s.mfu = m.peak_flops > 0 ? m.flops_per_token * s.tokens_per_sec / (m.peak_flops * m.world.size()) : 0.0;
     s.skipped = result.skipped;
+    s.host_reads = reads;
     s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
     m.history.push_back(s);
 

@@ -363,7 +363,9 @@ TEST(SafetensorsFixtures, PythonWrittenFilesLoad) {
     const auto t = safetensors::load(e.path().string());
     EXPECT_FALSE(t.empty()) << e.path();
     for (const auto& [name, tensor] : t)
-      EXPECT_TRUE(tensor.dtype() == DType::F32 || tensor.dtype() == DType::I32) << e.path() << " " << name;
+      EXPECT_TRUE(tensor.dtype() == DType::F32 || tensor.dtype() == DType::I32 ||
+                  tensor.dtype() == DType::BF16)
+          << e.path() << " " << name;
   }
   EXPECT_GE(files, 12);
 
