@@ -8,6 +8,11 @@
 // bias_backward is a column reduction made deterministic without atomics: blocks of 32 columns x
 // a chunk of rows write partial sums [chunks, h], then one thread per column adds the chunks in
 // order into dbias. The chunking depends only on the shape, so results are bit-identical run to run.
+//
+// Activations may be fp32, bf16 or fp16 (the kernels are templated on the storage type, dispatched
+// from the dtype): loaded as float, computed in fp32, stored rounded to nearest even exactly as the
+// CPU narrows (common.cuh), so that a 16-bit output equals the CPU's bit for bit wherever the fp32
+// value does (add, scale, bias, dropout; GeLU / SwiGLU use expf where the CPU has a polynomial).
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
 
@@ -16,6 +21,8 @@ namespace {
 
 using cuda::detail::blocks_for;
 using cuda::detail::kThreads;
+using cuda::detail::to_f32;
+using cuda::detail::to_storage;
 
 cudaStream_t st(stream_t s) { return static_cast<cudaStream_t>(s); }
 
@@ -28,52 +35,64 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 
-__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int64_t h) {
-  GRID_STRIDE(i, n) y[i] += bias[i % h];
+// T: the activations' storage type (float, bf16, f16); W: the bias's (float or T). Every element
+// is loaded as float, computed in fp32 and stored rounded to nearest even (common.cuh), the CPU
+// kernels' widen / compute / narrow (kernels/cpu/widen.hpp) element for element.
+template <typename T, typename W>
+__global__ void add_bias_kernel(T* y, const W* bias, int64_t n, int64_t h) {
+  GRID_STRIDE(i, n) y[i] = to_storage<T>(to_f32(y[i]) + to_f32(bias[i % h]));
 }
 
-__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
-  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = to_storage<T>(to_f32(a[i]) + to_f32(b[i]));
 }
 
-__global__ void scale_kernel(float* a, float alpha, int64_t n) { GRID_STRIDE(i, n) a[i] *= alpha; }
+template <typename T>
+__global__ void scale_kernel(T* a, float alpha, int64_t n) {
+  GRID_STRIDE(i, n) a[i] = to_storage<T>(to_f32(a[i]) * alpha);
+}
 
-__global__ void gelu_fwd_kernel(const float* x, float* y, int64_t n) {
+template <typename T>
+__global__ void gelu_fwd_kernel(const T* x, T* y, int64_t n) {
   GRID_STRIDE(i, n) {
-    const float v = x[i];
+    const float v = to_f32(x[i]);
     const float u = kGeluC * (v + kGeluA * v * v * v);
-    y[i] = v * sigmoid(2.0f * u);
+    y[i] = to_storage<T>(v * sigmoid(2.0f * u));
   }
 }
 
 // d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx, du/dx = c (1 + 3 a x^2).
-__global__ void gelu_bwd_kernel(const float* dy, const float* x, float* dx, int64_t n) {
+template <typename T>
+__global__ void gelu_bwd_kernel(const T* dy, const T* x, T* dx, int64_t n) {
   GRID_STRIDE(i, n) {
-    const float v = x[i];
+    const float v = to_f32(x[i]);
     const float u = kGeluC * (v + kGeluA * v * v * v);
     const float s = sigmoid(2.0f * u);
     const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
-    dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+    dx[i] = to_storage<T>(to_f32(dy[i]) * (s + 2.0f * v * s * (1.0f - s) * du));
   }
 }
 
 // x [rows, 2f] = [gate | up], y [rows, f]; i indexes y.
-__global__ void swiglu_fwd_kernel(const float* x, float* y, int64_t n, int64_t f) {
+template <typename T>
+__global__ void swiglu_fwd_kernel(const T* x, T* y, int64_t n, int64_t f) {
   GRID_STRIDE(i, n) {
     const int64_t r = i / f, c = i % f;
-    const float g = x[r * 2 * f + c], u = x[r * 2 * f + f + c];
-    y[i] = g * sigmoid(g) * u;
+    const float g = to_f32(x[r * 2 * f + c]), u = to_f32(x[r * 2 * f + f + c]);
+    y[i] = to_storage<T>(g * sigmoid(g) * u);
   }
 }
 
 // y = g s(g) u: dy/dg = u s (1 + g (1 - s)), dy/du = g s.
-__global__ void swiglu_bwd_kernel(const float* dy, const float* x, float* dx, int64_t n, int64_t f) {
+template <typename T>
+__global__ void swiglu_bwd_kernel(const T* dy, const T* x, T* dx, int64_t n, int64_t f) {
   GRID_STRIDE(i, n) {
     const int64_t r = i / f, c = i % f;
     const int64_t gi = r * 2 * f + c, ui = gi + f;
-    const float g = x[gi], u = x[ui], s = sigmoid(g);
-    dx[gi] = dy[i] * u * s * (1.0f + g * (1.0f - s));
-    dx[ui] = dy[i] * g * s;
+    const float g = to_f32(x[gi]), u = to_f32(x[ui]), s = sigmoid(g), d = to_f32(dy[i]);
+    dx[gi] = to_storage<T>(d * u * s * (1.0f + g * (1.0f - s)));
+    dx[ui] = to_storage<T>(d * g * s);
   }
 }
 
@@ -90,9 +109,12 @@ __device__ __forceinline__ float uniform(uint64_t key, uint64_t index) {
   return static_cast<float>(mix64(key + (index + 1) * kGolden) >> 40) * (1.0f / 16777216.0f);
 }
 
-__global__ void dropout_kernel(const float* x, float* y, int64_t n, float p, float scale, uint64_t key,
+template <typename T>
+__global__ void dropout_kernel(const T* x, T* y, int64_t n, float p, float scale, uint64_t key,
                                uint64_t offset) {
-  GRID_STRIDE(i, n) y[i] = uniform(key, offset + static_cast<uint64_t>(i)) >= p ? x[i] * scale : 0.0f;
+  GRID_STRIDE(i, n) {
+    y[i] = to_storage<T>(uniform(key, offset + static_cast<uint64_t>(i)) >= p ? to_f32(x[i]) * scale : 0.0f);
+  }
 }
 
 // ---- bias_backward: deterministic column sums ----
@@ -100,7 +122,8 @@ __global__ void dropout_kernel(const float* x, float* y, int64_t n, float p, flo
 // bytes of a row), threadIdx.y one of 8 row lanes; the block covers rows [chunk * rpc, ...).
 constexpr int kColTile = 32, kRowLanes = 8;
 
-__global__ void column_partials_kernel(const float* dy, float* partial, int64_t rows, int64_t h,
+template <typename T>
+__global__ void column_partials_kernel(const T* dy, float* partial, int64_t rows, int64_t h,
                                        int64_t rows_per_chunk) {
   __shared__ float acc[kRowLanes][kColTile];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
@@ -108,7 +131,7 @@ __global__ void column_partials_kernel(const float* dy, float* partial, int64_t 
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
   float s = 0.0f;
   if (col < h)
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) s += dy[r * h + col];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) s += to_f32(dy[r * h + col]);
   acc[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && col < h) {
@@ -128,80 +151,110 @@ __global__ void sum_partials_kernel(const float* partial, float* out, int64_t ch
   }
 }
 
+template <typename T>
+const T* in(const void* p) {
+  return static_cast<const T*>(p);
+}
+template <typename T>
+T* out(void* p) {
+  return static_cast<T*>(p);
+}
+
 }  // namespace
 
-void add_bias(float* y, const float* bias, int64_t rows, int64_t h, stream_t stream) {
+void add_bias(void* y, DType dtype, const void* bias, DType bias_dtype, int64_t rows, int64_t h,
+              stream_t stream) {
   const int64_t n = rows * h;
   if (n == 0) return;
-  add_bias_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(y, bias, n, h);
+  PARALLEL_CUDA_DISPATCH_ACT_PARAM(dtype, bias_dtype, T, W, {
+    add_bias_kernel<T, W><<<blocks_for(n), kThreads, 0, st(stream)>>>(out<T>(y), in<W>(bias), n, h);
+  });
   CUDA_OPS_LAUNCHED();
 }
 
 // Chunks of at least 64 rows, at most 256 chunks: a function of the shape only (determinism).
-void column_sums_accumulate(const float* x, float* out, int64_t rows, int64_t h, cudaStream_t stream) {
+void column_sums_accumulate(const void* x, DType dtype, float* sums, int64_t rows, int64_t h,
+                            cudaStream_t stream) {
   if (rows == 0 || h == 0) return;
   const int64_t chunks = std::min<int64_t>(256, (rows + 63) / 64);
   const int64_t rpc = (rows + chunks - 1) / chunks;
   cuda::detail::Scratch partial(static_cast<std::size_t>(chunks * h) * sizeof(float), stream);
   const dim3 grid(static_cast<unsigned>((h + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
-  column_partials_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(x, partial.as<float>(), rows, h,
-                                                                         rpc);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    column_partials_kernel<T>
+        <<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(in<T>(x), partial.as<float>(), rows, h, rpc);
+  });
   CUDA_OPS_LAUNCHED();
-  sum_partials_kernel<<<blocks_for(h), kThreads, 0, stream>>>(partial.as<float>(), out, chunks, h);
+  sum_partials_kernel<<<blocks_for(h), kThreads, 0, stream>>>(partial.as<float>(), sums, chunks, h);
   CUDA_OPS_LAUNCHED();
 }
 
-void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t h, stream_t stream) {
-  column_sums_accumulate(dy, dbias, rows, h, st(stream));
+void bias_backward(const void* dy, DType dtype, float* dbias, int64_t rows, int64_t h, stream_t stream) {
+  column_sums_accumulate(dy, dtype, dbias, rows, h, st(stream));
 }
 
-void add(const float* a, const float* b, float* out, int64_t n, stream_t stream) {
+void add(const void* a, const void* b, void* result, DType dtype, int64_t n, stream_t stream) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(a, b, out, n);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    add_kernel<T><<<blocks_for(n), kThreads, 0, st(stream)>>>(in<T>(a), in<T>(b), out<T>(result), n);
+  });
   CUDA_OPS_LAUNCHED();
 }
 
-void scale(float* a, float alpha, int64_t n, stream_t stream) {
+void scale(void* a, DType dtype, float alpha, int64_t n, stream_t stream) {
   if (n == 0) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(a, alpha, n);
+  PARALLEL_CUDA_DISPATCH_FLOAT(
+      dtype, T, { scale_kernel<T><<<blocks_for(n), kThreads, 0, st(stream)>>>(out<T>(a), alpha, n); });
   CUDA_OPS_LAUNCHED();
 }
 
-void gelu_forward(const float* x, float* y, int64_t n, stream_t stream) {
+void gelu_forward(const void* x, void* y, DType dtype, int64_t n, stream_t stream) {
   if (n == 0) return;
-  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(x, y, n);
+  PARALLEL_CUDA_DISPATCH_FLOAT(
+      dtype, T, { gelu_fwd_kernel<T><<<blocks_for(n), kThreads, 0, st(stream)>>>(in<T>(x), out<T>(y), n); });
   CUDA_OPS_LAUNCHED();
 }
 
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, stream_t stream) {
+void gelu_backward(const void* dy, const void* x, void* dx, DType dtype, int64_t n, stream_t stream) {
   if (n == 0) return;
-  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(dy, x, dx, n);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    gelu_bwd_kernel<T><<<blocks_for(n), kThreads, 0, st(stream)>>>(in<T>(dy), in<T>(x), out<T>(dx), n);
+  });
   CUDA_OPS_LAUNCHED();
 }
 
-void swiglu_forward(const float* x, float* y, int64_t rows, int64_t f, stream_t stream) {
+void swiglu_forward(const void* x, void* y, DType dtype, int64_t rows, int64_t f, stream_t stream) {
   const int64_t n = rows * f;
   if (n == 0) return;
-  swiglu_fwd_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(x, y, n, f);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    swiglu_fwd_kernel<T><<<blocks_for(n), kThreads, 0, st(stream)>>>(in<T>(x), out<T>(y), n, f);
+  });
   CUDA_OPS_LAUNCHED();
 }
 
-void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t f, stream_t stream) {
+void swiglu_backward(const void* dy, const void* x, void* dx, DType dtype, int64_t rows, int64_t f,
+                     stream_t stream) {
   const int64_t n = rows * f;
   if (n == 0) return;
-  swiglu_bwd_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(dy, x, dx, n, f);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    swiglu_bwd_kernel<T><<<blocks_for(n), kThreads, 0, st(stream)>>>(in<T>(dy), in<T>(x), out<T>(dx), n, f);
+  });
   CUDA_OPS_LAUNCHED();
 }
 
-void dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, stream_t stream) {
+void dropout(const void* x, void* y, DType dtype, int64_t n, float p, uint64_t seed, uint64_t offset,
+             stream_t stream) {
   if (n == 0) return;
-  if (p == 0.0f) {
+  if (p == 0.0f) {  // a copy, as the CPU's memcpy (bits unchanged, NaN payloads included)
     if (x != y)
-      CUDA_OPS_CHECK(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, st(stream)));
+      CUDA_OPS_CHECK(cudaMemcpyAsync(y, x, n * dtype_size(dtype), cudaMemcpyDeviceToDevice, st(stream)));
     return;
   }
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // p == 1 drops everything (no inf * 0)
-  dropout_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(x, y, n, p, scale, mix64(seed), offset);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    dropout_kernel<T>
+        <<<blocks_for(n), kThreads, 0, st(stream)>>>(in<T>(x), out<T>(y), n, p, scale, mix64(seed), offset);
+  });
   CUDA_OPS_LAUNCHED();
 }
 

@@ -11,9 +11,11 @@
 //   3. one block per segment head: for each column (threads stride over h) it adds the segment's
 //      dout rows in order into dweight[id]. The summation order is the CPU kernel's (tokens in row
 //      order, each added into dweight directly), so results are bit-identical to the CPU's.
+//   dout may be fp32, bf16 or fp16 (widened exactly as the rows are added); dweight is fp32.
 //   A very frequent id serialises on one block; at GPT scales (~1e4 tokens per micro-batch) that is
 //   a few hundred rows of h floats, far below the cost of the surrounding GEMMs.
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
@@ -23,16 +25,26 @@ namespace {
 
 using cuda::detail::blocks_for;
 using cuda::detail::kThreads;
+using cuda::detail::to_f32;
+using cuda::detail::to_storage;
 
-__global__ void embedding_fwd_kernel(const int32_t* tokens, const float* w, int64_t vocab_start, int64_t rows,
-                                     float* out, int64_t b, int64_t s, int64_t h) {
+// T: the output's storage type; W: the table's (float or T). Equal types copy the stored bits (the
+// CPU's memcpy); an fp32 table is rounded to T to nearest even (the CPU's narrow_from_f32).
+template <typename T, typename W>
+__global__ void embedding_fwd_kernel(const int32_t* tokens, const W* w, int64_t vocab_start, int64_t rows,
+                                     T* out, int64_t b, int64_t s, int64_t h) {
   const int64_t n = s * b * h;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = t / h, c = t % h;  // r = si * b + bi
     const int64_t si = r / b, bi = r % b;
     const int64_t local = static_cast<int64_t>(tokens[bi * s + si]) - vocab_start;
-    out[t] = local >= 0 && local < rows ? w[local * h + c] : 0.0f;
+    if (local < 0 || local >= rows)
+      out[t] = T{};  // all-zero bits: +0 in every type
+    else if constexpr (std::is_same_v<T, W>)
+      out[t] = w[local * h + c];
+    else
+      out[t] = to_storage<T>(to_f32(w[local * h + c]));
   }
 }
 
@@ -49,7 +61,8 @@ __global__ void make_keys_kernel(const int32_t* tokens, int64_t vocab_start, int
 }
 
 // One block per sorted position; only segment heads work.
-__global__ void segment_sum_kernel(const uint32_t* keys, const uint32_t* values, const float* dout, float* dw,
+template <typename T>
+__global__ void segment_sum_kernel(const uint32_t* keys, const uint32_t* values, const T* dout, float* dw,
                                    int64_t n, int64_t rows, int64_t h) {
   const int64_t p = blockIdx.x;
   const uint32_t id = keys[p];
@@ -59,24 +72,27 @@ __global__ void segment_sum_kernel(const uint32_t* keys, const uint32_t* values,
   float* w = dw + static_cast<int64_t>(id) * h;
   for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     float acc = w[c];
-    for (int64_t q = p; q < end; q++) acc += dout[static_cast<int64_t>(values[q]) * h + c];
+    for (int64_t q = p; q < end; q++) acc += to_f32(dout[static_cast<int64_t>(values[q]) * h + c]);
     w[c] = acc;
   }
 }
 
 }  // namespace
 
-void embedding_forward(const int32_t* tokens, const float* weight, int64_t vocab_start, int64_t rows,
-                       float* out, int64_t b, int64_t s, int64_t h, stream_t stream) {
+void embedding_forward(const int32_t* tokens, const void* weight, DType w_dtype, int64_t vocab_start,
+                       int64_t rows, void* out, DType dtype, int64_t b, int64_t s, int64_t h,
+                       stream_t stream) {
   const int64_t n = s * b * h;
   if (n == 0) return;
-  embedding_fwd_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      tokens, weight, vocab_start, rows, out, b, s, h);
+  PARALLEL_CUDA_DISPATCH_ACT_PARAM(dtype, w_dtype, T, W, {
+    embedding_fwd_kernel<T, W><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        tokens, static_cast<const W*>(weight), vocab_start, rows, static_cast<T*>(out), b, s, h);
+  });
   CUDA_OPS_LAUNCHED();
 }
 
-void embedding_backward(const int32_t* tokens, const float* dout, int64_t vocab_start, float* dweight,
-                        int64_t rows, int64_t b, int64_t s, int64_t h, stream_t stream) {
+void embedding_backward(const int32_t* tokens, const void* dout, DType dtype, int64_t vocab_start,
+                        float* dweight, int64_t rows, int64_t b, int64_t s, int64_t h, stream_t stream) {
   const int64_t n = s * b;
   if (n == 0 || h == 0 || rows == 0) return;
   CUDA_OPS_REQUIRE(n < (int64_t{1} << 31) && rows < (int64_t{1} << 31),
@@ -99,8 +115,10 @@ void embedding_backward(const int32_t* tokens, const float* dout, int64_t vocab_
   cuda::detail::Scratch temp(temp_bytes, cs);
   CUDA_OPS_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys_in, keys_out, values_in,
                                                  values_out, static_cast<int>(n), 0, end_bit, cs));
-  segment_sum_kernel<<<static_cast<unsigned>(n), 128, 0, cs>>>(keys_out, values_out, dout, dweight, n, rows,
-                                                               h);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    segment_sum_kernel<T><<<static_cast<unsigned>(n), 128, 0, cs>>>(
+        keys_out, values_out, static_cast<const T*>(dout), dweight, n, rows, h);
+  });
   CUDA_OPS_LAUNCHED();
 }
 

@@ -1,6 +1,6 @@
 // GEMM through cuBLASLt: fp32 (CUBLAS_COMPUTE_32F, never TF32) for ops::gemm, and bf16 or fp16 inputs
-// with fp32 accumulation and output for mixed precision (kernels::gemm_bf16_auto picks between these
-// and our own mma kernel) and benchmarks.
+// with fp32 accumulation and an fp32 or 16-bit output (of the inputs' type) for mixed precision
+// (kernels::gemm_bf16_auto picks between these and our own mma kernel) and benchmarks.
 //
 // Row-major to column-major: a row-major [r, c] matrix is a column-major [c, r] one, so
 // C = op(A) op(B) (row-major, [M, N]) is computed as C^T = op(B)^T op(A)^T in column-major terms:
@@ -53,10 +53,13 @@ struct Key {
   int device;
   int64_t m, n, k;
   bool ta, tb;
-  int dtype;  // cudaDataType of a and b
+  int dtype;    // cudaDataType of a and b
+  int c_dtype;  // cudaDataType of c
   int align_a, align_b, align_c;
   bool beta_zero;
-  auto tie() const { return std::tie(device, m, n, k, ta, tb, dtype, align_a, align_b, align_c, beta_zero); }
+  auto tie() const {
+    return std::tie(device, m, n, k, ta, tb, dtype, c_dtype, align_a, align_b, align_c, beta_zero);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -79,9 +82,11 @@ struct Descs {
   }
 };
 
-// Row-major c[m, n] = alpha op(a)[m, k] op(b)[k, n] + beta c with a, b of `in_type`, c fp32.
-void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
-             int64_t k, float alpha, float beta, cudaDataType_t in_type, cudaStream_t stream) {
+// Row-major c[m, n] = alpha op(a)[m, k] op(b)[k, n] + beta c with a, b of `in_type`, c of `c_type`
+// (fp32, or in_type: cuBLASLt forms the result in fp32, the scale type, and rounds it into c).
+void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, int64_t m, int64_t n,
+             int64_t k, float alpha, float beta, cudaDataType_t in_type, cudaDataType_t c_type,
+             cudaStream_t stream) {
   if (m == 0 || n == 0) return;
   const int device = cuda::detail::current_device();
   cublasLtHandle_t handle = handle_for(device);
@@ -101,7 +106,7 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c,
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_type, m, k, m));
   else
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, in_type, k, m, k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, n, m, n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, c_type, n, m, n));
 
   const Key key{device,
                 m,
@@ -110,6 +115,7 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c,
                 trans_a,
                 trans_b,
                 static_cast<int>(in_type),
+                static_cast<int>(c_type),
                 alignment(a),
                 alignment(b),
                 alignment(c),
@@ -158,18 +164,31 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c,
 namespace kernels {
 void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n,
               int64_t k, float alpha, float beta, stream_t stream) {
-  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_32F, static_cast<cudaStream_t>(stream));
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_32F, CUDA_R_32F,
+          static_cast<cudaStream_t>(stream));
 }
 }  // namespace kernels
 
 namespace cuda {
 void gemm_cublaslt_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m,
                         int64_t n, int64_t k, float alpha, float beta, void* stream) {
-  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16BF, static_cast<cudaStream_t>(stream));
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16BF, CUDA_R_32F,
+          static_cast<cudaStream_t>(stream));
 }
 void gemm_cublaslt_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
                        int64_t k, float alpha, float beta, void* stream) {
-  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16F, static_cast<cudaStream_t>(stream));
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, CUDA_R_16F, CUDA_R_32F,
+          static_cast<cudaStream_t>(stream));
+}
+void gemm_cublaslt_16(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+                      DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta, void* stream) {
+  CUDA_OPS_REQUIRE(ab_dtype == DType::BF16 || ab_dtype == DType::F16,
+                   "gemm_cublaslt_16: a and b must be bf16 or fp16");
+  CUDA_OPS_REQUIRE(c_dtype == DType::F32 || c_dtype == ab_dtype,
+                   "gemm_cublaslt_16: c must be fp32 or a's dtype");
+  const cudaDataType_t in = ab_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, in, c_dtype == DType::F32 ? CUDA_R_32F : in,
+          static_cast<cudaStream_t>(stream));
 }
 }  // namespace cuda
 

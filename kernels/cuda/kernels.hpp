@@ -2,7 +2,7 @@
 // Raw-pointer launchers of the CUDA kernels (kernels/cuda/*.cu, kernels/attention/*.cu), one per op
 // of include/parallel/ops.hpp. Plain C++ without fmt or CUDA headers, so that both the .cu files
 // (which cannot include fmt) and host code include it. All pointers are device memory of the
-// current device, contiguous fp32 (int32 ids); work is ordered on `stream` (a cudaStream_t).
+// current device, contiguous (dtypes below; int32 ids); work is ordered on `stream` (a cudaStream_t).
 // Failures throw parallel::Error. Shapes are validated by the callers (src/ops/ops.cpp and
 // cuda_ops.hpp); launchers assume them.
 #include <cstdint>
@@ -13,17 +13,25 @@ namespace parallel::kernels {
 
 using stream_t = void*;  // cudaStream_t
 
+// Activations are passed as untyped pointers with their DType (F32, BF16 or F16, one per call: the
+// op's activation dtype); parameter values (bias, norm weights, embedding table) with their own
+// DType, F32 or the activations'; statistics and parameter gradients are float*. Every kernel
+// computes in fp32 and rounds 16-bit outputs to nearest even (common.cuh, to_storage).
+
 // ---- elementwise.cu ----
-void add_bias(float* y, const float* bias, int64_t rows, int64_t h, stream_t stream);
-void bias_backward(const float* dy, float* dbias, int64_t rows, int64_t h,
+void add_bias(void* y, DType dtype, const void* bias, DType bias_dtype, int64_t rows, int64_t h,
+              stream_t stream);
+void bias_backward(const void* dy, DType dtype, float* dbias, int64_t rows, int64_t h,
                    stream_t stream);  // += , deterministic
-void add(const float* a, const float* b, float* out, int64_t n, stream_t stream);
-void scale(float* a, float alpha, int64_t n, stream_t stream);
-void gelu_forward(const float* x, float* y, int64_t n, stream_t stream);
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, stream_t stream);
-void swiglu_forward(const float* x, float* y, int64_t rows, int64_t f, stream_t stream);
-void swiglu_backward(const float* dy, const float* x, float* dx, int64_t rows, int64_t f, stream_t stream);
-void dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, stream_t stream);
+void add(const void* a, const void* b, void* out, DType dtype, int64_t n, stream_t stream);  // out may alias
+void scale(void* a, DType dtype, float alpha, int64_t n, stream_t stream);
+void gelu_forward(const void* x, void* y, DType dtype, int64_t n, stream_t stream);
+void gelu_backward(const void* dy, const void* x, void* dx, DType dtype, int64_t n, stream_t stream);
+void swiglu_forward(const void* x, void* y, DType dtype, int64_t rows, int64_t f, stream_t stream);
+void swiglu_backward(const void* dy, const void* x, void* dx, DType dtype, int64_t rows, int64_t f,
+                     stream_t stream);
+void dropout(const void* x, void* y, DType dtype, int64_t n, float p, uint64_t seed, uint64_t offset,
+             stream_t stream);
 
 // ---- convert.cu ---- mixed-precision emulation: rounds n fp32 values in place to the nearest bf16
 // (precision BF16) or fp16 (F16) value, widened back to fp32; ties to even, NaN -> quiet NaN, fp16
@@ -31,37 +39,41 @@ void dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64
 // (kernels/cpu/elementwise.cpp, round_bf16_chunk / round_f16_chunk). F32: nothing to do.
 void round_to_precision(float* x, int64_t n, DType precision, stream_t stream);
 
-// ---- norm.cu ----
-void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
-                       int64_t rows, int64_t h, float eps, stream_t stream);
-void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                        float* dx, float* dw, float* db, int64_t rows, int64_t h, stream_t stream);
-void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t h,
-                     float eps, stream_t stream);
-void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                      float* dw, int64_t rows, int64_t h, stream_t stream);
+// ---- norm.cu ---- x, y, dy, dx of `dtype`; w, b of `w_dtype`; mean, rstd, dw, db fp32.
+void layernorm_forward(const void* x, const void* w, const void* b, DType w_dtype, void* y, DType dtype,
+                       float* mean, float* rstd, int64_t rows, int64_t h, float eps, stream_t stream);
+void layernorm_backward(const void* dy, const void* x, const void* w, DType w_dtype, const float* mean,
+                        const float* rstd, void* dx, DType dtype, float* dw, float* db, int64_t rows,
+                        int64_t h, stream_t stream);
+void rmsnorm_forward(const void* x, const void* w, DType w_dtype, void* y, DType dtype, float* rstd,
+                     int64_t rows, int64_t h, float eps, stream_t stream);
+void rmsnorm_backward(const void* dy, const void* x, const void* w, DType w_dtype, const float* rstd,
+                      void* dx, DType dtype, float* dw, int64_t rows, int64_t h, stream_t stream);
 
-// ---- rope.cu ---- x [s, per_pos, d]; direction +1 forward, -1 backward.
-void rope(float* x, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
+// ---- rope.cu ---- x [s, per_pos, d] of `dtype`, in place; direction +1 forward, -1 backward.
+void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
           float direction, stream_t stream);
 
-// ---- embedding.cu ---- tokens [b, s]; weight [rows, h]; out [s, b, h].
-void embedding_forward(const int32_t* tokens, const float* weight, int64_t vocab_start, int64_t rows,
-                       float* out, int64_t b, int64_t s, int64_t h, stream_t stream);
-void embedding_backward(const int32_t* tokens, const float* dout, int64_t vocab_start, float* dweight,
-                        int64_t rows, int64_t b, int64_t s, int64_t h, stream_t stream);
+// ---- embedding.cu ---- tokens [b, s]; weight [rows, h] of w_dtype; out / dout [s, b, h] of dtype;
+// dweight fp32.
+void embedding_forward(const int32_t* tokens, const void* weight, DType w_dtype, int64_t vocab_start,
+                       int64_t rows, void* out, DType dtype, int64_t b, int64_t s, int64_t h,
+                       stream_t stream);
+void embedding_backward(const int32_t* tokens, const void* dout, DType dtype, int64_t vocab_start,
+                        float* dweight, int64_t rows, int64_t b, int64_t s, int64_t h, stream_t stream);
 
-// ---- cross_entropy.cu ---- logits [n, v]; columns [0, valid) are real vocabulary.
-void ce_local_stats(const float* logits, const int32_t* targets, int64_t n, int64_t v, int64_t vocab_start,
-                    int64_t valid, float* row_max, float* target_logit, stream_t stream);
-void ce_sum_exp(const float* logits, const float* row_max, int64_t n, int64_t v, int64_t valid,
+// ---- cross_entropy.cu ---- logits (and dlogits) [n, v] of `dtype`; columns [0, valid) are real
+// vocabulary; the per-row vectors are fp32.
+void ce_local_stats(const void* logits, DType dtype, const int32_t* targets, int64_t n, int64_t v,
+                    int64_t vocab_start, int64_t valid, float* row_max, float* target_logit, stream_t stream);
+void ce_sum_exp(const void* logits, DType dtype, const float* row_max, int64_t n, int64_t v, int64_t valid,
                 float* sum_exp, stream_t stream);
-void ce_backward(const float* logits, const int32_t* targets, const float* row_max, const float* sum_exp,
+void ce_backward(const void* logits, const int32_t* targets, const float* row_max, const float* sum_exp,
                  const float* grad_scale, int64_t n, int64_t v, int64_t vocab_start, int64_t valid,
-                 float* dlogits, stream_t stream);
+                 void* dlogits, DType dtype, stream_t stream);
 
 // ---- reduce.cu ---- synchronises the stream.
-double sum_of_squares(const float* x, int64_t n, stream_t stream);
+double sum_of_squares(const void* x, DType dtype, int64_t n, stream_t stream);
 
 // ---- gemm_cublaslt.cu ---- row-major fp32 c[m, n] = alpha op(a) op(b) + beta c, no TF32.
 void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n,
@@ -111,5 +123,9 @@ void gemm_cublaslt_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b
 // The same with fp16 inputs (fp32 accumulation and output).
 void gemm_cublaslt_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
                        int64_t k, float alpha, float beta, void* stream);
+// a, b of ab_dtype (BF16 or F16), c of c_dtype (F32 or ab_dtype: the fp32 result, formed with fp32
+// accumulation and scale type, rounded into 16 bits by cuBLASLt; beta c read in c's type).
+void gemm_cublaslt_16(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+                      DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta, void* stream);
 
 }  // namespace parallel::cuda

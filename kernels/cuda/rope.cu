@@ -3,6 +3,7 @@
 // Two kernels: a [s, d/2] table of cos and sin computed in double, as kernels/cpu/rope.cpp does
 // (at positions ~1e5 a float angle would be off by ~1e-2 rad), then the rotation, one thread per
 // pair. The table makes the GPU's values those of the CPU up to libm's last-bit differences.
+// x may be fp32, bf16 or fp16: rotated in fp32, rounded back to nearest even in place.
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
 
@@ -11,6 +12,8 @@ namespace {
 
 using cuda::detail::blocks_for;
 using cuda::detail::kThreads;
+using cuda::detail::to_f32;
+using cuda::detail::to_storage;
 
 __global__ void rope_table_kernel(float* cos_t, float* sin_t, int64_t s, int64_t half, int64_t d,
                                   int64_t position_offset, double theta, float direction) {
@@ -25,24 +28,26 @@ __global__ void rope_table_kernel(float* cos_t, float* sin_t, int64_t s, int64_t
   }
 }
 
-// One thread per (position p, head row v, pair i): n = s * per_pos * half.
-__global__ void rope_apply_kernel(float* x, const float* cos_t, const float* sin_t, int64_t n,
-                                  int64_t per_pos, int64_t half) {
+// One thread per (position p, head row v, pair i): n = s * per_pos * half. T: the storage type
+// (float, bf16, f16); the pair is loaded as float, rotated in fp32 and stored rounded to nearest even.
+template <typename T>
+__global__ void rope_apply_kernel(T* x, const float* cos_t, const float* sin_t, int64_t n, int64_t per_pos,
+                                  int64_t half) {
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = t % half, row = t / half;  // row = p * per_pos + v
     const int64_t p = row / per_pos;
-    float* head = x + row * 2 * half;
+    T* head = x + row * 2 * half;
     const float c = cos_t[p * half + i], sn = sin_t[p * half + i];
-    const float x1 = head[i], x2 = head[i + half];
-    head[i] = x1 * c - x2 * sn;
-    head[i + half] = x2 * c + x1 * sn;
+    const float x1 = to_f32(head[i]), x2 = to_f32(head[i + half]);
+    head[i] = to_storage<T>(x1 * c - x2 * sn);
+    head[i + half] = to_storage<T>(x2 * c + x1 * sn);
   }
 }
 
 }  // namespace
 
-void rope(float* x, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
+void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
           float direction, stream_t stream) {
   const int64_t half = d / 2;
   if (s == 0 || per_pos == 0 || half == 0) return;
@@ -54,7 +59,10 @@ void rope(float* x, int64_t s, int64_t per_pos, int64_t d, int64_t position_offs
                                                                static_cast<double>(theta), direction);
   CUDA_OPS_LAUNCHED();
   const int64_t n = s * per_pos * half;
-  rope_apply_kernel<<<blocks_for(n), kThreads, 0, cs>>>(x, cos_t, sin_t, n, per_pos, half);
+  PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {
+    rope_apply_kernel<T>
+        <<<blocks_for(n), kThreads, 0, cs>>>(static_cast<T*>(x), cos_t, sin_t, n, per_pos, half);
+  });
   CUDA_OPS_LAUNCHED();
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Our own tensor-core GEMM (gemm_mma.cu): bf16 or fp16 inputs, fp32 accumulation and output.
+// Our own tensor-core GEMM (gemm_mma.cu): bf16 or fp16 inputs, fp32 accumulation, fp32 output (or
+// the inputs' 16-bit type: gemm_mma, gemm_16_auto).
 //   c[m, n] = epilogue(alpha * op(a) @ op(b) + beta * c)    (row-major; op(x) = x^T when trans_x)
 // with op(a) [m, k], op(b) [k, n]. beta = 1 accumulates (weight gradients into fp32 grads); beta = 0
 // never reads c. The epilogue adds bias[n] (optional) then applies tanh-GeLU (optional, the formula
@@ -24,6 +25,11 @@ void gemm_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* 
                int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
 void gemm_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
               int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
+// The same kernel for a, b of ab_dtype (BF16 or F16) and c of c_dtype: F32, or ab_dtype itself (a
+// real 16-bit output: beta c is read in 16 bits, the fp32 result rounded once to nearest even).
+void gemm_mma(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+              DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+              const GemmEpilogue& epilogue, void* stream);
 
 // ---- gemm_dispatch.cu: "ours where faster" -----------------------------------------------------
 // The same contract as gemm_bf16 / gemm_f16, computed by our kernel or by cuBLASLt
@@ -44,6 +50,13 @@ void gemm_bf16_auto(const bf16* a, bool trans_a, const bf16* b, bool trans_b, fl
                     int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
 void gemm_f16_auto(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
                    int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
+// The automatic choice for a, b of ab_dtype (BF16 or F16) and c of c_dtype (F32 or ab_dtype): what
+// ops::gemm runs on 16-bit tensors (kernels/cuda/cuda_ops.hpp), the operands read where they lie
+// (no conversion). The candidates are gemm_mma and parallel::cuda::gemm_cublaslt_16
+// (kernels/cuda/kernels.hpp), timed and cached per GemmKey (c_dtype included) as above.
+void gemm_16_auto(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+                  DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                  const GemmEpilogue& epilogue, void* stream);
 
 enum class GemmMode : uint8_t { Auto, Ours, CublasLt };
 enum class GemmImpl : uint8_t { Ours, CublasLt };
@@ -61,7 +74,8 @@ struct GemmKey {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   bool beta_nonzero = false;
-  DType dtype = DType::BF16;  // of a and b: BF16 or F16
+  DType dtype = DType::BF16;   // of a and b: BF16 or F16
+  DType c_dtype = DType::F32;  // of c: F32 or dtype
 };
 struct GemmChoice {
   GemmImpl impl = GemmImpl::Ours;

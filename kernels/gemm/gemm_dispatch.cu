@@ -34,7 +34,7 @@ constexpr int kWarmupRuns = 2, kTimedRuns = 5, kRounds = 2;
 
 struct KeyLess {
   static auto tie(const GemmKey& k) {
-    return std::tie(k.device, k.m, k.n, k.k, k.trans_a, k.trans_b, k.beta_nonzero, k.dtype);
+    return std::tie(k.device, k.m, k.n, k.k, k.trans_a, k.trans_b, k.beta_nonzero, k.dtype, k.c_dtype);
   }
   bool operator()(const GemmKey& a, const GemmKey& b) const { return tie(a) < tie(b); }
 };
@@ -47,42 +47,26 @@ bool ours_supports(int64_t m, int64_t n, int64_t k) {
   return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m + 127) / 128 <= 65535;
 }
 
-// The two candidates for one input type.
-template <typename T>
-struct Candidates;
-template <>
-struct Candidates<bf16> {
-  static constexpr DType dtype = DType::BF16;
-  static void ours(const bf16* a, bool ta, const bf16* b, bool tb, float* c, int64_t m, int64_t n, int64_t k,
-                   float alpha, float beta, const GemmEpilogue& epi, void* stream) {
-    gemm_bf16(a, ta, b, tb, c, m, n, k, alpha, beta, epi, stream);
-  }
-  static void cublaslt(const bf16* a, bool ta, const bf16* b, bool tb, float* c, int64_t m, int64_t n,
-                       int64_t k, float alpha, float beta, void* stream) {
-    cuda::gemm_cublaslt_bf16(a, ta, b, tb, c, m, n, k, alpha, beta, stream);
-  }
-};
-template <>
-struct Candidates<f16> {
-  static constexpr DType dtype = DType::F16;
-  static void ours(const f16* a, bool ta, const f16* b, bool tb, float* c, int64_t m, int64_t n, int64_t k,
-                   float alpha, float beta, const GemmEpilogue& epi, void* stream) {
-    gemm_f16(a, ta, b, tb, c, m, n, k, alpha, beta, epi, stream);
-  }
-  static void cublaslt(const f16* a, bool ta, const f16* b, bool tb, float* c, int64_t m, int64_t n,
-                       int64_t k, float alpha, float beta, void* stream) {
-    cuda::gemm_cublaslt_f16(a, ta, b, tb, c, m, n, k, alpha, beta, stream);
-  }
+// One problem: a, b of ab (BF16 or F16), c of c_dtype (F32 or ab).
+struct Problem {
+  DType ab;
+  const void* a;
+  bool ta;
+  const void* b;
+  bool tb;
+  void* c;
+  DType c_dtype;
+  int64_t m, n, k;
+  float alpha, beta;
 };
 
-// One GEMM through `impl`, no epilogue.
-template <typename T>
-void run(GemmImpl impl, const T* a, bool ta, const T* b, bool tb, float* c, int64_t m, int64_t n, int64_t k,
-         float alpha, float beta, void* stream) {
+// One GEMM through `impl`, no epilogue, into `c` (the problem's c or a scratch copy of it).
+void run(GemmImpl impl, const Problem& p, void* c, void* stream) {
   if (impl == GemmImpl::Ours)
-    Candidates<T>::ours(a, ta, b, tb, c, m, n, k, alpha, beta, GemmEpilogue{}, stream);
+    gemm_mma(p.ab, p.a, p.ta, p.b, p.tb, c, p.c_dtype, p.m, p.n, p.k, p.alpha, p.beta, GemmEpilogue{},
+             stream);
   else
-    Candidates<T>::cublaslt(a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+    cuda::gemm_cublaslt_16(p.ab, p.a, p.ta, p.b, p.tb, c, p.c_dtype, p.m, p.n, p.k, p.alpha, p.beta, stream);
 }
 
 // A pair of CUDA events, destroyed on every path out (the timing may throw).
@@ -102,13 +86,11 @@ struct EventPair {
 
 // Mean milliseconds of one run of `impl` over kTimedRuns runs (after `warmup` untimed ones). c is
 // the buffer the runs write (the caller's c, or a scratch copy when beta != 0).
-template <typename T>
-float time_runs(GemmImpl impl, int warmup, const T* a, bool ta, const T* b, bool tb, float* c, int64_t m,
-                int64_t n, int64_t k, float alpha, float beta, cudaStream_t stream) {
-  for (int i = 0; i < warmup; i++) run(impl, a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+float time_runs(GemmImpl impl, int warmup, const Problem& p, void* c, cudaStream_t stream) {
+  for (int i = 0; i < warmup; i++) run(impl, p, c, stream);
   EventPair ev;
   CUDA_OPS_CHECK(cudaEventRecord(ev.start, stream));
-  for (int i = 0; i < kTimedRuns; i++) run(impl, a, ta, b, tb, c, m, n, k, alpha, beta, stream);
+  for (int i = 0; i < kTimedRuns; i++) run(impl, p, c, stream);
   CUDA_OPS_CHECK(cudaEventRecord(ev.stop, stream));
   CUDA_OPS_CHECK(cudaEventSynchronize(ev.stop));
   float ms = 0.0f;
@@ -123,9 +105,7 @@ bool capturing(cudaStream_t stream) {
 }
 
 // The implementation to run for `key`: the cached choice, or a new one timed now.
-template <typename T>
-GemmImpl choose(const GemmKey& key, const T* a, bool ta, const T* b, bool tb, float* c, int64_t m, int64_t n,
-                int64_t k, float alpha, float beta, cudaStream_t stream) {
+GemmImpl choose(const GemmKey& key, const Problem& p, cudaStream_t stream) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     const auto it = g_choices.find(key);
@@ -138,14 +118,15 @@ GemmImpl choose(const GemmKey& key, const T* a, bool ta, const T* b, bool tb, fl
   // so they may go to c itself. beta != 0: they would accumulate into c, so they go to a scratch
   // copy of c instead, placed at the same address modulo 256 as c so that cuBLASLt sees the same
   // alignment (its algorithm choice depends on it) as in the real run.
-  float* target = c;
-  const std::size_t c_bytes = static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(float);
-  cuda::detail::Scratch scratch(beta != 0.0f ? c_bytes + 256 : 0, stream);
-  if (beta != 0.0f) {
+  void* target = p.c;
+  const std::size_t c_bytes =
+      static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.n) * dtype_size(p.c_dtype);
+  cuda::detail::Scratch scratch(p.beta != 0.0f ? c_bytes + 256 : 0, stream);
+  if (p.beta != 0.0f) {
     const auto base = reinterpret_cast<uintptr_t>(scratch.as<char>());
-    const uintptr_t shift = (reinterpret_cast<uintptr_t>(c) % 256 + 256 - base % 256) % 256;
-    target = reinterpret_cast<float*>(scratch.as<char>() + shift);
-    CUDA_OPS_CHECK(cudaMemcpyAsync(target, c, c_bytes, cudaMemcpyDeviceToDevice, stream));
+    const uintptr_t shift = (reinterpret_cast<uintptr_t>(p.c) % 256 + 256 - base % 256) % 256;
+    target = scratch.as<char>() + shift;
+    CUDA_OPS_CHECK(cudaMemcpyAsync(target, p.c, c_bytes, cudaMemcpyDeviceToDevice, stream));
   }
 
   GemmChoice choice;
@@ -153,7 +134,7 @@ GemmImpl choose(const GemmKey& key, const T* a, bool ta, const T* b, bool tb, fl
   for (int round = 0; round < kRounds; round++) {
     const int warmup = round == 0 ? kWarmupRuns : 0;
     for (const GemmImpl impl : {GemmImpl::Ours, GemmImpl::CublasLt}) {
-      const float ms = time_runs(impl, warmup, a, ta, b, tb, target, m, n, k, alpha, beta, stream);
+      const float ms = time_runs(impl, warmup, p, target, stream);
       float& slot = best[static_cast<int>(impl)];
       slot = std::min(slot, ms);
     }
@@ -169,32 +150,32 @@ GemmImpl choose(const GemmKey& key, const T* a, bool ta, const T* b, bool tb, fl
   return g_choices.emplace(key, choice).first->second.impl;
 }
 
-template <typename T>
-void gemm_auto(const T* a, bool trans_a, const T* b, bool trans_b, float* c, int64_t m, int64_t n, int64_t k,
-               float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
-  if (m == 0 || n == 0) return;
+void gemm_auto(const Problem& p, const GemmEpilogue& epilogue, void* stream) {
+  if (p.m == 0 || p.n == 0) return;
+  CUDA_OPS_REQUIRE(p.ab == DType::BF16 || p.ab == DType::F16, "gemm_16_auto: a and b must be bf16 or fp16");
+  CUDA_OPS_REQUIRE(p.c_dtype == DType::F32 || p.c_dtype == p.ab, "gemm_16_auto: c must be fp32 or a's dtype");
   const GemmMode mode = gemm_mode();  // throws on an invalid PARALLEL_GEMM, also for epilogue calls
   const bool has_epilogue = epilogue.bias != nullptr || epilogue.gelu;
-  if (has_epilogue || k == 0 || mode == GemmMode::Ours) {
-    Candidates<T>::ours(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+  if (has_epilogue || p.k == 0 || mode == GemmMode::Ours) {
+    gemm_mma(p.ab, p.a, p.ta, p.b, p.tb, p.c, p.c_dtype, p.m, p.n, p.k, p.alpha, p.beta, epilogue, stream);
     return;
   }
-  if (mode == GemmMode::CublasLt || !ours_supports(m, n, k)) {
-    Candidates<T>::cublaslt(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, stream);
+  if (mode == GemmMode::CublasLt || !ours_supports(p.m, p.n, p.k)) {
+    run(GemmImpl::CublasLt, p, p.c, stream);
     return;
   }
   GemmKey key;
   key.device = cuda::detail::current_device();
-  key.m = m;
-  key.n = n;
-  key.k = k;
-  key.trans_a = trans_a;
-  key.trans_b = trans_b;
-  key.beta_nonzero = beta != 0.0f;
-  key.dtype = Candidates<T>::dtype;
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.trans_a = p.ta;
+  key.trans_b = p.tb;
+  key.beta_nonzero = p.beta != 0.0f;
+  key.dtype = p.ab;
+  key.c_dtype = p.c_dtype;
   const auto s = static_cast<cudaStream_t>(stream);
-  const GemmImpl impl = choose(key, a, trans_a, b, trans_b, c, m, n, k, alpha, beta, s);
-  run(impl, a, trans_a, b, trans_b, c, m, n, k, alpha, beta, stream);
+  run(choose(key, p, s), p, p.c, stream);
 }
 
 }  // namespace
@@ -227,12 +208,18 @@ std::optional<GemmChoice> gemm_choice(const GemmKey& key) {
 
 void gemm_bf16_auto(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m, int64_t n,
                     int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
-  gemm_auto(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+  gemm_auto({DType::BF16, a, trans_a, b, trans_b, c, DType::F32, m, n, k, alpha, beta}, epilogue, stream);
 }
 
 void gemm_f16_auto(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
                    int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
-  gemm_auto(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+  gemm_auto({DType::F16, a, trans_a, b, trans_b, c, DType::F32, m, n, k, alpha, beta}, epilogue, stream);
+}
+
+void gemm_16_auto(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+                  DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                  const GemmEpilogue& epilogue, void* stream) {
+  gemm_auto({ab_dtype, a, trans_a, b, trans_b, c, c_dtype, m, n, k, alpha, beta}, epilogue, stream);
 }
 
 }  // namespace parallel::kernels

@@ -20,6 +20,10 @@
 // and r & 7 for 128-wide rows (256 B): the 8 rows an ldmatrix phase reads then hit 8 distinct
 // 16-byte bank groups (conflict-free), where an unswizzled layout would be 4- or 8-way conflicted.
 //
+// Output: c is fp32, or the inputs' own 16-bit type (Params::c16, a runtime flag: one branch per
+// element of the epilogue, uniform over the grid); then beta c is read in 16 bits, the fp32 value
+// alpha acc + beta c (+ bias, GeLU) is rounded once to nearest even (common.cuh) and stored.
+//
 // Edges: a 16-byte chunk that is partly outside the matrix is fetched with cp.async's src-size
 // (the rest zero-filled); rows outside get src-size 0. cp.async needs 16-byte aligned sources,
 // i.e. a leading dimension that is a multiple of 8 and an aligned base; an operand without that
@@ -58,6 +62,8 @@ __device__ __forceinline__ int swz(int r, int c) {
 using namespace parallel::cuda::mma;
 template <bool kBF16>
 using Elem16 = std::conditional_t<kBF16, __nv_bfloat16, __half>;
+using cuda::detail::to_f32;
+using cuda::detail::to_storage;
 
 // ---- block level: global -> shared tile loads -------------------------------------------------
 // Tile [ROWS][COLS] of a row-major storage g (leading dimension ld) starting at (row0, col0), rows
@@ -94,7 +100,8 @@ __device__ __forceinline__ float gelu(float v) {
 struct Params {
   const uint16_t* a;
   const uint16_t* b;
-  float* c;
+  void* c;  // float, or the inputs' 16-bit type when c16
+  bool c16;
   int m, n, k;
   int64_t lda, ldb;  // leading dimensions of the stored a and b
   float alpha, beta;
@@ -110,6 +117,7 @@ __global__ void __launch_bounds__(kThreadsGemm) gemm_mma_kernel(const Params p) 
   __shared__ __align__(128) uint16_t sA[2][kTileElems];
   __shared__ __align__(128) uint16_t sB[2][kTileElems];
 
+  using C16 = std::conditional_t<kBF16, bf16, f16>;  // c's storage type when p.c16
   const int block_m = blockIdx.y * kBM, block_n = blockIdx.x * kBN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = (warp / 2) * 64, warp_n = (warp % 2) * 64;
@@ -197,13 +205,18 @@ __global__ void __launch_bounds__(kThreadsGemm) gemm_mma_kernel(const Params p) 
         if (row >= p.m || col >= p.n) continue;
         const int64_t idx = static_cast<int64_t>(row) * p.n + col;
         float v = p.alpha * acc[mi][nj][e];
-        if (p.beta != 0.0f) v += p.beta * p.c[idx];
+        if (p.beta != 0.0f)
+          v += p.beta *
+               (p.c16 ? to_f32(static_cast<const C16*>(p.c)[idx]) : static_cast<const float*>(p.c)[idx]);
         if (p.bias) v += p.bias[col];
         if (p.gelu) {
           if (p.pre_gelu) p.pre_gelu[idx] = v;
           v = gelu(v);
         }
-        p.c[idx] = v;
+        if (p.c16)  // rounded once, to nearest even (common.cuh: the CPU's narrowing)
+          static_cast<C16*>(p.c)[idx] = to_storage<C16>(v);
+        else
+          static_cast<float*>(p.c)[idx] = v;
       }
     }
   }
@@ -212,7 +225,7 @@ __global__ void __launch_bounds__(kThreadsGemm) gemm_mma_kernel(const Params p) 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 template <bool kBF16>
-void launch(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m, int64_t n,
+void launch(const void* a, bool trans_a, const void* b, bool trans_b, void* c, bool c16, int64_t m, int64_t n,
             int64_t k, float alpha, float beta, const GemmEpilogue& epi, void* stream) {
   CUDA_OPS_REQUIRE(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, "gemm_mma: dimensions must fit in int");
   if (m == 0 || n == 0) return;
@@ -220,6 +233,7 @@ void launch(const void* a, bool trans_a, const void* b, bool trans_b, float* c, 
   p.a = static_cast<const uint16_t*>(a);
   p.b = static_cast<const uint16_t*>(b);
   p.c = c;
+  p.c16 = c16;
   p.m = static_cast<int>(m);
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
@@ -251,12 +265,25 @@ void launch(const void* a, bool trans_a, const void* b, bool trans_b, float* c, 
 
 void gemm_bf16(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m, int64_t n,
                int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
-  launch<true>(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+  launch<true>(a, trans_a, b, trans_b, c, false, m, n, k, alpha, beta, epilogue, stream);
 }
 
 void gemm_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
               int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream) {
-  launch<false>(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, epilogue, stream);
+  launch<false>(a, trans_a, b, trans_b, c, false, m, n, k, alpha, beta, epilogue, stream);
+}
+
+void gemm_mma(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+              DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+              const GemmEpilogue& epilogue, void* stream) {
+  CUDA_OPS_REQUIRE(ab_dtype == DType::BF16 || ab_dtype == DType::F16,
+                   "gemm_mma: a and b must be bf16 or fp16");
+  CUDA_OPS_REQUIRE(c_dtype == DType::F32 || c_dtype == ab_dtype, "gemm_mma: c must be fp32 or a's dtype");
+  const bool c16 = c_dtype != DType::F32;
+  if (ab_dtype == DType::BF16)
+    launch<true>(a, trans_a, b, trans_b, c, c16, m, n, k, alpha, beta, epilogue, stream);
+  else
+    launch<false>(a, trans_a, b, trans_b, c, c16, m, n, k, alpha, beta, epilogue, stream);
 }
 
 }  // namespace parallel::kernels

@@ -82,13 +82,6 @@ Checked check_args(const char* op, std::initializer_list<Arg> args) {
   return out;
 }
 
-// The CUDA kernels take fp32 tensors only so far (docs/gpu.md): 16-bit tensors on a GPU stop here
-// with the op's name rather than reaching a kernel that would misread them.
-void check_cuda_dtype(const char* op, const Checked& c) {
-  PARALLEL_CHECK(c.act == DType::F32, "ops::{}: no CUDA kernel for {} activations yet (fp32 only on CUDA)",
-                 op, dtype_name(c.act));
-}
-
 // `call` is the op's CUDA kernel (kernels/cuda/cuda_ops.hpp) with the op's own arguments.
 #if PARALLEL_HAVE_CUDA
 #define PARALLEL_ON_CUDA(call) return ::parallel::cuda::call
@@ -139,7 +132,6 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                  kb, n, shape_str(c.shape()), shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
                  trans_b ? "^T" : "");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("gemm", k);
     PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   }
   cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
@@ -150,7 +142,6 @@ void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   check_1d("add_bias", bias, "bias");
   check_last_dim("add_bias", y, "y", bias.numel(), "bias size");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("add_bias", k);
     PARALLEL_ON_CUDA(add_bias(y, bias, stream));
   }
   cpu::add_bias(y, bias);
@@ -161,7 +152,6 @@ void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
   check_1d("bias_backward", dbias, "dbias");
   check_last_dim("bias_backward", dy, "dy", dbias.numel(), "dbias size");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("bias_backward", k);
     PARALLEL_ON_CUDA(bias_backward(dy, dbias, stream));
   }
   cpu::bias_backward(dy, dbias);
@@ -174,7 +164,6 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
   check_same_shape("add", a, "a", b, "b");
   check_same_shape("add", a, "a", out, "out");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("add", k);
     PARALLEL_ON_CUDA(add(a, b, out, stream));
   }
   cpu::add(a, b, out);
@@ -184,7 +173,6 @@ void add_(Tensor& a, const Tensor& b, Stream stream) {
   const Checked k = check_args("add_", {{a, "a"}, {b, "b"}});
   check_same_shape("add_", a, "a", b, "b");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("add_", k);
     PARALLEL_ON_CUDA(add_(a, b, stream));
   }
   cpu::add_(a, b);
@@ -193,7 +181,6 @@ void add_(Tensor& a, const Tensor& b, Stream stream) {
 void scale_(Tensor& a, float alpha, Stream stream) {
   const Checked k = check_args("scale_", {{a, "a"}});
   if (k.device.is_cuda()) {
-    check_cuda_dtype("scale_", k);
     PARALLEL_ON_CUDA(scale_(a, alpha, stream));
   }
   cpu::scale_(a, alpha);
@@ -216,7 +203,6 @@ void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Checked k = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("gelu_forward", x, "x", y, "y");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("gelu_forward", k);
     PARALLEL_ON_CUDA(gelu_forward(x, y, stream));
   }
   cpu::gelu_forward(x, y);
@@ -227,7 +213,6 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream)
   check_same_shape("gelu_backward", dy, "dy", x, "x");
   check_same_shape("gelu_backward", dx, "dx", x, "x");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("gelu_backward", k);
     PARALLEL_ON_CUDA(gelu_backward(dy, x, dx, stream));
   }
   cpu::gelu_backward(dy, x, dx);
@@ -247,7 +232,6 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Checked k = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
   check_swiglu("swiglu_forward", x, y, "y");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("swiglu_forward", k);
     PARALLEL_ON_CUDA(swiglu_forward(x, y, stream));
   }
   cpu::swiglu_forward(x, y);
@@ -258,7 +242,6 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream strea
   check_swiglu("swiglu_backward", x, dy, "dy");
   check_same_shape("swiglu_backward", dx, "dx", x, "x");
   if (k.device.is_cuda()) {
-    check_cuda_dtype("swiglu_backward", k);
     PARALLEL_ON_CUDA(swiglu_backward(dy, x, dx, stream));
   }
   cpu::swiglu_backward(dy, x, dx);
@@ -269,7 +252,6 @@ void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_
   check_same_shape("dropout_forward", x, "x", y, "y");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_forward: p = {} must be in [0, 1]", p);
   if (k.device.is_cuda()) {
-    check_cuda_dtype("dropout_forward", k);
     PARALLEL_ON_CUDA(dropout_forward(x, y, p, seed, offset, stream));
   }
   cpu::dropout_forward(x, y, p, seed, offset);
@@ -280,7 +262,6 @@ void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint
   check_same_shape("dropout_backward", dy, "dy", dx, "dx");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_backward: p = {} must be in [0, 1]", p);
   if (k.device.is_cuda()) {
-    check_cuda_dtype("dropout_backward", k);
     PARALLEL_ON_CUDA(dropout_backward(dy, dx, p, seed, offset, stream));
   }
   cpu::dropout_backward(dy, dx, p, seed, offset);
@@ -304,7 +285,6 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(layernorm_forward(x, weight, bias, y, mean, rstd, eps, stream));
   }
   cpu::layernorm_forward(x, weight, bias, y, mean, rstd, eps);
@@ -330,7 +310,6 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, stream));
   }
   cpu::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
@@ -346,7 +325,6 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, rstd, "rstd", x);
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(rmsnorm_forward(x, weight, y, rstd, eps, stream));
   }
   cpu::rmsnorm_forward(x, weight, y, rstd, eps);
@@ -368,7 +346,6 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   check_same_shape(op, dweight, "dweight", weight, "weight");
   check_rows(op, rstd, "rstd", x);
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(rmsnorm_backward(dy, x, weight, rstd, dx, dweight, stream));
   }
   cpu::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
@@ -401,7 +378,6 @@ void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream
   const Checked k = check_args("rope_forward", {{x, "x"}});
   check_rope("rope_forward", x, theta);
   if (k.device.is_cuda()) {
-    check_cuda_dtype("rope_forward", k);
     PARALLEL_ON_CUDA(rope_forward(x, position_offset, theta, stream));
   }
   cpu::rope_forward(x, position_offset, theta);
@@ -411,7 +387,6 @@ void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stre
   const Checked k = check_args("rope_backward", {{dx, "dx"}});
   check_rope("rope_backward", dx, theta);
   if (k.device.is_cuda()) {
-    check_cuda_dtype("rope_backward", k);
     PARALLEL_ON_CUDA(rope_backward(dx, position_offset, theta, stream));
   }
   cpu::rope_backward(dx, position_offset, theta);
@@ -424,8 +399,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
   if (c.device.is_cuda()) {
-    check_cuda_dtype(op, c);
-    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, DType::F32, stream));
+    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, stream));
   }
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
@@ -450,9 +424,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
   if (c.device.is_cuda()) {
-    check_cuda_dtype(op, c);
-    PARALLEL_ON_CUDA(
-        attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, DType::F32, stream));
+    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream));
   }
   cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
 }
@@ -491,7 +463,6 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab
       check_args(op, {{tokens, "tokens", Want::I32}, {weight, "weight", Want::Param}, {out, "out"}});
   check_embedding(op, tokens, weight, "weight", out, "out");
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(embedding_forward(tokens, weight, vocab_start, out, stream));
   }
   cpu::embedding_forward(tokens, weight, vocab_start, out);
@@ -504,7 +475,6 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_
       check_args(op, {{tokens, "tokens", Want::I32}, {dout, "dout"}, {dweight, "dweight", Want::F32}});
   check_embedding(op, tokens, dweight, "dweight", dout, "dout");
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(embedding_backward(tokens, dout, vocab_start, dweight, stream));
   }
   cpu::embedding_backward(tokens, dout, vocab_start, dweight);
@@ -520,7 +490,6 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
   check_ce(op, logits, {{targets, "targets"}, {row_max, "row_max"}, {target_logit, "target_logit"}},
            vocab_start, vocab_size);
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(
         cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, stream));
   }
@@ -534,7 +503,6 @@ void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t 
       check_args(op, {{logits, "logits"}, {row_max, "row_max", Want::F32}, {sum_exp, "sum_exp", Want::F32}});
   check_ce(op, logits, {{row_max, "row_max"}, {sum_exp, "sum_exp"}}, vocab_start, vocab_size);
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp, stream));
   }
   cpu::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
@@ -555,7 +523,6 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
            vocab_start, vocab_size);
   check_same_shape(op, dlogits, "dlogits", logits, "logits");
   if (k.device.is_cuda()) {
-    check_cuda_dtype(op, k);
     PARALLEL_ON_CUDA(cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start,
                                             vocab_size, dlogits, stream));
   }
@@ -584,7 +551,6 @@ double sum_of_squares(const Tensor& x, Stream stream) {
   const Checked k = check_args("sum_of_squares", {{x, "x"}});
   count_host_read();  // the result is a host value, on any device
   if (k.device.is_cuda()) {
-    check_cuda_dtype("sum_of_squares", k);
     PARALLEL_ON_CUDA(sum_of_squares(x, stream));
   }
   return cpu::sum_of_squares(x);
