@@ -45,6 +45,11 @@ namespace parallel::ops {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
           float beta = 0.0f, Stream stream = {});
 
+// c = op(a) @ op(b) + bias (bias [N], broadcast over the rows; fp32 or a's dtype): the linear
+// layer's forward with the bias added to the fp32 accumulator, so a 16-bit c is rounded once.
+void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c,
+               Stream stream = {});
+
 // y[r, :] += bias for every row r.
 void add_bias(Tensor& y, const Tensor& bias, Stream stream = {});
 // dbias += sum over rows of dy (accumulate).

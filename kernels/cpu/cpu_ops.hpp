@@ -14,6 +14,7 @@ namespace parallel::cpu {
 
 // ---- dense algebra (gemm.cpp, elementwise.cpp) ---------------------------------------------
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c);
 // oneDNN's name for the implementation it picks for a GEMM with these operands on this CPU (e.g.
 // "brg:avx512_core_bf16"), for benchmarks and logs.
 std::string gemm_implementation(DType operands);

@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
@@ -44,7 +45,10 @@ struct GemmKey {
   uint32_t alpha_bits, beta_bits;  // the bit patterns: exact, and NaN-safe as map keys
   int threads;                     // a primitive is tuned for the thread count it was created with
   DType in, out;                   // operand and destination dtypes
-  auto tie() const { return std::tie(m, n, k, trans_a, trans_b, alpha_bits, beta_bits, threads, in, out); }
+  DType bias = DType::U8;          // the bias dtype; U8: no bias
+  auto tie() const {
+    return std::tie(m, n, k, trans_a, trans_b, alpha_bits, beta_bits, threads, in, out, bias);
+  }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -99,10 +103,14 @@ dnnl::matmul::primitive_desc matmul_desc(const GemmKey& key, const dnnl::engine&
     ops.append_sum(beta);  // dst = alpha * a @ b + beta * dst
     attr.set_post_ops(ops);
   }
-  auto desc = dnnl::matmul::desc(operand_desc(key.m, key.k, key.trans_a, key.in),
-                                 operand_desc(key.k, key.n, key.trans_b, key.in),
-                                 operand_desc(key.m, key.n, false, key.out));
-  return dnnl::matmul::primitive_desc(desc, attr, engine);
+  const auto src = operand_desc(key.m, key.k, key.trans_a, key.in);
+  const auto wei = operand_desc(key.k, key.n, key.trans_b, key.in);
+  const auto dst = operand_desc(key.m, key.n, false, key.out);
+  if (key.bias != DType::U8) {
+    const dnnl::memory::desc bias({1, key.n}, dnnl_type(key.bias), tag::ab);
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst), attr, engine);
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, engine);
 }
 
 std::optional<dnnl::matmul> make_matmul(const GemmKey& key, const dnnl::engine& engine) {
@@ -143,14 +151,19 @@ std::optional<dnnl::matmul> cached_matmul(const GemmKey& key) {
   return it->second;
 }
 
-void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, const void* B, void* C) {
+void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, const void* B, void* C,
+                const void* bias = nullptr) {
   DnnlContext& ctx = context();
   dnnl::memory am(operand_desc(key.m, key.k, key.trans_a, key.in), ctx.engine, const_cast<void*>(A));
   dnnl::memory bm(operand_desc(key.k, key.n, key.trans_b, key.in), ctx.engine, const_cast<void*>(B));
   dnnl::memory cm(operand_desc(key.m, key.n, false, key.out), ctx.engine, C);
   // A stream per call is cheap on the CPU and keeps concurrent callers independent.
   dnnl::stream stream(ctx.engine);
-  prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (key.bias != DType::U8)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(dnnl::memory::desc({1, key.n}, dnnl_type(key.bias), tag::ab),
+                                             ctx.engine, const_cast<void*>(bias)));
+  prim.execute(stream, args);
   stream.wait();
 }
 
@@ -189,6 +202,23 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
       m, n, k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(), a.dtype(), c.dtype()};
   if (auto prim = cached_matmul(key)) return run_matmul(*prim, key, a.data_ptr(), b.data_ptr(), c.data_ptr());
   widened_gemm(a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+// c = op(a) op(b) + bias in one primitive: the bias is added to the fp32 accumulator before the
+// single rounding to c's dtype (a separate add after a 16-bit GEMM would round twice), and the
+// pass over c that a separate add costs is gone. Falls back to gemm + add_bias where oneDNN has no
+// kernel (the widened path).
+void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c) {
+  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  if (m > 0 && n > 0 && k > 0) {
+    GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(),
+                a.dtype(), c.dtype()};
+    key.bias = bias.dtype();
+    if (auto prim = cached_matmul(key))
+      return run_matmul(*prim, key, a.data_ptr(), b.data_ptr(), c.data_ptr(), bias.data_ptr());
+  }
+  gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f);
+  add_bias(c, bias);
 }
 
 std::string gemm_implementation(DType operands) {

@@ -124,6 +124,30 @@ void copy_host(const Tensor& dst, const Tensor& src) {
   }
   const DType dt = dst.dtype(), st = src.dtype();
   const std::size_t es = dtype_size(dt);
+  // Rows contiguous on both sides (narrow() along a last-but-one dimension, e.g. q/k/v split out of
+  // a fused projection): one memcpy or block conversion per row instead of per element.
+  const int64_t rank = dst.dim();
+  if (rank >= 2 && dst.strides().back() == 1 && src.strides().back() == 1) {
+    const int64_t row = dst.shape().back();
+    Shape outer(dst.shape().begin(), dst.shape().end() - 1);
+    Shape dst_outer(dst.strides().begin(), dst.strides().end() - 1);
+    Shape src_outer(src.strides().begin(), src.strides().end() - 1);
+    const std::size_t ss = dtype_size(st);
+    auto half = [](DType t) { return t == DType::BF16 || t == DType::F16; };
+    for_each_element(outer, dst_outer, src_outer, [&](int64_t di, int64_t si) {
+      char* to = static_cast<char*>(d) + di * static_cast<int64_t>(es);
+      const char* from = static_cast<const char*>(s) + si * static_cast<int64_t>(ss);
+      if (dt == st)
+        std::memcpy(to, from, static_cast<std::size_t>(row) * es);
+      else if (dt == DType::F32 && half(st))
+        convert_block_to_f32(from, st, reinterpret_cast<float*>(to), row);
+      else if (half(dt) && st == DType::F32)
+        convert_block_from_f32(reinterpret_cast<const float*>(from), dt, to, row);
+      else
+        for (int64_t i = 0; i < row; ++i) store(to, dt, i, load(from, st, i));
+    });
+    return;
+  }
   for_each_element(dst.shape(), dst.strides(), src.strides(), [&](int64_t di, int64_t si) {
     if (dt == st)
       std::memcpy(static_cast<char*>(d) + di * es, static_cast<const char*>(s) + si * es, es);

@@ -4,13 +4,14 @@
 // device, the dtypes the op's contract allows (ops.hpp, "Precision"), with the shapes of the
 // contract. Kernels then read raw pointers.
 // CUDA tensors go to the kernels of kernels/cuda/cuda_ops.hpp: one PARALLEL_ON_CUDA line per op.
+#include "parallel/ops.hpp"
+
 #include <initializer_list>
 #include <string>
 
 #include "cpu/cpu_ops.hpp"
 #include "parallel/build_config.hpp"
 #include "parallel/error.hpp"
-#include "parallel/ops.hpp"
 #if PARALLEL_HAVE_CUDA
 #include "cuda/cuda_loss_ops.hpp"
 #include "cuda/cuda_ops.hpp"
@@ -135,6 +136,28 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   }
   cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c,
+               Stream stream) {
+  const Checked k = check_args("gemm_bias", {{a, "a"}, {b, "b"}, {bias, "bias", Want::Param}, {c, "c"}});
+  check_1d("gemm_bias", bias, "bias");
+  check_last_dim("gemm_bias", c, "c", bias.numel(), "bias size");
+  if (k.device.is_cuda()) {
+    // No fused epilogue on this path yet: the product, then the bias (both checked by their ops).
+    gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, stream);
+    add_bias(c, bias, stream);
+    return;
+  }
+  PARALLEL_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
+                 "ops::gemm_bias: operands must be 2-D, got a {} b {} c {}", shape_str(a.shape()),
+                 shape_str(b.shape()), shape_str(c.shape()));
+  const int64_t m = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  PARALLEL_CHECK(ka == kb && c.size(0) == m && c.size(1) == n,
+                 "ops::gemm_bias: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit", m, ka, kb, n,
+                 shape_str(c.shape()));
+  cpu::gemm_bias(a, trans_a, b, trans_b, bias, c);
 }
 
 void add_bias(Tensor& y, const Tensor& bias, Stream stream) {

@@ -92,8 +92,11 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {
   y_shape.back() = out_local_;
   Tensor y = Tensor::empty(y_shape, x_full.dtype(), x.device());
   Tensor y2d = as_rows(y);
-  ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d);
-  if (options_.bias) ops::add_bias(y2d, fused(biases, &Parameter::value));
+  if (options_.bias)
+    ops::gemm_bias(as_rows(x_full), false, fused(weights, &Parameter::value), true,
+                   fused(biases, &Parameter::value), y2d);
+  else
+    ops::gemm(as_rows(x_full), false, fused(weights, &Parameter::value), true, y2d);
   ctx.input = x_full;
   return options_.gather_output ? gather_last_dim(tp_, y) : y;
 }

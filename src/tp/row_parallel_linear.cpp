@@ -49,7 +49,12 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, LinearContext& ctx) {
   y_shape.back() = out;
   Tensor partial = Tensor::empty(y_shape, x.dtype(), x.device());
   Tensor partial2d = as_rows(partial);
-  ops::gemm(as_rows(x), false, weight.value, true, partial2d);
+  // The bias is added once, after the reduction; on one rank there is none, so the GEMM adds it.
+  const bool fuse_bias = options_.bias && tp_.size() == 1;
+  if (fuse_bias)
+    ops::gemm_bias(as_rows(x), false, weight.value, true, bias.value, partial2d);
+  else
+    ops::gemm(as_rows(x), false, weight.value, true, partial2d);
   Tensor y = partial;
   if (tp_.size() > 1) {
     if (options_.sequence_parallel) {
@@ -58,7 +63,7 @@ Tensor RowParallelLinear::forward(const Tensor& x_in, LinearContext& ctx) {
       tp_.all_reduce(partial, ReduceOp::Sum);
     }
   }
-  if (options_.bias) {
+  if (options_.bias && !fuse_bias) {
     Tensor y2d = as_rows(y);
     ops::add_bias(y2d, bias.value);
   }
