@@ -25,6 +25,7 @@
 //   one place, the model's precision policy (precision.hpp), not by the ops.
 // - Stream: ordering on CUDA; ignored on the CPU. CPU kernels use OpenMP threads (OMP_NUM_THREADS).
 #include <cstdint>
+#include <string>
 
 #include "parallel/tensor.hpp"
 
@@ -49,6 +50,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 // layer's forward with the bias added to the fp32 accumulator, so a 16-bit c is rounded once.
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c,
                Stream stream = {});
+
+// Which kernel the CPU GEMM runs for operands of `dtype` on this machine: oneDNN's implementation
+// name and the ISA it dispatches to (e.g. "brg:avx512_core_bf16 (isa avx512_core_bf16)"), or the
+// widening fallback. For logs and benchmarks.
+std::string gemm_implementation(DType dtype);
 
 // y[r, :] += bias for every row r.
 void add_bias(Tensor& y, const Tensor& bias, Stream stream = {});

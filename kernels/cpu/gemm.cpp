@@ -20,6 +20,7 @@
 // would need a version counter on the tensor (the optimizer updates weights in place at the same
 // address), which Tensor does not have, so operands are used in place, row-major, transposition
 // expressed as strides, and nothing is packed.
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <cstring>
@@ -224,8 +225,32 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
 std::string gemm_implementation(DType operands) {
   const GemmKey key{
       256, 256, 256, false, true, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(), operands, DType::F32};
+  const char* isa = "";
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx:
+      isa = "avx512_core_amx";
+      break;
+    case dnnl::cpu_isa::avx512_core_bf16:
+      isa = "avx512_core_bf16";
+      break;
+    case dnnl::cpu_isa::avx512_core_vnni:
+      isa = "avx512_core_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core:
+      isa = "avx512_core";
+      break;
+    case dnnl::cpu_isa::avx2:
+      isa = "avx2";
+      break;
+    default:
+      isa = "other";
+  }
   try {
-    return matmul_desc(key, context().engine).impl_info_str();
+    return fmt::format("{} (oneDNN {}, isa {})", matmul_desc(key, context().engine).impl_info_str(),
+                       dnnl_type(operands) == dt::bf16  ? "bf16"
+                       : dnnl_type(operands) == dt::f16 ? "fp16"
+                                                        : "fp32",
+                       isa);
   } catch (const dnnl::error&) {
     return "widened to fp32 (no oneDNN implementation on this CPU)";
   }

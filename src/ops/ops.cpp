@@ -160,6 +160,8 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
   cpu::gemm_bias(a, trans_a, b, trans_b, bias, c);
 }
 
+std::string gemm_implementation(DType dtype) { return cpu::gemm_implementation(dtype); }
+
 void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   const Checked k = check_args("add_bias", {{y, "y"}, {bias, "bias", Want::Param}});
   check_1d("add_bias", bias, "bias");

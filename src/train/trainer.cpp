@@ -14,6 +14,7 @@
 #include "parallel/hardware_peak.hpp"
 #include "parallel/log.hpp"
 #include "parallel/lr_schedule.hpp"
+#include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
@@ -255,6 +256,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
   progress().info("MFU peak: {:.1f} GFLOP/s per rank ({} from {})", peak.flops / 1e9, precision, peak.source);
   if (!m.device.is_cuda() && c.train.peak_tflops <= 0 && !cpu_peak_overridden())
     progress().info("CPU peak: {}", describe(measured_cpu_peak()));
+  if (!m.device.is_cuda())
+    progress().info("CPU GEMM: {}", ops::gemm_implementation(compute_dtype(c.train.precision)));
 
   // `latest` with no checkpoint yet is a first run, as in Megatron: a warning, then step 0. The
   // ranks agree (any rank seeing a checkpoint makes all load) so that none skips a collective load.
