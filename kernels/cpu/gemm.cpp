@@ -131,15 +131,14 @@ void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float
 void widened_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
                   float beta) {
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
-  std::vector<float> A(static_cast<size_t>(a.numel())), B(static_cast<size_t>(b.numel()));
-  widen_to_f32(a.data_ptr(), a.dtype(), A.data(), a.numel());
-  widen_to_f32(b.data_ptr(), b.dtype(), B.data(), b.numel());
+  // Widened copies from the library's (caching) allocator: no fresh pages per call.
+  const Tensor A = a.to(DType::F32), B = b.to(DType::F32);
   if (c.dtype() == DType::F32)
-    return fp32_gemm(A.data(), trans_a, B.data(), trans_b, c.data<float>(), m, n, k, alpha, beta);
-  std::vector<float> C(static_cast<size_t>(c.numel()));
-  if (beta != 0.0f) widen_to_f32(c.data_ptr(), c.dtype(), C.data(), c.numel());
-  fp32_gemm(A.data(), trans_a, B.data(), trans_b, C.data(), m, n, k, alpha, beta);
-  narrow_from_f32(C.data(), c.dtype(), c.data_ptr(), c.numel());
+    return fp32_gemm(A.data<float>(), trans_a, B.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
+                     beta);
+  Tensor C = beta != 0.0f ? c.to(DType::F32) : Tensor::empty(c.shape(), DType::F32);
+  fp32_gemm(A.data<float>(), trans_a, B.data<float>(), trans_b, C.data<float>(), m, n, k, alpha, beta);
+  c.copy_(C);
 }
 
 // A cached primitive for the key, or nullopt when oneDNN cannot run it.
