@@ -12,12 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "parallel/dtype.hpp"  // Precision
+
 namespace parallel {
 
 enum class Normalization { LayerNorm, RMSNorm };
 enum class Activation { GeLU, SwiGLU };
 enum class PositionEmbedding { Learned, Rope };
-enum class Precision { FP32, BF16, FP16 };
 enum class Recompute { None, Selective, Full };
 enum class LrDecay { Constant, Linear, Cosine };
 enum class DeviceKind { CPU, CUDA };

@@ -46,6 +46,10 @@ void convert_block_from_f32(const float* src, DType dt, void* dst, int64_t n);
 void convert_to_f32(const void* src, DType dt, float* dst, int64_t n);
 void convert_from_f32(const float* src, DType dt, void* dst, int64_t n);
 
+// A run's training precision (train.precision): fp32, or bf16 / fp16 with fp32 main weights. What
+// each tensor's dtype is under it is decided in precision.hpp.
+enum class Precision { FP32, BF16, FP16 };
+
 // Maps a C++ type to its DType, for typed accessors such as Tensor::data<T>().
 template <typename T>
 struct dtype_of;

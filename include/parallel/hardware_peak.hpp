@@ -27,7 +27,7 @@
 // On other architectures than x86-64 only a portable scalar fp32 loop is measured.
 #include <string>
 
-#include "parallel/config.hpp"
+#include "parallel/dtype.hpp"
 
 namespace parallel {
 

@@ -13,7 +13,6 @@
 // the ops check the combinations they accept (ops.hpp, "Precision").
 #include <vector>
 
-#include "parallel/config.hpp"
 #include "parallel/dtype.hpp"
 #include "parallel/parameter.hpp"
 
