@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Side by side, one rank, the same threads: tokens/s of one GPT training step, ours (pretrain_gpt,
+# fp32 and bf16) against PyTorch 2.x (benchmarks/pytorch2_gpt_step.py: eager and torch.compile,
+# fp32 and bf16 autocast), rounds alternating so every side sees the same machine load.
+#   benchmarks/compare_pytorch2.sh [BUILD_DIR] [ROUNDS] [mini|gpt2|both]
+# PyTorch 2.x comes from $TORCH2_DIR (default /tmp/torch2; ../shared/tools/torch2_setup.sh puts it
+# there). Models (issue 12): "mini" 6 layers x 384, 6 heads, vocab 8192, seq 256, batch 4;
+# "gpt2" the GPT-2 124M shape, 12 x 768, 12 heads, vocab 50257, seq 256, batch 4.
+# Prints the machine, the ISA and GEMM kernel our library picked, a row per round and the medians.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build} rounds=${2:-3} which=${3:-both}
+torch_dir=${TORCH2_DIR:-/tmp/torch2}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # both sides use libgomp; see compare_pytorch.sh
+THREADS=${THREADS:-2}
+PYTHONPATH=$torch_dir python3 -c 'import torch' 2>/dev/null ||
+  { echo "compare_pytorch2: no PyTorch 2 in $torch_dir (run ../shared/tools/torch2_setup.sh)" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "date: $(date -u +%Y-%m-%d)"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; flags: $(grep -o -w -E 'avx512f|avx512_bf16|avx512_fp16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "torch: $(PYTHONPATH=$torch_dir python3 -c 'import torch; print(torch.__version__)'), threads $THREADS, OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
+
+# ours MODEL PRECISION: median tokens/s over the steps after the first two.
+ours() {
+  local L=$1 H=$2 HEADS=$3 V=$4 S=$5 B=$6 STEPS=$7 prec=$8
+  OMP_NUM_THREADS=$THREADS "$build/bin/pretrain_gpt" --config configs/tiny.yaml \
+    --set model.num_layers=$L --set model.hidden_size=$H --set model.num_attention_heads=$HEADS \
+    --set model.vocab_size=$V --set model.seq_length=$S --set train.micro_batch_size=$B \
+    --set train.global_batch_size=$B --set train.steps=$((STEPS + 2)) --set train.log_interval=1 \
+    --set train.precision=$prec --set optimizer.warmup_steps=0 --set train.output_dir="$work/run" \
+    >"$work/ours.log" 2>&1 || { tail -5 "$work/ours.log" >&2; exit 1; }
+  grep -o '"tokens_per_sec":[^,}]*' "$work/run/metrics.jsonl" | cut -d: -f2 | tail -n +3 | sort -g |
+    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+  rm -rf "$work/run"
+}
+theirs() {  # theirs MODEL... eager|compile fp32|bf16
+  PYTHONPATH=$torch_dir python3 benchmarks/pytorch2_gpt_step.py "$@" 2>/dev/null | tail -1
+}
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+bench() {  # bench NAME L H HEADS V S B STEPS
+  local name=$1
+  shift
+  local model=("$@")
+  local shape=("${model[@]:0:7}")
+  echo
+  echo "== $name: ${model[0]} layers x ${model[1]}, ${model[2]} heads, vocab ${model[3]}, seq ${model[4]}, batch ${model[5]}"
+  local ours_f=() ours_b=() ef=() cf=() eb=() cb=()
+  printf "%-5s %10s %10s %10s %10s %10s %10s\n" round ours-fp32 eager-fp32 compile-fp32 ours-bf16 eager-bf16 compile-bf16
+  for r in $(seq 1 "$rounds"); do
+    local a b c d e f
+    a=$(ours "${model[@]}" fp32)
+    b=$(theirs "${shape[@]}" "$THREADS" eager fp32)
+    c=$(theirs "${shape[@]}" "$THREADS" compile fp32)
+    d=$(ours "${model[@]}" bf16)
+    e=$(theirs "${shape[@]}" "$THREADS" eager bf16)
+    f=$(theirs "${shape[@]}" "$THREADS" compile bf16)
+    printf "%-5s %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f\n" "$r" "$a" "$b" "$c" "$d" "$e" "$f"
+    ours_f+=("$a") ef+=("$b") cf+=("$c") ours_b+=("$d") eb+=("$e") cb+=("$f")
+  done
+  local mf me mc mb mbe mbc
+  mf=$(echo "${ours_f[*]}" | median) me=$(echo "${ef[*]}" | median) mc=$(echo "${cf[*]}" | median)
+  mb=$(echo "${ours_b[*]}" | median) mbe=$(echo "${eb[*]}" | median) mbc=$(echo "${cb[*]}" | median)
+  printf "%-5s %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f\n" median "$mf" "$me" "$mc" "$mb" "$mbe" "$mbc"
+  awk -v a="$mf" -v b="$me" -v c="$mc" -v d="$mb" -v e="$mbe" -v f="$mbc" 'BEGIN {
+    printf "ratios: fp32 ours/eager %.2f, ours/compile %.2f; bf16 ours/eager %.2f, ours/compile %.2f; ours bf16/fp32 %.2f\n",
+      a / b, a / c, d / e, d / f, d / a }'
+}
+
+# Our GEMM kernel and ISA for the record (the trainer logs them at start).
+OMP_NUM_THREADS=$THREADS "$build/bin/pretrain_gpt" --config configs/tiny.yaml --set train.steps=2 \
+  --set train.precision=bf16 --set train.output_dir="$work/probe" 2>&1 | grep -E "CPU GEMM|CPU peak" | sed 's/^.*\] //'
+[[ $which == mini || $which == both ]] && bench mini 6 384 6 8192 256 4 10
+[[ $which == gpt2 || $which == both ]] && bench gpt2-124M 12 768 12 50257 256 4 4
+exit 0
