@@ -2,6 +2,7 @@
 # Installs what libparallel needs from Debian's packages, and nothing when it is all there already.
 # Works as root and as a user (through sudo). docs/dependencies.md says why each package is here.
 #   --with-torch   also install python3-torch (only needed to regenerate the PyTorch fixtures)
+#   --with-plots   also install python3-matplotlib (only needed by scripts/plot_metrics.py)
 set -euo pipefail
 
 packages=(
@@ -15,6 +16,9 @@ packages=(
 [[ "${CXX:-}" == *clang* ]] && packages+=(clang libomp-dev)
 # PyTorch from Debian calls the system BLAS: OpenBLAS, not the reference BLAS, for a fair baseline.
 [[ " $* " == *" --with-torch "* ]] && packages+=(python3-torch libopenblas0-openmp)
+# Plots of runs (scripts/plot_metrics.py): matplotlib brings ~35 packages (SciPy, Tk, fonts), so
+# it is opt-in; the test plot_metrics skips without it.
+[[ " $* " == *" --with-plots "* ]] && packages+=(python3-matplotlib)
 
 missing=()
 for p in "${packages[@]}"; do
