@@ -121,6 +121,34 @@ inline Row gemm(DType dt, GemmShape g, DType c_dt, Tol tol) {
              fmt::format("c {}", dn(c_dt)), tol, cuda_default(tol), s);
 }
 
+// c = op(a) op(b) + bias (bias [N] fp32 or the activation dtype; c the activation dtype), the bias
+// added before c's single rounding.
+inline Row gemm_bias(DType dt, GemmShape g, DType bias_dt, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    return Tensors{uniform(g.ta ? Shape{g.k, g.m} : Shape{g.m, g.k}, dt, 14),
+                   uniform(g.tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, dt, 15), uniform({g.n}, bias_dt, 16),
+                   uniform({g.m, g.n}, dt, 17)};
+  };
+  s.call = [=](Tensors& t) { ops::gemm_bias(t[0], g.ta, t[1], g.tb, t[2], t[3]); };
+  s.read = outs({{3, "c"}});
+  s.reference = [=](const Tensors& t) {
+    const V A = values(t[0]), B = values(t[1]), bias = values(t[2]);
+    V c(static_cast<size_t>(g.m * g.n));
+    for (int64_t i = 0; i < g.m; i++)
+      for (int64_t j = 0; j < g.n; j++) {
+        double acc = 0;
+        for (int64_t p = 0; p < g.k; p++)
+          acc += A[g.ta ? p * g.m + i : i * g.k + p] * B[g.tb ? j * g.k + p : p * g.n + j];
+        c[i * g.n + j] = acc + bias[j];
+      }
+    return Outputs{rounded("c", dt, c)};
+  };
+  s.flops = 2.0 * g.m * g.n * g.k;
+  return row("gemm_bias", dt, fmt::format("{}x{}x{} {}{}", g.m, g.k, g.n, g.ta ? "t" : "n", g.tb ? "t" : "n"),
+             fmt::format("bias {}", dn(bias_dt)), tol, cuda_default(tol), s);
+}
+
 // y [..., h] += bias [h] (bias fp32 or the activation dtype).
 inline Row add_bias(DType dt, Shape shape, DType bias_dt, Tol tol) {
   Spec s;
@@ -781,6 +809,25 @@ inline Row cross_entropy_backward(DType dt, CeShape c, Tol tol) {
              cuda_default(tol), s);
 }
 
+// loss = log(sum_exp) + row_max - target_logit, all fp32 [n] (no activation: the row's dtype is fp32).
+inline Row cross_entropy_loss(int64_t n, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    return Tensors{uniform({n}, DType::F32, 205, -5.0f, 5.0f), uniform({n}, DType::F32, 206, 1.0f, 1000.0f),
+                   uniform({n}, DType::F32, 207, -5.0f, 5.0f), uniform({n}, DType::F32, 208)};
+  };
+  s.call = [](Tensors& t) { ops::cross_entropy_loss(t[0], t[1], t[2], t[3]); };
+  s.read = outs({{3, "loss"}});
+  s.reference = [=](const Tensors& t) {
+    const V m = values(t[0]), se = values(t[1]), tl = values(t[2]);
+    V loss(m.size());
+    for (size_t i = 0; i < m.size(); i++) loss[i] = std::log(se[i]) + m[i] - tl[i];
+    return Outputs{rounded("loss", DType::F32, loss)};
+  };
+  return row("cross_entropy_loss", DType::F32, std::to_string(n), "row_max/sum_exp/target_logit/loss fp32", tol,
+             cuda_default(tol), s);
+}
+
 // ---- reductions and optimizer -----------------------------------------------------------------
 
 inline Row sum_of_squares(DType dt, int64_t n, Tol tol) {
@@ -797,35 +844,90 @@ inline Row sum_of_squares(DType dt, int64_t n, Tol tol) {
   return row("sum_of_squares", dt, std::to_string(n), "result double", tol, cuda_default(tol), s);
 }
 
-// fp32 only (the optimizer's state is fp32 whatever the training precision).
-inline Row adamw_update(int64_t n, Tol tol) {
+// acc [1] (fp32) += sum of squares of x (fp32), the sum formed in double.
+inline Row sum_of_squares_accumulate(int64_t n, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    return Tensors{uniform({n}, DType::F32, 212, -3.0f, 3.0f), Tensor::from_floats({1.25f}, {1}, DType::F32)};
+  };
+  s.call = [](Tensors& t) { ops::sum_of_squares_accumulate(t[0], t[1]); };
+  s.read = outs({{1, "acc"}});
+  s.reference = [](const Tensors& t) {
+    double acc = values(t[1])[0];
+    for (double x : values(t[0])) acc += x * x;
+    return Outputs{rounded("acc", DType::F32, {acc})};
+  };
+  return row("sum_of_squares_accumulate", DType::F32, std::to_string(n), "x fp32; acc fp32 [1]", tol,
+             cuda_default(tol), s);
+}
+
+inline ops::AdamWStep adamw_step() {
   ops::AdamWStep h;
   h.lr = 3e-3;
   h.weight_decay = 0.1;
   h.step = 3;
   h.grad_scale = 0.5f;
+  return h;
+}
+// param, grad, exp_avg, exp_avg_sq: fp32 [n].
+inline Tensors adamw_inputs(int64_t n) {
+  return Tensors{uniform({n}, DType::F32, 221), uniform({n}, DType::F32, 222, -2, 2),
+                 uniform({n}, DType::F32, 223, -0.1f, 0.1f), uniform({n}, DType::F32, 224, 0.0f, 0.01f)};
+}
+// The updated param, exp_avg, exp_avg_sq from adamw_inputs' tensors (the first four of t).
+inline Outputs adamw_exact(const Tensors& t, const ops::AdamWStep& h) {
+  V p = values(t[0]), m = values(t[2]), v = values(t[3]);
+  const V grad = values(t[1]);
+  const double bc1 = 1 - std::pow(h.beta1, h.step), bc2 = 1 - std::pow(h.beta2, h.step);
+  for (size_t i = 0; i < p.size(); i++) {
+    const double g = grad[i] * h.grad_scale;
+    p[i] *= 1 - h.lr * h.weight_decay;
+    m[i] = h.beta1 * m[i] + (1 - h.beta1) * g;
+    v[i] = h.beta2 * v[i] + (1 - h.beta2) * g * g;
+    p[i] -= h.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + h.eps);
+  }
+  return Outputs{rounded("param", DType::F32, p), rounded("exp_avg", DType::F32, m),
+                 rounded("exp_avg_sq", DType::F32, v)};
+}
+
+// fp32 only (the optimizer's state is fp32 whatever the training precision).
+inline Row adamw_update(int64_t n, Tol tol) {
+  const ops::AdamWStep h = adamw_step();
   Spec s;
-  s.make = [=] {
-    return Tensors{uniform({n}, DType::F32, 221), uniform({n}, DType::F32, 222, -2, 2),
-                   uniform({n}, DType::F32, 223, -0.1f, 0.1f), uniform({n}, DType::F32, 224, 0.0f, 0.01f)};
-  };
+  s.make = [=] { return adamw_inputs(n); };
   s.call = [=](Tensors& t) { ops::adamw_update_(t[0], t[1], t[2], t[3], h); };
   s.read = outs({{0, "param"}, {2, "exp_avg"}, {3, "exp_avg_sq"}});
-  s.reference = [=](const Tensors& t) {
-    V p = values(t[0]), m = values(t[2]), v = values(t[3]);
-    const V grad = values(t[1]);
-    const double bc1 = 1 - std::pow(h.beta1, h.step), bc2 = 1 - std::pow(h.beta2, h.step);
-    for (size_t i = 0; i < p.size(); i++) {
-      const double g = grad[i] * h.grad_scale;
-      p[i] *= 1 - h.lr * h.weight_decay;
-      m[i] = h.beta1 * m[i] + (1 - h.beta1) * g;
-      v[i] = h.beta2 * v[i] + (1 - h.beta2) * g * g;
-      p[i] -= h.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + h.eps);
-    }
-    return Outputs{rounded("param", DType::F32, p), rounded("exp_avg", DType::F32, m),
-                   rounded("exp_avg_sq", DType::F32, v)};
-  };
+  s.reference = [=](const Tensors& t) { return adamw_exact(t, h); };
   return row("adamw_update_", DType::F32, std::to_string(n), "param/grad/exp_avg/exp_avg_sq fp32", tol, tol, s);
+}
+
+// The overload that also writes model_copy (bf16/fp16 [n], the row's dtype) = the updated param
+// rounded: param and the fp32 buffers against the reference as above, and model_copy bitwise equal
+// to the op's own updated param rounded to its dtype (the output "model_copy - round(param)", all 0).
+inline Row adamw_update_model_copy(DType copy_dt, int64_t n, Tol tol) {
+  const ops::AdamWStep h = adamw_step();
+  Spec s;
+  s.make = [=] {
+    Tensors t = adamw_inputs(n);
+    t.push_back(uniform({n}, copy_dt, 225));
+    return t;
+  };
+  s.call = [=](Tensors& t) { ops::adamw_update_(t[0], t[1], t[2], t[3], t[4], h); };
+  s.read = [=](const Tensors& t) {
+    Outputs o = outs({{0, "param"}, {2, "exp_avg"}, {3, "exp_avg_sq"}})(t);
+    const V p = values(t[0]);
+    V diff = values(t[4]);
+    for (size_t i = 0; i < diff.size(); i++) diff[i] -= round_to(p[i], copy_dt);
+    o.push_back({"model_copy - round(param)", copy_dt, diff});
+    return o;
+  };
+  s.reference = [=](const Tensors& t) {
+    Outputs o = adamw_exact(t, h);
+    o.push_back({"model_copy - round(param)", copy_dt, V(static_cast<size_t>(n), 0.0)});
+    return o;
+  };
+  return row("adamw_update_", copy_dt, std::to_string(n),
+             fmt::format("param/grad/exp_avg/exp_avg_sq fp32; model_copy {}", dn(copy_dt)), tol, tol, s);
 }
 
 // ---- the table --------------------------------------------------------------------------------
@@ -852,6 +954,14 @@ inline std::vector<Row> op_rows(bool speed = false) {
       t.push_back(gemm(dt, {37, 29, 41}, dt, sums));
       t.push_back(gemm(dt, {24, 64, 16, false, true, 0.5f}, dt, sums));
       t.push_back(gemm(dt, {19, 33, 17, true, false, 1.0f, 1.0f}, F32, sums));  // weight gradient: fp32 c, beta 1
+    }
+    if (speed) {
+      t.push_back(gemm_bias(dt, {1024, 1024, 1024, false, true}, dt, sums));
+    } else {
+      for (DType b : half ? std::vector<DType>{F32, dt} : std::vector<DType>{F32}) {
+        t.push_back(gemm_bias(dt, {37, 29, 41}, b, sums));
+        t.push_back(gemm_bias(dt, {24, 64, 16, false, true}, b, sums));  // a linear layer: x W^T + bias
+      }
     }
     t.push_back(add_bias(dt, ew, dt, exact));
     if (half && !speed) t.push_back(add_bias(dt, ew, F32, exact));
@@ -911,7 +1021,11 @@ inline std::vector<Row> op_rows(bool speed = false) {
 
     t.push_back(sum_of_squares(dt, speed ? 1 << 22 : 10007, Tol{0, 1e-12}));
   }
+  // fp32 only: the loss pieces are statistics, the gradient norm's inputs parameter gradients.
+  t.push_back(cross_entropy_loss(speed ? 1 << 20 : 1001, Tol{4, 1e-7}));  // log, and + - cancels
+  t.push_back(sum_of_squares_accumulate(speed ? 1 << 22 : 10007, Tol{1, 0}));  // double sum, one fp32 rounding
   t.push_back(adamw_update(speed ? 1 << 22 : 1003, Tol{4, 1e-7}));  // m, v: b1 m + (1 - b1) g cancels
+  for (DType copy : {BF16, F16}) t.push_back(adamw_update_model_copy(copy, speed ? 1 << 22 : 1003, Tol{4, 1e-7}));
   return t;
 }
 
@@ -929,6 +1043,14 @@ inline std::vector<Rejection> rejection_rows() {
   r.push_back({"gemm", "c", "bf16 a, b with fp16 c", [=] {
                  Tensor c = z({4, 4}, F16);
                  ops::gemm(z({4, 4}, BF16), false, z({4, 4}, BF16), false, c);
+               }});
+  r.push_back({"gemm_bias", "bias", "bf16 a, b with fp16 bias", [=] {
+                 Tensor c = z({4, 4}, BF16);
+                 ops::gemm_bias(z({4, 4}, BF16), false, z({4, 4}, BF16), false, z({4}, F16), c);
+               }});
+  r.push_back({"gemm_bias", "c", "bf16 a, b with fp32 c", [=] {
+                 Tensor c = z({4, 4}, F32);
+                 ops::gemm_bias(z({4, 4}, BF16), false, z({4, 4}, BF16), false, z({4}, F32), c);
                }});
   r.push_back({"add", "out", "bf16 a, b with fp32 out", [=] {
                  Tensor out = z({8}, F32);
@@ -995,9 +1117,21 @@ inline std::vector<Rejection> rejection_rows() {
                  ops::cross_entropy_backward(z({4, 8}, F16), z({4}, I32), z({4}, F32), z({4}, F32), z({4}, F16), 0, 8,
                                              dl);
                }});
+  r.push_back({"cross_entropy_loss", "sum_exp", "bf16 sum_exp", [=] {
+                 Tensor loss = z({4}, F32);
+                 ops::cross_entropy_loss(z({4}, F32), z({4}, BF16), z({4}, F32), loss);
+               }});
+  r.push_back({"sum_of_squares_accumulate", "x", "bf16 x", [=] {
+                 Tensor acc = z({1}, F32);
+                 ops::sum_of_squares_accumulate(z({8}, BF16), acc);
+               }});
   r.push_back({"adamw_update_", "grad", "bf16 grad", [=] {
                  Tensor p = z({8}, F32), m = z({8}, F32), v = z({8}, F32);
                  ops::adamw_update_(p, z({8}, BF16), m, v, ops::AdamWStep{});
+               }});
+  r.push_back({"adamw_update_", "model_copy", "fp32 model_copy", [=] {
+                 Tensor p = z({8}, F32), m = z({8}, F32), v = z({8}, F32), copy = z({8}, F32);
+                 ops::adamw_update_(p, z({8}, F32), m, v, copy, ops::AdamWStep{});
                }});
   return r;
 }
