@@ -206,8 +206,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 
 // c = op(a) op(b) + bias in one primitive: the bias is added to the fp32 accumulator before the
 // single rounding to c's dtype (a separate add after a 16-bit GEMM would round twice), and the
-// pass over c that a separate add costs is gone. Falls back to gemm + add_bias where oneDNN has no
-// kernel (the widened path).
+// pass over c that a separate add costs is gone. Where oneDNN has no
+// kernel (the widened path, which still rounds c once).
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c) {
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
   if (m > 0 && n > 0 && k > 0) {
@@ -217,8 +217,15 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
     if (auto prim = cached_matmul(key))
       return run_matmul(*prim, key, a.data_ptr(), b.data_ptr(), c.data_ptr(), bias.data_ptr());
   }
-  gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f);
-  add_bias(c, bias);
+  if (c.dtype() == DType::F32) {
+    gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f);
+    add_bias(c, bias);
+    return;
+  }
+  // 16-bit without a oneDNN kernel: the whole product and the bias in fp32, then one rounding.
+  Tensor C = Tensor::empty(c.shape(), DType::F32);
+  gemm_bias(a.to(DType::F32), trans_a, b.to(DType::F32), trans_b, bias.to(DType::F32), C);
+  c.copy_(C);
 }
 
 std::string gemm_implementation(DType operands) {
