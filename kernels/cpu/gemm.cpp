@@ -206,8 +206,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 
 // c = op(a) op(b) + bias in one primitive: the bias is added to the fp32 accumulator before the
 // single rounding to c's dtype (a separate add after a 16-bit GEMM would round twice), and the
-// pass over c that a separate add costs is gone. Where oneDNN has no
-// kernel (the widened path, which still rounds c once).
+// pass over c that a separate add costs is gone. Where oneDNN has no kernel, the product and the
+// bias run widened to fp32 and c is still rounded once.
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c) {
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
   if (m > 0 && n > 0 && k > 0) {
