@@ -3,11 +3,14 @@
 //      \p{L} / \p{N} and we want no ICU/PCRE dependency for one pattern);
 //   2. map each piece's bytes to their single-byte tokens;
 //   3. repeatedly merge the adjacent pair with the lowest merge rank (every occurrence, left to
-//      right) until no pair has a rank.
+//      right) until no pair has a rank. Done with a linked list of symbols and a min-heap of
+//      candidate pairs, O(n log n) in the piece's length (a rescan per merge step is quadratic on
+//      long runs without white space, which are one piece).
 // Tokens are held as raw bytes internally; the byte-to-unicode mapping only exists in the files.
 #include <algorithm>
 #include <array>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -375,16 +378,96 @@ struct GPT2Tokenizer::Impl {
 
   // Pieces repeat a lot in natural text (" the", ","), so their BPE results are kept. The cache is
   // dropped when it grows past kMaxCache entries rather than managed as an LRU: simpler, and a
-  // corpus's frequent pieces come back within a few documents.
+  // corpus's frequent pieces come back within a few documents. Only pieces of at most
+  // kMaxCachedPiece bytes are kept, which bounds the cache's memory (about 2^20 x (64 bytes + ids
+  // + overheads)) however long the runs without white space in the input: such runs rarely repeat,
+  // and merge() is O(n log n) on them anyway.
   static constexpr std::size_t kMaxCache = 1 << 20;
+  static constexpr std::size_t kMaxCachedPiece = 64;
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
+  // Single-byte token ids -> BPE ids, in place.
+  void merge(std::vector<int32_t>& word) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
 };
 
+void GPT2Tokenizer::Impl::merge(std::vector<int32_t>& word) const {
+  const std::size_t n = word.size();
+  if (n < 2) return;
+  if (n > static_cast<std::size_t>(std::numeric_limits<int32_t>::max()))
+    throw Error(fmt::format("GPT-2 tokenizer: a piece of {} bytes is too long (at most 2^31 - 1)", n));
+  // The symbols as a doubly linked list over the original positions; a merge keeps the left node
+  // (which takes the merged id) and unlinks the right one. Positions never move, so a node's index
+  // orders it left to right for as long as it lives.
+  struct Node {
+    int32_t id;    // -1 once merged into its left neighbour
+    int32_t prev;  // -1 at the start
+    int32_t next;  // -1 at the end
+  };
+  // A candidate: the pair of the node at `pos` and its right neighbour, as (rank << 32 | pos) so that
+  // the min-heap's order is one integer compare: lowest rank first, leftmost first among equal
+  // ranks. Candidates go stale (a node merged away, or either side changed); popping one rechecks
+  // the pair now at `pos`: a merge rank belongs to exactly one pair, so the rank still matching
+  // means the candidate still holds.
+  auto pack = [](int32_t rank, int32_t pos) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) | static_cast<uint32_t>(pos);
+  };
+  std::vector<Node> nodes(n);
+  for (std::size_t i = 0; i < n; ++i)
+    nodes[i] = {word[i], static_cast<int32_t>(i) - 1, i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
+  // The merge of the pair at `pos`, or null.
+  auto lookup = [&](int32_t pos) -> const Merge* {
+    if (pos < 0 || nodes[pos].id < 0 || nodes[pos].next < 0) return nullptr;
+    auto it = merges.find(pair_key(nodes[pos].id, nodes[nodes[pos].next].id));
+    return it == merges.end() ? nullptr : &it->second;
+  };
+  std::vector<uint64_t> heap;
+  heap.reserve(n);
+  for (std::size_t i = 0; i + 1 < n; ++i)
+    if (const Merge* m = lookup(static_cast<int32_t>(i)))
+      heap.push_back(pack(m->rank, static_cast<int32_t>(i)));
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  // encoder.py merges one pair (every occurrence, left to right) per step, then looks for the next
+  // lowest rank among the pairs that now exist. So a step takes every candidate of the lowest rank,
+  // leftmost first, and the pairs its merges create join the heap only after the step. (With GPT-2's
+  // files a new pair always ranks after the merge that made it, so the deferral changes nothing
+  // there; it keeps the result identical for any merge file.)
+  std::vector<uint64_t> created;
+  auto add = [&](int32_t pos) {
+    if (const Merge* m = lookup(pos)) created.push_back(pack(m->rank, pos));
+  };
+  while (!heap.empty()) {
+    const uint64_t rank = heap.front() >> 32;
+    while (!heap.empty() && (heap.front() >> 32) == rank) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+      const auto pos = static_cast<int32_t>(heap.back() & 0xFFFFFFFFu);
+      heap.pop_back();
+      const Merge* m = lookup(pos);
+      if (m == nullptr || static_cast<uint64_t>(m->rank) != rank) continue;
+      Node& left = nodes[pos];
+      Node& right = nodes[left.next];
+      left.id = m->merged;
+      left.next = right.next;
+      if (right.next >= 0) nodes[right.next].prev = pos;
+      right.id = -1;
+      add(left.prev);
+      add(pos);
+    }
+    for (uint64_t c : created) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+    created.clear();
+  }
+  std::size_t out = 0;
+  for (int32_t i = 0; i >= 0; i = nodes[i].next) word[out++] = nodes[i].id;
+  word.resize(out);
+}
+
 void GPT2Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  {
+  const bool cacheable = piece.size() <= kMaxCachedPiece;
+  if (cacheable) {
     std::lock_guard lock(cache_mutex);
     auto it = cache.find(std::string(piece));
     if (it != cache.end()) {
@@ -395,34 +478,9 @@ void GPT2Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out)
   std::vector<int32_t> word;
   word.reserve(piece.size());
   for (char c : piece) word.push_back(byte_ids[static_cast<unsigned char>(c)]);
-  std::vector<int32_t> next;
-  next.reserve(word.size());
-  while (word.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max();
-    uint64_t best_key = 0;
-    int32_t best_merged = -1;
-    for (std::size_t i = 0; i + 1 < word.size(); ++i) {
-      const uint64_t key = pair_key(word[i], word[i + 1]);
-      auto it = merges.find(key);
-      if (it != merges.end() && it->second.rank < best_rank) {
-        best_rank = it->second.rank;
-        best_key = key;
-        best_merged = it->second.merged;
-      }
-    }
-    if (best_merged < 0) break;
-    next.clear();
-    for (std::size_t i = 0; i < word.size(); ++i) {
-      if (i + 1 < word.size() && pair_key(word[i], word[i + 1]) == best_key) {
-        next.push_back(best_merged);
-        ++i;
-      } else {
-        next.push_back(word[i]);
-      }
-    }
-    word.swap(next);
-  }
+  merge(word);
   out.insert(out.end(), word.begin(), word.end());
+  if (!cacheable) return;
   std::lock_guard lock(cache_mutex);
   if (cache.size() >= kMaxCache) cache.clear();
   cache.emplace(std::string(piece), std::move(word));

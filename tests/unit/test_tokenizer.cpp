@@ -5,14 +5,19 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/error.hpp"
@@ -310,4 +315,192 @@ TEST(Gpt2Tokenizer, ConcurrentEncodesAgree) {
   for (auto& th : threads) th.join();
   for (const auto& r : results) EXPECT_EQ(r, expected);
   EXPECT_EQ(t->decode(expected), text);
+}
+
+namespace {
+
+// The BPE merge loop as it was before the heap version (and as encoder.py writes it): find the
+// adjacent pair with the lowest rank, merge every occurrence left to right, rescan. Quadratic on
+// long pieces, so used on short inputs only. Reads the files itself (the test's own byte mapping);
+// shares only the pre-tokenizer with the library.
+class ReferenceBpe {
+ public:
+  ReferenceBpe(const fs::path& vocab_file, const fs::path& merge_file) {
+    std::ifstream vin(vocab_file);
+    const nlohmann::json vocab = nlohmann::json::parse(vin);
+    std::unordered_map<std::string, int32_t> encoder;
+    for (const auto& [token, id] : vocab.items()) encoder[token] = id.get<int32_t>();
+    for (int b = 0; b < 256; ++b) byte_ids_[b] = encoder.at(mapped(std::string(1, static_cast<char>(b))));
+    std::ifstream min(merge_file, std::ios::binary);
+    std::string line;
+    int32_t rank = 0;
+    bool first = true;
+    while (std::getline(min, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      const bool header = first && line.starts_with("#version");
+      first = false;
+      if (line.empty() || header) continue;
+      const std::size_t space = line.find(' ');
+      const int32_t l = encoder.at(line.substr(0, space));
+      const int32_t r = encoder.at(line.substr(space + 1));
+      const int32_t m = encoder.at(line.substr(0, space) + line.substr(space + 1));
+      merges_.emplace(key(l, r), std::pair{rank++, m});
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const {
+    std::vector<int32_t> ids;
+    for (std::string_view piece : gpt2_pretokenize(text)) {
+      std::vector<int32_t> word;
+      for (char c : piece) word.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+      std::vector<int32_t> next;
+      while (word.size() > 1) {
+        int32_t best_rank = std::numeric_limits<int32_t>::max();
+        uint64_t best = 0;
+        int32_t merged = -1;
+        for (std::size_t i = 0; i + 1 < word.size(); ++i) {
+          auto it = merges_.find(key(word[i], word[i + 1]));
+          if (it != merges_.end() && it->second.first < best_rank) {
+            best_rank = it->second.first;
+            best = it->first;
+            merged = it->second.second;
+          }
+        }
+        if (merged < 0) break;
+        next.clear();
+        for (std::size_t i = 0; i < word.size(); ++i) {
+          if (i + 1 < word.size() && key(word[i], word[i + 1]) == best) {
+            next.push_back(merged);
+            ++i;
+          } else {
+            next.push_back(word[i]);
+          }
+        }
+        word.swap(next);
+      }
+      ids.insert(ids.end(), word.begin(), word.end());
+    }
+    return ids;
+  }
+
+ private:
+  static uint64_t key(int32_t l, int32_t r) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
+  }
+  std::array<int32_t, 256> byte_ids_{};
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // -> rank, merged id
+};
+
+// Texts without white space: one pre-tokenizer piece each, except "classes".
+std::string random_run(const std::string& kind, std::size_t bytes, uint32_t seed) {
+  static const std::string letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  static const std::string digits = "0123456789";
+  static const std::string punct = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
+  // Letters of several scripts, 1 to 4 bytes of UTF-8: still one \p{L} run.
+  static const std::vector<std::string> scripts = {"a", "e", "t", "é", "ß", "Ω", "ж", "中", "文", "한", "𝔸"};
+  // Every class, white space included: many short pieces.
+  static const std::vector<std::string> classes = {"a", "Z",  "é",  "中", "1",    "٣", ".",         "'", "'s",
+                                                   " ", "\n", "  ", "😀",  "\xff", "x", "e\xCC\x81", "$", "9"};
+  std::mt19937 rng(seed);
+  std::string out;
+  while (out.size() < bytes) {
+    if (kind == "letters")
+      out += letters[rng() % letters.size()];
+    else if (kind == "digits")
+      out += digits[rng() % digits.size()];
+    else if (kind == "punct")
+      out += punct[rng() % punct.size()];
+    else if (kind == "mixed")
+      out += scripts[rng() % scripts.size()];
+    else
+      out += classes[rng() % classes.size()];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Gpt2Tokenizer, LongRunsMatchTheQuadraticReference) {
+  if (!have_gpt2()) GTEST_SKIP() << "no GPT-2 files in " << gpt2_dir();
+  const fs::path vocab = gpt2_dir() / "encoder.json", merges = gpt2_dir() / "vocab.bpe";
+  GPT2Tokenizer t(vocab.string(), merges.string());
+  const ReferenceBpe ref(vocab, merges);
+  for (const std::string kind : {"letters", "digits", "punct", "mixed", "classes"}) {
+    for (uint32_t seed = 1; seed <= 2; ++seed) {
+      const std::string text = random_run(kind, 20000, seed);
+      if (kind != "classes") EXPECT_EQ(gpt2_pretokenize(text).size(), 1u) << kind;
+      const std::vector<int32_t> ids = t.encode(text);
+      EXPECT_EQ(ids, ref.encode(text)) << kind << " seed " << seed;
+      EXPECT_EQ(t.decode(ids), text) << kind;
+    }
+  }
+  // Short runs of few distinct characters: many ties and overlapping pairs ("aaa").
+  std::mt19937 rng(11);
+  const std::vector<std::string> alphabets = {"a", "ab", "aab", "01", "0001", "!=", ".-", "eé"};
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::string& alphabet = alphabets[trial % alphabets.size()];
+    std::string text;
+    const std::size_t n = 1 + rng() % 400;
+    for (std::size_t i = 0; i < n; ++i) text += alphabet[rng() % alphabet.size()];
+    EXPECT_EQ(t.encode(text), ref.encode(text)) << text;
+  }
+}
+
+// Megabyte runs without white space: one piece each. The ids decode back to the text; runs of one
+// or two repeated characters (cheap for the reference: few distinct merges) and many short pieces
+// of every class must equal the reference exactly. No timing assertion, but the old quadratic
+// loop took minutes here.
+TEST(Gpt2Tokenizer, MegabyteRunsWithoutWhiteSpace) {
+  if (!have_gpt2()) GTEST_SKIP() << "no GPT-2 files in " << gpt2_dir();
+  const fs::path vocab = gpt2_dir() / "encoder.json", merges = gpt2_dir() / "vocab.bpe";
+  GPT2Tokenizer t(vocab.string(), merges.string());
+  const ReferenceBpe ref(vocab, merges);
+  constexpr std::size_t kMB = 1 << 20;
+  for (const std::string kind : {"letters", "digits", "punct", "mixed"}) {
+    const std::string text = random_run(kind, kMB, 3);
+    ASSERT_EQ(gpt2_pretokenize(text).size(), 1u) << kind;
+    const std::vector<int32_t> ids = t.encode(text);
+    EXPECT_GT(ids.size(), text.size() / 8) << kind;
+    EXPECT_LT(ids.size(), text.size()) << kind;
+    EXPECT_EQ(t.decode(ids), text) << kind;
+    EXPECT_EQ(t.encode(text), ids) << kind;  // not served differently the second time
+  }
+  for (const std::string unit : {"a", "0", "!", "ab", "x1", "中"}) {
+    std::string text;
+    while (text.size() < kMB) text += unit;
+    EXPECT_EQ(t.encode(text), ref.encode(text)) << unit;
+  }
+  const std::string classes = random_run("classes", kMB, 4);
+  EXPECT_EQ(t.encode(classes), ref.encode(classes));
+}
+
+// Merge files other than GPT-2's, with ranks in any order (a pair can rank before the merges that
+// make its tokens): the heap-based merge still takes one rank at a time, every occurrence left to
+// right, as the rescanning loop does.
+TEST(Gpt2Tokenizer, RandomMergeFilesMatchTheReference) {
+  std::mt19937 rng(5);
+  for (int vocab_trial = 0; vocab_trial < 20; ++vocab_trial) {
+    TempDir dir;
+    std::vector<std::string> tokens = {"a", "b", "c"};
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::set<std::pair<std::string, std::string>> seen;
+    while (merges.size() < 25) {
+      const std::string l = tokens[rng() % tokens.size()], r = tokens[rng() % tokens.size()];
+      if (l.size() + r.size() > 8 || !seen.insert({l, r}).second) continue;
+      merges.emplace_back(l, r);
+      if (std::find(tokens.begin(), tokens.end(), l + r) == tokens.end()) tokens.push_back(l + r);
+    }
+    // Half the files keep training order; the others move some merges ahead of their inputs'.
+    if (vocab_trial % 2 == 1)
+      for (int k = 0; k < 8; ++k) std::swap(merges[rng() % merges.size()], merges[rng() % merges.size()]);
+    const TinyVocab files = write_tiny_vocab(dir.path(), merges);
+    GPT2Tokenizer t(files.vocab.string(), files.merges.string());
+    const ReferenceBpe ref(files.vocab, files.merges);
+    for (int trial = 0; trial < 50; ++trial) {
+      std::string text;
+      const std::size_t n = 1 + rng() % (trial < 45 ? 40 : 3000);
+      for (std::size_t i = 0; i < n; ++i) text += "abc"[rng() % 3];
+      EXPECT_EQ(t.encode(text), ref.encode(text)) << "vocab " << vocab_trial << ": " << text.substr(0, 80);
+    }
+  }
 }
