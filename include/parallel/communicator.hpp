@@ -10,10 +10,18 @@
 //
 // All tensors must be contiguous. fp32, bf16, fp16 and integer tensors are supported; bf16/fp16
 // reductions accumulate pairwise in fp32 and round once per step, as NCCL does.
+//
+// Watchdog: every wait the host blocks in (a synchronous call, Work::wait(), barrier()) has a
+// deadline, comm_timeout() (600 s unless set_comm_timeout() changed it; the trainer sets
+// train.comm_timeout_s). On expiry the waiting rank logs one error line naming the operation, the
+// group (name() and world_ranks()) and for point-to-point the peers, then ends the whole job
+// (MPI_Abort; on NCCL after ncclCommAbort). A stopped or hung rank thus ends the job instead of
+// stalling it forever.
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/tensor.hpp"
@@ -51,9 +59,26 @@ struct Chunk {
 };
 Chunk chunk_of(int64_t n, int parts, int index);
 
+// The deadline of every blocking communication wait in this process, in seconds (> 0; default 600,
+// NCCL's). Process-wide: it applies to the waits that start after the call. Throws parallel::Error
+// for a value that is not a finite number > 0.
+void set_comm_timeout(double seconds);
+double comm_timeout();
+// Seconds this process has spent blocked in communication waits so far (monotonic): the step time
+// minus this is the time a rank was busy, which is what tells a straggler from the ranks waiting
+// for it (their step times are equal, since each step ends in collectives).
+double comm_wait_seconds();
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+
+  // The group's purpose, for messages ("world", "tp", "dp", "pp", ...: ParallelState and the
+  // runtime name theirs); "unnamed" until set.
+  virtual void set_name(std::string name) { name_ = std::move(name); }
+  const std::string& name() const { return name_; }
+  // This group's members as ranks of MPI_COMM_WORLD, in group-rank order; empty if unknown.
+  virtual std::vector<int> world_ranks() const { return {}; }
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -87,6 +112,12 @@ class Communicator {
 
   // Ends the whole job from this rank (MPI_Abort / ncclCommAbort): for fatal errors only.
   [[noreturn]] virtual void abort(int code) = 0;
+
+ private:
+  std::string name_ = "unnamed";
 };
+
+// "group dp (world ranks 0,2)", or "group dp" when the ranks are unknown.
+std::string describe_group(const Communicator& comm);
 
 }  // namespace parallel

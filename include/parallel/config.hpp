@@ -68,7 +68,8 @@ struct TrainConfig {
   int eval_steps = 1;
   std::string output_dir = "runs/default";
   DeviceKind device = DeviceKind::CPU;
-  double peak_tflops = 0.0;  // per rank, for MFU; 0: the device's known peak (CPU: measured default)
+  double peak_tflops = 0.0;       // per rank, for MFU; 0: the device's known peak (CPU: measured default)
+  double comm_timeout_s = 600.0;  // watchdog deadline of every blocking communication wait (NCCL's)
 };
 
 struct OptimizerConfig {

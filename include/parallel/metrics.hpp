@@ -2,7 +2,9 @@
 // What the trainer reports: model FLOPs (for MFU), one JSON object per line in metrics.jsonl, and
 // the readable progress line rank 0 prints.
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "parallel/config.hpp"
 #include "parallel/line_file.hpp"
@@ -45,5 +47,16 @@ class MetricsWriter {
 // "step   120/2000 | loss 4.1234 | lr 2.95e-04 | grad 0.812 | 12.3k tok/s | MFU 41.2% | ETA 3m12s"
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double seconds_left);
 std::string format_duration(double seconds);  // "3m12s", "1h02m", "45s"
+
+// Straggler detection. `busy_s[r]` is rank r's time per step spent outside communication waits
+// (step time minus comm_wait_seconds(): the ranks waiting for a slow one all show the same step
+// time, but not the same busy time). A straggler is a rank more than `factor` times the median (the
+// lower one for an even count) and at least `min_excess_s` above it; the floor keeps scheduler
+// noise on millisecond steps from naming ranks. Returns the ranks, ascending.
+std::vector<int> find_stragglers(std::span<const double> busy_s, double factor = 2.0,
+                                 double min_excess_s = 0.1);
+// "straggler: rank 3 busy 812 ms per step, 4.1x the median 198 ms over 4 ranks (...)" for the
+// ranks find_stragglers named; empty when there are none.
+std::string straggler_warning(std::span<const double> busy_s, const std::vector<int>& stragglers);
 
 }  // namespace parallel

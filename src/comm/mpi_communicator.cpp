@@ -4,11 +4,21 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <utility>
 
+#include "comm/watchdog.hpp"
 #include "parallel/error.hpp"
 
 namespace parallel {
+
+namespace detail {
+struct MpiGroupLabel {
+  std::string name = "unnamed";
+  std::vector<int> world_ranks;  // group rank -> MPI_COMM_WORLD rank
+};
+}  // namespace detail
+
 namespace {
 
 bool mpi_usable() {
@@ -171,8 +181,18 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 // ---- the handle ------------------------------------------------------------------------------
 
+// What a pending operation is, for the watchdog's message: a collective's name, or its messages.
+struct PeerMessage {
+  bool send;
+  int peer;  // in the group
+  int tag;
+};
+
 class MpiWork final : public Work {
  public:
+  MpiWork(const char* operation, std::shared_ptr<const detail::MpiGroupLabel> group)
+      : operation_(operation), group_(std::move(group)) {}
+
   ~MpiWork() override {
     if (done_ || requests_.empty()) return;
     if (std::uncaught_exceptions() > 0 || !mpi_usable()) {
@@ -183,14 +203,15 @@ class MpiWork final : public Work {
       new std::vector<int>(std::move(displs_));
       return;
     }
-    // The buffers must outlive the transfer, so a dropped handle still completes its operation.
-    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    // The buffers must outlive the transfer, so a dropped handle still completes its operation
+    // (under the same deadline as wait()).
+    (void)poll(MPI_STATUSES_IGNORE);
   }
 
   void wait() override {
     if (done_) return;
     std::vector<MPI_Status> statuses(requests_.size());
-    int rc = MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses.data());
+    int rc = poll(statuses.data());
     // MPI_ERR_IN_STATUS only says "look at the statuses"; report the failure itself.
     if (rc == MPI_ERR_IN_STATUS)
       for (const MPI_Status& s : statuses)
@@ -213,10 +234,43 @@ class MpiWork final : public Work {
 
   MPI_Request* add_request() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
   void keep(const Tensor& t) { tensors_.push_back(t); }
+  void note_message(bool send, int peer, int tag) { messages_.push_back({send, peer, tag}); }
   std::vector<int>& counts() { return counts_; }
   std::vector<int>& displs() { return displs_; }
 
  private:
+  // MPI_Testall until every request is done or fails (returns its code), paced by a WaitPacer;
+  // past comm_timeout() the watchdog ends the job.
+  int poll(MPI_Status* statuses) {
+    const int n = static_cast<int>(requests_.size());
+    int flag = 0;
+    int rc = MPI_Testall(n, requests_.data(), &flag, statuses);
+    if (rc != MPI_SUCCESS || flag) return rc;
+    detail::WaitPacer pacer;
+    for (;;) {
+      if (!pacer.pause())
+        detail::watchdog_expired(describe(), detail::describe_group(group_->name, group_->world_ranks),
+                                 pacer.elapsed_s());
+      rc = MPI_Testall(n, requests_.data(), &flag, statuses);
+      if (rc != MPI_SUCCESS || flag) return rc;
+    }
+  }
+
+  // "all_reduce", "recv from world rank 3 (tag 0)", "batch_p2p of 2 (send to world rank 1 tag 0,
+  // recv from world rank 1 tag 0)".
+  std::string describe() const {
+    if (messages_.empty()) return operation_;
+    auto message = [this](const PeerMessage& m, const char* tag_sep) {
+      const auto& w = group_->world_ranks;
+      const int peer = m.peer >= 0 && m.peer < static_cast<int>(w.size()) ? w[m.peer] : m.peer;
+      return fmt::format("{} world rank {}{}tag {}", m.send ? "send to" : "recv from", peer, tag_sep, m.tag);
+    };
+    if (messages_.size() == 1) return message(messages_[0], " (") + ")";
+    std::string out = fmt::format("{} of {} (", operation_, messages_.size());
+    for (std::size_t i = 0; i < messages_.size(); ++i) out += (i ? ", " : "") + message(messages_[i], " ");
+    return out + ")";
+  }
+
   void finish() {
     done_ = true;
     tensors_.clear();
@@ -224,6 +278,9 @@ class MpiWork final : public Work {
     displs_.clear();
   }
 
+  const char* operation_;
+  std::shared_ptr<const detail::MpiGroupLabel> group_;
+  std::vector<PeerMessage> messages_;  // point-to-point only
   std::vector<MPI_Request> requests_;
   std::vector<Tensor> tensors_;  // copies share the storage, so it lives until the transfer ends
   std::vector<int> counts_;      // MPI reads these arrays until the collective completes
@@ -245,7 +302,30 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   PARALLEL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   PARALLEL_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   PARALLEL_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  // Our members in world numbering, for the watchdog's messages (a local lookup, no communication).
+  label_ = std::make_shared<detail::MpiGroupLabel>();
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  PARALLEL_MPI_CHECK(MPI_Comm_group(comm_, &group));
+  PARALLEL_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> mine(static_cast<std::size_t>(size_));
+  std::iota(mine.begin(), mine.end(), 0);
+  label_->world_ranks.resize(mine.size());
+  const int rc = MPI_Group_translate_ranks(group, size_, mine.data(), world, label_->world_ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  PARALLEL_MPI_CHECK(rc);
+  int world_size = 0;
+  PARALLEL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  if (size_ == world_size && label_->world_ranks == mine) label_->name = "world";
+  Communicator::set_name(label_->name);
 }
+
+void MpiCommunicator::set_name(std::string name) {
+  label_->name = name;
+  Communicator::set_name(std::move(name));
+}
+
+std::vector<int> MpiCommunicator::world_ranks() const { return label_->world_ranks; }
 
 MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && mpi_usable()) MPI_Comm_free(&comm_);
@@ -256,7 +336,7 @@ WorkHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op, bool async) 
   const int n = mpi_count(tensor.numel(), "all_reduce");
   const MPI_Op mop = mpi_op(op, tensor.dtype());
   const MPI_Datatype type = mpi_type(tensor.dtype());
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>("all_reduce", label_);
   work->keep(tensor);
   PARALLEL_MPI_CHECK(
       MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(), n, type, mop, comm_, work->add_request()));
@@ -275,7 +355,7 @@ WorkHandle MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, Reduce
       out.numel(), rank_, in.numel(), size_, mine.count);
   const MPI_Op mop = mpi_op(op, in.dtype());
   const MPI_Datatype type = mpi_type(in.dtype());
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>("reduce_scatter", label_);
   // MPI forbids aliased send and receive buffers (and MPI_IN_PLACE means a different layout here).
   Tensor src = overlaps(in, out) ? in.clone() : in;
   work->keep(src);
@@ -298,7 +378,7 @@ WorkHandle MpiCommunicator::all_gather(const Tensor& in, Tensor& out, bool async
       "MpiCommunicator::all_gather: in has {} elements, rank {}'s chunk of {} over {} ranks has {}",
       in.numel(), rank_, out.numel(), size_, mine.count);
   const MPI_Datatype type = mpi_type(in.dtype());
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>("all_gather", label_);
   // `in` already sitting in its own slot of `out` (the usual sharded-buffer layout) is MPI_IN_PLACE;
   // any other overlap would be undefined in MPI, so that case sends from a copy.
   const auto* slot = static_cast<const char*>(out.data_ptr()) + mine.offset * dtype_size(out.dtype());
@@ -325,7 +405,7 @@ WorkHandle MpiCommunicator::broadcast(Tensor& tensor, int root, bool async) {
                  size_);
   const int n = mpi_count(tensor.numel(), "broadcast");
   const MPI_Datatype type = mpi_type(tensor.dtype());
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>("broadcast", label_);
   work->keep(tensor);
   PARALLEL_MPI_CHECK(MPI_Ibcast(tensor.data_ptr(), n, type, root, comm_, work->add_request()));
   return finish(std::move(work), async);
@@ -343,7 +423,7 @@ WorkHandle MpiCommunicator::all_to_all(const Tensor& in, Tensor& out, bool async
   mpi_count(in.numel(), "all_to_all");
   const int block = static_cast<int>(in.numel() / size_);
   const MPI_Datatype type = mpi_type(in.dtype());
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>("all_to_all", label_);
   Tensor src = overlaps(in, out) ? in.clone() : in;
   work->keep(src);
   work->keep(out);
@@ -376,11 +456,12 @@ WorkHandle MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
   for (const P2POp& op : ops)
     check_p2p(op.tensor, op.peer, op.tag, size_, op.kind == P2POp::Kind::Send ? "send" : "recv");
   if (ops.empty()) return completed_work();
-  auto work = std::make_shared<MpiWork>();
+  auto work = std::make_shared<MpiWork>("batch_p2p", label_);
   for (const P2POp& op : ops) {
     const int n = static_cast<int>(op.tensor.numel());
     const MPI_Datatype type = mpi_type(op.tensor.dtype());
     work->keep(op.tensor);
+    work->note_message(op.kind == P2POp::Kind::Send, op.peer, op.tag);
     if (op.kind == P2POp::Kind::Send) {
       PARALLEL_MPI_CHECK(
           MPI_Isend(op.tensor.data_ptr(), n, type, op.peer, op.tag, comm_, work->add_request()));
@@ -392,7 +473,11 @@ WorkHandle MpiCommunicator::batch_p2p(std::span<const P2POp> ops) {
   return work;
 }
 
-void MpiCommunicator::barrier() { PARALLEL_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  auto work = std::make_shared<MpiWork>("barrier", label_);
+  PARALLEL_MPI_CHECK(MPI_Ibarrier(comm_, work->add_request()));
+  work->wait();
+}
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   MPI_Comm sub = MPI_COMM_NULL;

@@ -109,6 +109,8 @@ void for_each_field(S& s, F&& f) {
   f("device", s.device, "where to compute");
   f("peak_tflops", s.peak_tflops,
     "peak TFLOP/s per rank for MFU (0: the GPU's known or CPU's measured peak)");
+  f("comm_timeout_s", s.comm_timeout_s,
+    "seconds a rank waits for a collective or transfer before the watchdog ends the job");
 }
 
 template <typename S, typename F>
@@ -694,6 +696,7 @@ void validate_config(Config& c, int world_size) {
   rules.require(m.norm_epsilon > 0, m.norm_epsilon, "must be > 0");
   rules.require(m.rope_theta > 0, m.rope_theta, "must be > 0");
   rules.require(t.peak_tflops >= 0, t.peak_tflops, "must be >= 0");
+  rules.require(t.comm_timeout_s > 0, t.comm_timeout_s, "must be > 0");
   rules.require(o.lr > 0, o.lr, "must be > 0");
   rules.in_range(o.min_lr, 0.0, o.lr, true, rules.key(o.lr));
   rules.in_range(o.beta1, 0.0, 1.0, false);

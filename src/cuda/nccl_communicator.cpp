@@ -5,6 +5,12 @@
 // event recorded after it is what Work::wait() makes the compute stream wait on. The host never
 // blocks, so compute queued after the call overlaps the transfer until the caller asks for its
 // result.
+//
+// Watchdog (communicator.hpp): the only host wait inside this communicator is barrier(), which polls
+// its event with cudaEventQuery against comm_timeout() and on expiry aborts the NCCL communicators
+// (ncclCommAbort) and then the job. Work::wait() never blocks the host, so a stalled peer shows up
+// where the host next waits: in a host-fallback (MPI) operation, which has the MPI deadline, or in a
+// device synchronisation outside the communicator (reading a tensor back), which has none.
 #include "parallel/nccl_communicator.hpp"
 
 #include <cuda_runtime_api.h>
@@ -17,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/watchdog.hpp"
 #include "cuda_check.hpp"
 #include "parallel/device.hpp"
 
@@ -135,6 +142,7 @@ class NcclCommunicator final : public Communicator {
                    host_->rank(), host_->size(), rank_, size_);
     stream_ = make_comm_stream();
     PARALLEL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    PARALLEL_CUDA_CHECK(cudaEventCreateWithFlags(&barrier_done_, cudaEventDisableTiming));
     PARALLEL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
     PARALLEL_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(float)));
   }
@@ -149,6 +157,7 @@ class NcclCommunicator final : public Communicator {
     if (stream_) (void)cudaStreamSynchronize(stream_);
     if (comm_) (void)ncclCommDestroy(comm_);
     if (ready_) (void)cudaEventDestroy(ready_);
+    if (barrier_done_) (void)cudaEventDestroy(barrier_done_);
     if (stream_) (void)cudaStreamDestroy(stream_);
     if (barrier_buf_) (void)cudaFree(barrier_buf_);
   }
@@ -182,6 +191,15 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "nccl"; }
+
+  void set_name(std::string name) override {
+    if (owned_host_ != nullptr) owned_host_->set_name(name);
+    Communicator::set_name(std::move(name));
+  }
+  // The host communicator's (same ranks, same order); unknown without one.
+  std::vector<int> world_ranks() const override {
+    return host_ != nullptr ? host_->world_ranks() : std::vector<int>{};
+  }
 
   WorkHandle all_reduce(Tensor& tensor, ReduceOp op, bool async) override {
     if (on_host(tensor)) return host("all_reduce").all_reduce(tensor, op, async);
@@ -362,11 +380,21 @@ class NcclCommunicator final : public Communicator {
     return finish(std::move(keep), true, used);
   }
 
-  // NCCL has no barrier: a one-element all-reduce that the host waits for is one.
+  // NCCL has no barrier: a one-element all-reduce that the host waits for is one. The wait polls
+  // an event recorded after it, under the watchdog's deadline.
   void barrier() override {
     cuda::DeviceGuard guard(device_);
     PARALLEL_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
-    PARALLEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    PARALLEL_CUDA_CHECK(cudaEventRecord(barrier_done_, stream_));
+    cudaError_t err = cudaEventQuery(barrier_done_);
+    if (err == cudaErrorNotReady) {
+      detail::WaitPacer pacer;
+      while ((err = cudaEventQuery(barrier_done_)) == cudaErrorNotReady)
+        if (!pacer.pause())
+          detail::watchdog_expired("barrier", describe_group(*this), pacer.elapsed_s(),
+                                   [this] { abort_nccl(); });
+    }
+    PARALLEL_CUDA_CHECK(err);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -385,10 +413,7 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void abort(int code) override {
     // Abort NCCL first: peers blocked in a collective with us are released instead of hanging
     // until a timeout, then MPI ends every process of the job.
-    for (auto& [key, link] : links_) (void)ncclCommAbort(link.comm);
-    links_.clear();
-    if (comm_) (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
+    abort_nccl();
     MPI_Abort(MPI_COMM_WORLD, code);
     std::abort();
   }
@@ -401,6 +426,13 @@ class NcclCommunicator final : public Communicator {
         "cuda:{}",
         op, device_);
     return *host_;
+  }
+
+  void abort_nccl() {
+    for (auto& [key, link] : links_) (void)ncclCommAbort(link.comm);
+    links_.clear();
+    if (comm_) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
   }
 
   void check(const Tensor& t, const char* op) const {
@@ -457,6 +489,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t compute_ = nullptr;  // the caller's; not owned
   cudaStream_t stream_ = nullptr;   // ours: every NCCL operation runs here
   cudaEvent_t ready_ = nullptr;
+  cudaEvent_t barrier_done_ = nullptr;
   float* barrier_buf_ = nullptr;
   Communicator* host_ = nullptr;               // carries CPU tensors; see NcclOptions
   std::unique_ptr<Communicator> owned_host_;   // host_ when this communicator made it (split)

@@ -1,6 +1,7 @@
 #include "parallel/parallel_state.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "parallel/error.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -50,6 +51,15 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   pp_ = split_into(world, grid.pipeline_group(me), "pipeline");
   model_ = split_into(world, grid.model_group(me), "model");
   embedding_ = split_into(world, grid.embedding_group(me), "embedding");
+  // Named by purpose, for messages such as the watchdog's ("all_reduce on group dp (world ranks
+  // 0,2) pending ..."); the NCCL groups made below from these take the same names.
+  auto name_all = [this] {
+    for (auto& [group, label] :
+         {std::pair{&tp_, "tp"}, std::pair{&cp_, "cp"}, std::pair{&dp_, "dp"}, std::pair{&pp_, "pp"},
+          std::pair{&model_, "model"}, std::pair{&embedding_, "embedding"}})
+      if (*group != nullptr) (*group)->set_name(label);
+  };
+  name_all();
   if (device.is_cpu()) return;
 
   // On GPUs: a NCCL communicator per group, bootstrapped over (and falling back for CPU tensors
@@ -75,6 +85,7 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   to_nccl(pp_, true);
   to_nccl(model_, false);
   to_nccl(embedding_, false);
+  name_all();
 }
 
 }  // namespace parallel

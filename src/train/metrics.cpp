@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -67,6 +68,36 @@ std::string progress_line(const StepMetrics& m, int64_t total_steps, double seco
       width, total_steps, m.loss, m.lr, m.grad_norm, tps, 100.0 * m.mfu, format_duration(seconds_left));
   if (m.skipped) line += fmt::format(" | skipped (loss scale {:g})", m.loss_scale);
   return line;
+}
+
+namespace {
+double lower_median(std::span<const double> v) {
+  std::vector<double> sorted(v.begin(), v.end());
+  std::sort(sorted.begin(), sorted.end());
+  return sorted[(sorted.size() - 1) / 2];
+}
+}  // namespace
+
+std::vector<int> find_stragglers(std::span<const double> busy_s, double factor, double min_excess_s) {
+  std::vector<int> out;
+  if (busy_s.size() < 2) return out;
+  const double median = lower_median(busy_s);
+  for (std::size_t r = 0; r < busy_s.size(); ++r)
+    if (busy_s[r] > factor * median && busy_s[r] - median >= min_excess_s) out.push_back(static_cast<int>(r));
+  return out;
+}
+
+std::string straggler_warning(std::span<const double> busy_s, const std::vector<int>& stragglers) {
+  if (stragglers.empty() || busy_s.empty()) return {};
+  const double median = lower_median(busy_s);
+  std::string out = stragglers.size() == 1 ? "straggler: " : "stragglers: ";
+  for (std::size_t i = 0; i < stragglers.size(); ++i) {
+    const double t = busy_s[static_cast<std::size_t>(stragglers[i])];
+    out += fmt::format("{}rank {} busy {:.0f} ms per step ({:.1f}x the median)", i ? ", " : "", stragglers[i],
+                       t * 1e3, median > 0 ? t / median : 0.0);
+  }
+  return out + fmt::format("; median {:.0f} ms over {} ranks (busy: step time outside communication waits)",
+                           median * 1e3, busy_s.size());
 }
 
 }  // namespace parallel

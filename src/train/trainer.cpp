@@ -1,5 +1,6 @@
 #include "parallel/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -154,6 +155,22 @@ struct Trainer::Impl {
     return static_cast<int64_t>(t.data<float>()[0]);
   }
 
+  // At each log line: every rank's mean busy time per step (host floats, one small all-gather over
+  // the world), and a warning on rank 0 naming the ranks far above the median (find_stragglers:
+  // more than 2x, and at least 0.1 s above it).
+  void warn_stragglers(double busy_s) {
+    const int n = world.size();
+    if (n < 2) return;
+    Tensor mine = Tensor::full({1}, busy_s, DType::F32);
+    Tensor all = Tensor::zeros({n}, DType::F32);
+    world.all_gather(mine, all);
+    if (world.rank() != 0) return;
+    const float* p = all.data<float>();
+    const std::vector<double> busy(p, p + n);
+    const std::vector<int> slow = find_stragglers(busy);
+    if (!slow.empty()) progress().warn("{}", straggler_warning(busy, slow));
+  }
+
   void save(int64_t at_step) {
     TrainProgress progress;
     progress.step = at_step;
@@ -170,6 +187,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
     : impl_(std::make_unique<Impl>(config, world)) {
   Impl& m = *impl_;
   const Config& c = m.cfg;
+  // The watchdog's deadline for every blocking communication wait from here on (communicator.hpp).
+  set_comm_timeout(c.train.comm_timeout_s);
   // Before anything is built: an unwritable output or checkpoint directory fails now, not at the
   // first save hours later. Every rank probes (checkpoint shards are written by every rank).
   check_output_dirs(c, "rank" + std::to_string(world.rank()));
@@ -311,8 +330,13 @@ int64_t Trainer::train() {
   const int64_t first_step = m.step;
   DataParallelAwareModel driver(*m.model, *m.ddp, m.micro_batches);
 
+  // Straggler detection: each rank's time outside communication waits, summed between log lines.
+  double busy_since_log = 0;
+  int64_t steps_since_log = 0;
+
   while (m.step < c.train.steps) {
     const auto start = Clock::now();
+    const double waited_before = comm_wait_seconds();
     const int64_t reads_before = host_reads();
     const int64_t t = m.step;  // 0-based index of this step's global batch
     m.ddp->zero_grad();
@@ -334,6 +358,8 @@ int64_t Trainer::train() {
     ++m.step;
 
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    busy_since_log += std::max(0.0, seconds - (comm_wait_seconds() - waited_before));
+    ++steps_since_log;
     StepMetrics s;
     s.step = m.step;
     s.loss = loss;
@@ -356,6 +382,9 @@ int64_t Trainer::train() {
                               static_cast<double>(m.step - first_step);
       progress().info(
           "{}", progress_line(s, c.train.steps, per_step * static_cast<double>(c.train.steps - m.step)));
+      m.warn_stragglers(busy_since_log / static_cast<double>(steps_since_log));
+      busy_since_log = 0;
+      steps_since_log = 0;
     }
     if (c.train.eval_interval > 0 && (m.step % c.train.eval_interval == 0 || m.step == c.train.steps)) {
       const double eval_loss = evaluate();

@@ -14,6 +14,7 @@
 
 #include "mpi_test.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/error.hpp"
 
 namespace parallel {
 namespace {
@@ -509,6 +510,31 @@ TEST(Chunks, ArraySplitLayout) {
   EXPECT_THROW(chunk_of(5, 2, 2), Error);
   EXPECT_EQ(reduce_op_name(ReduceOp::Max), "max");
   EXPECT_TRUE(completed_work()->is_completed());
+}
+
+// The watchdog's deadline (communicator.hpp): a wait that ends within it is untouched, and its time
+// is counted in comm_wait_seconds(). Expiry ends the job, so tests/scripts/watchdog.sh covers it.
+TEST(Collectives, WaitsWithinTheDeadlineCompleteAndAreCounted) {
+  auto& world = testing::world();
+  EXPECT_THROW(set_comm_timeout(0), Error);
+  EXPECT_THROW(set_comm_timeout(-1), Error);
+  EXPECT_EQ(world.name(), "world");
+  std::vector<int> all(static_cast<std::size_t>(world.size()));
+  for (int r = 0; r < world.size(); ++r) all[static_cast<std::size_t>(r)] = r;
+  EXPECT_EQ(world.world_ranks(), all);
+
+  const double before = comm_timeout();
+  set_comm_timeout(5.0);
+  const double waited = comm_wait_seconds();
+  // Rank 0 arrives 200 ms late: the others wait in the all-reduce, well within 5 s.
+  if (world.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  Tensor t = Tensor::full({4}, 1.0, DType::F32);
+  world.all_reduce(t, ReduceOp::Sum, false);
+  EXPECT_EQ(t.to_float_vector()[0], static_cast<float>(world.size()));
+  if (world.rank() != 0) EXPECT_GE(comm_wait_seconds() - waited, 0.1);
+  world.barrier();
+  set_comm_timeout(before);
+  EXPECT_EQ(comm_timeout(), before);
 }
 
 }  // namespace

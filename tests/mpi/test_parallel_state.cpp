@@ -64,6 +64,9 @@ void expect_group(Communicator& comm, const std::vector<int>& expected, const ch
   while (position < static_cast<int>(expected.size()) && expected[position] != me) ++position;
   EXPECT_EQ(comm.rank(), position);
   EXPECT_EQ(members_of(comm), expected);
+  // The watchdog's message names the group and its members in world numbering.
+  EXPECT_EQ(comm.name(), name);
+  EXPECT_EQ(comm.world_ranks(), expected);
 }
 
 TEST(ParallelState, GroupsMatchRankGrid) {
@@ -80,13 +83,14 @@ TEST(ParallelState, GroupsMatchRankGrid) {
     EXPECT_EQ(ps.rank(), me);
     EXPECT_EQ(ps.coord(), grid.coord(me));
     EXPECT_EQ(&ps.world(), &world);
+    EXPECT_EQ(world.name(), "world");
     EXPECT_EQ(ps.is_first_stage(), grid.coord(me).pp == 0);
     EXPECT_EQ(ps.is_last_stage(), grid.coord(me).pp == l.pp - 1);
 
-    expect_group(ps.tp(), grid.tensor_group(me), "tensor");
-    expect_group(ps.cp(), grid.context_group(me), "context");
-    expect_group(ps.dp(), grid.data_group(me), "data");
-    expect_group(ps.pp(), grid.pipeline_group(me), "pipeline");
+    expect_group(ps.tp(), grid.tensor_group(me), "tp");
+    expect_group(ps.cp(), grid.context_group(me), "cp");
+    expect_group(ps.dp(), grid.data_group(me), "dp");
+    expect_group(ps.pp(), grid.pipeline_group(me), "pp");
     expect_group(ps.model(), grid.model_group(me), "model");
 
     const auto embedding = grid.embedding_group(me);

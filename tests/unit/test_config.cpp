@@ -405,6 +405,7 @@ const RuleCase kRules[] = {
     {"NormEpsilonPositive", {"model.norm_epsilon=-1e-5"}, 1, {"model.norm_epsilon = -1.0e-05: must be > 0"}},
     {"RopeThetaPositive", {"model.rope_theta=0"}, 1, {"model.rope_theta = 0.0: must be > 0"}},
     {"PeakTflopsNonNegative", {"train.peak_tflops=-1"}, 1, {"train.peak_tflops = -1.0: must be >= 0"}},
+    {"CommTimeoutPositive", {"train.comm_timeout_s=0"}, 1, {"train.comm_timeout_s = 0.0: must be > 0"}},
     {"LrPositive", {"optimizer.lr=0"}, 1, {"optimizer.lr = 0.0: must be > 0"}},
     {"MinLrAtMostLr",
      {"optimizer.lr=0.001", "optimizer.min_lr=0.01"},
@@ -561,7 +562,7 @@ std::vector<std::string> reference_keys() {
 TEST(ConfigYaml, EmitsEveryKey) {
   std::string yaml = config_to_yaml(Config{});
   std::vector<std::string> keys = reference_keys();
-  EXPECT_EQ(keys.size(), 62u);
+  EXPECT_EQ(keys.size(), 63u);
   for (const std::string& key : keys) {
     std::string section = key.substr(0, key.find('.'));
     std::string name = key.substr(key.find('.') + 1);

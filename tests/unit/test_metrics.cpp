@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "parallel/metrics.hpp"
 
@@ -79,4 +81,23 @@ TEST(Metrics, ProgressLineIsReadable) {
             "step  120/2000 | loss 4.1235 | lr 2.95e-04 | grad 0.812 | 12.3k tok/s | MFU 41.2% | ETA 3m12s");
   EXPECT_EQ(format_duration(45), "45s");
   EXPECT_EQ(format_duration(3720), "1h02m");
+}
+
+TEST(Metrics, StragglersAreRanksFarAboveTheMedianBusyTime) {
+  // Median (the lower one for an even count) 0.2 s: 0.5 s is 2.5x and 0.3 s above it; 0.35 s is not 2x.
+  const std::vector<double> busy = {0.2, 0.21, 0.5, 0.19, 0.35, 0.2};
+  EXPECT_EQ(find_stragglers(busy), (std::vector<int>{2}));
+  const std::string line = straggler_warning(busy, find_stragglers(busy));
+  EXPECT_EQ(
+      line,
+      "straggler: rank 2 busy 500 ms per step (2.5x the median); median 200 ms over 6 ranks (busy: step "
+      "time outside communication waits)");
+  // Two ranks: the lower median is the faster rank.
+  EXPECT_EQ(find_stragglers(std::vector<double>{1.0, 2.5}), (std::vector<int>{1}));
+  // Millisecond steps: 3x the median but only 4 ms above it is scheduler noise, not a straggler.
+  EXPECT_TRUE(find_stragglers(std::vector<double>{0.002, 0.002, 0.006, 0.002}).empty());
+  EXPECT_EQ(find_stragglers(std::vector<double>{0.002, 0.002, 0.006, 0.002}, 2.0, 0.0),
+            (std::vector<int>{2}));
+  EXPECT_TRUE(find_stragglers(std::vector<double>{1.0}).empty());
+  EXPECT_TRUE(straggler_warning(busy, {}).empty());
 }

@@ -1,0 +1,53 @@
+#pragma once
+// The watchdog's pieces shared by the communication backends (internal; communicator.hpp has the
+// public side: set_comm_timeout, comm_timeout, comm_wait_seconds).
+//
+// A backend's blocking wait polls its completion test with a WaitPacer between polls:
+//
+//     if (!test()) {
+//       detail::WaitPacer pacer;
+//       while (!test())
+//         if (!pacer.pause()) detail::watchdog_expired(what, group, pacer.elapsed_s(), abort_job);
+//     }
+#include <chrono>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace parallel::detail {
+
+// Paces the polls of one wait and keeps its deadline (comm_timeout(), read when the wait starts).
+// The first 50 µs poll back to back, so a transfer that is about to finish gets no added latency;
+// until 2 ms the core is yielded between polls; after that the rank sleeps between polls, for 1/32
+// of the time waited so far (50 to 500 µs), so a rank waiting long for a slow peer leaves the core
+// to the ranks still computing (tests run more ranks than cores) at a cost of at most ~3 % of the
+// wait. The time waited is added to comm_wait_seconds() when the pacer goes.
+class WaitPacer {
+ public:
+  WaitPacer();
+  ~WaitPacer();
+  WaitPacer(const WaitPacer&) = delete;
+  WaitPacer& operator=(const WaitPacer&) = delete;
+
+  // Call after a poll that found the operation pending: pauses as above. False once the deadline
+  // has passed (the caller then calls watchdog_expired).
+  bool pause();
+  double elapsed_s() const;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  double limit_s_;
+};
+
+// "group NAME (world ranks 0,2)", or "group NAME" when `world_ranks` is empty.
+std::string describe_group(std::string_view name, std::span<const int> world_ranks);
+
+// Logs, on this rank,
+//   watchdog: OPERATION on GROUP pending for 5.0 s (train.comm_timeout_s = 5): aborting the job
+// then runs `abort_backend` (e.g. ncclCommAbort, so peers blocked in NCCL are released) and ends the
+// job with MPI_Abort(MPI_COMM_WORLD, 1) (std::_Exit when MPI is not live).
+[[noreturn]] void watchdog_expired(std::string_view operation, std::string_view group, double waited_s,
+                                   const std::function<void()>& abort_backend = {});
+
+}  // namespace parallel::detail
