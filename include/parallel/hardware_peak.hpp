@@ -17,12 +17,17 @@
 //
 // Every OpenMP thread of the library (omp_get_max_threads() at the first call) runs the same kernel
 // at the same time, so the figure is what that many busy cores give (shared frequency budget,
-// SMT siblings sharing a core). Each thread keeps its best of several short rounds, timed with its
-// own CPU time (CLOCK_THREAD_CPUTIME_ID): other processes on a shared machine delay the rounds but
-// do not lower the figure. The process total is the mean per-thread rate times the threads that can
-// run at once (min(threads, CPUs in the affinity mask)), so oversubscribed threads are not counted
-// twice. The whole measurement takes a few tens of milliseconds on an idle machine (bounded well
-// under a second).
+// SMT siblings sharing a core). First all threads spin for 30 ms (the team is spread over the CPUs,
+// clocks and vector units are up); then, in at least two attempts 5 ms apart, the calling thread
+// alone measures a reference rate and the whole team runs barrier-synchronised rounds of ~2 ms, each
+// round timed with the thread's own CPU time (CLOCK_THREAD_CPUTIME_ID: other processes on a shared
+// machine delay the rounds but do not lower the figure). Each thread keeps its best round over all
+// attempts (a peak is a maximum: a slow round never lowers it), and attempts go on while some
+// thread's best is below 3/4 of the lone rate although every thread has a physical core of its own
+// (a host sharing the cores under a VM halved whole measurements before), up to 0.4 s. The process
+// total is the mean per-thread rate times the threads that can run at once (min(threads, CPUs in
+// the affinity mask)), so oversubscribed threads are not counted twice. The whole measurement takes
+// about 0.1 s on an idle machine (bounded well under a second).
 //
 // On other architectures than x86-64 only a portable scalar fp32 loop is measured.
 #include <string>
@@ -79,7 +84,7 @@ std::string cpu_peak_source(Precision precision);
 
 // One line for logs and benchmark headers:
 // "ISA avx512f avx512_bf16 | 2 threads | fp32 fma (avx512f) 118.1/thread 236.2 total | bf16 dot ...
-//  | amx_bf16 n/a (CPU has no amx_bf16) | GFLOP/s, measured in 14 ms"
+//  | amx_bf16 n/a (CPU has no amx_bf16) | GFLOP/s, measured in 102 ms"
 std::string describe(const CpuPeak& peak);
 
 }  // namespace parallel
