@@ -120,18 +120,26 @@ void check_1d(const char* op, const Tensor& w, const char* wn) {
 
 // ---- dense algebra ----------------------------------------------------------------------------
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
-          Stream stream) {
-  const Checked k = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c", Want::Param}});
+namespace {
+// a, b, c 2-D with op(a) [M, K] @ op(b) [K, N] -> c [M, N].
+void check_gemm_shapes(const char* op, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                       const Tensor& c) {
   PARALLEL_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
-                 "ops::gemm: operands must be 2-D, got a {} b {} c {}", shape_str(a.shape()),
+                 "ops::{}: operands must be 2-D, got a {} b {} c {}", op, shape_str(a.shape()),
                  shape_str(b.shape()), shape_str(c.shape()));
   const int64_t m = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);
   const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
   PARALLEL_CHECK(ka == kb && c.size(0) == m && c.size(1) == n,
-                 "ops::gemm: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit (a {}{}, b {}{})", m, ka,
+                 "ops::{}: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit (a {}{}, b {}{})", op, m, ka,
                  kb, n, shape_str(c.shape()), shape_str(a.shape()), trans_a ? "^T" : "", shape_str(b.shape()),
                  trans_b ? "^T" : "");
+}
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+          Stream stream) {
+  const Checked k = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c", Want::Param}});
+  check_gemm_shapes("gemm", a, trans_a, b, trans_b, c);
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   }
@@ -149,14 +157,7 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
     add_bias(c, bias, stream);
     return;
   }
-  PARALLEL_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
-                 "ops::gemm_bias: operands must be 2-D, got a {} b {} c {}", shape_str(a.shape()),
-                 shape_str(b.shape()), shape_str(c.shape()));
-  const int64_t m = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);
-  const int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
-  PARALLEL_CHECK(ka == kb && c.size(0) == m && c.size(1) == n,
-                 "ops::gemm_bias: op(a) [{}, {}] @ op(b) [{}, {}] -> c {} does not fit", m, ka, kb, n,
-                 shape_str(c.shape()));
+  check_gemm_shapes("gemm_bias", a, trans_a, b, trans_b, c);
   cpu::gemm_bias(a, trans_a, b, trans_b, bias, c);
 }
 
