@@ -33,6 +33,11 @@ struct Parameter {
   int64_t numel() const { return value.numel(); }
 };
 
+// Parameters that share one value storage (a fused layer's parts), grouped in order of first
+// appearance and sorted by where they sit in it. They must be back to back, since the layer's fused
+// operand is one view spanning them; `who` names the caller in the error otherwise.
+std::vector<std::vector<Parameter*>> fused_units(const std::vector<Parameter*>& params, const char* who);
+
 // Zeroes every gradient (start of an optimizer step's accumulation).
 void zero_grads(const std::vector<Parameter*>& params);
 

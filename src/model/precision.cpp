@@ -1,8 +1,6 @@
 // The mixed-precision policy (precision.hpp).
 #include "parallel/precision.hpp"
 
-#include <algorithm>
-#include <unordered_map>
 #include <unordered_set>
 
 namespace parallel {
@@ -20,21 +18,15 @@ DType compute_dtype(Precision p) {
 }
 
 void cast_parameters(const std::vector<Parameter*>& params, DType dtype) {
-  // Group by storage: a fused layer's parts must stay adjacent in one allocation.
-  std::vector<std::vector<Parameter*>> units;
-  std::unordered_map<const Storage*, std::size_t> unit_of;
+  std::vector<Parameter*> todo;
   std::unordered_set<const Parameter*> seen;
   for (Parameter* p : params) {
     if (!seen.insert(p).second || p->value.dtype() == dtype) continue;
     PARALLEL_CHECK(p->value.is_contiguous(), "cast_parameters: {} must be contiguous", p->name);
-    auto [it, fresh] = unit_of.try_emplace(p->value.storage().get(), units.size());
-    if (fresh) units.emplace_back();
-    units[it->second].push_back(p);
+    todo.push_back(p);
   }
-  for (auto& unit : units) {
-    std::stable_sort(unit.begin(), unit.end(), [](const Parameter* a, const Parameter* b) {
-      return a->value.storage_offset() < b->value.storage_offset();
-    });
+  // A fused layer's parts stay adjacent in one new allocation.
+  for (auto& unit : fused_units(todo, "cast_parameters")) {
     int64_t total = 0;
     for (Parameter* p : unit) total += p->numel();
     Tensor low = Tensor::empty({total}, dtype, unit.front()->value.device());

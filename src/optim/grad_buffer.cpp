@@ -11,31 +11,6 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// Parameters that share one value storage (a fused layer's parts), sorted by where they sit in it.
-// They must be back to back: the layer's fused operand is one view spanning them.
-std::vector<std::vector<Parameter*>> fused_units(const std::vector<Parameter*>& params) {
-  std::vector<std::vector<Parameter*>> units;
-  std::unordered_map<const Storage*, std::size_t> unit_of;
-  for (Parameter* p : params) {
-    const Storage* s = p->value.storage().get();
-    auto [it, fresh] = unit_of.try_emplace(s, units.size());
-    if (fresh) units.emplace_back();
-    units[it->second].push_back(p);
-  }
-  for (auto& unit : units) {
-    std::stable_sort(unit.begin(), unit.end(), [](const Parameter* a, const Parameter* b) {
-      return a->value.storage_offset() < b->value.storage_offset();
-    });
-    for (std::size_t i = 1; i < unit.size(); ++i) {
-      const Tensor& prev = unit[i - 1]->value;
-      PARALLEL_CHECK(unit[i]->value.storage_offset() == prev.storage_offset() + prev.numel(),
-                     "ParamAndGradBuffer: {} shares storage with {} but is not adjacent to it", unit[i]->name,
-                     unit[i - 1]->name);
-    }
-  }
-  return units;
-}
-
 }  // namespace
 
 int64_t default_bucket_size(int data_parallel_size) {
@@ -68,7 +43,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<Parameter*>& params_in,
 
   // Backward produces gradients roughly in reverse registration order: laying the buffer out that
   // way lets the first buckets complete (and start reducing) while the backward is still running.
-  auto units = fused_units(params);
+  auto units = fused_units(params, "ParamAndGradBuffer");
   std::reverse(units.begin(), units.end());
 
   const bool dist = options_.distributed_optimizer;
