@@ -36,6 +36,7 @@ struct ModelConfig {
   Activation activation = Activation::GeLU;
   PositionEmbedding position_embedding = PositionEmbedding::Learned;
   bool add_bias = true;
+  bool add_qkv_bias = false;  // biases on query, key and value even without add_bias (Qwen2)
   bool tie_embeddings = true;
   double dropout = 0.0;
   double init_std = 0.02;

@@ -73,6 +73,7 @@ void for_each_field(S& s, F&& f) {
   f("activation", s.activation, "MLP activation");
   f("position_embedding", s.position_embedding, "position encoding");
   f("add_bias", s.add_bias, "biases in linear layers");
+  f("add_qkv_bias", s.add_qkv_bias, "biases on the query, key and value linears even when add_bias is false");
   f("tie_embeddings", s.tie_embeddings, "share the input embedding with the output layer");
   f("dropout", s.dropout, "dropout probability for attention and hidden states");
   f("init_std", s.init_std, "standard deviation of the normal weight initialization");
