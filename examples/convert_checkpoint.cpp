@@ -1,46 +1,71 @@
-// convert_checkpoint: Hugging Face GPT-2 safetensors <-> our checkpoint directories
-// (docs/checkpoints.md, "Importing and exporting HF GPT-2"; the mapping is include/parallel/hf_gpt2.hpp).
+// convert_checkpoint: Hugging Face models <-> our checkpoint directories (docs/huggingface.md; the
+// mappings are include/parallel/hf_model.hpp and include/parallel/hf_gpt2.hpp).
 //
+//   convert_checkpoint --from hf --input HF_DIR --output ckpt          (writes ckpt/ and ckpt.yaml)
+//   convert_checkpoint --to hf --input ckpt/ --output HF_DIR [--max-shard-size 5GB] [--dtype bf16]
+//                      [--hf-config template/config.json] [--config model.yaml]
 //   convert_checkpoint --from hf-gpt2 --config model.yaml --input model.safetensors --output ckpt/
 //   convert_checkpoint --to hf-gpt2 --input ckpt/ --output model.safetensors [--config model.yaml]
 //
-// Import writes a weights-only checkpoint at step 0 (ckpt/step_00000000 and ckpt/latest) that any
-// layout can load. Export reads a checkpoint root or step directory; the model config comes from
-// --config, else from the config the checkpoint stored in its extras.
+// --from hf reads a model folder (config.json, model.safetensors or shards with their index), takes
+// the architecture from config.json (GPT-2, Llama, Mistral, Qwen2) and writes a weights-only
+// checkpoint at step 0 that any layout can load, plus ckpt.yaml: a whole training configuration
+// whose model section is that model (pretrain_gpt --config ckpt.yaml --set checkpoint.load=ckpt).
+// Export reads a checkpoint root or step directory; the model config comes from --config, else from
+// the config the checkpoint stored in its extras.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "parallel/hf_gpt2.hpp"
+#include "parallel/hf_model.hpp"
 #include "parallel/runtime.hpp"
 
 int main(int argc, char** argv) {
-  std::string from, to, config_path, input, output;
+  std::string from, to, config_path, input, output, max_shard_size = "5GB", dtype = "f32", hf_config;
   bool no_prefix = false, allow_nonfinite = false;
-  CLI::App app{"Convert Hugging Face GPT-2 weights to and from libparallel checkpoints"};
-  CLI::Option* from_opt = app.add_option("--from", from, "import: the input's format (hf-gpt2)")
-                              ->check(CLI::IsMember({"hf-gpt2"}));
-  CLI::Option* to_opt =
-      app.add_option("--to", to, "export: the output's format (hf-gpt2)")->check(CLI::IsMember({"hf-gpt2"}));
+  CLI::App app{"Convert Hugging Face models to and from libparallel checkpoints"};
+  CLI::Option* from_opt =
+      app.add_option("--from", from,
+                     "import: the input's format (hf: a model folder; hf-gpt2: one GPT-2 file)")
+          ->check(CLI::IsMember({"hf", "hf-gpt2"}));
+  CLI::Option* to_opt = app.add_option("--to", to, "export: the output's format (hf, hf-gpt2)")
+                            ->check(CLI::IsMember({"hf", "hf-gpt2"}));
   from_opt->excludes(to_opt);
-  app.add_option("--config", config_path,
-                 "training config YAML (its model section must match the weights); required with --from")
+  app.add_option(
+         "--config", config_path,
+         "training config YAML (its model section must match the weights); required with --from hf-gpt2")
       ->check(CLI::ExistingFile);
-  app.add_option("--input", input,
-                 "--from: an HF model.safetensors; --to: a checkpoint root or step directory")
+  app.add_option(
+         "--input", input,
+         "--from hf: a model folder; --from hf-gpt2: a model.safetensors; --to: a checkpoint root or step "
+         "directory")
       ->required();
-  app.add_option("--output", output, "--from: a new checkpoint root; --to: the model.safetensors to write")
+  app.add_option(
+         "--output", output,
+         "--from: a new checkpoint root; --to hf: the folder to write; --to hf-gpt2: the model.safetensors")
       ->required();
+  app.add_option("--max-shard-size", max_shard_size,
+                 "--to hf: shard the safetensors above this size (5GB, 500MB: powers of 1000; 2GiB; bytes)");
+  app.add_option("--dtype", dtype, "--to hf: the tensors' dtype (f32, bf16, f16)")
+      ->check(CLI::IsMember({"f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16", "float16"}));
+  app.add_option(
+         "--hf-config", hf_config,
+         "--to hf: a config.json whose other keys (architecture, token ids, ...) the written one keeps")
+      ->check(CLI::ExistingFile);
   app.add_flag("--no-transformer-prefix", no_prefix,
-               "--to: name tensors wte.weight, h.0. ... instead of transformer.wte.weight, ...");
+               "--to hf-gpt2: name tensors wte.weight, h.0. ... instead of transformer.wte.weight, ...");
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "--from: import weights holding NaN or infinity (refused by default, naming the tensor)");
   try {
     app.parse(argc, argv);
-    if (from.empty() == to.empty())
-      throw CLI::ValidationError("give exactly one of --from hf-gpt2 or --to hf-gpt2");
-    if (!from.empty() && config_path.empty()) throw CLI::ValidationError("--from hf-gpt2 needs --config");
+    if (from.empty() == to.empty()) throw CLI::ValidationError("give exactly one of --from or --to");
+    if (from == "hf-gpt2" && config_path.empty()) throw CLI::ValidationError("--from hf-gpt2 needs --config");
+    if (from == "hf" && !config_path.empty())
+      throw CLI::ValidationError("--from hf takes the model from the folder's config.json: drop --config");
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
@@ -51,7 +76,10 @@ int main(int argc, char** argv) {
 
   return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
     try {
-      if (!from.empty()) {
+      if (from == "hf") {
+        const std::string dir = parallel::hf::import_folder(input, output, rt.world(), allow_nonfinite);
+        std::printf("wrote %s and %s\n", dir.c_str(), parallel::hf::config_path_for(output).c_str());
+      } else if (from == "hf-gpt2") {
         const parallel::Config config = parallel::hf_gpt2::config_for_conversion(config_path);
         const std::string dir =
             parallel::hf_gpt2::import_checkpoint(input, config, output, rt.world(), allow_nonfinite);
@@ -59,8 +87,24 @@ int main(int argc, char** argv) {
       } else {
         parallel::ModelConfig model;
         if (!config_path.empty()) model = parallel::hf_gpt2::config_for_conversion(config_path).model;
-        parallel::hf_gpt2::export_checkpoint(input, config_path.empty() ? nullptr : &model, output,
-                                             rt.world(), !no_prefix);
+        if (to == "hf") {
+          parallel::hf::ExportOptions options;
+          options.model = config_path.empty() ? nullptr : &model;
+          options.max_shard_bytes = parallel::hf::parse_size(max_shard_size);
+          options.dtype = parallel::dtype_from_name(dtype == "f32"   ? "fp32"
+                                                    : dtype == "f16" ? "fp16"
+                                                                     : dtype);
+          if (!hf_config.empty()) {
+            std::ifstream in(hf_config);
+            std::stringstream text;
+            text << in.rdbuf();
+            options.template_config = text.str();
+          }
+          parallel::hf::export_folder(input, output, rt.world(), options);
+        } else {
+          parallel::hf_gpt2::export_checkpoint(input, config_path.empty() ? nullptr : &model, output,
+                                               rt.world(), !no_prefix);
+        }
         std::printf("wrote %s\n", output.c_str());
       }
     } catch (const std::exception& e) {

@@ -1,15 +1,13 @@
 // Hugging Face GPT-2 <-> our parameters and checkpoints (include/parallel/hf_gpt2.hpp).
 #include "parallel/hf_gpt2.hpp"
 
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <nlohmann/json.hpp>
-#include <set>
 #include <vector>
 
 #include "parallel/checkpoint.hpp"
 #include "parallel/error.hpp"
+#include "parallel/hf_model.hpp"
 #include "parallel/safetensors.hpp"
 
 namespace parallel::hf_gpt2 {
@@ -48,22 +46,6 @@ bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
   const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
   return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
-// NaN or infinity in imported weights is a broken file or a diverged run: training from it would
-// produce NaN losses far from the cause, so the import refuses it and names the tensor.
-void check_finite(const Tensor& t, const std::string& source, const std::string& name) {
-  const std::vector<float> values = t.to_float_vector();
-  int64_t bad = 0, first = -1;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (!std::isfinite(values[i])) {
-      if (bad++ == 0) first = static_cast<int64_t>(i);
-    }
-  if (bad > 0)
-    fail(
-        fmt::format("{}: tensor '{}' holds {} non-finite value(s) (the first, {}, at flat index {}); pass "
-                    "--allow-nonfinite to import it anyway",
-                    source, name, bad, values[static_cast<std::size_t>(first)], first));
 }
 
 // The HF tensors a GPT-2 of `config` has (names without prefix) and their shapes.
@@ -215,7 +197,7 @@ std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, c
                       "model.ffn_hidden_size {}, model.max_position_embeddings {}) needs {}",
                       source, original[name], shape_str(it->second.shape()), config.vocab_size,
                       config.hidden_size, ffn_size(config), max_positions(config), shape_str(shape)));
-    if (!allow_nonfinite) check_finite(it->second, source, original[name]);
+    if (!allow_nonfinite) hf::check_finite(it->second, source, original[name]);
   }
 
   const int64_t h = config.hidden_size;
@@ -307,79 +289,20 @@ std::string import_checkpoint(const std::string& hf_file, const Config& config, 
   if (world.size() != 1) fail(fmt::format("conversion runs on one process, not {}", world.size()));
   if (fs::exists(root) && !checkpoint::list_steps(root).empty())
     fail(fmt::format("{} already holds checkpoints; convert into an empty or new directory", root));
-  const std::map<std::string, Tensor> params =
-      from_hf(safetensors::load(hf_file), config.model, hf_file, allow_nonfinite);
-
-  std::vector<checkpoint::ShardedTensor> tensors;
-  for (const auto& [name, t] : params) {
-    checkpoint::ShardedTensor s;
-    s.name = name;
-    s.local = t;
-    s.global_shape = t.shape();
-    s.global_offset.assign(static_cast<std::size_t>(t.dim()), 0);
-    s.replica_writer = true;
-    tensors.push_back(std::move(s));
-  }
-  nlohmann::json extras;
-  extras["config_yaml"] = config_to_yaml(config);
-  extras["converted_from"] = "hf-gpt2:" + fs::path(hf_file).filename().string();
-  checkpoint::SaveOptions options;
-  options.layout_json = R"({"tensor": 1, "pipeline": 1, "data": 1})";
-  return checkpoint::save(root, 0, tensors, extras.dump(), world, options);
+  return hf::save_imported(from_hf(safetensors::load(hf_file), config.model, hf_file, allow_nonfinite),
+                           config, root, "hf-gpt2:" + fs::path(hf_file).filename().string(), world);
 }
 
 void export_checkpoint(const std::string& checkpoint_path, const ModelConfig* config,
                        const std::string& hf_file, Communicator& world, bool transformer_prefix) {
   if (world.size() != 1) fail(fmt::format("conversion runs on one process, not {}", world.size()));
-  const checkpoint::CheckpointInfo info = checkpoint::read_info(checkpoint_path);
-
-  ModelConfig model;
-  if (config != nullptr) {
-    model = *config;
-  } else {
-    nlohmann::json extras;
-    try {
-      extras = nlohmann::json::parse(info.extras_json.empty() ? "{}" : info.extras_json);
-    } catch (const nlohmann::json::exception& e) {
-      fail(fmt::format("{}: the extras are not valid JSON: {}", info.step_dir, e.what()));
-    }
-    std::string yaml;
-    for (const char* key : {"config_yaml", "config"})
-      if (extras.is_object() && extras.contains(key) && extras[key].is_string()) {
-        yaml = extras[key].get<std::string>();
-        break;
-      }
-    if (yaml.empty())
-      fail(fmt::format("{} stores no model config (extras.config_yaml); pass --config", info.step_dir));
-    model = model_config_from_yaml(yaml, info.step_dir + " (extras.config_yaml)");
-  }
+  const ModelConfig model = config != nullptr ? *config : hf::model_config_of_checkpoint(checkpoint_path);
   check_config(model);
-
-  // Whole tensors, each with the global shape the checkpoint saved it with (the word embedding may
-  // be padded in older checkpoints; to_hf drops those rows).
-  std::map<std::string, Shape> saved;
-  for (const checkpoint::TensorInfo& t : info.tensors) saved[t.name] = t.global_shape;
-  std::map<std::string, Tensor> params;
-  std::vector<checkpoint::ShardedTensor> requests;
-  for (const auto& [name, shape] : parameter_shapes(model)) {
-    const auto it = saved.find(name);
-    if (it == saved.end())
-      fail(fmt::format("{} has no tensor '{}' (is it a checkpoint of this model?)", info.step_dir, name));
-    Tensor t = Tensor::empty(it->second, DType::F32);
-    params[name] = t;
-    checkpoint::ShardedTensor s;
-    s.name = name;
-    s.local = t;
-    s.global_shape = it->second;
-    s.global_offset.assign(it->second.size(), 0);
-    requests.push_back(std::move(s));
-  }
-  checkpoint::LoadOptions options;
-  options.weights_only = true;
-  checkpoint::load(info.step_dir, requests, world, options);
-
-  const std::map<std::string, Tensor> hf = to_hf(params, model, transformer_prefix);
-  safetensors::save(hf_file, hf, {{"format", "pt"}});
+  // Whole tensors as saved (the word embedding may be padded in older checkpoints; to_hf drops
+  // those rows).
+  const std::map<std::string, Tensor> params =
+      hf::load_parameters(checkpoint_path, parameter_shapes(model), world);
+  safetensors::save(hf_file, to_hf(params, model, transformer_prefix), {{"format", "pt"}});
 }
 
 }  // namespace parallel::hf_gpt2

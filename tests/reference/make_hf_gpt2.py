@@ -28,8 +28,11 @@ Files (tests/reference/fixtures/):
                                    every model tensor after the 3 updates under its HF name (with the
                                    prefix; no lm_head, no buffers)
   hf_gpt2_tiny.yaml                the matching training config for our side (model section)
+  hf_gpt2_tiny_config.json         the config.json of an HF folder holding hf_gpt2_tiny.safetensors as
+                                   model.safetensors (convert_checkpoint --from hf; tests/scripts/hf_llama.sh)
 """
 
+import json
 import math
 import os
 import sys
@@ -173,6 +176,33 @@ model:
   norm_epsilon: {LN_EPS}
   dropout: 0.0
 """)
+
+    write_config_json()
+
+
+def write_config_json():
+    config = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_layer": N_LAYER,
+        "n_embd": N_EMBD,
+        "n_head": N_HEAD,
+        "n_inner": N_INNER,
+        "n_positions": N_POSITIONS,
+        "n_ctx": N_POSITIONS,
+        "vocab_size": VOCAB,
+        "layer_norm_epsilon": LN_EPS,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    with open(os.path.join(OUT_DIR, "hf_gpt2_tiny_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,133 @@
+#pragma once
+// Hugging Face model folders <-> our checkpoints, for the architectures config.json can name:
+// GPT2LMHeadModel (the mapping of hf_gpt2.hpp), LlamaForCausalLM, MistralForCausalLM and
+// Qwen2ForCausalLM (docs/huggingface.md). Used by examples/convert_checkpoint (--from hf, --to hf).
+//
+// A folder holds config.json and either model.safetensors or shards model-0000k-of-0000n.safetensors
+// listed by model.safetensors.index.json ({"weight_map": {tensor: file}}). Tensors may be F32, BF16
+// or F16; they are converted to F32.
+//
+// Llama family mapping (names only: both sides store linear weights [out, in], and HF's rotary
+// embedding rotates the half-split pairs (i, i + d/2), as our ops::rope_forward does, so q_proj and
+// k_proj rows need no permutation; checkpoints from Meta's original code, which rotate interleaved
+// pairs (2i, 2i+1), are converted to this layout by transformers' own script before they get here):
+//   model.embed_tokens.weight [V, h]                 -> embedding.word.weight
+//   model.layers.{i}.input_layernorm.weight          -> layers.{i}.input_norm.weight
+//   model.layers.{i}.self_attn.q_proj.{weight,bias}  -> layers.{i}.attention.query.*   [hq·d, h]
+//   model.layers.{i}.self_attn.k_proj.{weight,bias}  -> layers.{i}.attention.key.*     [hkv·d, h]
+//   model.layers.{i}.self_attn.v_proj.{weight,bias}  -> layers.{i}.attention.value.*   [hkv·d, h]
+//   model.layers.{i}.self_attn.o_proj.{weight,bias}  -> layers.{i}.attention.proj.*    [h, hq·d]
+//   model.layers.{i}.post_attention_layernorm.weight -> layers.{i}.post_attention_norm.weight
+//   model.layers.{i}.mlp.gate_proj.{weight,bias}     -> layers.{i}.mlp.gate.*          [f, h]
+//   model.layers.{i}.mlp.up_proj.{weight,bias}       -> layers.{i}.mlp.up.*            [f, h]
+//   model.layers.{i}.mlp.down_proj.{weight,bias}     -> layers.{i}.mlp.fc2.*           [h, f]
+//   model.norm.weight                                -> final_norm.weight
+//   lm_head.weight [V, h]                            -> output.weight (untied only)
+// Biases: q/k/v with model.add_qkv_bias (Qwen2) or model.add_bias; o_proj and the MLP with
+// model.add_bias (Llama's attention_bias together with mlp_bias). Tied models (tie_word_embeddings)
+// have no lm_head; one in the file is accepted only if it equals the embedding.
+//
+// config.json -> ModelConfig: hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, vocab_size, max_position_embeddings, rms_norm_eps,
+// rope_theta, tie_word_embeddings, initializer_range, attention_dropout; RMSNorm, SwiGLU and RoPE
+// always. What we do not implement is a one-line error naming the key: rope_scaling other than
+// null or "default", hidden_act other than silu, head_dim other than hidden_size / heads,
+// attention_bias without mlp_bias (Llama), use_sliding_window (Qwen2). Mistral's sliding_window
+// only matters for sequences longer than the window: the written config's seq_length is at most it.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "parallel/communicator.hpp"
+#include "parallel/config.hpp"
+#include "parallel/tensor.hpp"
+
+namespace parallel::hf {
+
+enum class Architecture { GPT2, Llama, Mistral, Qwen2 };
+
+// "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
+const char* architecture_name(Architecture a);
+
+// The model a config.json describes (`source` names the file in messages). Throws parallel::Error
+// with one line naming the key for an unknown architecture or a setting we do not implement.
+struct HfModel {
+  Architecture architecture = Architecture::Llama;
+  ModelConfig model;
+};
+HfModel model_from_config_json(const std::string& json_text, const std::string& source);
+
+// The architecture that holds `model` (GPT-2 for LayerNorm/GeLU/learned positions; Qwen2 for the
+// Llama shape with add_qkv_bias and no other bias; Llama otherwise). Throws for a model no HF
+// architecture here represents (e.g. RMSNorm with GeLU).
+Architecture architecture_for(const ModelConfig& model);
+
+// config.json text for `model`. `template_json` (a config.json, may be empty) supplies every key we
+// do not own (token ids, sliding_window, ...) and the architecture, which must agree with `model`;
+// `torch_dtype` is the tensors' dtype ("float32", "bfloat16", "float16").
+std::string config_json_for(const ModelConfig& model, Architecture architecture,
+                            const std::string& torch_dtype, const std::string& template_json = "");
+
+// Every tensor of a folder (single file or sharded with its index). A shard that lacks a tensor
+// its index names, a tensor in a shard but not in the index, or one in two files is an error.
+std::map<std::string, Tensor> load_folder(const std::string& dir);
+
+// Writes config.json and the tensors: model.safetensors when their bytes fit max_shard_bytes,
+// else model-0000k-of-0000n.safetensors (tensors in name order, a new shard when the next tensor
+// would overflow; a tensor larger than the limit gets a shard of its own) and the index. Creates
+// `dir`; refuses one that already holds a config.json or safetensors.
+void save_folder(const std::string& dir, const std::map<std::string, Tensor>& tensors,
+                 const std::string& config_json, int64_t max_shard_bytes);
+
+// "5GB", "500MB", "10KB" (powers of 1000, as transformers), "2GiB", "64MiB", "1KiB" (powers of 1024)
+// or plain bytes -> bytes. Throws parallel::Error naming the text.
+int64_t parse_size(const std::string& text);
+
+// HF tensors -> our global parameters (F32, vocabulary unpadded), and back (F32; dtype converts
+// the result). The checks of hf_gpt2::from_hf apply: missing, unexpected, misshapen, non-float
+// and (unless allow_nonfinite) non-finite tensors are one-line errors naming the tensor.
+std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, Architecture architecture,
+                                      const ModelConfig& model, const std::string& source,
+                                      bool allow_nonfinite = false);
+std::map<std::string, Tensor> to_hf(const std::map<std::string, Tensor>& params, Architecture architecture,
+                                    const ModelConfig& model, DType dtype = DType::F32);
+
+// Our global parameter names and shapes for a Llama-family `model` (vocabulary unpadded).
+std::map<std::string, Shape> llama_parameter_shapes(const ModelConfig& model);
+
+// The shared halves of every importer and exporter (hf_gpt2 uses them too).
+// NaN or infinity in imported weights is a broken file or a diverged run: training from it would
+// produce NaN losses far from the cause, so importers refuse it, naming the tensor.
+void check_finite(const Tensor& t, const std::string& source, const std::string& name);
+// Global F32 parameters -> a weights-only checkpoint at step 0 under `root` (extras
+// {"config_yaml", "converted_from"}); refuses a root that already holds checkpoints. One process.
+std::string save_imported(const std::map<std::string, Tensor>& params, const Config& config,
+                          const std::string& root, const std::string& converted_from, Communicator& world);
+// The model config stored in a checkpoint's extras ("config_yaml", or "config"), reset to one rank.
+ModelConfig model_config_of_checkpoint(const std::string& checkpoint_path);
+// The whole tensors `shapes` names from a checkpoint (root, step directory or "latest"), each as
+// saved (the vocabulary may be padded in older checkpoints). Weights only. One process.
+std::map<std::string, Tensor> load_parameters(const std::string& checkpoint_path,
+                                              const std::map<std::string, Shape>& shapes,
+                                              Communicator& world);
+
+// HF folder -> checkpoint root `root` (step_00000000, latest) plus `root`.yaml: the default
+// training configuration with the folder's model (seq_length: the smallest of
+// max_position_embeddings, Mistral's sliding_window and 4096). Returns the step directory.
+std::string import_folder(const std::string& hf_dir, const std::string& root, Communicator& world,
+                          bool allow_nonfinite = false);
+
+struct ExportOptions {
+  const ModelConfig* model = nullptr;  // else the checkpoint's stored config
+  std::string template_config;         // a config.json whose other keys are kept (may be empty)
+  int64_t max_shard_bytes = 5'000'000'000;
+  DType dtype = DType::F32;  // F32, BF16 or F16
+};
+// Checkpoint -> HF folder (config.json, safetensors, index when sharded). Optimizer state is ignored.
+void export_folder(const std::string& checkpoint_path, const std::string& hf_dir, Communicator& world,
+                   const ExportOptions& options = {});
+
+// The YAML path import_folder writes for `root` ("out/ckpt/" -> "out/ckpt.yaml").
+std::string config_path_for(const std::string& root);
+
+}  // namespace parallel::hf

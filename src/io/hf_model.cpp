@@ -1,0 +1,779 @@
+// Hugging Face model folders <-> our checkpoints (include/parallel/hf_model.hpp).
+#include "parallel/hf_model.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "parallel/checkpoint.hpp"
+#include "parallel/error.hpp"
+#include "parallel/hf_gpt2.hpp"
+#include "parallel/safetensors.hpp"
+
+namespace parallel::hf {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Conversion errors are user input errors (a wrong folder or config): one clean line, no file:line.
+[[noreturn]] void fail(const std::string& message) { throw Error("hf: " + message); }
+
+constexpr const char* kConfigName = "config.json";
+constexpr const char* kSingleName = "model.safetensors";
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(fmt::format("cannot read {}", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Written to a temporary name and renamed: a reader never sees half a config or index.
+void write_text(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) fail(fmt::format("cannot write {}", tmp));
+  }
+  fs::rename(tmp, path);
+}
+
+json parse_json(const std::string& text, const std::string& source) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    fail(fmt::format("{}: not valid JSON: {}", source, what));
+  }
+}
+
+// ---- config.json fields ------------------------------------------------------------------------
+
+// A key of config.json, read with the type the model needs; absent (or null) keys take `fallback`
+// when one is given, else are an error.
+class Fields {
+ public:
+  Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const json& raw(const char* key) const { return j_[key]; }
+
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    if (!has(key)) return required(key, fallback);
+    const json& v = j_[key];
+    if (!v.is_number_integer()) bad(key, v, "expected an integer");
+    const int64_t x = v.get<int64_t>();
+    if (x < 1) bad(key, v, "must be >= 1");
+    return x;
+  }
+  double number(const char* key, std::optional<double> fallback = std::nullopt) const {
+    if (!has(key)) return required(key, fallback);
+    const json& v = j_[key];
+    if (!v.is_number()) bad(key, v, "expected a number");
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    if (!v.is_boolean()) bad(key, v, "expected true or false");
+    return v.get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    if (!v.is_string()) bad(key, v, "expected a string");
+    return v.get<std::string>();
+  }
+
+  [[noreturn]] void bad(const std::string& key, const json& value, const std::string& rule) const {
+    fail(fmt::format("{}: {} = {}: {}", source_, key, value.dump(), rule));
+  }
+
+ private:
+  template <typename T>
+  T required(const char* key, std::optional<T> fallback) const {
+    if (!fallback) fail(fmt::format("{}: missing key '{}'", source_, key));
+    return *fallback;
+  }
+
+  const json& j_;
+  std::string source_;
+};
+
+int checked_int(const Fields& f, const char* key, std::optional<int64_t> fallback = std::nullopt) {
+  const int64_t v = f.integer(key, fallback);
+  if (v > std::numeric_limits<int>::max()) f.bad(key, json(v), "too large");
+  return static_cast<int>(v);
+}
+
+Architecture architecture_from_json(const json& j, const std::string& source) {
+  static const std::map<std::string, Architecture> by_name = {{"GPT2LMHeadModel", Architecture::GPT2},
+                                                              {"LlamaForCausalLM", Architecture::Llama},
+                                                              {"MistralForCausalLM", Architecture::Mistral},
+                                                              {"Qwen2ForCausalLM", Architecture::Qwen2}};
+  static const std::map<std::string, Architecture> by_type = {{"gpt2", Architecture::GPT2},
+                                                              {"llama", Architecture::Llama},
+                                                              {"mistral", Architecture::Mistral},
+                                                              {"qwen2", Architecture::Qwen2}};
+  const std::string supported = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+  if (j.contains("architectures") && !j["architectures"].is_null()) {
+    const json& a = j["architectures"];
+    if (!a.is_array() || a.size() != 1 || !a[0].is_string())
+      fail(fmt::format("{}: architectures = {}: expected a list of one name ({})", source, a.dump(),
+                       supported));
+    const auto it = by_name.find(a[0].get<std::string>());
+    if (it == by_name.end())
+      fail(fmt::format("{}: architectures = {}: not supported (supported: {})", source, a.dump(), supported));
+    return it->second;
+  }
+  if (j.contains("model_type") && j["model_type"].is_string()) {
+    const auto it = by_type.find(j["model_type"].get<std::string>());
+    if (it == by_type.end())
+      fail(fmt::format("{}: model_type = {}: not supported (supported: {})", source, j["model_type"].dump(),
+                       supported));
+    return it->second;
+  }
+  fail(fmt::format("{}: missing key 'architectures' (one of {})", source, supported));
+}
+
+ModelConfig gpt2_model(const Fields& f) {
+  ModelConfig m;
+  m.num_layers = checked_int(f, "n_layer");
+  m.hidden_size = checked_int(f, "n_embd");
+  m.num_attention_heads = checked_int(f, "n_head");
+  m.ffn_hidden_size = f.has("n_inner") ? checked_int(f, "n_inner") : 4 * m.hidden_size;
+  m.vocab_size = checked_int(f, "vocab_size");
+  m.max_position_embeddings = checked_int(f, "n_positions", 1024);
+  m.seq_length = std::min(m.max_position_embeddings, 4096);
+  m.normalization = Normalization::LayerNorm;
+  m.activation = Activation::GeLU;
+  m.position_embedding = PositionEmbedding::Learned;
+  m.add_bias = true;
+  m.tie_embeddings = true;
+  m.norm_epsilon = f.number("layer_norm_epsilon", 1e-5);
+  m.init_std = f.number("initializer_range", 0.02);
+  m.dropout = f.number("resid_pdrop", 0.1);
+  // Our GeLU is the tanh approximation (transformers' "gelu_new").
+  const std::string act = f.string("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    f.bad("activation_function", json(act),
+          "not implemented (only the tanh GeLU: gelu_new, gelu_pytorch_tanh)");
+  if (!f.boolean("tie_word_embeddings", true))
+    f.bad("tie_word_embeddings", json(false), "untied GPT-2 heads are not supported");
+  if (f.boolean("scale_attn_by_inverse_layer_idx", false))
+    f.bad("scale_attn_by_inverse_layer_idx", json(true), "not implemented");
+  return m;
+}
+
+ModelConfig llama_model(const Fields& f, Architecture a) {
+  ModelConfig m;
+  m.num_layers = checked_int(f, "num_hidden_layers");
+  m.hidden_size = checked_int(f, "hidden_size");
+  m.num_attention_heads = checked_int(f, "num_attention_heads");
+  m.num_query_groups = checked_int(f, "num_key_value_heads", m.num_attention_heads);
+  m.ffn_hidden_size = checked_int(f, "intermediate_size");
+  m.vocab_size = checked_int(f, "vocab_size");
+  const int64_t default_positions = a == Architecture::Llama     ? 2048
+                                    : a == Architecture::Mistral ? 131072
+                                                                 : 32768;
+  m.max_position_embeddings = checked_int(f, "max_position_embeddings", default_positions);
+  m.normalization = Normalization::RMSNorm;
+  m.activation = Activation::SwiGLU;
+  m.position_embedding = PositionEmbedding::Rope;
+  m.norm_epsilon = f.number("rms_norm_eps", 1e-6);
+  m.rope_theta = f.number("rope_theta", 10000.0);
+  m.tie_embeddings = f.boolean("tie_word_embeddings", false);
+  m.init_std = f.number("initializer_range", 0.02);
+  m.dropout = f.number("attention_dropout", 0.0);
+  m.add_bias = false;
+  m.add_qkv_bias = a == Architecture::Qwen2;
+
+  if (const std::string act = f.string("hidden_act", "silu"); act != "silu")
+    f.bad("hidden_act", json(act), "not implemented (only silu: SwiGLU)");
+  if (f.has("head_dim") && f.integer("head_dim") * m.num_attention_heads != m.hidden_size)
+    f.bad("head_dim", f.raw("head_dim"),
+          fmt::format("must equal hidden_size / num_attention_heads ({} / {})", m.hidden_size,
+                      m.num_attention_heads));
+  if (f.has("rope_scaling")) {
+    const json& r = f.raw("rope_scaling");
+    const char* key = r.contains("rope_type") ? "rope_type" : "type";
+    if (!r.is_object() || !r.contains(key) || !r[key].is_string() || r[key].get<std::string>() != "default")
+      f.bad(std::string("rope_scaling") + (r.is_object() && r.contains(key) ? std::string(".") + key : ""),
+            r.is_object() && r.contains(key) ? r[key] : r, "not implemented (only null or \"default\")");
+  }
+  if (a == Architecture::Llama) {
+    const bool attention_bias = f.boolean("attention_bias", false), mlp_bias = f.boolean("mlp_bias", false);
+    if (attention_bias != mlp_bias)
+      f.bad(attention_bias ? "attention_bias" : "mlp_bias", json(true),
+            "not implemented without the other (attention_bias and mlp_bias map to model.add_bias)");
+    m.add_bias = attention_bias;
+  }
+  int seq = std::min(m.max_position_embeddings, 4096);
+  if (a == Architecture::Qwen2 && f.boolean("use_sliding_window", false))
+    f.bad("use_sliding_window", json(true), "sliding-window attention is not implemented");
+  // Full attention equals a window's as long as the sequence fits the window.
+  if (a == Architecture::Mistral && f.has("sliding_window"))
+    seq = std::min<int64_t>(seq, f.integer("sliding_window"));
+  m.seq_length = seq;
+  return m;
+}
+
+// ---- tensor checks, shared by every architecture -----------------------------------------------
+
+void check_dtype(const Tensor& t, const std::string& source, const std::string& name) {
+  if (!is_floating(t.dtype()) || t.dtype() == DType::F8E4M3)
+    fail(fmt::format("{}: '{}' has dtype {}, expected f32, bf16 or f16{}", source, name,
+                     dtype_name(t.dtype()),
+                     t.dtype() == DType::F8E4M3 ? " (fp8 is storage-only here: no conversion)" : ""));
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
+  return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+Tensor f32_copy(const Tensor& t) { return t.to(DType::F32).contiguous().clone(); }
+
+struct Entry {
+  std::string hf, ours;
+  Shape shape;
+};
+
+// The Llama family's tensors in config order (the mapping table of the header).
+std::vector<Entry> llama_entries(const ModelConfig& m) {
+  const int64_t h = m.hidden_size, hq = m.num_attention_heads;
+  const int64_t hkv = m.num_query_groups > 0 ? m.num_query_groups : hq, d = h / hq, f = m.ffn_hidden_size;
+  const bool qkv_bias = m.add_bias || m.add_qkv_bias;
+  std::vector<Entry> e;
+  e.push_back({"model.embed_tokens.weight", "embedding.word.weight", {m.vocab_size, h}});
+  for (int i = 0; i < m.num_layers; ++i) {
+    const std::string src = fmt::format("model.layers.{}.", i), dst = fmt::format("layers.{}.", i);
+    e.push_back({src + "input_layernorm.weight", dst + "input_norm.weight", {h}});
+    const struct {
+      const char *hf, *ours;
+      int64_t out, in;
+      bool bias;
+    } linears[] = {{"self_attn.q_proj", "attention.query", hq * d, h, qkv_bias},
+                   {"self_attn.k_proj", "attention.key", hkv * d, h, qkv_bias},
+                   {"self_attn.v_proj", "attention.value", hkv * d, h, qkv_bias},
+                   {"self_attn.o_proj", "attention.proj", h, hq * d, m.add_bias},
+                   {"mlp.gate_proj", "mlp.gate", f, h, m.add_bias},
+                   {"mlp.up_proj", "mlp.up", f, h, m.add_bias},
+                   {"mlp.down_proj", "mlp.fc2", h, f, m.add_bias}};
+    for (const auto& l : linears) {
+      e.push_back({src + l.hf + ".weight", dst + l.ours + ".weight", {l.out, l.in}});
+      if (l.bias) e.push_back({src + l.hf + ".bias", dst + l.ours + ".bias", {l.out}});
+    }
+    e.push_back({src + "post_attention_layernorm.weight", dst + "post_attention_norm.weight", {h}});
+  }
+  e.push_back({"model.norm.weight", "final_norm.weight", {h}});
+  if (!m.tie_embeddings) e.push_back({"lm_head.weight", "output.weight", {m.vocab_size, h}});
+  return e;
+}
+
+void check_llama_shape(const ModelConfig& m) {
+  if (m.normalization != Normalization::RMSNorm || m.activation != Activation::SwiGLU ||
+      m.position_embedding != PositionEmbedding::Rope)
+    fail(
+        "the model is not a Llama-family architecture: model.normalization must be rmsnorm, model.activation "
+        "swiglu and model.position_embedding rope");
+  if (m.ffn_hidden_size <= 0) fail("model.ffn_hidden_size must be set explicitly for a Llama-family model");
+}
+
+// Buffers some exports carry that are not parameters (transformers < 4.31 saved the rotary
+// frequencies of every layer; they follow from rope_theta).
+bool is_llama_buffer(const std::string& name) { return name.ends_with(".self_attn.rotary_emb.inv_freq"); }
+
+std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>& hf, const ModelConfig& m,
+                                            const std::string& source, bool allow_nonfinite) {
+  check_llama_shape(m);
+  const std::vector<Entry> entries = llama_entries(m);
+  std::set<std::string> known;
+  for (const Entry& e : entries) known.insert(e.hf);
+  for (const auto& [name, t] : hf) {
+    if (known.count(name) || is_llama_buffer(name)) continue;
+    if (name == "lm_head.weight" && m.tie_embeddings) {
+      // Tied: an lm_head that differs from the embedding would be silently lost.
+      check_dtype(t, source, name);
+      const auto embed = hf.find("model.embed_tokens.weight");
+      if (embed != hf.end()) check_dtype(embed->second, source, embed->first);
+      if (embed == hf.end() || !same_values(t, embed->second))
+        fail(
+            fmt::format("{}: 'lm_head.weight' differs from 'model.embed_tokens.weight', but config.json has "
+                        "tie_word_embeddings = true",
+                        source));
+      continue;
+    }
+    fail(
+        fmt::format("{}: unexpected tensor '{}' {} (not part of this model: num_hidden_layers = {}, "
+                    "tie_word_embeddings = {}, biases {})",
+                    source, name, shape_str(t.shape()), m.num_layers, m.tie_embeddings,
+                    m.add_bias       ? "everywhere"
+                    : m.add_qkv_bias ? "on q/k/v only"
+                                     : "none"));
+  }
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries) {
+    const auto it = hf.find(e.hf);
+    if (it == hf.end()) fail(fmt::format("{}: missing tensor '{}'", source, e.hf));
+    check_dtype(it->second, source, e.hf);
+    if (it->second.shape() != e.shape)
+      fail(
+          fmt::format("{}: '{}' has shape {}, but the config (hidden_size {}, num_attention_heads {}, "
+                      "num_key_value_heads {}, intermediate_size {}, vocab_size {}) needs {}",
+                      source, e.hf, shape_str(it->second.shape()), m.hidden_size, m.num_attention_heads,
+                      m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads, m.ffn_hidden_size,
+                      m.vocab_size, shape_str(e.shape)));
+    if (!allow_nonfinite) check_finite(it->second, source, e.hf);
+    out[e.ours] = f32_copy(it->second);
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> llama_to_hf(const std::map<std::string, Tensor>& params, const ModelConfig& m,
+                                          DType dtype) {
+  check_llama_shape(m);
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : llama_entries(m)) {
+    const auto it = params.find(e.ours);
+    if (it == params.end()) fail(fmt::format("missing parameter '{}'", e.ours));
+    Tensor t = it->second;
+    // The vocabulary may arrive padded (a checkpoint that stored the padded rows).
+    if (t.dim() == 2 && e.shape.size() == 2 && t.size(0) > e.shape[0] && t.size(1) == e.shape[1] &&
+        (e.ours == "embedding.word.weight" || e.ours == "output.weight"))
+      t = t.narrow(0, 0, e.shape[0]);
+    if (t.shape() != e.shape)
+      fail(fmt::format("parameter '{}' has shape {}, but the config needs {}", e.ours, shape_str(t.shape()),
+                       shape_str(e.shape)));
+    out[e.hf] = t.to(DType::F32).to(dtype).contiguous().clone();
+  }
+  return out;
+}
+
+std::string torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      fail(fmt::format("cannot export as {}: expected f32, bf16 or f16", dtype_name(t)));
+  }
+}
+
+}  // namespace
+
+// ---- shared checks -----------------------------------------------------------------------------
+
+void check_finite(const Tensor& t, const std::string& source, const std::string& name) {
+  const std::vector<float> values = t.to_float_vector();
+  int64_t bad = 0, first = -1;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i])) {
+      if (bad++ == 0) first = static_cast<int64_t>(i);
+    }
+  if (bad > 0)
+    fail(
+        fmt::format("{}: tensor '{}' holds {} non-finite value(s) (the first, {}, at flat index {}); pass "
+                    "--allow-nonfinite to import it anyway",
+                    source, name, bad, values[static_cast<std::size_t>(first)], first));
+}
+
+const char* architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::GPT2:
+      return "GPT2LMHeadModel";
+    case Architecture::Llama:
+      return "LlamaForCausalLM";
+    case Architecture::Mistral:
+      return "MistralForCausalLM";
+    case Architecture::Qwen2:
+      return "Qwen2ForCausalLM";
+  }
+  return "?";
+}
+
+HfModel model_from_config_json(const std::string& json_text, const std::string& source) {
+  const json j = parse_json(json_text, source);
+  if (!j.is_object()) fail(fmt::format("{}: expected a JSON object", source));
+  HfModel out;
+  out.architecture = architecture_from_json(j, source);
+  const Fields f(j, source);
+  out.model = out.architecture == Architecture::GPT2 ? gpt2_model(f) : llama_model(f, out.architecture);
+  // The rules of our config (divisibility, ...), named by our keys.
+  Config c;
+  c.model = out.model;
+  try {
+    validate_config(c, 1);
+  } catch (const ConfigError& e) {
+    fail(fmt::format("{}: {}", source, e.what()));
+  }
+  out.model = c.model;
+  return out;
+}
+
+Architecture architecture_for(const ModelConfig& m) {
+  if (m.normalization == Normalization::LayerNorm && m.activation == Activation::GeLU &&
+      m.position_embedding == PositionEmbedding::Learned) {
+    hf_gpt2::check_config(m);
+    return Architecture::GPT2;
+  }
+  check_llama_shape(m);
+  return m.add_qkv_bias && !m.add_bias ? Architecture::Qwen2 : Architecture::Llama;
+}
+
+std::string config_json_for(const ModelConfig& m, Architecture a, const std::string& torch_dtype,
+                            const std::string& template_json) {
+  json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
+  if (!j.is_object()) fail("the template config.json is not a JSON object");
+  const int64_t positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
+  j["architectures"] = json::array({architecture_name(a)});
+  j["torch_dtype"] = torch_dtype;
+  j["vocab_size"] = m.vocab_size;
+  j["initializer_range"] = m.init_std;
+  if (a == Architecture::GPT2) {
+    hf_gpt2::check_config(m);
+    j["model_type"] = "gpt2";
+    j["n_layer"] = m.num_layers;
+    j["n_embd"] = m.hidden_size;
+    j["n_head"] = m.num_attention_heads;
+    j["n_inner"] = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
+    j["n_positions"] = positions;
+    j["n_ctx"] = positions;
+    j["layer_norm_epsilon"] = m.norm_epsilon;
+    j["activation_function"] = "gelu_new";
+    j["tie_word_embeddings"] = true;
+  } else {
+    check_llama_shape(m);
+    if (a == Architecture::Qwen2 ? (m.add_bias || !m.add_qkv_bias) : (m.add_qkv_bias && !m.add_bias))
+      fail(fmt::format(
+          "{} cannot hold this model: it has {} (model.add_bias = {}, model.add_qkv_bias = {})",
+          architecture_name(a),
+          a == Architecture::Qwen2 ? "biases on q/k/v only" : "q/k/v biases only with the other biases",
+          m.add_bias, m.add_qkv_bias));
+    if (a == Architecture::Mistral && m.add_bias)
+      fail("MistralForCausalLM cannot hold this model: it has no biases (model.add_bias = true)");
+    j["model_type"] = a == Architecture::Llama ? "llama" : a == Architecture::Mistral ? "mistral" : "qwen2";
+    j["num_hidden_layers"] = m.num_layers;
+    j["hidden_size"] = m.hidden_size;
+    j["num_attention_heads"] = m.num_attention_heads;
+    j["num_key_value_heads"] = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
+    j["intermediate_size"] = m.ffn_hidden_size;
+    j["max_position_embeddings"] = positions;
+    j["rms_norm_eps"] = m.norm_epsilon;
+    j["rope_theta"] = m.rope_theta;
+    j["rope_scaling"] = nullptr;
+    j["hidden_act"] = "silu";
+    j["tie_word_embeddings"] = m.tie_embeddings;
+    j["attention_dropout"] = m.dropout;
+    if (a == Architecture::Llama) {
+      j["attention_bias"] = m.add_bias;
+      j["mlp_bias"] = m.add_bias;
+      j["head_dim"] = m.hidden_size / m.num_attention_heads;
+    } else if (j.contains("head_dim")) {
+      j["head_dim"] = m.hidden_size / m.num_attention_heads;
+    }
+    if (a == Architecture::Mistral && !j.contains("sliding_window")) j["sliding_window"] = nullptr;
+    if (a == Architecture::Qwen2) j["use_sliding_window"] = false;
+  }
+  return j.dump(2) + "\n";
+}
+
+std::map<std::string, Tensor> load_folder(const std::string& dir) {
+  const fs::path root(dir);
+  if (!fs::is_directory(root))
+    fail(fmt::format("{}: not a directory (expected a Hugging Face model folder)", dir));
+  const fs::path single = root / kSingleName, index = root / kIndexName;
+  // As transformers: a single file wins over an index.
+  if (fs::exists(single)) return safetensors::load(single.string());
+  if (!fs::exists(index)) {
+    if (fs::exists(root / "pytorch_model.bin") || fs::exists(root / "pytorch_model.bin.index.json"))
+      fail(
+          fmt::format("{}: only pytorch_model.bin weights (pickle); convert them to safetensors first", dir));
+    fail(fmt::format("{}: neither {} nor {}", dir, kSingleName, kIndexName));
+  }
+  const std::string index_path = index.string();
+  const json j = parse_json(read_text(index_path), index_path);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail(fmt::format("{}: missing key 'weight_map' (an object: tensor name -> file)", index_path));
+  std::map<std::string, std::set<std::string>> by_file;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string())
+      fail(fmt::format("{}: weight_map.{} = {}: expected a file name", index_path, name, file.dump()));
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      fail(
+          fmt::format("{}: weight_map.{} = \"{}\": expected a file name in the folder", index_path, name, f));
+    by_file[f].insert(name);
+  }
+  std::map<std::string, Tensor> out;
+  for (const auto& [file, names] : by_file) {
+    const std::string path = (root / file).string();
+    if (!fs::exists(path))
+      fail(fmt::format("{}: the shard {} is missing (named by {})", dir, file, kIndexName));
+    std::map<std::string, Tensor> tensors = safetensors::load(path);
+    for (auto& [name, t] : tensors) {
+      if (!names.count(name))
+        fail(fmt::format("{}: tensor '{}' is not listed for this file in {}", path, name, kIndexName));
+      if (out.count(name)) fail(fmt::format("{}: tensor '{}' appears in two shards", dir, name));
+      out.emplace(name, std::move(t));
+    }
+    for (const std::string& name : names)
+      if (!out.count(name))
+        fail(fmt::format("{}: {} lists tensor '{}' in {}, which does not hold it", dir, kIndexName, name,
+                         file));
+  }
+  return out;
+}
+
+void save_folder(const std::string& dir, const std::map<std::string, Tensor>& tensors,
+                 const std::string& config_json, int64_t max_shard_bytes) {
+  if (max_shard_bytes <= 0) fail(fmt::format("the shard size must be > 0, not {}", max_shard_bytes));
+  const fs::path root(dir);
+  if (fs::exists(root)) {
+    if (!fs::is_directory(root)) fail(fmt::format("{} exists and is not a directory", dir));
+    for (const auto& entry : fs::directory_iterator(root)) {
+      const std::string name = entry.path().filename().string();
+      if (name == kConfigName || name.ends_with(".safetensors") || name == kIndexName)
+        fail(fmt::format("{} already holds {}; export into an empty or new directory", dir, name));
+    }
+  }
+  fs::create_directories(root);
+
+  std::vector<std::vector<std::string>> shards(1);
+  int64_t total = 0, in_shard = 0;
+  for (const auto& [name, t] : tensors) {
+    const auto bytes = static_cast<int64_t>(t.nbytes());
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(name);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    safetensors::save((root / kSingleName).string(), tensors, metadata);
+  } else {
+    json weight_map = json::object();
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, shards.size());
+      std::map<std::string, Tensor> part;
+      for (const std::string& name : shards[k]) {
+        part.emplace(name, tensors.at(name));
+        weight_map[name] = file;
+      }
+      safetensors::save((root / file).string(), part, metadata);
+    }
+    // The index last: a folder with an index has all its shards.
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text((root / kIndexName).string(), index.dump(2) + "\n");
+  }
+  write_text((root / kConfigName).string(), config_json);
+}
+
+int64_t parse_size(const std::string& text) {
+  static const std::regex pattern(R"(^\s*([0-9]+)\s*([KMGT]i?B|B)?\s*$)", std::regex::icase);
+  std::smatch match;
+  if (!std::regex_match(text, match, pattern))
+    fail(fmt::format("size \"{}\": expected bytes, or a number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB",
+                     text));
+  int64_t value = 0;
+  try {
+    value = std::stoll(match[1].str());
+  } catch (const std::exception&) {
+    fail(fmt::format("size \"{}\": too large", text));
+  }
+  std::string unit = match[2].str();
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::toupper(c); });
+  int64_t scale = 1;
+  if (unit.size() >= 2) {
+    const int power = static_cast<int>(std::string("KMGT").find(unit[0])) + 1;
+    const int64_t base = unit.size() == 3 ? 1024 : 1000;
+    for (int i = 0; i < power; ++i) scale *= base;
+  }
+  if (value <= 0 || value > std::numeric_limits<int64_t>::max() / scale)
+    fail(fmt::format("size \"{}\": must be > 0 and fit 64 bits", text));
+  return value * scale;
+}
+
+std::map<std::string, Shape> llama_parameter_shapes(const ModelConfig& m) {
+  check_llama_shape(m);
+  std::map<std::string, Shape> out;
+  for (const Entry& e : llama_entries(m)) out[e.ours] = e.shape;
+  return out;
+}
+
+std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, Architecture a,
+                                      const ModelConfig& m, const std::string& source, bool allow_nonfinite) {
+  if (a == Architecture::GPT2) return hf_gpt2::from_hf(hf, m, source, allow_nonfinite);
+  return llama_from_hf(hf, m, source, allow_nonfinite);
+}
+
+std::map<std::string, Tensor> to_hf(const std::map<std::string, Tensor>& params, Architecture a,
+                                    const ModelConfig& m, DType dtype) {
+  torch_dtype_name(dtype);  // rejects non-float dtypes
+  if (a == Architecture::GPT2) {
+    std::map<std::string, Tensor> out = hf_gpt2::to_hf(params, m, true);
+    if (dtype != DType::F32)
+      for (auto& [name, t] : out) t = t.to(dtype).contiguous();
+    return out;
+  }
+  return llama_to_hf(params, m, dtype);
+}
+
+std::string save_imported(const std::map<std::string, Tensor>& params, const Config& config,
+                          const std::string& root, const std::string& converted_from, Communicator& world) {
+  if (world.size() != 1) fail(fmt::format("conversion runs on one process, not {}", world.size()));
+  if (fs::exists(root) && !checkpoint::list_steps(root).empty())
+    fail(fmt::format("{} already holds checkpoints; convert into an empty or new directory", root));
+  std::vector<checkpoint::ShardedTensor> tensors;
+  for (const auto& [name, t] : params) {
+    checkpoint::ShardedTensor s;
+    s.name = name;
+    s.local = t;
+    s.global_shape = t.shape();
+    s.global_offset.assign(static_cast<std::size_t>(t.dim()), 0);
+    s.replica_writer = true;
+    tensors.push_back(std::move(s));
+  }
+  json extras;
+  extras["config_yaml"] = config_to_yaml(config);
+  extras["converted_from"] = converted_from;
+  checkpoint::SaveOptions options;
+  options.layout_json = R"({"tensor": 1, "pipeline": 1, "data": 1})";
+  return checkpoint::save(root, 0, tensors, extras.dump(), world, options);
+}
+
+ModelConfig model_config_of_checkpoint(const std::string& checkpoint_path) {
+  const checkpoint::CheckpointInfo info = checkpoint::read_info(checkpoint_path);
+  json extras;
+  try {
+    extras = json::parse(info.extras_json.empty() ? "{}" : info.extras_json);
+  } catch (const json::exception& e) {
+    fail(fmt::format("{}: the extras are not valid JSON: {}", info.step_dir, e.what()));
+  }
+  std::string yaml;
+  for (const char* key : {"config_yaml", "config"})
+    if (extras.is_object() && extras.contains(key) && extras[key].is_string()) {
+      yaml = extras[key].get<std::string>();
+      break;
+    }
+  if (yaml.empty())
+    fail(fmt::format("{} stores no model config (extras.config_yaml); pass --config", info.step_dir));
+  return hf_gpt2::model_config_from_yaml(yaml, info.step_dir + " (extras.config_yaml)");
+}
+
+std::map<std::string, Tensor> load_parameters(const std::string& checkpoint_path,
+                                              const std::map<std::string, Shape>& shapes,
+                                              Communicator& world) {
+  if (world.size() != 1) fail(fmt::format("conversion runs on one process, not {}", world.size()));
+  const checkpoint::CheckpointInfo info = checkpoint::read_info(checkpoint_path);
+  std::map<std::string, Shape> saved;
+  for (const checkpoint::TensorInfo& t : info.tensors) saved[t.name] = t.global_shape;
+  std::map<std::string, Tensor> params;
+  std::vector<checkpoint::ShardedTensor> requests;
+  for (const auto& [name, shape] : shapes) {
+    const auto it = saved.find(name);
+    if (it == saved.end())
+      fail(fmt::format("{} has no tensor '{}' (is it a checkpoint of this model?)", info.step_dir, name));
+    Tensor t = Tensor::empty(it->second, DType::F32);
+    params[name] = t;
+    checkpoint::ShardedTensor s;
+    s.name = name;
+    s.local = t;
+    s.global_shape = it->second;
+    s.global_offset.assign(it->second.size(), 0);
+    requests.push_back(std::move(s));
+  }
+  checkpoint::LoadOptions options;
+  options.weights_only = true;
+  checkpoint::load(info.step_dir, requests, world, options);
+  return params;
+}
+
+std::string config_path_for(const std::string& root) {
+  std::string r = root;
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  return r + ".yaml";
+}
+
+std::string import_folder(const std::string& hf_dir, const std::string& root, Communicator& world,
+                          bool allow_nonfinite) {
+  const std::string config_file = (fs::path(hf_dir) / kConfigName).string();
+  if (!fs::exists(config_file))
+    fail(fmt::format("{}: no {} (expected a Hugging Face model folder)", hf_dir, kConfigName));
+  const HfModel hf = model_from_config_json(read_text(config_file), config_file);
+  Config config;
+  config.model = hf.model;
+  validate_config(config, 1);
+  const std::map<std::string, Tensor> params =
+      from_hf(load_folder(hf_dir), hf.architecture, config.model, hf_dir, allow_nonfinite);
+  const std::string dir = save_imported(params, config, root,
+                                        fmt::format("hf:{}:{}", architecture_name(hf.architecture),
+                                                    fs::path(hf_dir).lexically_normal().string()),
+                                        world);
+  write_text(config_path_for(root), "# Written by convert_checkpoint --from hf from " + hf_dir + " (" +
+                                        architecture_name(hf.architecture) + ").\n" + config_to_yaml(config));
+  return dir;
+}
+
+void export_folder(const std::string& checkpoint_path, const std::string& hf_dir, Communicator& world,
+                   const ExportOptions& options) {
+  const ModelConfig model =
+      options.model != nullptr ? *options.model : model_config_of_checkpoint(checkpoint_path);
+  Architecture a = architecture_for(model);
+  if (!options.template_config.empty()) {
+    const json t = parse_json(options.template_config, "the template config.json");
+    const Architecture named = architecture_from_json(t, "the template config.json");
+    if ((named == Architecture::GPT2) != (a == Architecture::GPT2))
+      fail(fmt::format("the template config.json names {}, which cannot hold this model (a {})",
+                       architecture_name(named), architecture_name(a)));
+    a = named;
+  }
+  const std::map<std::string, Shape> shapes =
+      a == Architecture::GPT2 ? hf_gpt2::parameter_shapes(model) : llama_parameter_shapes(model);
+  const std::map<std::string, Tensor> hf =
+      to_hf(load_parameters(checkpoint_path, shapes, world), a, model, options.dtype);
+  const std::string config =
+      config_json_for(model, a, torch_dtype_name(options.dtype), options.template_config);
+  // What we wrote must read back as the same model (a template's other keys could contradict it).
+  const HfModel back = model_from_config_json(config, hf_dir + "/config.json");
+  Config expected, got;
+  expected.model = model;
+  got.model = back.model;
+  got.model.seq_length = expected.model.seq_length;
+  got.model.dropout = expected.model.dropout;
+  validate_config(expected, 1);
+  validate_config(got, 1);
+  if (config_to_yaml(expected) != config_to_yaml(got))
+    fail(fmt::format(
+        "the config.json written for {} does not read back as the checkpoint's model (a template key "
+        "contradicts it?)",
+        architecture_name(a)));
+  save_folder(hf_dir, hf, config, options.max_shard_bytes);
+}
+
+}  // namespace parallel::hf

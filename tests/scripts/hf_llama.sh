@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Hugging Face model folders through convert_checkpoint and the trainer, against the PyTorch
+# reference of tests/reference/make_hf_llama.py (Llama-, Mistral- and Qwen2-shaped tiny models: GQA,
+# rope theta != 10000, untied and tied embeddings, Qwen2's q/k/v biases; 3 AdamW steps):
+#  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
+#     and on tp2 x pp2 (4 ranks) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
+#     the folder's weights equal the reference's after the steps (hf_compare's tolerance);
+#  2. the bf16 sharded folder imports; exported as f32 it holds the same values; exported as bf16
+#     with --max-shard-size it is sharded again, holds the same bits and imports again;
+#  3. the GPT-2 fixture as a folder (--from hf) gives back the same tensors;
+#  4. config.json / folder errors end convert_checkpoint with exit 1 and one line naming the key or
+#     tensor (the library-level cases are in tests/unit/test_hf_model.cpp).
+#   hf_llama.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
+set -euo pipefail
+src=$1 convert=$2 pretrain=$3 compare=$4
+shift 4
+mpiexec=("$@")
+fx=$src/tests/reference/fixtures
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export PARALLEL_LOG_LEVEL=warn
+
+# What make_hf_llama.py trains: seq 8, batch 2, 3 steps of AdamW (lr 1e-2, betas 0.9/0.95, decay
+# 0.1 on matrices), constant lr, no clipping, on the unshuffled token document.
+train=(--set model.seq_length=8 --set train.global_batch_size=2 --set train.micro_batch_size=1
+  --set train.steps=3 --set train.log_interval=1 --set train.eval_interval=0
+  --set data.path="$fx/hf_tokens_text_document" --set data.split=1,0,0 --set data.shuffle=false
+  --set optimizer.lr=0.01 --set optimizer.lr_decay=constant --set optimizer.warmup_steps=0
+  --set optimizer.weight_decay=0.1 --set optimizer.beta1=0.9 --set optimizer.beta2=0.95
+  --set optimizer.eps=1e-8 --set optimizer.clip_grad=0 --set model.dropout=0)
+
+quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on failure
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 || { echo "failed: $*"; tail -20 "$log"; exit 1; }
+}
+
+# 1. Train each model on one rank and on tp2 x pp2; export; compare.
+for model in llama mistral qwen2; do
+  dir=$work/$model
+  mkdir -p "$dir"
+  quiet "$dir/import.log" "$convert" --from hf --input "$fx/hf_${model}_tiny" --output "$dir/ckpt"
+  [[ -s $dir/ckpt.yaml ]] || { echo "$model: no ckpt.yaml"; exit 1; }
+  for layout in "1 1 1" "4 2 2"; do
+    read -r ranks tp pp <<<"$layout"
+    run=$dir/tp${tp}pp${pp}
+    quiet "$run.log" "${mpiexec[@]}" -np "$ranks" "$pretrain" --config "$dir/ckpt.yaml" \
+      --set checkpoint.load="$dir/ckpt" --set checkpoint.dir="$run/ckpt" --set train.output_dir="$run" \
+      --set parallel.tensor="$tp" --set parallel.pipeline="$pp" "${train[@]}"
+    quiet "$run.export.log" "$convert" --to hf --input "$run/ckpt" --output "$run/hf"
+    echo -n "$model tp$tp pp$pp: "
+    "$compare" losses "$run/metrics.jsonl" "$fx/hf_${model}_tiny_after3.safetensors"
+    echo -n "$model tp$tp pp$pp: "
+    "$compare" weights "$run/hf" "$fx/hf_${model}_tiny_after3.safetensors"
+  done
+  grep -q "\"${model^}ForCausalLM\"\|\"LlamaForCausalLM\"" "$dir/tp1pp1/hf/config.json" ||
+    { echo "$model: exported config.json names no Llama-family architecture"; exit 1; }
+done
+grep -q '"Qwen2ForCausalLM"' "$work/qwen2/tp1pp1/hf/config.json" || { echo "qwen2 exported as another architecture"; exit 1; }
+grep -q 'add_qkv_bias: true' "$work/qwen2/ckpt.yaml" || { echo "qwen2: ckpt.yaml lacks add_qkv_bias"; exit 1; }
+grep -q 'rope_theta: 1000000' "$work/mistral/ckpt.yaml" || { echo "mistral: ckpt.yaml lacks rope_theta"; exit 1; }
+
+# With the original config.json as a template, the export keeps its architecture and other keys.
+quiet "$work/template.log" "$convert" --to hf --input "$work/mistral/tp1pp1/ckpt" --output "$work/mistral_templ" \
+  --hf-config "$fx/hf_mistral_tiny/config.json"
+grep -q '"MistralForCausalLM"' "$work/mistral_templ/config.json" && grep -q '"sliding_window": 4096' \
+  "$work/mistral_templ/config.json" || { echo "template keys lost"; cat "$work/mistral_templ/config.json"; exit 1; }
+
+# 2. bf16, sharded.
+bf16=$fx/hf_llama_tiny_bf16
+quiet "$work/bf16.log" "$convert" --from hf --input "$bf16" --output "$work/bf16/ckpt"
+quiet "$work/bf16_f32.log" "$convert" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/f32"
+echo -n "bf16 import, f32 export: "
+"$compare" equal "$work/bf16/f32" "$bf16"
+grep -q '"torch_dtype": "float32"' "$work/bf16/f32/config.json" || { echo "f32 export: torch_dtype"; exit 1; }
+[[ -f $work/bf16/f32/model.safetensors && ! -e $work/bf16/f32/model.safetensors.index.json ]] ||
+  { echo "a small export must be one model.safetensors"; exit 1; }
+quiet "$work/bf16_sharded.log" "$convert" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/sharded" \
+  --dtype bf16 --max-shard-size 8KB
+shards=$(find "$work/bf16/sharded" -name 'model-0000*-of-0000*.safetensors' | wc -l)
+((shards >= 2)) && [[ -s $work/bf16/sharded/model.safetensors.index.json && ! -e $work/bf16/sharded/model.safetensors ]] ||
+  { echo "--max-shard-size 8KB wrote $shards shards"; ls "$work/bf16/sharded"; exit 1; }
+echo -n "bf16 export in $shards shards: "
+"$compare" equal "$work/bf16/sharded" "$bf16"
+quiet "$work/bf16_again.log" "$convert" --from hf --input "$work/bf16/sharded" --output "$work/bf16/again"
+
+# 3. GPT-2 as a folder.
+mkdir -p "$work/gpt2"
+cp "$fx/hf_gpt2_tiny.safetensors" "$work/gpt2/model.safetensors"
+cp "$fx/hf_gpt2_tiny_config.json" "$work/gpt2/config.json"
+quiet "$work/gpt2.log" "$convert" --from hf --input "$work/gpt2" --output "$work/gpt2_ckpt"
+quiet "$work/gpt2_out.log" "$convert" --to hf --input "$work/gpt2_ckpt" --output "$work/gpt2_out"
+echo -n "GPT-2 folder round trip: "
+"$compare" equal "$work/gpt2_out" "$work/gpt2" --subset
+grep -q '"GPT2LMHeadModel"' "$work/gpt2_out/config.json" || { echo "GPT-2 exported as another architecture"; exit 1; }
+
+# 4. One-line errors. expect_error NAME FRAGMENT ARGS...
+expect_error() {
+  local name=$1 fragment=$2
+  shift 2
+  local status=0
+  "$convert" "$@" >"$work/$name.out" 2>"$work/$name.err" || status=$?
+  if [[ $status -ne 1 || $(wc -l <"$work/$name.err") -ne 1 ]] || ! grep -qF -- "$fragment" "$work/$name.err"; then
+    echo "$name: expected exit 1 and one line with '$fragment', got exit $status:"
+    cat "$work/$name.err"
+    exit 1
+  fi
+  echo "$name: $(cat "$work/$name.err")"
+}
+variant() {  # variant NAME SED_EXPR: a copy of the llama fixture with its config.json edited
+  mkdir -p "$work/$1"
+  cp "$fx/hf_llama_tiny/model.safetensors" "$work/$1/"
+  sed "$2" "$fx/hf_llama_tiny/config.json" >"$work/$1/config.json"
+}
+variant gemma 's/"LlamaForCausalLM"/"GemmaForCausalLM"/'
+expect_error unknown_architecture 'architectures = ["GemmaForCausalLM"]: not supported' --from hf --input "$work/gemma" --output "$work/e1"
+variant llama3_rope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3", "factor": 8.0}/'
+expect_error rope_scaling 'rope_scaling.rope_type = "llama3": not implemented' --from hf --input "$work/llama3_rope" --output "$work/e2"
+variant more_layers 's/"num_hidden_layers": 2/"num_hidden_layers": 3/'
+expect_error missing_tensor "missing tensor 'model.layers.2." --from hf --input "$work/more_layers" --output "$work/e3"
+variant fewer_layers 's/"num_hidden_layers": 2/"num_hidden_layers": 1/'
+expect_error extra_tensor "unexpected tensor 'model.layers.1." --from hf --input "$work/fewer_layers" --output "$work/e4"
+variant wide 's/"intermediate_size": 32/"intermediate_size": 48/'
+expect_error shape "'model.layers.0.mlp.gate_proj.weight' has shape [32, 24]" --from hf --input "$work/wide" --output "$work/e5"
+variant tied 's/"tie_word_embeddings": false/"tie_word_embeddings": true/'
+expect_error tied_lm_head "'lm_head.weight' differs from 'model.embed_tokens.weight'" --from hf --input "$work/tied" --output "$work/e6"
+mkdir -p "$work/no_weights" && cp "$fx/hf_llama_tiny/config.json" "$work/no_weights/"
+expect_error no_weights "neither model.safetensors nor model.safetensors.index.json" --from hf --input "$work/no_weights" --output "$work/e7"
+expect_error occupied "already holds model.safetensors" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/f32"
+echo "hf_llama: all checks passed"

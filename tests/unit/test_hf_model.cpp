@@ -1,0 +1,327 @@
+// Hugging Face folders (include/parallel/hf_model.hpp): config.json parsing and its refusals, the
+// tensor checks, sharded folders, sizes, and config.json written back. The numbers (training the
+// imported models against PyTorch, on one rank and tp2 x pp2) are tests/scripts/hf_llama.sh.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "parallel/error.hpp"
+#include "parallel/hf_model.hpp"
+#include "parallel/safetensors.hpp"
+#include "paths.hpp"
+
+namespace parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Tensors = std::map<std::string, Tensor>;
+using parallel::testing::fixtures_dir;
+using ::testing::HasSubstr;
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json fixture_config(const std::string& model) {
+  return json::parse(read(fixtures_dir() + "/hf_" + model + "_tiny/config.json"));
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("test_hf_model_" + std::to_string(::getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string str(const std::string& child) const { return (path_ / child).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// The one-line message of `f`'s parallel::Error (empty and a failure if nothing is thrown).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    return what;
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+std::string config_error(const json& j) {
+  return error_of([&] { hf::model_from_config_json(j.dump(), "config.json"); });
+}
+
+TEST(HfModel, ReadsTheFixturesConfigs) {
+  const hf::HfModel llama = hf::model_from_config_json(fixture_config("llama").dump(), "llama");
+  EXPECT_EQ(llama.architecture, hf::Architecture::Llama);
+  const ModelConfig& m = llama.model;
+  EXPECT_EQ(m.num_layers, 2);
+  EXPECT_EQ(m.hidden_size, 24);
+  EXPECT_EQ(m.num_attention_heads, 4);
+  EXPECT_EQ(m.num_query_groups, 2);
+  EXPECT_EQ(m.ffn_hidden_size, 32);
+  EXPECT_EQ(m.vocab_size, 48);
+  EXPECT_EQ(m.max_position_embeddings, 64);
+  EXPECT_EQ(m.seq_length, 64);
+  EXPECT_EQ(m.normalization, Normalization::RMSNorm);
+  EXPECT_EQ(m.activation, Activation::SwiGLU);
+  EXPECT_EQ(m.position_embedding, PositionEmbedding::Rope);
+  EXPECT_DOUBLE_EQ(m.rope_theta, 500000.0);
+  EXPECT_DOUBLE_EQ(m.norm_epsilon, 1e-5);
+  EXPECT_FALSE(m.add_bias);
+  EXPECT_FALSE(m.add_qkv_bias);
+  EXPECT_FALSE(m.tie_embeddings);
+
+  const hf::HfModel qwen2 = hf::model_from_config_json(fixture_config("qwen2").dump(), "qwen2");
+  EXPECT_EQ(qwen2.architecture, hf::Architecture::Qwen2);
+  EXPECT_TRUE(qwen2.model.add_qkv_bias);
+  EXPECT_FALSE(qwen2.model.add_bias);
+  EXPECT_TRUE(qwen2.model.tie_embeddings);
+
+  // Mistral: the sequence stays within the sliding window (there full attention equals it).
+  json mistral = fixture_config("mistral");
+  mistral["max_position_embeddings"] = 32768;
+  mistral["sliding_window"] = 1024;
+  const hf::HfModel mis = hf::model_from_config_json(mistral.dump(), "mistral");
+  EXPECT_EQ(mis.architecture, hf::Architecture::Mistral);
+  EXPECT_EQ(mis.model.seq_length, 1024);
+  EXPECT_EQ(mis.model.num_attention_heads, 6);
+
+  const hf::HfModel gpt2 =
+      hf::model_from_config_json(read(fixtures_dir() + "/hf_gpt2_tiny_config.json"), "gpt2");
+  EXPECT_EQ(gpt2.architecture, hf::Architecture::GPT2);
+  EXPECT_EQ(gpt2.model.ffn_hidden_size, 128);
+  EXPECT_EQ(gpt2.model.max_position_embeddings, 16);
+  EXPECT_EQ(gpt2.model.normalization, Normalization::LayerNorm);
+}
+
+TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
+  json j = fixture_config("llama");
+  j["architectures"] = {"GemmaForCausalLM"};
+  EXPECT_THAT(config_error(j), HasSubstr("architectures = [\"GemmaForCausalLM\"]: not supported"));
+  j.erase("architectures");
+  j["model_type"] = "phi3";
+  EXPECT_THAT(config_error(j), HasSubstr("model_type = \"phi3\": not supported"));
+
+  for (const char* type : {"linear", "dynamic", "yarn", "llama3", "longrope"}) {
+    j = fixture_config("llama");
+    j["rope_scaling"] = {{"rope_type", type}, {"factor", 8.0}};
+    EXPECT_THAT(config_error(j),
+                HasSubstr(fmt::format("rope_scaling.rope_type = \"{}\": not implemented", type)));
+  }
+  j = fixture_config("llama");
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // the older spelling
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"linear\": not implemented"));
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "config.json"));
+
+  j = fixture_config("llama");
+  j["hidden_act"] = "gelu";
+  EXPECT_THAT(config_error(j), HasSubstr("hidden_act = \"gelu\": not implemented"));
+  j = fixture_config("llama");
+  j["head_dim"] = 8;
+  EXPECT_THAT(config_error(j), HasSubstr("head_dim = 8: must equal hidden_size / num_attention_heads"));
+  j = fixture_config("llama");
+  j["attention_bias"] = true;
+  EXPECT_THAT(config_error(j), HasSubstr("attention_bias = true: not implemented without the other"));
+  j["mlp_bias"] = true;
+  EXPECT_TRUE(hf::model_from_config_json(j.dump(), "config.json").model.add_bias);
+  j = fixture_config("qwen2");
+  j["use_sliding_window"] = true;
+  EXPECT_THAT(config_error(j),
+              HasSubstr("use_sliding_window = true: sliding-window attention is not implemented"));
+
+  j = fixture_config("llama");
+  j.erase("hidden_size");
+  EXPECT_THAT(config_error(j), HasSubstr("config.json: missing key 'hidden_size'"));
+  j = fixture_config("llama");
+  j["num_hidden_layers"] = "two";
+  EXPECT_THAT(config_error(j), HasSubstr("num_hidden_layers = \"two\": expected an integer"));
+  j = fixture_config("llama");
+  j["num_key_value_heads"] = 3;  // 4 heads do not group into 3
+  EXPECT_THAT(config_error(j), HasSubstr("model.num_attention_heads"));
+  EXPECT_THAT(error_of([] { hf::model_from_config_json("{not json", "config.json"); }),
+              HasSubstr("config.json: not valid JSON"));
+
+  json gpt2 = json::parse(read(fixtures_dir() + "/hf_gpt2_tiny_config.json"));
+  gpt2["activation_function"] = "gelu";
+  EXPECT_THAT(config_error(gpt2), HasSubstr("activation_function = \"gelu\": not implemented"));
+}
+
+Tensors llama_tensors() { return hf::load_folder(fixtures_dir() + "/hf_llama_tiny"); }
+ModelConfig llama_model() {
+  return hf::model_from_config_json(fixture_config("llama").dump(), "config.json").model;
+}
+
+std::string import_error(const Tensors& tensors, const ModelConfig& m) {
+  return error_of([&] { hf::from_hf(tensors, hf::Architecture::Llama, m, "dir"); });
+}
+
+TEST(HfModel, TensorChecksNameTheTensor) {
+  const ModelConfig m = llama_model();
+  const Tensors good = llama_tensors();
+  const Tensors params = hf::from_hf(good, hf::Architecture::Llama, m, "dir");
+  EXPECT_EQ(params.size(), good.size());
+  EXPECT_EQ(params.at("layers.1.attention.key.weight").shape(), (Shape{12, 24}));
+  EXPECT_EQ(params.at("output.weight").shape(), (Shape{48, 24}));
+
+  Tensors t = good;
+  t.erase("model.layers.1.mlp.up_proj.weight");
+  EXPECT_THAT(import_error(t, m), HasSubstr("dir: missing tensor 'model.layers.1.mlp.up_proj.weight'"));
+  t = good;
+  t["model.layers.0.self_attn.q_proj.bias"] = Tensor::zeros({24}, DType::F32);
+  EXPECT_THAT(import_error(t, m), HasSubstr("unexpected tensor 'model.layers.0.self_attn.q_proj.bias' [24]"));
+  t = good;
+  t["model.layers.0.self_attn.k_proj.weight"] = Tensor::zeros({24, 24}, DType::F32);
+  EXPECT_THAT(import_error(t, m), HasSubstr("'model.layers.0.self_attn.k_proj.weight' has shape [24, 24]"));
+  t = good;
+  t["model.norm.weight"] = Tensor::zeros({24}, DType::I32);
+  EXPECT_THAT(import_error(t, m), HasSubstr("'model.norm.weight' has dtype"));
+  t = good;
+  t["model.norm.weight"] = Tensor::zeros({24}, DType::F8E4M3);
+  EXPECT_THAT(import_error(t, m), HasSubstr("fp8 is storage-only"));
+  t = good;
+  t["model.norm.weight"] = good.at("model.norm.weight").clone();
+  t["model.norm.weight"].data<float>()[3] = std::nanf("");
+  EXPECT_THAT(import_error(t, m), HasSubstr("tensor 'model.norm.weight' holds 1 non-finite value(s)"));
+  EXPECT_NO_THROW(hf::from_hf(t, hf::Architecture::Llama, m, "dir", /*allow_nonfinite=*/true));
+
+  // Tied: an lm_head equal to the embedding is accepted (and dropped), a different one is not.
+  ModelConfig tied = m;
+  tied.tie_embeddings = true;
+  t = good;
+  t["lm_head.weight"] = good.at("model.embed_tokens.weight").to(DType::BF16).to(DType::F32);
+  EXPECT_THAT(import_error(t, tied), HasSubstr("'lm_head.weight' differs from 'model.embed_tokens.weight'"));
+  t["lm_head.weight"] = good.at("model.embed_tokens.weight").clone();
+  EXPECT_FALSE(hf::from_hf(t, hf::Architecture::Llama, tied, "dir").count("output.weight"));
+
+  // Back: names, shapes and the requested dtype; a padded vocabulary loses its extra rows.
+  Tensors padded = params;
+  padded["output.weight"] = Tensor::zeros({128, 24}, DType::F32);
+  padded["output.weight"].narrow(0, 0, 48).copy_(params.at("output.weight"));
+  const Tensors back = hf::to_hf(padded, hf::Architecture::Llama, m, DType::BF16);
+  EXPECT_EQ(back.size(), good.size());
+  EXPECT_EQ(back.at("lm_head.weight").shape(), (Shape{48, 24}));
+  EXPECT_EQ(back.at("lm_head.weight").dtype(), DType::BF16);
+}
+
+TEST(HfModel, ShardedFoldersAndTheirIndex) {
+  const Tensors bf16 = hf::load_folder(fixtures_dir() + "/hf_llama_tiny_bf16");
+  EXPECT_EQ(bf16.size(), 21u);
+  EXPECT_EQ(bf16.at("model.layers.0.self_attn.q_proj.weight").dtype(), DType::BF16);
+
+  const TempDir tmp;
+  const std::string config = fixture_config("llama").dump();
+  const Tensors tensors = llama_tensors();
+  hf::save_folder(tmp.str("one"), tensors, config, 5'000'000'000);
+  EXPECT_TRUE(fs::exists(tmp.str("one/model.safetensors")));
+  EXPECT_FALSE(fs::exists(tmp.str("one/model.safetensors.index.json")));
+  EXPECT_THAT(error_of([&] { hf::save_folder(tmp.str("one"), tensors, config, 1000); }),
+              HasSubstr("already holds"));
+
+  // 20 KB shards: every shard but the last is full, none exceeds the limit unless one tensor does.
+  hf::save_folder(tmp.str("many"), tensors, config, 20'000);
+  const json index = json::parse(read(tmp.str("many/model.safetensors.index.json")));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_EQ(files.size(), 3u);
+  EXPECT_TRUE(files.count("model-00001-of-00003.safetensors"));
+  EXPECT_TRUE(files.count("model-00003-of-00003.safetensors"));
+  int64_t total = 0;
+  for (const auto& [name, t] : tensors) total += static_cast<int64_t>(t.nbytes());
+  EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), total);
+  for (const std::string& f : files) EXPECT_LE(fs::file_size(tmp.str("many/" + f)), 20'000u + 4096u) << f;
+  const Tensors loaded = hf::load_folder(tmp.str("many"));
+  ASSERT_EQ(loaded.size(), tensors.size());
+  for (const auto& [name, t] : tensors)
+    EXPECT_EQ(loaded.at(name).to_float_vector(), t.to_float_vector()) << name;
+
+  // An index that names a tensor its shard lacks, a shard with a tensor the index does not list.
+  json broken = index;
+  broken["weight_map"]["model.extra.weight"] = "model-00001-of-00003.safetensors";
+  std::ofstream(tmp.str("many/model.safetensors.index.json")) << broken.dump();
+  EXPECT_THAT(
+      error_of([&] { hf::load_folder(tmp.str("many")); }),
+      HasSubstr(
+          "lists tensor 'model.extra.weight' in model-00001-of-00003.safetensors, which does not hold it"));
+  broken = index;
+  const std::string moved = index["weight_map"].begin().key();
+  broken["weight_map"][moved] = "model-00002-of-00003.safetensors";
+  std::ofstream(tmp.str("many/model.safetensors.index.json")) << broken.dump();
+  EXPECT_THAT(error_of([&] { hf::load_folder(tmp.str("many")); }),
+              HasSubstr("tensor '" + moved + "' is not listed for this file"));
+  broken = index;
+  broken["weight_map"][moved] = "../elsewhere.safetensors";
+  std::ofstream(tmp.str("many/model.safetensors.index.json")) << broken.dump();
+  EXPECT_THAT(error_of([&] { hf::load_folder(tmp.str("many")); }),
+              HasSubstr("expected a file name in the folder"));
+  fs::remove(tmp.str("many/model.safetensors.index.json"));
+  EXPECT_THAT(error_of([&] { hf::load_folder(tmp.str("many")); }),
+              HasSubstr("neither model.safetensors nor model.safetensors.index.json"));
+}
+
+TEST(HfModel, ParsesShardSizes) {
+  EXPECT_EQ(hf::parse_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(hf::parse_size("500MB"), 500'000'000);
+  EXPECT_EQ(hf::parse_size("8kb"), 8'000);
+  EXPECT_EQ(hf::parse_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(hf::parse_size("64MiB"), int64_t{64} << 20);
+  EXPECT_EQ(hf::parse_size("12345"), 12345);
+  EXPECT_EQ(hf::parse_size("100B"), 100);
+  for (const char* bad : {"", "0", "-1", "5XB", "1.5GB", "GB", "99999999999TB"})
+    EXPECT_THAT(error_of([&] { hf::parse_size(bad); }), HasSubstr("size \"")) << bad;
+}
+
+TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
+  for (const char* name : {"llama", "mistral", "qwen2"}) {
+    const hf::HfModel in = hf::model_from_config_json(fixture_config(name).dump(), name);
+    const std::string text = hf::config_json_for(in.model, in.architecture, "bfloat16");
+    const hf::HfModel back = hf::model_from_config_json(text, name);
+    EXPECT_EQ(back.architecture, in.architecture) << name;
+    EXPECT_EQ(config_to_yaml(Config{.model = back.model}), config_to_yaml(Config{.model = in.model})) << name;
+    EXPECT_EQ(json::parse(text)["torch_dtype"], "bfloat16");
+    EXPECT_EQ(hf::architecture_for(in.model),
+              in.architecture == hf::Architecture::Qwen2 ? hf::Architecture::Qwen2 : hf::Architecture::Llama);
+  }
+  // A template keeps the keys we do not own.
+  json templ = fixture_config("mistral");
+  templ["bos_token_id"] = 7;
+  const hf::HfModel mistral = hf::model_from_config_json(templ.dump(), "mistral");
+  const json out =
+      json::parse(hf::config_json_for(mistral.model, hf::Architecture::Mistral, "float32", templ.dump()));
+  EXPECT_EQ(out["bos_token_id"], 7);
+  EXPECT_EQ(out["sliding_window"], 4096);
+  EXPECT_EQ(out["architectures"][0], "MistralForCausalLM");
+  // Qwen2 cannot hold a model without q/k/v biases, nor Llama one with q/k/v biases only.
+  const ModelConfig llama = llama_model();
+  EXPECT_THAT(error_of([&] { hf::config_json_for(llama, hf::Architecture::Qwen2, "float32"); }),
+              HasSubstr("Qwen2ForCausalLM cannot hold this model"));
+  ModelConfig gelu = llama;
+  gelu.activation = Activation::GeLU;
+  EXPECT_THAT(error_of([&] { hf::architecture_for(gelu); }), HasSubstr("not a Llama-family architecture"));
+}
+
+}  // namespace
+}  // namespace parallel
