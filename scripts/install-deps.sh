@@ -3,6 +3,7 @@
 # Works as root and as a user (through sudo). docs/dependencies.md says why each package is here.
 #   --with-torch   also install python3-torch (only needed to regenerate the PyTorch fixtures)
 #   --with-plots   also install python3-matplotlib (only needed by scripts/plot_metrics.py)
+#   --with-fuzz    also install clang and its sanitizer/libFuzzer runtimes (only for scripts/fuzz.sh)
 set -euo pipefail
 
 packages=(
@@ -19,6 +20,10 @@ packages=(
 # Plots of runs (scripts/plot_metrics.py): matplotlib brings ~35 packages (SciPy, Tk, fonts), so
 # it is opt-in; the test plot_metrics skips without it.
 [[ " $* " == *" --with-plots "* ]] && packages+=(python3-matplotlib)
+# Fuzzing (scripts/fuzz.sh): libclang-rt-14-dev holds libFuzzer and the ASan/UBSan runtimes; it is
+# only recommended by clang, and recommendations are not installed. ctest replays the corpora
+# without any of this.
+[[ " $* " == *" --with-fuzz "* ]] && packages+=(clang libclang-rt-14-dev)
 
 missing=()
 for p in "${packages[@]}"; do

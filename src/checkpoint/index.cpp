@@ -1,6 +1,7 @@
 // index.json: the table of contents of one step directory (format in docs/checkpoints.md), the
 // per-rank manifests save() gathers to build it, and file verification against it.
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -26,13 +27,48 @@ json shard_to_json(const ShardEntry& s) {
           {"shape", s.box.shape}};
 }
 
+// An integer field in [lo, hi]. nlohmann's get<int>() would convert 1e300 or -1 without a word
+// (a float out of range is even undefined behaviour).
+int64_t json_int(const json& v, const std::string& where, const std::string& what, int64_t lo, int64_t hi) {
+  const bool in_int64 = v.is_number_integer() &&
+                        (!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX));
+  if (!in_int64) PARALLEL_FAIL("checkpoint: {}: {} is not a 64-bit integer: {}", where, what, v.dump());
+  const auto x = v.get<int64_t>();
+  if (x < lo || x > hi) PARALLEL_FAIL("checkpoint: {}: {} = {} is outside [{}, {}]", where, what, x, lo, hi);
+  return x;
+}
+
+std::vector<int64_t> json_dims(const json& v, const std::string& where, const std::string& what) {
+  if (!v.is_array()) PARALLEL_FAIL("checkpoint: {}: {} is not an array: {}", where, what, v.dump());
+  std::vector<int64_t> dims;
+  for (const json& d : v) dims.push_back(json_int(d, where, what + " entry", 0, INT64_MAX));
+  return dims;
+}
+
 ShardEntry shard_from_json(const json& j, const std::string& where) {
   ShardEntry s;
   s.file = j.at("file").get<std::string>();
   s.dtype = parse_dtype(j.at("dtype").get<std::string>(), where);
-  s.box.offset = j.at("offset").get<std::vector<int64_t>>();
-  s.box.shape = j.at("shape").get<Shape>();
+  s.box.offset = json_dims(j.at("offset"), where, "shard offset");
+  s.box.shape = json_dims(j.at("shape"), where, "shard shape");
   return s;
+}
+
+// The element count of `shape`, refusing shapes whose non-zero dimensions multiply past int64 (a
+// tensor's strides are such products, so they must fit even when a zero makes it empty).
+int64_t checked_numel(const Shape& shape, const std::string& where, const std::string& name) {
+  int64_t extent = 1;
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(extent, d, &extent))
+      PARALLEL_FAIL("checkpoint: {}: tensor '{}': shape {} overflows a 64-bit element count", where, name,
+                    shape_str(shape));
+  }
+  return empty ? 0 : extent;
 }
 
 }  // namespace
@@ -106,7 +142,10 @@ std::string index_to_json(const Index& index) {
 
 void validate_index(const Index& index, const std::string& where) {
   for (const auto& [name, t] : index.tensors) {
-    int64_t covered = 0;
+    for (int64_t d : t.global_shape)
+      PARALLEL_CHECK(d >= 0, "checkpoint: {}: tensor '{}' has a negative dimension in global shape {}", where,
+                     name, shape_str(t.global_shape));
+    const int64_t numel = checked_numel(t.global_shape, where, name);
     for (const ShardEntry& s : t.shards) {
       PARALLEL_CHECK(index.files.count(s.file) == 1, "checkpoint: {}: tensor '{}' names unlisted file '{}'",
                      where, name, s.file);
@@ -116,12 +155,12 @@ void validate_index(const Index& index, const std::string& where) {
           "checkpoint: {}: tensor '{}': a shard in {} has offset {} / shape {} for global shape {}", where,
           name, s.file, shape_str(b.offset), shape_str(b.shape), shape_str(t.global_shape));
       for (std::size_t d = 0; d < b.shape.size(); ++d)
-        PARALLEL_CHECK(b.offset[d] >= 0 && b.shape[d] >= 0 && b.offset[d] + b.shape[d] <= t.global_shape[d],
+        PARALLEL_CHECK(b.offset[d] >= 0 && b.shape[d] >= 0 && b.offset[d] <= t.global_shape[d] &&
+                           b.shape[d] <= t.global_shape[d] - b.offset[d],
                        "checkpoint: {}: tensor '{}': shard in {} at offset {} shape {} lies outside global "
                        "shape {}",
                        where, name, s.file, shape_str(b.offset), shape_str(b.shape),
                        shape_str(t.global_shape));
-      covered += b.numel();
     }
     // Pairwise: the shards of one tensor are its tensor-parallel pieces (few), not one per rank.
     for (std::size_t i = 0; i < t.shards.size(); ++i)
@@ -134,11 +173,14 @@ void validate_index(const Index& index, const std::string& where) {
             where, name, t.shards[i].file, shape_str(t.shards[i].box.offset), t.shards[j].file,
             shape_str(t.shards[j].box.offset), shape_str(common.offset), shape_str(common.shape));
       }
-    // Disjoint boxes inside the tensor tile it exactly when their volumes add up.
-    PARALLEL_CHECK(covered == shape_numel(t.global_shape),
+    // Disjoint boxes inside the tensor tile it exactly when their volumes add up (and, disjoint
+    // inside it, their sum cannot pass its element count).
+    int64_t covered = 0;
+    for (const ShardEntry& s : t.shards) covered += s.box.numel();
+    PARALLEL_CHECK(covered == numel,
                    "checkpoint: {}: tensor '{}' of shape {}: its shards cover {} of {} elements: is "
                    "replica_writer false on every copy of some piece?",
-                   where, name, shape_str(t.global_shape), covered, shape_numel(t.global_shape));
+                   where, name, shape_str(t.global_shape), covered, numel);
   }
 }
 
@@ -150,19 +192,29 @@ Index read_index(const std::string& step_dir) {
     const json j = json::parse(text);
     PARALLEL_CHECK(j.at("format").get<std::string>() == kFormat, "checkpoint: {}: format is '{}', not '{}'",
                    path, j.at("format").get<std::string>(), kFormat);
-    const int version = j.at("version").get<int>();
-    PARALLEL_CHECK(version == kFormatVersion, "checkpoint: {}: format version {}, this build reads {}", path,
-                   version, kFormatVersion);
-    index.step = j.at("step").get<int64_t>();
-    index.world_size = j.at("world_size").get<int>();
+    const json& version = j.at("version");
+    if (!version.is_number_integer() || version.get<int64_t>() != kFormatVersion)
+      PARALLEL_FAIL("checkpoint: {}: format version {}, this build reads {}", path, version.dump(),
+                    kFormatVersion);
+    index.step = json_int(j.at("step"), path, "step", 0, INT64_MAX);
+    index.world_size = static_cast<int>(json_int(j.at("world_size"), path, "world_size", 1, INT32_MAX));
     index.layout_json = j.at("layout").dump();
     index.extras_json = j.at("extras").dump();
-    for (const auto& [name, f] : j.at("files").items())
-      index.files[name] = {f.at("rank").get<int>(), f.at("bytes").get<uint64_t>(),
-                           parse_crc_hex(f.at("crc32c").get<std::string>(), path)};
+    for (const auto& [name, f] : j.at("files").items()) {
+      // A data file lies in the step directory: a name with a path in it would reach outside.
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+          name.find('\0') != std::string::npos)
+        PARALLEL_FAIL("checkpoint: {}: file name '{}' is not a plain file name in the step directory", path,
+                      name);
+      const int rank = static_cast<int>(
+          json_int(f.at("rank"), path, "files['" + name + "'].rank", 0, index.world_size - 1));
+      const auto bytes =
+          static_cast<uint64_t>(json_int(f.at("bytes"), path, "files['" + name + "'].bytes", 0, INT64_MAX));
+      index.files[name] = {rank, bytes, parse_crc_hex(f.at("crc32c").get<std::string>(), path)};
+    }
     for (const auto& [name, t] : j.at("tensors").items()) {
       TensorEntry e;
-      e.global_shape = t.at("global_shape").get<Shape>();
+      e.global_shape = json_dims(t.at("global_shape"), path, "tensor '" + name + "' global_shape");
       for (const json& s : t.at("shards")) e.shards.push_back(shard_from_json(s, path));
       index.tensors[name] = std::move(e);
     }

@@ -160,11 +160,16 @@ Header read_header(int fd, const std::string& path) {
           path, name, dtype.dump());
     const auto& shape = info["shape"];
     if (!shape.is_array()) PARALLEL_FAIL("safetensors: {}: tensor '{}': shape is not an array", path, name);
+    // The product of the non-zero dimensions must fit int64 even when a zero makes the tensor
+    // empty: the tensor's strides are such products ([0, 2^62, 2^62] has a stride of 2^124).
     uint64_t numel = 1;
+    uint64_t extent = 1;
     for (const auto& d : shape) {
       const uint64_t n = json_uint(d, path, "tensor '" + name + "' shape entry");
-      if (n > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, n, &numel))
-        PARALLEL_FAIL("safetensors: {}: tensor '{}': shape {} overflows", path, name, shape.dump());
+      if (n != 0 && (__builtin_mul_overflow(extent, n, &extent) || extent > static_cast<uint64_t>(INT64_MAX)))
+        PARALLEL_FAIL("safetensors: {}: tensor '{}': shape {} overflows a 64-bit element count", path, name,
+                      shape.dump());
+      numel *= n;
       e.shape.push_back(static_cast<int64_t>(n));
     }
     const auto& offsets = info["data_offsets"];

@@ -399,3 +399,17 @@ TEST_F(SafetensorsCorruption, DuplicateTensorNameIsRefused) {
                              R"("a":{"dtype":"F32","shape":[3],"data_offsets":[16,28]}})";
   expect_corrupt(join(header, raw_.data), "tensor 'a' appears twice");
 }
+
+TEST_F(SafetensorsCorruption, ShapeWhoseStridesOverflowIsRefusedEvenWhenEmpty) {
+  // UBSan under the fuzz target (fuzz/corpus/safetensors_header/crash-shape-zero-times-huge-strides):
+  // a zero dimension makes the tensor empty, so its byte count checked out, but the strides of
+  // [0, 2^62, 2^62] overflow int64 when the tensor is made.
+  RawFile r = raw_;
+  r.header["z"] = {{"dtype", "F32"}, {"shape", {0, 1ull << 62, 1ull << 62}}, {"data_offsets", {28, 28}}};
+  expect_corrupt(join(r), "tensor 'z': shape [0,4611686018427387904,4611686018427387904] overflows");
+  // A zero next to the largest dimension is fine: every stride fits.
+  r.header["z"]["shape"] = {INT64_MAX, 0};
+  const std::string ok = path("ok.safetensors");
+  write_file(ok, join(r));
+  EXPECT_EQ(safetensors::load(ok).at("z").shape(), (Shape{INT64_MAX, 0}));
+}
