@@ -6,8 +6,11 @@
 // with one line naming it (exit 2). Metrics go to <train.output_dir>/metrics.jsonl.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "parallel/config.hpp"
+#include "parallel/memory_plan.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/trainer.hpp"
 
@@ -18,6 +21,12 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_file, "YAML config (see docs/configuration.md)")
       ->check(CLI::ExistingFile);
   app.add_option("--set", overrides, "override one key: section.key=value (repeatable)");
+  bool plan_only = false, no_memory_check = false;
+  app.add_flag("--plan", plan_only,
+               "write every rank's memory plan to <train.output_dir>/plan.json, print it and exit without "
+               "training (docs/memory.md)");
+  app.add_flag("--no-memory-check", no_memory_check,
+               "train even when the memory plan says the largest rank does not fit");
   app.footer("Config keys:\n" + parallel::config_reference());
   try {
     app.parse(argc, argv);
@@ -30,7 +39,23 @@ int main(int argc, char** argv) {
   }
   return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
     const parallel::Config config = parallel::load_config(config_file, overrides, rt.world_size());
-    parallel::Trainer trainer(config, rt.world());
+    if (plan_only) {
+      const parallel::MemoryPlan plan = parallel::plan_memory(config, rt.world_size());
+      if (rt.rank() == 0) {
+        const std::filesystem::path dir(config.train.output_dir);
+        std::filesystem::create_directories(dir);
+        std::ofstream(dir / "plan.json") << parallel::memory_plan_json(plan);
+        const parallel::MemoryLimit limit = parallel::host_memory_limit(rt.launch().local_size);
+        std::printf("%s", parallel::memory_plan_table(plan).c_str());
+        if (limit.bytes > 0)
+          std::printf("limit: %.2f GiB per rank (%s): %s\n", static_cast<double>(limit.bytes) / (1 << 30),
+                      limit.source.c_str(),
+                      plan.largest().peak_bytes <= limit.bytes ? "fits" : "does NOT fit");
+        std::printf("wrote %s\n", (dir / "plan.json").string().c_str());
+      }
+      return 0;
+    }
+    parallel::Trainer trainer(config, rt.world(), {.check_memory = !no_memory_check});
     trainer.train();
     return 0;
   });

@@ -33,6 +33,16 @@ struct BufferOptions {
   bool distributed_optimizer = false;
 };
 
+// Where each unit (a parameter, or the parameters of one fused storage) lands in the buffers: the
+// layout rule alone, without tensors, so that the memory plan (memory_plan.hpp) sizes the buffers
+// exactly as the constructor below lays them out. `unit_numels` in layout order.
+struct BufferLayout {
+  std::vector<int64_t> unit_offsets;   // first element of each unit
+  std::vector<int64_t> bucket_numels;  // padded sizes, in order
+  int64_t numel = 0;                   // padded total
+};
+BufferLayout layout_buffer(const std::vector<int64_t>& unit_numels, const BufferOptions& options);
+
 struct Bucket {
   int index = 0;
   int64_t offset = 0;              // first element in the buffers

@@ -28,7 +28,8 @@ struct StepMetrics {
   double peak_flops_per_rank = 0.0;  // the peak MFU is measured against (FLOP/s); 0: unknown
   double loss_scale = 0.0;           // fp16 only; 0 otherwise
   int64_t host_reads = 0;            // host reads of tensor values this step, max over ranks (tensor.hpp)
-  bool skipped = false;              // fp16 overflow: the update was skipped
+  int64_t mem_peak_bytes = 0;  // allocator high-water mark since start, max over ranks (memory_plan.hpp)
+  bool skipped = false;        // fp16 overflow: the update was skipped
 };
 
 // Appends one JSON object per line, each in one write() so a killed run keeps its history and a

@@ -21,11 +21,18 @@
 
 namespace parallel {
 
+struct TrainerOptions {
+  // Refuse, before anything is allocated, a run whose memory plan (memory_plan.hpp) does not fit in
+  // what the largest rank can use (ConfigError, one line).
+  bool check_memory = true;
+};
+
 class Trainer {
  public:
-  // Collective over `world`: builds the groups, this rank's model chunks, data, DDP and optimizer,
-  // and loads checkpoint.load if set. `config` must have been validated for world.size() ranks.
-  Trainer(const Config& config, MpiCommunicator& world);
+  // Collective over `world`: checks the memory plan, builds the groups, this rank's model chunks,
+  // data, DDP and optimizer, and loads checkpoint.load if set. `config` must have been validated for
+  // world.size() ranks.
+  Trainer(const Config& config, MpiCommunicator& world, TrainerOptions options = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -37,7 +44,11 @@ class Trainer {
   // Mean token loss over train.eval_steps global batches of the validation split (dropout off).
   double evaluate();
 
-  int64_t step() const;                             // optimizer steps done
+  int64_t step() const;  // optimizer steps done
+  // This rank's tensor-allocator high-water mark (bytes) since the trainer was constructed: what
+  // the memory plan's allocator_bytes predicts; metrics.jsonl's mem_peak_bytes is its maximum over
+  // the ranks.
+  int64_t measured_peak_bytes() const;
   const std::vector<StepMetrics>& history() const;  // metrics of the steps this object trained
 
  private:

@@ -41,7 +41,8 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
                       {"step_time_ms", number(m.step_time_ms)},
                       {"mfu", number(m.mfu)},
                       {"peak_flops_per_rank", number(m.peak_flops_per_rank)},
-                      {"host_reads", m.host_reads}};
+                      {"host_reads", m.host_reads},
+                      {"mem_peak_bytes", m.mem_peak_bytes}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.skipped) j["skipped"] = true;
   return out_.append(j.dump());

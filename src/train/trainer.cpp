@@ -5,8 +5,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 
+#include "parallel/allocator.hpp"
 #include "parallel/checkpoint.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/finalize_grads.hpp"
@@ -15,6 +17,7 @@
 #include "parallel/hardware_peak.hpp"
 #include "parallel/log.hpp"
 #include "parallel/lr_schedule.hpp"
+#include "parallel/memory_plan.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
@@ -76,6 +79,21 @@ Device select_device(const TrainConfig& train) {
   return Device::cuda(discover_launch_from_environment().local_rank % count);
 }
 
+// What the largest rank may use, the same figure on every rank (the smallest any rank sees), so that
+// all refuse or none does. Host memory: MemAvailable and the cgroup's room, shared by the ranks on
+// the node.
+MemoryLimit agreed_memory_limit(Communicator& world) {
+  MemoryLimit limit = host_memory_limit(discover_launch_from_environment().local_size);
+  Tensor t = Tensor::full({1}, 0.0, DType::I64);
+  t.data<int64_t>()[0] = limit.bytes > 0 ? limit.bytes : std::numeric_limits<int64_t>::max();
+  world.all_reduce(t, ReduceOp::Min);
+  const int64_t agreed = t.data<int64_t>()[0];
+  if (agreed == std::numeric_limits<int64_t>::max()) return {};
+  if (agreed != limit.bytes) limit.source = "the smallest figure over the ranks";
+  limit.bytes = agreed;
+  return limit;
+}
+
 // The DDP bookkeeping the executor must not know about: only the last micro-batch's backward of a
 // chunk makes its gradients final (and may start their bucket's reduction).
 class DataParallelAwareModel final : public pipeline::PipelineModel {
@@ -119,6 +137,13 @@ struct Trainer::Impl {
   double flops_per_token = 0;
   double peak_flops = 0;  // per rank, for MFU; 0: unknown (MFU reported as 0)
   std::vector<StepMetrics> history;
+  // This rank's allocator high-water mark since the trainer started. The executor resets the
+  // allocator's peak at every run, so it is read before each run and after each step.
+  int64_t measured_peak = 0;
+  void sample_peak() {
+    measured_peak =
+        std::max(measured_peak, static_cast<int64_t>(allocator_for(device).stats().peak_allocated));
+  }
 
   Impl(const Config& config, MpiCommunicator& w)
       : cfg(config), world(w), device(select_device(config.train)) {}
@@ -145,14 +170,6 @@ struct Trainer::Impl {
     if (counts) sum.copy_(model->loss_sum());  // device -> host bytes; read once below
     world.all_reduce(sum);
     return sum.to_float_vector()[0] / static_cast<double>(tokens_per_batch());
-  }
-
-  // The largest value over all ranks: a host-side all-reduce of a host number (no tensor value is
-  // read back from a device here, so it is not itself a host read).
-  int64_t max_over_ranks(int64_t v) {
-    Tensor t = Tensor::full({1}, static_cast<double>(v), DType::F32);
-    world.all_reduce(t, ReduceOp::Max);
-    return static_cast<int64_t>(t.data<float>()[0]);
   }
 
   // At each log line: every rank's mean busy time per step (host floats, one small all-gather over
@@ -183,15 +200,20 @@ struct Trainer::Impl {
   }
 };
 
-Trainer::Trainer(const Config& config, MpiCommunicator& world)
+Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions trainer_options)
     : impl_(std::make_unique<Impl>(config, world)) {
   Impl& m = *impl_;
   const Config& c = m.cfg;
+  allocator_for(m.device).reset_peak();
   // The watchdog's deadline for every blocking communication wait from here on (communicator.hpp).
   set_comm_timeout(c.train.comm_timeout_s);
   // Before anything is built: an unwritable output or checkpoint directory fails now, not at the
   // first save hours later. Every rank probes (checkpoint shards are written by every rank).
   check_output_dirs(c, "rank" + std::to_string(world.rank()));
+  // The memory plan, before anything is allocated: a run that cannot fit ends now with one line
+  // naming the total, the limit, the biggest term and its keys (memory_plan.hpp).
+  if (trainer_options.check_memory)
+    check_memory_plan(plan_memory(c, world.size()), agreed_memory_limit(m.world));
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
   // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
   m.state = std::make_unique<ParallelState>(world, grid, m.device);
@@ -305,6 +327,10 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world)
 Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
+int64_t Trainer::measured_peak_bytes() const {
+  impl_->sample_peak();
+  return impl_->measured_peak;
+}
 const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }
 
 double Trainer::evaluate() {
@@ -314,6 +340,7 @@ double Trainer::evaluate() {
   double total = 0;
   for (int i = 0; i < m.cfg.train.eval_steps; ++i) {
     m.model->start_forward_only(m.data_of(*m.valid_data, i));
+    m.sample_peak();
     m.eval_executor->run(*m.model);
     total += m.global_mean_loss();
   }
@@ -349,12 +376,19 @@ int64_t Trainer::train() {
     m.model->start_step(m.data_of(*m.train_data, t),
                         Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
+    m.sample_peak();
     m.executor->run(driver);
     finalize_grads(m.parameters(), *m.state);
     m.ddp->finish_grad_sync();
     const StepResult result = m.optimizer->step(lr);
     const double loss = m.global_mean_loss();
-    const int64_t reads = m.max_over_ranks(host_reads() - reads_before);
+    m.sample_peak();
+    // Host reads of this step and the allocator's peak so far, each the largest over the ranks.
+    Tensor maxima = Tensor::zeros({2}, DType::I64);
+    maxima.data<int64_t>()[0] = host_reads() - reads_before;
+    maxima.data<int64_t>()[1] = m.measured_peak;
+    m.world.all_reduce(maxima, ReduceOp::Max);
+    const int64_t reads = maxima.data<int64_t>()[0];
     ++m.step;
 
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -371,6 +405,7 @@ int64_t Trainer::train() {
     s.mfu = m.peak_flops > 0 ? m.flops_per_token * s.tokens_per_sec / (m.peak_flops * m.world.size()) : 0.0;
     s.skipped = result.skipped;
     s.host_reads = reads;
+    s.mem_peak_bytes = maxima.data<int64_t>()[1];
     s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
     m.history.push_back(s);
 

@@ -1,0 +1,81 @@
+#pragma once
+// The memory plan: every rank's peak bytes, from the configuration and the layout alone, before
+// anything is allocated (docs/memory.md).
+//
+// A rank's peak is the sum of
+//   parameters     the DDP parameter buffer (fp32, or the 16-bit copy under bf16/fp16), padded as
+//                  ParamAndGradBuffer pads it (layout_buffer, grad_buffer.hpp)
+//   gradients      the fp32 gradient buffer
+//   optimizer      exp_avg, exp_avg_sq (+ fp32 main weights under bf16/fp16): the whole buffer, or
+//                  this rank's shard of every bucket with the distributed optimizer
+//   activations    what the micro-batches in flight keep for their backward at the peak moment,
+//                  walking this rank's real schedule (make_schedule: 1F1B, interleaved) with the
+//                  recompute policy, precision and sequence-parallel split of the model's layers
+//   communication  pipeline receive buffers and sends still in flight
+//   workspace      the transient tensors of the forward or backward running at the peak moment
+//                  (logits gradient, attention scratch, gathered sequences, ...)
+//   schedule       the executors' action lists and message orders (host memory, outside the
+//                  tensor allocator; grows with the number of micro-batches)
+// where the peak moment is the action of the schedule at which the sum is largest.
+//
+// The plan follows the layers' allocation pattern (src/model, src/tp); the test memory_plan checks
+// it against the allocator's measured peak on every rank of tp, pp, interleaved, dp with the
+// distributed optimizer, recompute none/selective/full and bf16 layouts (within 10 %).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/config.hpp"
+
+namespace parallel {
+
+struct MemoryTerm {
+  std::string name;  // parameters, gradients, optimizer, activations, communication, workspace, schedule
+  int64_t bytes = 0;
+  std::string keys;  // the configuration keys that drive it, for messages
+};
+
+struct RankMemoryPlan {
+  int rank = 0;  // world rank
+  int tp = 0, pp = 0, dp = 0;
+  std::vector<MemoryTerm> terms;
+  int64_t peak_bytes = 0;  // sum of the terms
+  // Bytes that come from the device's tensor allocator (everything but `schedule`): what
+  // memory_stats().peak_allocated measures.
+  int64_t allocator_bytes = 0;
+  const MemoryTerm& biggest() const;
+};
+
+struct MemoryPlan {
+  std::vector<RankMemoryPlan> ranks;  // by world rank
+  const RankMemoryPlan& largest() const;
+};
+
+// The plan of every rank of a job of `world_size` ranks; `config` must be validated for it.
+// Pure arithmetic: no tensor is allocated, and it is fast for any config that validates (the
+// schedule walk is capped: the in-flight pattern repeats after the warm-up).
+MemoryPlan plan_memory(const Config& config, int world_size);
+
+// The plan as JSON: {"world_size": N, "largest_rank": r, "ranks": [{"rank": 0, "tp": .., "pp": ..,
+// "dp": .., "parameters": bytes, ..., "peak_bytes": bytes}, ...]}.
+std::string memory_plan_json(const MemoryPlan& plan);
+// One line per distinct pipeline rank (ranks of one pipeline stage have the same plan) with every
+// term in MiB and the peak.
+std::string memory_plan_table(const MemoryPlan& plan);
+
+// What this rank may use. Host: the smaller of MemAvailable (/proc/meminfo) and the cgroup's room
+// (v2 memory.max - memory.current, v1 memory.limit_in_bytes - memory.usage_in_bytes), divided by
+// `ranks_on_node`. GPU (`cuda`): the device's free memory. `source` says where the figure came from.
+struct MemoryLimit {
+  int64_t bytes = 0;  // <= 0: unknown (no check)
+  std::string source;
+};
+MemoryLimit host_memory_limit(int ranks_on_node);
+
+// Throws ConfigError with one line when `plan`'s largest rank needs more than `limit`:
+//   memory plan: rank 3 needs 81.20 GiB at its peak, more than the 3.52 GiB it can use (14.08 GiB
+//   MemAvailable shared by 4 ranks); biggest term: activations 80.10 GiB (model.seq_length, ...);
+//   see pretrain_gpt --plan
+void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit);
+
+}  // namespace parallel

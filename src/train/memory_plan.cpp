@@ -1,0 +1,583 @@
+// The memory plan (memory_plan.hpp, docs/memory.md): static buffers from the DDP layout rule, and
+// activations from a walk over this rank's real schedule in which every forward and backward
+// allocates and frees what the model's layers allocate and free, in the same order.
+#include "parallel/memory_plan.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+
+#include "parallel/communicator.hpp"
+#include "parallel/error.hpp"
+#include "parallel/gpt_model.hpp"
+#include "parallel/grad_buffer.hpp"
+#include "parallel/parallel_state.hpp"
+#include "parallel/pipeline.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "parallel/precision.hpp"
+
+namespace parallel {
+namespace {
+
+int64_t to_bytes(double b) {
+  // Absurd configurations overflow int64 in the products; the plan says "more than ever fits".
+  constexpr double kMax = 4.0e18;
+  return static_cast<int64_t>(std::llround(std::min(std::max(b, 0.0), kMax)));
+}
+
+// ---- parameters ---------------------------------------------------------------------------------
+
+// One chunk's parameter units (a parameter, or the parts of one fused storage) in registration
+// order, as the layers create them (src/model, src/tp): embedding, position table, per layer
+// input_norm, fused q|k|v weight and bias, proj, post_attention_norm, fc1 (fused gate|up), fc2,
+// then final_norm and the output weight.
+std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp) {
+  const int64_t h = m.hidden_size, heads = m.num_attention_heads;
+  const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const int64_t d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+  const int64_t nq = heads / tp * d, nkv = groups / tp * d, f = ffn / tp;
+  const int64_t f1 = m.activation == Activation::SwiGLU ? 2 * f : f;
+  const bool layernorm = m.normalization == Normalization::LayerNorm;
+  const int64_t vocab_local = padded_vocab_size(m.vocab_size, tp) / tp;
+  std::vector<int64_t> units;
+  auto norm = [&] {
+    units.push_back(h);
+    if (layernorm) units.push_back(h);
+  };
+  if (spec.pre_process) {
+    units.push_back(vocab_local * h);
+    if (m.position_embedding == PositionEmbedding::Learned)
+      units.push_back((m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length) * h);
+  }
+  for (int i = 0; i < spec.num_layers; ++i) {
+    norm();
+    units.push_back((nq + 2 * nkv) * h);
+    if (m.add_bias || m.add_qkv_bias) units.push_back(nq + 2 * nkv);
+    units.push_back(h * nq);
+    if (m.add_bias) units.push_back(h);
+    norm();
+    units.push_back(f1 * h);
+    if (m.add_bias) units.push_back(f1);
+    units.push_back(h * f);
+    if (m.add_bias) units.push_back(h);
+  }
+  if (spec.post_process) {
+    norm();
+    if (!(m.tie_embeddings && spec.pre_process)) units.push_back(vocab_local * h);
+  }
+  return units;
+}
+
+// Bytes of optimizer state per element of the state tensors: exp_avg and exp_avg_sq, and the
+// fp32 main weights under bf16/fp16. Extension point for optimizer.sharding (issue 14): ZeRO-2/3
+// shard the gradient (and parameter) buffers as well; their per-parameter bytes belong here and
+// in the gradients / parameters terms of plan_static.
+double optimizer_bytes_per_element(Precision precision) { return precision == Precision::FP32 ? 8.0 : 12.0; }
+
+struct StaticBytes {
+  double parameters = 0, gradients = 0, optimizer = 0;
+};
+
+StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks) {
+  std::vector<int64_t> units;
+  for (const GPTChunkSpec& spec : chunks)
+    for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor)) units.push_back(u);
+  std::reverse(units.begin(), units.end());  // the buffer's layout order (grad_buffer.hpp)
+  BufferOptions options;
+  options.param_dtype = compute_dtype(c.train.precision);
+  options.bucket_size = c.optimizer.bucket_size;
+  options.data_parallel_size = c.parallel.data;
+  options.distributed_optimizer = c.optimizer.distributed;
+  const BufferLayout layout = layout_buffer(units, options);
+  double state = 0;
+  if (c.optimizer.distributed) {
+    for (int64_t b : layout.bucket_numels)
+      state += static_cast<double>(chunk_of(b, c.parallel.data, 0).count);
+  } else {
+    state = static_cast<double>(layout.numel);
+  }
+  StaticBytes s;
+  s.parameters = static_cast<double>(layout.numel) * static_cast<double>(dtype_size(options.param_dtype));
+  s.gradients = static_cast<double>(layout.numel) * 4.0;
+  s.optimizer = state * optimizer_bytes_per_element(c.train.precision);
+  return s;
+}
+
+// ---- activations --------------------------------------------------------------------------------
+
+enum Kind { kActivations = 0, kCommunication = 1, kWorkspace = 2 };
+
+// Live bytes by kind and the split at the moment the total was largest.
+struct Tracker {
+  std::array<double, 3> now{}, at_peak{};
+  double peak = 0;
+  void alloc(Kind k, double n) {
+    now[k] += n;
+    const double total = now[0] + now[1] + now[2];
+    if (total > peak) {
+      peak = total;
+      at_peak = now;
+    }
+  }
+  void free(Kind k, double n) { now[k] -= n; }
+  // A tensor that lives only inside one call.
+  void touch(Kind k, double n) {
+    alloc(k, n);
+    free(k, n);
+  }
+  // `n` more runs of what `one` recorded from empty (identical layers): the largest total is at the
+  // last run when a run leaves bytes behind, else at the first. O(1) for any n.
+  void repeat(const Tracker& one, int n) {
+    if (n <= 0) return;
+    const double net = one.now[0] + one.now[1] + one.now[2];
+    const double k = net >= 0 ? n - 1 : 0;
+    const double total = now[0] + now[1] + now[2] + k * net + one.peak;
+    if (total > peak) {
+      peak = total;
+      for (int i = 0; i < 3; ++i) at_peak[i] = now[i] + k * one.now[i] + one.at_peak[i];
+    }
+    for (int i = 0; i < 3; ++i) now[i] += n * one.now[i];
+  }
+};
+
+// One rank's per-micro-batch tensor sizes (bytes) for one chunk's layers.
+struct Dims {
+  double e = 4;             // activation element (the compute dtype)
+  double T = 0, Tl = 0;     // tokens of a micro-batch: s * b, and this rank's s-shard (SP) * b
+  double h = 0;             // hidden
+  double nq = 0, nkv = 0;   // local query / key-value widths (heads / tp * head_dim)
+  double heads = 0;         // local query heads
+  double f = 0, f1 = 0;     // local ffn width, fc1 output width (2f for swiglu)
+  double vocab = 0;         // local padded vocabulary
+  double norm_stats = 8;    // fp32 bytes per row: mean + rstd (layernorm), rstd (rmsnorm)
+  double attn_scratch = 0;  // the CPU attention kernel's per-thread tiles
+  // 16-bit attention runs widened to fp32 (kernels/cpu/attention.cpp): transient fp32 copies.
+  double attn_widen_fwd = 0, attn_widen_bwd = 0;
+  bool sp = false;
+  bool tp_gt1 = false;
+
+  double X() const { return Tl * h * e; }    // an activation between layers
+  double full() const { return T * h * e; }  // the same, gathered along s
+  double qkv() const { return T * (nq + 2 * nkv) * e; }
+  double core() const { return T * (2 * nq + 2 * nkv) * e + 4.0 * T * heads; }  // q, k, v, out, lse
+};
+
+Dims chunk_dims(const Config& c) {
+  const ModelConfig& m = c.model;
+  const int tp = c.parallel.tensor;
+  Dims d;
+  d.e = static_cast<double>(dtype_size(compute_dtype(c.train.precision)));
+  d.sp = c.parallel.sequence_parallel && tp > 1;
+  d.tp_gt1 = tp > 1;
+  const double s = m.seq_length, b = c.train.micro_batch_size;
+  d.T = s * b;
+  d.Tl = (d.sp ? s / tp : s) * b;
+  d.h = m.hidden_size;
+  const double heads = m.num_attention_heads;
+  const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const double head_dim = d.h / heads;
+  d.heads = heads / tp;
+  d.nq = heads / tp * head_dim;
+  d.nkv = groups / tp * head_dim;
+  d.f = (m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4.0 * d.h) / tp;
+  d.f1 = m.activation == Activation::SwiGLU ? 2 * d.f : d.f;
+  d.vocab = static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp;
+  d.norm_stats = m.normalization == Normalization::LayerNorm ? 8 : 4;
+  // kernels/cpu/attention.cpp: 64 x 64 tiles, forward and backward scratch per OpenMP thread.
+  const double tile = 64;
+  d.attn_scratch =
+      std::max(1, omp_get_max_threads()) * (2 * head_dim * tile + 2 * tile * tile + 2 * tile * head_dim) * 4;
+  if (d.e != 4) {
+    d.attn_widen_fwd = 4 * d.T * (d.nq + d.nq + 2 * d.nkv);  // fp32 output; q, k, v
+    d.attn_widen_bwd = 4 * d.T * (4 * d.nq + 4 * d.nkv);     // dq, dk, dv; dout, q, k, v, out
+  }
+  return d;
+}
+
+// One transformer layer (src/model/transformer_layer.cpp, attention.cpp, mlp.cpp, norm.cpp and the
+// tp linears), tensor by tensor. `keep` is where the tensors the backward needs go: kActivations
+// when the forward keeps them, kWorkspace when they are rebuilt (full recompute) and dropped.
+// Returns nothing; the layer's output (one X, kActivations) stays allocated.
+void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Kind out_kind) {
+  // norm1: output a, row statistics.
+  t.alloc(d.sp ? kWorkspace : keep, d.X());  // a: the qkv linear's saved input unless gathered
+  t.alloc(keep, d.Tl * d.norm_stats);
+  if (d.sp) t.alloc(keep, d.full());  // qkv input gathered along s
+  t.alloc(kWorkspace, d.qkv());       // qkv projection output
+  t.alloc(keep, d.core());            // q, k, v, out, lse
+  t.touch(kWorkspace, d.attn_scratch + d.attn_widen_fwd);
+  // proj: the partial product, reduce-scattered under SP.
+  if (d.sp) {
+    t.alloc(kWorkspace, d.full());
+    t.alloc(keep, d.X());  // x2
+    t.free(kWorkspace, d.full());
+  } else {
+    t.alloc(keep, d.X());  // x2 (all-reduced in place)
+  }
+  if (keep_core) {
+    t.free(kWorkspace, d.qkv());
+  } else {  // selective: qkv is kept, the core is rebuilt in the backward
+    t.free(kWorkspace, d.qkv());
+    t.alloc(keep, d.qkv());
+    t.free(keep, d.core());
+  }
+  // norm2, fc1, activation, fc2.
+  t.alloc(d.sp ? kWorkspace : keep, d.X());  // m
+  t.alloc(keep, d.Tl * d.norm_stats);
+  if (d.sp) t.alloc(keep, d.full());  // fc1 input gathered
+  t.alloc(keep, d.T * d.f1 * d.e);    // pre-activation
+  t.alloc(keep, d.T * d.f * d.e);     // activation (fc2's saved input)
+  if (d.sp) {
+    t.alloc(kWorkspace, d.full());
+    t.alloc(out_kind, d.X());
+    t.free(kWorkspace, d.full());
+    t.free(kWorkspace, 2 * d.X());  // the norms' outputs a and m, locals of the forward
+  } else {
+    t.alloc(out_kind, d.X());
+  }
+}
+
+// What layer_forward_impl keeps for the backward (not the output).
+double layer_context(const Dims& d, bool keep_core) {
+  double ctx = d.X() + 2 * d.Tl * d.norm_stats + d.T * (d.f1 + d.f) * d.e;  // x2, stats, pre, act
+  ctx += 2 * (d.sp ? d.full() : d.X());                                     // linear inputs
+  ctx += keep_core ? d.core() : d.qkv();
+  return ctx;
+}
+
+void layer_forward(Tracker& t, const Dims& d, Recompute rc) {
+  if (rc != Recompute::Full) {
+    layer_forward_impl(t, d, kActivations, rc == Recompute::None, kActivations);
+    return;
+  }
+  layer_forward_impl(t, d, kWorkspace, true, kActivations);
+  t.free(kWorkspace, layer_context(d, true));
+}
+
+// The layer's backward with dy (one X, kWorkspace) live; leaves dx (one X, kWorkspace) in its place.
+// Frees the layer's context; the input and output activations are the caller's.
+void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
+  Kind ctx = kActivations;
+  if (rc == Recompute::Full) {
+    layer_forward_impl(t, d, kWorkspace, true, kWorkspace);
+    t.free(kWorkspace, d.X());  // the recomputed output is dropped at once
+    ctx = kWorkspace;
+  }
+  const Kind core_kind = rc == Recompute::None ? kActivations : kWorkspace;
+  const double lin_in = d.sp ? d.full() : d.X();
+  // MLP: fc2 (gathers dy under SP), the activation's backward, fc1 (reduce-scatters dx under SP).
+  if (d.sp) t.alloc(kWorkspace, d.full());
+  t.alloc(kWorkspace, d.T * d.f * d.e);  // du
+  t.free(ctx, d.T * d.f * d.e);          // fc2's saved input
+  if (d.sp) t.free(kWorkspace, d.full());
+  t.alloc(kWorkspace, d.T * d.f1 * d.e);  // dpre
+  t.free(ctx, d.T * d.f1 * d.e);          // pre
+  t.alloc(kWorkspace, d.full());          // fc1's dx
+  if (d.sp) {
+    t.alloc(kWorkspace, d.X());
+    t.free(kWorkspace, d.full());
+  }
+  t.free(ctx, lin_in);                           // fc1's saved input
+  t.free(kWorkspace, d.T * (d.f + d.f1) * d.e);  // du, dpre
+  t.alloc(kWorkspace, d.X());                    // norm2's dx (dx2)
+  t.free(ctx, d.X() + d.Tl * d.norm_stats);      // x2, stats
+  // Attention: selective rebuilds the core from the kept qkv.
+  if (rc == Recompute::Selective) {
+    t.alloc(kWorkspace, d.core());
+    t.touch(kWorkspace, d.attn_scratch + d.attn_widen_fwd);
+    t.free(kActivations, d.qkv());
+  }
+  if (d.sp) t.alloc(kWorkspace, d.full());
+  t.alloc(kWorkspace, d.T * d.nq * d.e);  // dout
+  if (d.sp) t.free(kWorkspace, d.full());
+  t.alloc(kWorkspace, d.qkv());                                                  // dq, dk, dv
+  t.touch(kWorkspace, 4.0 * d.T * d.heads + d.attn_scratch + d.attn_widen_bwd);  // row sums, tiles
+  t.free(rc == Recompute::Selective ? kWorkspace : (rc == Recompute::Full ? kWorkspace : core_kind),
+         d.core());
+  t.alloc(kWorkspace, d.qkv());   // dqkv
+  t.alloc(kWorkspace, d.full());  // qkv's dx
+  if (d.sp) {
+    t.alloc(kWorkspace, d.X());
+    t.free(kWorkspace, d.full());
+  }
+  t.free(ctx, lin_in + d.Tl * d.norm_stats);           // qkv's saved input, norm1's statistics
+  t.free(kWorkspace, d.T * d.nq * d.e + 2 * d.qkv());  // dout, dq|dk|dv, dqkv
+  t.alloc(kWorkspace, d.X());                          // norm1's dx
+  // Locals dm, dx2, da go; dx stays (dy is freed by the caller).
+  t.free(kWorkspace, 3 * d.X());
+}
+
+void chunk_forward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompute rc) {
+  if (spec.pre_process) {
+    t.alloc(kActivations, 4 * d.T);  // tokens (kept by the embedding)
+    t.alloc(kWorkspace, 4 * d.T);    // targets of the data batch
+    if (d.sp) {
+      t.alloc(kWorkspace, d.full());
+      t.alloc(kActivations, d.X());
+      t.free(kWorkspace, d.full());
+    } else {
+      t.alloc(kActivations, d.X());
+    }
+  }
+  Tracker layer;
+  layer_forward(layer, d, rc);
+  t.repeat(layer, spec.num_layers);
+  if (spec.post_process) {
+    if (!spec.pre_process) t.alloc(kWorkspace, 8 * d.T);  // the data batch (tokens, targets)
+    t.alloc(d.sp ? kWorkspace : kActivations, d.X());     // final norm output
+    t.alloc(kActivations, d.Tl * d.norm_stats);
+    if (d.sp) t.alloc(kActivations, d.full());   // output layer input gathered
+    t.alloc(kActivations, d.T * d.vocab * d.e);  // logits
+    t.alloc(kActivations, 4 * d.T);              // targets in (s, b) order
+    t.alloc(kActivations, 12 * d.T);             // row max, target logit, sum of exponentials
+    t.touch(kWorkspace, 4 * d.T);                // per-token losses
+    if (d.sp) t.free(kWorkspace, d.X());
+    t.free(kWorkspace, 8 * d.T);
+  } else {
+    if (spec.pre_process) t.free(kWorkspace, 4 * d.T);
+    // The output is not kept: it goes to the next stage (the walk counts it until sent).
+    t.free(kActivations, d.X());
+  }
+}
+
+// Bytes a chunk keeps per micro-batch from its forward to its backward (input included).
+double chunk_kept(const Dims& d, const GPTChunkSpec& spec, Recompute rc) {
+  Tracker t;
+  chunk_forward(t, d, spec, rc);
+  return t.now[kActivations] + (spec.pre_process ? 0.0 : d.X());  // the received input is the executor's
+}
+
+// Backward of a chunk with its kept tensors live. Frees them; leaves the input gradient (non-first
+// global stage: one X, kCommunication, sent by the caller) or nothing.
+void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompute rc, double kept) {
+  double freed = 0;
+  auto free_kept = [&](double n) {
+    t.free(kActivations, n);
+    freed += n;
+  };
+  if (spec.post_process) {
+    t.alloc(kWorkspace, 4 * d.T);               // the loss gradient
+    t.alloc(kWorkspace, d.T * d.vocab * d.e);   // dlogits
+    free_kept(d.T * d.vocab * d.e + 16 * d.T);  // logits, targets, row statistics
+    t.alloc(kWorkspace, d.full());              // output layer's dx
+    if (d.sp) {
+      t.alloc(kWorkspace, d.X());
+      t.free(kWorkspace, d.full());
+    }
+    free_kept(d.sp ? d.full() : d.X());                 // output layer input
+    t.alloc(kWorkspace, d.X());                         // final norm's dx
+    t.free(kWorkspace, d.X());                          // the output layer's
+    free_kept(d.X() + d.Tl * d.norm_stats);             // last layer output, statistics
+    t.free(kWorkspace, 4 * d.T + d.T * d.vocab * d.e);  // the loss gradient and dlogits: block locals
+  } else {
+    t.alloc(kCommunication, d.X());  // received output gradient
+  }
+  const double per_layer = rc == Recompute::Full ? 0.0 : layer_context(d, rc == Recompute::None);
+  // The last layer first (it consumes the chunk's output gradient), then the others, alike.
+  auto one_layer = [&](Tracker& on, bool frees_dy) {
+    layer_backward(on, d, rc);
+    on.free(kActivations, d.X());  // the layer's input goes with its context
+    if (frees_dy) on.free(kWorkspace, d.X());
+  };
+  if (spec.num_layers > 0) {
+    // The received output gradient stays with the executor until the chunk's backward ends.
+    one_layer(t, spec.post_process);
+    Tracker rest;
+    one_layer(rest, true);
+    t.repeat(rest, spec.num_layers - 1);
+    freed += spec.num_layers * (per_layer + d.X());
+  }
+  if (spec.pre_process && d.sp) t.touch(kWorkspace, d.full());  // gathered gradient for the lookup
+  // Whatever the forward kept that the walk above did not name (tokens, the odd statistic).
+  const double rest = kept - freed;
+  if (std::abs(rest) > 0) t.free(kActivations, rest);
+  // dx: the input gradient to send (until its send completes), or dropped on the first stage.
+  t.free(kWorkspace, d.X());
+  if (!spec.pre_process) t.alloc(kCommunication, d.X());
+  if (!spec.post_process) t.free(kCommunication, d.X());  // the received output gradient
+}
+
+struct ScheduleWalk {
+  double peak = 0;
+  std::array<double, 3> at_peak{};
+};
+
+ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chunks, int pp_rank,
+                           int micro_batches) {
+  const int p = c.parallel.pipeline, v = c.parallel.virtual_stages;
+  const Dims d = chunk_dims(c);
+  const Recompute rc = c.train.recompute;
+  // The in-flight pattern repeats after the warm-up: a few groups of micro-batches show the peak.
+  int m = micro_batches;
+  if (m > 4 * p) m = 4 * p;
+  const pipeline::ScheduleParams params{p, pp_rank, m, v};
+  const pipeline::Schedule schedule = pipeline::make_schedule(params);
+  std::vector<double> kept(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) kept[i] = chunk_kept(d, chunks[i], rc);
+
+  Tracker t;
+  double pending_sends = 0;  // sends still in flight while the next action computes
+  const int last = p * v - 1;
+  for (const pipeline::Action& a : schedule) {
+    const GPTChunkSpec& spec = chunks[static_cast<std::size_t>(a.chunk)];
+    const int g = pipeline::global_stage(p, pp_rank, a.chunk);
+    switch (a.op) {
+      case pipeline::Op::RecvForward:
+        t.alloc(kActivations, d.X());  // becomes the chunk's saved input
+        break;
+      case pipeline::Op::RecvBackward:
+        break;  // allocated inside chunk_backward
+      case pipeline::Op::Forward: {
+        chunk_forward(t, d, spec, rc);
+        if (g != last) t.alloc(kCommunication, d.X());  // the output, until its send completes
+        t.free(kCommunication, pending_sends);
+        pending_sends = 0;
+        break;
+      }
+      case pipeline::Op::Backward: {
+        chunk_backward(t, d, spec, rc, kept[static_cast<std::size_t>(a.chunk)]);
+        t.free(kCommunication, pending_sends);
+        pending_sends = 0;
+        break;
+      }
+      case pipeline::Op::SendForward:
+      case pipeline::Op::SendBackward:
+        pending_sends += d.X();
+        break;
+    }
+  }
+  t.free(kCommunication, pending_sends);
+  return {t.peak, t.at_peak};
+}
+
+// The executors' action lists and message orders (train and evaluation), host memory.
+double schedule_bytes(const Config& c, int micro_batches) {
+  const double mv = static_cast<double>(micro_batches) * c.parallel.virtual_stages;
+  const bool pipelined = c.parallel.pipeline > 1;
+  const double actions = mv * (pipelined ? 6 : 2) + mv * (pipelined ? 3 : 1);
+  const double keys = pipelined ? 3 * mv : 0;
+  constexpr double kKeyBytes = 12;  // PipelineExecutor's message key: a flag and two ints
+  return actions * sizeof(pipeline::Action) + keys * kKeyBytes;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024 * 1024)); }
+
+}  // namespace
+
+const MemoryTerm& RankMemoryPlan::biggest() const {
+  PARALLEL_CHECK(!terms.empty(), "memory plan: rank {} has no terms", rank);
+  return *std::max_element(terms.begin(), terms.end(),
+                           [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes < b.bytes; });
+}
+
+const RankMemoryPlan& MemoryPlan::largest() const {
+  PARALLEL_CHECK(!ranks.empty(), "memory plan: no ranks");
+  return *std::max_element(ranks.begin(), ranks.end(), [](const RankMemoryPlan& a, const RankMemoryPlan& b) {
+    return a.peak_bytes < b.peak_bytes;
+  });
+}
+
+MemoryPlan plan_memory(const Config& c, int world_size) {
+  const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline);
+  const int dp = grid.sizes().data;
+  const int micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
+  const std::string activation_keys =
+      c.parallel.pipeline > 1
+          ? "model.num_layers, model.seq_length, train.micro_batch_size, model.hidden_size, "
+            "parallel.pipeline, train.recompute"
+          : "model.num_layers, model.seq_length, train.micro_batch_size, model.hidden_size, train.recompute";
+  const std::string static_keys =
+      "model.num_layers, model.hidden_size, model.vocab_size, parallel.tensor, "
+      "parallel.pipeline";
+
+  std::map<int, RankMemoryPlan> by_stage;  // ranks of one pipeline stage have the same plan
+  for (int pp = 0; pp < c.parallel.pipeline; ++pp) {
+    const auto chunks = pipeline::stage_layout({.num_layers = c.model.num_layers,
+                                                .pipeline_size = c.parallel.pipeline,
+                                                .virtual_stages = c.parallel.virtual_stages,
+                                                .first_stage_layers = c.parallel.first_stage_layers,
+                                                .last_stage_layers = c.parallel.last_stage_layers},
+                                               pp);
+    const StaticBytes s = plan_static(c, chunks);
+    const ScheduleWalk walk = walk_schedule(c, chunks, pp, micro_batches);
+    RankMemoryPlan r;
+    r.pp = pp;
+    r.terms = {
+        {"parameters", to_bytes(s.parameters), static_keys + ", train.precision"},
+        {"gradients", to_bytes(s.gradients), static_keys},
+        {"optimizer", to_bytes(s.optimizer), static_keys + ", optimizer.distributed, train.precision"},
+        {"activations", to_bytes(walk.at_peak[kActivations]), activation_keys},
+        {"communication", to_bytes(walk.at_peak[kCommunication]),
+         "model.seq_length, train.micro_batch_size, model.hidden_size"},
+        {"workspace", to_bytes(walk.at_peak[kWorkspace]),
+         "model.seq_length, train.micro_batch_size, model.vocab_size, model.ffn_hidden_size"},
+        {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
+         "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
+    };
+    for (const MemoryTerm& term : r.terms) {
+      r.peak_bytes += term.bytes;
+      if (term.name != "schedule") r.allocator_bytes += term.bytes;
+    }
+    by_stage[pp] = std::move(r);
+  }
+  MemoryPlan plan;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const Coord coord = grid.coord(rank);
+    RankMemoryPlan r = by_stage.at(coord.pp);
+    r.rank = rank;
+    r.tp = coord.tp;
+    r.dp = coord.dp;
+    plan.ranks.push_back(std::move(r));
+  }
+  return plan;
+}
+
+std::string memory_plan_json(const MemoryPlan& plan) {
+  std::string out = fmt::format("{{\"world_size\": {}, \"largest_rank\": {}, \"ranks\": [", plan.ranks.size(),
+                                plan.ranks.empty() ? -1 : plan.largest().rank);
+  for (std::size_t i = 0; i < plan.ranks.size(); ++i) {
+    const RankMemoryPlan& r = plan.ranks[i];
+    out += fmt::format("{}\n  {{\"rank\": {}, \"tp\": {}, \"pp\": {}, \"dp\": {}", i == 0 ? "" : ",", r.rank,
+                       r.tp, r.pp, r.dp);
+    for (const MemoryTerm& t : r.terms) out += fmt::format(", \"{}\": {}", t.name, t.bytes);
+    out += fmt::format(", \"peak_bytes\": {}}}", r.peak_bytes);
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+std::string memory_plan_table(const MemoryPlan& plan) {
+  if (plan.ranks.empty()) return "";
+  std::string out = "memory plan (MiB per rank)\n  pp";
+  for (const MemoryTerm& t : plan.ranks.front().terms) out += fmt::format(" {:>13}", t.name);
+  out += fmt::format(" {:>13}\n", "peak");
+  std::map<int, const RankMemoryPlan*> stages;
+  for (const RankMemoryPlan& r : plan.ranks) stages.emplace(r.pp, &r);
+  for (const auto& [pp, r] : stages) {
+    out += fmt::format("  {:>2}", pp);
+    for (const MemoryTerm& t : r->terms) out += fmt::format(" {:>13.2f}", t.bytes / 1048576.0);
+    out += fmt::format(" {:>13.2f}\n", r->peak_bytes / 1048576.0);
+  }
+  const RankMemoryPlan& big = plan.largest();
+  out += fmt::format("largest: rank {} (pp {}), {}; biggest term {} ({})\n", big.rank, big.pp,
+                     gib(static_cast<double>(big.peak_bytes)), big.biggest().name,
+                     gib(static_cast<double>(big.biggest().bytes)));
+  return out;
+}
+
+void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit) {
+  if (limit.bytes <= 0 || plan.ranks.empty()) return;
+  const RankMemoryPlan& big = plan.largest();
+  if (big.peak_bytes <= limit.bytes) return;
+  const MemoryTerm& term = big.biggest();
+  throw ConfigError(fmt::format(
+      "memory plan: rank {} needs {} at its peak, more than the {} it can use ({}); biggest term: {} {} "
+      "({}); see pretrain_gpt --plan",
+      big.rank, gib(static_cast<double>(big.peak_bytes)), gib(static_cast<double>(limit.bytes)), limit.source,
+      term.name, gib(static_cast<double>(term.bytes)), term.keys));
+}
+
+}  // namespace parallel
