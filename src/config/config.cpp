@@ -614,7 +614,14 @@ void validate_config(Config& c, int world_size) {
 
   // 0 means "the usual default"; filling it in here keeps every consumer from re-deriving it.
   if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
-  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.ffn_hidden_size == 0) {
+    // 4 * hidden_size must itself be an int (it was signed overflow for hidden_size >= 2^29).
+    rules.require(m.hidden_size <= std::numeric_limits<int>::max() / 4, m.hidden_size,
+                  fmt::format("must be <= {} when {} is 0 (it defaults to 4 * {})",
+                              std::numeric_limits<int>::max() / 4, rules.key(m.ffn_hidden_size),
+                              rules.key(m.hidden_size)));
+    m.ffn_hidden_size = 4 * m.hidden_size;
+  }
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
 
   // Model shape against tensor parallelism.
@@ -653,7 +660,8 @@ void validate_config(Config& c, int world_size) {
                   fmt::format("must be 1 when {} or {} is set", rules.key(p.first_stage_layers),
                               rules.key(p.last_stage_layers)));
     int other_stages = p.pipeline - (p.first_stage_layers > 0) - (p.last_stage_layers > 0);
-    int remaining = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+    // 64-bit: both explicit counts may be up to INT_MAX.
+    const long long remaining = 1LL * m.num_layers - p.first_stage_layers - p.last_stage_layers;
     std::string given =
         fmt::format("{} ({}) and {} ({})", rules.key(p.first_stage_layers), p.first_stage_layers,
                     rules.key(p.last_stage_layers), p.last_stage_layers);

@@ -631,5 +631,21 @@ TEST(ConfigStrict, RawBytesOfABinaryFileAreEscapedInMessages) {
   EXPECT_THAT(parse_error("model:\n  " + accented + "e: 8\n"), HasSubstr(accented + "e"));
 }
 
+// Inputs the config fuzz target (fuzz/config_yaml.cpp) keeps as regressions: the derived values
+// used to be computed in int and overflow (undefined behaviour) before any rule could refuse them.
+TEST(ConfigErrors, DerivedSizesThatOverflowAreRefused) {
+  EXPECT_THAT(override_error({"model.hidden_size=1073741824", "model.num_attention_heads=1"}),
+              HasSubstr("config: model.hidden_size = 1073741824: must be <= 536870911 when "
+                        "model.ffn_hidden_size is 0 (it defaults to 4 * model.hidden_size)"));
+  // An explicit ffn_hidden_size lifts the limit.
+  EXPECT_NO_THROW(parse_config(
+      "", {"model.hidden_size=1073741824", "model.num_attention_heads=1", "model.ffn_hidden_size=1024"}, 1));
+  EXPECT_THAT(
+      override_error({"model.num_layers=1", "parallel.pipeline=3", "parallel.first_stage_layers=2147483647",
+                      "parallel.last_stage_layers=2147483647"},
+                     3),
+      HasSubstr("the remaining layers (-4294967293) must split evenly over the other stages (1)"));
+}
+
 }  // namespace
 }  // namespace parallel
