@@ -1,5 +1,7 @@
 // Throughput of the tiled CPU attention on GPT-2 small shapes per rank: hq = hkv = 12 heads of
-// d = 64, causal, 1024 tokens per step as 4 x 256 or 1 x 1024.
+// d = 64, causal, 1024 tokens per step as 4 x 256 or 1 x 1024, in fp32 and bf16 (the third
+// argument: 0 fp32, 1 bf16; bf16 runs on AVX512-BF16 dot products where the CPU has them, else
+// widened to fp32, and the label says which).
 //
 //   OMP_NUM_THREADS=2 ./bench_attention_cpu [benchmark flags]
 //
@@ -25,12 +27,12 @@ namespace {
 constexpr int64_t kHeads = 12, kHeadDim = 64;
 constexpr bool kCausal = true;
 
-Tensor random_tensor(const Shape& shape, uint32_t seed) {
+Tensor random_tensor(const Shape& shape, uint32_t seed, DType dt) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
   for (float& x : v) x = dist(gen);
-  return Tensor::from_vector(v, shape);
+  return Tensor::from_vector(v, shape).to(dt);
 }
 
 template <typename F>
@@ -49,55 +51,66 @@ double forward_flops(int64_t s, int64_t b) {
 struct Inputs {
   Tensor q, k, v, out, lse, dout, dq, dk, dv;
   float scale;
-  Inputs(int64_t s, int64_t b) {
+  Inputs(int64_t s, int64_t b, DType dt) {
     const Shape shape{s, b, kHeads, kHeadDim};
-    q = random_tensor(shape, 1);
-    k = random_tensor(shape, 2);
-    v = random_tensor(shape, 3);
-    dout = random_tensor(shape, 4);
-    out = Tensor::zeros(shape, DType::F32);
+    q = random_tensor(shape, 1, dt);
+    k = random_tensor(shape, 2, dt);
+    v = random_tensor(shape, 3, dt);
+    dout = random_tensor(shape, 4, dt);
+    out = Tensor::zeros(shape, dt);
     lse = Tensor::zeros({b, kHeads, s}, DType::F32);
-    dq = Tensor::zeros(shape, DType::F32);
-    dk = Tensor::zeros(shape, DType::F32);
-    dv = Tensor::zeros(shape, DType::F32);
+    dq = Tensor::zeros(shape, dt);
+    dk = Tensor::zeros(shape, dt);
+    dv = Tensor::zeros(shape, dt);
     scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   }
 };
 
-void label(benchmark::State& state, int64_t s, int64_t b) {
+DType dtype_arg(const benchmark::State& state) { return state.range(2) ? DType::BF16 : DType::F32; }
+
+void label(benchmark::State& state, int64_t s, int64_t b, const Tensor& q) {
+  const std::string path = ops::attention_implementation(q.dtype(), q.size(3));
   state.SetLabel("s=" + std::to_string(s) + " b=" + std::to_string(b) + " hq=" + std::to_string(kHeads) +
-                 " d=" + std::to_string(kHeadDim) + (kCausal ? " causal" : ""));
+                 " d=" + std::to_string(kHeadDim) + (kCausal ? " causal " : " ") + path);
 }
 
 void BM_AttentionForward(benchmark::State& state) {
   const int64_t s = state.range(0), b = state.range(1);
-  Inputs x(s, b);
+  Inputs x(s, b, dtype_arg(state));
   const double seconds =
       timed_loop(state, [&] { ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, kCausal, x.scale); });
   state.counters["GFLOP/s"] =
       benchmark::Counter(forward_flops(s, b) * static_cast<double>(state.iterations()) / seconds / 1e9);
-  label(state, s, b);
+  label(state, s, b, x.q);
 }
 
 void BM_AttentionBackward(benchmark::State& state) {
   const int64_t s = state.range(0), b = state.range(1);
-  Inputs x(s, b);
+  Inputs x(s, b, dtype_arg(state));
   ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, kCausal, x.scale);
   const double seconds = timed_loop(state, [&] {
     ops::attention_backward(x.dout, x.q, x.k, x.v, x.out, x.lse, x.dq, x.dk, x.dv, kCausal, x.scale);
   });
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.5 * forward_flops(s, b) * static_cast<double>(state.iterations()) / seconds / 1e9);
-  label(state, s, b);
+  label(state, s, b, x.q);
 }
 
 }  // namespace
 
-// {s, b}: 1024 tokens either way.
-BENCHMARK(BM_AttentionForward)->Args({256, 4})->Args({1024, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
+// {s, b, bf16}: 1024 tokens either way.
+BENCHMARK(BM_AttentionForward)
+    ->Args({256, 4, 0})
+    ->Args({256, 4, 1})
+    ->Args({1024, 1, 0})
+    ->Args({1024, 1, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionBackward)
-    ->Args({256, 4})
-    ->Args({1024, 1})
+    ->Args({256, 4, 0})
+    ->Args({256, 4, 1})
+    ->Args({1024, 1, 0})
+    ->Args({1024, 1, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

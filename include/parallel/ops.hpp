@@ -117,16 +117,20 @@ void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stre
 // (grouped-query attention: query head i uses kv head i / (hq / hkv)); out: [s, b, hq, d];
 // lse: [b, hq, s] fp32, the log-sum-exp of each query row's scaled scores, saved for the backward.
 //
-// Dtypes: q, k, v, out (and dout, dq, dk, dv) share the activation dtype; lse is fp32. 16-bit
-// inputs are widened per tile and the online softmax runs in fp32; CUDA runs 16-bit inputs on the
-// tensor-core kernels (head dims 64 and 128), which round the probabilities and dS to 16 bits
-// before their products, as FlashAttention does.
+// Dtypes: q, k, v, out (and dout, dq, dk, dv) share the activation dtype; lse is fp32. The scores,
+// the online softmax and every accumulator are fp32. bf16 on a CPU with AVX512-BF16, and 16-bit
+// inputs on CUDA's tensor-core kernels (head dims 64 and 128), multiply 16-bit operands and round
+// the probabilities and dS to 16 bits before their products, as FlashAttention does; elsewhere
+// 16-bit inputs are widened and computed in fp32 (attention_implementation says which).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        bool causal, float softmax_scale, Stream stream = {});
 // dq, dk, dv are written (not accumulated); dk, dv sum over the query heads that share them.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale, Stream stream = {});
+// Which CPU attention kernel runs for `dtype` with head dim `head_dim` on this machine: "fp32",
+// "bf16 on avx512_bf16 dot products" or "widened to fp32". For logs and benchmarks.
+std::string attention_implementation(DType dtype, int64_t head_dim);
 
 // ---- embedding and loss -----------------------------------------------------------------------
 

@@ -16,24 +16,17 @@
 #include <cstring>
 #include <limits>
 
+#include "cpu/attention_tiles.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/vec_math.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel::cpu {
-namespace {
-
-// 64 x 64 tiles: a score tile is 16 KiB, so the tile, the transposed key block and a 64-row
-// accumulator stay in L2 together for d up to 128.
-constexpr int64_t kBr = 64;  // query rows per tile
-constexpr int64_t kBc = 64;  // keys per tile
+namespace attention_tiles {
 
 #define PARALLEL_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
 
-// s[j] = exp(scale * s[j] - shift) for j < valid, 0 for valid <= j < cols; returns the sum.
-// Forward: shift is the running max (unnormalised probabilities); backward: shift is the row's
-// lse (the probabilities themselves).
 PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols, float scale, float shift) {
   for (int64_t j = 0; j < valid; j++) s[j] = clamp_exp_arg(scale * s[j] - shift);
   float sum = 0.0f;
@@ -46,13 +39,36 @@ PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols
   return sum;
 }
 
-// Max of scale * s[j] over j < valid (-inf when valid == 0).
 PARALLEL_HOT float scaled_row_max(const float* __restrict s, int64_t valid, float scale) {
   float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < valid; j++) mx = std::max(mx, scale * s[j]);
   return mx;
 }
+
+PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale,
+                                   float D) {
+  for (int64_t j = 0; j < cols; j++) dp[j] = scale * p[j] * (dp[j] - D);
+}
+
+Dims attention_dims(const Tensor& q, const Tensor& k) {
+  Dims x;
+  x.sq = q.size(0);
+  x.B = q.size(1);
+  x.hq = q.size(2);
+  x.d = q.size(3);
+  x.sk = k.size(0);
+  x.hkv = k.size(2);
+  PARALLEL_CHECK(x.hkv > 0 && x.hq % x.hkv == 0, "hq = {} is not a multiple of hkv = {}", x.hq, x.hkv);
+  x.group = x.hq / x.hkv;
+  return x;
+}
+
+}  // namespace attention_tiles
+
+namespace {
+
+using namespace attention_tiles;
 
 // C[m, n] += sum_k A(m, k) * B[k, n] with A(m, k) = A[m * a_rs + k * a_cs], so the same routine
 // computes A @ B (a_cs = 1) and A^T @ B (a_rs = 1). This is the plain version, for the edges the
@@ -121,13 +137,6 @@ PARALLEL_HOT void matmul_acc(float* __restrict C, int64_t ldc, const float* __re
     matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
 }
 
-// Backward: dS = scale * P * (dP - D), in place in dp. Masked entries have P = 0, hence dS = 0.
-// The softmax scale is folded in here once instead of into both dK and dQ.
-PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale,
-                                   float D) {
-  for (int64_t j = 0; j < cols; j++) dp[j] = scale * p[j] * (dp[j] - D);
-}
-
 // kT[kk, j] = rows[j][kk]: the key (or value) block transposed to [d, Bc], so that the score tile
 // Q @ K^T becomes a plain A @ B whose inner loop runs along the keys.
 void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t row_stride, int64_t cols,
@@ -138,37 +147,15 @@ void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t
   }
 }
 
-// Number of keys [j0, j0 + cols) that query row qi may attend to; causal attention is a prefix.
-inline int64_t visible_keys(bool causal, int64_t qi, int64_t j0, int64_t cols) {
-  if (!causal) return cols;
-  return std::clamp<int64_t>(qi - j0 + 1, 0, cols);
-}
-
-struct Dims {
-  int64_t sq, sk, B, hq, hkv, d, group;
-};
-
-Dims attention_dims(const Tensor& q, const Tensor& k) {
-  Dims x;
-  x.sq = q.size(0);
-  x.B = q.size(1);
-  x.hq = q.size(2);
-  x.d = q.size(3);
-  x.sk = k.size(0);
-  x.hkv = k.size(2);
-  PARALLEL_CHECK(x.hkv > 0 && x.hq % x.hkv == 0, "hq = {} is not a multiple of hkv = {}", x.hq, x.hkv);
-  x.group = x.hq / x.hkv;
-  return x;
-}
-
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        bool causal, float softmax_scale) {
+  if (attention_bf16_supported(q)) return attention_forward_bf16(q, k, v, out, lse, causal, softmax_scale);
   if (q.dtype() != DType::F32) {
-    // 16-bit inputs: widened whole, computed in fp32, the output narrowed once. The tiles are
-    // what a fused 16-bit kernel would widen; doing it up front costs one fp32 copy of q, k, v
-    // per call (docs/benchmarks.md lists it among the known costs).
+    // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): widened whole, computed in fp32, the output
+    // narrowed once. The tiles are what a fused 16-bit kernel would widen; doing it up front costs one fp32
+    // copy of q, k, v per call (docs/benchmarks.md lists it among the known costs).
     Tensor o32 = Tensor::empty(out.shape(), DType::F32);
     attention_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), o32, lse, causal, softmax_scale);
     out.copy_(o32);
@@ -260,6 +247,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale) {
+  if (attention_bf16_supported(q))
+    return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
   if (q.dtype() != DType::F32) {
     Tensor dq32 = Tensor::empty(dq.shape(), DType::F32), dk32 = Tensor::empty(dk.shape(), DType::F32),
            dv32 = Tensor::empty(dv.shape(), DType::F32);

@@ -43,7 +43,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight);
 
-// ---- attention (rope.cpp; attention.cpp) ---------------------------------------------------
+// ---- attention (rope.cpp; attention.cpp, attention_bf16.cpp) -------------------------------
 void rope_forward(Tensor& x, int64_t position_offset, float theta);
 void rope_backward(Tensor& dx, int64_t position_offset, float theta);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -51,6 +51,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale);
+// The bf16 kernels on AVX512-BF16 dot products, which attention_* dispatch to where supported
+// (bf16 tensors, even head dim, a CPU with AVX512-BF16): P and dS are rounded to bf16 before
+// their products, as in FlashAttention.
+bool attention_bf16_supported(const Tensor& q);
+void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                            bool causal, float softmax_scale);
+void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                             bool causal, float softmax_scale);
 
 // ---- embedding and loss (embedding.cpp, cross_entropy.cpp) ---------------------------------
 void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out);

@@ -430,6 +430,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
 
+std::string attention_implementation(DType dtype, int64_t head_dim) {
+  if (dtype == DType::F32) return "fp32";
+  const Tensor probe = Tensor::empty({1, 1, 1, head_dim}, dtype);
+  return cpu::attention_bf16_supported(probe) ? "bf16 on avx512_bf16 dot products" : "widened to fp32";
+}
+
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale, Stream stream) {
