@@ -34,7 +34,13 @@ int64_t to_bytes(double b) {
 // order, as the layers create them (src/model, src/tp): embedding, position table, per layer
 // input_norm, fused q|k|v weight and bias, proj, post_attention_norm, fc1 (fused gate|up), fc2,
 // then final_norm and the output weight.
-std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp) {
+// Very deep chunks (more than kExactLayers layers) count each layer as one unit of its aligned span:
+// the same total but for where a bucket closes inside a layer (at most one bucket's padding each),
+// and the plan stays fast and small for a million layers.
+constexpr int kExactLayers = 4096;
+
+std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp,
+                                           bool distributed) {
   const int64_t h = m.hidden_size, heads = m.num_attention_heads;
   const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const int64_t d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
@@ -52,7 +58,8 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
     if (m.position_embedding == PositionEmbedding::Learned)
       units.push_back((m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length) * h);
   }
-  for (int i = 0; i < spec.num_layers; ++i) {
+  const std::size_t before_layers = units.size();
+  for (int i = 0; i < std::min(spec.num_layers, 1); ++i) {
     norm();
     units.push_back((nq + 2 * nkv) * h);
     if (m.add_bias || m.add_qkv_bias) units.push_back(nq + 2 * nkv);
@@ -63,6 +70,19 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
     if (m.add_bias) units.push_back(f1);
     units.push_back(h * f);
     if (m.add_bias) units.push_back(h);
+  }
+  // Every layer has the units of the first one.
+  const std::vector<int64_t> layer(units.begin() + static_cast<std::ptrdiff_t>(before_layers), units.end());
+  units.resize(before_layers);
+  if (spec.num_layers > kExactLayers && !layer.empty()) {
+    // The span one layer takes in the buffer (laid out in reverse): every unit but the last placed
+    // (the first registered) ends on a 64-element boundary with the distributed optimizer.
+    int64_t span = 0;
+    for (std::size_t i = 0; i < layer.size(); ++i)
+      span += distributed && i > 0 ? (layer[i] + 63) / 64 * 64 : layer[i];
+    units.insert(units.end(), static_cast<std::size_t>(spec.num_layers), span);
+  } else {
+    for (int i = 0; i < spec.num_layers; ++i) units.insert(units.end(), layer.begin(), layer.end());
   }
   if (spec.post_process) {
     norm();
@@ -84,7 +104,8 @@ struct StaticBytes {
 StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks) {
   std::vector<int64_t> units;
   for (const GPTChunkSpec& spec : chunks)
-    for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor)) units.push_back(u);
+    for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor, c.optimizer.distributed))
+      units.push_back(u);
   std::reverse(units.begin(), units.end());  // the buffer's layout order (grad_buffer.hpp)
   BufferOptions options;
   options.param_dtype = compute_dtype(c.train.precision);
@@ -158,6 +179,7 @@ struct Dims {
   double attn_widen_fwd = 0, attn_widen_bwd = 0;
   bool sp = false;
   bool tp_gt1 = false;
+  bool dropout = false;  // dropout > 0 writes a fresh tensor (its mask is regenerated, not kept)
 
   double X() const { return Tl * h * e; }    // an activation between layers
   double full() const { return T * h * e; }  // the same, gathered along s
@@ -172,6 +194,7 @@ Dims chunk_dims(const Config& c) {
   d.e = static_cast<double>(dtype_size(compute_dtype(c.train.precision)));
   d.sp = c.parallel.sequence_parallel && tp > 1;
   d.tp_gt1 = tp > 1;
+  d.dropout = m.dropout > 0;
   const double s = m.seq_length, b = c.train.micro_batch_size;
   d.T = s * b;
   d.Tl = (d.sp ? s / tp : s) * b;
@@ -217,6 +240,7 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
   } else {
     t.alloc(keep, d.X());  // x2 (all-reduced in place)
   }
+  if (d.dropout) t.touch(kWorkspace, d.X());  // dropout writes a new tensor; the input goes after
   if (keep_core) {
     t.free(kWorkspace, d.qkv());
   } else {  // selective: qkv is kept, the core is rebuilt in the backward
@@ -238,6 +262,7 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
   } else {
     t.alloc(out_kind, d.X());
   }
+  if (d.dropout) t.touch(kWorkspace, d.X());
 }
 
 // What layer_forward_impl keeps for the backward (not the output).
@@ -268,6 +293,7 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   }
   const Kind core_kind = rc == Recompute::None ? kActivations : kWorkspace;
   const double lin_in = d.sp ? d.full() : d.X();
+  if (d.dropout) t.alloc(kWorkspace, d.X());  // dropout's gradient, live through the MLP's backward
   // MLP: fc2 (gathers dy under SP), the activation's backward, fc1 (reduce-scatters dx under SP).
   if (d.sp) t.alloc(kWorkspace, d.full());
   t.alloc(kWorkspace, d.T * d.f * d.e);  // du
@@ -283,13 +309,15 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   t.free(ctx, lin_in);                           // fc1's saved input
   t.free(kWorkspace, d.T * (d.f + d.f1) * d.e);  // du, dpre
   t.alloc(kWorkspace, d.X());                    // norm2's dx (dx2)
-  t.free(ctx, d.X() + d.Tl * d.norm_stats);      // x2, stats
+  if (d.dropout) t.free(kWorkspace, d.X());
+  t.free(ctx, d.X() + d.Tl * d.norm_stats);  // x2, stats
   // Attention: selective rebuilds the core from the kept qkv.
   if (rc == Recompute::Selective) {
     t.alloc(kWorkspace, d.core());
     t.touch(kWorkspace, d.attn_scratch + d.attn_widen_fwd);
     t.free(kActivations, d.qkv());
   }
+  if (d.dropout) t.alloc(kWorkspace, d.X());  // and through the attention's
   if (d.sp) t.alloc(kWorkspace, d.full());
   t.alloc(kWorkspace, d.T * d.nq * d.e);  // dout
   if (d.sp) t.free(kWorkspace, d.full());
@@ -305,7 +333,8 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   }
   t.free(ctx, lin_in + d.Tl * d.norm_stats);           // qkv's saved input, norm1's statistics
   t.free(kWorkspace, d.T * d.nq * d.e + 2 * d.qkv());  // dout, dq|dk|dv, dqkv
-  t.alloc(kWorkspace, d.X());                          // norm1's dx
+  if (d.dropout) t.free(kWorkspace, d.X());
+  t.alloc(kWorkspace, d.X());  // norm1's dx
   // Locals dm, dx2, da go; dx stays (dy is freed by the caller).
   t.free(kWorkspace, 3 * d.X());
 }
@@ -321,6 +350,7 @@ void chunk_forward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recomput
     } else {
       t.alloc(kActivations, d.X());
     }
+    if (d.dropout) t.touch(kActivations, d.X());  // the embedding dropout's output replaces its input
   }
   Tracker layer;
   layer_forward(layer, d, rc);
@@ -390,7 +420,8 @@ void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompu
     t.repeat(rest, spec.num_layers - 1);
     freed += spec.num_layers * (per_layer + d.X());
   }
-  if (spec.pre_process && d.sp) t.touch(kWorkspace, d.full());  // gathered gradient for the lookup
+  if (spec.pre_process && d.dropout) t.touch(kWorkspace, d.X());  // the embedding dropout's gradient
+  if (spec.pre_process && d.sp) t.touch(kWorkspace, d.full());    // gathered gradient for the lookup
   // Whatever the forward kept that the walk above did not name (tokens, the odd statistic).
   const double rest = kept - freed;
   if (std::abs(rest) > 0) t.free(kActivations, rest);
