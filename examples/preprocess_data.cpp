@@ -20,10 +20,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "jsonl", "text"}));
   app.add_option("--json-keys", options.json_keys, "JSON keys to extract, one dataset each (default: text)");
   app.add_option("--output-prefix", options.output_prefix, "output path prefix, without suffix")->required();
-  app.add_option("--tokenizer-type", options.tokenizer_type, "GPT2BPETokenizer (default) or ByteLevel")
-      ->check(CLI::IsMember({"GPT2BPETokenizer", "gpt2", "ByteLevel"}));
+  app.add_option("--tokenizer-type", options.tokenizer_type,
+                 "GPT2BPETokenizer (default), ByteLevel or HuggingFace (a byte-level BPE tokenizer.json)")
+      ->check(CLI::IsMember({"GPT2BPETokenizer", "gpt2", "ByteLevel", "HuggingFace"}));
   app.add_option("--vocab-file", options.vocab_file, "GPT-2 encoder.json / vocab.json");
   app.add_option("--merge-file", options.merge_file, "GPT-2 vocab.bpe / merges.txt");
+  app.add_option("--tokenizer-file", options.tokenizer_file, "HuggingFace: the tokenizer.json");
   app.add_flag("--append-eod", options.append_eod,
                "append the end-of-document token to every non-empty document");
   // An explicit range: CLI::PositiveNumber's message prints the largest double in full (300 digits).

@@ -124,6 +124,7 @@ struct PreprocessOptions {
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file;
   std::string merge_file;
+  std::string tokenizer_file;  // HuggingFace: the tokenizer.json
   bool append_eod = false;
   int workers = 1;  // tokenising threads
 };

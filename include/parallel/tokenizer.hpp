@@ -1,12 +1,13 @@
 #pragma once
 // Tokenizers: text -> token ids for preprocessing (examples/preprocess_data) and ids -> text for
-// looking at samples. Two kinds, as data.tokenizer names them (docs/data.md):
+// looking at samples. Three kinds (docs/data.md):
 //
 //   GPT2BPETokenizer (alias "gpt2")  GPT-2's byte-level BPE, read from encoder.json + vocab.bpe (or
 //                                    the same content as HF vocab.json + merges.txt). Produces
 //                                    exactly the ids of OpenAI's encoder.py / tiktoken's "gpt2".
 //   ByteLevel                        ids are the UTF-8 bytes (0..255), eod = 256, vocab 257. Needs no
 //                                    files: for tests and for quick experiments on any text.
+//   HuggingFace                      a tokenizer.json with a byte-level BPE model (HFTokenizer).
 //
 // encode() never produces the end-of-document id: "<|endoftext|>" inside a text is ordinary
 // characters, as in Megatron's GPT2BPETokenizer. Documents get their eod from --append-eod.
@@ -65,6 +66,34 @@ class GPT2Tokenizer final : public Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// A Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, Qwen2 and their kin):
+// ids identical to the `tokenizers` library's Tokenizer.encode(text, add_special_tokens=False).
+// Implemented: normalizer null or NFC; pre_tokenizer ByteLevel (GPT-2's pattern) or
+// Sequence[Split(GPT-2's, Llama 3's or Qwen2's pattern, Isolated), ByteLevel(use_regex false)];
+// model BPE (merges as "a b" or [a, b], ignore_merges); added tokens (special ones and those not
+// normalized matched in the raw text, the others after normalization; lstrip, rstrip). Special
+// tokens written inside a text are encoded as themselves, as the library does. Anything else
+// (another pattern, normalizer or model type, dropout, byte_fallback, single_word) is refused with
+// one line naming the key. eod: the first special token of <|endoftext|>, <|end_of_text|>, </s>,
+// <eos>. No post-processor is applied (no BOS): --append-eod adds the eod.
+class HFTokenizer final : public Tokenizer {
+ public:
+  explicit HFTokenizer(const std::string& tokenizer_file);
+  ~HFTokenizer() override;
+  HFTokenizer(const HFTokenizer&) = delete;
+  HFTokenizer& operator=(const HFTokenizer&) = delete;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override;  // the highest id + 1
+  int32_t eod() const override;
+  std::string name() const override { return "HuggingFace"; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // GPT-2's pre-tokenisation: splits text as the pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // would (leftmost alternative first, greedy). The pieces concatenate back to `text` exactly.
@@ -77,8 +106,10 @@ bool unicode_is_letter(char32_t cp);  // \p{L}
 bool unicode_is_number(char32_t cp);  // \p{N}
 bool unicode_is_space(char32_t cp);   // \s (Unicode White_Space)
 
-// type: "GPT2BPETokenizer", "gpt2" (alias) or "ByteLevel". The files are required for GPT-2 only.
+// type: "GPT2BPETokenizer", "gpt2" (alias), "ByteLevel" or "HuggingFace". The vocabulary and merge
+// files are required for GPT-2 only, the tokenizer.json for HuggingFace only.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file = "",
-                                          const std::string& merge_file = "");
+                                          const std::string& merge_file = "",
+                                          const std::string& tokenizer_file = "");
 
 }  // namespace parallel

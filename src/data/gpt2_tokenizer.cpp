@@ -17,6 +17,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "byte_level_bpe.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tokenizer.hpp"
 
@@ -220,15 +221,10 @@ bool in_ranges(std::span<const CodeRange> ranges, char32_t cp) {
 
 enum class CharClass { Letter, Number, Space, Other };
 
-// A marker for a byte that does not start a valid UTF-8 sequence; it classifies as Other.
-constexpr char32_t kInvalid = 0xFFFFFFFF;
+}  // namespace
 
-struct Decoded {
-  char32_t cp;
-  std::size_t length;
-};
+namespace byte_level_bpe {
 
-// Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF); anything else is one invalid byte.
 Decoded decode_utf8(std::string_view s, std::size_t i) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   if (b0 < 0x80) return {b0, 1};
@@ -253,6 +249,15 @@ Decoded decode_utf8(std::string_view s, std::size_t i) {
   if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {kInvalid, 1};
   return {cp, length};
 }
+
+}  // namespace byte_level_bpe
+
+namespace {
+
+using byte_level_bpe::decode_utf8;
+using byte_level_bpe::Decoded;
+using byte_level_bpe::kInvalid;
+using byte_level_bpe::pair_key;
 
 CharClass classify(char32_t cp) {
   if (cp == kInvalid) return CharClass::Other;
@@ -315,9 +320,9 @@ std::size_t match_at(std::string_view s, std::size_t p) {
   return last_start;
 }
 
-// GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68 bytes to
-// U+0100 onwards in byte order, so that every token is printable text in the vocabulary files.
-std::array<char32_t, 256> byte_to_unicode() {
+}  // namespace
+
+std::array<char32_t, 256> byte_level_bpe::byte_to_unicode() {
   std::array<char32_t, 256> table{};
   auto printable = [](int b) {
     return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
@@ -327,6 +332,10 @@ std::array<char32_t, 256> byte_to_unicode() {
   return table;
 }
 
+namespace {
+
+using byte_level_bpe::byte_to_unicode;
+
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("GPT-2 tokenizer: cannot open {} '{}'", what, path));
@@ -334,10 +343,6 @@ std::string read_file(const std::string& path, const char* what) {
   buffer << in.rdbuf();
   if (in.bad()) throw Error(fmt::format("GPT-2 tokenizer: cannot read {} '{}'", what, path));
   return buffer.str();
-}
-
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 }  // namespace
@@ -369,11 +374,7 @@ struct GPT2Tokenizer::Impl {
   std::vector<std::string> id_to_bytes;
   std::unordered_map<std::string, int32_t> bytes_to_id;
   std::array<int32_t, 256> byte_ids{};
-  struct Merge {
-    int32_t rank;
-    int32_t merged;
-  };
-  std::unordered_map<uint64_t, Merge> merges;  // pair_key(left id, right id) -> rank, result
+  byte_level_bpe::MergeTable merges;
   int32_t eod = -1;
 
   // Pieces repeat a lot in natural text (" the", ","), so their BPE results are kept. The cache is
@@ -387,16 +388,14 @@ struct GPT2Tokenizer::Impl {
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
-  // Single-byte token ids -> BPE ids, in place.
-  void merge(std::vector<int32_t>& word) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
 };
 
-void GPT2Tokenizer::Impl::merge(std::vector<int32_t>& word) const {
+void byte_level_bpe::merge(const MergeTable& merges, std::vector<int32_t>& word) {
   const std::size_t n = word.size();
   if (n < 2) return;
   if (n > static_cast<std::size_t>(std::numeric_limits<int32_t>::max()))
-    throw Error(fmt::format("GPT-2 tokenizer: a piece of {} bytes is too long (at most 2^31 - 1)", n));
+    throw Error(fmt::format("BPE: a piece of {} bytes is too long (at most 2^31 - 1)", n));
   // The symbols as a doubly linked list over the original positions; a merge keeps the left node
   // (which takes the merged id) and unlinks the right one. Positions never move, so a node's index
   // orders it left to right for as long as it lives.
@@ -478,7 +477,7 @@ void GPT2Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out)
   std::vector<int32_t> word;
   word.reserve(piece.size());
   for (char c : piece) word.push_back(byte_ids[static_cast<unsigned char>(c)]);
-  merge(word);
+  byte_level_bpe::merge(merges, word);
   out.insert(out.end(), word.begin(), word.end());
   if (!cacheable) return;
   std::lock_guard lock(cache_mutex);
@@ -573,7 +572,7 @@ GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_file, const std::string& m
       throw Error(fmt::format("GPT-2 tokenizer: {}:{}: merge '{}' uses or makes a token missing from {}",
                               merge_file, line_number, line, vocab_file));
     // A repeated pair keeps its first (lowest) rank, as a dict built in order would.
-    im.merges.emplace(pair_key(l->second, r->second), Impl::Merge{rank, m->second});
+    im.merges.emplace(pair_key(l->second, r->second), byte_level_bpe::Merge{rank, m->second});
     ++rank;
   }
   if (im.merges.empty()) throw Error(fmt::format("GPT-2 tokenizer: {}: no merges", merge_file));
@@ -606,12 +605,13 @@ int64_t GPT2Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->i
 int32_t GPT2Tokenizer::eod() const { return impl_->eod; }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file) {
+                                          const std::string& merge_file, const std::string& tokenizer_file) {
   if (type == "GPT2BPETokenizer" || type == "gpt2")
     return std::make_unique<GPT2Tokenizer>(vocab_file, merge_file);
   if (type == "ByteLevel") return std::make_unique<ByteLevelTokenizer>();
-  throw Error(
-      fmt::format("unknown tokenizer type '{}' (expected GPT2BPETokenizer, gpt2 or ByteLevel)", type));
+  if (type == "HuggingFace") return std::make_unique<HFTokenizer>(tokenizer_file);
+  throw Error(fmt::format(
+      "unknown tokenizer type '{}' (expected GPT2BPETokenizer, gpt2, ByteLevel or HuggingFace)", type));
 }
 
 }  // namespace parallel

@@ -631,7 +631,7 @@ PreprocessResult preprocess_data(const PreprocessOptions& options) {
   effective.json_keys = keys;
 
   std::unique_ptr<Tokenizer> tokenizer =
-      make_tokenizer(options.tokenizer_type, options.vocab_file, options.merge_file);
+      make_tokenizer(options.tokenizer_type, options.vocab_file, options.merge_file, options.tokenizer_file);
   const IndexedDType dtype = indexed_dtype_for_vocab(tokenizer->vocab_size());
 
   PreprocessResult result;
