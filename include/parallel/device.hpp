@@ -1,5 +1,6 @@
 #pragma once
 // Where a tensor's bytes live, and the stream its work is ordered on.
+#include <cstddef>
 #include <string>
 
 namespace parallel {
@@ -35,5 +36,13 @@ int cuda_device_count();  // 0 without CUDA or without a GPU
 void set_current_device(Device device);
 // The GPU's marketing name ("NVIDIA H100 80GB HBM3"), "cpu" for the CPU.
 std::string device_name(Device device);
+
+// Free and total bytes of a GPU's memory as the driver sees them (cudaMemGetInfo): what the memory
+// plan checks a rank's device terms against. Throws for the CPU (see host_memory_limit).
+struct DeviceMemoryInfo {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+DeviceMemoryInfo device_memory_info(Device device);
 
 }  // namespace parallel

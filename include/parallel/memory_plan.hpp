@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "parallel/config.hpp"
+#include "parallel/device.hpp"
 
 namespace parallel {
 
@@ -71,11 +72,20 @@ struct MemoryLimit {
   std::string source;
 };
 MemoryLimit host_memory_limit(int ranks_on_node);
+// A GPU: its free memory (device_memory_info) plus what this process's caching allocator holds
+// unused (it hands those blocks out again before asking the driver).
+MemoryLimit device_memory_limit(Device device);
 
-// Throws ConfigError with one line when `plan`'s largest rank needs more than `limit`:
+// Which of a rank's terms live in the memory a limit describes: all of them on a CPU rank; on a
+// GPU rank the tensor allocator's (everything but `schedule`) in device memory and `schedule` on
+// the host.
+enum class MemoryScope { All, Device, Host };
+
+// Throws ConfigError with one line when `plan`'s largest rank needs more than `limit` in `scope`:
 //   memory plan: rank 3 needs 81.20 GiB at its peak, more than the 3.52 GiB it can use (14.08 GiB
 //   MemAvailable shared by 4 ranks); biggest term: activations 80.10 GiB (model.seq_length, ...);
 //   see pretrain_gpt --plan
-void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit);
+void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit,
+                       MemoryScope scope = MemoryScope::All);
 
 }  // namespace parallel

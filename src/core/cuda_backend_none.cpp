@@ -23,6 +23,10 @@ std::string device_name(Device device) {
 void set_current_device(Device device) {
   if (!device.is_cpu()) no_cuda();
 }
+DeviceMemoryInfo device_memory_info(Device device) {
+  if (!device.is_cpu()) no_cuda();
+  PARALLEL_FAIL("device_memory_info: the CPU has no device memory");
+}
 
 std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator&, Device, NcclOptions) { no_cuda(); }
 

@@ -140,6 +140,16 @@ std::string device_name(Device device) {
   return prop.name;
 }
 
+DeviceMemoryInfo device_memory_info(Device device) {
+  PARALLEL_CHECK(!device.is_cpu(), "device_memory_info: the CPU has no device memory");
+  PARALLEL_CHECK(device.index >= 0 && device.index < cuda_backend::device_count(),
+                 "device_memory_info: {} does not exist", device.str());
+  cuda::DeviceGuard guard(device.index);
+  DeviceMemoryInfo info;
+  PARALLEL_CUDA_CHECK(cudaMemGetInfo(&info.free, &info.total));
+  return info;
+}
+
 void set_current_device(Device device) {
   if (device.is_cpu()) return;
   const int count = cuda_backend::device_count();

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "parallel/allocator.hpp"
 #include "parallel/memory_plan.hpp"
 
 namespace parallel {
@@ -95,6 +96,17 @@ MemoryLimit host_memory_limit(int ranks_on_node) {
   if (total < 0) return {};
   limit.bytes = total / ranks;
   if (ranks > 1) limit.source += fmt::format(" shared by {} ranks on this node", ranks);
+  return limit;
+}
+
+MemoryLimit device_memory_limit(Device device) {
+  const DeviceMemoryInfo info = device_memory_info(device);
+  const MemoryStats held = memory_stats(device);
+  const int64_t cached = static_cast<int64_t>(held.reserved) - static_cast<int64_t>(held.allocated);
+  MemoryLimit limit;
+  limit.bytes = static_cast<int64_t>(info.free) + std::max<int64_t>(0, cached);
+  limit.source = fmt::format("{} free on {} of {}", gib(limit.bytes), device.str(),
+                             gib(static_cast<int64_t>(info.total)));
   return limit;
 }
 

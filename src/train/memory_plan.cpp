@@ -599,9 +599,25 @@ std::string memory_plan_table(const MemoryPlan& plan) {
   return out;
 }
 
-void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit) {
+void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, MemoryScope scope) {
   if (limit.bytes <= 0 || plan.ranks.empty()) return;
-  const RankMemoryPlan& big = plan.largest();
+  auto in_scope = [scope](const MemoryTerm& t) {
+    return scope == MemoryScope::All || (scope == MemoryScope::Host) == (t.name == "schedule");
+  };
+  // The plan as this memory sees it: the terms that live there.
+  MemoryPlan seen;
+  for (const RankMemoryPlan& r : plan.ranks) {
+    RankMemoryPlan s = r;
+    s.terms.clear();
+    s.peak_bytes = 0;
+    for (const MemoryTerm& t : r.terms)
+      if (in_scope(t)) {
+        s.terms.push_back(t);
+        s.peak_bytes += t.bytes;
+      }
+    seen.ranks.push_back(std::move(s));
+  }
+  const RankMemoryPlan& big = seen.largest();
   if (big.peak_bytes <= limit.bytes) return;
   const MemoryTerm& term = big.biggest();
   throw ConfigError(fmt::format(

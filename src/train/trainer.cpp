@@ -80,10 +80,8 @@ Device select_device(const TrainConfig& train) {
 }
 
 // What the largest rank may use, the same figure on every rank (the smallest any rank sees), so that
-// all refuse or none does. Host memory: MemAvailable and the cgroup's room, shared by the ranks on
-// the node.
-MemoryLimit agreed_memory_limit(Communicator& world) {
-  MemoryLimit limit = host_memory_limit(discover_launch_from_environment().local_size);
+// all refuse or none does.
+MemoryLimit agreed_memory_limit(Communicator& world, MemoryLimit limit) {
   Tensor t = Tensor::full({1}, 0.0, DType::I64);
   t.data<int64_t>()[0] = limit.bytes > 0 ? limit.bytes : std::numeric_limits<int64_t>::max();
   world.all_reduce(t, ReduceOp::Min);
@@ -212,8 +210,20 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   check_output_dirs(c, "rank" + std::to_string(world.rank()));
   // The memory plan, before anything is allocated: a run that cannot fit ends now with one line
   // naming the total, the limit, the biggest term and its keys (memory_plan.hpp).
-  if (trainer_options.check_memory)
-    check_memory_plan(plan_memory(c, world.size()), agreed_memory_limit(m.world));
+  // Host memory: MemAvailable and the cgroup's room, shared by the ranks on the node; on a GPU the
+  // device terms against its free memory, the host ones (the schedule) against the host's.
+  if (trainer_options.check_memory) {
+    const MemoryPlan plan = plan_memory(c, world.size());
+    const MemoryLimit host =
+        agreed_memory_limit(m.world, host_memory_limit(discover_launch_from_environment().local_size));
+    if (m.device.is_cuda()) {
+      check_memory_plan(plan, agreed_memory_limit(m.world, device_memory_limit(m.device)),
+                        MemoryScope::Device);
+      check_memory_plan(plan, host, MemoryScope::Host);
+    } else {
+      check_memory_plan(plan, host);
+    }
+  }
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
   // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
   m.state = std::make_unique<ParallelState>(world, grid, m.device);
