@@ -66,6 +66,16 @@ class GPTModel {
   // returns the gradient of the input hidden (an undefined Tensor on the first chunk). Frees the
   // micro-batch's saved activations.
   Tensor backward(const Tensor& grad, Activations& act);
+  // backward() in two steps, for zero-bubble pipeline schedules. backward_input (B) takes the same
+  // `grad`, returns the input gradient and leaves every parameter gradient untouched; what the
+  // weight gradients need stays in `act`. backward_weight (W) accumulates this micro-batch's
+  // parameter gradients, calls the grad-ready hook as backward() does, and frees `act`'s saved
+  // tensors. B then W accumulates bit for bit what backward() does; other micro-batches' forwards,
+  // B and W steps may run in between (gradients then accumulate in the order the W steps run).
+  // Until W, `act` holds the linear layers' inputs and output gradients (the logits' gradient on
+  // the last chunk): more than backward() keeps, less than the forward did.
+  Tensor backward_input(const Tensor& grad, Activations& act);
+  void backward_weight(Activations& act);
 
   std::vector<Parameter*> parameters();
   // Evaluation mode (false) turns dropout off; training is the default.

@@ -26,7 +26,18 @@ Tensor split_last_dim(Communicator& tp, const Tensor& x);           // [..,n] ->
 // What a linear layer keeps from its forward for its backward (per micro-batch).
 struct LinearContext {
   Tensor input;  // the layer's input as the GEMM saw it (gathered along s under sequence parallelism)
+  // Between a split backward's input step and its weight step: the output gradient the weight GEMM
+  // reads, and the one the bias gradient sums (they differ only for a row-parallel layer under
+  // sequence parallelism: the gathered gradient vs this rank's s-shard).
+  Tensor grad_output, grad_bias;
 };
+
+// Split backward (zero-bubble pipeline schedules). Every layer with weights offers, besides its
+// fused backward(), backward_input() (B: returns the input gradient; parameter gradients untouched;
+// keeps in the context what the weight step needs) and backward_weight() (W: accumulates the
+// parameter gradients, frees the context). B then W accumulates bit for bit what backward() does;
+// other micro-batches' steps may run in between. The fused path is unchanged (it overlaps the tp
+// reduction of dx with the weight GEMM, which the split cannot).
 
 // y = x Wᵀ + b with W split by output rows over the tp group. Several global parameters may share
 // one layer ("parts": query/key/value, gate/up): the local weight is the concatenation of each
@@ -44,8 +55,10 @@ class ColumnParallelLinear {
   };
   ColumnParallelLinear(std::vector<Part> parts, int64_t in_features, Options options, Communicator& tp);
 
-  Tensor forward(const Tensor& x, LinearContext& ctx);    // x: [s(/tp), b, in] -> [s, b, out_local]
-  Tensor backward(const Tensor& dy, LinearContext& ctx);  // accumulates weight/bias grads; returns dx
+  Tensor forward(const Tensor& x, LinearContext& ctx);          // x: [s(/tp), b, in] -> [s, b, out_local]
+  Tensor backward(const Tensor& dy, LinearContext& ctx);        // accumulates weight/bias grads; returns dx
+  Tensor backward_input(const Tensor& dy, LinearContext& ctx);  // B: dx only
+  void backward_weight(LinearContext& ctx);                     // W: weight/bias grads
 
   int64_t out_local() const { return out_local_; }
   std::vector<Parameter*> parameters();
@@ -74,8 +87,10 @@ class RowParallelLinear {
   RowParallelLinear(std::string name, int64_t in_global, int64_t out_features, Options options,
                     Communicator& tp);
 
-  Tensor forward(const Tensor& x, LinearContext& ctx);    // x: [s, b, in/tp] -> [s(/tp), b, out]
-  Tensor backward(const Tensor& dy, LinearContext& ctx);  // returns dx [s, b, in/tp]
+  Tensor forward(const Tensor& x, LinearContext& ctx);          // x: [s, b, in/tp] -> [s(/tp), b, out]
+  Tensor backward(const Tensor& dy, LinearContext& ctx);        // returns dx [s, b, in/tp]
+  Tensor backward_input(const Tensor& dy, LinearContext& ctx);  // B: dx only
+  void backward_weight(LinearContext& ctx);                     // W: weight/bias grads
 
   std::vector<Parameter*> parameters();
   Parameter weight, bias;
@@ -96,7 +111,8 @@ class VocabParallelEmbedding {
     Tensor tokens;
   };
   Tensor forward(const Tensor& tokens, Context& ctx);  // tokens [b, s] int32 -> [s(/tp), b, h]
-  void backward(const Tensor& dy, Context& ctx);       // accumulates into weight.grad
+  // Accumulates into weight.grad. There is no input gradient: the whole backward is a weight step.
+  void backward(const Tensor& dy, Context& ctx);
 
   int64_t vocab_start() const { return weight.partition_offset; }
   std::vector<Parameter*> parameters() { return {&weight}; }

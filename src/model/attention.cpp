@@ -68,17 +68,18 @@ Tensor SelfAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
   return y;
 }
 
-Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
-  if (!ctx.out.defined() || ctx.out.numel() == 0) {
-    core_forward(ctx.qkv, ctx);
-    ctx.qkv = Tensor();
-    const int64_t s = ctx.out.size(0), b = ctx.out.size(1);
-    ctx.proj_ctx.input = ctx.out.view({s, b, heads_local_ * env_.head_dim});
-  }
+void SelfAttention::restore_core(Context& ctx) {
+  if (ctx.out.defined() && ctx.out.numel() > 0) return;
+  core_forward(ctx.qkv, ctx);
+  ctx.qkv = Tensor();
+  const int64_t s = ctx.out.size(0), b = ctx.out.size(1);
+  ctx.proj_ctx.input = ctx.out.view({s, b, heads_local_ * env_.head_dim});
+}
+
+Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
   const int64_t s = ctx.out.size(0), b = ctx.out.size(1), d = env_.head_dim;
   const int64_t nq = heads_local_ * d, nkv = groups_local_ * d;
-  Tensor dout = proj.backward(dy, ctx.proj_ctx).view({s, b, heads_local_, d});
-
+  Tensor dout = dout_flat.view({s, b, heads_local_, d});
   const Device dev = dout.device();
   const DType dt = dout.dtype();
   Tensor dq = Tensor::empty(ctx.q.shape(), dt, dev);
@@ -98,8 +99,24 @@ Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
   dqkv.narrow(2, 0, nq).copy_(dq.view({s, b, nq}));
   dqkv.narrow(2, nq, nkv).copy_(dk.view({s, b, nkv}));
   dqkv.narrow(2, nq + nkv, nkv).copy_(dv.view({s, b, nkv}));
-  Tensor dx = qkv.backward(dqkv, ctx.qkv_ctx);
-  return dx;
+  return dqkv;
+}
+
+Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
+  restore_core(ctx);
+  Tensor dqkv = core_backward(proj.backward(dy, ctx.proj_ctx), ctx);
+  return qkv.backward(dqkv, ctx.qkv_ctx);
+}
+
+Tensor SelfAttention::backward_input(const Tensor& dy, Context& ctx) {
+  restore_core(ctx);
+  Tensor dqkv = core_backward(proj.backward_input(dy, ctx.proj_ctx), ctx);
+  return qkv.backward_input(dqkv, ctx.qkv_ctx);
+}
+
+void SelfAttention::backward_weight(Context& ctx) {
+  proj.backward_weight(ctx.proj_ctx);
+  qkv.backward_weight(ctx.qkv_ctx);
 }
 
 }  // namespace parallel::model

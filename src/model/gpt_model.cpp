@@ -28,6 +28,10 @@ struct GPTModel::Activations {
   model::Norm::Context final_norm;
   tp::LinearContext output;
   tp::CrossEntropyContext loss;
+  // Split backward: backward_input done, backward_weight not yet; the first chunk's embedding
+  // gradient (after the embedding dropout) waits here for W.
+  bool weight_pending = false;
+  Tensor embedding_grad;
 };
 
 struct GPTModel::Impl {
@@ -296,6 +300,66 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
   m.word->backward(dx, act.embedding);
   m.ready(m.word->weight);
   return Tensor();
+}
+
+// backward() split at the weight gradients. The walk is backward()'s, with every layer's input
+// step; what their weight steps need stays in `act` until backward_weight().
+Tensor GPTModel::backward_input(const Tensor& grad, Activations& act) {
+  Impl& m = *impl_;
+  const LayerEnv& env = m.env;
+  PARALLEL_CHECK(!act.weight_pending, "GPTModel::backward_input: micro-batch {} already ran its input step",
+                 act.micro_batch);
+  act.weight_pending = true;
+  Tensor dx;
+  if (spec_.post_process) {
+    PARALLEL_CHECK(grad.numel() == 1, "GPTModel::backward_input: the last chunk takes a [1] gradient, got {}",
+                   grad.str());
+    const int64_t n = act.seq * act.batch;
+    Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
+    ops::add_bias(grad_loss, grad.view({1}));
+    grad_loss = grad_loss.view({n});
+    Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
+    dx = m.output->backward_input(dlogits, act.output);
+    dx = m.final_norm->backward_input(dx, act.final_norm);
+  } else {
+    dx = grad;
+  }
+  for (std::size_t i = m.layers.size(); i-- > 0;) {
+    dx = m.layers[i]->backward_input(dx, act.layers[i]);
+  }
+  if (!spec_.pre_process) return dx;
+  // The embedding has no input gradient: everything from here on is its weight step.
+  act.embedding_grad = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
+  return Tensor();
+}
+
+// Each unit's weight step in backward()'s order, so a weight tied to this chunk's embedding gets
+// its contributions in the same order as there; the grad-ready hook fires as in backward().
+void GPTModel::backward_weight(Activations& act) {
+  Impl& m = *impl_;
+  const LayerEnv& env = m.env;
+  PARALLEL_CHECK(act.weight_pending, "GPTModel::backward_weight of micro-batch {} before its backward_input",
+                 act.micro_batch);
+  act.weight_pending = false;
+  if (spec_.post_process) {
+    m.output->backward_weight(act.output);
+    if (m.output_weight) m.ready(*m.output_weight);
+    m.final_norm->backward_weight(act.final_norm);
+    for (Parameter* p : m.final_norm->parameters()) m.ready(*p);
+  }
+  for (std::size_t i = m.layers.size(); i-- > 0;) {
+    m.layers[i]->backward_weight(act.layers[i]);
+    for (Parameter* p : m.layers[i]->parameters()) m.ready(*p);
+  }
+  act.layers.clear();
+  if (!spec_.pre_process) return;
+  Tensor dx = std::move(act.embedding_grad);
+  if (m.position) {
+    positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
+    m.ready(*m.position);
+  }
+  m.word->backward(dx, act.embedding);
+  m.ready(m.word->weight);
 }
 
 }  // namespace parallel

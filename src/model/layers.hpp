@@ -2,6 +2,10 @@
 // The GPT model's internal building blocks (not part of the public API): norm, self-attention,
 // MLP, one transformer layer and the output layer, each with its forward and backward side by side
 // and a Context holding what its backward needs. Names, shapes and init follow docs/model.md.
+//
+// Every layer with parameters also splits its backward (tensor_parallel.hpp): backward_input (B)
+// returns the input gradient and keeps what backward_weight (W) needs in the Context; W
+// accumulates the parameter gradients and frees the Context. B then W is bit for bit backward().
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,9 +50,15 @@ class Norm {
   Norm(const LayerEnv& env, const std::string& name);
   struct Context {
     Tensor x, mean, rstd;
+    Tensor dy, weight;  // between B and W
   };
   Tensor forward(const Tensor& x, Context& ctx);
   Tensor backward(const Tensor& dy, Context& ctx);  // accumulates dweight/dbias; returns dx
+  // The norm kernels produce dx and the weight gradients in one pass over the rows; the split runs
+  // that pass twice (B discards the weight part, W the dx), so W's accumulation is the fused
+  // kernel's own, bit for bit. The extra pass is O(rows * h), small beside any GEMM.
+  Tensor backward_input(const Tensor& dy, Context& ctx);
+  void backward_weight(Context& ctx);
   std::vector<Parameter*> parameters();
   Parameter weight, bias;  // bias only for LayerNorm
 
@@ -71,6 +81,8 @@ class SelfAttention {
   // keep_core = false (selective recompute): keep only qkv and rebuild the rest in the backward.
   Tensor forward(const Tensor& x, Context& ctx, bool keep_core);  // [s(/tp), b, h] -> [s(/tp), b, h]
   Tensor backward(const Tensor& dy, Context& ctx);
+  Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps only the linears' contexts
+  void backward_weight(Context& ctx);
   std::vector<Parameter*> parameters();
 
   tp::ColumnParallelLinear qkv;
@@ -78,7 +90,10 @@ class SelfAttention {
 
  private:
   void core_forward(const Tensor& qkv_out, Context& ctx);
-  const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
+  // The attention core's backward between the two linears: proj's dx -> qkv's dy.
+  Tensor core_backward(const Tensor& dout, Context& ctx);
+  void restore_core(Context& ctx);  // selective recompute
+  const LayerEnv& env_;             // the chunk's, so set_training() reaches every layer
   int64_t heads_local_, groups_local_;
 };
 
@@ -92,6 +107,8 @@ class MLP {
   };
   Tensor forward(const Tensor& x, Context& ctx);
   Tensor backward(const Tensor& dy, Context& ctx);
+  Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps only the linears' contexts
+  void backward_weight(Context& ctx);
   std::vector<Parameter*> parameters();
 
   tp::ColumnParallelLinear fc1;
@@ -114,7 +131,9 @@ class TransformerLayer {
     MLP::Context mlp;
   };
   Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
-  Tensor backward(const Tensor& dy, Context& ctx);  // frees ctx
+  Tensor backward(const Tensor& dy, Context& ctx);        // frees ctx
+  Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps the norms' and linears' state
+  void backward_weight(Context& ctx);                     // frees ctx
   std::vector<Parameter*> parameters();
 
  private:
@@ -135,6 +154,8 @@ class OutputLayer {
   OutputLayer(const LayerEnv& env, Parameter* weight);
   Tensor forward(const Tensor& x, tp::LinearContext& ctx);  // [s(/tp), b, h] -> [s, b, Vp/tp]
   Tensor backward(const Tensor& dlogits, tp::LinearContext& ctx);
+  Tensor backward_input(const Tensor& dlogits, tp::LinearContext& ctx);  // keeps dlogits for W
+  void backward_weight(tp::LinearContext& ctx);
 
  private:
   const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer

@@ -44,16 +44,36 @@ Tensor MLP::forward(const Tensor& x, Context& ctx) {
   return y;
 }
 
-Tensor MLP::backward(const Tensor& dy, Context& ctx) {
-  Tensor du = fc2.backward(dy, ctx.fc2_ctx);
+namespace {
+
+// fc2's dx -> fc1's dy through the activation.
+Tensor activation_backward(Activation activation, const Tensor& du, MLP::Context& ctx) {
   Tensor dpre = Tensor::empty(ctx.pre.shape(), ctx.pre.dtype(), ctx.pre.device());
-  if (activation_ == Activation::SwiGLU)
+  if (activation == Activation::SwiGLU)
     ops::swiglu_backward(du, ctx.pre, dpre);
   else
     ops::gelu_backward(du, ctx.pre, dpre);
   ctx.pre = Tensor();
-  Tensor dx = fc1.backward(dpre, ctx.fc1_ctx);
-  return dx;
+  return dpre;
+}
+
+}  // namespace
+
+Tensor MLP::backward(const Tensor& dy, Context& ctx) {
+  Tensor du = fc2.backward(dy, ctx.fc2_ctx);
+  Tensor dpre = activation_backward(activation_, du, ctx);
+  return fc1.backward(dpre, ctx.fc1_ctx);
+}
+
+Tensor MLP::backward_input(const Tensor& dy, Context& ctx) {
+  Tensor du = fc2.backward_input(dy, ctx.fc2_ctx);
+  Tensor dpre = activation_backward(activation_, du, ctx);
+  return fc1.backward_input(dpre, ctx.fc1_ctx);
+}
+
+void MLP::backward_weight(Context& ctx) {
+  fc2.backward_weight(ctx.fc2_ctx);
+  fc1.backward_weight(ctx.fc1_ctx);
 }
 
 }  // namespace parallel::model

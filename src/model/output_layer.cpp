@@ -47,4 +47,34 @@ Tensor OutputLayer::backward(const Tensor& dlogits_in, tp::LinearContext& ctx) {
   return dx;
 }
 
+Tensor OutputLayer::backward_input(const Tensor& dlogits_in, tp::LinearContext& ctx) {
+  Communicator& tp = *env_.tp;
+  const Tensor& x_full = ctx.input;
+  Tensor dlogits = dlogits_in.contiguous();
+  const int64_t s = x_full.size(0), b = x_full.size(1), h = x_full.size(2);
+  Tensor dx_full = Tensor::empty(x_full.shape(), dlogits.dtype(), x_full.device());
+  Tensor dx_full2d = dx_full.view({s * b, h});
+  ops::gemm(dlogits.view({s * b, dlogits.size(-1)}), false, weight_->value, false, dx_full2d);
+  // W's input: the logits' gradient [s, b, v_local], the largest tensor a split backward keeps.
+  ctx.grad_output = dlogits;
+  if (tp.size() == 1) return dx_full;
+  if (!env_.sequence_parallel) {
+    tp.all_reduce(dx_full, ReduceOp::Sum);
+    return dx_full;
+  }
+  Tensor dx = Tensor::empty({s / tp.size(), b, h}, dx_full.dtype(), x_full.device());
+  tp.reduce_scatter(dx_full, dx, ReduceOp::Sum);
+  return dx;
+}
+
+void OutputLayer::backward_weight(tp::LinearContext& ctx) {
+  PARALLEL_CHECK(ctx.grad_output.defined() && ctx.input.defined(),
+                 "OutputLayer::backward_weight before backward_input");
+  const Tensor& x_full = ctx.input;
+  const int64_t s = x_full.size(0), b = x_full.size(1), h = x_full.size(2);
+  const Tensor dl2d = ctx.grad_output.view({s * b, ctx.grad_output.size(-1)});
+  ops::gemm(dl2d, true, x_full.view({s * b, h}), false, weight_->grad, 1.0f, 1.0f);
+  ctx = tp::LinearContext{};
+}
+
 }  // namespace parallel::model

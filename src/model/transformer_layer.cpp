@@ -71,4 +71,30 @@ Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
   return dx;
 }
 
+// The same walk as backward() with each sub-layer's input step; their contexts keep what W needs.
+Tensor TransformerLayer::backward_input(const Tensor& dy_in, Context& ctx) {
+  if (recompute_ == Recompute::Full) {
+    Tensor x = ctx.x;
+    ctx.x = Tensor();
+    (void)forward_impl(x, ctx, /*keep_core=*/true);
+  }
+  const uint64_t mb = ctx.micro_batch;
+  Tensor dy = dy_in.contiguous();
+  Tensor dm = mlp_.backward_input(dropout_backward(env_, dy, {layer_, 2}, mb), ctx.mlp);
+  Tensor dx2 = norm2_.backward_input(dm, ctx.norm2);
+  ops::add_(dx2, dy);
+  Tensor da = attention_.backward_input(dropout_backward(env_, dx2, {layer_, 1}, mb), ctx.attn);
+  Tensor dx = norm1_.backward_input(da, ctx.norm1);
+  ops::add_(dx, dx2);
+  return dx;
+}
+
+void TransformerLayer::backward_weight(Context& ctx) {
+  mlp_.backward_weight(ctx.mlp);
+  norm2_.backward_weight(ctx.norm2);
+  attention_.backward_weight(ctx.attn);
+  norm1_.backward_weight(ctx.norm1);
+  ctx = Context{};
+}
+
 }  // namespace parallel::model

@@ -138,4 +138,42 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   return dx;
 }
 
+Tensor ColumnParallelLinear::backward_input(const Tensor& dy_in, LinearContext& ctx) {
+  const Tensor& x_full = ctx.input;
+  PARALLEL_CHECK(x_full.defined() && x_full.numel() > 0,
+                 "ColumnParallelLinear::backward_input without a saved input");
+  Tensor dy = options_.gather_output ? split_last_dim(tp_, dy_in) : dy_in.contiguous();
+  Tensor dx_full = Tensor::empty(x_full.shape(), dy.dtype(), x_full.device());
+  Tensor dx_full2d = as_rows(dx_full);
+  ops::gemm(as_rows(dy), false, fused(weights, &Parameter::value), false, dx_full2d);
+  ctx.grad_output = dy;
+  ctx.grad_bias = dy;
+  if (tp_.size() == 1) return dx_full;
+  // The reduction has nothing to overlap with here: the weight GEMM is the later W step.
+  if (!options_.sequence_parallel) {
+    tp_.all_reduce(dx_full, ReduceOp::Sum);
+    return dx_full;
+  }
+  Shape shard = x_full.shape();
+  PARALLEL_CHECK(shard[0] % tp_.size() == 0, "ColumnParallelLinear: sequence {} not divisible by tp = {}",
+                 shard[0], tp_.size());
+  shard[0] /= tp_.size();
+  Tensor dx = Tensor::empty(shard, dx_full.dtype(), x_full.device());
+  tp_.reduce_scatter(dx_full, dx, ReduceOp::Sum);
+  return dx;
+}
+
+void ColumnParallelLinear::backward_weight(LinearContext& ctx) {
+  PARALLEL_CHECK(ctx.grad_output.defined() && ctx.input.defined(),
+                 "ColumnParallelLinear::backward_weight before backward_input");
+  const Tensor dy2d = as_rows(ctx.grad_output);
+  Tensor weight_grad = fused(weights, &Parameter::grad);
+  ops::gemm(dy2d, true, as_rows(ctx.input), false, weight_grad, 1.0f, 1.0f);
+  if (options_.bias) {
+    Tensor bias_grad = fused(biases, &Parameter::grad);
+    ops::bias_backward(as_rows(ctx.grad_bias), bias_grad);
+  }
+  ctx = LinearContext{};
+}
+
 }  // namespace parallel::tp

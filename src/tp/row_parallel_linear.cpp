@@ -95,4 +95,31 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   return dx;
 }
 
+Tensor RowParallelLinear::backward_input(const Tensor& dy_in, LinearContext& ctx) {
+  const Tensor& x = ctx.input;
+  PARALLEL_CHECK(x.defined() && x.numel() > 0, "RowParallelLinear::backward_input without a saved input");
+  Tensor dy = dy_in.contiguous();
+  Tensor dy_full = dy;
+  if (options_.sequence_parallel && tp_.size() > 1) {
+    Shape full = dy.shape();
+    full[0] *= tp_.size();
+    dy_full = Tensor::empty(full, dy.dtype(), dy.device());
+    tp_.all_gather(dy, dy_full);
+  }
+  Tensor dx = Tensor::empty(x.shape(), dy.dtype(), x.device());
+  Tensor dx2d = as_rows(dx);
+  ops::gemm(as_rows(dy_full), false, weight.value, false, dx2d);
+  ctx.grad_output = dy_full;
+  ctx.grad_bias = dy;  // this rank's s-shard: the bias gradient is partial under sequence parallelism
+  return dx;
+}
+
+void RowParallelLinear::backward_weight(LinearContext& ctx) {
+  PARALLEL_CHECK(ctx.grad_output.defined() && ctx.input.defined(),
+                 "RowParallelLinear::backward_weight before backward_input");
+  if (options_.bias) ops::bias_backward(as_rows(ctx.grad_bias), bias.grad);
+  ops::gemm(as_rows(ctx.grad_output), true, as_rows(ctx.input), false, weight.grad, 1.0f, 1.0f);
+  ctx = LinearContext{};
+}
+
 }  // namespace parallel::tp
