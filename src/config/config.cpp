@@ -6,6 +6,7 @@
 #include "parallel/config.hpp"
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -616,10 +617,10 @@ void validate_config(Config& c, int world_size) {
   if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
   if (m.ffn_hidden_size == 0) {
     // 4 * hidden_size must itself be an int (it was signed overflow for hidden_size >= 2^29).
-    rules.require(m.hidden_size <= std::numeric_limits<int>::max() / 4, m.hidden_size,
-                  fmt::format("must be <= {} when {} is 0 (it defaults to 4 * {})",
-                              std::numeric_limits<int>::max() / 4, rules.key(m.ffn_hidden_size),
-                              rules.key(m.hidden_size)));
+    rules.require(
+        m.hidden_size <= std::numeric_limits<int>::max() / 4, m.hidden_size,
+        fmt::format("must be <= {} when {} is 0 (it defaults to 4 * {})", std::numeric_limits<int>::max() / 4,
+                    rules.key(m.ffn_hidden_size), rules.key(m.hidden_size)));
     m.ffn_hidden_size = 4 * m.hidden_size;
   }
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
@@ -727,16 +728,67 @@ void validate_config(Config& c, int world_size) {
       c.data.tokenizer, "must be one of " + join(kTokenizers, ", "));
 }
 
+namespace {
+
+// Receives a YAML stream's events and keeps only where the last document started.
+class DocumentStart final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override { mark_ = mark; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+  }
+  void OnMapEnd() override {}
+  const YAML::Mark& mark() const { return mark_; }
+
+ private:
+  YAML::Mark mark_;
+};
+
+// The number of documents in `text`. Not YAML::LoadAll: in yaml-cpp 0.7 a document that starts
+// with a stray ',' (a flow entry outside [ ] or { }) parses as null without consuming the ',', so
+// LoadAll reads that same document forever while its memory grows (a config of one ',' hung the
+// loader; found by fuzz/config_yaml.cpp). A document starting where the previous one did is that
+// loop, and is a syntax error.
+std::size_t count_documents(const std::string& text, const std::string& file_name) {
+  std::istringstream stream(text);
+  YAML::Parser parser(stream);
+  DocumentStart start;
+  std::size_t documents = 0;
+  int previous = -1;
+  while (parser.HandleNextDocument(start)) {
+    const YAML::Mark& at = start.mark();
+    if (at.pos == previous) {
+      const std::string token = at.pos >= 0 && static_cast<std::size_t>(at.pos) < text.size()
+                                    ? std::string(1, text[static_cast<std::size_t>(at.pos)])
+                                    : std::string("end of input");
+      fail(fmt::format("{}:{}:{}: YAML syntax error: unexpected {} here (the parser cannot go on)", file_name,
+                       at.line + 1, at.column + 1, quoted(token)));
+    }
+    previous = at.pos;
+    ++documents;
+  }
+  return documents;
+}
+
+}  // namespace
+
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides, int world_size,
                     const std::string& file_name) {
   YAML::Node root;
   try {
-    // LoadAll, not Load: Load reads the first document and silently ignores any after a `---`.
-    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
-    if (documents.size() > 1)
+    // Every document is counted, not just the first read: Load reads the first and silently
+    // ignores any after a `---`.
+    const std::size_t documents = count_documents(yaml_text, file_name);
+    if (documents > 1)
       fail(fmt::format("{}: holds {} YAML documents (separated by ---); a config must be exactly one",
-                       file_name, documents.size()));
-    if (!documents.empty()) root = documents.front();
+                       file_name, documents));
+    if (documents == 1) root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     fail(
         fmt::format("{}:{}:{}: YAML syntax error: {}", file_name, e.mark.line + 1, e.mark.column + 1, e.msg));

@@ -631,6 +631,17 @@ TEST(ConfigStrict, RawBytesOfABinaryFileAreEscapedInMessages) {
   EXPECT_THAT(parse_error("model:\n  " + accented + "e: 8\n"), HasSubstr(accented + "e"));
 }
 
+// yaml-cpp 0.7's LoadAll never returns on a document starting with a stray ',' (it re-reads the
+// same null document forever, growing): found by the config fuzz target
+// (fuzz/corpus/config_yaml/timeout-stray-comma-hangs-yaml-loadall).
+TEST(ConfigErrors, StrayCommaIsASyntaxErrorNotAHang) {
+  EXPECT_THAT(parse_error(","), HasSubstr("config: <string>:1:1: YAML syntax error: unexpected \",\" here"));
+  EXPECT_THAT(parse_error("  , model: {}"), HasSubstr("<string>:1:3: YAML syntax error: unexpected \",\""));
+  EXPECT_THAT(parse_error("train:\n  steps: 3\n---\n,"), HasSubstr("YAML syntax error: unexpected \",\""));
+  // Commas where YAML allows them still parse.
+  EXPECT_EQ(parse_config("model: {num_layers: 4, hidden_size: 32}\n", {}, 1).model.hidden_size, 32);
+}
+
 // Inputs the config fuzz target (fuzz/config_yaml.cpp) keeps as regressions: the derived values
 // used to be computed in int and overflow (undefined behaviour) before any rule could refuse them.
 TEST(ConfigErrors, DerivedSizesThatOverflowAreRefused) {
