@@ -14,6 +14,7 @@
 #include "parallel/error.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/grad_buffer.hpp"
+#include "parallel/ops.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/pipeline_schedule.hpp"
@@ -166,20 +167,23 @@ struct Tracker {
 
 // One rank's per-micro-batch tensor sizes (bytes) for one chunk's layers.
 struct Dims {
-  double e = 4;             // activation element (the compute dtype)
-  double T = 0, Tl = 0;     // tokens of a micro-batch: s * b, and this rank's s-shard (SP) * b
-  double h = 0;             // hidden
-  double nq = 0, nkv = 0;   // local query / key-value widths (heads / tp * head_dim)
-  double heads = 0;         // local query heads
-  double f = 0, f1 = 0;     // local ffn width, fc1 output width (2f for swiglu)
-  double vocab = 0;         // local padded vocabulary
-  double norm_stats = 8;    // fp32 bytes per row: mean + rstd (layernorm), rstd (rmsnorm)
-  double attn_scratch = 0;  // the CPU attention kernel's per-thread tiles
-  // 16-bit attention runs widened to fp32 (kernels/cpu/attention.cpp): transient fp32 copies.
-  double attn_widen_fwd = 0, attn_widen_bwd = 0;
+  double e = 4;            // activation element (the compute dtype)
+  double T = 0, Tl = 0;    // tokens of a micro-batch: s * b, and this rank's s-shard (SP) * b
+  double h = 0;            // hidden
+  double nq = 0, nkv = 0;  // local query / key-value widths (heads / tp * head_dim)
+  double heads = 0;        // local query heads
+  double f = 0, f1 = 0;    // local ffn width, fc1 output width (2f for swiglu)
+  double vocab = 0;        // local padded vocabulary
+  double norm_stats = 8;   // fp32 bytes per row: mean + rstd (layernorm), rstd (rmsnorm)
+  // What the CPU attention kernel allocates for the call (kernels/cpu/attention*.cpp): per-thread
+  // tiles; the backward's row sums; packed bf16 keys and values (AVX512-BF16 kernel), or fp32 copies
+  // of the 16-bit operands where the kernel widens them.
+  double attn_fwd = 0, attn_bwd = 0;
   bool sp = false;
   bool tp_gt1 = false;
   bool dropout = false;  // dropout > 0 writes a fresh tensor (its mask is regenerated, not kept)
+  // 16-bit GEMMs without a oneDNN kernel on this CPU run widened to fp32 (kernels/cpu/gemm.cpp).
+  bool widen_gemm = false;
 
   double X() const { return Tl * h * e; }    // an activation between layers
   double full() const { return T * h * e; }  // the same, gathered along s
@@ -195,6 +199,8 @@ Dims chunk_dims(const Config& c) {
   d.sp = c.parallel.sequence_parallel && tp > 1;
   d.tp_gt1 = tp > 1;
   d.dropout = m.dropout > 0;
+  d.widen_gemm = c.train.device == DeviceKind::CPU && d.e != 4 &&
+                 ops::gemm_implementation(compute_dtype(c.train.precision)).starts_with("widened");
   const double s = m.seq_length, b = c.train.micro_batch_size;
   d.T = s * b;
   d.Tl = (d.sp ? s / tp : s) * b;
@@ -209,15 +215,37 @@ Dims chunk_dims(const Config& c) {
   d.f1 = m.activation == Activation::SwiGLU ? 2 * d.f : d.f;
   d.vocab = static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp;
   d.norm_stats = m.normalization == Normalization::LayerNorm ? 8 : 4;
-  // kernels/cpu/attention.cpp: 64 x 64 tiles, forward and backward scratch per OpenMP thread.
-  const double tile = 64;
-  d.attn_scratch =
-      std::max(1, omp_get_max_threads()) * (2 * head_dim * tile + 2 * tile * tile + 2 * tile * head_dim) * 4;
-  if (d.e != 4) {
-    d.attn_widen_fwd = 4 * d.T * (d.nq + d.nq + 2 * d.nkv);  // fp32 output; q, k, v
-    d.attn_widen_bwd = 4 * d.T * (4 * d.nq + 4 * d.nkv);     // dq, dk, dv; dout, q, k, v, out
+  // kernels/cpu/attention.cpp and attention_bf16.cpp: 64 x 64 tiles per OpenMP thread.
+  const double br = 64, bc = 64, threads = std::max(1, omp_get_max_threads());
+  const double hd = head_dim, half_d = std::floor(hd / 2), dd = std::ceil(hd / 16) * 16;
+  const double fp32_fwd = threads * (hd * bc + br * bc + br * hd + 2 * br) * 4;
+  const double fp32_bwd = 4.0 * d.T * d.heads + threads * (2 * hd * bc + 2 * br * bc + 2 * bc * hd) * 4;
+  const std::string kernel =
+      c.train.device == DeviceKind::CPU
+          ? ops::attention_implementation(compute_dtype(c.train.precision), static_cast<int64_t>(head_dim))
+          : "fp32";
+  if (kernel.starts_with("bf16")) {
+    const double kv_heads = groups / tp, group = heads / groups;
+    d.attn_fwd = 4 * b * kv_heads * (half_d * s + std::ceil(s / 2) * hd) +
+                 threads * (1.5 * br * bc + br * dd + 2 * br + 16) * 4;
+    d.attn_bwd = 4.0 * d.T * d.heads + threads *
+                                           (2 * half_d * bc + bc / 2 * dd + br * dd + 2 * br * bc + br * bc +
+                                            br * bc / 2 + 2 * bc * dd + group * s * hd + 16) *
+                                           4;
+  } else if (d.e != 4) {  // widened: fp32 output and q, k, v; dq, dk, dv and dout, q, k, v, out
+    d.attn_fwd = 4 * d.T * (2 * d.nq + 2 * d.nkv) + fp32_fwd;
+    d.attn_bwd = 4 * d.T * (4 * d.nq + 4 * d.nkv) + fp32_bwd;
+  } else {
+    d.attn_fwd = fp32_fwd;
+    d.attn_bwd = fp32_bwd;
   }
   return d;
+}
+
+// A GEMM c = a b of a, b, c elements: where the CPU widens 16-bit operands, fp32 copies of a and b,
+// and of c when it is 16-bit (c16_elems; 0 for an fp32 weight gradient), live for the call.
+void gemm(Tracker& t, const Dims& d, double a_elems, double b_elems, double c16_elems) {
+  if (d.widen_gemm) t.touch(kWorkspace, 4 * (a_elems + b_elems + c16_elems));
 }
 
 // One transformer layer (src/model/transformer_layer.cpp, attention.cpp, mlp.cpp, norm.cpp and the
@@ -230,15 +258,18 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
   t.alloc(keep, d.Tl * d.norm_stats);
   if (d.sp) t.alloc(keep, d.full());  // qkv input gathered along s
   t.alloc(kWorkspace, d.qkv());       // qkv projection output
-  t.alloc(keep, d.core());            // q, k, v, out, lse
-  t.touch(kWorkspace, d.attn_scratch + d.attn_widen_fwd);
+  gemm(t, d, d.T * d.h, (d.nq + 2 * d.nkv) * d.h, d.qkv() / d.e);
+  t.alloc(keep, d.core());  // q, k, v, out, lse
+  t.touch(kWorkspace, d.attn_fwd);
   // proj: the partial product, reduce-scattered under SP.
   if (d.sp) {
     t.alloc(kWorkspace, d.full());
+    gemm(t, d, d.T * d.nq, d.h * d.nq, d.T * d.h);
     t.alloc(keep, d.X());  // x2
     t.free(kWorkspace, d.full());
   } else {
     t.alloc(keep, d.X());  // x2 (all-reduced in place)
+    gemm(t, d, d.T * d.nq, d.h * d.nq, d.T * d.h);
   }
   if (d.dropout) t.touch(kWorkspace, d.X());  // dropout writes a new tensor; the input goes after
   if (keep_core) {
@@ -253,14 +284,17 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
   t.alloc(keep, d.Tl * d.norm_stats);
   if (d.sp) t.alloc(keep, d.full());  // fc1 input gathered
   t.alloc(keep, d.T * d.f1 * d.e);    // pre-activation
-  t.alloc(keep, d.T * d.f * d.e);     // activation (fc2's saved input)
+  gemm(t, d, d.T * d.h, d.f1 * d.h, d.T * d.f1);
+  t.alloc(keep, d.T * d.f * d.e);  // activation (fc2's saved input)
   if (d.sp) {
     t.alloc(kWorkspace, d.full());
+    gemm(t, d, d.T * d.f, d.h * d.f, d.T * d.h);
     t.alloc(out_kind, d.X());
     t.free(kWorkspace, d.full());
     t.free(kWorkspace, 2 * d.X());  // the norms' outputs a and m, locals of the forward
   } else {
     t.alloc(out_kind, d.X());
+    gemm(t, d, d.T * d.f, d.h * d.f, d.T * d.h);
   }
   if (d.dropout) t.touch(kWorkspace, d.X());
 }
@@ -296,12 +330,16 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   if (d.dropout) t.alloc(kWorkspace, d.X());  // dropout's gradient, live through the MLP's backward
   // MLP: fc2 (gathers dy under SP), the activation's backward, fc1 (reduce-scatters dx under SP).
   if (d.sp) t.alloc(kWorkspace, d.full());
+  gemm(t, d, d.T * d.h, d.T * d.f, 0);   // fc2's weight gradient (fp32)
   t.alloc(kWorkspace, d.T * d.f * d.e);  // du
-  t.free(ctx, d.T * d.f * d.e);          // fc2's saved input
+  gemm(t, d, d.T * d.h, d.h * d.f, d.T * d.f);
+  t.free(ctx, d.T * d.f * d.e);  // fc2's saved input
   if (d.sp) t.free(kWorkspace, d.full());
   t.alloc(kWorkspace, d.T * d.f1 * d.e);  // dpre
   t.free(ctx, d.T * d.f1 * d.e);          // pre
   t.alloc(kWorkspace, d.full());          // fc1's dx
+  gemm(t, d, d.T * d.f1, d.f1 * d.h, d.T * d.h);
+  gemm(t, d, d.T * d.f1, d.T * d.h, 0);  // fc1's weight gradient
   if (d.sp) {
     t.alloc(kWorkspace, d.X());
     t.free(kWorkspace, d.full());
@@ -314,19 +352,23 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   // Attention: selective rebuilds the core from the kept qkv.
   if (rc == Recompute::Selective) {
     t.alloc(kWorkspace, d.core());
-    t.touch(kWorkspace, d.attn_scratch + d.attn_widen_fwd);
+    t.touch(kWorkspace, d.attn_fwd);
     t.free(kActivations, d.qkv());
   }
   if (d.dropout) t.alloc(kWorkspace, d.X());  // and through the attention's
   if (d.sp) t.alloc(kWorkspace, d.full());
+  gemm(t, d, d.T * d.h, d.T * d.nq, 0);   // proj's weight gradient
   t.alloc(kWorkspace, d.T * d.nq * d.e);  // dout
+  gemm(t, d, d.T * d.h, d.h * d.nq, d.T * d.nq);
   if (d.sp) t.free(kWorkspace, d.full());
-  t.alloc(kWorkspace, d.qkv());                                                  // dq, dk, dv
-  t.touch(kWorkspace, 4.0 * d.T * d.heads + d.attn_scratch + d.attn_widen_bwd);  // row sums, tiles
+  t.alloc(kWorkspace, d.qkv());  // dq, dk, dv
+  t.touch(kWorkspace, d.attn_bwd);
   t.free(rc == Recompute::Selective ? kWorkspace : (rc == Recompute::Full ? kWorkspace : core_kind),
          d.core());
   t.alloc(kWorkspace, d.qkv());   // dqkv
   t.alloc(kWorkspace, d.full());  // qkv's dx
+  gemm(t, d, d.qkv() / d.e, (d.nq + 2 * d.nkv) * d.h, d.T * d.h);
+  gemm(t, d, d.qkv() / d.e, d.T * d.h, 0);  // qkv's weight gradient
   if (d.sp) {
     t.alloc(kWorkspace, d.X());
     t.free(kWorkspace, d.full());
@@ -361,9 +403,10 @@ void chunk_forward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recomput
     t.alloc(kActivations, d.Tl * d.norm_stats);
     if (d.sp) t.alloc(kActivations, d.full());   // output layer input gathered
     t.alloc(kActivations, d.T * d.vocab * d.e);  // logits
-    t.alloc(kActivations, 4 * d.T);              // targets in (s, b) order
-    t.alloc(kActivations, 12 * d.T);             // row max, target logit, sum of exponentials
-    t.touch(kWorkspace, 4 * d.T);                // per-token losses
+    gemm(t, d, d.T * d.h, d.vocab * d.h, d.T * d.vocab);
+    t.alloc(kActivations, 4 * d.T);   // targets in (s, b) order
+    t.alloc(kActivations, 12 * d.T);  // row max, target logit, sum of exponentials
+    t.touch(kWorkspace, 4 * d.T);     // per-token losses
     if (d.sp) t.free(kWorkspace, d.X());
     t.free(kWorkspace, 8 * d.T);
   } else {
@@ -393,6 +436,8 @@ void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompu
     t.alloc(kWorkspace, d.T * d.vocab * d.e);   // dlogits
     free_kept(d.T * d.vocab * d.e + 16 * d.T);  // logits, targets, row statistics
     t.alloc(kWorkspace, d.full());              // output layer's dx
+    gemm(t, d, d.T * d.vocab, d.vocab * d.h, d.T * d.h);
+    gemm(t, d, d.T * d.vocab, d.T * d.h, 0);  // the output weight's gradient
     if (d.sp) {
       t.alloc(kWorkspace, d.X());
       t.free(kWorkspace, d.full());
