@@ -131,6 +131,12 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 // Which CPU attention kernel runs for `dtype` with head dim `head_dim` on this machine: "fp32",
 // "bf16 on avx512_bf16 dot products" or "widened to fp32". For logs and benchmarks.
 std::string attention_implementation(DType dtype, int64_t head_dim);
+// Bytes one CPU attention call (forward, or backward) allocates besides its outputs, on this
+// machine's kernel and OpenMP thread count, for self-attention over s tokens: per-thread tiles,
+// packed operands, the backward's row sums, and the fp32 copies where 16-bit inputs are widened.
+// The memory plan counts this.
+int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv,
+                                  int64_t head_dim, bool backward);
 
 // ---- embedding and loss -----------------------------------------------------------------------
 

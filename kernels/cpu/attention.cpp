@@ -64,6 +64,12 @@ Dims attention_dims(const Tensor& q, const Tensor& k) {
   return x;
 }
 
+Workspace fp32_workspace(const Dims& x, bool backward) {
+  const int64_t d = x.d;
+  if (!backward) return {0, d * kBc + kBr * kBc + kBr * d + 2 * kBr};
+  return {x.B * x.hq * x.sq, 2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d};
+}
+
 }  // namespace attention_tiles
 
 namespace {
@@ -151,7 +157,8 @@ void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        bool causal, float softmax_scale) {
-  if (attention_bf16_supported(q)) return attention_forward_bf16(q, k, v, out, lse, causal, softmax_scale);
+  if (attention_bf16_supported(q.dtype(), q.size(3)))
+    return attention_forward_bf16(q, k, v, out, lse, causal, softmax_scale);
   if (q.dtype() != DType::F32) {
     // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): widened whole, computed in fp32, the output
     // narrowed once. The tiles are what a fused 16-bit kernel would widen; doing it up front costs one fp32
@@ -174,7 +181,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const int64_t nqb = (x.sq + kBr - 1) / kBr;
 
   // Per-thread scratch comes from the library allocator so that memory tests see it.
-  const int64_t per_thread = d * kBc + kBr * kBc + kBr * d + 2 * kBr;
+  const int64_t per_thread = fp32_workspace(x, false).per_thread;
   const int nthreads = omp_get_max_threads();
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::F32);
   float* scratch_base = scratch.data<float>();
@@ -247,7 +254,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale) {
-  if (attention_bf16_supported(q))
+  if (attention_bf16_supported(q.dtype(), q.size(3)))
     return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
   if (q.dtype() != DType::F32) {
     Tensor dq32 = Tensor::empty(dq.shape(), DType::F32), dk32 = Tensor::empty(dk.shape(), DType::F32),
@@ -292,7 +299,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     }
   }
 
-  const int64_t per_thread = 2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d;
+  const int64_t per_thread = fp32_workspace(x, true).per_thread;
   const int nthreads = omp_get_max_threads();
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::F32);
   float* scratch_base = scratch.data<float>();
@@ -365,6 +372,19 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
       }
     }
   }
+}
+
+int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d,
+                                  bool backward, int threads) {
+  PARALLEL_CHECK(hkv > 0 && hq % hkv == 0, "hq = {} is not a multiple of hkv = {}", hq, hkv);
+  const Dims x{s, s, b, hq, hkv, d, hq / hkv};
+  if (attention_bf16_supported(dtype, d)) return bf16_workspace(x, backward).bytes(threads);
+  int64_t bytes = fp32_workspace(x, backward).bytes(threads);
+  if (dtype != DType::F32) {  // the widened fp32 copies: inputs, and the outputs before narrowing
+    const int64_t nq = s * b * hq * d, nkv = s * b * hkv * d;
+    bytes += 4 * (backward ? (3 * nq + 2 * nkv) + (nq + 2 * nkv) : (nq + 2 * nkv) + nq);
+  }
+  return bytes;
 }
 
 }  // namespace parallel::cpu

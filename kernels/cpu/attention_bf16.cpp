@@ -206,11 +206,30 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 }  // namespace
 
-bool attention_bf16_supported(const Tensor& q) {
+bool attention_bf16_supported(DType dtype, int64_t head_dim) {
   static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  return cpu && q.dtype() == DType::BF16 && q.dim() == 4 && q.size(3) % 2 == 0;
+  return cpu && dtype == DType::BF16 && head_dim % 2 == 0;
 }
+
+namespace attention_tiles {
+
+// Forward: kp and vp of every (b, kv head), sk * d words each, shared; per thread S [Br, Bc] fp32,
+// P [Br, Bc] bf16, acc [Br, d] fp32 (rows padded to 16), m and l [Br]. Backward: D [b, hq, sq]
+// shared; per thread kp, vp [d/2, Bc]; kc [Bc/2, d]; qi, doi [Br/2, d]; P, dS [Br, Bc] fp32;
+// pi, dsi [Br/2, Bc]; dSb [Br, Bc] bf16; dk_acc, dv_acc [Bc, d] fp32; dq_acc [group, sq, d] fp32
+// (dQ of the task's query heads, summed over all key blocks).
+Workspace bf16_workspace(const Dims& x, bool backward) {
+  const int64_t d = x.d, half_d = d / 2, dd = round_up(d, 16);
+  if (!backward)
+    return {x.B * x.hkv * (half_d * x.sk + (x.sk + 1) / 2 * d),
+            kBr * kBc + kBr * kBc / 2 + kBr * dd + 2 * kBr + 16};
+  return {x.B * x.hq * x.sq, 2 * half_d * kBc + kBc / 2 * dd + 2 * (kBr / 2) * dd + 2 * kBr * kBc +
+                                 2 * (kBr / 2) * kBc + kBr * kBc / 2 + 2 * kBc * dd + x.group * x.sq * d +
+                                 16};
+}
+
+}  // namespace attention_tiles
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                             bool causal, float softmax_scale) {
@@ -239,8 +258,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
     }
   }
 
-  // Per thread: S [Br, Bc] fp32, P [Br, Bc] bf16, acc [Br, d] fp32, m and l [Br].
-  const int64_t per_thread = kBr * kBc + kBr * kBc / 2 + kBr * round_up(d, 16) + 2 * kBr + 16;
+  const int64_t per_thread = bf16_workspace(x, false).per_thread;  // S, P, acc, m, l
   Tensor scratch = Tensor::empty({omp_get_max_threads(), per_thread}, DType::F32);
   float* scratch_base = scratch.data<float>();
 
@@ -331,12 +349,10 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
         Dv[(b * x.hq + h) * x.sq + i] = dot_row(O + row, dO + row, d);
       }
 
-  // Per thread, in 32-bit words: kp, vp [d/2, Bc]; kc [Bc/2, d]; qi, doi [Br/2, d]; P, dS
-  // [Br, Bc] fp32; pi, dsi [Br/2, Bc]; dSb [Br, Bc] bf16; dk_acc, dv_acc [Bc, d] fp32; dq_acc
-  // [group, sq, d] fp32 (dQ of the task's query heads, summed over all key blocks).
+  // Per thread, in 32-bit words (bf16_workspace): kp, vp, kc, qi, doi, P, dS, pi, dsi, dSb,
+  // dk_acc, dv_acc, dq_acc.
   const int64_t dd = round_up(d, 16);
-  const int64_t per_thread = 2 * half_d * kBc + kBc / 2 * dd + 2 * (kBr / 2) * dd + 2 * kBr * kBc +
-                             2 * (kBr / 2) * kBc + kBr * kBc / 2 + 2 * kBc * dd + x.group * x.sq * d + 16;
+  const int64_t per_thread = bf16_workspace(x, true).per_thread;
   Tensor scratch = Tensor::empty({omp_get_max_threads(), per_thread}, DType::F32);
   float* scratch_base = scratch.data<float>();
 

@@ -21,6 +21,16 @@ struct Dims {
 };
 Dims attention_dims(const Tensor& q, const Tensor& k);
 
+// What one call allocates besides its outputs, in 4-byte words: `shared` once (packed operands,
+// the backward's row sums) and `per_thread` for each OpenMP thread (tiles, accumulators). The
+// kernels size their buffers from these, and the memory plan asks for them (attention_workspace_bytes).
+struct Workspace {
+  int64_t shared = 0, per_thread = 0;
+  int64_t bytes(int threads) const { return 4 * (shared + threads * per_thread); }
+};
+Workspace fp32_workspace(const Dims& x, bool backward);  // attention.cpp
+Workspace bf16_workspace(const Dims& x, bool backward);  // attention_bf16.cpp
+
 // Number of keys [j0, j0 + cols) that query row qi may attend to; causal attention is a prefix.
 inline int64_t visible_keys(bool causal, int64_t qi, int64_t j0, int64_t cols) {
   if (!causal) return cols;

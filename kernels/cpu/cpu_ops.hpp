@@ -51,10 +51,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale);
+int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d,
+                                  bool backward, int threads);
 // The bf16 kernels on AVX512-BF16 dot products, which attention_* dispatch to where supported
 // (bf16 tensors, even head dim, a CPU with AVX512-BF16): P and dS are rounded to bf16 before
 // their products, as in FlashAttention.
-bool attention_bf16_supported(const Tensor& q);
+bool attention_bf16_supported(DType dtype, int64_t head_dim);
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                             bool causal, float softmax_scale);
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -6,6 +6,8 @@
 // CUDA tensors go to the kernels of kernels/cuda/cuda_ops.hpp: one PARALLEL_ON_CUDA line per op.
 #include "parallel/ops.hpp"
 
+#include <omp.h>
+
 #include <initializer_list>
 #include <string>
 
@@ -432,8 +434,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
 std::string attention_implementation(DType dtype, int64_t head_dim) {
   if (dtype == DType::F32) return "fp32";
-  const Tensor probe = Tensor::empty({1, 1, 1, head_dim}, dtype);
-  return cpu::attention_bf16_supported(probe) ? "bf16 on avx512_bf16 dot products" : "widened to fp32";
+  return cpu::attention_bf16_supported(dtype, head_dim) ? "bf16 on avx512_bf16 dot products"
+                                                        : "widened to fp32";
+}
+
+int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv,
+                                  int64_t head_dim, bool backward) {
+  return cpu::attention_workspace_bytes(dtype, s, b, hq, hkv, head_dim, backward,
+                                        std::max(1, omp_get_max_threads()));
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -254,6 +254,35 @@ TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
 
 // ---- memory: tiles, not an [s, s] matrix -------------------------------------------------------
 
+// The workspace the memory plan counts (ops::attention_workspace_bytes) is what the kernels
+// allocate, for each dtype's kernel (fp32 tiles; bf16 on AVX512-BF16 or widened; fp16 widened).
+TEST(Attention, WorkspaceBytesAreWhatTheKernelsAllocate) {
+  const int64_t s = 200, b = 2, hq = 4, hkv = 2, d = 32;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Allocator& alloc = allocator_for(Device::cpu());
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const Shape qs{s, b, hq, d}, ks{s, b, hkv, d};
+    Tensor q = Tensor::from_vector(randn(shape_numel(qs), 31), qs).to(dt);
+    Tensor k = Tensor::from_vector(randn(shape_numel(ks), 32), ks).to(dt);
+    Tensor v = Tensor::from_vector(randn(shape_numel(ks), 33), ks).to(dt);
+    Tensor dout = Tensor::from_vector(randn(shape_numel(qs), 34), qs).to(dt);
+    Tensor out = Tensor::empty(qs, dt), lse = Tensor::empty({b, hq, s}, DType::F32);
+    Tensor dq = Tensor::empty(qs, dt), dk = Tensor::empty(ks, dt), dv = Tensor::empty(ks, dt);
+    for (bool backward : {false, true}) {
+      alloc.reset_peak();
+      const size_t before = memory_stats(Device::cpu()).allocated;
+      if (backward)
+        ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, /*causal=*/true, scale);
+      else
+        ops::attention_forward(q, k, v, out, lse, /*causal=*/true, scale);
+      const double got = static_cast<double>(memory_stats(Device::cpu()).peak_allocated - before);
+      const double want = static_cast<double>(ops::attention_workspace_bytes(dt, s, b, hq, hkv, d, backward));
+      EXPECT_NEAR(got, want, 0.01 * want + 4096) << dtype_name(dt) << (backward ? " backward" : " forward")
+                                                 << ", " << ops::attention_implementation(dt, d);
+    }
+  }
+}
+
 TEST(Attention, LongSequenceNeverAllocatesScoreMatrix) {
   const Dims x{4096, 1, 2, 2, 64};
   const Shape shape{x.s, x.b, x.hq, x.d};
