@@ -22,6 +22,9 @@ enum class PositionEmbedding { Learned, Rope };
 enum class Recompute { None, Selective, Full };
 enum class LrDecay { Constant, Linear, Cosine };
 enum class DeviceKind { CPU, CUDA };
+// What data parallelism shards over the dp ranks (Megatron-FSDP's names; ZeRO stages 0-3):
+// nothing, the optimizer state, + gradients, + parameters (docs/optimizer.md).
+enum class Sharding { None, Optim, OptimGrads, OptimGradsParams };
 
 struct ModelConfig {
   int num_layers = 2;
@@ -83,7 +86,12 @@ struct OptimizerConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double clip_grad = 1.0;  // 0: no clipping
+  // `distributed: true` is the spelling of `sharding: optim`, and true whenever sharding != none.
   bool distributed = false;
+  Sharding sharding = Sharding::None;
+  int sharding_group_size = 0;        // HSDP: shard within groups of this many dp ranks; 0: all of dp
+  bool reshard_after_forward = true;  // optim_grads_params: free a unit's params after its forward
+  int prefetch_units = 1;             // optim_grads_params: units gathered ahead of the computing one
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   int64_t bucket_size = 0;              // elements; 0: Megatron's default max(40M, 1M * dp)

@@ -26,20 +26,38 @@
 // overlap the earlier layers' compute. Built from a parameter list (no hook), zero_grad() waits
 // for all of them instead. Anything else that reads or writes the parameters in between
 // (optimizer step, checkpoint save/load) calls finish_param_gather() first.
+//
+// Sharding beyond the optimizer state (optimizer.sharding, docs/optimizer.md) needs model chunks:
+// buckets then follow the chunks' units (GPTModel::units(); parameters whose gradients other
+// groups still sum form their own buckets) and the unit hook drives everything:
+//   optim_grads (ZeRO-2): before a unit's backward its buckets get zeroed full-size gradients; once
+//     a bucket's gradients are final for the micro-batch it is reduce-scattered (async) and the
+//     full-size gradient released; the result is added to this rank's persistent gradient shard.
+//     So with accumulation every micro-batch reduces (the full gradient never exists for the whole
+//     model); is_last_microbatch and overlap_grad_reduce do not apply.
+//   optim_grads_params (ZeRO-3 / FSDP): parameters too are stored as shards. Before a unit's
+//     forward (backward) its buckets are all-gathered (waiting for a prefetched gather if one is in
+//     flight) and the gathers of the next `prefetch_units` units of the same chunk (previous, in
+//     backward) are started; after its forward (with reshard_after_forward) and after its backward
+//     the gathered parameters are freed. Parameter values are undefined Tensors outside a unit's
+//     compute: call unshard() before reading them (checkpoints), reshard() after.
+// HSDP (sharding_group_size k < dp): shards are 1/k of a bucket; gradients are reduce-scattered in
+// the group of k consecutive dp ranks and the shard all-reduced across the dp / k groups;
+// parameters are gathered inside the group.
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "parallel/communicator.hpp"
 #include "parallel/config.hpp"
+#include "parallel/gpt_model.hpp"
 #include "parallel/grad_buffer.hpp"
 
 namespace parallel {
-
-class GPTModel;
 
 struct DataParallelOptions {
   bool overlap_grad_reduce = false;
@@ -47,16 +65,34 @@ struct DataParallelOptions {
   bool distributed_optimizer = false;
   int64_t bucket_size = 0;                // elements; 0: max(40M, 1M * dp)
   Precision precision = Precision::FP32;  // dtype of the parameter buffer; grads are always fp32
+  // Optim: the distributed optimizer (same as distributed_optimizer). OptimGrads, OptimGradsParams:
+  // see above. from() keeps distributed_optimizer == (sharding != None).
+  Sharding sharding = Sharding::None;
+  int sharding_group_size = 0;  // 0: all of dp
+  bool reshard_after_forward = true;
+  int prefetch_units = 1;
 
   static DataParallelOptions from(const OptimizerConfig& optimizer, Precision precision);
 };
 
 // What DDP did and when: the overlap test and benchmark read this log.
 struct DdpEvent {
-  enum class Kind { GradReady, ReduceLaunched, ReduceDone, GatherLaunched, GatherDone, ParamUse };
+  // UnitBegin / UnitEnd: a unit's forward or backward compute (sharded parameters only).
+  enum class Kind {
+    GradReady,
+    ReduceLaunched,
+    ReduceDone,
+    GatherLaunched,
+    GatherDone,
+    ParamUse,
+    UnitBegin,
+    UnitEnd,
+    ParamsReleased
+  };
   Kind kind;
-  int bucket = -1;                   // -1 for GradReady
+  int bucket = -1;                   // -1 for GradReady; the unit for UnitBegin / UnitEnd
   const Parameter* param = nullptr;  // GradReady and ParamUse only
+  bool backward = false;             // UnitBegin / UnitEnd
   std::chrono::steady_clock::time_point time;
 };
 
@@ -97,9 +133,28 @@ class DataParallel {
   void start_param_gather(bool async);
   void finish_param_gather();  // idempotent
 
+  // Sharded parameters: gathers every bucket and keeps them until reshard() (checkpoints read and
+  // write the values). Otherwise finish_param_gather().
+  void unshard();
+  // Sharded parameters: frees every gathered bucket; write_shards first copies this rank's part of
+  // the full values into its shard (after new values were loaded into them). Otherwise nothing.
+  void reshard(bool write_shards = false);
+  // The unit hook's target (GPTModel::set_unit_hook).
+  void on_unit(GPTModel::UnitPhase phase, const std::vector<Parameter*>& params);
+  // Bytes of gathered (full) parameter buckets now and at most since construction (sharded
+  // parameters only; the shards themselves are not counted).
+  int64_t gathered_param_bytes() const { return gathered_bytes_; }
+  int64_t peak_gathered_param_bytes() const { return peak_gathered_bytes_; }
+  // The buckets holding each unit's parameters (all chunks, in order; sharded gradients only).
+  const std::vector<std::vector<int>>& unit_buckets() const { return unit_buckets_; }
+
   BucketShard shard(const Bucket& bucket) const;
   ParamAndGradBuffer& buffer() { return *buffer_; }
   Communicator& dp() { return dp_; }
+  // The ranks that share shards (HSDP: this rank's group of sharding_group_size; else dp) and the
+  // ranks holding the same shard (null without HSDP).
+  Communicator& shard_group() { return *shard_; }
+  Communicator* replica_group() { return replica_; }
   const DataParallelOptions& options() const { return options_; }
   // Every parameter of the replica, in registration order.
   const std::vector<Parameter*>& params() const { return params_; }
@@ -109,11 +164,34 @@ class DataParallel {
 
  private:
   void launch_reduce(Bucket& bucket);
+  void complete_reduce(Bucket& bucket);  // waits; HSDP: all-reduces the shard across groups
+  void complete_oldest_sharded_reduce();
   void finish_gather(Bucket& bucket);  // waits for the bucket's in-flight gather, if any
-  void record(DdpEvent::Kind kind, int bucket, const Parameter* param = nullptr);
+  void gather(Bucket& bucket);         // sharded parameters: starts the bucket's gather if released
+  void release(Bucket& bucket);        // sharded parameters: frees the gathered bucket
+  void prefetch(int unit, int direction);
+  void record(DdpEvent::Kind kind, int bucket, const Parameter* param = nullptr, bool backward = false);
+  void set_up_units();
+  void build(const std::vector<Parameter*>& params, std::vector<std::vector<Parameter*>> groups);
 
   Communicator& dp_;
   DataParallelOptions options_;
+  std::unique_ptr<Communicator> shard_owned_, replica_owned_;
+  Communicator* shard_ = nullptr;
+  Communicator* replica_ = nullptr;
+  bool shard_grads_ = false, shard_params_ = false;
+  // Sharded gradients: reductions in flight (the full gradient and the reduced shard they fill).
+  struct ShardedReduce {
+    int bucket;
+    WorkHandle work;
+    Tensor full, out;
+  };
+  std::vector<ShardedReduce> reducing_;
+  std::vector<std::vector<int>> unit_buckets_;  // per unit
+  std::vector<int> unit_chunk_;                 // per unit
+  std::unordered_map<const Parameter*, int> unit_of_;
+  bool pinned_ = false;  // unshard(): nothing is released until reshard()
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
   std::vector<GPTModel*> chunks_;
   std::vector<Parameter*> params_;
   std::unique_ptr<ParamAndGradBuffer> buffer_;

@@ -88,6 +88,16 @@ class GPTModel {
   // (a layer's parameters together, before the layer runs). Lets a caller such as data parallelism
   // wait for a parameter's all-gather only when it is needed. Empty: no calls.
   void set_param_use_hook(std::function<void(Parameter&)> hook);
+  // The chunk's units, in forward order: the embedding (first chunk), each transformer layer, the
+  // final norm with the output layer (last chunk). Every parameter is in exactly one unit; a weight
+  // tied to this chunk's embedding is in the embedding's.
+  std::vector<std::vector<Parameter*>> units();
+  enum class UnitPhase { BeforeForward, AfterForward, BeforeBackward, AfterBackward };
+  // Called right before and right after each unit's forward and backward with the parameters the
+  // unit reads (the output unit also lists a weight tied to this chunk's embedding). Lets a caller
+  // such as fully sharded data parallelism gather a unit's parameters just before it computes and
+  // free them after, without the model knowing. Empty: no calls.
+  void set_unit_hook(std::function<void(UnitPhase, const std::vector<Parameter*>&)> hook);
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
   Device device() const;  // where the parameters and activations live (Options::device)

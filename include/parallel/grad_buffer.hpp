@@ -13,6 +13,15 @@
 // values are views into it: under bf16/fp16 the model computes on exactly these 16-bit values
 // (precision.hpp), which the optimizer writes from its fp32 main weights once per step and the
 // distributed optimizer all-gathers in 16 bits. Gradients are always fp32.
+//
+// Sharded storage (optimizer.sharding, docs/optimizer.md): with shard_grads the buffer holds only
+// this rank's shard of every bucket's gradients; a bucket's full-size gradient exists only between
+// materialize_grads() and release_grads() (one micro-batch's backward of its unit). With
+// shard_params it holds only this rank's shard of the parameters too; a bucket's full parameters
+// exist between materialize_params() and release_params(), and the Parameters' values (grads) are
+// undefined Tensors while their bucket's full parameters (gradients) are released. Buckets then
+// follow `groups` (a bucket never spans two), so that a model unit's parameters can be gathered
+// and reduced on their own.
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -31,6 +40,15 @@ struct BufferOptions {
   // The distributed optimizer's layout: every unit starts on a 64-element boundary and every
   // bucket is padded to a multiple of lcm(dp, 128), so each dp rank owns an equal contiguous shard.
   bool distributed_optimizer = false;
+  // Ranks sharing the shards and this rank's index among them (HSDP: the sharding group; else dp).
+  // 0 for shard_ranks: data_parallel_size.
+  int shard_ranks = 0;
+  int shard_rank = 0;
+  bool shard_grads = false;   // ZeRO-2 and 3 (needs distributed_optimizer)
+  bool shard_params = false;  // ZeRO-3 (needs shard_grads)
+  // Non-empty: every parameter in exactly one group, groups in registration order; buckets are cut
+  // at group boundaries, laid out in reverse group order (and reverse registration order inside).
+  std::vector<std::vector<Parameter*>> groups;
 };
 
 // Where each unit (a parameter, or the parameters of one fused storage) lands in the buffers: the
@@ -41,7 +59,9 @@ struct BufferLayout {
   std::vector<int64_t> bucket_numels;  // padded sizes, in order
   int64_t numel = 0;                   // padded total
 };
-BufferLayout layout_buffer(const std::vector<int64_t>& unit_numels, const BufferOptions& options);
+// `unit_groups` (empty, or one group id per unit): a bucket also closes where the group changes.
+BufferLayout layout_buffer(const std::vector<int64_t>& unit_numels, const BufferOptions& options,
+                           const std::vector<int>& unit_groups = {});
 
 struct Bucket {
   int index = 0;
@@ -50,6 +70,10 @@ struct Bucket {
   std::vector<Parameter*> params;  // in layout order
   Tensor params_view;              // [numel] view of the parameter buffer (param_dtype)
   Tensor grads_view;               // [numel] view of the fp32 gradient buffer
+  int group = -1;                  // index into BufferOptions::groups; -1 without groups
+  // This rank's shard [numel / shard_ranks] (distributed optimizer only): views of the full
+  // buffers, or of the sharded storage with shard_grads / shard_params.
+  Tensor param_shard, grad_shard;
 };
 
 class ParamAndGradBuffer {
@@ -68,19 +92,35 @@ class ParamAndGradBuffer {
   bool contains(const Parameter* p) const { return index_.count(p) > 0; }
   int64_t offset_of(const Parameter* p) const { return index_.at(p).offset; }
   int bucket_of(const Parameter* p) const { return index_.at(p).bucket; }
+  int64_t numel_of(const Parameter* p) const { return index_.at(p).numel; }
+
+  bool grads_sharded() const { return options_.shard_grads; }
+  bool params_sharded() const { return options_.shard_params; }
+  // Sharded storage: allocates the bucket's full parameters (uninitialised) or gradients (zeroed)
+  // and points its Parameters' values or grads into them.
+  void materialize_params(Bucket& bucket);
+  void materialize_grads(Bucket& bucket);
+  // The reverse: the Parameters' values or grads become undefined; returns the full tensor (which
+  // a caller may keep alive, e.g. for a reduction still in flight).
+  Tensor release_params(Bucket& bucket);
+  Tensor release_grads(Bucket& bucket);
 
   int64_t numel() const { return numel_; }                    // padded
   int64_t numel_unpadded() const { return numel_unpadded_; }  // sum of parameter sizes
-  Tensor& param_data() { return params_; }                    // [numel] param_dtype
-  Tensor& grad_data() { return grads_; }                      // [numel] fp32
+  // The full buffers; undefined with shard_params / shard_grads (see the buckets' views).
+  Tensor& param_data() { return params_; }  // [numel] param_dtype
+  Tensor& grad_data() { return grads_; }    // [numel] fp32
+  Device device() const { return device_; }
   // bf16/fp16 parameters: the optimizer keeps fp32 main weights apart from this buffer.
   bool low_precision() const { return options_.param_dtype != DType::F32; }
-  void zero_grads() { grads_.zero_(); }
+  void zero_grads();  // the full gradients, or the shards and any materialised full ones
 
  private:
   struct Location {
     int64_t offset = 0;
     int bucket = 0;
+    int64_t numel = 0;
+    Shape shape;
   };
   BufferOptions options_;
   std::vector<Parameter*> layout_;
@@ -88,6 +128,8 @@ class ParamAndGradBuffer {
   std::vector<Bucket> buckets_;
   int64_t numel_ = 0, numel_unpadded_ = 0;
   Tensor params_, grads_;
+  Tensor param_shards_, grad_shards_;  // sharded storage: every bucket's shard, bucket after bucket
+  Device device_ = Device::cpu();
 };
 
 }  // namespace parallel

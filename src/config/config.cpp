@@ -38,6 +38,7 @@ constexpr std::string_view kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
 constexpr std::string_view kDeviceKindNames[] = {"cpu", "cuda"};
+constexpr std::string_view kShardingNames[] = {"none", "optim", "optim_grads", "optim_grads_params"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -46,6 +47,7 @@ std::span<const std::string_view> names_of(Precision) { return kPrecisionNames; 
 std::span<const std::string_view> names_of(Recompute) { return kRecomputeNames; }
 std::span<const std::string_view> names_of(LrDecay) { return kLrDecayNames; }
 std::span<const std::string_view> names_of(DeviceKind) { return kDeviceKindNames; }
+std::span<const std::string_view> names_of(Sharding) { return kShardingNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -127,7 +129,15 @@ void for_each_field(S& s, F&& f) {
   f("beta2", s.beta2, "Adam second-moment decay");
   f("eps", s.eps, "Adam epsilon");
   f("clip_grad", s.clip_grad, "global gradient-norm clip (0: no clipping)");
-  f("distributed", s.distributed, "shard optimizer state over data-parallel ranks");
+  f("distributed", s.distributed, "shard optimizer state over data-parallel ranks (sharding: optim)");
+  f("sharding", s.sharding,
+    "what is sharded over data-parallel ranks: optimizer state, + gradients, + parameters (ZeRO-1/2/3)");
+  f("sharding_group_size", s.sharding_group_size,
+    "HSDP: shard within groups of this many data-parallel ranks, replicate across groups (0: all)");
+  f("reshard_after_forward", s.reshard_after_forward,
+    "optim_grads_params: free a unit's gathered parameters after its forward (gather again for backward)");
+  f("prefetch_units", s.prefetch_units,
+    "optim_grads_params: units whose parameter all-gather runs ahead of the computing one");
   f("overlap_grad_reduce", s.overlap_grad_reduce, "overlap gradient reduction with the backward pass");
   f("overlap_param_gather", s.overlap_param_gather, "overlap parameter all-gather with the forward pass");
   f("bucket_size", s.bucket_size, "gradient bucket size in elements (0: max(40M, 1M * data))");
@@ -717,8 +727,24 @@ void validate_config(Config& c, int world_size) {
   rules.require(o.initial_loss_scale > 0, o.initial_loss_scale, "must be > 0");
   rules.require(o.warmup_steps <= t.steps, o.warmup_steps,
                 fmt::format("must be <= {} ({})", rules.key(t.steps), t.steps));
+  // `distributed: true` is the old spelling of `sharding: optim`; afterwards it says whether
+  // optimizer state is sharded at all (idempotent: a written config reads back the same).
+  if (o.distributed && o.sharding == Sharding::None) o.sharding = Sharding::Optim;
+  o.distributed = o.sharding != Sharding::None;
   rules.require(!o.overlap_param_gather || o.distributed, o.overlap_param_gather,
                 fmt::format("requires {} = true", rules.key(o.distributed)));
+  rules.require(o.sharding_group_size >= 0, o.sharding_group_size, "must be >= 0");
+  if (o.sharding_group_size > 0) {
+    rules.require(o.sharding != Sharding::None, o.sharding_group_size,
+                  fmt::format("requires {} other than none", rules.key(o.sharding)));
+    rules.require(p.data % o.sharding_group_size == 0, o.sharding_group_size,
+                  fmt::format("must divide {} ({})", rules.key(p.data), p.data));
+  }
+  rules.require(o.reshard_after_forward || o.sharding == Sharding::OptimGradsParams, o.reshard_after_forward,
+                fmt::format("may be false only with {} = optim_grads_params (the only mode that gathers "
+                            "parameters per unit)",
+                            rules.key(o.sharding)));
+  rules.require(o.prefetch_units >= 0, o.prefetch_units, "must be >= 0");
 
   // Data.
   rules.require(valid_split(c.data.split), c.data.split,

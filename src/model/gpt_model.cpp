@@ -49,6 +49,21 @@ struct GPTModel::Impl {
   std::unique_ptr<model::OutputLayer> output;
   std::function<void(Parameter&)> grad_ready;
   std::function<void(Parameter&)> param_use;
+  std::function<void(UnitPhase, const std::vector<Parameter*>&)> unit_hook;
+  std::vector<Parameter*> embedding_params() {
+    std::vector<Parameter*> out{&word->weight};
+    if (position) out.push_back(&*position);
+    return out;
+  }
+  std::vector<Parameter*> output_params() {  // what the output unit reads
+    std::vector<Parameter*> out = final_norm->parameters();
+    out.push_back(output_weight ? &*output_weight : &word->weight);
+    return out;
+  }
+  template <typename Params>
+  void unit(UnitPhase phase, Params&& params) {
+    if (unit_hook) unit_hook(phase, params());
+  }
   void ready(Parameter& p) const {
     if (grad_ready) grad_ready(p);
   }
@@ -181,6 +196,21 @@ void GPTModel::set_param_use_hook(std::function<void(Parameter&)> hook) {
   impl_->param_use = std::move(hook);
 }
 
+void GPTModel::set_unit_hook(std::function<void(UnitPhase, const std::vector<Parameter*>&)> hook) {
+  impl_->unit_hook = std::move(hook);
+}
+
+std::vector<std::vector<Parameter*>> GPTModel::units() {
+  std::vector<std::vector<Parameter*>> out;
+  if (impl_->word) out.push_back(impl_->embedding_params());
+  for (auto& layer : impl_->layers) out.push_back(layer->parameters());
+  if (impl_->final_norm) {
+    out.push_back(impl_->final_norm->parameters());
+    if (impl_->output_weight) out.back().push_back(&*impl_->output_weight);
+  }
+  return out;
+}
+
 namespace {
 
 // targets [b, s] -> [s * b] in the activations' (s, b) order.
@@ -223,6 +253,7 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                    "GPTModel: tokens {} must be [b, s] int32", input.str());
     act.batch = input.size(0);
     act.seq = input.size(1);
+    m.unit(UnitPhase::BeforeForward, [&] { return m.embedding_params(); });
     m.use(m.word->weight);
     x = m.word->forward(input, act.embedding);  // [s(/tp), b, h], reduced over tp
     if (m.position) {
@@ -234,6 +265,7 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
+    m.unit(UnitPhase::AfterForward, [&] { return m.embedding_params(); });
   } else {
     x = input;
     act.seq = input.size(0) * (env.sequence_parallel ? p : 1);
@@ -241,11 +273,16 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
   }
   act.layers.resize(m.layers.size());
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const auto params = [&] { return m.layers[i]->parameters(); };
+    m.unit(UnitPhase::BeforeForward, params);
     for (Parameter* p : m.layers[i]->parameters()) m.use(*p);
     x = m.layers[i]->forward(x, act.layers[i], micro_batch);
+    m.unit(UnitPhase::AfterForward, params);
   }
   if (!spec_.post_process) return x;
 
+  const auto output_params = [&] { return m.output_params(); };
+  m.unit(UnitPhase::BeforeForward, output_params);
   for (Parameter* p : m.final_norm->parameters()) m.use(*p);
   Tensor y = m.final_norm->forward(x, act.final_norm);
   // A weight tied to this chunk's own embedding was already used by the lookup above.
@@ -259,6 +296,7 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
   // The sum over tokens as a column sum of [n, 1]: stays on the device, no extra op needed.
   Tensor total = Tensor::zeros({1}, DType::F32, losses.device());
   ops::bias_backward(losses.view({n, 1}), total);
+  m.unit(UnitPhase::AfterForward, output_params);
   return total;
 }
 
@@ -275,6 +313,8 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
     Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
     ops::add_bias(grad_loss, grad.view({1}));
     grad_loss = grad_loss.view({n});
+    const auto output_params = [&] { return m.output_params(); };
+    m.unit(UnitPhase::BeforeBackward, output_params);
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
     // The loss is computed in fp32 from the bf16 logits; the gradient goes back as bf16 logits' grad.
     dx = m.output->backward(dlogits, act.output);
@@ -282,16 +322,21 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
     if (m.output_weight) m.ready(*m.output_weight);
     dx = m.final_norm->backward(dx, act.final_norm);
     for (Parameter* p : m.final_norm->parameters()) m.ready(*p);
+    m.unit(UnitPhase::AfterBackward, output_params);
   } else {
     dx = grad;
   }
   for (std::size_t i = m.layers.size(); i-- > 0;) {
+    const auto params = [&] { return m.layers[i]->parameters(); };
+    m.unit(UnitPhase::BeforeBackward, params);
     dx = m.layers[i]->backward(dx, act.layers[i]);
     for (Parameter* p : m.layers[i]->parameters()) m.ready(*p);
+    m.unit(UnitPhase::AfterBackward, params);
   }
   act.layers.clear();
   if (!spec_.pre_process) return dx;
 
+  m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
   if (m.position) {
     positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
@@ -299,6 +344,7 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
   }
   m.word->backward(dx, act.embedding);
   m.ready(m.word->weight);
+  m.unit(UnitPhase::AfterBackward, [&] { return m.embedding_params(); });
   return Tensor();
 }
 

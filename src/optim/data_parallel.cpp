@@ -20,20 +20,71 @@ std::vector<Parameter*> chunk_params(const std::vector<GPTModel*>& chunks) {
 
 DataParallelOptions DataParallelOptions::from(const OptimizerConfig& o, Precision precision) {
   DataParallelOptions d;
+  d.sharding = o.sharding;
+  if (o.distributed && d.sharding == Sharding::None) d.sharding = Sharding::Optim;
+  d.distributed_optimizer = d.sharding != Sharding::None;
   d.overlap_grad_reduce = o.overlap_grad_reduce;
-  d.overlap_param_gather = o.overlap_param_gather && o.distributed;
-  d.distributed_optimizer = o.distributed;
+  d.overlap_param_gather = o.overlap_param_gather && d.distributed_optimizer;
   d.bucket_size = o.bucket_size;
   d.precision = precision;
+  d.sharding_group_size = o.sharding_group_size;
+  d.reshard_after_forward = o.reshard_after_forward;
+  d.prefetch_units = o.prefetch_units;
   return d;
 }
 
+namespace {
+
+// Gradients that other groups must still sum (tied embeddings over the embedding group,
+// sequence-parallel norms over tp: finalize_grads) are final only after finalize_grads, which the
+// caller runs before finish_grad_sync.
+bool reduced_after_finalize(const Parameter& p) {
+  return p.sequence_parallel_grad || p.shared_across_pipeline;
+}
+
+// Sharding beyond the optimizer state needs the units; the options say it once.
+DataParallelOptions checked(DataParallelOptions o) {
+  if (o.sharding == Sharding::None && o.distributed_optimizer) o.sharding = Sharding::Optim;
+  o.distributed_optimizer = o.sharding != Sharding::None;
+  PARALLEL_CHECK(o.prefetch_units >= 0, "DataParallel: prefetch_units {} < 0", o.prefetch_units);
+  return o;
+}
+
+// The buffer groups of sharded gradients: each unit's parameters, those reduced after finalize
+// apart (their own buckets).
+std::vector<std::vector<Parameter*>> unit_groups(const std::vector<GPTModel*>& chunks) {
+  std::vector<std::vector<Parameter*>> out;
+  std::unordered_set<const Parameter*> seen;
+  for (GPTModel* c : chunks)
+    for (const auto& unit : c->units()) {
+      std::vector<Parameter*> now, later;
+      for (Parameter* p : unit)
+        if (seen.insert(p).second) (reduced_after_finalize(*p) ? later : now).push_back(p);
+      out.push_back(std::move(now));
+      out.push_back(std::move(later));  // may be empty: an empty group holds no bucket
+    }
+  return out;
+}
+
+}  // namespace
+
 DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& dp,
                            DataParallelOptions options)
-    : DataParallel(chunk_params(chunks), dp, options) {
+    : dp_(dp), options_(checked(options)) {
   chunks_ = chunks;
+  shard_grads_ = options_.sharding == Sharding::OptimGrads || options_.sharding == Sharding::OptimGradsParams;
+  shard_params_ = options_.sharding == Sharding::OptimGradsParams;
+  std::vector<std::vector<Parameter*>> groups;
+  if (shard_grads_) groups = unit_groups(chunks);
+  build(chunk_params(chunks), std::move(groups));
   for (GPTModel* c : chunks_) c->set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
-  if (options_.overlap_param_gather && options_.distributed_optimizer) {
+  if (shard_grads_) {
+    set_up_units();
+    for (GPTModel* c : chunks_)
+      c->set_unit_hook([this](GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
+        on_unit(phase, params);
+      });
+  } else if (options_.overlap_param_gather && options_.distributed_optimizer) {
     gather_on_use_ = true;
     for (GPTModel* c : chunks_) c->set_param_use_hook([this](Parameter& p) { on_param_use(p); });
   }
@@ -41,15 +92,41 @@ DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& d
 
 DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& dp,
                            DataParallelOptions options)
-    : dp_(dp), options_(options) {
+    : dp_(dp), options_(checked(options)) {
+  PARALLEL_CHECK(options_.sharding == Sharding::None || options_.sharding == Sharding::Optim,
+                 "DataParallel: sharding gradients or parameters needs the model chunks (their unit hooks)");
+  build(params, {});
+}
+
+void DataParallel::build(const std::vector<Parameter*>& params, std::vector<std::vector<Parameter*>> groups) {
   std::unordered_set<const Parameter*> seen;
   for (Parameter* p : params)
     if (seen.insert(p).second) params_.push_back(p);
+  // HSDP: groups of k consecutive dp ranks share the shards; the ranks with the same index in each
+  // group hold the same shard. Collective over dp (every dp rank builds its DDP).
+  const int k = options_.sharding_group_size > 0 ? options_.sharding_group_size : dp_.size();
+  PARALLEL_CHECK(dp_.size() % k == 0, "DataParallel: sharding group size {} does not divide dp size {}", k,
+                 dp_.size());
+  PARALLEL_CHECK(k == dp_.size() || options_.distributed_optimizer,
+                 "DataParallel: sharding_group_size needs a sharding mode");
+  if (k == dp_.size()) {
+    shard_ = &dp_;
+  } else {
+    shard_owned_ = dp_.split(dp_.rank() / k, dp_.rank() % k);
+    replica_owned_ = dp_.split(dp_.rank() % k, dp_.rank() / k);
+    shard_ = shard_owned_.get();
+    replica_ = replica_owned_.get();
+  }
   BufferOptions b;
   b.param_dtype = compute_dtype(options_.precision);
   b.bucket_size = options_.bucket_size;
-  b.data_parallel_size = dp.size();
+  b.data_parallel_size = dp_.size();
   b.distributed_optimizer = options_.distributed_optimizer;
+  b.shard_ranks = shard_->size();
+  b.shard_rank = shard_->rank();
+  b.shard_grads = shard_grads_;
+  b.shard_params = shard_params_;
+  b.groups = std::move(groups);
   buffer_ = std::make_unique<ParamAndGradBuffer>(params_, b);
   const std::size_t n = buffer_->buckets().size();
   ready_count_.assign(n, 0);
@@ -57,57 +134,124 @@ DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& 
   gather_work_.assign(n, nullptr);
 }
 
+void DataParallel::set_up_units() {
+  // Buffer groups come in pairs per unit (unit_groups): group g belongs to unit g / 2.
+  int unit = 0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    for (const auto& params : chunks_[c]->units()) {
+      for (Parameter* p : params) unit_of_.emplace(p, unit);
+      unit_chunk_.push_back(static_cast<int>(c));
+      ++unit;
+    }
+  unit_buckets_.assign(static_cast<std::size_t>(unit), {});
+  for (const Bucket& b : buffer_->buckets())
+    unit_buckets_[static_cast<std::size_t>(b.group / 2)].push_back(b.index);
+  // Gathers run in forward order: the unit's buckets in the reverse of their layout order.
+  for (auto& list : unit_buckets_) std::sort(list.rbegin(), list.rend());
+}
+
 DataParallel::~DataParallel() {
   for (GPTModel* c : chunks_) {
     c->set_grad_ready_hook(nullptr);
     c->set_param_use_hook(nullptr);
+    c->set_unit_hook(nullptr);
   }
   // Nothing may still write into the buffers once they are gone.
   for (auto& w : reduce_work_)
     if (w) w->wait();
   for (auto& w : gather_work_)
     if (w) w->wait();
+  for (auto& r : reducing_) r.work->wait();
 }
 
-void DataParallel::record(DdpEvent::Kind kind, int bucket, const Parameter* param) {
-  if (record_) events_.push_back({kind, bucket, param, std::chrono::steady_clock::now()});
+void DataParallel::record(DdpEvent::Kind kind, int bucket, const Parameter* param, bool backward) {
+  if (record_) events_.push_back({kind, bucket, param, backward, std::chrono::steady_clock::now()});
 }
 
 void DataParallel::zero_grad() {
-  if (!gather_on_use_) finish_param_gather();
+  if (!gather_on_use_ && !shard_params_) finish_param_gather();
+  while (!reducing_.empty()) complete_oldest_sharded_reduce();
   buffer_->zero_grads();
   ready_.clear();
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
 }
 
 BucketShard DataParallel::shard(const Bucket& bucket) const {
-  const Chunk c = chunk_of(bucket.numel, dp_.size(), dp_.rank());
+  const Chunk c = chunk_of(bucket.numel, shard_->size(), shard_->rank());
   return {c.offset, c.count};
 }
 
 void DataParallel::launch_reduce(Bucket& bucket) {
   // Average, not sum: scaling before the reduction keeps bf16/fp16 reductions in range, as Megatron.
   if (dp_.size() > 1) ops::scale_(bucket.grads_view, 1.0f / static_cast<float>(dp_.size()));
+  if (shard_grads_) {
+    // Into a fresh shard-sized tensor, added to the persistent shard once it lands; the full-size
+    // gradient is released now (the reduction holds it until then).
+    ShardedReduce r;
+    r.bucket = bucket.index;
+    r.full = buffer_->release_grads(bucket);
+    if (shard_->size() == 1) {
+      r.out = r.full;
+      r.work = completed_work();
+    } else {
+      r.out = Tensor::empty({bucket.grad_shard.numel()}, DType::F32, r.full.device());
+      r.work = shard_->reduce_scatter(r.full, r.out, ReduceOp::Sum, /*async=*/true);
+    }
+    reducing_.push_back(std::move(r));
+    record(DdpEvent::Kind::ReduceLaunched, bucket.index);
+    // Bounded: at most prefetch_units + 1 full-size gradients wait in flight.
+    while (reducing_.size() > static_cast<std::size_t>(options_.prefetch_units) + 1)
+      complete_oldest_sharded_reduce();
+    return;
+  }
   if (dp_.size() == 1) {
     reduce_work_[bucket.index] = completed_work();
   } else if (options_.distributed_optimizer) {
-    const BucketShard s = shard(bucket);
-    Tensor mine = bucket.grads_view.narrow(0, s.offset, s.count);
-    reduce_work_[bucket.index] = dp_.reduce_scatter(bucket.grads_view, mine, ReduceOp::Sum, /*async=*/true);
+    Tensor mine = bucket.grad_shard;
+    reduce_work_[bucket.index] =
+        shard_->reduce_scatter(bucket.grads_view, mine, ReduceOp::Sum, /*async=*/true);
   } else {
     reduce_work_[bucket.index] = dp_.all_reduce(bucket.grads_view, ReduceOp::Sum, /*async=*/true);
   }
   record(DdpEvent::Kind::ReduceLaunched, bucket.index);
 }
 
+void DataParallel::complete_reduce(Bucket& bucket) {
+  reduce_work_[bucket.index]->wait();
+  reduce_work_[bucket.index] = nullptr;
+  // HSDP: the group's reduce-scatter summed k ranks; the other groups hold the same shard's sums.
+  if (replica_ != nullptr && replica_->size() > 1) replica_->all_reduce(bucket.grad_shard, ReduceOp::Sum);
+  record(DdpEvent::Kind::ReduceDone, bucket.index);
+}
+
+void DataParallel::complete_oldest_sharded_reduce() {
+  ShardedReduce r = std::move(reducing_.front());
+  reducing_.erase(reducing_.begin());
+  r.work->wait();
+  if (replica_ != nullptr && replica_->size() > 1) replica_->all_reduce(r.out, ReduceOp::Sum);
+  Bucket& bucket = buffer_->buckets()[static_cast<std::size_t>(r.bucket)];
+  ops::add_(bucket.grad_shard, r.out);
+  record(DdpEvent::Kind::ReduceDone, r.bucket);
+}
+
 void DataParallel::on_grad_ready(Parameter& param) {
-  if (!options_.overlap_grad_reduce || !is_last_microbatch_) return;
   const Parameter* p = &param;
+  if (shard_grads_) {
+    // Every micro-batch: a bucket's gradients are final for this micro-batch once all its
+    // parameters reported (each reports once per backward call of its chunk).
+    if (!buffer_->contains(p) || reduced_after_finalize(param)) return;
+    record(DdpEvent::Kind::GradReady, -1, p);
+    const int b = buffer_->bucket_of(p);
+    Bucket& bucket = buffer_->buckets()[static_cast<std::size_t>(b)];
+    if (++ready_count_[b] == static_cast<int>(bucket.params.size())) {
+      ready_count_[b] = 0;
+      launch_reduce(bucket);
+    }
+    return;
+  }
+  if (!options_.overlap_grad_reduce || !is_last_microbatch_) return;
   if (!buffer_->contains(p)) return;  // not part of this replica (e.g. another DDP's chunk)
-  // Gradients that other groups must still sum (tied embeddings over the embedding group,
-  // sequence-parallel norms over tp: finalize_grads) are not final yet; their buckets are reduced
-  // in finish_grad_sync, which the caller runs after finalize_grads.
-  if (param.sequence_parallel_grad || param.shared_across_pipeline) return;
+  if (reduced_after_finalize(param)) return;
   record(DdpEvent::Kind::GradReady, -1, p);
   const int b = buffer_->bucket_of(p);
   PARALLEL_CHECK(ready_.insert(p).second,
@@ -119,12 +263,15 @@ void DataParallel::on_grad_ready(Parameter& param) {
 }
 
 void DataParallel::finish_grad_sync() {
-  for (Bucket& b : buffer_->buckets())
-    if (!reduce_work_[b.index]) launch_reduce(b);
-  for (Bucket& b : buffer_->buckets()) {
-    reduce_work_[b.index]->wait();
-    reduce_work_[b.index] = nullptr;
-    record(DdpEvent::Kind::ReduceDone, b.index);
+  if (shard_grads_) {
+    // What is still full-size: buckets reduced after finalize_grads (and any a hook never closed).
+    for (Bucket& b : buffer_->buckets())
+      if (b.grads_view.defined()) launch_reduce(b);
+    while (!reducing_.empty()) complete_oldest_sharded_reduce();
+  } else {
+    for (Bucket& b : buffer_->buckets())
+      if (!reduce_work_[b.index]) launch_reduce(b);
+    for (Bucket& b : buffer_->buckets()) complete_reduce(b);
   }
   ready_.clear();
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
@@ -133,15 +280,14 @@ void DataParallel::finish_grad_sync() {
 void DataParallel::start_param_gather(bool async) {
   PARALLEL_CHECK(options_.distributed_optimizer,
                  "DataParallel: parameter all-gather needs the distributed optimizer");
+  PARALLEL_CHECK(!shard_params_, "DataParallel: sharded parameters are gathered unit by unit");
   for (Bucket& b : buffer_->buckets()) {
     if (gather_work_[b.index]) gather_work_[b.index]->wait();
-    if (dp_.size() == 1) {
+    if (shard_->size() == 1) {
       gather_work_[b.index] = completed_work();
     } else {
       // The shard already sits in its slot of the bucket: an in-place all-gather.
-      const BucketShard s = shard(b);
-      const Tensor mine = b.params_view.narrow(0, s.offset, s.count);
-      gather_work_[b.index] = dp_.all_gather(mine, b.params_view, async);
+      gather_work_[b.index] = shard_->all_gather(b.param_shard, b.params_view, async);
     }
     record(DdpEvent::Kind::GatherLaunched, b.index);
   }
@@ -153,6 +299,100 @@ void DataParallel::finish_gather(Bucket& bucket) {
   gather_work_[bucket.index]->wait();
   gather_work_[bucket.index] = nullptr;
   record(DdpEvent::Kind::GatherDone, bucket.index);
+}
+
+// ---- sharded parameters (ZeRO-3) -------------------------------------------------------------------
+
+void DataParallel::gather(Bucket& bucket) {
+  if (bucket.params_view.defined()) return;  // gathered, or a gather in flight
+  buffer_->materialize_params(bucket);
+  if (shard_->size() == 1) {
+    bucket.params_view.copy_(bucket.param_shard);
+    gather_work_[bucket.index] = completed_work();
+  } else {
+    gather_work_[bucket.index] = shard_->all_gather(bucket.param_shard, bucket.params_view, /*async=*/true);
+  }
+  gathered_bytes_ += static_cast<int64_t>(bucket.params_view.nbytes());
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  record(DdpEvent::Kind::GatherLaunched, bucket.index);
+}
+
+void DataParallel::release(Bucket& bucket) {
+  if (pinned_ || !bucket.params_view.defined()) return;
+  finish_gather(bucket);
+  gathered_bytes_ -= static_cast<int64_t>(bucket.params_view.nbytes());
+  buffer_->release_params(bucket);
+  record(DdpEvent::Kind::ParamsReleased, bucket.index);
+}
+
+void DataParallel::prefetch(int unit, int direction) {
+  for (int k = 1; k <= options_.prefetch_units; ++k) {
+    const int next = unit + direction * k;
+    // Only inside the chunk: which chunk runs next is the pipeline schedule's business.
+    if (next < 0 || next >= static_cast<int>(unit_buckets_.size()) ||
+        unit_chunk_[static_cast<std::size_t>(next)] != unit_chunk_[static_cast<std::size_t>(unit)])
+      break;
+    for (int b : unit_buckets_[static_cast<std::size_t>(next)])
+      gather(buffer_->buckets()[static_cast<std::size_t>(b)]);
+  }
+}
+
+void DataParallel::on_unit(GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
+  using Phase = GPTModel::UnitPhase;
+  if (params.empty() || !buffer_->contains(params.front())) return;  // another DDP's chunk
+  const int unit = unit_of_.at(params.front());
+  const bool backward = phase == Phase::BeforeBackward || phase == Phase::AfterBackward;
+  // The buckets this unit reads (a tied output weight lives in the embedding's buckets).
+  std::vector<int> buckets;
+  for (Parameter* p : params) {
+    const int b = buffer_->bucket_of(p);
+    if (std::find(buckets.begin(), buckets.end(), b) == buckets.end()) buckets.push_back(b);
+  }
+  auto bucket = [&](int b) -> Bucket& { return buffer_->buckets()[static_cast<std::size_t>(b)]; };
+  switch (phase) {
+    case Phase::BeforeForward:
+    case Phase::BeforeBackward:
+      if (shard_params_) {
+        for (int b : buckets) gather(bucket(b));
+        // The next units' gathers run while this one computes.
+        prefetch(unit, backward ? -1 : +1);
+        for (int b : buckets) finish_gather(bucket(b));
+      }
+      if (backward)
+        for (int b : buckets) buffer_->materialize_grads(bucket(b));
+      record(DdpEvent::Kind::UnitBegin, unit, nullptr, backward);
+      break;
+    case Phase::AfterForward:
+    case Phase::AfterBackward:
+      record(DdpEvent::Kind::UnitEnd, unit, nullptr, backward);
+      if (shard_params_ && (backward || options_.reshard_after_forward))
+        for (int b : buckets) release(bucket(b));
+      break;
+  }
+}
+
+void DataParallel::unshard() {
+  if (!shard_params_) {
+    finish_param_gather();
+    return;
+  }
+  for (Bucket& b : buffer_->buckets()) gather(b);
+  finish_param_gather();
+  pinned_ = true;
+}
+
+void DataParallel::reshard(bool write_shards) {
+  if (!shard_params_) return;
+  finish_param_gather();
+  pinned_ = false;
+  for (Bucket& b : buffer_->buckets()) {
+    if (!b.params_view.defined()) continue;
+    if (write_shards) {
+      const BucketShard s = shard(b);
+      b.param_shard.copy_(b.params_view.narrow(0, s.offset, s.count));
+    }
+    release(b);
+  }
 }
 
 void DataParallel::finish_param_gather() {

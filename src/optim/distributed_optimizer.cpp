@@ -1,4 +1,5 @@
-// The distributed optimizer (ZeRO-1): state for this dp rank's shard of every bucket only.
+// The distributed optimizer (ZeRO-1, and the update of ZeRO-2/3): state for this rank's shard of
+// every bucket only.
 #include "parallel/optimizer.hpp"
 
 namespace parallel {
@@ -11,24 +12,28 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
   PARALLEL_CHECK(groups.dp == nullptr || groups.dp->size() == ddp.dp().size(),
                  "DistributedOptimizer: dp group size {} differs from the DDP's {}", groups.dp->size(),
                  ddp.dp().size());
+  // The shards differ only inside the sharding group (HSDP: the other groups hold the same ones),
+  // so the norm sums over it.
+  if (groups_.dp != nullptr) groups_.dp = &ddp.shard_group();
   ParamAndGradBuffer& buf = ddp.buffer();
   const bool low = buf.low_precision();
   int64_t total = 0;
   for (const Bucket& b : buf.buckets()) total += ddp.shard(b).count;
   // The shards are laid out in the state tensors bucket after bucket, padding included: at most
-  // lcm(dp, 128) / dp elements per bucket.
-  allocate_state(total, low, buf.grad_data().device());
+  // lcm(shard ranks, 128) / shard ranks elements per bucket.
+  allocate_state(total, low, buf.device());
   int64_t state_base = 0;
   for (const Bucket& b : buf.buckets()) {
     const BucketShard sh = ddp.shard(b);
     const int64_t lo = b.offset + sh.offset, hi = lo + sh.count;
     for (Parameter* p : b.params) {
-      const int64_t p_lo = buf.offset_of(p), p_hi = p_lo + p->numel();
+      const int64_t p_lo = buf.offset_of(p), p_hi = p_lo + buf.numel_of(p);
       const int64_t s_lo = std::max(lo, p_lo), s_hi = std::min(hi, p_hi);
       if (s_lo >= s_hi) continue;
       const int64_t n = s_hi - s_lo, state_off = state_base + (s_lo - lo);
-      Tensor grad = buf.grad_data().narrow(0, s_lo, n);
-      Tensor params = buf.param_data().narrow(0, s_lo, n);
+      // Views of the bucket's shard: the full buffers, or the sharded storage (ZeRO-2/3).
+      Tensor grad = b.grad_shard.narrow(0, s_lo - lo, n);
+      Tensor params = b.param_shard.narrow(0, s_lo - lo, n);
       if (low) {
         Tensor main = main_.narrow(0, state_off, n);
         main.copy_(params);  // widened from the 16-bit values
@@ -44,12 +49,18 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
 
 void DistributedOptimizer::before_update() {
   // With overlap_param_gather a bucket whose parameters the forward never used may still be
-  // gathering into the buffer that the update writes this rank's shard of.
+  // gathering into the buffer that the update writes this rank's shard of (ZeRO-3: a gather may
+  // still be reading the shard).
   ddp_.finish_param_gather();
 }
 
 void DistributedOptimizer::after_update() {
-  ddp_.start_param_gather(/*async=*/ddp_.options().overlap_param_gather);
+  // ZeRO-3: whatever is still gathered (an evaluation's units kept by reshard_after_forward false)
+  // holds the old values; the next forward gathers the updated shards.
+  if (ddp_.buffer().params_sharded())
+    ddp_.reshard();
+  else
+    ddp_.start_param_gather(/*async=*/ddp_.options().overlap_param_gather);
 }
 
 }  // namespace parallel

@@ -81,7 +81,7 @@ std::vector<Tensor> gather_over_dp(Optimizer& optimizer, int states) {
     const Tensor* src[3] = {&s.exp_avg, &s.exp_avg_sq, &s.main};
     for (int k = 0; k < states; ++k) full[k].narrow(0, at, n).copy_(*src[k]);
   }
-  Communicator& dp = ddp.dp();
+  Communicator& dp = ddp.shard_group();  // HSDP: the other groups hold the same shards
   if (dp.size() == 1) return full;
   for (const Bucket& b : buf.buckets()) {
     const BucketShard sh = ddp.shard(b);
@@ -211,8 +211,14 @@ TrainProgress progress_from_json(const json& j, int64_t index_step, bool& main_p
   return p;
 }
 
+// The parameters' full values are read and written below: a pending all-gather is finished, and
+// sharded parameters (ZeRO-3) are gathered and kept until release_params.
 void finish_pending_gather(Optimizer* optimizer) {
-  if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->finish_param_gather();
+  if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->unshard();
+}
+// ZeRO-3: frees the gathered parameters again; after a load, the loaded values become the shards.
+void release_params(Optimizer* optimizer, bool loaded) {
+  if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->reshard(loaded);
 }
 
 }  // namespace
@@ -244,8 +250,11 @@ std::string save_train_state(const std::string& root, const TrainProgress& progr
   checkpoint::SaveOptions options;
   options.keep_last = keep_last;
   options.layout_json = layout_json(state, optimizer);
-  return checkpoint::save(root, progress.step, tensors, extras_json(progress, optimizer), state.world(),
-                          options);
+  std::string dir = checkpoint::save(root, progress.step, tensors, extras_json(progress, optimizer),
+                                     state.world(), options);
+  tensors.clear();
+  release_params(optimizer, /*loaded=*/false);
+  return dir;
 }
 
 LoadResult load_train_state(const std::string& path, const std::string& default_root,
@@ -296,6 +305,7 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
     checkpoint::load(loaded.step_dir, tensors, state.world());
   }
   for (auto [copy, original] : named.duplicates) copy->value.copy_(original->value);
+  release_params(optimizer, /*loaded=*/true);
   // The main params must follow the loaded weights (or, below, the saved main params): otherwise
   // the next step would write the optimizer's old weights back over the loaded ones.
   optimizer->reset_main_from_params();

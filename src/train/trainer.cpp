@@ -248,6 +248,16 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   }
   m.model = std::make_unique<pipeline::GPTPipelineModel>(raw);
 
+  // Parameter count of the whole model: every element counted once, by the rank that would write it
+  // to a checkpoint, without vocabulary padding. Before DDP: with sharded parameters the values are
+  // gathered only while a unit computes.
+  int64_t local = 0;
+  for (Parameter* p : m.parameters())
+    if (checkpoint::is_replica_writer(*p, m.state->coord()))
+      local += checkpoint::from_parameter(*p, true).local.numel();
+  Tensor count = Tensor::full({1}, static_cast<double>(local), DType::F32);
+  m.world.all_reduce(count);
+
   // Data parallelism owns the parameter and gradient buffers; the optimizer works on them.
   m.ddp = std::make_unique<DataParallel>(raw, m.state->dp(),
                                          DataParallelOptions::from(c.optimizer, c.train.precision));
@@ -283,14 +293,6 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
         (std::filesystem::path(c.train.output_dir) / "metrics.jsonl").string());
   }
 
-  // Parameter count of the whole model: every element counted once, by the rank that would write it
-  // to a checkpoint, without vocabulary padding.
-  int64_t local = 0;
-  for (Parameter* p : m.parameters())
-    if (checkpoint::is_replica_writer(*p, m.state->coord()))
-      local += checkpoint::from_parameter(*p, true).local.numel();
-  Tensor count = Tensor::full({1}, static_cast<double>(local), DType::F32);
-  m.world.all_reduce(count);
   progress().info(
       "GPT: {:.2f}M parameters, {} layers, hidden {}, {} heads; tensor {} x pipeline {} (x{} virtual) x data "
       "{}; {} micro-batches of {} per rank and step",

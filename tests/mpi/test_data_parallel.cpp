@@ -105,6 +105,10 @@ struct Layout {
   int tp;
   bool distributed, overlap_grad, overlap_param;
   Precision precision = Precision::FP32;
+  Sharding sharding = Sharding::None;  // None: `distributed` decides (optim or none)
+  bool reshard_after_forward = true;
+  bool hsdp = false;  // sharding_group_size = dp / 2 (needs dp >= 4)
+  int prefetch_units = 1;
 };
 void PrintTo(const Layout& s, std::ostream* os) { *os << s.label; }
 
@@ -113,6 +117,7 @@ class DataParallelParity : public ::testing::TestWithParam<Layout> {};
 TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
   const Layout setup = GetParam();
   if (world().size() % setup.tp != 0) GTEST_SKIP() << "world not divisible by tp";
+  if (setup.hsdp && world().size() / setup.tp < 4) GTEST_SKIP() << "HSDP needs dp >= 4";
   ParallelState state(world(), RankGrid::from_world(world().size(), setup.tp, 1));
   const int dp = state.dp().size(), d = state.coord().dp;
   const ModelConfig c = small_config();
@@ -129,10 +134,15 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
   oc.overlap_grad_reduce = setup.overlap_grad;
   oc.overlap_param_gather = setup.overlap_param;
   oc.bucket_size = 20000;  // several buckets
+  if (setup.sharding != Sharding::None) oc.sharding = setup.sharding;
+  oc.reshard_after_forward = setup.reshard_after_forward;
+  oc.prefetch_units = setup.prefetch_units;
+  if (setup.hsdp) oc.sharding_group_size = dp / 2;
   DataParallel ddp({&model}, state.dp(), DataParallelOptions::from(oc, setup.precision));
+  EXPECT_EQ(ddp.shard_group().size(), setup.hsdp ? dp / 2 : dp);
   ASSERT_GT(ddp.buffer().buckets().size(), 2u);
   std::unique_ptr<Optimizer> opt;
-  if (setup.distributed)
+  if (setup.distributed || setup.sharding != Sharding::None)
     opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups::from(state));
   else
     opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups::from(state));
@@ -156,8 +166,15 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
     EXPECT_NEAR(r.grad_norm, ref_results[step].grad_norm, 1e-5 * ref_results[step].grad_norm)
         << "step " << step;
     EXPECT_NEAR(r.clip_coef, ref_results[step].clip_coef, 1e-5 * ref_results[step].clip_coef);
+    if (ddp.buffer().params_sharded()) {
+      // Between steps nothing is gathered: the parameters exist only as shards.
+      EXPECT_EQ(ddp.gathered_param_bytes(), 0);
+      for (Parameter* p : model.parameters()) EXPECT_FALSE(p->value.defined()) << p->name;
+    }
+    if (ddp.buffer().grads_sharded())
+      for (Parameter* p : model.parameters()) EXPECT_FALSE(p->grad.defined()) << p->name;
   }
-  ddp.finish_param_gather();
+  ddp.unshard();  // ZeRO-3: gathers every unit to compare; otherwise finishes pending gathers
 
   std::map<std::string, Parameter*> by_name;
   for (Parameter* p : ref.parameters()) by_name[p->name] = p;
@@ -185,7 +202,59 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelParity,
                                            Layout{"Distributed", 1, true, false, false},
                                            Layout{"DistributedOverlap", 1, true, true, true},
                                            Layout{"Tp2AdamW", 2, false, true, false},
-                                           Layout{"Tp2Distributed", 2, true, true, true}),
+                                           Layout{"Tp2Distributed", 2, true, true, true},
+                                           Layout{.label = "OptimGrads",
+                                                  .tp = 1,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = true,
+                                                  .sharding = Sharding::OptimGrads},
+                                           Layout{.label = "OptimGradsParams",
+                                                  .tp = 1,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = false,
+                                                  .sharding = Sharding::OptimGradsParams},
+                                           Layout{.label = "OptimGradsParamsKeepAfterForward",
+                                                  .tp = 1,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = false,
+                                                  .sharding = Sharding::OptimGradsParams,
+                                                  .reshard_after_forward = false},
+                                           Layout{.label = "OptimGradsParamsNoPrefetch",
+                                                  .tp = 1,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = false,
+                                                  .sharding = Sharding::OptimGradsParams,
+                                                  .prefetch_units = 0},
+                                           Layout{.label = "Tp2OptimGradsParams",
+                                                  .tp = 2,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = false,
+                                                  .sharding = Sharding::OptimGradsParams},
+                                           Layout{.label = "HsdpOptim",
+                                                  .tp = 1,
+                                                  .distributed = true,
+                                                  .overlap_grad = true,
+                                                  .overlap_param = false,
+                                                  .hsdp = true},
+                                           Layout{.label = "HsdpOptimGrads",
+                                                  .tp = 1,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = false,
+                                                  .sharding = Sharding::OptimGrads,
+                                                  .hsdp = true},
+                                           Layout{.label = "HsdpOptimGradsParams",
+                                                  .tp = 1,
+                                                  .distributed = false,
+                                                  .overlap_grad = false,
+                                                  .overlap_param = false,
+                                                  .sharding = Sharding::OptimGradsParams,
+                                                  .hsdp = true}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 // ---- re-binding into the buffers ------------------------------------------------------------------

@@ -1,11 +1,17 @@
 // Parameter + gradient + optimizer-state bytes per parameter, measured from the allocator, against
-// Megatron's table (docs/optimizer.md), for d = world = 1, 2, 4 data-parallel ranks:
-//   fp32:                           16 plain AdamW,   8 + 8/d distributed optimizer
-//   bf16 params + fp32 grads/main:  18 plain AdamW,   6 + 12/d distributed optimizer
+// ZeRO's formulas (sharding.hpp, docs/optimizer.md), for d = world = 1, 2, 4, 8 data-parallel ranks:
+//   sharding             fp32       bf16 params + fp32 grads/main
+//   none                 16         18
+//   optim                8 + 8/d    6 + 12/d
+//   optim_grads          4 + 12/d   2 + 16/d
+//   optim_grads_params   16/d       18/d
 // Under bf16 the model computes on the buffer's 16-bit parameters themselves (precision.hpp): there
 // is no fp32 copy of the weights beyond the optimizer's main weights, so the table holds exactly.
+// With optim_grads_params the step's peak of gathered parameters is at most the prefetch window:
+// the largest (prefetch_units + 1) units plus the embedding a tied output layer reads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -14,6 +20,7 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/optimizer.hpp"
+#include "parallel/sharding.hpp"
 
 namespace parallel {
 namespace {
@@ -22,8 +29,10 @@ using testing::world;
 
 ModelConfig config() {
   ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 256;  // ~1.9M parameters: bucket padding is far below 5 %
+  // ~2.9M parameters: bucket padding is far below 5 %; 6 layers, so that ZeRO-3's prefetch window
+  // (the embedding, a layer and the next) is well below the whole model.
+  c.num_layers = 6;
+  c.hidden_size = 192;
   c.num_attention_heads = 4;
   c.vocab_size = 1000;
   c.seq_length = 8;
@@ -33,14 +42,9 @@ ModelConfig config() {
 struct Case {
   const char* label;
   Precision precision;
-  bool distributed;
+  Sharding sharding;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
-
-double megatron_bytes_per_param(const Case& c, int d) {
-  if (c.precision == Precision::FP32) return c.distributed ? 8.0 + 8.0 / d : 16.0;
-  return c.distributed ? 6.0 + 12.0 / d : 18.0;
-}
 
 // A position-weighted sum of every parameter: equal on two ranks only if the values are.
 double ops_checksum(GPTModel& model) {
@@ -63,10 +67,11 @@ TEST_P(OptimizerMemory, MatchesMegatronsTable) {
   {
     GPTModel model(c, {0, c.num_layers, true, true}, {.seed = 1, .precision = tc.precision}, *solo);
     OptimizerConfig oc;
-    oc.distributed = tc.distributed;
+    oc.sharding = tc.sharding;
+    oc.distributed = tc.sharding != Sharding::None;
     DataParallel ddp({&model}, world(), DataParallelOptions::from(oc, tc.precision));
     std::unique_ptr<Optimizer> opt;
-    if (tc.distributed)
+    if (oc.distributed)
       opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups{nullptr, &world()});
     else
       opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups{nullptr, &world()});
@@ -76,12 +81,14 @@ TEST_P(OptimizerMemory, MatchesMegatronsTable) {
       const std::size_t now = memory_stats(Device::cpu()).allocated;
       return static_cast<double>(now - base) / n;
     };
-    const double expected = megatron_bytes_per_param(tc, d);
+    const double expected = zero_bytes_per_parameter(tc.sharding, tc.precision, d);
     const double before_step = measured();
     EXPECT_NEAR(before_step, expected, 0.05 * expected) << "d = " << d;
     // The same from the pieces' own accounting: the allocator saw nothing else.
-    const double pieces = static_cast<double>(ddp.buffer().numel()) *
-                              (dtype_size(tc.precision == Precision::FP32 ? DType::F32 : DType::BF16) + 4) +
+    const double buffer = static_cast<double>(ddp.buffer().numel());
+    const double param_bytes = dtype_size(tc.precision == Precision::FP32 ? DType::F32 : DType::BF16);
+    const double pieces = buffer * param_bytes / (ddp.buffer().params_sharded() ? d : 1) +
+                          buffer * 4.0 / (ddp.buffer().grads_sharded() ? d : 1) +
                           static_cast<double>(opt->state_bytes());
     EXPECT_NEAR(before_step * n, pieces, 1.0) << "unexplained allocations";
 
@@ -102,6 +109,33 @@ TEST_P(OptimizerMemory, MatchesMegatronsTable) {
     EXPECT_GT(r.grad_norm, 0.0);
     ddp.finish_param_gather();
     EXPECT_EQ(measured(), before_step);
+    if (ddp.buffer().params_sharded()) {
+      // The peak of gathered parameters: the unit computing plus the prefetched ones (and the
+      // embedding, which the tied output layer reads), never the whole model.
+      std::vector<int64_t> unit_bytes;
+      for (const auto& buckets : ddp.unit_buckets()) {
+        int64_t bytes = 0;
+        for (int b : buckets)
+          bytes +=
+              ddp.buffer().buckets()[static_cast<std::size_t>(b)].numel * static_cast<int64_t>(param_bytes);
+        unit_bytes.push_back(bytes);
+      }
+      const int64_t embedding = unit_bytes.front();
+      std::sort(unit_bytes.rbegin(), unit_bytes.rend());
+      const int window = oc.prefetch_units + 1;
+      int64_t bound = embedding;
+      for (int i = 0; i < window && i < static_cast<int>(unit_bytes.size()); ++i)
+        bound += unit_bytes[static_cast<std::size_t>(i)];
+      int64_t all = 0;
+      for (int64_t b : unit_bytes) all += b;
+      EXPECT_GT(ddp.peak_gathered_param_bytes(), 0);
+      EXPECT_LE(ddp.peak_gathered_param_bytes(), bound);
+      EXPECT_LT(bound, all) << "the model is too small for the bound to mean anything";
+      if (world().rank() == 0)
+        std::printf("[memory] %s d=%d: peak gathered %.3f MB, window bound %.3f MB, whole model %.3f MB\n",
+                    tc.label, d, ddp.peak_gathered_param_bytes() / 1e6, bound / 1e6, all / 1e6);
+      ddp.unshard();  // to read the values below
+    }
     // Low precision: what the model computes with is exactly the bf16 parameters.
     if (tc.precision != Precision::FP32)
       for (Parameter* p : model.parameters())
@@ -115,16 +149,22 @@ TEST_P(OptimizerMemory, MatchesMegatronsTable) {
     if (world().rank() == 0)
       std::printf("[memory] %s d=%d: %.3f bytes/param (Megatron %.3f), state %.3f\n", tc.label, d,
                   before_step, expected, static_cast<double>(opt->state_bytes()) / n);
+    ddp.reshard();
   }
   EXPECT_EQ(memory_stats(Device::cpu()).allocated, base) << "everything is returned";
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, OptimizerMemory,
-                         ::testing::Values(Case{"Fp32AdamW", Precision::FP32, false},
-                                           Case{"Fp32Distributed", Precision::FP32, true},
-                                           Case{"Bf16AdamW", Precision::BF16, false},
-                                           Case{"Bf16Distributed", Precision::BF16, true}),
-                         [](const auto& info) { return std::string(info.param.label); });
+INSTANTIATE_TEST_SUITE_P(
+    Precisions, OptimizerMemory,
+    ::testing::Values(Case{"Fp32AdamW", Precision::FP32, Sharding::None},
+                      Case{"Fp32Distributed", Precision::FP32, Sharding::Optim},
+                      Case{"Fp32OptimGrads", Precision::FP32, Sharding::OptimGrads},
+                      Case{"Fp32OptimGradsParams", Precision::FP32, Sharding::OptimGradsParams},
+                      Case{"Bf16AdamW", Precision::BF16, Sharding::None},
+                      Case{"Bf16Distributed", Precision::BF16, Sharding::Optim},
+                      Case{"Bf16OptimGrads", Precision::BF16, Sharding::OptimGrads},
+                      Case{"Bf16OptimGradsParams", Precision::BF16, Sharding::OptimGradsParams}),
+    [](const auto& info) { return std::string(info.param.label); });
 
 }  // namespace
 }  // namespace parallel

@@ -432,6 +432,31 @@ const RuleCase kRules[] = {
      {"optimizer.overlap_param_gather=true"},
      1,
      {"optimizer.overlap_param_gather = true: requires optimizer.distributed = true"}},
+    {"ShardingName",
+     {"optimizer.sharding=zero3"},
+     1,
+     {"optimizer.sharding = \"zero3\": must be one of none, optim, optim_grads, optim_grads_params"}},
+    {"ShardingGroupNonNegative",
+     {"optimizer.sharding=optim", "optimizer.sharding_group_size=-1"},
+     1,
+     {"optimizer.sharding_group_size = -1: must be >= 0"}},
+    {"ShardingGroupNeedsSharding",
+     {"optimizer.sharding_group_size=2"},
+     4,
+     {"optimizer.sharding_group_size = 2: requires optimizer.sharding other than none"}},
+    {"ShardingGroupDividesData",
+     {"optimizer.sharding=optim_grads", "optimizer.sharding_group_size=3"},
+     4,
+     {"optimizer.sharding_group_size = 3: must divide parallel.data (4)"}},
+    {"ReshardAfterForwardOnlyZero3",
+     {"optimizer.sharding=optim_grads", "optimizer.reshard_after_forward=false"},
+     2,
+     {"optimizer.reshard_after_forward = false: may be false only with optimizer.sharding = "
+      "optim_grads_params"}},
+    {"PrefetchNonNegative",
+     {"optimizer.prefetch_units=-1"},
+     1,
+     {"optimizer.prefetch_units = -1: must be >= 0"}},
     {"LossScalePositive",
      {"optimizer.initial_loss_scale=0"},
      1,
@@ -490,6 +515,21 @@ TEST(ConfigRules, ValidLayoutsPass) {
   }
   EXPECT_NO_THROW(parse_config("", {"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2));
   EXPECT_NO_THROW(parse_config("", {"optimizer.distributed=true", "optimizer.overlap_param_gather=true"}, 1));
+  // `distributed: true` is the spelling of `sharding: optim`; any sharding implies it.
+  EXPECT_EQ(parse_config("", {"optimizer.distributed=true"}, 1).optimizer.sharding, Sharding::Optim);
+  const Config zero3 =
+      parse_config("",
+                   {"optimizer.sharding=optim_grads_params", "optimizer.sharding_group_size=4",
+                    "optimizer.reshard_after_forward=false", "optimizer.prefetch_units=2"},
+                   8);
+  EXPECT_TRUE(zero3.optimizer.distributed);
+  EXPECT_EQ(zero3.optimizer.sharding, Sharding::OptimGradsParams);
+  // The written config reads back the same (validation is idempotent).
+  const Config again = parse_config(config_to_yaml(zero3), {}, 8);
+  EXPECT_EQ(again.optimizer.sharding, Sharding::OptimGradsParams);
+  EXPECT_EQ(again.optimizer.sharding_group_size, 4);
+  EXPECT_FALSE(again.optimizer.reshard_after_forward);
+  EXPECT_EQ(again.optimizer.prefetch_units, 2);
 }
 
 // ---- output ----------------------------------------------------------------------------------------
@@ -562,7 +602,7 @@ std::vector<std::string> reference_keys() {
 TEST(ConfigYaml, EmitsEveryKey) {
   std::string yaml = config_to_yaml(Config{});
   std::vector<std::string> keys = reference_keys();
-  EXPECT_EQ(keys.size(), 64u);
+  EXPECT_EQ(keys.size(), 68u);
   for (const std::string& key : keys) {
     std::string section = key.substr(0, key.find('.'));
     std::string name = key.substr(key.find('.') + 1);
