@@ -3,8 +3,6 @@
 // allocates and frees what the model's layers allocate and free, in the same order.
 #include "parallel/memory_plan.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -175,9 +173,7 @@ struct Dims {
   double f = 0, f1 = 0;    // local ffn width, fc1 output width (2f for swiglu)
   double vocab = 0;        // local padded vocabulary
   double norm_stats = 8;   // fp32 bytes per row: mean + rstd (layernorm), rstd (rmsnorm)
-  // What the CPU attention kernel allocates for the call (kernels/cpu/attention*.cpp): per-thread
-  // tiles; the backward's row sums; packed bf16 keys and values (AVX512-BF16 kernel), or fp32 copies
-  // of the 16-bit operands where the kernel widens them.
+  // What one attention call allocates besides its outputs, forward and backward.
   double attn_fwd = 0, attn_bwd = 0;
   bool sp = false;
   bool tp_gt1 = false;
@@ -215,29 +211,15 @@ Dims chunk_dims(const Config& c) {
   d.f1 = m.activation == Activation::SwiGLU ? 2 * d.f : d.f;
   d.vocab = static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp;
   d.norm_stats = m.normalization == Normalization::LayerNorm ? 8 : 4;
-  // kernels/cpu/attention.cpp and attention_bf16.cpp: 64 x 64 tiles per OpenMP thread.
-  const double br = 64, bc = 64, threads = std::max(1, omp_get_max_threads());
-  const double hd = head_dim, half_d = std::floor(hd / 2), dd = std::ceil(hd / 16) * 16;
-  const double fp32_fwd = threads * (hd * bc + br * bc + br * hd + 2 * br) * 4;
-  const double fp32_bwd = 4.0 * d.T * d.heads + threads * (2 * hd * bc + 2 * br * bc + 2 * bc * hd) * 4;
-  const std::string kernel =
-      c.train.device == DeviceKind::CPU
-          ? ops::attention_implementation(compute_dtype(c.train.precision), static_cast<int64_t>(head_dim))
-          : "fp32";
-  if (kernel.starts_with("bf16")) {
-    const double kv_heads = groups / tp, group = heads / groups;
-    d.attn_fwd = 4 * b * kv_heads * (half_d * s + std::ceil(s / 2) * hd) +
-                 threads * (1.5 * br * bc + br * dd + 2 * br + 16) * 4;
-    d.attn_bwd = 4.0 * d.T * d.heads + threads *
-                                           (2 * half_d * bc + bc / 2 * dd + br * dd + 2 * br * bc + br * bc +
-                                            br * bc / 2 + 2 * bc * dd + group * s * hd + 16) *
-                                           4;
-  } else if (d.e != 4) {  // widened: fp32 output and q, k, v; dq, dk, dv and dout, q, k, v, out
-    d.attn_fwd = 4 * d.T * (2 * d.nq + 2 * d.nkv) + fp32_fwd;
-    d.attn_bwd = 4 * d.T * (4 * d.nq + 4 * d.nkv) + fp32_bwd;
-  } else {
-    d.attn_fwd = fp32_fwd;
-    d.attn_bwd = fp32_bwd;
+  // The CPU kernel's own figure for one call (ops::attention_workspace_bytes: tiles, packed bf16
+  // operands, row sums, fp32 copies of widened 16-bit inputs); the CUDA kernels' are not modelled.
+  if (c.train.device == DeviceKind::CPU) {
+    const DType dt = compute_dtype(c.train.precision);
+    const auto sl = static_cast<int64_t>(s), bl = static_cast<int64_t>(b),
+               hd = static_cast<int64_t>(head_dim);
+    const auto hq = static_cast<int64_t>(heads / tp), hkv = static_cast<int64_t>(groups / tp);
+    d.attn_fwd = static_cast<double>(ops::attention_workspace_bytes(dt, sl, bl, hq, hkv, hd, false));
+    d.attn_bwd = static_cast<double>(ops::attention_workspace_bytes(dt, sl, bl, hq, hkv, hd, true));
   }
   return d;
 }
