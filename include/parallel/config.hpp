@@ -22,6 +22,10 @@ enum class PositionEmbedding { Learned, Rope };
 enum class Recompute { None, Selective, Full };
 enum class LrDecay { Constant, Linear, Cosine };
 enum class DeviceKind { CPU, CUDA };
+// parallel.pipeline_schedule (docs/pipeline.md). Auto: interleaved when virtual_stages > 1, else
+// 1F1B (no pipelining on one stage). ZeroBubbleH1 ("zb-h1"): 1F1B with split backward, the weight
+// steps moved into the cool-down bubbles.
+enum class PipelineSchedule { Auto, GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 // What data parallelism shards over the dp ranks (Megatron-FSDP's names; ZeRO stages 0-3):
 // nothing, the optimizer state, + gradients, + parameters (docs/optimizer.md).
 enum class Sharding { None, Optim, OptimGrads, OptimGradsParams };
@@ -51,6 +55,7 @@ struct ParallelConfig {
   int tensor = 1;
   int pipeline = 1;
   int virtual_stages = 1;
+  PipelineSchedule pipeline_schedule = PipelineSchedule::Auto;
   bool sequence_parallel = false;
   int context = 1;  // accepted only as 1 for now
   int expert = 1;   // accepted only as 1 for now

@@ -52,6 +52,11 @@ class PipelineModel {
   // grad: undefined on the last global stage (the model knows its loss scale), else the gradient of
   // this chunk's output. Returns the gradient of its input (ignored on global stage 0).
   virtual Tensor backward(int chunk, int micro_batch, const Tensor& grad) = 0;
+  // Split backward, for schedules with BackwardInput / BackwardWeight steps: backward() in two
+  // steps, the input gradient (same arguments and result) and later the weight gradients. The
+  // defaults refuse: a model that cannot split runs only fused schedules.
+  virtual Tensor backward_input(int chunk, int micro_batch, const Tensor& grad);
+  virtual void backward_weight(int chunk, int micro_batch);
 };
 
 // ---- executor -----------------------------------------------------------------------------------
@@ -66,18 +71,23 @@ struct ExecutorOptions {
   // Which schedule to run; given (p, r, m, v) of any rank, so the executor can also derive the order
   // in which its neighbours send.
   std::function<Schedule(const ScheduleParams&)> schedule = make_schedule;
+  PipelineSchedule kind = PipelineSchedule::Auto;  // passed to `schedule` (make_schedule reads it)
 };
 
 // One rank's record of one step.
 struct StepStats {
-  double busy_seconds = 0;   // inside PipelineModel::forward / backward
-  double idle_seconds = 0;   // blocked in receives
-  double drain_seconds = 0;  // waiting for the last sends to complete at the end of the step
-  double total_seconds = 0;  // wall time of the whole step
-  int forwards = 0, backwards = 0;
+  double busy_seconds = 0;          // inside PipelineModel::forward / backward
+  double idle_seconds = 0;          // blocked in receives
+  double drain_seconds = 0;         // waiting for the last sends to complete at the end of the step
+  double total_seconds = 0;         // wall time of the whole step
+  int forwards = 0, backwards = 0;  // backwards: fused or input steps
+  int weight_steps = 0;             // split backward's weight steps
   int messages_sent = 0, messages_received = 0;
   int received_early = 0;  // messages that arrived (in the sender's order) before their action came
   int peak_in_flight = 0;  // (chunk, micro-batch) pairs whose forward is done and backward is not
+  // ... whose forward is done and weight step is not (split backward keeps some activations until
+  // W); equals peak_in_flight for fused schedules.
+  int peak_until_weight = 0;
   std::size_t start_allocated_bytes = 0;  // allocator's live bytes when the step began
   std::size_t peak_allocated_bytes = 0;   // allocator's high-water mark during the step
 };
@@ -138,6 +148,8 @@ class GPTPipelineModel final : public PipelineModel {
 
   Tensor forward(int chunk, int micro_batch, const Tensor& input) override;
   Tensor backward(int chunk, int micro_batch, const Tensor& grad) override;
+  Tensor backward_input(int chunk, int micro_batch, const Tensor& grad) override;
+  void backward_weight(int chunk, int micro_batch) override;
 
   // Sum of the token losses of this step's micro-batches: [1] fp32 on the model's device, summed
   // there in micro-batch order (0 unless this rank holds the last stage). Reading it is the

@@ -39,6 +39,7 @@ constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
 constexpr std::string_view kDeviceKindNames[] = {"cpu", "cuda"};
 constexpr std::string_view kShardingNames[] = {"none", "optim", "optim_grads", "optim_grads_params"};
+constexpr std::string_view kPipelineScheduleNames[] = {"auto", "gpipe", "1f1b", "interleaved", "zb-h1"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -48,6 +49,7 @@ std::span<const std::string_view> names_of(Recompute) { return kRecomputeNames; 
 std::span<const std::string_view> names_of(LrDecay) { return kLrDecayNames; }
 std::span<const std::string_view> names_of(DeviceKind) { return kDeviceKindNames; }
 std::span<const std::string_view> names_of(Sharding) { return kShardingNames; }
+std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineScheduleNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -90,6 +92,9 @@ void for_each_field(S& s, F&& f) {
   f("tensor", s.tensor, "tensor-parallel size");
   f("pipeline", s.pipeline, "pipeline-parallel size (number of stages)");
   f("virtual_stages", s.virtual_stages, "model chunks per pipeline stage (interleaved schedule when > 1)");
+  f("pipeline_schedule", s.pipeline_schedule,
+    "auto (interleaved if virtual_stages > 1, else 1F1B), gpipe, 1f1b, interleaved, zb-h1 "
+    "(docs/pipeline.md)");
   f("sequence_parallel", s.sequence_parallel, "split norms and dropout along the sequence over tensor ranks");
   f("context", s.context, "context-parallel size (only 1 is supported)");
   f("expert", s.expert, "expert-parallel size (only 1 is supported)");
@@ -702,6 +707,20 @@ void validate_config(Config& c, int world_size) {
                     "{} > 1",
                     rules.key(t.global_batch_size), rules.key(t.micro_batch_size), rules.key(p.data),
                     micro_batches, rules.key(p.pipeline), p.pipeline, rules.key(p.virtual_stages)));
+  }
+  switch (p.pipeline_schedule) {
+    case PipelineSchedule::Auto:
+      break;
+    case PipelineSchedule::Interleaved:
+      rules.require(p.virtual_stages > 1, p.pipeline_schedule,
+                    fmt::format("requires {} > 1 (got {})", rules.key(p.virtual_stages), p.virtual_stages));
+      break;
+    case PipelineSchedule::GPipe:
+    case PipelineSchedule::OneFOneB:
+    case PipelineSchedule::ZeroBubbleH1:
+      rules.require(p.virtual_stages == 1, p.pipeline_schedule,
+                    fmt::format("requires {} = 1 (got {})", rules.key(p.virtual_stages), p.virtual_stages));
+      break;
   }
   if (p.sequence_parallel) {
     rules.require(p.tensor > 1, p.sequence_parallel,

@@ -364,14 +364,20 @@ Tensor GPTModel::backward_input(const Tensor& grad, Activations& act) {
     Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
     ops::add_bias(grad_loss, grad.view({1}));
     grad_loss = grad_loss.view({n});
+    const auto output_params = [&] { return m.output_params(); };
+    m.unit(UnitPhase::BeforeBackward, output_params);
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
     dx = m.output->backward_input(dlogits, act.output);
     dx = m.final_norm->backward_input(dx, act.final_norm);
+    m.unit(UnitPhase::AfterBackward, output_params);
   } else {
     dx = grad;
   }
   for (std::size_t i = m.layers.size(); i-- > 0;) {
+    const auto params = [&] { return m.layers[i]->parameters(); };
+    m.unit(UnitPhase::BeforeBackward, params);
     dx = m.layers[i]->backward_input(dx, act.layers[i]);
+    m.unit(UnitPhase::AfterBackward, params);
   }
   if (!spec_.pre_process) return dx;
   // The embedding has no input gradient: everything from here on is its weight step.
@@ -381,6 +387,8 @@ Tensor GPTModel::backward_input(const Tensor& grad, Activations& act) {
 
 // Each unit's weight step in backward()'s order, so a weight tied to this chunk's embedding gets
 // its contributions in the same order as there; the grad-ready hook fires as in backward().
+// The unit hooks bracket W too: it writes the gradients (which sharded data parallelism
+// materialises at BeforeBackward) and reads no parameter values.
 void GPTModel::backward_weight(Activations& act) {
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
@@ -388,17 +396,24 @@ void GPTModel::backward_weight(Activations& act) {
                  act.micro_batch);
   act.weight_pending = false;
   if (spec_.post_process) {
+    const auto output_params = [&] { return m.output_params(); };
+    m.unit(UnitPhase::BeforeBackward, output_params);
     m.output->backward_weight(act.output);
     if (m.output_weight) m.ready(*m.output_weight);
     m.final_norm->backward_weight(act.final_norm);
     for (Parameter* p : m.final_norm->parameters()) m.ready(*p);
+    m.unit(UnitPhase::AfterBackward, output_params);
   }
   for (std::size_t i = m.layers.size(); i-- > 0;) {
+    const auto params = [&] { return m.layers[i]->parameters(); };
+    m.unit(UnitPhase::BeforeBackward, params);
     m.layers[i]->backward_weight(act.layers[i]);
     for (Parameter* p : m.layers[i]->parameters()) m.ready(*p);
+    m.unit(UnitPhase::AfterBackward, params);
   }
   act.layers.clear();
   if (!spec_.pre_process) return;
+  m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   Tensor dx = std::move(act.embedding_grad);
   if (m.position) {
     positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
@@ -406,6 +421,7 @@ void GPTModel::backward_weight(Activations& act) {
   }
   m.word->backward(dx, act.embedding);
   m.ready(m.word->weight);
+  m.unit(UnitPhase::AfterBackward, [&] { return m.embedding_params(); });
 }
 
 }  // namespace parallel

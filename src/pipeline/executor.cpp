@@ -32,6 +32,20 @@ struct PendingSend {
 
 }  // namespace
 
+Tensor PipelineModel::backward_input(int chunk, int micro_batch, const Tensor&) {
+  PARALLEL_FAIL(
+      "pipeline: this model cannot split its backward (chunk {} micro-batch {}); use a schedule "
+      "with fused backwards",
+      chunk, micro_batch);
+}
+
+void PipelineModel::backward_weight(int chunk, int micro_batch) {
+  PARALLEL_FAIL(
+      "pipeline: this model cannot split its backward (chunk {} micro-batch {}); use a schedule "
+      "with fused backwards",
+      chunk, micro_batch);
+}
+
 PipelineExecutor::PipelineExecutor(Communicator& pp, ExecutorOptions options)
     : pp_(pp),
       options_(std::move(options)),
@@ -39,7 +53,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, ExecutorOptions options)
       rank_(pp.rank()),
       last_stage_(pp.size() * options_.virtual_stages - 1) {
   PARALLEL_CHECK(options_.schedule != nullptr, "PipelineExecutor: no schedule function");
-  const ScheduleParams mine{p_, rank_, options_.micro_batches, options_.virtual_stages};
+  const ScheduleParams mine{p_, rank_, options_.micro_batches, options_.virtual_stages, options_.kind};
   schedule_ = options_.schedule(mine);
   if (p_ > 1)
     PARALLEL_CHECK(!options_.activation_shape.empty(), "PipelineExecutor: activation_shape is not set");
@@ -92,7 +106,7 @@ StepStats PipelineExecutor::run(PipelineModel& model) {
   // Tensors between their producing action and the action that consumes them, by (chunk, mb).
   std::map<std::pair<int, int>, Tensor> inputs, output_grads, to_send;
   std::vector<PendingSend> sends;
-  int in_flight = 0;
+  int in_flight = 0, until_weight = 0;
 
   auto take = [](std::map<std::pair<int, int>, Tensor>& from, std::pair<int, int> key) {
     auto it = from.find(key);
@@ -127,17 +141,29 @@ StepStats PipelineExecutor::run(PipelineModel& model) {
         stats.busy_seconds += seconds_since(start);
         ++stats.forwards;
         stats.peak_in_flight = std::max(stats.peak_in_flight, ++in_flight);
+        stats.peak_until_weight = std::max(stats.peak_until_weight, ++until_weight);
         if (g != last_stage_) to_send[key] = std::move(out);
         break;
       }
-      case Op::Backward: {
+      case Op::Backward:
+      case Op::BackwardInput: {
         const Tensor grad = take(output_grads, key);
         const auto start = Clock::now();
-        Tensor dx = model.backward(a.chunk, a.micro_batch, grad);
+        Tensor dx = a.op == Op::Backward ? model.backward(a.chunk, a.micro_batch, grad)
+                                         : model.backward_input(a.chunk, a.micro_batch, grad);
         stats.busy_seconds += seconds_since(start);
         ++stats.backwards;
         --in_flight;
+        if (a.op == Op::Backward) --until_weight;
         if (g != 0) to_send[key] = std::move(dx);
+        break;
+      }
+      case Op::BackwardWeight: {
+        const auto start = Clock::now();
+        model.backward_weight(a.chunk, a.micro_batch);
+        stats.busy_seconds += seconds_since(start);
+        ++stats.weight_steps;
+        --until_weight;
         break;
       }
       // Forward outputs and input gradients never share a key in to_send: an action's SendForward

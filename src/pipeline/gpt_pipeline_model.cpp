@@ -67,6 +67,28 @@ Tensor GPTPipelineModel::backward(int chunk, int micro_batch, const Tensor& grad
   return dx;
 }
 
+Tensor GPTPipelineModel::backward_input(int chunk, int micro_batch, const Tensor& grad) {
+  auto it = activations_.find({chunk, micro_batch});
+  PARALLEL_CHECK(it != activations_.end(),
+                 "GPTPipelineModel: backward of chunk {} micro-batch {} before its forward", chunk,
+                 micro_batch);
+  GPTModel& model = *chunks_[static_cast<std::size_t>(chunk)];
+  if (model.spec().post_process)
+    PARALLEL_CHECK(loss_scale_.defined() && loss_scale_.numel() == 1,
+                   "GPTPipelineModel: the last chunk's backward needs a [1] loss scale (start_step)");
+  // The activations stay until the weight step: it needs the layers' inputs.
+  return model.backward_input(model.spec().post_process ? loss_scale_ : grad, *it->second);
+}
+
+void GPTPipelineModel::backward_weight(int chunk, int micro_batch) {
+  auto it = activations_.find({chunk, micro_batch});
+  PARALLEL_CHECK(it != activations_.end(),
+                 "GPTPipelineModel: weight step of chunk {} micro-batch {} before its forward", chunk,
+                 micro_batch);
+  chunks_[static_cast<std::size_t>(chunk)]->backward_weight(*it->second);
+  activations_.erase(it);
+}
+
 std::vector<Parameter*> GPTPipelineModel::parameters() {
   std::vector<Parameter*> out;
   for (GPTModel* chunk : chunks_)

@@ -62,6 +62,17 @@ class Builder {
     if (g != 0) out_.push_back({Op::SendBackward, chunk, micro_batch});
   }
 
+  // Split backward: B carries the backward's communication, W has none.
+  void backward_input(int chunk, int micro_batch) {
+    const int g = global_stage(p_, rank_, chunk);
+    if (g != last_stage_) out_.push_back({Op::RecvBackward, chunk, micro_batch});
+    out_.push_back({Op::BackwardInput, chunk, micro_batch});
+    if (g != 0) out_.push_back({Op::SendBackward, chunk, micro_batch});
+  }
+  void backward_weight(int chunk, int micro_batch) {
+    out_.push_back({Op::BackwardWeight, chunk, micro_batch});
+  }
+
   Schedule take() { return std::move(out_); }
 
  private:
@@ -152,12 +163,71 @@ Schedule interleaved_one_f_one_b(const ScheduleParams& s) {
   return b.take();
 }
 
+Schedule zero_bubble_h1(const ScheduleParams& s) {
+  check_common(s, "ZB-H1");
+  if (s.virtual_stages != 1)
+    PARALLEL_FAIL("ZB-H1 schedule needs virtual stages 1 (got {})", s.virtual_stages);
+  const int m = s.micro_batches;
+  const int warmup = std::min(s.pipeline_size - s.rank - 1, m);
+  // Rank r keeps up to r weight steps pending: the later a rank, the earlier its gradients arrive
+  // in the cool-down, and the pending W's fill exactly the gaps 1F1B leaves there (the last rank,
+  // r = p - 1, keeps p - 1 but meets no gap until the end). With this delay the W-pending
+  // micro-batches of rank r plus its 1F1B in-flight ones never exceed p: rank 0's 1F1B peak.
+  const std::size_t delay = static_cast<std::size_t>(s.rank);
+  Builder b(s);
+  std::vector<int> pending;  // micro-batches whose B ran and W did not, oldest first
+  auto input_step = [&](int mb) {
+    b.backward_input(0, mb);
+    pending.push_back(mb);
+    if (pending.size() > delay) {
+      b.backward_weight(0, pending.front());
+      pending.erase(pending.begin());
+    }
+  };
+  for (int i = 0; i < warmup; ++i) b.forward(0, i);
+  for (int i = 0; i < m - warmup; ++i) {
+    b.forward(0, warmup + i);
+    input_step(i);
+  }
+  for (int i = m - warmup; i < m; ++i) input_step(i);
+  for (int mb : pending) b.backward_weight(0, mb);
+  return b.take();
+}
+
 Schedule make_schedule(const ScheduleParams& s) {
+  switch (s.kind) {
+    case PipelineSchedule::GPipe:
+      return gpipe(s);
+    case PipelineSchedule::OneFOneB:
+      return one_f_one_b(s);
+    case PipelineSchedule::Interleaved:
+      return interleaved_one_f_one_b(s);
+    case PipelineSchedule::ZeroBubbleH1:
+      return zero_bubble_h1(s);
+    case PipelineSchedule::Auto:
+      break;
+  }
   // v > 1 goes to the interleaved schedule even for p == 1 so that the user hears the interleaving
   // rule that was broken, not a no-pipelining one.
   if (s.virtual_stages > 1) return interleaved_one_f_one_b(s);
   if (s.pipeline_size == 1) return no_pipelining(s);
   return one_f_one_b(s);
+}
+
+const char* schedule_name(PipelineSchedule kind) {
+  switch (kind) {
+    case PipelineSchedule::Auto:
+      return "auto";
+    case PipelineSchedule::GPipe:
+      return "gpipe";
+    case PipelineSchedule::OneFOneB:
+      return "1f1b";
+    case PipelineSchedule::Interleaved:
+      return "interleaved";
+    case PipelineSchedule::ZeroBubbleH1:
+      return "zb-h1";
+  }
+  return "?";
 }
 
 int warmup_steps(const ScheduleParams& s) {
@@ -195,6 +265,12 @@ std::string to_string(const Action& a) {
       break;
     case Op::SendBackward:
       name = "SB";
+      break;
+    case Op::BackwardInput:
+      name = "BI";
+      break;
+    case Op::BackwardWeight:
+      name = "W";
       break;
   }
   return fmt::format("{} c{} m{}", name, a.chunk, a.micro_batch);

@@ -458,6 +458,22 @@ void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompu
   if (!spec.post_process) t.free(kCommunication, d.X());  // the received output gradient
 }
 
+// What a split backward keeps from a chunk's input step (B) to its weight step (W): every linear
+// layer's input and output gradient, every norm's input, statistics and output gradient, the
+// logits' gradient, and the embedding's gradient with its tokens (GPTModel::backward_input).
+double chunk_weight_state(const Dims& d, const GPTChunkSpec& spec) {
+  const double norm = 2 * d.X() + d.Tl * d.norm_stats;
+  const double shard = d.sp ? d.X() : 0.0;              // a row-parallel layer's own s-shard of dy (bias)
+  const double layer = 2 * norm + (d.full() + d.qkv())  // qkv
+                       + (d.T * d.nq * d.e + d.full() + shard)  // proj
+                       + (d.full() + d.T * d.f1 * d.e)          // fc1
+                       + (d.T * d.f * d.e + d.full() + shard);  // fc2
+  double out = spec.num_layers * layer;
+  if (spec.post_process) out += norm + (d.sp ? d.full() : d.X()) + d.T * d.vocab * d.e;
+  if (spec.pre_process) out += d.X() + 4 * d.T;
+  return out;
+}
+
 struct ScheduleWalk {
   double peak = 0;
   std::array<double, 3> at_peak{};
@@ -471,7 +487,7 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
   // The in-flight pattern repeats after the warm-up: a few groups of micro-batches show the peak.
   int m = micro_batches;
   if (m > 4 * p) m = 4 * p;
-  const pipeline::ScheduleParams params{p, pp_rank, m, v};
+  const pipeline::ScheduleParams params{p, pp_rank, m, v, c.parallel.pipeline_schedule};
   const pipeline::Schedule schedule = pipeline::make_schedule(params);
   std::vector<double> kept(chunks.size());
   for (std::size_t i = 0; i < chunks.size(); ++i) kept[i] = chunk_kept(d, chunks[i], rc);
@@ -501,6 +517,20 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
         pending_sends = 0;
         break;
       }
+      // Split backward (zero-bubble): B frees what the fused backward frees, less what W still
+      // reads, which stays until W (an estimate from the layers' saved tensors; the walk's
+      // in-flight pattern is the schedule's own).
+      case pipeline::Op::BackwardInput: {
+        chunk_backward(t, d, spec, rc, kept[static_cast<std::size_t>(a.chunk)]);
+        t.alloc(kActivations, chunk_weight_state(d, spec));
+        t.free(kCommunication, pending_sends);
+        pending_sends = 0;
+        break;
+      }
+      case pipeline::Op::BackwardWeight:
+        t.touch(kWorkspace, d.X());  // a norm's discarded dx
+        t.free(kActivations, chunk_weight_state(d, spec));
+        break;
       case pipeline::Op::SendForward:
       case pipeline::Op::SendBackward:
         pending_sends += d.X();

@@ -105,6 +105,14 @@ class DataParallelAwareModel final : public pipeline::PipelineModel {
     ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
     return inner_.backward(chunk, micro_batch, grad);
   }
+  // Split backward: gradients are written, and grad-ready hooks fire, in the weight step only.
+  Tensor backward_input(int chunk, int micro_batch, const Tensor& grad) override {
+    return inner_.backward_input(chunk, micro_batch, grad);
+  }
+  void backward_weight(int chunk, int micro_batch) override {
+    ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    inner_.backward_weight(chunk, micro_batch);
+  }
 
  private:
   pipeline::GPTPipelineModel& inner_;
@@ -277,6 +285,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   pipeline::ExecutorOptions exec;
   exec.micro_batches = m.micro_batches;
   exec.virtual_stages = c.parallel.virtual_stages;
+  exec.kind = c.parallel.pipeline_schedule;
   exec.activation_shape = {c.model.seq_length / (sp ? c.parallel.tensor : 1), c.train.micro_batch_size,
                            c.model.hidden_size};
   exec.dtype = compute_dtype(c.train.precision);  // stages pass 16-bit activations under bf16/fp16

@@ -46,6 +46,7 @@ struct Case {
   int tp, pp, v, micro_batches;
   bool tied, sequence_parallel;
   bool llama;  // GQA + SwiGLU + RMSNorm + rope, else MHA + GeLU + LayerNorm + learned positions
+  PipelineSchedule schedule = PipelineSchedule::Auto;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
 
@@ -126,7 +127,9 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
   const int64_t s_local = k.sequence_parallel ? c.seq_length / k.tp : c.seq_length;
   PipelineExecutor executor(state.pp(), {.micro_batches = k.micro_batches,
                                          .virtual_stages = k.v,
-                                         .activation_shape = {s_local, kMicroBatchSize, c.hidden_size}});
+                                         .activation_shape = {s_local, kMicroBatchSize, c.hidden_size},
+                                         .kind = k.schedule});
+  const bool split = k.schedule == PipelineSchedule::ZeroBubbleH1;
 
   auto solo = world().split(world().rank(), 0);
   GPTModel ref(c, {0, num_layers, true, true}, {.sequence_parallel = false, .seed = 11}, *solo);
@@ -147,6 +150,13 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
     finalize_grads(params, state);
     EXPECT_EQ(stats.forwards, k.micro_batches * k.v);
     EXPECT_EQ(stats.backwards, k.micro_batches * k.v);
+    EXPECT_EQ(stats.weight_steps, split ? k.micro_batches * k.v : 0);
+    EXPECT_EQ(stats.received_early, 0);
+    if (split) {
+      // ZB-H1's stated bounds (pipeline_schedule.hpp), on real ranks.
+      EXPECT_EQ(stats.peak_in_flight, std::min(k.pp - state.coord().pp, k.micro_batches));
+      EXPECT_EQ(stats.peak_until_weight, std::min(k.pp, k.micro_batches));
+    }
     EXPECT_EQ(model.live_activations(), 0);
 
     double ref_loss = 0;
@@ -181,26 +191,32 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
   EXPECT_EQ(compared, params.size() * kSteps);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, PipelineParity,
-                         ::testing::Values(
-                             // world 2
-                             Case{"Pp2Tied", 1, 2, 1, 4, true, false, false},
-                             Case{"Pp2Untied", 1, 2, 1, 8, false, false, true},
-                             Case{"Pp2V2Tied", 1, 2, 2, 4, true, false, true},
-                             Case{"Pp2V2Untied", 1, 2, 2, 8, false, false, false},
-                             // world 4
-                             Case{"Pp4Tied", 1, 4, 1, 8, true, false, true},
-                             Case{"Pp4Untied", 1, 4, 1, 4, false, false, false},
-                             Case{"Pp4V2Tied", 1, 4, 2, 4, true, false, false},
-                             Case{"Pp4V2Untied", 1, 4, 2, 8, false, false, true},
-                             Case{"Pp2Tp2SpTied", 2, 2, 1, 4, true, true, true},
-                             Case{"Pp2Tp2SpUntied", 2, 2, 1, 4, false, true, false},
-                             Case{"Pp2Tp2V2SpTied", 2, 2, 2, 4, true, true, false},
-                             Case{"Pp2Tp2NoSpUntied", 2, 2, 1, 4, false, false, true},
-                             // world 8
-                             Case{"Pp4Tp2V2SpTied", 2, 4, 2, 4, true, true, false},
-                             Case{"Pp8Untied", 1, 8, 1, 8, false, false, false}),
-                         [](const auto& info) { return std::string(info.param.label); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PipelineParity,
+    ::testing::Values(
+        // world 2
+        Case{"Pp2Tied", 1, 2, 1, 4, true, false, false}, Case{"Pp2Untied", 1, 2, 1, 8, false, false, true},
+        Case{"Pp2V2Tied", 1, 2, 2, 4, true, false, true},
+        Case{"Pp2V2Untied", 1, 2, 2, 8, false, false, false},
+        // world 4
+        Case{"Pp4Tied", 1, 4, 1, 8, true, false, true}, Case{"Pp4Untied", 1, 4, 1, 4, false, false, false},
+        Case{"Pp4V2Tied", 1, 4, 2, 4, true, false, false},
+        Case{"Pp4V2Untied", 1, 4, 2, 8, false, false, true},
+        Case{"Pp2Tp2SpTied", 2, 2, 1, 4, true, true, true},
+        Case{"Pp2Tp2SpUntied", 2, 2, 1, 4, false, true, false},
+        Case{"Pp2Tp2V2SpTied", 2, 2, 2, 4, true, true, false},
+        Case{"Pp2Tp2NoSpUntied", 2, 2, 1, 4, false, false, true},
+        // world 8
+        Case{"Pp4Tp2V2SpTied", 2, 4, 2, 4, true, true, false},
+        Case{"Pp8Untied", 1, 8, 1, 8, false, false, false},
+        // zero-bubble (ZB-H1): split backward, W steps in the cool-down
+        Case{"Pp2ZbH1Tied", 1, 2, 1, 4, true, false, false, PipelineSchedule::ZeroBubbleH1},
+        Case{"Pp2ZbH1Untied", 1, 2, 1, 8, false, false, true, PipelineSchedule::ZeroBubbleH1},
+        Case{"Pp4ZbH1Tied", 1, 4, 1, 8, true, false, true, PipelineSchedule::ZeroBubbleH1},
+        Case{"Pp4ZbH1Untied", 1, 4, 1, 4, false, false, false, PipelineSchedule::ZeroBubbleH1},
+        Case{"Pp2Tp2SpZbH1Tied", 2, 2, 1, 4, true, true, true, PipelineSchedule::ZeroBubbleH1},
+        Case{"Pp2Tp2ZbH1Untied", 2, 2, 1, 8, false, false, false, PipelineSchedule::ZeroBubbleH1}),
+    [](const auto& info) { return std::string(info.param.label); });
 
 // ---- memory discipline --------------------------------------------------------------------------
 
@@ -209,18 +225,29 @@ struct Measured {
   std::size_t transient = 0;  // high-water mark of one micro-batch's forward + backward
 };
 
-// One micro-batch through this rank's chunk alone, measured by the allocator.
-Measured measure_one(GPTPipelineModel& model, const GPTChunkSpec& spec, const Shape& shape) {
+// One micro-batch through this rank's chunk alone, measured by the allocator. split: the backward
+// as input step then weight step; `held` is what stays between the two.
+struct MeasuredSplit : Measured {
+  std::size_t held = 0;  // bytes alive after the input step (what the weight step reads)
+};
+MeasuredSplit measure_one(GPTPipelineModel& model, const GPTChunkSpec& spec, const Shape& shape,
+                          bool split = false) {
   Allocator& alloc = allocator_for(Device::cpu());
   const std::size_t base = alloc.stats().allocated;
   alloc.reset_peak();
-  Measured m;
+  MeasuredSplit m;
   {
     Tensor input = spec.pre_process ? Tensor() : Tensor::full(shape, 0.1, DType::F32);
     Tensor out = model.forward(0, 0, input);
     m.live = alloc.stats().allocated - base;
     Tensor grad = spec.post_process ? Tensor() : Tensor::full(shape, 0.01, DType::F32);
-    model.backward(0, 0, grad);
+    if (split) {
+      Tensor dx = model.backward_input(0, 0, grad);
+      m.held = alloc.stats().allocated - base;
+      model.backward_weight(0, 0);
+    } else {
+      model.backward(0, 0, grad);
+    }
   }
   m.transient = alloc.stats().peak_allocated - base;
   return m;
@@ -241,34 +268,48 @@ TEST(PipelineMemory, OneFOneBKeepsAtMostPMinusRMicroBatches) {
   const Tensor loss_scale = Tensor::full({1}, 1e-3, DType::F32);
   model.start_step([&](int mb) { return batch_of(c, 0, mb); }, loss_scale);
   const Measured one = measure_one(model, spec, shape);
+  const MeasuredSplit one_split = measure_one(model, spec, shape, /*split=*/true);
 
   // A micro-batch in flight holds `live`; on top, one forward or backward runs (transient - live)
   // and a few messages sit in buffers (a received gradient, a pending send).
   const std::size_t bound =
       static_cast<std::size_t>(p - r) * one.live + (one.transient - one.live) + 4 * message;
   std::map<std::string, std::size_t> peak;
-  for (const char* name : {"1f1b", "gpipe"}) {
-    const bool gpipe = std::string(name) == "gpipe";
-    PipelineExecutor executor(state.pp(), {.micro_batches = m,
-                                           .activation_shape = shape,
-                                           .schedule = gpipe ? pipeline::gpipe : pipeline::make_schedule});
+  for (const char* name : {"1f1b", "gpipe", "zb-h1"}) {
+    const bool gpipe = std::string(name) == "gpipe", zb = std::string(name) == "zb-h1";
+    PipelineExecutor executor(state.pp(),
+                              {.micro_batches = m,
+                               .activation_shape = shape,
+                               .schedule = gpipe ? pipeline::gpipe : pipeline::make_schedule,
+                               .kind = zb ? PipelineSchedule::ZeroBubbleH1 : PipelineSchedule::Auto});
     zero_grads(model.parameters());
     model.start_step([&](int mb) { return batch_of(c, 0, mb); }, loss_scale);
     const pipeline::StepStats stats = executor.run(model);
     peak[name] = stats.peak_allocated_bytes - stats.start_allocated_bytes;
     const int expected_in_flight = gpipe ? m : std::min(p - r, m);
     EXPECT_EQ(stats.peak_in_flight, expected_in_flight) << name << " rank " << r;
-    EXPECT_EQ(model.peak_live_activations(), expected_in_flight) << name << " rank " << r;
+    // The model keeps a micro-batch's activations until its weight step.
+    const int expected_live = zb ? std::min(p, m) : expected_in_flight;
+    EXPECT_EQ(stats.peak_until_weight, expected_live) << name << " rank " << r;
+    EXPECT_EQ(model.peak_live_activations(), expected_live) << name << " rank " << r;
     EXPECT_EQ(model.live_activations(), 0);
   }
   EXPECT_LE(peak["1f1b"], bound) << "rank " << r << ": one micro-batch " << one.live << " B live, "
                                  << one.transient << " B peak";
   // The bound is tight enough to tell the schedules apart: GPipe keeps all m micro-batches.
   if (m - (p - r) >= 2) EXPECT_GT(peak["gpipe"], bound) << "rank " << r;
+  // ZB-H1: at most p - r micro-batches between F and B, and r more between B and W (each holding
+  // what its weight step reads: the layers' inputs and output gradients), plus one step running.
+  const std::size_t zb_bound = static_cast<std::size_t>(p - r - 1) * one.live +
+                               static_cast<std::size_t>(r) * one_split.held + one_split.transient +
+                               4 * message;
+  EXPECT_LE(peak["zb-h1"], zb_bound) << "rank " << r;
   if (world().rank() == 0 || std::getenv("PIPELINE_MEMORY_VERBOSE"))
     std::printf(
-        "[rank %d] one micro-batch %zu B live, %zu B peak; step peak 1F1B %zu B (bound %zu), GPipe %zu B\n",
-        r, one.live, one.transient, peak["1f1b"], bound, peak["gpipe"]);
+        "[rank %d] one micro-batch %zu B live, %zu B peak (split: %zu B between B and W, %zu B peak); step "
+        "peak 1F1B %zu B (bound %zu), GPipe %zu B, ZB-H1 %zu B (bound %zu)\n",
+        r, one.live, one.transient, one_split.held, one_split.transient, peak["1f1b"], bound, peak["gpipe"],
+        peak["zb-h1"], zb_bound);
 }
 
 // Interleaving keeps more in flight: exactly the warm-up plus one virtual micro-batch.

@@ -384,6 +384,24 @@ const RuleCase kRules[] = {
      2,
      {"train.global_batch_size = 6: the number of micro-batches",
       "= 3) must be divisible by parallel.pipeline (2)", "parallel.virtual_stages > 1"}},
+    {"ZeroBubbleNeedsOneVirtualStage",
+     {"model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_stages=2",
+      "parallel.pipeline_schedule=zb-h1"},
+     2,
+     {"parallel.pipeline_schedule = zb-h1: requires parallel.virtual_stages = 1 (got 2)"}},
+    {"OneFOneBNeedsOneVirtualStage",
+     {"model.num_layers=4", "parallel.pipeline=2", "parallel.virtual_stages=2",
+      "parallel.pipeline_schedule=1f1b"},
+     2,
+     {"parallel.pipeline_schedule = 1f1b: requires parallel.virtual_stages = 1 (got 2)"}},
+    {"InterleavedNeedsVirtualStages",
+     {"parallel.pipeline=2", "parallel.pipeline_schedule=interleaved"},
+     2,
+     {"parallel.pipeline_schedule = interleaved: requires parallel.virtual_stages > 1 (got 1)"}},
+    {"UnknownPipelineSchedule",
+     {"parallel.pipeline_schedule=zb-h2"},
+     1,
+     {"parallel.pipeline_schedule", "zb-h2", "zb-h1"}},
     {"GlobalBatchDivisibleByMicroTimesData",
      {"train.global_batch_size=10", "train.micro_batch_size=2"},
      2,
@@ -602,7 +620,7 @@ std::vector<std::string> reference_keys() {
 TEST(ConfigYaml, EmitsEveryKey) {
   std::string yaml = config_to_yaml(Config{});
   std::vector<std::string> keys = reference_keys();
-  EXPECT_EQ(keys.size(), 68u);
+  EXPECT_EQ(keys.size(), 69u);
   for (const std::string& key : keys) {
     std::string section = key.substr(0, key.find('.'));
     std::string name = key.substr(key.find('.') + 1);

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# End-to-end: pretrain_gpt with parallel.pipeline_schedule=zb-h1 (split backward, weight steps in
+# the cool-down) logs the same losses as one rank (fp32, relative 1e-5 each step) at pp 2 and 4,
+# with tp 2 + sequence parallelism, with dp 2 + the distributed optimizer and overlapped gradient
+# reduction (the grad-ready hooks fire from the weight steps), tied and untied embeddings; and the
+# same losses bit for bit as 1F1B on the same layout (the weight steps accumulate in micro-batch
+# order, as the fused backward does). A schedule the layout cannot run is one line naming the key.
+#   trainer_zero_bubble.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
+set -euo pipefail
+src=$1 pretrain=$2
+shift 2
+mpiexec=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+common=(--config "$src/configs/tiny.yaml" --set train.steps=6 --set train.log_interval=1
+  --set model.num_layers=4 --set train.global_batch_size=16)
+losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
+
+run() {  # run NAME RANKS [--set ...]
+  local name=$1 ranks=$2
+  shift 2
+  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
+}
+
+# compare REF NAME TOL: each loss of NAME within relative TOL of REF's (0: bitwise).
+compare() {
+  paste <(losses "$work/$1") <(losses "$work/$2") | awk -v ref="$1" -v name="$2" -v tol="$3" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; s = ($1 < 0 ? -$1 : $1); if (d / s > worst) worst = d / s
+      if (d > tol * s) { printf "%s: step %d loss %s vs %s %s (tolerance %g)\n", name, n, $2, ref, $1, tol; bad = 1 } }
+    END { if (n != 6) { printf "%s: %d losses, expected 6\n", name, n; bad = 1 }
+          if (bad) exit 1
+          printf "%s: 6 losses equal %s within %g (largest difference %.2g)\n", name, ref, tol, worst }'
+}
+
+zb=(--set parallel.pipeline_schedule=zb-h1)
+untied=(--set model.tie_embeddings=false)
+run ref 1
+run ref_untied 1 "${untied[@]}"
+run pp2_zb 2 --set parallel.pipeline=2 "${zb[@]}"
+run pp2_1f1b 2 --set parallel.pipeline=2 --set parallel.pipeline_schedule=1f1b
+run pp4_zb_untied 4 --set parallel.pipeline=4 "${zb[@]}" "${untied[@]}"
+run pp4_1f1b_untied 4 --set parallel.pipeline=4 "${untied[@]}"
+run tp2sp_pp2_zb 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 "${zb[@]}"
+run pp2_dp2_zb_dist 4 --set parallel.pipeline=2 "${zb[@]}" --set optimizer.distributed=true \
+  --set optimizer.overlap_grad_reduce=true --set optimizer.bucket_size=20000 "${untied[@]}"
+compare ref pp2_zb 1e-5
+compare ref_untied pp4_zb_untied 1e-5
+compare ref tp2sp_pp2_zb 1e-5
+compare ref_untied pp2_dp2_zb_dist 1e-5
+compare pp2_1f1b pp2_zb 0
+compare pp4_1f1b_untied pp4_zb_untied 0
+
+# One line naming the key and the rule.
+if "${mpiexec[@]}" -np 2 "$pretrain" "${common[@]}" --set parallel.pipeline_schedule=zb-h1 --set parallel.virtual_stages=2 \
+  --set parallel.pipeline=2 >"$work/bad.log" 2>&1; then
+  echo "zb-h1 with virtual_stages 2 was accepted"; exit 1
+fi
+grep -q "parallel.pipeline_schedule = zb-h1: requires parallel.virtual_stages = 1 (got 2)" "$work/bad.log" || {
+  echo "unexpected error:"; cat "$work/bad.log"; exit 1; }
+echo "zb-h1 with virtual_stages 2: $(grep -m1 pipeline_schedule "$work/bad.log")"
