@@ -38,8 +38,11 @@ int64_t to_bytes(double b) {
 // and the plan stays fast and small for a million layers.
 constexpr int kExactLayers = 4096;
 
+// `model_units` (if given) gets, per buffer unit, the model unit it belongs to (GPTModel::units():
+// the embedding, each layer, the output), numbered from `first_model_unit`; returns the next number.
 std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp,
-                                           bool distributed) {
+                                           bool distributed, std::vector<int>* model_units = nullptr,
+                                           int* next_model_unit = nullptr) {
   const int64_t h = m.hidden_size, heads = m.num_attention_heads;
   const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const int64_t d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
@@ -52,10 +55,18 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
     units.push_back(h);
     if (layernorm) units.push_back(h);
   };
+  int unit_id = next_model_unit ? *next_model_unit : 0;
+  auto tag = [&](std::size_t from) {  // buffer units [from, end) belong to one model unit
+    if (model_units)
+      while (model_units->size() < units.size()) model_units->push_back(unit_id);
+    (void)from;
+    ++unit_id;
+  };
   if (spec.pre_process) {
     units.push_back(vocab_local * h);
     if (m.position_embedding == PositionEmbedding::Learned)
       units.push_back((m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length) * h);
+    tag(0);
   }
   const std::size_t before_layers = units.size();
   for (int i = 0; i < std::min(spec.num_layers, 1); ++i) {
@@ -79,14 +90,22 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
     int64_t span = 0;
     for (std::size_t i = 0; i < layer.size(); ++i)
       span += distributed && i > 0 ? (layer[i] + 63) / 64 * 64 : layer[i];
-    units.insert(units.end(), static_cast<std::size_t>(spec.num_layers), span);
+    for (int i = 0; i < spec.num_layers; ++i) {
+      units.push_back(span);
+      tag(units.size() - 1);
+    }
   } else {
-    for (int i = 0; i < spec.num_layers; ++i) units.insert(units.end(), layer.begin(), layer.end());
+    for (int i = 0; i < spec.num_layers; ++i) {
+      units.insert(units.end(), layer.begin(), layer.end());
+      tag(units.size() - layer.size());
+    }
   }
   if (spec.post_process) {
     norm();
     if (!(m.tie_embeddings && spec.pre_process)) units.push_back(vocab_local * h);
+    tag(0);
   }
+  if (next_model_unit) *next_model_unit = unit_id;
   return units;
 }
 
@@ -101,28 +120,65 @@ struct StaticBytes {
 };
 
 StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks) {
+  const Sharding sharding = c.optimizer.sharding;
+  const bool sharded_optimizer = c.optimizer.distributed || sharding != Sharding::None;
+  const bool shard_grads = sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams;
+  const bool shard_params = sharding == Sharding::OptimGradsParams;
+  const int shard_ranks =
+      c.optimizer.sharding_group_size > 0 ? c.optimizer.sharding_group_size : c.parallel.data;
   std::vector<int64_t> units;
+  std::vector<int> model_units;
+  int next_model_unit = 0;
   for (const GPTChunkSpec& spec : chunks)
-    for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor, c.optimizer.distributed))
+    for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor, sharded_optimizer, &model_units,
+                                           &next_model_unit))
       units.push_back(u);
-  std::reverse(units.begin(), units.end());  // the buffer's layout order (grad_buffer.hpp)
+  // The buffer's layout order (grad_buffer.hpp): reverse registration order, which is also reverse
+  // model-unit order with each unit's parameters reversed.
+  std::reverse(units.begin(), units.end());
+  std::reverse(model_units.begin(), model_units.end());
   BufferOptions options;
   options.param_dtype = compute_dtype(c.train.precision);
   options.bucket_size = c.optimizer.bucket_size;
   options.data_parallel_size = c.parallel.data;
-  options.distributed_optimizer = c.optimizer.distributed;
-  const BufferLayout layout = layout_buffer(units, options);
-  double state = 0;
-  if (c.optimizer.distributed) {
-    for (int64_t b : layout.bucket_numels)
-      state += static_cast<double>(chunk_of(b, c.parallel.data, 0).count);
-  } else {
-    state = static_cast<double>(layout.numel);
+  options.distributed_optimizer = sharded_optimizer;
+  options.shard_ranks = shard_ranks;
+  // Sharded gradients: buckets follow the model's units, so each unit gathers and reduces alone.
+  const BufferLayout layout = layout_buffer(units, options, shard_grads ? model_units : std::vector<int>{});
+  // Bytes of each model unit's buckets, for the units gathered or reduced at full size at a time.
+  std::map<int, double> unit_numel;
+  {
+    std::size_t u = 0;
+    int64_t bucket_start = 0;
+    for (const int64_t b : layout.bucket_numels) {
+      while (u + 1 < units.size() && layout.unit_offsets[u] < bucket_start) ++u;
+      unit_numel[model_units.empty() ? 0 : model_units[u]] += static_cast<double>(b);
+      bucket_start += b;
+    }
   }
+  double largest_unit = 0;
+  for (const auto& [unit, n] : unit_numel) largest_unit = std::max(largest_unit, n);
+  double shard = 0;
+  for (int64_t b : layout.bucket_numels) shard += static_cast<double>(chunk_of(b, shard_ranks, 0).count);
+  const double numel = static_cast<double>(layout.numel);
+  const double pe = static_cast<double>(dtype_size(options.param_dtype));
+
   StaticBytes s;
-  s.parameters = static_cast<double>(layout.numel) * static_cast<double>(dtype_size(options.param_dtype));
-  s.gradients = static_cast<double>(layout.numel) * 4.0;
-  s.optimizer = state * optimizer_bytes_per_element(c.train.precision);
+  // ZeRO's per-parameter bytes (sharding.hpp) on the padded buffers, plus what a step holds at full
+  // size: with sharded parameters the unit computing and optimizer.prefetch_units gathered ahead
+  // (every unit from its forward to its backward without reshard_after_forward).
+  s.parameters = (shard_params ? shard : numel) * pe;
+  if (shard_params)
+    s.parameters +=
+        (c.optimizer.reshard_after_forward ? (1.0 + c.optimizer.prefetch_units) * largest_unit : numel) * pe;
+  // Sharded gradients (data_parallel.cpp): the unit computing its backward holds its full-size
+  // gradients, and up to prefetch_units + 1 earlier ones wait in reductions, each with a shard-sized
+  // output.
+  const double in_flight = c.optimizer.prefetch_units + 1.0;
+  s.gradients = (shard_grads ? shard + (in_flight + 1) * largest_unit + in_flight * largest_unit / shard_ranks
+                             : numel) *
+                4.0;
+  s.optimizer = (sharded_optimizer ? shard : numel) * optimizer_bytes_per_element(c.train.precision);
   return s;
 }
 
