@@ -110,9 +110,8 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
 }
 
 // Bytes of optimizer state per element of the state tensors: exp_avg and exp_avg_sq, and the
-// fp32 main weights under bf16/fp16. Extension point for optimizer.sharding (issue 14): ZeRO-2/3
-// shard the gradient (and parameter) buffers as well; their per-parameter bytes belong here and
-// in the gradients / parameters terms of plan_static.
+// fp32 main weights under bf16/fp16 (sharding.hpp's table is these per-element bytes spread over
+// the shards; plan_static applies them to the padded buffers).
 double optimizer_bytes_per_element(Precision precision) { return precision == Precision::FP32 ? 8.0 : 12.0; }
 
 struct StaticBytes {
