@@ -1,5 +1,7 @@
 // Training-step time of a small GPT under data parallelism with overlapped gradient reduction on
-// and off (plain all-reduce DDP and the distributed optimizer's reduce-scatter + all-gather).
+// and off (plain all-reduce DDP and the distributed optimizer's reduce-scatter + all-gather), and
+// under ZeRO-3 (optimizer.sharding optim_grads_params) with the next unit's gather prefetched
+// (prefetch_units 1) or gathered on demand (0).
 //
 //   mpirun -np 2 ./bin/bench_ddp_overlap
 //
@@ -34,7 +36,9 @@ ModelConfig bench_config() {
 
 constexpr int kMicroBatches = 2;
 
-void bench_step(benchmark::State& state, MpiCommunicator& world, bool overlap, bool distributed) {
+// zero3_prefetch >= 0: ZeRO-3 with that many units prefetched (overlap, distributed ignored).
+void bench_step(benchmark::State& state, MpiCommunicator& world, bool overlap, bool distributed,
+                int zero3_prefetch = -1) {
   const ModelConfig c = bench_config();
   auto solo = world.split(world.rank(), 0);
   GPTModel model(c, {0, c.num_layers, true, true}, {.seed = 1}, *solo);
@@ -43,6 +47,13 @@ void bench_step(benchmark::State& state, MpiCommunicator& world, bool overlap, b
   oc.overlap_grad_reduce = overlap;
   oc.overlap_param_gather = overlap && distributed;
   oc.bucket_size = 500'000;  // ~8 buckets for ~3.9M parameters
+  if (zero3_prefetch >= 0) {
+    distributed = true;
+    oc.distributed = true;
+    oc.overlap_grad_reduce = oc.overlap_param_gather = false;
+    oc.sharding = Sharding::OptimGradsParams;
+    oc.prefetch_units = zero3_prefetch;
+  }
   DataParallel ddp({&model}, world, DataParallelOptions::from(oc, Precision::FP32));
   std::unique_ptr<Optimizer> opt;
   if (distributed)
@@ -102,6 +113,15 @@ void register_benchmarks(MpiCommunicator& world) {
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
+  for (int prefetch : {0, 1}) {
+    const std::string name = std::string("zero3/prefetch_") + (prefetch > 0 ? "on" : "off");
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [&world, prefetch](benchmark::State& state) { bench_step(state, world, false, true, prefetch); })
+        ->Iterations(5)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Fully sharded data parallelism through the trainer (docs/optimizer.md), on the tiny model with 4
+# layers, gradient clipping active (clip_grad 0.05 is below every step's norm), constant LR:
+#  1. parity: optimizer.sharding optim_grads / optim_grads_params (with and without
+#     reshard_after_forward, without prefetch), HSDP (8 ranks in groups of 4), tp2 x dp4 and
+#     tp2 (sp) x pp2 x dp2 with optim_grads_params, all log the single-rank losses (relative 1e-5);
+#  2. checkpoints: ZeRO-3 at dp4 saves at step 5 and one rank (plain AdamW) resumes; ZeRO-1 at
+#     tp2 x dp2 saves and ZeRO-3 at dp4 resumes; both continue like the uninterrupted run.
+#   trainer_sharding.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
+set -euo pipefail
+src=$1 pretrain=$2
+shift 2
+mpiexec=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
+  --set optimizer.warmup_steps=0 --set model.num_layers=4 --set optimizer.clip_grad=0.05)
+
+run() {  # run NAME RANKS [--set ...]
+  local name=$1 ranks=$2
+  shift 2
+  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
+}
+losses() { grep -o '"loss":[^,}]*' "$work/$1/metrics.jsonl" | cut -d: -f2; }
+norms() { grep -o '"grad_norm":[^,}]*' "$work/$1/metrics.jsonl" | cut -d: -f2; }
+# compare A B N: the last N losses of A against B's, relative 1e-5 each; prints the largest difference.
+compare() {
+  paste <(losses "$1" | tail -"$3") <(losses "$2") | awk -v name="$2" -v want="$3" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; s = ($1 < 0 ? -$1 : $1); if (d / s > w) w = d / s
+      if (d > 1e-5 * s) { printf "%s: loss %d: %s vs single rank %s\n", name, n, $2, $1; bad = 1 } }
+    END { if (n != want) { printf "%s: %d losses, expected %d\n", name, n, want; bad = 1 }
+          if (bad) exit 1; printf "%s: %d losses equal the single rank within 1e-5 (largest %.2g)\n", name, n, w }'
+}
+
+run single 1 --set train.steps=10
+# Clipping is active: every logged gradient norm is above clip_grad.
+norms single | awk '$1 <= 0.05 { print "clip_grad 0.05 does not clip step " NR " (norm " $1 ")"; bad = 1 } END { exit bad }'
+
+z2=(--set optimizer.sharding=optim_grads)
+z3=(--set optimizer.sharding=optim_grads_params)
+run dp2_z2 2 --set train.steps=10 "${z2[@]}"
+run dp4_z3 4 --set train.steps=10 "${z3[@]}"
+run dp4_z3_keep 4 --set train.steps=10 "${z3[@]}" --set optimizer.reshard_after_forward=false
+run dp2_z3_noprefetch 2 --set train.steps=10 "${z3[@]}" --set optimizer.prefetch_units=0
+run dp8_hsdp4_z3 8 --set train.steps=10 "${z3[@]}" --set optimizer.sharding_group_size=4 --set train.micro_batch_size=1
+run tp2dp4_z3 8 --set train.steps=10 "${z3[@]}" --set parallel.tensor=2
+run tp2pp2dp2_z3 8 --set train.steps=10 "${z3[@]}" --set parallel.tensor=2 --set parallel.pipeline=2 \
+  --set parallel.sequence_parallel=true
+for name in dp2_z2 dp4_z3 dp4_z3_keep dp2_z3_noprefetch dp8_hsdp4_z3 tp2dp4_z3 tp2pp2dp2_z3; do
+  compare single $name 10
+done
+
+# Checkpoints through the resharding format, to and from ZeRO-3.
+run z3_saver 4 --set train.steps=5 --set checkpoint.dir="$work/ckpt_z3" "${z3[@]}"
+run z3_on_one_rank 1 --set train.steps=10 --set checkpoint.load="$work/ckpt_z3"
+compare single z3_on_one_rank 5
+run z1_saver 4 --set train.steps=5 --set checkpoint.dir="$work/ckpt_z1" --set parallel.tensor=2 \
+  --set optimizer.distributed=true
+run z1_to_z3 4 --set train.steps=10 --set checkpoint.load="$work/ckpt_z1" "${z3[@]}"
+compare single z1_to_z3 5
