@@ -1,6 +1,7 @@
 // The measured pipeline bubble: per-rank busy time (inside forward/backward) and idle time (blocked
-// in receives) of 1F1B and interleaved 1F1B (v = 2) on a small GPT, next to the theory
-// (p-1)/m and (p-1)/(v*m) (docs/pipeline.md, "Bubble").
+// in receives) of 1F1B, zero-bubble ZB-H1 and interleaved 1F1B (v = 2) on a small GPT, next to the
+// theory (p-1)/m, (p-1)/(3m) (ZB-H1 with F = B = W) and (p-1)/(v*m) (docs/pipeline.md, "Bubble"),
+// and each rank's allocator peak during the step (activation memory).
 //
 //   OMP_NUM_THREADS=1 mpirun -np 4 --oversubscribe ./bin/bench_pipeline_bubble [--hidden 256]
 //       [--seq 128] [--layers-per-rank 4] [--steps 2] [--micro-batches 4,8,16]
@@ -8,7 +9,7 @@
 // A plain main rather than Google Benchmark: every rank must run the same steps in lockstep, and the
 // quantity of interest is a ratio per rank, not a time per iteration. Pipeline size = world size.
 // Rank 0 prints one row per (schedule, m, rank), averaged over the timed steps (one untimed step
-// first), and a summary row with the mean over ranks. Two measured bubbles:
+// first), and a summary row with the mean over ranks (peak_MB: the largest rank's). Two measured bubbles:
 //   idle/busy      time blocked in receives over compute time;
 //   (span-b)/b     the theory's definition: the step's makespan (slowest rank, all ranks start
 //                  together after a barrier) minus this rank's compute, over its compute; it also
@@ -66,10 +67,11 @@ Tensor make_ids(int64_t b, int64_t s, int vocab, int micro_batch, int shift) {
 // Per-rank means over the timed steps: busy, idle, total seconds.
 struct Row {
   double busy = 0, idle = 0, total = 0;
+  double peak = 0;  // bytes allocated during the step above its start, the largest over the steps
 };
 
 // Runs `steps + 1` steps of one (v, m) and returns every rank's row (on every rank).
-std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m) {
+std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m, PipelineSchedule kind) {
   const int p = state.pp().size(), r = state.coord().pp;
   ModelConfig c;
   c.num_layers = a.layers_per_rank * p;
@@ -84,10 +86,11 @@ std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m) {
     ptrs.push_back(chunks.back().get());
   }
   pipeline::GPTPipelineModel model(ptrs);
-  pipeline::PipelineExecutor executor(
-      state.pp(), {.micro_batches = m,
-                   .virtual_stages = v,
-                   .activation_shape = {c.seq_length, a.micro_batch_size, c.hidden_size}});
+  pipeline::PipelineExecutor executor(state.pp(),
+                                      {.micro_batches = m,
+                                       .virtual_stages = v,
+                                       .activation_shape = {c.seq_length, a.micro_batch_size, c.hidden_size},
+                                       .kind = kind});
   const Tensor loss_scale = Tensor::full({1}, 1.0 / (m * a.micro_batch_size * c.seq_length), DType::F32);
   auto data = [&](int mb) {
     return pipeline::MicroBatch{make_ids(a.micro_batch_size, c.seq_length, c.vocab_size, mb, 0),
@@ -103,17 +106,19 @@ std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m) {
     mine.busy += s.busy_seconds / a.steps;
     mine.idle += s.idle_seconds / a.steps;
     mine.total += s.total_seconds / a.steps;
+    mine.peak = std::max(mine.peak, static_cast<double>(s.peak_allocated_bytes - s.start_allocated_bytes));
   }
   // fp32 keeps microsecond resolution for steps of minutes: plenty for a ratio.
   Tensor local =
       Tensor::from_vector(std::vector<float>{static_cast<float>(mine.busy), static_cast<float>(mine.idle),
-                                             static_cast<float>(mine.total)},
-                          {3});
-  Tensor all = Tensor::empty({3 * p}, DType::F32);
+                                             static_cast<float>(mine.total), static_cast<float>(mine.peak)},
+                          {4});
+  Tensor all = Tensor::empty({4 * p}, DType::F32);
   state.pp().all_gather(local, all);
-  const float* v3 = all.data<float>();
+  const float* v4 = all.data<float>();
   std::vector<Row> rows(static_cast<std::size_t>(p));
-  for (int i = 0; i < p; ++i) rows[static_cast<std::size_t>(i)] = {v3[3 * i], v3[3 * i + 1], v3[3 * i + 2]};
+  for (int i = 0; i < p; ++i)
+    rows[static_cast<std::size_t>(i)] = {v4[4 * i], v4[4 * i + 1], v4[4 * i + 2], v4[4 * i + 3]};
   return rows;
 }
 
@@ -130,29 +135,41 @@ int bench(Runtime& rt, int argc, char** argv) {
         "%d timed steps (+1 warm-up), OMP_NUM_THREADS=%s\n",
         p, a.hidden, a.seq, a.micro_batch_size, a.layers_per_rank, a.steps,
         std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "unset");
-    std::printf("%-12s %3s %5s %10s %10s %10s %10s %11s %8s\n", "schedule", "m", "rank", "busy_ms", "idle_ms",
-                "span_ms", "idle/busy", "(span-b)/b", "theory");
+    std::printf("%-12s %3s %5s %10s %10s %10s %10s %11s %8s %9s\n", "schedule", "m", "rank", "busy_ms",
+                "idle_ms", "span_ms", "idle/busy", "(span-b)/b", "theory", "peak_MB");
   }
-  for (int v : {1, 2}) {
-    if (v > 1 && p < 2) continue;
+  struct Schedule {
+    const char* name;
+    int v;
+    PipelineSchedule kind;
+    double theory_factor;  // bubble over (p-1)/(v*m)
+  };
+  for (const Schedule& sch : {Schedule{"1F1B", 1, PipelineSchedule::OneFOneB, 1.0},
+                              Schedule{"zb-h1", 1, PipelineSchedule::ZeroBubbleH1, 1.0 / 3.0},
+                              Schedule{"interleaved2", 2, PipelineSchedule::Interleaved, 1.0}}) {
+    const int v = sch.v;
+    if (p < 2 && sch.kind != PipelineSchedule::OneFOneB) continue;
     for (int m : a.micro_batches) {
       if (v > 1 && m % p != 0) continue;
-      const std::vector<Row> rows = run_case(state, a, v, m);
-      const double theory = static_cast<double>(p - 1) / (v * m);
-      const char* name = v == 1 ? "1F1B" : "interleaved2";
-      double span = 0, busy = 0, idle = 0;
+      const std::vector<Row> rows = run_case(state, a, v, m, sch.kind);
+      const double theory = sch.theory_factor * static_cast<double>(p - 1) / (v * m);
+      const char* name = sch.name;
+      double span = 0, busy = 0, idle = 0, peak = 0;
       for (const Row& row : rows) span = std::max(span, row.total);
       for (int r = 0; r < p; ++r) {
         const Row& row = rows[static_cast<std::size_t>(r)];
         busy += row.busy / p;
         idle += row.idle / p;
+        peak = std::max(peak, row.peak);
         if (print)
-          std::printf("%-12s %3d %5d %10.1f %10.1f %10.1f %10.3f %11.3f %8.3f\n", name, m, r, 1e3 * row.busy,
-                      1e3 * row.idle, 1e3 * span, row.idle / row.busy, (span - row.busy) / row.busy, theory);
+          std::printf("%-12s %3d %5d %10.1f %10.1f %10.1f %10.3f %11.3f %8.3f %9.2f\n", name, m, r,
+                      1e3 * row.busy, 1e3 * row.idle, 1e3 * span, row.idle / row.busy,
+                      (span - row.busy) / row.busy, theory, row.peak / 1e6);
       }
       if (print)
-        std::printf("%-12s %3d %5s %10.1f %10.1f %10.1f %10.3f %11.3f %8.3f\n", name, m, "mean", 1e3 * busy,
-                    1e3 * idle, 1e3 * span, idle / busy, (span - busy) / busy, theory);
+        std::printf("%-12s %3d %5s %10.1f %10.1f %10.1f %10.3f %11.3f %8.3f %9.2f\n", name, m, "mean",
+                    1e3 * busy, 1e3 * idle, 1e3 * span, idle / busy, (span - busy) / busy, theory,
+                    peak / 1e6);
     }
   }
   return 0;
