@@ -25,6 +25,11 @@ int main(int argc, char** argv) {
   app.add_flag("--plan", plan_only,
                "write every rank's memory plan to <train.output_dir>/plan.json, print it and exit without "
                "training (docs/memory.md)");
+  int plan_world_size = 0;
+  app.add_option("--world-size", plan_world_size,
+                 "with --plan: plan a job of this many ranks (default: the ranks launched), so a large job "
+                 "can be planned from one process")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_flag("--no-memory-check", no_memory_check,
                "train even when the memory plan says the largest rank does not fit");
   app.footer("Config keys:\n" + parallel::config_reference());
@@ -38,16 +43,25 @@ int main(int argc, char** argv) {
     return 2;
   }
   return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
-    const parallel::Config config = parallel::load_config(config_file, overrides, rt.world_size());
+    if (plan_world_size > 0 && !plan_only)
+      throw parallel::ConfigError(
+          "pretrain_gpt: --world-size is for --plan only (training uses the ranks launched)");
+    const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
+    const parallel::Config config = parallel::load_config(config_file, overrides, world_size);
     if (plan_only) {
-      const parallel::MemoryPlan plan = parallel::plan_memory(config, rt.world_size());
+      const parallel::MemoryPlan plan = parallel::plan_memory(config, world_size);
       if (rt.rank() == 0) {
         const std::filesystem::path dir(config.train.output_dir);
         std::filesystem::create_directories(dir);
         std::ofstream(dir / "plan.json") << parallel::memory_plan_json(plan);
-        const parallel::MemoryLimit limit = parallel::host_memory_limit(rt.launch().local_size);
         std::printf("%s", parallel::memory_plan_table(plan).c_str());
-        if (limit.bytes > 0)
+        // Planned for another world size: how many ranks will share a node is not known here.
+        const parallel::MemoryLimit limit =
+            parallel::host_memory_limit(plan_world_size > 0 ? 1 : rt.launch().local_size);
+        if (limit.bytes > 0 && plan_world_size > 0)
+          std::printf("this node: %.2f GiB (%s), to be shared by the ranks placed on it\n",
+                      static_cast<double>(limit.bytes) / (1 << 30), limit.source.c_str());
+        else if (limit.bytes > 0)
           std::printf("limit: %.2f GiB per rank (%s): %s\n", static_cast<double>(limit.bytes) / (1 << 30),
                       limit.source.c_str(),
                       plan.largest().peak_bytes <= limit.bytes ? "fits" : "does NOT fit");

@@ -87,7 +87,7 @@ MemoryLimit agreed_memory_limit(Communicator& world, MemoryLimit limit) {
   world.all_reduce(t, ReduceOp::Min);
   const int64_t agreed = t.data<int64_t>()[0];
   if (agreed == std::numeric_limits<int64_t>::max()) return {};
-  if (agreed != limit.bytes) limit.source = "the smallest figure over the ranks";
+  if (agreed != limit.bytes) limit.source += "; the smallest figure over the ranks";
   limit.bytes = agreed;
   return limit;
 }

@@ -64,6 +64,17 @@ done
 grep -q "^memory plan (MiB per rank)" "$work/plan.out" || fail "--plan printed no table" "$work/plan.out"
 [[ ! -e $work/plan/metrics.jsonl ]] || fail "--plan trained"
 echo "2. --plan: $plan with 4 ranks"
+# ... and for a job of 64 ranks from one process (--world-size).
+"$pretrain" --config "$src/configs/gpt2_124m.yaml" --set parallel.tensor=2 --set parallel.pipeline=4 \
+  --set train.output_dir="$work/plan64" --plan --world-size 64 >"$work/plan64.out" 2>&1 ||
+  fail "--plan --world-size 64 failed" "$work/plan64.out"
+[[ $(grep -c '"peak_bytes"' "$work/plan64/plan.json") -eq 64 ]] || fail "--world-size 64: not 64 ranks" "$work/plan64.out"
+status=0
+"$pretrain" --config "$src/configs/tiny.yaml" --set train.output_dir="$work/ws" --world-size 4 >"$work/ws.out" 2>&1 ||
+  status=$?
+[[ $status -eq 2 ]] && grep -q "^pretrain_gpt: --world-size is for --plan only" "$work/ws.out" ||
+  fail "--world-size without --plan: exit $status" "$work/ws.out"
+echo "2. --plan --world-size 64 from one process: 64 ranks; without --plan: refused"
 
 # 3. mem_peak_bytes in metrics.jsonl, against the largest planned peak.
 "${mpiexec[@]}" -np 4 "$pretrain" "${tiny[@]}" --set train.output_dir="$work/plan" >"$work/train.out" 2>&1 ||
