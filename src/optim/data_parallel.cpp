@@ -84,7 +84,9 @@ DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& d
       c->set_unit_hook([this](GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
         on_unit(phase, params);
       });
-  } else if (options_.overlap_param_gather && options_.distributed_optimizer) {
+  }
+  // ZeRO-3 gathers unit by unit; ZeRO-1 and 2 all-gather after the step and may overlap that.
+  if (!shard_params_ && options_.overlap_param_gather && options_.distributed_optimizer) {
     gather_on_use_ = true;
     for (GPTModel* c : chunks_) c->set_param_use_hook([this](Parameter& p) { on_param_use(p); });
   }

@@ -269,6 +269,16 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   // Data parallelism owns the parameter and gradient buffers; the optimizer works on them.
   m.ddp = std::make_unique<DataParallel>(raw, m.state->dp(),
                                          DataParallelOptions::from(c.optimizer, c.train.precision));
+  {
+    // What the DDP actually shards (tests read this line), not what the config asked for.
+    const ParamAndGradBuffer& buf = m.ddp->buffer();
+    const char* mode = buf.params_sharded()                     ? "optim_grads_params"
+                       : buf.grads_sharded()                    ? "optim_grads"
+                       : m.ddp->options().distributed_optimizer ? "optim"
+                                                                : "none";
+    progress().info("data parallel: {} ranks, sharding {} over {} ranks, {} buckets", m.ddp->dp().size(),
+                    mode, m.ddp->shard_group().size(), buf.buckets().size());
+  }
   const auto groups = OptimizerGroups::from(*m.state);
   if (c.optimizer.distributed)
     m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups);
