@@ -16,6 +16,9 @@
 //                  (logits gradient, attention scratch, gathered sequences, ...)
 //   schedule       the executors' action lists and message orders (host memory, outside the
 //                  tensor allocator; grows with the number of micro-batches)
+//   checkpoint     what a checkpoint save (checkpoint.dir set) needs beyond the training peak: a
+//                  sharded optimizer gathers the full fp32 state on every rank, ZeRO-3 every
+//                  parameter; 0 when the save fits under the training peak
 // where the peak moment is the action of the schedule at which the sum is largest.
 //
 // The plan follows the layers' allocation pattern (src/model, src/tp); the test memory_plan checks
@@ -31,7 +34,8 @@
 namespace parallel {
 
 struct MemoryTerm {
-  std::string name;  // parameters, gradients, optimizer, activations, communication, workspace, schedule
+  std::string name;  // parameters, gradients, optimizer, activations, communication, workspace,
+                     // schedule, checkpoint
   int64_t bytes = 0;
   std::string keys;  // the configuration keys that drive it, for messages
 };

@@ -116,6 +116,10 @@ double optimizer_bytes_per_element(Precision precision) { return precision == Pr
 
 struct StaticBytes {
   double parameters = 0, gradients = 0, optimizer = 0;
+  // Between steps (no unit gathered or reducing) and what a checkpoint save allocates on top: with a
+  // sharded optimizer every rank gathers the full fp32 state (train_state.cpp), and ZeRO-3 gathers
+  // every parameter.
+  double steady = 0, save = 0;
 };
 
 StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks) {
@@ -178,6 +182,13 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
                              : numel) *
                 4.0;
   s.optimizer = (sharded_optimizer ? shard : numel) * optimizer_bytes_per_element(c.train.precision);
+  s.steady = (shard_params ? shard : numel) * pe + (shard_grads ? shard : numel) * 4.0 + s.optimizer;
+  if (sharded_optimizer) {
+    double largest_bucket = 0;
+    for (int64_t b : layout.bucket_numels) largest_bucket = std::max(largest_bucket, static_cast<double>(b));
+    s.save = numel * optimizer_bytes_per_element(c.train.precision) + largest_bucket / shard_ranks * 4.0;
+  }
+  if (shard_params) s.save += numel * pe;
   return s;
 }
 
@@ -660,6 +671,13 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
         {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
          "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
     };
+    // A checkpoint save, between steps, may peak above training: what it needs beyond that peak.
+    double trained = 0;
+    for (const MemoryTerm& term : r.terms)
+      if (term.name != "schedule") trained += static_cast<double>(term.bytes);
+    const double save = c.checkpoint.dir.empty() ? 0.0 : std::max(0.0, s.steady + s.save - trained);
+    r.terms.push_back(
+        {"checkpoint", to_bytes(save), "checkpoint.dir, optimizer.distributed, optimizer.sharding"});
     for (const MemoryTerm& term : r.terms) {
       r.peak_bytes += term.bytes;
       if (term.name != "schedule") r.allocator_bytes += term.bytes;

@@ -52,6 +52,8 @@ TEST_P(MemoryPlanTest, PlannedPeakWithinTenPercentOfMeasuredOnEveryRank) {
   std::vector<std::string> overrides = GetParam().overrides;
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("memory_plan_" + std::string(GetParam().label))).string();
+  for (std::string& o : overrides)
+    if (o == "checkpoint.dir=") o += dir + "/ckpt";  // layouts that save at their last step
   overrides.push_back("train.output_dir=" + dir);
   const Config config = parse_config(kModel, overrides, w.size());
   const MemoryPlan plan = plan_memory(config, w.size());
@@ -113,6 +115,20 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"dp4_hsdp2_zero3",
                {"optimizer.sharding=optim_grads_params", "optimizer.sharding_group_size=2",
                 "train.global_batch_size=64"}},
+        Layout{"dp4_distributed_save",
+               {"optimizer.distributed=true", "checkpoint.dir=", "train.global_batch_size=64"}},
+        Layout{"pp2_dp2_zero3_bf16_save",
+               {"parallel.pipeline=2", "optimizer.sharding=optim_grads_params", "train.precision=bf16",
+                "checkpoint.dir=", "train.global_batch_size=32"}},
+        // Weights outweigh activations: the save's gathered optimizer state sets the peak.
+        Layout{"dp4_distributed_save_static",
+               {"optimizer.distributed=true", "checkpoint.dir=", "model.seq_length=8",
+                "train.micro_batch_size=1", "train.global_batch_size=8"}},
+        Layout{"dp4_zero3_save_static",
+               {"optimizer.sharding=optim_grads_params", "checkpoint.dir=", "model.seq_length=8",
+                "train.micro_batch_size=1", "train.global_batch_size=8"}},
+        Layout{"tp2_pp2_save",
+               {"parallel.tensor=2", "parallel.pipeline=2", "checkpoint.dir=", "train.global_batch_size=32"}},
         Layout{"tp2_pp2_selective",
                {"parallel.tensor=2", "parallel.pipeline=2", "train.recompute=selective",
                 "train.global_batch_size=32"}},
