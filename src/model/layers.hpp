@@ -6,6 +6,7 @@
 // Every layer with parameters also splits its backward (tensor_parallel.hpp): backward_input (B)
 // returns the input gradient and keeps what backward_weight (W) needs in the Context; W
 // accumulates the parameter gradients and frees the Context. B then W is bit for bit backward().
+// The norms are the exception: their weight gradients come out of B's kernel pass (see Norm).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -50,13 +51,12 @@ class Norm {
   Norm(const LayerEnv& env, const std::string& name);
   struct Context {
     Tensor x, mean, rstd;
-    Tensor dy, weight;  // between B and W
   };
   Tensor forward(const Tensor& x, Context& ctx);
   Tensor backward(const Tensor& dy, Context& ctx);  // accumulates dweight/dbias; returns dx
-  // The norm kernels produce dx and the weight gradients in one pass over the rows; the split runs
-  // that pass twice (B discards the weight part, W the dx), so W's accumulation is the fused
-  // kernel's own, bit for bit. The extra pass is O(rows * h), small beside any GEMM.
+  // The norm kernels produce dx and the weight gradients in one pass over the rows, so the input
+  // step accumulates the weight gradients too (bit for bit backward()) and the weight step is empty:
+  // nothing of the norm waits for W.
   Tensor backward_input(const Tensor& dy, Context& ctx);
   void backward_weight(Context& ctx);
   std::vector<Parameter*> parameters();
@@ -132,7 +132,7 @@ class TransformerLayer {
   };
   Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
   Tensor backward(const Tensor& dy, Context& ctx);        // frees ctx
-  Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps the norms' and linears' state
+  Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps the linears' state
   void backward_weight(Context& ctx);                     // frees ctx
   std::vector<Parameter*> parameters();
 

@@ -62,41 +62,12 @@ Tensor Norm::backward(const Tensor& dy_in, Context& ctx) {
   return dx;
 }
 
-namespace {
+// The kernel produces dx and the weight gradients in one pass over the rows: the input step runs it
+// whole (as backward() does, so the gradients are bit for bit the fused ones, accumulated in the
+// order the input steps run: micro-batch order), and the weight step has nothing left to do.
+// Splitting would cost a second pass and keep x and dy until W, for a gradient of h elements.
+Tensor Norm::backward_input(const Tensor& dy, Context& ctx) { return backward(dy, ctx); }
 
-// One pass of the norm's backward kernel: dx and the weight gradients accumulated into dweight
-// (and dbias for LayerNorm).
-void norm_backward_pass(Normalization kind, const Norm::Context& ctx, const Tensor& weight, Tensor& dx,
-                        Tensor& dweight, Tensor& dbias) {
-  const int64_t h = ctx.x.size(-1), rows = ctx.x.numel() / h;
-  Tensor dy2d = ctx.dy.view({rows, h}), x2d = ctx.x.view({rows, h}), dx2d = dx.view({rows, h});
-  if (kind == Normalization::LayerNorm)
-    ops::layernorm_backward(dy2d, x2d, weight, ctx.mean, ctx.rstd, dx2d, dweight, dbias);
-  else
-    ops::rmsnorm_backward(dy2d, x2d, weight, ctx.rstd, dx2d, dweight);
-}
-
-}  // namespace
-
-Tensor Norm::backward_input(const Tensor& dy, Context& ctx) {
-  ctx.dy = dy.contiguous();
-  // The value as B saw it: W recomputes the same pass (its weight gradients do not depend on it,
-  // but the kernel reads it), whatever happens to the Parameter in between.
-  ctx.weight = weight.value;
-  Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
-  Tensor scratch_w = Tensor::zeros(weight.grad.shape(), DType::F32, weight.grad.device());
-  Tensor scratch_b;
-  if (kind_ == Normalization::LayerNorm)
-    scratch_b = Tensor::zeros(bias.grad.shape(), DType::F32, bias.grad.device());
-  norm_backward_pass(kind_, ctx, ctx.weight, dx, scratch_w, scratch_b);
-  return dx;
-}
-
-void Norm::backward_weight(Context& ctx) {
-  PARALLEL_CHECK(ctx.dy.defined(), "Norm {}::backward_weight before backward_input", weight.name);
-  Tensor scratch_dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
-  norm_backward_pass(kind_, ctx, ctx.weight, scratch_dx, weight.grad, bias.grad);
-  ctx = Context{};
-}
+void Norm::backward_weight(Context&) {}
 
 }  // namespace parallel::model

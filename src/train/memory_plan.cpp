@@ -525,17 +525,16 @@ void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompu
 }
 
 // What a split backward keeps from a chunk's input step (B) to its weight step (W): every linear
-// layer's input and output gradient, every norm's input, statistics and output gradient, the
-// logits' gradient, and the embedding's gradient with its tokens (GPTModel::backward_input).
+// layer's input and output gradient (the logits' gradient for the output layer), and the
+// embedding's gradient with its tokens (GPTModel::backward_input). The norms finish in B.
 double chunk_weight_state(const Dims& d, const GPTChunkSpec& spec) {
-  const double norm = 2 * d.X() + d.Tl * d.norm_stats;
-  const double shard = d.sp ? d.X() : 0.0;              // a row-parallel layer's own s-shard of dy (bias)
-  const double layer = 2 * norm + (d.full() + d.qkv())  // qkv
+  const double shard = d.sp ? d.X() : 0.0;                      // a row-parallel layer's own s-shard of dy
+  const double layer = (d.full() + d.qkv())                     // qkv
                        + (d.T * d.nq * d.e + d.full() + shard)  // proj
                        + (d.full() + d.T * d.f1 * d.e)          // fc1
                        + (d.T * d.f * d.e + d.full() + shard);  // fc2
   double out = spec.num_layers * layer;
-  if (spec.post_process) out += norm + (d.sp ? d.full() : d.X()) + d.T * d.vocab * d.e;
+  if (spec.post_process) out += (d.sp ? d.full() : d.X()) + d.T * d.vocab * d.e;
   if (spec.pre_process) out += d.X() + 4 * d.T;
   return out;
 }
@@ -594,7 +593,6 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
         break;
       }
       case pipeline::Op::BackwardWeight:
-        t.touch(kWorkspace, d.X());  // a norm's discarded dx
         t.free(kActivations, chunk_weight_state(d, spec));
         break;
       case pipeline::Op::SendForward:
