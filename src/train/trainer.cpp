@@ -318,6 +318,20 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
       count.to_float_vector()[0] / 1e6, c.model.num_layers, c.model.hidden_size, c.model.num_attention_heads,
       c.parallel.tensor, c.parallel.pipeline, c.parallel.virtual_stages, dp, m.micro_batches,
       c.train.micro_batch_size);
+  if (c.parallel.pipeline > 1) {
+    // What the executor runs: the configured schedule, resolved (auto) and counted on this rank.
+    int weight_steps = 0;
+    for (const pipeline::Action& a : m.executor->schedule())
+      weight_steps += a.op == pipeline::Op::BackwardWeight;
+    const pipeline::Schedule& s = m.executor->schedule();
+    const bool interleaved = c.parallel.virtual_stages > 1;
+    const char* name = c.parallel.pipeline_schedule != PipelineSchedule::Auto
+                           ? pipeline::schedule_name(c.parallel.pipeline_schedule)
+                           : (interleaved ? "interleaved (auto)" : "1f1b (auto)");
+    progress().info(
+        "pipeline schedule: {}, {} actions and {} weight steps per step on rank 0 of the pipeline", name,
+        s.size(), weight_steps);
+  }
 
   // MFU's denominator, said once so that a figure in metrics.jsonl can be checked against it.
   const RankPeak peak = peak_flops_per_rank(c.train, m.device);

@@ -46,13 +46,26 @@ run pp4_1f1b_untied 4 --set parallel.pipeline=4 "${untied[@]}"
 run tp2sp_pp2_zb 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 "${zb[@]}"
 run pp2_dp2_zb_dist 4 --set parallel.pipeline=2 "${zb[@]}" --set optimizer.distributed=true \
   --set optimizer.overlap_grad_reduce=true --set optimizer.bucket_size=20000 "${untied[@]}"
+run pp2_dp2_zb_dist_tied 4 --set parallel.pipeline=2 "${zb[@]}" --set optimizer.distributed=true \
+  --set optimizer.overlap_grad_reduce=true --set optimizer.bucket_size=20000
 for sharding in optim_grads optim_grads_params; do
   run "pp2_dp2_zb_$sharding" 4 --set parallel.pipeline=2 "${zb[@]}" --set optimizer.sharding=$sharding "${untied[@]}"
 done
+# The zb-h1 runs really run weight steps (8 micro-batches per step; 4 at dp 2), the 1F1B ones none:
+# else the bitwise comparison with 1F1B below would prove nothing.
+expect_log() {  # expect_log NAME PATTERN
+  grep -q "$2" "$work/$1.log" || { echo "$1: no '$2' in its log:"; grep "pipeline schedule" "$work/$1.log"; exit 1; }
+}
+expect_log pp2_zb "pipeline schedule: zb-h1, .* and 8 weight steps"
+expect_log pp4_zb_untied "pipeline schedule: zb-h1, .* and 8 weight steps"
+expect_log pp2_dp2_zb_dist "pipeline schedule: zb-h1, .* and 4 weight steps"
+expect_log pp2_1f1b "pipeline schedule: 1f1b, .* and 0 weight steps"
+expect_log pp4_1f1b_untied "pipeline schedule: 1f1b (auto), .* and 0 weight steps"
 compare ref pp2_zb 1e-5
 compare ref_untied pp4_zb_untied 1e-5
 compare ref tp2sp_pp2_zb 1e-5
 compare ref_untied pp2_dp2_zb_dist 1e-5
+compare ref pp2_dp2_zb_dist_tied 1e-5
 compare ref_untied pp2_dp2_zb_optim_grads 1e-5
 compare ref_untied pp2_dp2_zb_optim_grads_params 1e-5
 compare pp2_1f1b pp2_zb 0
