@@ -3,7 +3,7 @@
 # layers, gradient clipping active (clip_grad 0.05 is below every step's norm), constant LR:
 #  1. parity: optimizer.sharding optim_grads / optim_grads_params (with and without
 #     reshard_after_forward, without prefetch), HSDP (8 ranks in groups of 4), tp2 x dp4 and
-#     tp2 (sp) x pp2 x dp2 with optim_grads_params, all log the single-rank losses (relative 1e-5);
+#     tp2 (sp) x pp2 x dp2 and interleaved pp2 x 2 virtual stages x dp2 with optim_grads_params, all log the single-rank losses (relative 1e-5);
 #     in bf16, dp2 ZeRO-3 and tp2 x dp2 ZeRO-2 against one rank in bf16, in fp16 dp2 ZeRO-3 (2e-4; measured 1.4e-5, 3.7e-5, 2.1e-6);
 #  2. checkpoints: ZeRO-3 at dp4 saves at step 5 and one rank (plain AdamW) resumes; ZeRO-1 at
 #     tp2 x dp2 saves and ZeRO-3 at dp4 resumes; both continue like the uninterrupted run.
@@ -49,7 +49,8 @@ run dp8_hsdp4_z3 8 --set train.steps=10 "${z3[@]}" --set optimizer.sharding_grou
 run tp2dp4_z3 8 --set train.steps=10 "${z3[@]}" --set parallel.tensor=2
 run tp2pp2dp2_z3 8 --set train.steps=10 "${z3[@]}" --set parallel.tensor=2 --set parallel.pipeline=2 \
   --set parallel.sequence_parallel=true
-for name in dp2_z2 dp4_z3 dp4_z3_keep dp2_z3_noprefetch dp8_hsdp4_z3 tp2dp4_z3 tp2pp2dp2_z3; do
+run pp2vp2dp2_z3 4 --set train.steps=10 "${z3[@]}" --set parallel.pipeline=2 --set parallel.virtual_stages=2
+for name in dp2_z2 dp4_z3 dp4_z3_keep dp2_z3_noprefetch dp8_hsdp4_z3 tp2dp4_z3 tp2pp2dp2_z3 pp2vp2dp2_z3; do
   compare single $name 10
 done
 # The runs really were sharded as asked (the trainer logs what its DDP does).
