@@ -26,6 +26,7 @@
 // - Stream: ordering on CUDA; ignored on the CPU. CPU kernels use OpenMP threads (OMP_NUM_THREADS).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "parallel/tensor.hpp"
 
@@ -50,6 +51,26 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 // layer's forward with the bias added to the fp32 accumulator, so a 16-bit c is rounded once.
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c,
                Stream stream = {});
+
+// Packed weights. While a scope is open, a CPU gemm / gemm_bias whose b lies inside one of the
+// scope's buffers uses b in the kernel's own packed layout, made at b's first use and reused by
+// every later call on the same b (each orientation packs once: x W^T forward, dy W backward), so
+// the micro-batches of a step share one packing of every weight. The packed copies come from the
+// library allocator and are freed when the scope closes. The opener promises that nothing writes
+// the buffers while the scope is open (the trainer opens one around a step's micro-batches; the
+// optimizer writes the weights after it closes). One scope at a time; no effect on CUDA tensors.
+class WeightPackingScope {
+ public:
+  explicit WeightPackingScope(const std::vector<Tensor>& buffers);
+  ~WeightPackingScope();
+  WeightPackingScope(const WeightPackingScope&) = delete;
+  WeightPackingScope& operator=(const WeightPackingScope&) = delete;
+  // Weights packed since the process started (each pack is one reorder), for tests and logs.
+  static int64_t packs_made();
+  // Whether the trainer opens scopes: yes unless the environment sets PARALLEL_PACK_WEIGHTS=0
+  // (for side-by-side measurements).
+  static bool enabled();
+};
 
 // Which kernel the CPU GEMM runs for operands of `dtype` on this machine: oneDNN's implementation
 // name and the ISA it dispatches to (e.g. "brg:avx512_core_bf16 (isa avx512_core_bf16)"), or the

@@ -6,6 +6,8 @@
 // and gradients, int32 ids.
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
@@ -17,6 +19,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c);
 // oneDNN's name for the implementation it picks for a GEMM with these operands on this CPU (e.g.
 // "brg:avx512_core_bf16"), for benchmarks and logs.
+// ops::WeightPackingScope's CPU side (gemm.cpp): the buffers whose GEMM operands are packed once.
+void open_weight_packing(const std::vector<std::pair<const void*, int64_t>>& buffers);
+void close_weight_packing();
+int64_t weight_packs_made();  // reorders done so far, for tests
 std::string gemm_implementation(DType operands);
 void add_bias(Tensor& y, const Tensor& bias);
 void bias_backward(const Tensor& dy, Tensor& dbias);

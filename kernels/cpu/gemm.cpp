@@ -15,11 +15,14 @@
 // Where oneDNN has no implementation (fp16 on CPUs without AVX512-FP16, anything below AVX-512),
 // the operands are widened to fp32 and the fp32 path runs: slower, same contract.
 //
-// Weight pre-packing (format_tag::any + reorder) was measured too: within noise of the plain
-// primitive except on the no-transpose case, which sgemm covers. A correct cache of packed weights
-// would need a version counter on the tensor (the optimizer updates weights in place at the same
-// address), which Tensor does not have, so operands are used in place, row-major, transposition
-// expressed as strides, and nothing is packed.
+// Packed weights: inside an ops::WeightPackingScope, a b operand that lies in one of the scope's
+// buffers (the model's parameters) is reordered once into the layout the primitive wants
+// (format_tag::any) and the packed copy is reused by every later GEMM on the same b until the scope
+// closes: the micro-batches of a step pack each weight once per orientation (x W^T forward, dy W
+// backward) instead of once per call. The scope's owner guarantees nothing writes those buffers
+// while it is open (the optimizer writes them after it), which is what makes a cache keyed by
+// address correct without a version counter on the tensor. Outside a scope, and for every other
+// operand, operands are used in place, row-major, transposition expressed as strides.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -47,8 +50,9 @@ struct GemmKey {
   int threads;                     // a primitive is tuned for the thread count it was created with
   DType in, out;                   // operand and destination dtypes
   DType bias = DType::U8;          // the bias dtype; U8: no bias
+  bool packed_b = false;           // b in the primitive's own layout (a packed weight)
   auto tie() const {
-    return std::tie(m, n, k, trans_a, trans_b, alpha_bits, beta_bits, threads, in, out, bias);
+    return std::tie(m, n, k, trans_a, trans_b, alpha_bits, beta_bits, threads, in, out, bias, packed_b);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
@@ -59,11 +63,25 @@ uint32_t bits_of(float f) {
   return u;
 }
 
+// A weight in a primitive's layout: the packed bytes live in a tensor from the library allocator,
+// so memory statistics and the memory plan see them.
+struct PackedWeight {
+  const void* source;
+  bool trans;  // the source's orientation: a square W packs to the same layout both ways
+  dnnl::memory::desc layout;
+  Tensor bytes;
+};
+
 struct DnnlContext {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;
   // An empty optional: oneDNN has no implementation for this key (16-bit on an older CPU).
   std::map<GemmKey, std::optional<dnnl::matmul>> cache;
+  // The open WeightPackingScope's buffers ([begin, end) byte ranges) and what it packed so far.
+  bool packing = false;
+  std::vector<std::pair<const char*, const char*>> weight_ranges;
+  std::vector<PackedWeight> packed;
+  int64_t packs_made = 0;
 };
 
 DnnlContext& context() {
@@ -105,7 +123,8 @@ dnnl::matmul::primitive_desc matmul_desc(const GemmKey& key, const dnnl::engine&
     attr.set_post_ops(ops);
   }
   const auto src = operand_desc(key.m, key.k, key.trans_a, key.in);
-  const auto wei = operand_desc(key.k, key.n, key.trans_b, key.in);
+  const auto wei = key.packed_b ? dnnl::memory::desc({key.k, key.n}, dnnl_type(key.in), tag::any)
+                                : operand_desc(key.k, key.n, key.trans_b, key.in);
   const auto dst = operand_desc(key.m, key.n, false, key.out);
   if (key.bias != DType::U8) {
     const dnnl::memory::desc bias({1, key.n}, dnnl_type(key.bias), tag::ab);
@@ -124,7 +143,7 @@ std::optional<dnnl::matmul> make_matmul(const GemmKey& key, const dnnl::engine& 
 }
 
 void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
-               int64_t k, float alpha, float beta);
+               int64_t k, float alpha, float beta, bool packed_b = false);
 
 // 16-bit operands without a oneDNN implementation: widen a, b (and c when it is 16-bit) to fp32,
 // run the fp32 product, narrow c back.
@@ -151,11 +170,46 @@ std::optional<dnnl::matmul> cached_matmul(const GemmKey& key) {
   return it->second;
 }
 
+// b in `prim`'s weight layout, packed at its first use in the open scope (under the context lock).
+dnnl::memory packed_weight(const dnnl::matmul& prim, const GemmKey& key, const void* B) {
+  DnnlContext& ctx = context();
+  const dnnl_memory_desc_t* md =
+      dnnl_primitive_desc_query_md(prim.get_primitive_desc(), dnnl_query_weights_md, 0);
+  PARALLEL_CHECK(md != nullptr, "oneDNN matmul has no weights descriptor");
+  const dnnl::memory::desc layout(*md);
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  for (PackedWeight& w : ctx.packed)
+    if (w.source == B && w.trans == key.trans_b && w.layout == layout)
+      return dnnl::memory(layout, ctx.engine, w.bytes.data_ptr());
+  PackedWeight w{B, key.trans_b, layout, Tensor::empty({static_cast<int64_t>(layout.get_size())}, DType::U8)};
+  dnnl::memory plain(operand_desc(key.k, key.n, key.trans_b, key.in), ctx.engine, const_cast<void*>(B));
+  dnnl::memory packed(layout, ctx.engine, w.bytes.data_ptr());
+  dnnl::stream stream(ctx.engine);
+  dnnl::reorder(plain, packed).execute(stream, plain, packed);
+  stream.wait();
+  ctx.packed.push_back(std::move(w));
+  ctx.packs_made++;
+  return packed;
+}
+
+// Whether b (an operand of `bytes` bytes at B) is a weight of the open packing scope.
+bool is_scope_weight(const void* B, int64_t bytes) {
+  DnnlContext& ctx = context();
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  if (!ctx.packing) return false;
+  const char* p = static_cast<const char*>(B);
+  for (const auto& [begin, end] : ctx.weight_ranges)
+    if (p >= begin && p + bytes <= end) return true;
+  return false;
+}
+
 void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, const void* B, void* C,
                 const void* bias = nullptr) {
   DnnlContext& ctx = context();
   dnnl::memory am(operand_desc(key.m, key.k, key.trans_a, key.in), ctx.engine, const_cast<void*>(A));
-  dnnl::memory bm(operand_desc(key.k, key.n, key.trans_b, key.in), ctx.engine, const_cast<void*>(B));
+  dnnl::memory bm = key.packed_b ? packed_weight(prim, key, B)
+                                 : dnnl::memory(operand_desc(key.k, key.n, key.trans_b, key.in), ctx.engine,
+                                                const_cast<void*>(B));
   dnnl::memory cm(operand_desc(key.m, key.n, false, key.out), ctx.engine, C);
   // A stream per call is cheap on the CPU and keeps concurrent callers independent.
   dnnl::stream stream(ctx.engine);
@@ -168,17 +222,22 @@ void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, con
 }
 
 void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
-               int64_t k, float alpha, float beta) {
-  if (!trans_a && !trans_b) {
+               int64_t k, float alpha, float beta, bool packed_b) {
+  if (!trans_a && !trans_b && !packed_b) {
     dnnl_status_t st = dnnl_sgemm('N', 'N', m, n, k, alpha, A, k, B, n, beta, C, n);
     PARALLEL_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} for [{}, {}] x [{}, {}]",
                    static_cast<int>(st), m, k, k, n);
     return;
   }
-  const GemmKey key{
+  GemmKey key{
       m,          n,         k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(),
       DType::F32, DType::F32};
+  key.packed_b = packed_b;
   run_matmul(*cached_matmul(key), key, A, B, C);
+}
+
+bool packable(const Tensor& b) {
+  return is_scope_weight(b.data_ptr(), b.numel() * static_cast<int64_t>(dtype_size(b.dtype())));
 }
 
 }  // namespace
@@ -197,9 +256,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   }
   if (a.dtype() == DType::F32)
     return fp32_gemm(a.data<float>(), trans_a, b.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
-                     beta);
-  const GemmKey key{
-      m, n, k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(), a.dtype(), c.dtype()};
+                     beta, packable(b));
+  GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(),
+              a.dtype(), c.dtype()};
+  key.packed_b = packable(b);
   if (auto prim = cached_matmul(key)) return run_matmul(*prim, key, a.data_ptr(), b.data_ptr(), c.data_ptr());
   widened_gemm(a, trans_a, b, trans_b, c, alpha, beta);
 }
@@ -214,6 +274,7 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
     GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(),
                 a.dtype(), c.dtype()};
     key.bias = bias.dtype();
+    key.packed_b = packable(b);
     if (auto prim = cached_matmul(key))
       return run_matmul(*prim, key, a.data_ptr(), b.data_ptr(), c.data_ptr(), bias.data_ptr());
   }
@@ -260,6 +321,35 @@ std::string gemm_implementation(DType operands) {
   } catch (const dnnl::error&) {
     return "widened to fp32 (no oneDNN implementation on this CPU)";
   }
+}
+
+void open_weight_packing(const std::vector<std::pair<const void*, int64_t>>& buffers) {
+  DnnlContext& ctx = context();
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  PARALLEL_CHECK(!ctx.packing, "a WeightPackingScope is already open (scopes do not nest)");
+  ctx.packing = true;
+  ctx.weight_ranges.clear();
+  for (const auto& [ptr, bytes] : buffers) {
+    const char* p = static_cast<const char*>(ptr);
+    ctx.weight_ranges.emplace_back(p, p + bytes);
+  }
+}
+
+void close_weight_packing() {
+  DnnlContext& ctx = context();
+  std::vector<PackedWeight> drop;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(ctx.mutex);
+    ctx.packing = false;
+    ctx.weight_ranges.clear();
+    drop.swap(ctx.packed);
+  }
+}
+
+int64_t weight_packs_made() {
+  DnnlContext& ctx = context();
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  return ctx.packs_made;
 }
 
 }  // namespace parallel::cpu

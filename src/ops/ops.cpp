@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
@@ -161,6 +162,23 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
   }
   check_gemm_shapes("gemm_bias", a, trans_a, b, trans_b, c);
   cpu::gemm_bias(a, trans_a, b, trans_b, bias, c);
+}
+
+WeightPackingScope::WeightPackingScope(const std::vector<Tensor>& buffers) {
+  std::vector<std::pair<const void*, int64_t>> ranges;
+  for (const Tensor& t : buffers)
+    if (t.defined() && t.device().is_cpu())
+      ranges.emplace_back(t.data_ptr(), t.numel() * static_cast<int64_t>(dtype_size(t.dtype())));
+  cpu::open_weight_packing(ranges);
+}
+
+WeightPackingScope::~WeightPackingScope() { cpu::close_weight_packing(); }
+
+int64_t WeightPackingScope::packs_made() { return cpu::weight_packs_made(); }
+
+bool WeightPackingScope::enabled() {
+  const char* v = std::getenv("PARALLEL_PACK_WEIGHTS");
+  return v == nullptr || std::string(v) != "0";
 }
 
 std::string gemm_implementation(DType dtype) { return cpu::gemm_implementation(dtype); }

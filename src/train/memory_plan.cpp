@@ -109,6 +109,26 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
   return units;
 }
 
+// Elements of the weights one chunk's GEMMs take as b (q|k|v, proj, fc1, fc2 per layer, and the
+// output layer's weight, tied or not): what an ops::WeightPackingScope packs, in each of two
+// orientations (x W^T forward, dy W backward).
+double chunk_gemm_weight_elements(const ModelConfig& m, const GPTChunkSpec& spec, int tp) {
+  const double h = m.hidden_size, heads = m.num_attention_heads;
+  const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const double d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+  const double nq = heads / tp * d, nkv = groups / tp * d, f = ffn / tp;
+  const double f1 = m.activation == Activation::SwiGLU ? 2 * f : f;
+  double elements = spec.num_layers * ((nq + 2 * nkv) * h + h * nq + f1 * h + h * f);
+  if (spec.post_process) elements += static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * h;
+  return elements;
+}
+
+// Whether the trainer packs weights for a step (trainer.cpp opens the scope under the same rule).
+bool packs_weights(const Config& c, int micro_batches) {
+  return micro_batches > 1 && c.train.device == DeviceKind::CPU && ops::WeightPackingScope::enabled() &&
+         c.optimizer.sharding != Sharding::OptimGradsParams;
+}
+
 // Bytes of optimizer state per element of the state tensors: exp_avg and exp_avg_sq, and the
 // fp32 main weights under bf16/fp16 (sharding.hpp's table is these per-element bytes spread over
 // the shards; plan_static applies them to the padded buffers).
@@ -669,6 +689,15 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
         {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
          "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
     };
+    if (packs_weights(c, micro_batches)) {
+      double elements = 0;
+      for (const GPTChunkSpec& spec : chunks)
+        elements += chunk_gemm_weight_elements(c.model, spec, c.parallel.tensor);
+      r.terms.push_back(
+          {"packed_weights",
+           to_bytes(2 * elements * static_cast<double>(dtype_size(compute_dtype(c.train.precision)))),
+           static_keys + ", train.precision"});
+    }
     // A checkpoint save, between steps, may peak above training: what it needs beyond that peak.
     double trained = 0;
     for (const MemoryTerm& term : r.terms)

@@ -29,6 +29,7 @@
 #include "parallel/train_state.hpp"
 
 namespace parallel {
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -422,7 +423,16 @@ int64_t Trainer::train() {
                         Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
     m.sample_peak();
-    m.executor->run(driver);
+    {
+      // With several micro-batches every weight is packed once for all of them (ops.hpp's
+      // WeightPackingScope); the optimizer writes the weights after the scope. The memory plan
+      // counts the packed copies (packs_weights in memory_plan.cpp decides the same way). Under
+      // ZeRO-3 param_data() is undefined (gathered weights come and go inside the step): no packing.
+      std::optional<ops::WeightPackingScope> packing;
+      if (m.micro_batches > 1 && m.device.is_cpu() && ops::WeightPackingScope::enabled())
+        packing.emplace(std::vector<Tensor>{m.ddp->buffer().param_data()});
+      m.executor->run(driver);
+    }
     finalize_grads(m.parameters(), *m.state);
     m.ddp->finish_grad_sync();
     const StepResult result = m.optimizer->step(lr);
