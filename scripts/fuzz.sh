@@ -8,8 +8,8 @@
 # after the other, seeded with its committed corpus fuzz/corpus/TARGET/. New inputs go to
 # $BUILD_DIR/fuzz-work/TARGET/corpus, crash/timeout/OOM inputs to $BUILD_DIR/fuzz-work/TARGET/ and,
 # so that ctest replays them once fixed, into fuzz/corpus/TARGET/ as crash-*, timeout-*, oom-*.
-# --merge then replaces fuzz/corpus/TARGET/ by the minimized union (libFuzzer -merge=1: the fewest
-# inputs that keep all the edge coverage), keeping every crash-*/timeout-*/oom-* file.
+# --merge then replaces fuzz/corpus/TARGET/ by the minimized union (libFuzzer -set_cover_merge=1:
+# few inputs that keep all the edge coverage), keeping every crash-*/timeout-*/oom-* file.
 # A summary line per target (executions, seconds, exec/s, corpus, findings) goes to stdout and to
 # $BUILD_DIR/fuzz-work/summary.txt. Exits 1 when any target found something.
 # Needs clang and libFuzzer (scripts/install-deps.sh --with-fuzz). Runs at nice 19, one fuzzer at a
@@ -85,9 +85,10 @@ for t in "${targets[@]}"; do
   if ((merge)); then
     rm -rf "$dir/merged"
     mkdir -p "$dir/merged"
-    # -use_counters=0: keep inputs for every edge covered, not for every hit-count bucket of every
-    # edge, so that the committed corpus stays a few dozen files per target rather than hundreds.
-    nice -n 19 "$bin" -merge=1 -use_counters=0 -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+    # -use_counters=0: cover every edge, not every hit-count bucket of every edge; set_cover_merge:
+    # the greedy set cover rather than "smallest first", so that the committed corpus stays tens of
+    # files per target rather than hundreds.
+    nice -n 19 "$bin" -set_cover_merge=1 -use_counters=0 -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
       -malloc_limit_mb=512 "$dir/merged" "$seeds" "$dir/corpus" >"$dir/merge.log" 2>&1
     find "$seeds" -maxdepth 1 -type f ! -name 'crash-*' ! -name 'timeout-*' ! -name 'oom-*' -delete
     cp "$dir"/merged/* "$seeds/" 2>/dev/null || true
