@@ -89,7 +89,7 @@ for t in "${targets[@]}"; do
     # the greedy set cover rather than "smallest first", so that the committed corpus stays tens of
     # files per target rather than hundreds.
     nice -n 19 "$bin" -set_cover_merge=1 -use_counters=0 -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-      -malloc_limit_mb=512 "$dir/merged" "$seeds" "$dir/corpus" >"$dir/merge.log" 2>&1
+      -malloc_limit_mb=512 -artifact_prefix="$dir/merge-" "$dir/merged" "$seeds" "$dir/corpus" >"$dir/merge.log" 2>&1
     find "$seeds" -maxdepth 1 -type f ! -name 'crash-*' ! -name 'timeout-*' ! -name 'oom-*' -delete
     cp "$dir"/merged/* "$seeds/" 2>/dev/null || true
   fi
