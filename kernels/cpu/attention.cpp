@@ -51,6 +51,24 @@ PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict 
   for (int64_t j = 0; j < cols; j++) dp[j] = scale * p[j] * (dp[j] - D);
 }
 
+void online_softmax_tile(float* S, int64_t rows, int64_t cols, bool causal, int64_t i0, int64_t j0,
+                         float scale, float* m, float* l, float* acc, int64_t d) {
+  for (int64_t i = 0; i < rows; i++) {
+    float* s_row = S + i * kBc;
+    const int64_t valid = visible_keys(causal, i0 + i, j0, cols);
+    const float m_new = std::max(m[i], scaled_row_max(s_row, valid, scale));
+    const float sum = exp_tile_row(s_row, valid, cols, scale, m_new);
+    if (m_new != m[i]) {
+      const float c = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
+      float* a = acc + i * d;
+      for (int64_t kk = 0; kk < d; kk++) a[kk] *= c;
+      l[i] *= c;
+    }
+    l[i] += sum;
+    m[i] = m_new;
+  }
+}
+
 Dims attention_dims(const Tensor& q, const Tensor& k) {
   Dims x;
   x.sq = q.size(0);
@@ -218,21 +236,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
             transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
             for (int64_t i = 0; i < rows; i++) std::fill(S + i * kBc, S + i * kBc + cols, 0.0f);
             matmul_acc(S, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
-            // Online softmax: rescale what was accumulated under the old max to the new one.
-            for (int64_t i = 0; i < rows; i++) {
-              float* s_row = S + i * kBc;
-              const int64_t valid = visible_keys(causal, i0 + i, j0, cols);
-              const float m_new = std::max(m[i], scaled_row_max(s_row, valid, softmax_scale));
-              const float sum = exp_tile_row(s_row, valid, cols, softmax_scale, m_new);
-              if (m_new != m[i]) {
-                const float c = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
-                float* a = acc + i * d;
-                for (int64_t kk = 0; kk < d; kk++) a[kk] *= c;
-                l[i] *= c;
-              }
-              l[i] += sum;
-              m[i] = m_new;
-            }
+            online_softmax_tile(S, rows, cols, causal, i0, j0, softmax_scale, m, l, acc, d);
             matmul_acc(acc, d, S, kBc, 1, v_head + j0 * ldk, ldk, rows, d, cols);  // acc += P V_blk
           }
 

@@ -289,20 +289,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
           for (int64_t j0 = 0; j0 < key_end; j0 += kBc) {
             const int64_t cols = std::min(kBc, key_end - j0);
             dot_pairs(S, kBc, false, q_blk, ldq / 2, 1, kp + j0, x.sk, rows, cols, half_d);  // S = Q K^T
-            for (int64_t i = 0; i < rows; i++) {
-              float* s_row = S + i * kBc;
-              const int64_t valid = visible_keys(causal, i0 + i, j0, cols);
-              const float m_new = std::max(m[i], scaled_row_max(s_row, valid, softmax_scale));
-              const float sum = exp_tile_row(s_row, valid, cols, softmax_scale, m_new);
-              if (m_new != m[i]) {
-                const float c = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
-                float* a = acc + i * d;
-                for (int64_t kk = 0; kk < d; kk++) a[kk] *= c;
-                l[i] *= c;
-              }
-              l[i] += sum;
-              m[i] = m_new;
-            }
+            online_softmax_tile(S, rows, cols, causal, i0, j0, softmax_scale, m, l, acc, d);
             round_rows(Pb, kBc, S, kBc, rows, cols);
             dot_pairs(acc, d, true, words(Pb), kBc / 2, 1, vp + j0 / 2 * d, d, rows, d,
                       (cols + 1) / 2);  // += P V

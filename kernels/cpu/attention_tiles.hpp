@@ -45,6 +45,13 @@ float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols, float scale
 // Max of scale * s[j] over j < valid (-inf when valid == 0).
 float scaled_row_max(const float* __restrict s, int64_t valid, float scale);
 
+// The forward's online softmax over one [rows, cols] score tile S (row stride kBc) of query rows
+// i0.. against keys j0..: S becomes the unnormalised probabilities exp(scale * S - m_new), and what
+// acc ([rows, d]) and the running sums l accumulated under the old running maxima m is rescaled to
+// the new ones (FlashAttention-2's update; the caller then adds P V to acc).
+void online_softmax_tile(float* S, int64_t rows, int64_t cols, bool causal, int64_t i0, int64_t j0,
+                         float scale, float* m, float* l, float* acc, int64_t d);
+
 // Backward: dS = scale * P * (dP - D), in place in dp. Masked entries have P = 0, hence dS = 0.
 // The softmax scale is folded in here once instead of into both dK and dQ.
 void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale, float D);
