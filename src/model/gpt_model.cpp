@@ -300,19 +300,26 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
   return total;
 }
 
+namespace {
+
+// d(loss sum)/d(loss_i) = grad for every token: the [1] seed broadcast on the device (a bias added
+// to a zero column) so the host never reads the scale.
+Tensor per_token_loss_grad(const Tensor& grad, const GPTModel::Activations& act, const char* who) {
+  PARALLEL_CHECK(grad.numel() == 1, "{}: the last chunk takes a [1] gradient, got {}", who, grad.str());
+  const int64_t n = act.seq * act.batch;
+  Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
+  ops::add_bias(grad_loss, grad.view({1}));
+  return grad_loss.view({n});
+}
+
+}  // namespace
+
 Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
   Tensor dx;
   if (spec_.post_process) {
-    PARALLEL_CHECK(grad.numel() == 1, "GPTModel::backward: the last chunk takes a [1] gradient, got {}",
-                   grad.str());
-    const int64_t n = act.seq * act.batch;
-    // d(loss sum)/d(loss_i) = 1: every token's loss gets the same scale, broadcast on the device
-    // (a bias added to a zero column) so the host never reads the scale.
-    Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
-    ops::add_bias(grad_loss, grad.view({1}));
-    grad_loss = grad_loss.view({n});
+    const Tensor grad_loss = per_token_loss_grad(grad, act, "GPTModel::backward");
     const auto output_params = [&] { return m.output_params(); };
     m.unit(UnitPhase::BeforeBackward, output_params);
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
@@ -358,12 +365,7 @@ Tensor GPTModel::backward_input(const Tensor& grad, Activations& act) {
   act.weight_pending = true;
   Tensor dx;
   if (spec_.post_process) {
-    PARALLEL_CHECK(grad.numel() == 1, "GPTModel::backward_input: the last chunk takes a [1] gradient, got {}",
-                   grad.str());
-    const int64_t n = act.seq * act.batch;
-    Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
-    ops::add_bias(grad_loss, grad.view({1}));
-    grad_loss = grad_loss.view({n});
+    const Tensor grad_loss = per_token_loss_grad(grad, act, "GPTModel::backward_input");
     const auto output_params = [&] { return m.output_params(); };
     m.unit(UnitPhase::BeforeBackward, output_params);
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
