@@ -40,10 +40,7 @@ PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols
 }
 
 PARALLEL_HOT float scaled_row_max(const float* __restrict s, int64_t valid, float scale) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < valid; j++) mx = std::max(mx, scale * s[j]);
-  return mx;
+  return lane_max(valid, [&](int64_t j) { return scale * s[j]; });
 }
 
 PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale,

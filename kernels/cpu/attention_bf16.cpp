@@ -18,8 +18,10 @@
 // An odd count of rows or keys is padded with a zero partner, never read from outside a tensor.
 // GCC 12's AVX-512 headers make their "undefined" vectors with a self-initialisation that its own
 // -Wuninitialized flags at -O2 (GCC bug 105593, fixed in 13): silence exactly that, for this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #include <omp.h>
 

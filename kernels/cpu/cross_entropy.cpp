@@ -26,10 +26,7 @@ int64_t valid_columns(int64_t v_local, int64_t vocab_start, int64_t vocab_size) 
 bool worth_threads(int64_t n, int64_t v) { return n * v > (1 << 15); }
 
 PARALLEL_CLONES float row_max_of(const float* l, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; j++) m = std::max(m, l[j]);
-  return m;
+  return lane_max(n, [&](int64_t j) { return l[j]; });
 }
 
 PARALLEL_CLONES float row_sum_exp(const float* l, float m, int64_t n) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <limits>
 
 namespace parallel::cpu {
 
@@ -43,5 +44,26 @@ inline float exp_clamped(float x) {
 inline float fast_exp(float x) { return exp_clamped(clamp_exp_arg(x)); }
 
 inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+// max over j < n of value(j), in 16 independent lanes. A float max reduction is reordered only
+// under no-NaNs fast-math in Clang, so `omp simd reduction(max)` stays scalar there (and warns,
+// -Wpass-failed); lane-wise maxes are plain element-wise operations that GCC and Clang both
+// vectorise. max is exact, so the lane order does not change the result.
+// always_inline: Clang otherwise keeps one out-of-line copy for the baseline ISA and calls it from
+// every target_clones version of the caller.
+template <class Value>
+[[gnu::always_inline]] inline float lane_max(int64_t n, Value value) {
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  for (int l = 0; l < kLanes; l++) lane[l] = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+#pragma omp simd
+    for (int l = 0; l < kLanes; l++) lane[l] = std::max(lane[l], value(j + l));
+  for (; j < n; j++) lane[0] = std::max(lane[0], value(j));
+  float m = lane[0];
+  for (int l = 1; l < kLanes; l++) m = std::max(m, lane[l]);
+  return m;
+}
 
 }  // namespace parallel::cpu

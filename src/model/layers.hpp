@@ -63,7 +63,6 @@ class Norm {
   Parameter weight, bias;  // bias only for LayerNorm
 
  private:
-  const LayerEnv& env_;  // the chunk's (activation precision)
   Normalization kind_;
   float eps_;
 };
@@ -115,7 +114,6 @@ class MLP {
   tp::RowParallelLinear fc2;
 
  private:
-  const LayerEnv& env_;  // the chunk's (activation precision)
   Activation activation_;
 };
 

@@ -21,7 +21,6 @@ MLP::MLP(const LayerEnv& env, int layer)
           *env.tp),
       fc2(fmt::format("layers.{}.mlp.fc2", layer), env.ffn, env.hidden,
           {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
-      env_(env),
       activation_(env.config->activation) {}
 
 std::vector<Parameter*> MLP::parameters() {
