@@ -5,6 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
+# CMake keeps the compiler a folder was first configured with and ignores CXX after that: stop
+# rather than silently build with the other compiler (CXX=clang++ wants a BUILD_DIR of its own).
+if [[ -n "${CXX:-}" && -f "$build_dir/CMakeCache.txt" ]]; then
+  cached=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+  wanted=$(command -v "${CXX%% *}" || echo "${CXX%% *}")
+  if [[ -n "$cached" && "$(readlink -f "$cached")" != "$(readlink -f "$wanted")" ]]; then
+    echo "build.sh: $build_dir is configured with $cached, not CXX=$CXX; set BUILD_DIR to a folder of its own" >&2
+    exit 1
+  fi
+fi
 launcher=()
 # ccache (when installed) makes rebuilds in a second build folder, or after a branch switch, cheap.
 if command -v ccache >/dev/null; then
