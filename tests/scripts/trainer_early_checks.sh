@@ -49,8 +49,12 @@ echo "2. load: latest with no checkpoint starts from scratch with a warning"
   --set train.steps=40 --set train.output_dir="$work/full" >"$work/full.log" 2>&1 ||
   fail "full disk: training did not finish" "$work/full.log"
 grep -q "step 40/40" "$work/full.log" || fail "full disk: training did not go on to step 40" "$work/full.log"
+# One warning per failing stretch: a shorter line can still fit in the last bytes, and LineFile then
+# says writing works again before the next failure warns anew (the count depends on line lengths).
 warnings=$(grep -c "warning.*cannot write to $work/full/metrics.jsonl: File too large" "$work/full.log" || true)
-[[ $warnings -eq 1 ]] || fail "full disk: $warnings warnings naming metrics.jsonl and the errno, expected 1" "$work/full.log"
+recovered=$(grep -c "writing to $work/full/metrics.jsonl works again" "$work/full.log" || true)
+((warnings >= 1 && warnings == recovered + 1)) ||
+  fail "full disk: $warnings warnings naming metrics.jsonl and the errno after $recovered recoveries, expected one more warning than recoveries" "$work/full.log"
 metrics=$work/full/metrics.jsonl
 lines=$(wc -l <"$metrics")
 ((lines > 0 && lines < 40)) || fail "full disk: $lines lines in metrics.jsonl, expected some but not all"
