@@ -52,8 +52,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c,
                Stream stream = {});
 
-// Packed weights. While a scope is open, a CPU gemm / gemm_bias whose b lies inside one of the
-// scope's buffers uses b in the kernel's own packed layout, made at b's first use and reused by
+// Packed weights. While a scope is open, a CPU gemm / gemm_bias whose 16-bit b lies inside one of
+// the scope's buffers uses b in the kernel's own packed layout (fp32 b is used as it is: measured
+// faster), made at b's first use and reused by
 // every later call on the same b (each orientation packs once: x W^T forward, dy W backward), so
 // the micro-batches of a step share one packing of every weight. The packed copies come from the
 // library allocator and are freed when the scope closes. The opener promises that nothing writes

@@ -236,8 +236,12 @@ void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float
   run_matmul(*cached_matmul(key), key, A, B, C);
 }
 
+// 16-bit weights only: oneDNN re-lays a 16-bit b out in pairs along k on every call, which a
+// packed copy saves; fp32 b is used as it is (benchmarks/compare_weight_packing.sh measured fp32
+// steps 4 % slower packed: the no-transpose product then leaves dnnl_sgemm for the matmul).
 bool packable(const Tensor& b) {
-  return is_scope_weight(b.data_ptr(), b.numel() * static_cast<int64_t>(dtype_size(b.dtype())));
+  return b.dtype() != DType::F32 &&
+         is_scope_weight(b.data_ptr(), b.numel() * static_cast<int64_t>(dtype_size(b.dtype())));
 }
 
 }  // namespace
@@ -256,7 +260,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   }
   if (a.dtype() == DType::F32)
     return fp32_gemm(a.data<float>(), trans_a, b.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
-                     beta, packable(b));
+                     beta);
   GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(),
               a.dtype(), c.dtype()};
   key.packed_b = packable(b);

@@ -126,7 +126,7 @@ double chunk_gemm_weight_elements(const ModelConfig& m, const GPTChunkSpec& spec
 // Whether the trainer packs weights for a step (trainer.cpp opens the scope under the same rule).
 bool packs_weights(const Config& c, int micro_batches) {
   return micro_batches > 1 && c.train.device == DeviceKind::CPU && ops::WeightPackingScope::enabled() &&
-         c.optimizer.sharding != Sharding::OptimGradsParams;
+         c.train.precision != Precision::FP32 && c.optimizer.sharding != Sharding::OptimGradsParams;
 }
 
 // Bytes of optimizer state per element of the state tensors: exp_avg and exp_avg_sq, and the
