@@ -5,6 +5,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -38,5 +40,24 @@ using MergeTable = std::unordered_map<uint64_t, Merge>;  // pair_key(left, right
 // Single-byte token ids -> BPE ids, in place: the lowest-ranked pair first, leftmost first among
 // equals, until no pair has a rank (encoder.py's loop, and Hugging Face's word merge).
 void merge(const MergeTable& merges, std::vector<int32_t>& word);
+
+// One pre-tokenized piece's BPE ids (its bytes through byte_ids, then merge()), with the results
+// of short pieces cached. Pieces repeat a lot in natural text (" the", ","). The cache is dropped
+// when it grows past kMaxCache entries rather than managed as an LRU: simpler, and a corpus's
+// frequent pieces come back within a few documents. Only pieces of at most kMaxCachedPiece bytes
+// are kept, which bounds the cache's memory (about 2^20 x (64 bytes + ids + overheads)) however
+// long the runs without white space in the input: such runs rarely repeat, and merge() is
+// O(n log n) on them anyway. Thread-safe.
+class CachedEncoder {
+ public:
+  // Appends the ids of `piece` to out.
+  void encode(std::string_view piece, const std::array<int32_t, 256>& byte_ids, const MergeTable& merges,
+              std::vector<int32_t>& out) const;
+
+ private:
+  static constexpr std::size_t kMaxCache = 1 << 20, kMaxCachedPiece = 64;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
 
 }  // namespace parallel::byte_level_bpe

@@ -250,6 +250,28 @@ Decoded decode_utf8(std::string_view s, std::size_t i) {
   return {cp, length};
 }
 
+void CachedEncoder::encode(std::string_view piece, const std::array<int32_t, 256>& byte_ids,
+                           const MergeTable& merges, std::vector<int32_t>& out) const {
+  const bool cacheable = piece.size() <= kMaxCachedPiece;
+  if (cacheable) {
+    std::lock_guard lock(mutex_);
+    auto it = cache_.find(std::string(piece));
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> word;
+  word.reserve(piece.size());
+  for (char c : piece) word.push_back(byte_ids[static_cast<unsigned char>(c)]);
+  merge(merges, word);
+  out.insert(out.end(), word.begin(), word.end());
+  if (!cacheable) return;
+  std::lock_guard lock(mutex_);
+  if (cache_.size() >= kMaxCache) cache_.clear();
+  cache_.emplace(std::string(piece), std::move(word));
+}
+
 }  // namespace byte_level_bpe
 
 namespace {
@@ -377,18 +399,11 @@ struct GPT2Tokenizer::Impl {
   byte_level_bpe::MergeTable merges;
   int32_t eod = -1;
 
-  // Pieces repeat a lot in natural text (" the", ","), so their BPE results are kept. The cache is
-  // dropped when it grows past kMaxCache entries rather than managed as an LRU: simpler, and a
-  // corpus's frequent pieces come back within a few documents. Only pieces of at most
-  // kMaxCachedPiece bytes are kept, which bounds the cache's memory (about 2^20 x (64 bytes + ids
-  // + overheads)) however long the runs without white space in the input: such runs rarely repeat,
-  // and merge() is O(n log n) on them anyway.
-  static constexpr std::size_t kMaxCache = 1 << 20;
-  static constexpr std::size_t kMaxCachedPiece = 64;
-  mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  byte_level_bpe::CachedEncoder encoder;
 
-  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const {
+    encoder.encode(piece, byte_ids, merges, out);
+  }
 };
 
 void byte_level_bpe::merge(const MergeTable& merges, std::vector<int32_t>& word) {
@@ -462,27 +477,6 @@ void byte_level_bpe::merge(const MergeTable& merges, std::vector<int32_t>& word)
   std::size_t out = 0;
   for (int32_t i = 0; i >= 0; i = nodes[i].next) word[out++] = nodes[i].id;
   word.resize(out);
-}
-
-void GPT2Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  const bool cacheable = piece.size() <= kMaxCachedPiece;
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex);
-    auto it = cache.find(std::string(piece));
-    if (it != cache.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<int32_t> word;
-  word.reserve(piece.size());
-  for (char c : piece) word.push_back(byte_ids[static_cast<unsigned char>(c)]);
-  byte_level_bpe::merge(merges, word);
-  out.insert(out.end(), word.begin(), word.end());
-  if (!cacheable) return;
-  std::lock_guard lock(cache_mutex);
-  if (cache.size() >= kMaxCache) cache.clear();
-  cache.emplace(std::string(piece), std::move(word));
 }
 
 GPT2Tokenizer::GPT2Tokenizer(const std::string& vocab_file, const std::string& merge_file)

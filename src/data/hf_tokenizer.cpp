@@ -209,9 +209,7 @@ struct HFTokenizer::Impl {
   AddedTokens raw_tokens, normalized_tokens;
   int32_t eod = -1;
 
-  static constexpr std::size_t kMaxCache = 1 << 20, kMaxCachedPiece = 64;
-  mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  byte_level_bpe::CachedEncoder encoder;
 
   [[noreturn]] void fail(const std::string& what) const {
     throw Error(fmt::format("HF tokenizer: {}: {}", file, what));
@@ -267,24 +265,7 @@ struct HFTokenizer::Impl {
         return;
       }
     }
-    const bool cacheable = piece.size() <= kMaxCachedPiece;
-    if (cacheable) {
-      std::lock_guard lock(cache_mutex);
-      const auto it = cache.find(std::string(piece));
-      if (it != cache.end()) {
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    std::vector<int32_t> word;
-    word.reserve(piece.size());
-    for (char c : piece) word.push_back(byte_ids[static_cast<unsigned char>(c)]);
-    byte_level_bpe::merge(merges, word);
-    out.insert(out.end(), word.begin(), word.end());
-    if (!cacheable) return;
-    std::lock_guard lock(cache_mutex);
-    if (cache.size() >= kMaxCache) cache.clear();
-    cache.emplace(std::string(piece), std::move(word));
+    encoder.encode(piece, byte_ids, merges, out);
   }
 
   void pretokenize_and_bpe(std::string_view text, std::vector<int32_t>& out) const {
