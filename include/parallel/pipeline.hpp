@@ -168,6 +168,12 @@ class GPTPipelineModel final : public PipelineModel {
   Tensor loss_sum_;
   int peak_live_ = 0;
   std::map<std::pair<int, int>, GPTModel::ActivationsPtr> activations_;  // (chunk, micro-batch)
+  // The saved activations of (chunk, micro_batch) for a backward, checked, and the gradient that
+  // seeds it (the loss scale on the last chunk, else `grad`).
+  std::map<std::pair<int, int>, GPTModel::ActivationsPtr>::iterator saved_for_backward(int chunk,
+                                                                                       int micro_batch,
+                                                                                       const Tensor& grad,
+                                                                                       Tensor& seed);
 };
 
 }  // namespace parallel::pipeline

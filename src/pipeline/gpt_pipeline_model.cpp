@@ -53,31 +53,33 @@ Tensor GPTPipelineModel::forward(int chunk, int micro_batch, const Tensor& input
   return out;
 }
 
-Tensor GPTPipelineModel::backward(int chunk, int micro_batch, const Tensor& grad) {
+std::map<std::pair<int, int>, GPTModel::ActivationsPtr>::iterator GPTPipelineModel::saved_for_backward(
+    int chunk, int micro_batch, const Tensor& grad, Tensor& seed) {
   auto it = activations_.find({chunk, micro_batch});
   PARALLEL_CHECK(it != activations_.end(),
                  "GPTPipelineModel: backward of chunk {} micro-batch {} before its forward", chunk,
                  micro_batch);
-  GPTModel& model = *chunks_[static_cast<std::size_t>(chunk)];
+  const GPTModel& model = *chunks_[static_cast<std::size_t>(chunk)];
   if (model.spec().post_process)
     PARALLEL_CHECK(loss_scale_.defined() && loss_scale_.numel() == 1,
                    "GPTPipelineModel: the last chunk's backward needs a [1] loss scale (start_step)");
-  Tensor dx = model.backward(model.spec().post_process ? loss_scale_ : grad, *it->second);
+  seed = model.spec().post_process ? loss_scale_ : grad;
+  return it;
+}
+
+Tensor GPTPipelineModel::backward(int chunk, int micro_batch, const Tensor& grad) {
+  Tensor seed;
+  auto it = saved_for_backward(chunk, micro_batch, grad, seed);
+  Tensor dx = chunks_[static_cast<std::size_t>(chunk)]->backward(seed, *it->second);
   activations_.erase(it);  // the backward freed the saved tensors; drop the rest with the object
   return dx;
 }
 
 Tensor GPTPipelineModel::backward_input(int chunk, int micro_batch, const Tensor& grad) {
-  auto it = activations_.find({chunk, micro_batch});
-  PARALLEL_CHECK(it != activations_.end(),
-                 "GPTPipelineModel: backward of chunk {} micro-batch {} before its forward", chunk,
-                 micro_batch);
-  GPTModel& model = *chunks_[static_cast<std::size_t>(chunk)];
-  if (model.spec().post_process)
-    PARALLEL_CHECK(loss_scale_.defined() && loss_scale_.numel() == 1,
-                   "GPTPipelineModel: the last chunk's backward needs a [1] loss scale (start_step)");
+  Tensor seed;
+  auto it = saved_for_backward(chunk, micro_batch, grad, seed);
   // The activations stay until the weight step: it needs the layers' inputs.
-  return model.backward_input(model.spec().post_process ? loss_scale_ : grad, *it->second);
+  return chunks_[static_cast<std::size_t>(chunk)]->backward_input(seed, *it->second);
 }
 
 void GPTPipelineModel::backward_weight(int chunk, int micro_batch) {
