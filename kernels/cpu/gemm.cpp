@@ -143,7 +143,7 @@ std::optional<dnnl::matmul> make_matmul(const GemmKey& key, const dnnl::engine& 
 }
 
 void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
-               int64_t k, float alpha, float beta, bool packed_b = false);
+               int64_t k, float alpha, float beta);
 
 // 16-bit operands without a oneDNN implementation: widen a, b (and c when it is 16-bit) to fp32,
 // run the fp32 product, narrow c back.
@@ -222,17 +222,16 @@ void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, con
 }
 
 void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
-               int64_t k, float alpha, float beta, bool packed_b) {
-  if (!trans_a && !trans_b && !packed_b) {
+               int64_t k, float alpha, float beta) {
+  if (!trans_a && !trans_b) {
     dnnl_status_t st = dnnl_sgemm('N', 'N', m, n, k, alpha, A, k, B, n, beta, C, n);
     PARALLEL_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} for [{}, {}] x [{}, {}]",
                    static_cast<int>(st), m, k, k, n);
     return;
   }
-  GemmKey key{
+  const GemmKey key{
       m,          n,         k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(),
       DType::F32, DType::F32};
-  key.packed_b = packed_b;
   run_matmul(*cached_matmul(key), key, A, B, C);
 }
 
