@@ -29,6 +29,11 @@ enum class PipelineSchedule { Auto, GPipe, OneFOneB, Interleaved, ZeroBubbleH1 }
 // What data parallelism shards over the dp ranks (Megatron-FSDP's names; ZeRO stages 0-3):
 // nothing, the optimizer state, + gradients, + parameters (docs/optimizer.md).
 enum class Sharding { None, Optim, OptimGrads, OptimGradsParams };
+// How context-parallel attention sees the whole sequence (parallel.context_comm; docs/parallelism.md):
+// ring attention (K/V blocks passed around the cp ring with send/recv, overlapped with the block
+// computation), Ulysses (all-to-all from sequence-sharded to head-sharded and back), or an
+// all-gather of K/V.
+enum class ContextComm { P2P, A2A, AllGather };
 
 struct ModelConfig {
   int num_layers = 2;
@@ -57,8 +62,9 @@ struct ParallelConfig {
   int virtual_stages = 1;
   PipelineSchedule pipeline_schedule = PipelineSchedule::Auto;
   bool sequence_parallel = false;
-  int context = 1;  // accepted only as 1 for now
-  int expert = 1;   // accepted only as 1 for now
+  int context = 1;  // context parallel: each sample's sequence is split over `context` ranks
+  ContextComm context_comm = ContextComm::P2P;
+  int expert = 1;  // accepted only as 1 for now
   // Explicit layer counts for the first / last pipeline stage (0: split evenly).
   int first_stage_layers = 0;
   int last_stage_layers = 0;

@@ -4,9 +4,11 @@
 //   - replicated over tp (partition_dim < 0): every tp rank holds the same gradient; counted on
 //     tp rank 0 only;
 //   - shared_across_pipeline (tied embedding copies): counted on the first pipeline stage only;
-//   - the distributed optimizer: each dp rank counts its own shard and the sum also runs over dp;
-//     a plain optimizer's dp ranks all hold the same reduced gradients, so dp is not summed.
-// The squares are then summed over the model-parallel group (tp x cp x pp, ParallelState::model()).
+//   - the distributed optimizer: each rank of dp x cp counts its own shard and the sum also runs
+//     over that group; a plain optimizer's dp and cp ranks all hold the same reduced gradients, so
+//     neither is summed.
+// The squares are then summed over the model-parallel group (tp x pp, ParallelState::model()),
+// which leaves cp out for that reason.
 #include "parallel/communicator.hpp"
 #include "parallel/parameter.hpp"
 

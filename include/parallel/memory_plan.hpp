@@ -42,7 +42,7 @@ struct MemoryTerm {
 
 struct RankMemoryPlan {
   int rank = 0;  // world rank
-  int tp = 0, pp = 0, dp = 0;
+  int tp = 0, cp = 0, pp = 0, dp = 0;
   std::vector<MemoryTerm> terms;
   int64_t peak_bytes = 0;  // sum of the terms
   // Bytes that come from the device's tensor allocator (everything but `schedule`): what

@@ -29,8 +29,8 @@ class ParallelState;
 
 // Where the gradient norm and the overflow check are reduced. Null communicators: this rank alone.
 struct OptimizerGroups {
-  Communicator* model = nullptr;  // tp x cp x pp (ParallelState::model())
-  Communicator* dp = nullptr;
+  Communicator* model = nullptr;  // tp x pp (ParallelState::model())
+  Communicator* dp = nullptr;     // dp x cp (ParallelState::dp_cp()): the replicas of a dense parameter
   int tp_rank = 0;
   bool first_pipeline_stage = true;
   static OptimizerGroups from(ParallelState& state);

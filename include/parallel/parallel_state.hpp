@@ -5,8 +5,10 @@
 // RankGrid is the pure arithmetic (testable without any process); ParallelState builds the
 // communicators from it. Both are passed explicitly to whoever needs them: there is no global.
 //
-// Context and expert parallel sizes are part of the layout now, but only 1 is accepted until the
-// layers that use them exist.
+// Context parallelism (cp) splits each sample's sequence over the cp group; the cp ranks of one
+// dp rank hold the same dense parameters and see different tokens, so dense gradients are reduced
+// (and the loss averaged) over dp x cp. Expert parallelism is part of the layout, but only 1 is
+// accepted until the layers that use it exist.
 #include <memory>
 #include <vector>
 
@@ -45,7 +47,13 @@ class RankGrid {
   std::vector<int> context_group(int rank) const;   // vary cp
   std::vector<int> data_group(int rank) const;      // vary dp
   std::vector<int> pipeline_group(int rank) const;  // vary pp
-  std::vector<int> model_group(int rank) const;     // vary tp, cp and pp: one model replica
+  // vary dp and cp: the ranks holding the same dense parameters, over which their gradients are
+  // reduced (and optimizer state sharded) and the loss averaged.
+  std::vector<int> data_context_group(int rank) const;
+  // vary tp and pp (Megatron's model-parallel group): each dense parameter element once, up to the
+  // cp and dp replicas, which hold equal gradients after the dp x cp reduction. The gradient norm
+  // and the fp16 overflow check sum over it.
+  std::vector<int> model_group(int rank) const;
   // First and last pipeline stage of `rank`'s pipeline (one rank when pp == 1); tied embeddings
   // are kept in sync over it. Empty if `rank` is on neither stage.
   std::vector<int> embedding_group(int rank) const;
@@ -71,6 +79,7 @@ class ParallelState {
   Communicator& tp() { return *tp_; }
   Communicator& cp() { return *cp_; }
   Communicator& dp() { return *dp_; }
+  Communicator& dp_cp() { return *dp_cp_; }  // dense gradient reduction, loss averaging
   Communicator& pp() { return *pp_; }
   Communicator& model() { return *model_; }
   // nullptr on ranks that are on neither the first nor the last pipeline stage.
@@ -87,7 +96,7 @@ class ParallelState {
   Device device_;
   // device CUDA: the MPI groups the NCCL ones were bootstrapped from (and send CPU tensors over).
   std::vector<std::unique_ptr<Communicator>> host_groups_;
-  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, model_, embedding_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, dp_cp_, pp_, model_, embedding_;
 };
 
 }  // namespace parallel

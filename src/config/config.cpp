@@ -40,6 +40,7 @@ constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
 constexpr std::string_view kDeviceKindNames[] = {"cpu", "cuda"};
 constexpr std::string_view kShardingNames[] = {"none", "optim", "optim_grads", "optim_grads_params"};
 constexpr std::string_view kPipelineScheduleNames[] = {"auto", "gpipe", "1f1b", "interleaved", "zb-h1"};
+constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -50,6 +51,7 @@ std::span<const std::string_view> names_of(LrDecay) { return kLrDecayNames; }
 std::span<const std::string_view> names_of(DeviceKind) { return kDeviceKindNames; }
 std::span<const std::string_view> names_of(Sharding) { return kShardingNames; }
 std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineScheduleNames; }
+std::span<const std::string_view> names_of(ContextComm) { return kContextCommNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -96,7 +98,12 @@ void for_each_field(S& s, F&& f) {
     "auto (interleaved if virtual_stages > 1, else 1F1B), gpipe, 1f1b, interleaved, zb-h1 "
     "(docs/pipeline.md)");
   f("sequence_parallel", s.sequence_parallel, "split norms and dropout along the sequence over tensor ranks");
-  f("context", s.context, "context-parallel size (only 1 is supported)");
+  f("context", s.context,
+    "context-parallel size: each sample's sequence is cut into 2 * context chunks, rank i holding chunks i "
+    "and 2 * context - 1 - i");
+  f("context_comm", s.context_comm,
+    "how context-parallel attention sees the whole sequence: p2p (ring attention), a2a (Ulysses "
+    "all-to-all over heads), allgather (gather K/V)");
   f("expert", s.expert, "expert-parallel size (only 1 is supported)");
   f("first_stage_layers", s.first_stage_layers, "layers on the first pipeline stage (0: split evenly)");
   f("last_stage_layers", s.last_stage_layers, "layers on the last pipeline stage (0: split evenly)");
@@ -728,6 +735,24 @@ void validate_config(Config& c, int world_size) {
     rules.divisible(m.seq_length, {rules.term(p.tensor)},
                     fmt::format(" when {} is true", rules.key(p.sequence_parallel)));
   }
+  // Context parallelism: 2 * context chunks per sequence (then split over tp under sp).
+  if (p.context > 1) {
+    const std::string when = fmt::format(" when {} > 1", rules.key(p.context));
+    if (p.sequence_parallel)
+      rules.divisible(m.seq_length, {{"2", 2}, rules.term(p.context), rules.term(p.tensor)},
+                      when + fmt::format(" with {}", rules.key(p.sequence_parallel)));
+    else
+      rules.divisible(m.seq_length, {{"2", 2}, rules.term(p.context)}, when);
+    if (p.context_comm == ContextComm::A2A) {
+      const std::string a2a = fmt::format(" when {} is a2a", rules.key(p.context_comm));
+      rules.divisible(m.num_attention_heads, {rules.term(p.tensor), rules.term(p.context)}, a2a);
+      rules.divisible(m.num_query_groups, {rules.term(p.tensor), rules.term(p.context)}, a2a);
+    }
+    rules.require(t.device == DeviceKind::CPU, p.context,
+                  fmt::format("must be 1 unless {} is cpu (context-parallel attention has no CUDA path "
+                              "yet)",
+                              rules.key(t.device)));
+  }
 
   // Real-valued knobs.
   rules.in_range(m.dropout, 0.0, 1.0, false);
@@ -756,8 +781,14 @@ void validate_config(Config& c, int world_size) {
   if (o.sharding_group_size > 0) {
     rules.require(o.sharding != Sharding::None, o.sharding_group_size,
                   fmt::format("requires {} other than none", rules.key(o.sharding)));
-    rules.require(p.data % o.sharding_group_size == 0, o.sharding_group_size,
-                  fmt::format("must divide {} ({})", rules.key(p.data), p.data));
+    // Dense gradients are reduced, and optimizer state sharded, over dp x cp.
+    if (p.context > 1)
+      rules.require(p.data * p.context % o.sharding_group_size == 0, o.sharding_group_size,
+                    fmt::format("must divide {} * {} ({} * {})", rules.key(p.data), rules.key(p.context),
+                                p.data, p.context));
+    else
+      rules.require(p.data % o.sharding_group_size == 0, o.sharding_group_size,
+                    fmt::format("must divide {} ({})", rules.key(p.data), p.data));
   }
   rules.require(o.reshard_after_forward || o.sharding == Sharding::OptimGradsParams, o.reshard_after_forward,
                 fmt::format("may be false only with {} = optim_grads_params (the only mode that gathers "

@@ -48,6 +48,7 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   tp_ = split_into(world, grid.tensor_group(me), "tensor");
   cp_ = split_into(world, grid.context_group(me), "context");
   dp_ = split_into(world, grid.data_group(me), "data");
+  dp_cp_ = split_into(world, grid.data_context_group(me), "data x context");
   pp_ = split_into(world, grid.pipeline_group(me), "pipeline");
   model_ = split_into(world, grid.model_group(me), "model");
   embedding_ = split_into(world, grid.embedding_group(me), "embedding");
@@ -55,8 +56,8 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   // 0,2) pending ..."); the NCCL groups made below from these take the same names.
   auto name_all = [this] {
     for (auto& [group, label] :
-         {std::pair{&tp_, "tp"}, std::pair{&cp_, "cp"}, std::pair{&dp_, "dp"}, std::pair{&pp_, "pp"},
-          std::pair{&model_, "model"}, std::pair{&embedding_, "embedding"}})
+         {std::pair{&tp_, "tp"}, std::pair{&cp_, "cp"}, std::pair{&dp_, "dp"}, std::pair{&dp_cp_, "dp_cp"},
+          std::pair{&pp_, "pp"}, std::pair{&model_, "model"}, std::pair{&embedding_, "embedding"}})
       if (*group != nullptr) (*group)->set_name(label);
   };
   name_all();
@@ -82,6 +83,7 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   to_nccl(tp_, false);
   to_nccl(cp_, false);
   to_nccl(dp_, false);
+  to_nccl(dp_cp_, false);
   to_nccl(pp_, true);
   to_nccl(model_, false);
   to_nccl(embedding_, false);

@@ -103,7 +103,8 @@ std::vector<int> RankGrid::tensor_group(int rank) const { return group_of(*this,
 std::vector<int> RankGrid::context_group(int rank) const { return group_of(*this, rank, {kCp}); }
 std::vector<int> RankGrid::data_group(int rank) const { return group_of(*this, rank, {kDp}); }
 std::vector<int> RankGrid::pipeline_group(int rank) const { return group_of(*this, rank, {kPp}); }
-std::vector<int> RankGrid::model_group(int rank) const { return group_of(*this, rank, {kTp, kCp, kPp}); }
+std::vector<int> RankGrid::data_context_group(int rank) const { return group_of(*this, rank, {kCp, kDp}); }
+std::vector<int> RankGrid::model_group(int rank) const { return group_of(*this, rank, {kTp, kPp}); }
 
 std::vector<int> RankGrid::embedding_group(int rank) const {
   const auto pipeline = pipeline_group(rank);

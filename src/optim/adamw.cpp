@@ -14,7 +14,7 @@ namespace {}  // namespace
 OptimizerGroups OptimizerGroups::from(ParallelState& state) {
   OptimizerGroups g;
   g.model = &state.model();
-  g.dp = &state.dp();
+  g.dp = &state.dp_cp();  // dense parameters are replicated over dp x cp
   g.tp_rank = state.coord().tp;
   g.first_pipeline_stage = state.is_first_stage();
   return g;

@@ -147,8 +147,9 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
   const bool sharded_optimizer = c.optimizer.distributed || sharding != Sharding::None;
   const bool shard_grads = sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams;
   const bool shard_params = sharding == Sharding::OptimGradsParams;
-  const int shard_ranks =
-      c.optimizer.sharding_group_size > 0 ? c.optimizer.sharding_group_size : c.parallel.data;
+  // Dense parameters are replicated, and their optimizer state sharded, over dp x cp.
+  const int replicas = c.parallel.data * c.parallel.context;
+  const int shard_ranks = c.optimizer.sharding_group_size > 0 ? c.optimizer.sharding_group_size : replicas;
   std::vector<int64_t> units;
   std::vector<int> model_units;
   int next_model_unit = 0;
@@ -163,7 +164,7 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
   BufferOptions options;
   options.param_dtype = compute_dtype(c.train.precision);
   options.bucket_size = c.optimizer.bucket_size;
-  options.data_parallel_size = c.parallel.data;
+  options.data_parallel_size = replicas;
   options.distributed_optimizer = sharded_optimizer;
   options.shard_ranks = shard_ranks;
   // Sharded gradients: buckets follow the model's units, so each unit gathers and reduces alone.
@@ -283,7 +284,8 @@ Dims chunk_dims(const Config& c) {
   d.dropout = m.dropout > 0;
   d.widen_gemm = c.train.device == DeviceKind::CPU && d.e != 4 &&
                  ops::gemm_implementation(compute_dtype(c.train.precision)).starts_with("widened");
-  const double s = m.seq_length, b = c.train.micro_batch_size;
+  // This rank's tokens: its cp share of each sample (two chunks of seq_length / (2 cp)).
+  const double s = static_cast<double>(m.seq_length / c.parallel.context), b = c.train.micro_batch_size;
   d.T = s * b;
   d.Tl = (d.sp ? s / tp : s) * b;
   d.h = m.hidden_size;
@@ -653,7 +655,8 @@ const RankMemoryPlan& MemoryPlan::largest() const {
 }
 
 MemoryPlan plan_memory(const Config& c, int world_size) {
-  const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline);
+  const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
+                                             c.parallel.context, c.parallel.expert);
   const int dp = grid.sizes().data;
   const int micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
   const std::string activation_keys =
@@ -717,6 +720,7 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
     RankMemoryPlan r = by_stage.at(coord.pp);
     r.rank = rank;
     r.tp = coord.tp;
+    r.cp = coord.cp;
     r.dp = coord.dp;
     plan.ranks.push_back(std::move(r));
   }
@@ -728,8 +732,8 @@ std::string memory_plan_json(const MemoryPlan& plan) {
                                 plan.ranks.empty() ? -1 : plan.largest().rank);
   for (std::size_t i = 0; i < plan.ranks.size(); ++i) {
     const RankMemoryPlan& r = plan.ranks[i];
-    out += fmt::format("{}\n  {{\"rank\": {}, \"tp\": {}, \"pp\": {}, \"dp\": {}", i == 0 ? "" : ",", r.rank,
-                       r.tp, r.pp, r.dp);
+    out += fmt::format("{}\n  {{\"rank\": {}, \"tp\": {}, \"cp\": {}, \"pp\": {}, \"dp\": {}",
+                       i == 0 ? "" : ",", r.rank, r.tp, r.cp, r.pp, r.dp);
     for (const MemoryTerm& t : r.terms) out += fmt::format(", \"{}\": {}", t.name, t.bytes);
     out += fmt::format(", \"peak_bytes\": {}}}", r.peak_bytes);
   }

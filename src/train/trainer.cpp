@@ -233,7 +233,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
       check_memory_plan(plan, host);
     }
   }
-  const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline);
+  const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline,
+                                         c.parallel.context, c.parallel.expert);
   // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
   m.state = std::make_unique<ParallelState>(world, grid, m.device);
   const int pp_rank = m.state->coord().pp;
@@ -267,8 +268,9 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   Tensor count = Tensor::full({1}, static_cast<double>(local), DType::F32);
   m.world.all_reduce(count);
 
-  // Data parallelism owns the parameter and gradient buffers; the optimizer works on them.
-  m.ddp = std::make_unique<DataParallel>(raw, m.state->dp(),
+  // Data parallelism owns the parameter and gradient buffers; the optimizer works on them. Dense
+  // parameters are replicated over dp x cp (the cp ranks see other tokens of the same samples).
+  m.ddp = std::make_unique<DataParallel>(raw, m.state->dp_cp(),
                                          DataParallelOptions::from(c.optimizer, c.train.precision));
   {
     // What the DDP actually shards (tests read this line), not what the config asked for.
@@ -297,8 +299,9 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   exec.micro_batches = m.micro_batches;
   exec.virtual_stages = c.parallel.virtual_stages;
   exec.kind = c.parallel.pipeline_schedule;
-  exec.activation_shape = {c.model.seq_length / (sp ? c.parallel.tensor : 1), c.train.micro_batch_size,
-                           c.model.hidden_size};
+  // A stage sends this rank's tokens: its cp share of the sequence, and of that its tp shard under sp.
+  exec.activation_shape = {c.model.seq_length / c.parallel.context / (sp ? c.parallel.tensor : 1),
+                           c.train.micro_batch_size, c.model.hidden_size};
   exec.dtype = compute_dtype(c.train.precision);  // stages pass 16-bit activations under bf16/fp16
   exec.device = m.device;
   m.executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
@@ -314,11 +317,11 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   }
 
   progress().info(
-      "GPT: {:.2f}M parameters, {} layers, hidden {}, {} heads; tensor {} x pipeline {} (x{} virtual) x data "
-      "{}; {} micro-batches of {} per rank and step",
+      "GPT: {:.2f}M parameters, {} layers, hidden {}, {} heads; tensor {} x context {} x pipeline {} (x{} "
+      "virtual) x data {}; {} micro-batches of {} per rank and step",
       count.to_float_vector()[0] / 1e6, c.model.num_layers, c.model.hidden_size, c.model.num_attention_heads,
-      c.parallel.tensor, c.parallel.pipeline, c.parallel.virtual_stages, dp, m.micro_batches,
-      c.train.micro_batch_size);
+      c.parallel.tensor, c.parallel.context, c.parallel.pipeline, c.parallel.virtual_stages, dp,
+      m.micro_batches, c.train.micro_batch_size);
   if (c.parallel.pipeline > 1) {
     // What the executor runs: the configured schedule, resolved (auto) and counted on this rank.
     int weight_steps = 0;
@@ -414,11 +417,11 @@ int64_t Trainer::train() {
     const int64_t t = m.step;  // 0-based index of this step's global batch
     m.ddp->zero_grad();
     const double lr = m.lr->lr(static_cast<int>(t));
-    // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp),
-    // times the fp16 loss scale.
+    // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp x cp,
+    // and each cp rank holds seq_length / cp tokens of every sample), times the fp16 loss scale.
     const double scale = m.optimizer->loss_scaler() ? m.optimizer->loss_scaler()->scale() : 1.0;
-    const double local_tokens =
-        static_cast<double>(m.micro_batches) * c.train.micro_batch_size * c.model.seq_length;
+    const double local_tokens = static_cast<double>(m.micro_batches) * c.train.micro_batch_size *
+                                (c.model.seq_length / c.parallel.context);
     m.model->start_step(m.data_of(*m.train_data, t),
                         Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));

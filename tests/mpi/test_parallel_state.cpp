@@ -90,6 +90,7 @@ TEST(ParallelState, GroupsMatchRankGrid) {
     expect_group(ps.tp(), grid.tensor_group(me), "tp");
     expect_group(ps.cp(), grid.context_group(me), "cp");
     expect_group(ps.dp(), grid.data_group(me), "dp");
+    expect_group(ps.dp_cp(), grid.data_context_group(me), "dp_cp");
     expect_group(ps.pp(), grid.pipeline_group(me), "pp");
     expect_group(ps.model(), grid.model_group(me), "model");
 

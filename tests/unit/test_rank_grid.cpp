@@ -100,7 +100,8 @@ TEST(RankGrid, SingleRank) {
   EXPECT_EQ(g.coord(0), Coord{});
   EXPECT_EQ(g.rank(Coord{}), 0);
   for (GroupFn fn : {&RankGrid::tensor_group, &RankGrid::context_group, &RankGrid::data_group,
-                     &RankGrid::pipeline_group, &RankGrid::model_group, &RankGrid::embedding_group})
+                     &RankGrid::data_context_group, &RankGrid::pipeline_group, &RankGrid::model_group,
+                     &RankGrid::embedding_group})
     EXPECT_EQ((g.*fn)(0), std::vector<int>{0});
 }
 
@@ -127,7 +128,17 @@ TEST(RankGrid, ContextBetweenTensorAndData) {
   expect_groups(g, &RankGrid::context_group, {{0, 2}, {1, 3}, {4, 6}, {5, 7}}, "context");
   expect_groups(g, &RankGrid::pipeline_group, {{0, 4}, {1, 5}, {2, 6}, {3, 7}}, "pipeline");
   expect_groups(g, &RankGrid::data_group, singletons(8), "data");
-  expect_groups(g, &RankGrid::model_group, {{0, 1, 2, 3, 4, 5, 6, 7}}, "model");
+  expect_groups(g, &RankGrid::data_context_group, {{0, 2}, {1, 3}, {4, 6}, {5, 7}}, "data x context");
+  // The model group leaves cp out: cp ranks hold the same dense gradients.
+  expect_groups(g, &RankGrid::model_group, {{0, 1, 4, 5}, {2, 3, 6, 7}}, "model");
+}
+
+// dp x cp varies cp fastest: rank = tp + 2 * (cp + 2 * dp).
+TEST(RankGrid, DataContextGroupVariesBoth) {
+  auto g = grid(/*tp=*/2, /*pp=*/1, /*dp=*/2, /*cp=*/2);
+  expect_groups(g, &RankGrid::data_context_group, {{0, 2, 4, 6}, {1, 3, 5, 7}}, "data x context");
+  expect_groups(g, &RankGrid::data_group, {{0, 4}, {1, 5}, {2, 6}, {3, 7}}, "data");
+  expect_groups(g, &RankGrid::model_group, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, "model");
 }
 
 // Expert sits between context and data: rank = ep + 2 * dp. The data group varies dp only, and a
