@@ -96,6 +96,13 @@ class Communicator {
   // `in` and `out` hold size * k elements; block j of `in` goes to rank j, block i of `out` comes
   // from rank i.
   virtual WorkHandle all_to_all(const Tensor& in, Tensor& out, bool async = false) = 0;
+  // Variable-size all-to-all (MoE token dispatch): `in` holds send_counts[0] elements for rank 0,
+  // then send_counts[1] for rank 1, ...; `out` receives recv_counts[i] elements from rank i, back to
+  // back in rank order. Counts are elements, one per rank, and must agree pairwise (what rank i
+  // sends to j is what j expects from i): callers exchange them first with all_to_all. The default
+  // is one batch_p2p of the non-empty blocks (NCCL: grouped send/recv); MPI uses MPI_Ialltoallv.
+  virtual WorkHandle all_to_allv(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                                 std::span<const int64_t> recv_counts, bool async = false);
 
   // Point-to-point messages are always asynchronous. `peer` is a rank in this communicator.
   virtual WorkHandle send(const Tensor& tensor, int peer, int tag = 0) = 0;
@@ -116,6 +123,10 @@ class Communicator {
  private:
   std::string name_ = "unnamed";
 };
+
+// all_to_allv's argument checks (counts per rank, sums against the tensors), shared by the backends.
+void check_all_to_allv(const Communicator& comm, const Tensor& in, std::span<const int64_t> send_counts,
+                       const Tensor& out, std::span<const int64_t> recv_counts);
 
 // "group dp (world ranks 0,2)", or "group dp" when the ranks are unknown.
 std::string describe_group(const Communicator& comm);

@@ -34,6 +34,11 @@ enum class Sharding { None, Optim, OptimGrads, OptimGradsParams };
 // computation), Ulysses (all-to-all from sequence-sharded to head-sharded and back), or an
 // all-gather of K/V.
 enum class ContextComm { P2P, A2A, AllGather };
+// model.moe_token_dispatcher: how tokens reach the experts of other expert-parallel ranks.
+// AllToAll: each rank sends each expert's tokens to its owner (variable-size all-to-all, counts
+// first). AllGather: every rank gathers all tokens of the ep group and runs its experts on those
+// routed to them; the outputs are reduce-scattered back.
+enum class MoeDispatcher { AllToAll, AllGather };
 
 struct ModelConfig {
   int num_layers = 2;
@@ -54,6 +59,17 @@ struct ModelConfig {
   double init_std = 0.02;
   double norm_epsilon = 1e-5;
   double rope_theta = 10000.0;
+  // Mixture of experts (docs/model.md, "Mixture of experts"). num_experts 0: every layer dense.
+  int num_experts = 0;
+  int moe_router_topk = 2;
+  int moe_ffn_hidden_size = 0;  // 0: ffn_hidden_size
+  int moe_layer_freq = 1;       // layers i with i % moe_layer_freq == 0 are MoE layers
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;
+  double moe_capacity_factor = 0.0;           // 0: dropless
+  int moe_shared_expert_ffn_hidden_size = 0;  // 0: no shared expert
+  MoeDispatcher moe_token_dispatcher = MoeDispatcher::AllToAll;
+  bool is_moe_layer(int layer) const { return num_experts > 0 && layer % moe_layer_freq == 0; }
 };
 
 struct ParallelConfig {

@@ -39,6 +39,9 @@ class GPTModel {
     // Where the parameters (and so every activation) live. They are initialised on the host, so
     // the values do not depend on the device, then moved. Inputs must be on this device too.
     Device device = Device::cpu();
+    // Expert parallelism: the ranks that split each MoE layer's experts (docs/parallelism.md);
+    // null: this rank holds every expert.
+    Communicator* expert = nullptr;
   };
   // tp: the tensor-parallel communicator (size 1 without tensor parallelism).
   GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp);
@@ -98,6 +101,19 @@ class GPTModel {
   // such as fully sharded data parallelism gather a unit's parameters just before it computes and
   // free them after, without the model knowing. Empty: no calls.
   void set_unit_hook(std::function<void(UnitPhase, const std::vector<Parameter*>&)> hook);
+  // d(objective) / d(sum of this chunk's MoE aux and z losses over the step's micro-batches on this
+  // rank): the trainer sets loss scale / micro-batches, so the losses average over micro-batches
+  // like the language-model loss (then over dp by the gradient averaging). Default 1.
+  void set_moe_loss_scale(double scale);
+  // The MoE layers' statistics since the last reset (summed over this chunk's MoE layers; empty
+  // tokens_per_expert for a dense chunk), and the reset.
+  struct MoEStatistics {
+    double aux_loss = 0.0, z_loss = 0.0;  // as added to the objective, summed over layers and calls
+    int64_t calls = 0, dropped = 0;
+    std::vector<int64_t> tokens_per_expert;  // summed over layers
+  };
+  MoEStatistics moe_statistics() const;
+  void reset_moe_statistics();
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
   Device device() const;  // where the parameters and activations live (Options::device)

@@ -36,6 +36,8 @@ class MpiCommunicator final : public Communicator {
   WorkHandle all_gather(const Tensor& in, Tensor& out, bool async) override;
   WorkHandle broadcast(Tensor& tensor, int root, bool async) override;
   WorkHandle all_to_all(const Tensor& in, Tensor& out, bool async) override;
+  WorkHandle all_to_allv(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                         std::span<const int64_t> recv_counts, bool async) override;
   WorkHandle send(const Tensor& tensor, int peer, int tag) override;
   WorkHandle recv(Tensor& tensor, int peer, int tag) override;
   WorkHandle batch_p2p(std::span<const P2POp> ops) override;

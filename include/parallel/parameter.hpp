@@ -28,6 +28,11 @@ struct Parameter {
   // multiple of 128 * tp, so the padded row count depends on the layout; checkpoints store only
   // these rows, which is what lets a checkpoint load at any tensor-parallel size.
   int64_t unpadded_rows = -1;
+  // An expert of a MoE layer (its name carries the global expert index). Dense parameters are
+  // replicated over the data-parallel ranks (dp x cp); an expert lives on one expert-parallel rank
+  // and is replicated over the expert-data-parallel group only, so its gradient is reduced there,
+  // counted once per expert in the norm, and written by expert-dp rank 0 (docs/parallelism.md).
+  bool expert = false;
 
   bool is_replicated_over_tp() const { return partition_dim < 0; }
   int64_t numel() const { return value.numel(); }

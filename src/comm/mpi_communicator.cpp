@@ -432,6 +432,35 @@ WorkHandle MpiCommunicator::all_to_all(const Tensor& in, Tensor& out, bool async
   return finish(std::move(work), async);
 }
 
+WorkHandle MpiCommunicator::all_to_allv(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                                        std::span<const int64_t> recv_counts, bool async) {
+  check_all_to_allv(*this, in, send_counts, out, recv_counts);
+  mpi_count(in.numel(), "all_to_allv");
+  mpi_count(out.numel(), "all_to_allv");
+  const MPI_Datatype type = mpi_type(in.dtype());
+  auto work = std::make_shared<MpiWork>("all_to_allv", label_);
+  Tensor src = overlaps(in, out) ? in.clone() : in;
+  work->keep(src);
+  work->keep(out);
+  // counts = [send counts | recv counts], displs likewise: MPI reads them until completion.
+  std::vector<int>& counts = work->counts();
+  std::vector<int>& displs = work->displs();
+  const auto p = static_cast<std::size_t>(size_);
+  counts.assign(2 * p, 0);
+  displs.assign(2 * p, 0);
+  for (std::size_t r = 0; r < p; ++r) {
+    counts[r] = static_cast<int>(send_counts[r]);
+    counts[p + r] = static_cast<int>(recv_counts[r]);
+    if (r > 0) {
+      displs[r] = displs[r - 1] + counts[r - 1];
+      displs[p + r] = displs[p + r - 1] + counts[p + r - 1];
+    }
+  }
+  PARALLEL_MPI_CHECK(MPI_Ialltoallv(src.data_ptr(), counts.data(), displs.data(), type, out.data_ptr(),
+                                    counts.data() + p, displs.data() + p, type, comm_, work->add_request()));
+  return finish(std::move(work), async);
+}
+
 namespace {
 void check_p2p(const Tensor& t, int peer, int tag, int size, const char* op) {
   check_tensor(t, "tensor", op);

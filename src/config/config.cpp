@@ -41,6 +41,7 @@ constexpr std::string_view kDeviceKindNames[] = {"cpu", "cuda"};
 constexpr std::string_view kShardingNames[] = {"none", "optim", "optim_grads", "optim_grads_params"};
 constexpr std::string_view kPipelineScheduleNames[] = {"auto", "gpipe", "1f1b", "interleaved", "zb-h1"};
 constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
+constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -52,6 +53,7 @@ std::span<const std::string_view> names_of(DeviceKind) { return kDeviceKindNames
 std::span<const std::string_view> names_of(Sharding) { return kShardingNames; }
 std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineScheduleNames; }
 std::span<const std::string_view> names_of(ContextComm) { return kContextCommNames; }
+std::span<const std::string_view> names_of(MoeDispatcher) { return kMoeDispatcherNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -86,6 +88,19 @@ void for_each_field(S& s, F&& f) {
   f("init_std", s.init_std, "standard deviation of the normal weight initialization");
   f("norm_epsilon", s.norm_epsilon, "epsilon of the normalization layers");
   f("rope_theta", s.rope_theta, "base of the rotary embedding frequencies");
+  f("num_experts", s.num_experts, "experts per MoE layer (0: dense MLPs only)");
+  f("moe_router_topk", s.moe_router_topk, "experts each token is routed to");
+  f("moe_ffn_hidden_size", s.moe_ffn_hidden_size, "inner width of each expert's MLP (0: ffn_hidden_size)");
+  f("moe_layer_freq", s.moe_layer_freq, "every k-th layer (0, k, 2k, ...) is a MoE layer");
+  f("moe_aux_loss_coeff", s.moe_aux_loss_coeff, "weight of the Switch/GShard load-balancing loss (0: off)");
+  f("moe_z_loss_coeff", s.moe_z_loss_coeff, "weight of the router z-loss (0: off)");
+  f("moe_capacity_factor", s.moe_capacity_factor,
+    "expert capacity as a multiple of tokens * topk / experts; assignments beyond it are dropped (0: "
+    "dropless)");
+  f("moe_shared_expert_ffn_hidden_size", s.moe_shared_expert_ffn_hidden_size,
+    "inner width of a shared expert every token passes through (0: none)");
+  f("moe_token_dispatcher", s.moe_token_dispatcher,
+    "how tokens reach other expert-parallel ranks: alltoall or allgather");
 }
 
 template <typename S, typename F>
@@ -646,6 +661,25 @@ void validate_config(Config& c, int world_size) {
     m.ffn_hidden_size = 4 * m.hidden_size;
   }
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
+
+  // Mixture of experts.
+  for (const int* count : {&m.num_experts, &m.moe_ffn_hidden_size, &m.moe_shared_expert_ffn_hidden_size})
+    rules.at_least(*count, 0);
+  for (const double* coeff : {&m.moe_aux_loss_coeff, &m.moe_z_loss_coeff, &m.moe_capacity_factor})
+    rules.at_least(*coeff, 0.0);
+  rules.at_least(m.moe_layer_freq, 1);
+  rules.at_least(m.moe_router_topk, 1);
+  if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+  if (m.num_experts > 0) {
+    rules.require(m.moe_router_topk <= m.num_experts, m.moe_router_topk,
+                  fmt::format("must be <= {} ({})", rules.key(m.num_experts), m.num_experts));
+    rules.divisible(m.num_experts, {rules.term(p.expert)});
+    rules.divisible(m.moe_shared_expert_ffn_hidden_size, {rules.term(p.tensor)});
+    // Experts are not split over tp: each tp rank routes its own sequence shard (Megatron's rule).
+    rules.require(
+        p.tensor == 1 || p.sequence_parallel, p.tensor,
+        fmt::format("MoE layers with tensor parallelism need {} = true", rules.key(p.sequence_parallel)));
+  }
 
   // Model shape against tensor parallelism.
   rules.divisible(m.hidden_size, {rules.term(m.num_attention_heads)});

@@ -81,6 +81,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.sequence_parallel = options.sequence_parallel && p > 1;
   env.seed = options.seed;
   env.activation_dtype = compute_dtype(options.precision);
+  env.ep = options.expert;
   env.hidden = config.hidden_size;
   env.heads = config.num_attention_heads;
   env.groups = config.num_query_groups > 0 ? config.num_query_groups : config.num_attention_heads;
@@ -128,8 +129,9 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       const bool is_weight =
           param->name.ends_with(".weight") && param->name.find("norm") == std::string::npos;
       if (!is_weight) continue;  // norms start at 1 / 0 and biases at 0 (set by the layers)
+      // Dense MLP, shared and routed experts all end in fc2.
       const bool residual =
-          param->name.ends_with("attention.proj.weight") || param->name.ends_with("mlp.fc2.weight");
+          param->name.ends_with("attention.proj.weight") || param->name.ends_with("fc2.weight");
       init_normal(*param, options.seed, residual ? out_std : std);
     }
     impl_->layers.push_back(std::move(layer));
@@ -186,6 +188,34 @@ std::vector<Parameter*> GPTModel::parameters() {
 }
 
 void GPTModel::set_training(bool training) { impl_->env.training = training; }
+void GPTModel::set_moe_loss_scale(double scale) { impl_->env.moe_loss_scale = scale; }
+
+GPTModel::MoEStatistics GPTModel::moe_statistics() const {
+  MoEStatistics out;
+  for (const auto& layer : impl_->layers) {
+    model::MoELayer* moe = layer->moe();
+    if (moe == nullptr) continue;
+    const model::MoEStats& s = moe->stats();
+    out.aux_loss += s.aux_loss;
+    out.z_loss += s.z_loss;
+    out.calls += s.calls;
+    out.dropped += s.dropped;
+    if (out.tokens_per_expert.empty()) out.tokens_per_expert.assign(s.tokens_per_expert.size(), 0);
+    for (std::size_t e = 0; e < s.tokens_per_expert.size(); ++e)
+      out.tokens_per_expert[e] += s.tokens_per_expert[e];
+  }
+  return out;
+}
+
+void GPTModel::reset_moe_statistics() {
+  for (auto& layer : impl_->layers)
+    if (model::MoELayer* moe = layer->moe()) {
+      model::MoEStats& s = moe->stats();
+      const std::size_t n = s.tokens_per_expert.size();
+      s = model::MoEStats{};
+      s.tokens_per_expert.assign(n, 0);
+    }
+}
 Device GPTModel::device() const { return impl_->options.device; }
 
 void GPTModel::set_grad_ready_hook(std::function<void(Parameter&)> hook) {

@@ -8,6 +8,7 @@
 // accumulates the parameter gradients and frees the Context. B then W is bit for bit backward().
 // The norms are the exception: their weight gradients come out of B's kernel pass (see Norm).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ struct LayerEnv {
   // activation and activation gradient. Layers follow their inputs' dtype; this is for the odd
   // tensor a layer creates from nothing.
   DType activation_dtype = DType::F32;
+  // Expert parallelism: the ranks that split a MoE layer's experts (null: this rank holds all).
+  Communicator* ep = nullptr;
+  // d(objective) / d(sum of this rank's MoE aux and z losses over the step's micro-batches): the
+  // trainer sets it to loss scale / micro-batches per rank, as Megatron's MoEAuxLossAutoScaler does.
+  double moe_loss_scale = 1.0;
   // First sequence position of this rank's activations [s_local, b, h] (its s-shard under sequence
   // parallelism, else 0): dropout masks are keyed by global positions so they do not depend on tp.
   int64_t sequence_offset(int64_t s_local) const {
@@ -99,7 +105,8 @@ class SelfAttention {
 // MLP: column-parallel fc1 (or fused gate|up for SwiGLU), activation, row-parallel fc2.
 class MLP {
  public:
-  MLP(const LayerEnv& env, int layer);
+  MLP(const LayerEnv& env, int layer);                               // "layers.<layer>.mlp", env.ffn wide
+  MLP(const LayerEnv& env, const std::string& prefix, int64_t ffn);  // e.g. a MoE layer's shared expert
   struct Context {
     tp::LinearContext fc1_ctx, fc2_ctx;
     Tensor pre;  // fc1 output, the activation's input
@@ -117,6 +124,65 @@ class MLP {
   Activation activation_;
 };
 
+// What the MoE layers of a chunk saw since the last reset (for metrics.jsonl): the aux and z loss
+// terms as added to the objective (coefficients applied, one per layer and micro-batch) and the
+// assignments each expert received (before capacity drops), over this rank's tokens.
+struct MoEStats {
+  double aux_loss = 0.0, z_loss = 0.0;
+  int64_t calls = 0;    // layer forwards counted
+  int64_t dropped = 0;  // assignments beyond the capacity
+  std::vector<int64_t> tokens_per_expert;
+};
+
+// Mixture of experts in place of the MLP (docs/model.md, "Mixture of experts"): a router (fp32
+// logits, softmax over all experts, top-k with ties to the lower expert index; the combine weights
+// are the chosen probabilities, not renormalised), the load-balancing and z losses, token dispatch
+// to the experts' owners over env.ep (alltoall or allgather), the local experts as one grouped
+// GEMM over their contiguous rows, and the combine. Experts are GeLU or SwiGLU MLPs without biases,
+// named "layers.<l>.mlp.experts.<global index>.fc1/fc2.weight"; a rank holds num_experts / ep of
+// them (global indices ep_rank * local ..). An optional shared expert is a tensor-parallel MLP.
+// Runs on the CPU (routing and permutation are host loops).
+class MoELayer {
+ public:
+  MoELayer(const LayerEnv& env, int layer);
+  struct Context {
+    int64_t tokens = 0;  // rows of this rank's input
+    Tensor x;            // [T, h] input rows (router and weight steps)
+    Tensor probs;        // [T, E] fp32 router softmax
+    std::vector<float> lse;
+    std::vector<int32_t> choice;     // [T * k] chosen experts
+    std::vector<int64_t> perm;       // permuted row -> assignment t * k + j (kept ones, by expert)
+    std::vector<int64_t> counts;     // [E] kept assignments per expert (this rank's tokens)
+    std::vector<double> aux_counts;  // [E] assignments before drops, over the tp group under sp
+    double aux_tokens = 0;           // tokens the aux and z losses average over
+    // Dispatch: rows received from each ep rank per local expert [ep][L], local expert offsets.
+    std::vector<int64_t> recv_counts, local_offsets;
+    std::vector<int64_t> all_counts;  // allgather: [ep][E] every rank's counts per expert
+    Tensor expert_in, pre, act;       // [N_local, h], [N_local, F | 2F], [N_local, F]
+    Tensor out_perm;                  // [N, h] expert outputs back in permuted order
+    // Between backward_input and backward_weight.
+    Tensor d_expert_out, d_pre, d_logits;
+    MLP::Context shared;
+  };
+  Tensor forward(const Tensor& x, Context& ctx, bool record_stats);  // [s(/tp), b, h] -> same
+  Tensor backward(const Tensor& dy, Context& ctx);
+  Tensor backward_input(const Tensor& dy, Context& ctx);
+  void backward_weight(Context& ctx);
+  std::vector<Parameter*> parameters();
+  MoEStats& stats() { return stats_; }
+
+  Parameter router;                 // [E, h], replicated (dense)
+  std::vector<Parameter> fc1, fc2;  // local experts: [F | 2F, h], [h, F]
+  std::unique_ptr<MLP> shared;      // shared expert, or null
+
+ private:
+  // Rows of the permuted tokens [N, h] to the local experts' rows [N_local, h] (forward) or back.
+  Tensor dispatch(const Tensor& rows, Context& ctx, const std::vector<int64_t>& send_counts, bool back);
+  const LayerEnv& env_;
+  int64_t experts_, local_, topk_, ffn_;
+  MoEStats stats_;
+};
+
 // Pre-norm transformer layer with its recompute policy.
 class TransformerLayer {
  public:
@@ -127,22 +193,29 @@ class TransformerLayer {
     Norm::Context norm1, norm2;
     SelfAttention::Context attn;
     MLP::Context mlp;
+    MoELayer::Context moe;
   };
   Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
   Tensor backward(const Tensor& dy, Context& ctx);        // frees ctx
   Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps the linears' state
   void backward_weight(Context& ctx);                     // frees ctx
   std::vector<Parameter*> parameters();
+  MoELayer* moe() { return moe_.get(); }  // null for a dense layer
 
  private:
-  Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core);
+  Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats);
+  Tensor ffn_forward(const Tensor& x, Context& ctx, bool record_stats);
+  Tensor ffn_backward(const Tensor& dy, Context& ctx);
+  Tensor ffn_backward_input(const Tensor& dy, Context& ctx);
+  void ffn_backward_weight(Context& ctx);
   const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
   int layer_;
   Recompute recompute_;
   Norm norm1_;
   SelfAttention attention_;
   Norm norm2_;
-  MLP mlp_;
+  std::unique_ptr<MLP> mlp_;       // dense layers
+  std::unique_ptr<MoELayer> moe_;  // MoE layers (ModelConfig::is_moe_layer)
 };
 
 // Output projection to vocab-parallel logits: a column-parallel linear without bias whose weight

@@ -6,20 +6,21 @@
 namespace parallel::model {
 namespace {
 
-std::vector<tp::ColumnParallelLinear::Part> fc1_parts(const LayerEnv& env, int layer) {
-  if (env.config->activation == Activation::SwiGLU)
-    return {{fmt::format("layers.{}.mlp.gate", layer), env.ffn},
-            {fmt::format("layers.{}.mlp.up", layer), env.ffn}};
-  return {{fmt::format("layers.{}.mlp.fc1", layer), env.ffn}};
+std::vector<tp::ColumnParallelLinear::Part> fc1_parts(const LayerEnv& env, const std::string& prefix,
+                                                      int64_t ffn) {
+  if (env.config->activation == Activation::SwiGLU) return {{prefix + ".gate", ffn}, {prefix + ".up", ffn}};
+  return {{prefix + ".fc1", ffn}};
 }
 
 }  // namespace
 
-MLP::MLP(const LayerEnv& env, int layer)
-    : fc1(fc1_parts(env, layer), env.hidden,
+MLP::MLP(const LayerEnv& env, int layer) : MLP(env, fmt::format("layers.{}.mlp", layer), env.ffn) {}
+
+MLP::MLP(const LayerEnv& env, const std::string& prefix, int64_t ffn)
+    : fc1(fc1_parts(env, prefix, ffn), env.hidden,
           {.bias = env.config->add_bias, .gather_output = false, .sequence_parallel = env.sequence_parallel},
           *env.tp),
-      fc2(fmt::format("layers.{}.mlp.fc2", layer), env.ffn, env.hidden,
+      fc2(prefix + ".fc2", ffn, env.hidden,
           {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
       activation_(env.config->activation) {}
 

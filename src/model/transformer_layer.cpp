@@ -14,19 +14,40 @@ TransformerLayer::TransformerLayer(const LayerEnv& env, int layer, Recompute rec
       recompute_(recompute),
       norm1_(env, fmt::format("layers.{}.input_norm", layer)),
       attention_(env, layer),
-      norm2_(env, fmt::format("layers.{}.post_attention_norm", layer)),
-      mlp_(env, layer) {}
+      norm2_(env, fmt::format("layers.{}.post_attention_norm", layer)) {
+  if (env.config->is_moe_layer(layer))
+    moe_ = std::make_unique<MoELayer>(env, layer);
+  else
+    mlp_ = std::make_unique<MLP>(env, layer);
+}
 
 std::vector<Parameter*> TransformerLayer::parameters() {
   std::vector<Parameter*> out;
   for (Parameter* p : norm1_.parameters()) out.push_back(p);
   for (Parameter* p : attention_.parameters()) out.push_back(p);
   for (Parameter* p : norm2_.parameters()) out.push_back(p);
-  for (Parameter* p : mlp_.parameters()) out.push_back(p);
+  for (Parameter* p : mlp_ ? mlp_->parameters() : moe_->parameters()) out.push_back(p);
   return out;
 }
 
-Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_core) {
+Tensor TransformerLayer::ffn_forward(const Tensor& x, Context& ctx, bool record_stats) {
+  return mlp_ ? mlp_->forward(x, ctx.mlp) : moe_->forward(x, ctx.moe, record_stats);
+}
+Tensor TransformerLayer::ffn_backward(const Tensor& dy, Context& ctx) {
+  return mlp_ ? mlp_->backward(dy, ctx.mlp) : moe_->backward(dy, ctx.moe);
+}
+Tensor TransformerLayer::ffn_backward_input(const Tensor& dy, Context& ctx) {
+  return mlp_ ? mlp_->backward_input(dy, ctx.mlp) : moe_->backward_input(dy, ctx.moe);
+}
+void TransformerLayer::ffn_backward_weight(Context& ctx) {
+  if (mlp_)
+    mlp_->backward_weight(ctx.mlp);
+  else
+    moe_->backward_weight(ctx.moe);
+}
+
+// record_stats: false when full recompute reruns the forward (the MoE statistics count once).
+Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats) {
   const uint64_t mb = ctx.micro_batch;
   Tensor a = norm1_.forward(x, ctx.norm1);
   Tensor o = dropout_forward(env_, attention_.forward(a, ctx.attn, keep_core), {layer_, 1}, mb);
@@ -34,18 +55,19 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_c
   ops::add(x, o, o);
   Tensor x2 = o;
   Tensor m = norm2_.forward(x2, ctx.norm2);
-  Tensor y = dropout_forward(env_, mlp_.forward(m, ctx.mlp), {layer_, 2}, mb);
+  Tensor y = dropout_forward(env_, ffn_forward(m, ctx, record_stats), {layer_, 2}, mb);
   ops::add(x2, y, y);
   return y;
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, uint64_t micro_batch) {
   ctx.micro_batch = micro_batch;
-  if (recompute_ != Recompute::Full) return forward_impl(x, ctx, /*keep_core=*/recompute_ == Recompute::None);
+  if (recompute_ != Recompute::Full)
+    return forward_impl(x, ctx, /*keep_core=*/recompute_ == Recompute::None, true);
   // Full recompute: run the layer for its output and forget everything but the input.
   Context scratch;
   scratch.micro_batch = micro_batch;
-  Tensor y = forward_impl(x, scratch, /*keep_core=*/true);
+  Tensor y = forward_impl(x, scratch, /*keep_core=*/true, true);
   ctx.x = x;
   return y;
 }
@@ -55,12 +77,12 @@ Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
     // Same inputs, same seeds, same kernels: the recomputed state is bitwise the original's.
     Tensor x = ctx.x;
     ctx.x = Tensor();
-    (void)forward_impl(x, ctx, /*keep_core=*/true);
+    (void)forward_impl(x, ctx, /*keep_core=*/true, false);
   }
   const uint64_t mb = ctx.micro_batch;
   Tensor dy = dy_in.contiguous();
   // out = x2 + dropout(mlp(norm2(x2))): dy flows to x2 directly and through the MLP branch.
-  Tensor dm = mlp_.backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx.mlp);
+  Tensor dm = ffn_backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx);
   Tensor dx2 = norm2_.backward(dm, ctx.norm2);
   ops::add_(dx2, dy);
   // x2 = x + dropout(attention(norm1(x))).
@@ -76,11 +98,11 @@ Tensor TransformerLayer::backward_input(const Tensor& dy_in, Context& ctx) {
   if (recompute_ == Recompute::Full) {
     Tensor x = ctx.x;
     ctx.x = Tensor();
-    (void)forward_impl(x, ctx, /*keep_core=*/true);
+    (void)forward_impl(x, ctx, /*keep_core=*/true, false);
   }
   const uint64_t mb = ctx.micro_batch;
   Tensor dy = dy_in.contiguous();
-  Tensor dm = mlp_.backward_input(dropout_backward(env_, dy, {layer_, 2}, mb), ctx.mlp);
+  Tensor dm = ffn_backward_input(dropout_backward(env_, dy, {layer_, 2}, mb), ctx);
   Tensor dx2 = norm2_.backward_input(dm, ctx.norm2);
   ops::add_(dx2, dy);
   Tensor da = attention_.backward_input(dropout_backward(env_, dx2, {layer_, 1}, mb), ctx.attn);
@@ -90,7 +112,7 @@ Tensor TransformerLayer::backward_input(const Tensor& dy_in, Context& ctx) {
 }
 
 void TransformerLayer::backward_weight(Context& ctx) {
-  mlp_.backward_weight(ctx.mlp);
+  ffn_backward_weight(ctx);
   norm2_.backward_weight(ctx.norm2);
   attention_.backward_weight(ctx.attn);
   norm1_.backward_weight(ctx.norm1);

@@ -422,6 +422,8 @@ int64_t Trainer::train() {
     const double scale = m.optimizer->loss_scaler() ? m.optimizer->loss_scaler()->scale() : 1.0;
     const double local_tokens = static_cast<double>(m.micro_batches) * c.train.micro_batch_size *
                                 (c.model.seq_length / c.parallel.context);
+    // MoE aux and z losses: averaged over the micro-batches like the loss (then over dp by DDP).
+    for (auto& chunk : m.chunks) chunk->set_moe_loss_scale(scale / m.micro_batches);
     m.model->start_step(m.data_of(*m.train_data, t),
                         Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));

@@ -300,6 +300,31 @@ const RuleCase kRules[] = {
      1,
      {"parallel.first_stage_layers = -1: must be >= 0"}},
     {"BucketSizeNonNegative", {"optimizer.bucket_size=-1"}, 1, {"optimizer.bucket_size = -1: must be >= 0"}},
+    // Mixture of experts.
+    {"ExpertsNonNegative", {"model.num_experts=-1"}, 1, {"model.num_experts = -1: must be >= 0"}},
+    {"TopkAtMostExperts",
+     {"model.num_experts=4", "model.moe_router_topk=5"},
+     1,
+     {"model.moe_router_topk = 5: must be <= model.num_experts (4)"}},
+    {"TopkPositive", {"model.moe_router_topk=0"}, 1, {"model.moe_router_topk = 0: must be >= 1"}},
+    {"LayerFreqPositive", {"model.moe_layer_freq=0"}, 1, {"model.moe_layer_freq = 0: must be >= 1"}},
+    {"AuxCoeffNonNegative",
+     {"model.moe_aux_loss_coeff=-0.1"},
+     1,
+     {"model.moe_aux_loss_coeff = -0.1: must be >= 0"}},
+    {"CapacityNonNegative",
+     {"model.moe_capacity_factor=-1"},
+     1,
+     {"model.moe_capacity_factor = -1.0: must be >= 0"}},
+    {"MoeWithTensorNeedsSequenceParallel",
+     {"model.num_experts=4", "parallel.tensor=2"},
+     2,
+     {"parallel.tensor = 2: MoE layers with tensor parallelism need parallel.sequence_parallel = true"}},
+    {"SharedExpertDivisibleByTensor",
+     {"model.num_experts=4", "parallel.tensor=2", "parallel.sequence_parallel=true",
+      "model.moe_shared_expert_ffn_hidden_size=33"},
+     2,
+     {"model.moe_shared_expert_ffn_hidden_size = 33: must be divisible by parallel.tensor (2)"}},
     // Model shape.
     {"HiddenDivisibleByHeads",
      {"model.hidden_size=66"},
@@ -620,7 +645,7 @@ std::vector<std::string> reference_keys() {
 TEST(ConfigYaml, EmitsEveryKey) {
   std::string yaml = config_to_yaml(Config{});
   std::vector<std::string> keys = reference_keys();
-  EXPECT_EQ(keys.size(), 70u);
+  EXPECT_EQ(keys.size(), 79u);
   for (const std::string& key : keys) {
     std::string section = key.substr(0, key.find('.'));
     std::string name = key.substr(key.find('.') + 1);
