@@ -42,6 +42,11 @@ class GPTModel {
     // Expert parallelism: the ranks that split each MoE layer's experts (docs/parallelism.md);
     // null: this rank holds every expert.
     Communicator* expert = nullptr;
+    // Context parallelism (context_parallel.hpp): the cp group (null: none) and how attention
+    // exchanges K/V over it. Inputs and targets are then this rank's two chunks of each sample
+    // ([b, s / cp], cp::slice_sequence), and the loss sums only their tokens.
+    Communicator* cp = nullptr;
+    ContextComm context_comm = ContextComm::P2P;
   };
   // tp: the tensor-parallel communicator (size 1 without tensor parallelism).
   GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp);
@@ -58,8 +63,9 @@ class GPTModel {
   using ActivationsPtr = std::unique_ptr<Activations, ActivationsDeleter>;
   ActivationsPtr new_activations() const;
 
-  // input: tokens [b, s] int32 on the first chunk, else hidden [s(/tp), b, h] from the previous
-  // chunk. targets: [b, s] int32, used on the last chunk. Returns the sum of the b*s token losses
+  // input: tokens [b, s] int32 on the first chunk (s: this rank's share under context parallelism), else
+  // hidden [s(/tp), b, h] from the previous chunk. targets: [b, s] int32, used on the last chunk. Returns the
+  // sum of the b*s token losses
   // ([1] fp32, the same on every tp rank) on the last chunk, else the hidden output.
   // `micro_batch` only keys the dropout masks: give every micro-batch of a run its own id (the
   // trainer uses its index among all micro-batches of all global batches), else masks repeat.

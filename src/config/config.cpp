@@ -647,7 +647,6 @@ void validate_config(Config& c, int world_size) {
     rules.at_least(*count, 0);
   }
   rules.at_least(o.bucket_size, int64_t{0});
-  rules.require(p.context == 1, p.context, "context parallelism is not supported yet (must be 1)");
   rules.require(p.expert == 1, p.expert, "expert parallelism is not supported yet (must be 1)");
 
   // 0 means "the usual default"; filling it in here keeps every consumer from re-deriving it.

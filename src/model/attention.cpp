@@ -21,7 +21,8 @@ SelfAttention::SelfAttention(const LayerEnv& env, int layer)
            {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
       env_(env),
       heads_local_(env.heads / env.tp->size()),
-      groups_local_(env.groups / env.tp->size()) {}
+      groups_local_(env.groups / env.tp->size()),
+      core_(env.cp, env.context_comm, 1.0f / std::sqrt(static_cast<float>(env.head_dim))) {}
 
 std::vector<Parameter*> SelfAttention::parameters() {
   std::vector<Parameter*> out = qkv.parameters();
@@ -29,29 +30,31 @@ std::vector<Parameter*> SelfAttention::parameters() {
   return out;
 }
 
-// qkv_out [s, b, (hq_l + 2 hkv_l) d] -> q, k, v (contiguous, rotated), out, lse.
+// qkv_out [s, b, (hq_l + 2 hkv_l) d] -> q, k, v (contiguous, rotated) -> the core's output and state.
+// s is this rank's whole share of the sequence (the qkv linear gathered it under sp): all of it,
+// or its two chunks under context parallelism.
 void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   const int64_t s = qkv_out.size(0), b = qkv_out.size(1), d = env_.head_dim;
   const int64_t nq = heads_local_ * d, nkv = groups_local_ * d;
   const Device dev = qkv_out.device();
   const DType dt = qkv_out.dtype();
-  ctx.q = Tensor::empty({s, b, heads_local_, d}, dt, dev);
-  ctx.k = Tensor::empty({s, b, groups_local_, d}, dt, dev);
-  ctx.v = Tensor::empty({s, b, groups_local_, d}, dt, dev);
-  ctx.q.view({s, b, nq}).copy_(qkv_out.narrow(2, 0, nq));
-  ctx.k.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq, nkv));
-  ctx.v.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq + nkv, nkv));
+  Tensor q = Tensor::empty({s, b, heads_local_, d}, dt, dev);
+  Tensor k = Tensor::empty({s, b, groups_local_, d}, dt, dev);
+  Tensor v = Tensor::empty({s, b, groups_local_, d}, dt, dev);
+  q.view({s, b, nq}).copy_(qkv_out.narrow(2, 0, nq));
+  k.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq, nkv));
+  v.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq + nkv, nkv));
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
-    // Attention always sees the whole sequence (the qkv linear gathered it), so positions start at 0.
+    // Each run of rows at its global positions (from 0 without context parallelism).
     const float theta = static_cast<float>(env_.config->rope_theta);
-    ops::rope_forward(ctx.q, 0, theta);
-    ops::rope_forward(ctx.k, 0, theta);
+    for (const cp::Segment& seg : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
+      Tensor qs = q.narrow(0, seg.row, seg.rows), ks = k.narrow(0, seg.row, seg.rows);
+      ops::rope_forward(qs, seg.position, theta);
+      ops::rope_forward(ks, seg.position, theta);
+    }
     // The rotated q and k are bf16 tensors on the GPU (the attention kernel's inputs).
   }
-  ctx.out = Tensor::empty({s, b, heads_local_, d}, dt, dev);
-  ctx.lse = Tensor::empty({b, heads_local_, s}, DType::F32, dev);
-  ops::attention_forward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, /*causal=*/true,
-                         1.0f / std::sqrt(static_cast<float>(d)));
+  ctx.out = core_.forward(q, k, v, ctx.core);
 }
 
 Tensor SelfAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
@@ -63,13 +66,14 @@ Tensor SelfAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
   // Selective recompute: the core's state (q, k, v, out, lse, and proj's saved input, which is
   // `out`) is rebuilt from qkv in the backward; qkv is the only activation kept.
   ctx.qkv = qkv_out;
-  ctx.q = ctx.k = ctx.v = ctx.out = ctx.lse = Tensor();
+  ctx.out = Tensor();
+  ctx.core = {};
   ctx.proj_ctx.input = Tensor();
   return y;
 }
 
 void SelfAttention::restore_core(Context& ctx) {
-  if (ctx.out.defined() && ctx.out.numel() > 0) return;
+  if (ctx.core.defined()) return;
   core_forward(ctx.qkv, ctx);
   ctx.qkv = Tensor();
   const int64_t s = ctx.out.size(0), b = ctx.out.size(1);
@@ -82,17 +86,19 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
   Tensor dout = dout_flat.view({s, b, heads_local_, d});
   const Device dev = dout.device();
   const DType dt = dout.dtype();
-  Tensor dq = Tensor::empty(ctx.q.shape(), dt, dev);
-  Tensor dk = Tensor::empty(ctx.k.shape(), dt, dev);
-  Tensor dv = Tensor::empty(ctx.v.shape(), dt, dev);
-  ops::attention_backward(dout, ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dq, dk, dv, /*causal=*/true,
-                          1.0f / std::sqrt(static_cast<float>(d)));
-  ctx.q = ctx.k = ctx.v = ctx.out = ctx.lse = Tensor();
+  Tensor dq = Tensor::empty({s, b, heads_local_, d}, dt, dev);
+  Tensor dk = Tensor::empty({s, b, groups_local_, d}, dt, dev);
+  Tensor dv = Tensor::empty({s, b, groups_local_, d}, dt, dev);
+  core_.backward(dout, ctx.core, dq, dk, dv);
+  ctx.out = Tensor();
   // dq, dk, dv leave the attention kernel in bf16, and again after the rope's backward rotation.
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
     const float theta = static_cast<float>(env_.config->rope_theta);
-    ops::rope_backward(dq, 0, theta);
-    ops::rope_backward(dk, 0, theta);
+    for (const cp::Segment& seg : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
+      Tensor dqs = dq.narrow(0, seg.row, seg.rows), dks = dk.narrow(0, seg.row, seg.rows);
+      ops::rope_backward(dqs, seg.position, theta);
+      ops::rope_backward(dks, seg.position, theta);
+    }
   }
   // Back into the fused layout [.., q_r | k_r | v_r] the qkv GEMM produced.
   Tensor dqkv = Tensor::empty({s, b, nq + 2 * nkv}, dt, dev);

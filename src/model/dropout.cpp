@@ -22,9 +22,16 @@ uint64_t site_seed(const LayerEnv& env, DropoutSite where, uint64_t micro_batch)
   return splitmix64(k ^ micro_batch);
 }
 
-uint64_t site_offset(const LayerEnv& env, const Tensor& x) {
-  const int64_t s_local = x.size(0);
-  return static_cast<uint64_t>(env.sequence_offset(s_local) * (x.numel() / std::max<int64_t>(s_local, 1)));
+// Applies `op(in_rows, out_rows, first_global_element)` to each run of rows of x [s_local, ...]
+// whose global positions are consecutive (one run, or two under context parallelism).
+template <typename Op>
+void by_position(const LayerEnv& env, const Tensor& in, Tensor& out, Op op) {
+  const int64_t s_local = in.size(0);
+  const int64_t row_elems = in.numel() / std::max<int64_t>(s_local, 1);
+  for (const cp::Segment& seg : env.positions(s_local)) {
+    Tensor o = out.narrow(0, seg.row, seg.rows);
+    op(in.narrow(0, seg.row, seg.rows), o, static_cast<uint64_t>(seg.position * row_elems));
+  }
 }
 
 }  // namespace
@@ -33,7 +40,10 @@ Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, 
   const float p = env.training ? static_cast<float>(env.config->dropout) : 0.0f;
   if (p == 0.0f) return x;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::dropout_forward(x, y, p, site_seed(env, where, micro_batch), site_offset(env, x));
+  const uint64_t seed = site_seed(env, where, micro_batch);
+  by_position(env, x, y, [&](const Tensor& in, Tensor& out, uint64_t offset) {
+    ops::dropout_forward(in, out, p, seed, offset);
+  });
   return y;
 }
 
@@ -41,7 +51,10 @@ Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where
   const float p = env.training ? static_cast<float>(env.config->dropout) : 0.0f;
   if (p == 0.0f) return dy;
   Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-  ops::dropout_backward(dy, dx, p, site_seed(env, where, micro_batch), site_offset(env, dy));
+  const uint64_t seed = site_seed(env, where, micro_batch);
+  by_position(env, dy, dx, [&](const Tensor& in, Tensor& out, uint64_t offset) {
+    ops::dropout_backward(in, out, p, seed, offset);
+  });
   return dx;
 }
 

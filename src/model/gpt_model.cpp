@@ -79,6 +79,8 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.config = &config_;
   env.tp = &tp;
   env.sequence_parallel = options.sequence_parallel && p > 1;
+  env.cp = options.cp;
+  env.context_comm = options.context_comm;
   env.seed = options.seed;
   env.activation_dtype = compute_dtype(options.precision);
   env.ep = options.expert;
@@ -96,6 +98,16 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   PARALLEL_CHECK(!env.sequence_parallel || config.seq_length % p == 0,
                  "GPTModel: sequence parallelism needs seq_length {} divisible by tp = {}", config.seq_length,
                  p);
+  const int c = env.cp_size();
+  PARALLEL_CHECK(c == 1 || config.seq_length % (2 * c * (env.sequence_parallel ? p : 1)) == 0,
+                 "GPTModel: context parallelism needs seq_length {} divisible by 2 * cp{} = {}",
+                 config.seq_length, env.sequence_parallel ? " * tp" : "",
+                 2 * c * (env.sequence_parallel ? p : 1));
+  PARALLEL_CHECK(
+      c == 1 || options.context_comm != ContextComm::A2A ||
+          (env.heads % (p * c) == 0 && env.groups % (p * c) == 0),
+      "GPTModel: a2a context parallelism needs heads {} and query groups {} divisible by tp * cp = {}",
+      env.heads, env.groups, p * c);
   impl_->options = options;
   vocab_padded_ = padded_vocab_size(config.vocab_size, p);
   const float std = static_cast<float>(config.init_std);
@@ -255,19 +267,22 @@ Tensor targets_sb(const Tensor& targets) {
   return out.view({s * b});
 }
 
-// Rows [s0, s0 + s_local) of the position table added to (or reduced from) every batch entry of
-// x [s_local, b, h]; one bias op per sequence position keeps it on the ops layer.
-void add_positions(Tensor& x, const Tensor& table, int64_t s0) {
-  for (int64_t i = 0; i < x.size(0); ++i) {
-    Tensor row = x.select(i);
-    ops::add_bias(row, table.select(s0 + i));
-  }
+// The position table's rows at each row's global position (LayerEnv::positions) added to (or
+// reduced from) every batch entry of x [s_local, b, h]; one bias op per sequence position keeps it
+// on the ops layer.
+void add_positions(const LayerEnv& env, Tensor& x, const Tensor& table) {
+  for (const cp::Segment& seg : env.positions(x.size(0)))
+    for (int64_t i = 0; i < seg.rows; ++i) {
+      Tensor row = x.select(seg.row + i);
+      ops::add_bias(row, table.select(seg.position + i));
+    }
 }
-void positions_backward(const Tensor& dy, Tensor& dtable, int64_t s0) {
-  for (int64_t i = 0; i < dy.size(0); ++i) {
-    Tensor drow = dtable.select(s0 + i);
-    ops::bias_backward(dy.select(i), drow);
-  }
+void positions_backward(const LayerEnv& env, const Tensor& dy, Tensor& dtable) {
+  for (const cp::Segment& seg : env.positions(dy.size(0)))
+    for (int64_t i = 0; i < seg.rows; ++i) {
+      Tensor drow = dtable.select(seg.position + i);
+      ops::bias_backward(dy.select(seg.row + i), drow);
+    }
 }
 
 }  // namespace
@@ -287,11 +302,12 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
     m.use(m.word->weight);
     x = m.word->forward(input, act.embedding);  // [s(/tp), b, h], reduced over tp
     if (m.position) {
-      PARALLEL_CHECK(act.seq <= m.position->value.size(0), "GPTModel: sequence {} exceeds {} positions",
-                     act.seq, m.position->value.size(0));
+      PARALLEL_CHECK(act.seq * env.cp_size() <= m.position->value.size(0),
+                     "GPTModel: sequence {} exceeds {} positions", act.seq * env.cp_size(),
+                     m.position->value.size(0));
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
       m.use(*m.position);
-      add_positions(x, m.position->value, env.sequence_offset(x.size(0)));
+      add_positions(env, x, m.position->value);
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
@@ -376,7 +392,7 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
   if (m.position) {
-    positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
+    positions_backward(env, dx, m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);
@@ -448,7 +464,7 @@ void GPTModel::backward_weight(Activations& act) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   Tensor dx = std::move(act.embedding_grad);
   if (m.position) {
-    positions_backward(dx, m.position->grad, env.sequence_offset(dx.size(0)));
+    positions_backward(env, dx, m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);

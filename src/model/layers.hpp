@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel/config.hpp"
+#include "parallel/context_parallel.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/tensor_parallel.hpp"
 
@@ -23,6 +24,10 @@ struct LayerEnv {
   const ModelConfig* config = nullptr;
   Communicator* tp = nullptr;
   bool sequence_parallel = false;  // only meaningful when tp->size() > 1
+  // Context parallelism (context_parallel.hpp): null or size 1 without it. This rank's activations
+  // hold chunks cp.rank() and 2 cp - 1 - cp.rank() of every sample.
+  Communicator* cp = nullptr;
+  ContextComm context_comm = ContextComm::P2P;
   uint64_t seed = 0;
   int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0, ffn = 0;
   bool training = true;  // false: dropout is the identity (evaluation)
@@ -35,10 +40,15 @@ struct LayerEnv {
   // d(objective) / d(sum of this rank's MoE aux and z losses over the step's micro-batches): the
   // trainer sets it to loss scale / micro-batches per rank, as Megatron's MoEAuxLossAutoScaler does.
   double moe_loss_scale = 1.0;
-  // First sequence position of this rank's activations [s_local, b, h] (its s-shard under sequence
-  // parallelism, else 0): dropout masks are keyed by global positions so they do not depend on tp.
-  int64_t sequence_offset(int64_t s_local) const {
-    return sequence_parallel && tp->size() > 1 ? tp->rank() * s_local : 0;
+  int cp_rank() const { return cp != nullptr ? cp->rank() : 0; }
+  int cp_size() const { return cp != nullptr ? cp->size() : 1; }
+  // Global sequence positions of the rows of this rank's activations [s_local, b, h]: its s-shard
+  // under sequence parallelism of its cp chunks. Dropout masks and learned positions are keyed by
+  // them, so they do not depend on tp or cp.
+  std::vector<cp::Segment> positions(int64_t s_local) const {
+    const bool sharded = sequence_parallel && tp->size() > 1;
+    const int64_t local_seq = sharded ? s_local * tp->size() : s_local;
+    return cp::segments(local_seq, cp_rank(), cp_size(), sharded ? tp->rank() * s_local : 0, s_local);
   }
 };
 
@@ -80,8 +90,9 @@ class SelfAttention {
   SelfAttention(const LayerEnv& env, int layer);
   struct Context {
     tp::LinearContext qkv_ctx, proj_ctx;
-    Tensor qkv;                // projection output, kept instead of the core's state (selective)
-    Tensor q, k, v, out, lse;  // core attention state (after rope)
+    Tensor qkv;                 // projection output, kept instead of the core's state (selective)
+    Tensor out;                 // the core's output (proj's input)
+    cp::Attention::Saved core;  // the core's state for its backward (q, k, v after rope, ...)
   };
   // keep_core = false (selective recompute): keep only qkv and rebuild the rest in the backward.
   Tensor forward(const Tensor& x, Context& ctx, bool keep_core);  // [s(/tp), b, h] -> [s(/tp), b, h]
@@ -100,6 +111,7 @@ class SelfAttention {
   void restore_core(Context& ctx);  // selective recompute
   const LayerEnv& env_;             // the chunk's, so set_training() reaches every layer
   int64_t heads_local_, groups_local_;
+  cp::Attention core_;  // exact over the whole sequence under context parallelism
 };
 
 // MLP: column-parallel fc1 (or fused gate|up for SwiGLU), activation, row-parallel fc2.

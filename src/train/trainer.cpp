@@ -10,6 +10,7 @@
 
 #include "parallel/allocator.hpp"
 #include "parallel/checkpoint.hpp"
+#include "parallel/context_parallel.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/finalize_grads.hpp"
 #include "parallel/gpt_dataset.hpp"
@@ -160,13 +161,16 @@ struct Trainer::Impl {
   }
   std::vector<Parameter*> parameters() const { return model->parameters(); }
 
-  // Micro-batch `mb` of global batch `batch` for this data-parallel rank, on this rank's device.
+  // Micro-batch `mb` of global batch `batch` for this data-parallel rank, on this rank's device:
+  // the cp ranks of a dp rank read the same samples and keep their own two chunks of each.
   pipeline::MicroBatchFn data_of(const GPTDataset& data, int64_t batch) const {
     const int dp_rank = state->coord().dp, dp_size = state->grid().sizes().data;
+    const int cp_rank = state->coord().cp, cp_size = state->grid().sizes().context;
     const Device dev = device;
-    return [&data, batch, dp_rank, dp_size, dev](int mb) {
+    return [&data, batch, dp_rank, dp_size, cp_rank, cp_size, dev](int mb) {
       MicroBatch m = data.micro_batch(batch, dp_rank, dp_size, mb);
-      return pipeline::MicroBatch{m.tokens.to(dev), m.targets.to(dev)};
+      return pipeline::MicroBatch{cp::slice_sequence(m.tokens, cp_rank, cp_size).to(dev),
+                                  cp::slice_sequence(m.targets, cp_rank, cp_size).to(dev)};
     };
   }
 
@@ -250,7 +254,9 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
                             .recompute = c.train.recompute,
                             .seed = c.train.seed,
                             .precision = c.train.precision,
-                            .device = m.device};
+                            .device = m.device,
+                            .cp = &m.state->cp(),
+                            .context_comm = c.parallel.context_comm};
   std::vector<GPTModel*> raw;
   for (const GPTChunkSpec& spec : specs) {
     m.chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, m.state->tp()));

@@ -363,7 +363,30 @@ const RuleCase kRules[] = {
       "parallel.expert",
       "(4 * 1 * 1 * 1 = 4)"}},
     {"WorldSizePositive", {}, 0, {"world size = 0: must be >= 1"}},
-    {"ContextNotSupported", {"parallel.context=2"}, 2, {"parallel.context = 2", "not supported yet"}},
+    {"ContextSequenceIntoChunks",
+     {"parallel.context=2", "model.seq_length=6"},
+     2,
+     {"model.seq_length = 6: must be divisible by 2 * parallel.context (2 * 2 = 4) when parallel.context > "
+      "1"}},
+    {"ContextSequenceIntoChunksWithSp",
+     {"parallel.context=2", "parallel.tensor=2", "parallel.sequence_parallel=true", "model.seq_length=12"},
+     4,
+     {"model.seq_length = 12: must be divisible by 2 * parallel.context * parallel.tensor (2 * 2 * 2 = 8) "
+      "when parallel.context > 1 with parallel.sequence_parallel"}},
+    {"ContextA2aHeads",
+     {"parallel.context=4", "parallel.context_comm=a2a", "model.num_attention_heads=2"},
+     4,
+     {"model.num_attention_heads = 2: must be divisible by parallel.tensor * parallel.context (1 * 4 = 4) "
+      "when parallel.context_comm is a2a"}},
+    {"ContextA2aQueryGroups",
+     {"parallel.context=2", "parallel.context_comm=a2a", "model.num_query_groups=1"},
+     2,
+     {"model.num_query_groups = 1: must be divisible by parallel.tensor * parallel.context (1 * 2 = 2)"}},
+    {"ContextCpuOnly",
+     {"parallel.context=2", "train.device=cuda"},
+     2,
+     {"parallel.context = 2: must be 1 unless train.device is cpu"}},
+    {"ContextCommName", {"parallel.context_comm=ring"}, 1, {"parallel.context_comm", "ring"}},
     {"ExpertNotSupported", {"parallel.expert=2"}, 2, {"parallel.expert = 2", "not supported yet"}},
     {"LayersDivisibleByStages",
      {"model.num_layers=3", "parallel.pipeline=2"},
@@ -545,6 +568,12 @@ TEST(ConfigRules, ValidLayoutsPass) {
                2);
   // Interleaving with micro-batches divisible by the pipeline.
   parse_config("", {"model.num_layers=8", "parallel.pipeline=2", "parallel.virtual_stages=2"}, 4);
+  // Context parallelism: 2 * context chunks; a2a with heads divisible by tp * cp; dp = world / (tp cp).
+  EXPECT_EQ(parse_config("", {"parallel.context=4", "model.seq_length=32"}, 8).parallel.data, 2);
+  parse_config("",
+               {"parallel.context=2", "parallel.tensor=2", "parallel.sequence_parallel=true",
+                "parallel.context_comm=a2a", "model.seq_length=32"},
+               4);
   // Rope does not need a position table.
   parse_config(
       "", {"model.position_embedding=rope", "model.seq_length=256", "model.max_position_embeddings=128"}, 1);
