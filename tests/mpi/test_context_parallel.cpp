@@ -3,7 +3,9 @@
 // and the loss sums and every parameter gradient, summed over the cp ranks, equal the one-rank
 // model's (fp32, relative 1e-5), for ring attention (p2p), Ulysses (a2a) and the K/V all-gather;
 // learned and rotary positions, dropout, GQA, and selective recompute (the core rebuilt in the
-// backward). Also: the chunk layout, and the activation memory of a long sequence at cp = 4.
+// backward). Also: ring attention and the all-gather alone against PyTorch on 1024 tokens
+// (tests/reference/make_ring_attention_fixture.py), the chunk layout, and the activation memory of a
+// long sequence at cp = 4.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +17,9 @@
 #include "parallel/allocator.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/gpt_model.hpp"
+#include "parallel/safetensors.hpp"
 #include "parity.hpp"
+#include "paths.hpp"
 
 namespace parallel {
 namespace {
@@ -137,6 +141,59 @@ INSTANTIATE_TEST_SUITE_P(Comms, ContextParallel,
                                            Case{kRope, ContextComm::AllGather},
                                            Case{kRopeSelective, ContextComm::AllGather}),
                          case_name);
+
+// ---- the attention alone against PyTorch on a long sequence -----------------------------------
+
+// This rank's chunks of x along `dim` (0 for [s, b, h, d], 2 for lse [b, h, s]).
+Tensor my_chunks(const Tensor& x, int dim, int rank, int c) {
+  const int64_t L = x.size(dim) / (2 * c);
+  Shape shape = x.shape();
+  shape[dim] = 2 * L;
+  Tensor out = Tensor::empty(shape, x.dtype());
+  Tensor first = out.narrow(dim, 0, L), second = out.narrow(dim, L, L);
+  first.copy_(x.narrow(dim, rank * L, L));
+  second.copy_(x.narrow(dim, (2 * c - 1 - rank) * L, L));
+  return out;
+}
+
+// max |a - b| / max |b| over the tensor.
+double rel_to_max(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
+  double worst = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(y[i])));
+  }
+  return worst / scale;
+}
+
+// tests/reference/make_ring_attention_fixture.py: 1024 tokens, causal GQA in float64. Each rank's rows
+// of out, lse and the gradients: the blocks' log-sum-exp merge and the dK/dV returned around the ring
+// equal one softmax over the whole row.
+TEST(ContextAttentionPyTorch, LongSequenceMergeAndGradients) {
+  Communicator& cp = world();
+  const std::string path = testing::fixtures_dir() + "/ring_attention.safetensors";
+  auto f = safetensors::load(path);
+  const float scale = std::stof(safetensors::load_metadata(path).at("scale"));
+  const int c = cp.size(), r = cp.rank();
+  for (ContextComm comm : {ContextComm::P2P, ContextComm::AllGather}) {
+    SCOPED_TRACE(comm == ContextComm::P2P ? "p2p" : "allgather");
+    const cp::Attention attention(&cp, comm, scale);
+    cp::Attention::Saved saved;
+    const Tensor q = my_chunks(f.at("q"), 0, r, c), k = my_chunks(f.at("k"), 0, r, c),
+                 v = my_chunks(f.at("v"), 0, r, c);
+    const Tensor out = attention.forward(q, k, v, saved);
+    EXPECT_LE(rel_to_max(out, my_chunks(f.at("out"), 0, r, c)), kTol) << "out";
+    EXPECT_LE(rel_to_max(saved.lse, my_chunks(f.at("lse"), 2, r, c)), kTol) << "lse";
+    Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
+           dv = Tensor::empty(v.shape(), DType::F32);
+    attention.backward(my_chunks(f.at("dout"), 0, r, c), saved, dq, dk, dv);
+    EXPECT_LE(rel_to_max(dq, my_chunks(f.at("dq"), 0, r, c)), kTol) << "dq";
+    EXPECT_LE(rel_to_max(dk, my_chunks(f.at("dk"), 0, r, c)), kTol) << "dk";
+    EXPECT_LE(rel_to_max(dv, my_chunks(f.at("dv"), 0, r, c)), kTol) << "dv";
+    EXPECT_FALSE(saved.defined());
+  }
+}
 
 // Rank i holds chunks i and 2c-1-i; positions follow them, split where the chunks meet.
 TEST(ContextLayout, ChunksAndPositions) {
