@@ -15,7 +15,7 @@
 #include "parallel/trainer.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"GPT pretraining with tensor, pipeline and data parallelism (libparallel)"};
+  CLI::App app{"GPT pretraining with tensor, sequence, context, pipeline and data parallelism (libparallel)"};
   std::string config_file;
   std::vector<std::string> overrides;
   app.add_option("--config", config_file, "YAML config (see docs/configuration.md)")

@@ -308,6 +308,26 @@ Dims chunk_dims(const Config& c) {
     const auto hq = static_cast<int64_t>(heads / tp), hkv = static_cast<int64_t>(groups / tp);
     d.attn_fwd = static_cast<double>(ops::attention_workspace_bytes(dt, sl, bl, hq, hkv, hd, false));
     d.attn_bwd = static_cast<double>(ops::attention_workspace_bytes(dt, sl, bl, hq, hkv, hd, true));
+    // Context parallelism's buffers while the core runs (src/cp): the kernel's own workspace above
+    // is for the largest call, the rank's causal 2L x 2L block.
+    const int cp = c.parallel.context;
+    if (cp > 1) {
+      const double kv = 2 * d.T * d.nkv * d.e, kv32 = 2 * d.T * d.nkv * 4, q32 = d.T * d.nq * 4;
+      switch (c.parallel.context_comm) {
+        case ContextComm::P2P:  // own packed K/V + the one arriving; fp32 output; fp32 dQ and dK/dV
+          d.attn_fwd += 2 * kv + q32 + 4.0 * d.T * d.heads;
+          d.attn_bwd += 2 * kv + q32 + 3 * kv32;
+          break;
+        case ContextComm::AllGather:  // every rank's K/V; the backward's dK/dV of all of them
+          d.attn_fwd += (1 + cp) * kv + q32 + 4.0 * d.T * d.heads;
+          d.attn_bwd += (1 + cp) * kv + q32 + (1 + cp) * kv32;
+          break;
+        case ContextComm::A2A:  // send and receive buffers of the all-to-alls, head-sharded copies
+          d.attn_fwd += 2 * d.T * (d.nq + 2 * d.nkv) * d.e;
+          d.attn_bwd += 2 * d.T * (2 * d.nq + 2 * d.nkv) * d.e;
+          break;
+      }
+    }
   }
   return d;
 }
