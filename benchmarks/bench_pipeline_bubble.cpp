@@ -1,10 +1,12 @@
 // The measured pipeline bubble: per-rank busy time (inside forward/backward) and idle time (blocked
-// in receives) of 1F1B, zero-bubble ZB-H1 and interleaved 1F1B (v = 2) on a small GPT, next to the
-// theory (p-1)/m, (p-1)/(3m) (ZB-H1 with F = B = W) and (p-1)/(v*m) (docs/pipeline.md, "Bubble"),
-// and each rank's allocator peak during the step (activation memory).
+// in receives) of 1F1B, zero-bubble ZB-H1, interleaved 1F1B (v = 2), ZB-V and DualPipe-V on a small
+// GPT, next to the theory (p-1)/m, (p-1)/(3m) (ZB-H1 with F = B = W), (p-1)/(v*m) and (p-1)/(6m)
+// (the V schedules with F = B = W: the ramp alone) (docs/pipeline.md), and each rank's allocator
+// peak during the step (activation memory).
 //
 //   OMP_NUM_THREADS=1 mpirun -np 4 --oversubscribe ./bin/bench_pipeline_bubble [--hidden 256]
 //       [--seq 128] [--layers-per-rank 4] [--steps 2] [--micro-batches 4,8,16]
+//       [--schedules 1f1b,zb-h1,interleaved,zb-v,dualpipe-v]
 //
 // A plain main rather than Google Benchmark: every rank must run the same steps in lockstep, and the
 // quantity of interest is a ratio per rank, not a time per iteration. Pipeline size = world size.
@@ -32,7 +34,15 @@ namespace {
 struct Args {
   int hidden = 256, seq = 128, layers_per_rank = 4, steps = 3, micro_batch_size = 2;
   std::vector<int> micro_batches{4, 8, 16};
+  std::vector<std::string> schedules{"1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v"};
 };
+
+std::vector<std::string> split_list(const std::string& value) {
+  std::vector<std::string> out;
+  std::stringstream ss(value);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -48,8 +58,9 @@ Args parse(int argc, char** argv) {
       a.steps = std::stoi(value);
     else if (key == "--micro-batches") {
       a.micro_batches.clear();
-      std::stringstream ss(value);
-      for (std::string item; std::getline(ss, item, ',');) a.micro_batches.push_back(std::stoi(item));
+      for (const std::string& item : split_list(value)) a.micro_batches.push_back(std::stoi(item));
+    } else if (key == "--schedules") {
+      a.schedules = split_list(value);
     } else {
       PARALLEL_FAIL("bench_pipeline_bubble: unknown argument {}", key);
     }
@@ -81,7 +92,8 @@ std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m, Pip
   c.seq_length = a.seq;
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::vector<GPTModel*> ptrs;
-  for (const GPTChunkSpec& spec : pipeline::stage_layout({c.num_layers, p, v}, r)) {
+  for (const GPTChunkSpec& spec :
+       pipeline::stage_layout({c.num_layers, p, v, 0, 0, pipeline::placement_of(kind)}, r)) {
     chunks.push_back(std::make_unique<GPTModel>(c, spec, GPTModel::Options{}, state.tp()));
     ptrs.push_back(chunks.back().get());
   }
@@ -146,11 +158,17 @@ int bench(Runtime& rt, int argc, char** argv) {
   };
   for (const Schedule& sch : {Schedule{"1F1B", 1, PipelineSchedule::OneFOneB, 1.0},
                               Schedule{"zb-h1", 1, PipelineSchedule::ZeroBubbleH1, 1.0 / 3.0},
-                              Schedule{"interleaved2", 2, PipelineSchedule::Interleaved, 1.0}}) {
+                              Schedule{"interleaved2", 2, PipelineSchedule::Interleaved, 1.0},
+                              Schedule{"zb-v", 2, PipelineSchedule::ZeroBubbleV, 1.0 / 3.0},
+                              Schedule{"dualpipe-v", 2, PipelineSchedule::DualPipeV, 1.0 / 3.0}}) {
     const int v = sch.v;
+    if (std::find(a.schedules.begin(), a.schedules.end(), pipeline::schedule_name(sch.kind)) ==
+        a.schedules.end())
+      continue;
     if (p < 2 && sch.kind != PipelineSchedule::OneFOneB) continue;
+    const bool v_placement = pipeline::placement_of(sch.kind) == pipeline::Placement::V;
     for (int m : a.micro_batches) {
-      if (v > 1 && m % p != 0) continue;
+      if (v_placement ? m < 2 * p : v > 1 && m % p != 0) continue;
       const std::vector<Row> rows = run_case(state, a, v, m, sch.kind);
       const double theory = sch.theory_factor * static_cast<double>(p - 1) / (v * m);
       const char* name = sch.name;

@@ -48,7 +48,8 @@ bool is_optimizer_state(const std::string& name);
 
 // Whether this rank writes `param` on save: the first data-parallel (and context/expert) replica;
 // for tensors replicated over tensor parallelism the tp rank 0 copy; for the tied word embedding
-// (shared_across_pipeline) the copy on the first pipeline stage.
+// (shared_across_pipeline) the embedding's copy on the first pipeline stage, never the output layer's
+// (pipeline_copy).
 bool is_replica_writer(const Parameter& param, const Coord& coord);
 
 // The parameter's value as a ShardedTensor (box from partition_dim / partition_offset).

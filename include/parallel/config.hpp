@@ -24,8 +24,9 @@ enum class LrDecay { Constant, Linear, Cosine };
 enum class DeviceKind { CPU, CUDA };
 // parallel.pipeline_schedule (docs/pipeline.md). Auto: interleaved when virtual_stages > 1, else
 // 1F1B (no pipelining on one stage). ZeroBubbleH1 ("zb-h1"): 1F1B with split backward, the weight
-// steps moved into the cool-down bubbles.
-enum class PipelineSchedule { Auto, GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+// steps moved into the cool-down bubbles. ZeroBubbleV ("zb-v") and DualPipeV ("dualpipe-v"): two
+// chunks per rank in a V placement (virtual_stages 2).
+enum class PipelineSchedule { Auto, GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV, DualPipeV };
 // What data parallelism shards over the dp ranks (Megatron-FSDP's names; ZeRO stages 0-3):
 // nothing, the optimizer state, + gradients, + parameters (docs/optimizer.md).
 enum class Sharding { None, Optim, OptimGrads, OptimGradsParams };

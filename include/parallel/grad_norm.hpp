@@ -3,7 +3,8 @@
 // exactly once, and the clip coefficient (Megatron-Core's clip_grad_norm_fp32):
 //   - replicated over tp (partition_dim < 0): every tp rank holds the same gradient; counted on
 //     tp rank 0 only;
-//   - shared_across_pipeline (tied embedding copies): counted on the first pipeline stage only;
+//   - shared_across_pipeline (tied embedding copies): counted on the first pipeline stage only, and
+//     there not the output layer's copy (pipeline_copy; the V placement holds both on rank 0);
 //   - the distributed optimizer: each rank of dp x cp counts its own shard and the sum also runs
 //     over that group; a plain optimizer's dp and cp ranks all hold the same reduced gradients, so
 //     neither is summed.

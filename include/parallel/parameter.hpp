@@ -24,6 +24,10 @@ struct Parameter {
   // last stage): its gradients are all-reduced over the embedding group, and it is counted once in
   // the gradient norm.
   bool shared_across_pipeline = false;
+  // The output layer's copy of a shared_across_pipeline parameter (the tied embedding on the last
+  // stage): not counted in the gradient norm, not written to checkpoints. The V placement puts it
+  // on the same rank as the embedding's copy, so the first pipeline rank alone cannot tell them apart.
+  bool pipeline_copy = false;
   // Rows of the global tensor that hold real data, or -1 for all. The vocabulary is padded to a
   // multiple of 128 * tp, so the padded row count depends on the layout; checkpoints store only
   // these rows, which is what lets a checkpoint load at any tensor-parallel size.

@@ -25,10 +25,11 @@ namespace parallel::pipeline {
 
 struct LayoutParams {
   int num_layers = 1;
-  int pipeline_size = 1;       // p
-  int virtual_stages = 1;      // v
-  int first_stage_layers = 0;  // 0: split evenly (parallel.first_stage_layers)
-  int last_stage_layers = 0;   // 0: split evenly (parallel.last_stage_layers)
+  int pipeline_size = 1;                  // p
+  int virtual_stages = 1;                 // v
+  int first_stage_layers = 0;             // 0: split evenly (parallel.first_stage_layers)
+  int last_stage_layers = 0;              // 0: split evenly (parallel.last_stage_layers)
+  Placement placement = Placement::Loop;  // which stages a rank holds (placement_of the schedule)
 };
 
 // Layers of every global stage g = 0..p*v-1, in stage order (they are contiguous and in order).
@@ -37,8 +38,9 @@ struct LayoutParams {
 // Throws parallel::Error with one line naming the rule.
 std::vector<int> layers_per_stage(const LayoutParams& params);
 
-// This rank's chunks: chunk c is global stage c*p + rank. pre_process on global stage 0,
-// post_process on global stage p*v - 1.
+// This rank's chunks: chunk c is global stage global_stage(p, rank, c, placement) (c*p + rank in
+// the loop placement; r and 2p - 1 - r in the V one). pre_process on global stage 0, post_process on
+// global stage p*v - 1: in the V placement both on rank 0, in its chunks 0 and 1.
 std::vector<GPTChunkSpec> stage_layout(const LayoutParams& params, int rank);
 
 // ---- what the executor drives -------------------------------------------------------------------
@@ -71,7 +73,9 @@ struct ExecutorOptions {
   // Which schedule to run; given (p, r, m, v) of any rank, so the executor can also derive the order
   // in which its neighbours send.
   std::function<Schedule(const ScheduleParams&)> schedule = make_schedule;
-  PipelineSchedule kind = PipelineSchedule::Auto;  // passed to `schedule` (make_schedule reads it)
+  // Passed to `schedule` (make_schedule reads it); also says the placement (placement_of), so a
+  // custom `schedule` of a V placement must come with kind ZeroBubbleV or DualPipeV.
+  PipelineSchedule kind = PipelineSchedule::Auto;
 };
 
 // One rank's record of one step.
@@ -84,6 +88,7 @@ struct StepStats {
   int weight_steps = 0;             // split backward's weight steps
   int messages_sent = 0, messages_received = 0;
   int received_early = 0;  // messages that arrived (in the sender's order) before their action came
+  int batches = 0;         // sends and receives posted together (one batch_p2p, waited as one)
   int peak_in_flight = 0;  // (chunk, micro-batch) pairs whose forward is done and backward is not
   // ... whose forward is done and weight step is not (split backward keeps some activations until
   // W); equals peak_in_flight for fused schedules.
@@ -104,20 +109,33 @@ class PipelineExecutor {
   const Schedule& schedule() const { return schedule_; }
 
  private:
-  // A message as its receiver names it.
+  // A message as its receiver (rank) names it.
   struct Key {
     bool gradient;
     int chunk, micro_batch;
+    int rank;
     auto operator<=>(const Key&) const = default;
   };
   Tensor receive(const Key& key, int source, StepStats& stats);
+  // Where the message that `send` (an action of rank `source`) posts goes.
+  Key destination(int source, const Action& send) const;
+  // The message a receive action of this rank waits for, and the rank that sends it.
+  std::pair<Key, int> receive_key(const Action& recv) const;
 
   Communicator& pp_;
   ExecutorOptions options_;
   int p_, rank_, last_stage_;
+  Placement placement_;
   Schedule schedule_;
   // Per source rank: the messages it sends to this rank, in its posting order.
   std::map<int, std::vector<Key>> incoming_;
+  // The runs of communication actions whose messages with one neighbour go as one batch_p2p, by
+  // their first action.
+  struct Batch {
+    std::size_t end = 0;     // the run's end (exclusive)
+    std::vector<int> peers;  // the neighbours whose messages in the run are batched
+  };
+  std::map<std::size_t, Batch> batched_runs_;
   // Per source rank, during a step: how far into incoming_ we have received, and what arrived
   // before it was needed.
   std::map<int, std::size_t> cursor_;
@@ -134,7 +152,7 @@ using MicroBatchFn = std::function<MicroBatch(int micro_batch)>;
 
 class GPTPipelineModel final : public PipelineModel {
  public:
-  // chunks[c] is global stage c*p + rank (stage_layout order); not owned.
+  // chunks[c] is this rank's chunk c (stage_layout order); not owned.
   explicit GPTPipelineModel(std::vector<GPTModel*> chunks);
 
   // Before each executor run: where micro-batch data comes from, and d(objective)/d(loss sum) for
@@ -152,9 +170,12 @@ class GPTPipelineModel final : public PipelineModel {
   void backward_weight(int chunk, int micro_batch) override;
 
   // Sum of the token losses of this step's micro-batches: [1] fp32 on the model's device, summed
-  // there in micro-batch order (0 unless this rank holds the last stage). Reading it is the
-  // caller's one host read per step.
+  // there in the order the last stage's forwards run (0 unless this rank holds the last stage). Reading it is
+  // the caller's one host read per step.
   const Tensor& loss_sum() const { return loss_sum_; }
+  // Whether a chunk of this rank computes the loss (holds the last global stage: the last pipeline
+  // rank in the loop placement, rank 0 in the V one).
+  bool computes_loss() const;
   int live_activations() const { return static_cast<int>(activations_.size()); }
   int peak_live_activations() const { return peak_live_; }  // since start_step
   std::vector<Parameter*> parameters();                     // of every chunk

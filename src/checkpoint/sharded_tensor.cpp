@@ -11,8 +11,9 @@ bool is_replica_writer(const Parameter& param, const Coord& coord) {
   // Data, context and expert parallel replicas hold identical copies of every parameter.
   if (coord.dp != 0 || coord.cp != 0 || coord.ep != 0) return false;
   if (param.is_replicated_over_tp() && coord.tp != 0) return false;
-  // The tied word embedding's copy on the last stage equals the first stage's one.
-  if (param.shared_across_pipeline && coord.pp != 0) return false;
+  // The tied word embedding's copy on the last stage equals the first stage's one (which in the V
+  // placement sits on the same rank).
+  if (param.shared_across_pipeline && (coord.pp != 0 || param.pipeline_copy)) return false;
   return true;
 }
 

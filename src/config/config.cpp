@@ -39,7 +39,8 @@ constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
 constexpr std::string_view kDeviceKindNames[] = {"cpu", "cuda"};
 constexpr std::string_view kShardingNames[] = {"none", "optim", "optim_grads", "optim_grads_params"};
-constexpr std::string_view kPipelineScheduleNames[] = {"auto", "gpipe", "1f1b", "interleaved", "zb-h1"};
+constexpr std::string_view kPipelineScheduleNames[] = {"auto",  "gpipe", "1f1b",      "interleaved",
+                                                       "zb-h1", "zb-v",  "dualpipe-v"};
 constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
 constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
 
@@ -110,8 +111,8 @@ void for_each_field(S& s, F&& f) {
   f("pipeline", s.pipeline, "pipeline-parallel size (number of stages)");
   f("virtual_stages", s.virtual_stages, "model chunks per pipeline stage (interleaved schedule when > 1)");
   f("pipeline_schedule", s.pipeline_schedule,
-    "auto (interleaved if virtual_stages > 1, else 1F1B), gpipe, 1f1b, interleaved, zb-h1 "
-    "(docs/pipeline.md)");
+    "auto (interleaved if virtual_stages > 1, else 1F1B), gpipe, 1f1b, interleaved, zb-h1, zb-v, "
+    "dualpipe-v (docs/pipeline.md)");
   f("sequence_parallel", s.sequence_parallel, "split norms and dropout along the sequence over tensor ranks");
   f("context", s.context,
     "context-parallel size: each sample's sequence is cut into 2 * context chunks, rank i holding chunks i "
@@ -739,8 +740,12 @@ void validate_config(Config& c, int world_size) {
   if (p.virtual_stages > 1) {
     rules.require(p.pipeline > 1, p.virtual_stages,
                   fmt::format("requires {} > 1 (got {})", rules.key(p.pipeline), p.pipeline));
+  }
+  const int micro_batches = t.global_batch_size / (t.micro_batch_size * p.data);
+  const bool v_schedule = p.pipeline_schedule == PipelineSchedule::ZeroBubbleV ||
+                          p.pipeline_schedule == PipelineSchedule::DualPipeV;
+  if (p.virtual_stages > 1 && !v_schedule) {
     // Megatron's interleaved schedule walks micro-batches in groups of `pipeline`.
-    int micro_batches = t.global_batch_size / (t.micro_batch_size * p.data);
     rules.require(
         micro_batches % p.pipeline == 0, t.global_batch_size,
         fmt::format("the number of micro-batches ({} / ({} * {}) = {}) must be divisible by {} ({}) when "
@@ -760,6 +765,19 @@ void validate_config(Config& c, int world_size) {
     case PipelineSchedule::ZeroBubbleH1:
       rules.require(p.virtual_stages == 1, p.pipeline_schedule,
                     fmt::format("requires {} = 1 (got {})", rules.key(p.virtual_stages), p.virtual_stages));
+      break;
+    case PipelineSchedule::ZeroBubbleV:
+    case PipelineSchedule::DualPipeV:
+      // Two chunks per rank in a V; both schedules fill their warm-up with 2 * pipeline micro-batches.
+      rules.require(p.virtual_stages == 2, p.pipeline_schedule,
+                    fmt::format("requires {} = 2 (got {})", rules.key(p.virtual_stages), p.virtual_stages));
+      rules.require(
+          micro_batches >= 2 * p.pipeline, t.global_batch_size,
+          fmt::format("the number of micro-batches ({} / ({} * {}) = {}) must be at least 2 * {} ({}) "
+                      "for {} = {}",
+                      rules.key(t.global_batch_size), rules.key(t.micro_batch_size), rules.key(p.data),
+                      micro_batches, rules.key(p.pipeline), 2 * p.pipeline, rules.key(p.pipeline_schedule),
+                      p.pipeline_schedule == PipelineSchedule::ZeroBubbleV ? "zb-v" : "dualpipe-v"));
       break;
   }
   if (p.sequence_parallel) {

@@ -163,6 +163,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       w.partition_dim = 0;
       w.partition_offset = tp.rank() * rows;
       w.shared_across_pipeline = tied;
+      w.pipeline_copy = tied;
       w.unpadded_rows = config.vocab_size;
       // Same name and seed as the first stage's embedding: the layout-independent init makes the
       // two copies equal without any communication.

@@ -7,7 +7,7 @@ namespace parallel {
 
 bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pipeline_stage) {
   if (param.is_replicated_over_tp() && tp_rank != 0) return false;
-  if (param.shared_across_pipeline && !first_pipeline_stage) return false;
+  if (param.shared_across_pipeline && (!first_pipeline_stage || param.pipeline_copy)) return false;
   return true;
 }
 

@@ -91,6 +91,11 @@ void GPTPipelineModel::backward_weight(int chunk, int micro_batch) {
   activations_.erase(it);
 }
 
+bool GPTPipelineModel::computes_loss() const {
+  return std::any_of(chunks_.begin(), chunks_.end(),
+                     [](const GPTModel* c) { return c->spec().post_process; });
+}
+
 std::vector<Parameter*> GPTPipelineModel::parameters() {
   std::vector<Parameter*> out;
   for (GPTModel* chunk : chunks_)

@@ -65,8 +65,10 @@ std::vector<GPTChunkSpec> stage_layout(const LayoutParams& s, int rank) {
   const int p = s.pipeline_size, stages = static_cast<int>(layers.size());
   if (rank < 0 || rank >= p) PARALLEL_FAIL("pipeline rank ({}) must be in [0, pipeline ({}))", rank, p);
   std::vector<GPTChunkSpec> chunks;
+  if (s.placement == Placement::V && s.virtual_stages != 2)
+    PARALLEL_FAIL("the V placement needs virtual_stages = 2 (got {})", s.virtual_stages);
   for (int c = 0; c < s.virtual_stages; ++c) {
-    const int g = global_stage(p, rank, c);
+    const int g = global_stage(p, rank, c, s.placement);
     int first = 0;
     for (int i = 0; i < g; ++i) first += layers[static_cast<std::size_t>(i)];
     chunks.push_back({.first_layer = first,

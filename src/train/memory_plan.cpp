@@ -604,7 +604,8 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
   const int last = p * v - 1;
   for (const pipeline::Action& a : schedule) {
     const GPTChunkSpec& spec = chunks[static_cast<std::size_t>(a.chunk)];
-    const int g = pipeline::global_stage(p, pp_rank, a.chunk);
+    const int g =
+        pipeline::global_stage(p, pp_rank, a.chunk, pipeline::placement_of(c.parallel.pipeline_schedule));
     switch (a.op) {
       case pipeline::Op::RecvForward:
         t.alloc(kActivations, d.X());  // becomes the chunk's saved input
@@ -653,7 +654,7 @@ double schedule_bytes(const Config& c, int micro_batches) {
   const bool pipelined = c.parallel.pipeline > 1;
   const double actions = mv * (pipelined ? 6 : 2) + mv * (pipelined ? 3 : 1);
   const double keys = pipelined ? 3 * mv : 0;
-  constexpr double kKeyBytes = 12;  // PipelineExecutor's message key: a flag and two ints
+  constexpr double kKeyBytes = 16;  // PipelineExecutor's message key: a flag and three ints
   return actions * sizeof(pipeline::Action) + keys * kKeyBytes;
 }
 
@@ -690,12 +691,14 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
 
   std::map<int, RankMemoryPlan> by_stage;  // ranks of one pipeline stage have the same plan
   for (int pp = 0; pp < c.parallel.pipeline; ++pp) {
-    const auto chunks = pipeline::stage_layout({.num_layers = c.model.num_layers,
-                                                .pipeline_size = c.parallel.pipeline,
-                                                .virtual_stages = c.parallel.virtual_stages,
-                                                .first_stage_layers = c.parallel.first_stage_layers,
-                                                .last_stage_layers = c.parallel.last_stage_layers},
-                                               pp);
+    const auto chunks =
+        pipeline::stage_layout({.num_layers = c.model.num_layers,
+                                .pipeline_size = c.parallel.pipeline,
+                                .virtual_stages = c.parallel.virtual_stages,
+                                .first_stage_layers = c.parallel.first_stage_layers,
+                                .last_stage_layers = c.parallel.last_stage_layers,
+                                .placement = pipeline::placement_of(c.parallel.pipeline_schedule)},
+                               pp);
     const StaticBytes s = plan_static(c, chunks);
     const ScheduleWalk walk = walk_schedule(c, chunks, pp, micro_batches);
     RankMemoryPlan r;

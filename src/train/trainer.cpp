@@ -176,7 +176,7 @@ struct Trainer::Impl {
 
   // The global mean token loss: the last stage's sums (one tp rank each) added over the world.
   double global_mean_loss() {
-    const bool counts = state->is_last_stage() && state->coord().tp == 0;
+    const bool counts = model->computes_loss() && state->coord().tp == 0;
     Tensor sum = Tensor::zeros({1}, DType::F32);
     if (counts) sum.copy_(model->loss_sum());  // device -> host bytes; read once below
     world.all_reduce(sum);
@@ -244,12 +244,14 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   const int pp_rank = m.state->coord().pp;
 
   // This rank's model chunks (one per virtual pipeline stage).
-  const auto specs = pipeline::stage_layout({.num_layers = c.model.num_layers,
-                                             .pipeline_size = c.parallel.pipeline,
-                                             .virtual_stages = c.parallel.virtual_stages,
-                                             .first_stage_layers = c.parallel.first_stage_layers,
-                                             .last_stage_layers = c.parallel.last_stage_layers},
-                                            pp_rank);
+  const auto specs =
+      pipeline::stage_layout({.num_layers = c.model.num_layers,
+                              .pipeline_size = c.parallel.pipeline,
+                              .virtual_stages = c.parallel.virtual_stages,
+                              .first_stage_layers = c.parallel.first_stage_layers,
+                              .last_stage_layers = c.parallel.last_stage_layers,
+                              .placement = pipeline::placement_of(c.parallel.pipeline_schedule)},
+                             pp_rank);
   GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
                             .recompute = c.train.recompute,
                             .seed = c.train.seed,

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,10 @@ ParallelSizes sizes_of(int tp, int pp) {
   return s;
 }
 
+bool model_computes_loss(const std::vector<GPTModel*>& chunks) {
+  return std::any_of(chunks.begin(), chunks.end(), [](const GPTModel* c) { return c->spec().post_process; });
+}
+
 class PipelineParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
@@ -119,17 +124,30 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
 
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::vector<GPTModel*> chunk_ptrs;
-  for (const GPTChunkSpec& spec : pipeline::stage_layout({num_layers, k.pp, k.v}, state.coord().pp)) {
+  const pipeline::Placement placement = pipeline::placement_of(k.schedule);
+  for (const GPTChunkSpec& spec :
+       pipeline::stage_layout({num_layers, k.pp, k.v, 0, 0, placement}, state.coord().pp)) {
     chunks.push_back(std::make_unique<GPTModel>(c, spec, options, state.tp()));
     chunk_ptrs.push_back(chunks.back().get());
   }
+  // The V placement puts the embedding and the loss on pipeline rank 0.
+  EXPECT_EQ(model_computes_loss(chunk_ptrs),
+            placement == pipeline::Placement::V ? state.coord().pp == 0 : state.coord().pp == k.pp - 1);
   GPTPipelineModel model(chunk_ptrs);
   const int64_t s_local = k.sequence_parallel ? c.seq_length / k.tp : c.seq_length;
   PipelineExecutor executor(state.pp(), {.micro_batches = k.micro_batches,
                                          .virtual_stages = k.v,
                                          .activation_shape = {s_local, kMicroBatchSize, c.hidden_size},
                                          .kind = k.schedule});
-  const bool split = k.schedule == PipelineSchedule::ZeroBubbleH1;
+  int weight_steps = 0;
+  for (const pipeline::Action& a : executor.schedule()) weight_steps += a.op == pipeline::Op::BackwardWeight;
+  // Mirrored send/receive pairs with a neighbour go as one batch_p2p each.
+  std::set<std::size_t> paired;
+  if (k.pp > 1)
+    for (const pipeline::PairedExchange& e : pipeline::paired_exchanges(
+             {k.pp, state.coord().pp, k.micro_batches, k.v, k.schedule}, pipeline::make_schedule))
+      paired.insert(e.begin);
+  const int paired_runs = static_cast<int>(paired.size());
 
   auto solo = world().split(world().rank(), 0);
   GPTModel ref(c, {0, num_layers, true, true}, {.sequence_parallel = false, .seed = 11}, *solo);
@@ -150,12 +168,29 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
     finalize_grads(params, state);
     EXPECT_EQ(stats.forwards, k.micro_batches * k.v);
     EXPECT_EQ(stats.backwards, k.micro_batches * k.v);
-    EXPECT_EQ(stats.weight_steps, split ? k.micro_batches * k.v : 0);
-    EXPECT_EQ(stats.received_early, 0);
-    if (split) {
-      // ZB-H1's stated bounds (pipeline_schedule.hpp), on real ranks.
-      EXPECT_EQ(stats.peak_in_flight, std::min(k.pp - state.coord().pp, k.micro_batches));
-      EXPECT_EQ(stats.peak_until_weight, std::min(k.pp, k.micro_batches));
+    EXPECT_EQ(stats.weight_steps, weight_steps);
+    EXPECT_EQ(stats.batches, paired_runs);
+    // The loop placement's schedules receive in their senders' order; the V ones need not (with
+    // p = 2, ZB-V's rank 1 wants a chunk-1 gradient before a chunk-0 activation rank 0 posted
+    // first): the executor keeps the early one, which the parity below covers.
+    if (placement == pipeline::Placement::Loop) EXPECT_EQ(stats.received_early, 0);
+    // The stated bounds (pipeline_schedule.hpp), on real ranks.
+    switch (k.schedule) {
+      case PipelineSchedule::ZeroBubbleH1:
+        EXPECT_EQ(weight_steps, k.micro_batches);
+        EXPECT_EQ(stats.peak_in_flight, std::min(k.pp - state.coord().pp, k.micro_batches));
+        EXPECT_EQ(stats.peak_until_weight, std::min(k.pp, k.micro_batches));
+        break;
+      case PipelineSchedule::ZeroBubbleV:
+        EXPECT_EQ(weight_steps, 2 * k.micro_batches);
+        EXPECT_EQ(stats.peak_until_weight, 2 * k.pp);
+        break;
+      case PipelineSchedule::DualPipeV:
+        EXPECT_GT(weight_steps, 0);
+        EXPECT_EQ(stats.peak_until_weight, 2 * k.pp + 1);
+        break;
+      default:
+        EXPECT_EQ(weight_steps, 0);
     }
     EXPECT_EQ(model.live_activations(), 0);
 
@@ -215,7 +250,20 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"Pp4ZbH1Tied", 1, 4, 1, 8, true, false, true, PipelineSchedule::ZeroBubbleH1},
         Case{"Pp4ZbH1Untied", 1, 4, 1, 4, false, false, false, PipelineSchedule::ZeroBubbleH1},
         Case{"Pp2Tp2SpZbH1Tied", 2, 2, 1, 4, true, true, true, PipelineSchedule::ZeroBubbleH1},
-        Case{"Pp2Tp2ZbH1Untied", 2, 2, 1, 8, false, false, false, PipelineSchedule::ZeroBubbleH1}),
+        Case{"Pp2Tp2ZbH1Untied", 2, 2, 1, 8, false, false, false, PipelineSchedule::ZeroBubbleH1},
+        // V placement (rank 0 holds the embedding and the loss): ZB-V and DualPipe-V, m >= 2p
+        Case{"Pp2ZbVTied", 1, 2, 2, 4, true, false, false, PipelineSchedule::ZeroBubbleV},
+        Case{"Pp2ZbVUntied", 1, 2, 2, 6, false, false, true, PipelineSchedule::ZeroBubbleV},
+        Case{"Pp4ZbVTied", 1, 4, 2, 8, true, false, true, PipelineSchedule::ZeroBubbleV},
+        Case{"Pp4ZbVUntied", 1, 4, 2, 9, false, false, false, PipelineSchedule::ZeroBubbleV},
+        Case{"Pp2Tp2SpZbVTied", 2, 2, 2, 4, true, true, true, PipelineSchedule::ZeroBubbleV},
+        Case{"Pp2Tp2ZbVUntied", 2, 2, 2, 5, false, false, false, PipelineSchedule::ZeroBubbleV},
+        Case{"Pp2DualPipeVTied", 1, 2, 2, 4, true, false, true, PipelineSchedule::DualPipeV},
+        Case{"Pp2DualPipeVUntied", 1, 2, 2, 7, false, false, false, PipelineSchedule::DualPipeV},
+        Case{"Pp4DualPipeVTied", 1, 4, 2, 8, true, false, false, PipelineSchedule::DualPipeV},
+        Case{"Pp4DualPipeVUntied", 1, 4, 2, 10, false, false, true, PipelineSchedule::DualPipeV},
+        Case{"Pp2Tp2SpDualPipeVTied", 2, 2, 2, 4, true, true, false, PipelineSchedule::DualPipeV},
+        Case{"Pp2Tp2DualPipeVUntied", 2, 2, 2, 6, false, false, true, PipelineSchedule::DualPipeV}),
     [](const auto& info) { return std::string(info.param.label); });
 
 // ---- memory discipline --------------------------------------------------------------------------

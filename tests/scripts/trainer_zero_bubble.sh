@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end: pretrain_gpt with parallel.pipeline_schedule=zb-h1 (split backward, weight steps in
-# the cool-down) logs the same losses as one rank (fp32, relative 1e-5 each step) at pp 2 and 4,
+# the cool-down), zb-v and dualpipe-v (V placement: two chunks per rank, embedding and loss on rank
+# 0) logs the same losses as one rank (fp32, relative 1e-5 each step) at pp 2 and 4,
 # with tp 2 + sequence parallelism, with dp 2 + the distributed optimizer and overlapped gradient
 # reduction (the grad-ready hooks fire from the weight steps), with ZeRO-2 and ZeRO-3
 # (optimizer.sharding; the unit hooks bracket input and weight steps), tied and untied embeddings; and the
@@ -51,6 +52,19 @@ run pp2_dp2_zb_dist_tied 4 --set parallel.pipeline=2 "${zb[@]}" --set optimizer.
 for sharding in optim_grads optim_grads_params; do
   run "pp2_dp2_zb_$sharding" 4 --set parallel.pipeline=2 "${zb[@]}" --set optimizer.sharding=$sharding "${untied[@]}"
 done
+# The V schedules (two chunks per rank, rank 0 holding the embedding and the loss, whose tied
+# copies it sums itself): pp 2, tp 2 + sp, dp 2 with the distributed optimizer and ZeRO-3.
+zbv=(--set parallel.pipeline=2 --set parallel.virtual_stages=2 --set parallel.pipeline_schedule=zb-v)
+dpv=(--set parallel.pipeline=2 --set parallel.virtual_stages=2 --set parallel.pipeline_schedule=dualpipe-v)
+run pp2_zbv 2 "${zbv[@]}"
+run pp2_dpv_untied 2 "${dpv[@]}" "${untied[@]}"
+run tp2sp_pp2_dpv 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true "${dpv[@]}"
+run pp2_dp2_zbv_dist_tied 4 "${zbv[@]}" --set optimizer.distributed=true \
+  --set optimizer.overlap_grad_reduce=true --set optimizer.bucket_size=20000
+run pp2_dp2_dpv_dist 4 "${dpv[@]}" --set optimizer.distributed=true \
+  --set optimizer.overlap_grad_reduce=true --set optimizer.bucket_size=20000 "${untied[@]}"
+run pp2_dp2_zbv_optim_grads_params 4 "${zbv[@]}" --set optimizer.sharding=optim_grads_params
+
 # The zb-h1 runs really run weight steps (8 micro-batches per step; 4 at dp 2), the 1F1B ones none:
 # else the bitwise comparison with 1F1B below would prove nothing.
 expect_log() {  # expect_log NAME PATTERN
@@ -61,7 +75,15 @@ expect_log pp4_zb_untied "pipeline schedule: zb-h1, .* and 8 weight steps"
 expect_log pp2_dp2_zb_dist "pipeline schedule: zb-h1, .* and 4 weight steps"
 expect_log pp2_1f1b "pipeline schedule: 1f1b, .* and 0 weight steps"
 expect_log pp4_1f1b_untied "pipeline schedule: 1f1b (auto), .* and 0 weight steps"
+expect_log pp2_zbv "pipeline schedule: zb-v, .* and 16 weight steps"
+expect_log pp2_dpv_untied "pipeline schedule: dualpipe-v, .* and 3 weight steps"
 compare ref pp2_zb 1e-5
+compare ref pp2_zbv 1e-5
+compare ref_untied pp2_dpv_untied 1e-5
+compare ref tp2sp_pp2_dpv 1e-5
+compare ref pp2_dp2_zbv_dist_tied 1e-5
+compare ref_untied pp2_dp2_dpv_dist 1e-5
+compare ref pp2_dp2_zbv_optim_grads_params 1e-5
 compare ref_untied pp4_zb_untied 1e-5
 compare ref tp2sp_pp2_zb 1e-5
 compare ref_untied pp2_dp2_zb_dist 1e-5
@@ -90,3 +112,12 @@ fi
 grep -q "parallel.pipeline_schedule = zb-h1: requires parallel.virtual_stages = 1 (got 2)" "$work/bad.log" || {
   echo "unexpected error:"; cat "$work/bad.log"; exit 1; }
 echo "zb-h1 with virtual_stages 2: $(grep -m1 pipeline_schedule "$work/bad.log")"
+for kind in zb-v dualpipe-v; do
+  if "${mpiexec[@]}" -np 2 "$pretrain" "${common[@]}" --set parallel.pipeline_schedule=$kind --set parallel.pipeline=2 \
+    >"$work/bad_$kind.log" 2>&1; then
+    echo "$kind with virtual_stages 1 was accepted"; exit 1
+  fi
+  grep -q "parallel.pipeline_schedule = $kind: requires parallel.virtual_stages = 2 (got 1)" "$work/bad_$kind.log" || {
+    echo "unexpected error:"; cat "$work/bad_$kind.log"; exit 1; }
+  echo "$kind with virtual_stages 1: $(grep -m1 pipeline_schedule "$work/bad_$kind.log")"
+done

@@ -446,6 +446,21 @@ const RuleCase kRules[] = {
      {"parallel.pipeline=2", "parallel.pipeline_schedule=interleaved"},
      2,
      {"parallel.pipeline_schedule = interleaved: requires parallel.virtual_stages > 1 (got 1)"}},
+    {"ZeroBubbleVNeedsTwoVirtualStages",
+     {"model.num_layers=4", "parallel.pipeline=2", "parallel.pipeline_schedule=zb-v"},
+     2,
+     {"parallel.pipeline_schedule = zb-v: requires parallel.virtual_stages = 2 (got 1)"}},
+    {"DualPipeVNeedsTwoVirtualStages",
+     {"model.num_layers=12", "parallel.pipeline=2", "parallel.virtual_stages=3",
+      "parallel.pipeline_schedule=dualpipe-v"},
+     2,
+     {"parallel.pipeline_schedule = dualpipe-v: requires parallel.virtual_stages = 2 (got 3)"}},
+    {"VSchedulesNeedTwicePipelineMicroBatches",
+     {"model.num_layers=8", "parallel.pipeline=4", "parallel.virtual_stages=2", "train.micro_batch_size=1",
+      "train.global_batch_size=6", "parallel.pipeline_schedule=zb-v"},
+     4,
+     {"train.global_batch_size = 6: the number of micro-batches",
+      "= 6) must be at least 2 * parallel.pipeline (8) for parallel.pipeline_schedule = zb-v"}},
     {"UnknownPipelineSchedule",
      {"parallel.pipeline_schedule=zb-h2"},
      1,
@@ -560,6 +575,12 @@ TEST(ConfigRules, ValidLayoutsPass) {
                            "parallel.last_stage_layers=2"},
                           4);
   EXPECT_EQ(c.parallel.data, 1);
+  // The V schedules need m >= 2p, not m divisible by p (9 micro-batches over 4 stages).
+  parse_config(
+      "",
+      {"model.num_layers=8", "parallel.pipeline=4", "parallel.virtual_stages=2", "train.micro_batch_size=1",
+       "train.global_batch_size=9", "parallel.pipeline_schedule=dualpipe-v"},
+      4);
   // Only the first stage given: the other stages share the rest.
   parse_config("", {"model.num_layers=7", "parallel.pipeline=3", "parallel.first_stage_layers=1"}, 3);
   parse_config("",

@@ -28,6 +28,7 @@ namespace {
 using parallel::pipeline::Action;
 using parallel::pipeline::global_stage;
 using parallel::pipeline::Op;
+using parallel::pipeline::Placement;
 using parallel::pipeline::Schedule;
 using parallel::pipeline::ScheduleParams;
 using ScheduleFn = std::function<Schedule(const ScheduleParams&)>;
@@ -64,11 +65,12 @@ Schedule compute_only(const Schedule& s) {
 
 // The communication every compute action must carry, written independently of the library so that
 // the test catches a schedule that forgets a send or receives on the wrong side.
-Schedule with_communication(const Schedule& compute, int p, int r, int v) {
+Schedule with_communication(const Schedule& compute, int p, int r, int v,
+                            Placement placement = Placement::Loop) {
   const int last = p * v - 1;
   Schedule out;
   for (const Action& a : compute) {
-    const int g = global_stage(p, r, a.chunk);
+    const int g = global_stage(p, r, a.chunk, placement);
     if (a.op == Op::Forward) {
       if (g != 0) out.push_back({Op::RecvForward, a.chunk, a.micro_batch});
       out.push_back(a);
@@ -120,8 +122,9 @@ struct SimulationResult {
 // does not affect the timing: an action's simulated start is the later of its rank's clock and the
 // arrival of the message it waits for, so timing follows the dependency graph alone.
 // forward_only: the schedules have no backward (evaluation); activations are the only messages.
+// placement: which rank holds which stage (the V schedules' or the loop of all others).
 SimulationResult simulate(const std::vector<Schedule>& ranks, int p, int m, int v, bool forward_only = false,
-                          Costs costs = {}) {
+                          Costs costs = {}, Placement placement = Placement::Loop) {
   SimulationResult res;
   res.max_in_flight.assign(p, 0);
   res.max_until_weight.assign(p, 0);
@@ -149,7 +152,7 @@ SimulationResult simulate(const std::vector<Schedule>& ranks, int p, int m, int 
         ADD_FAILURE() << "rank " << r << " action out of range: " << parallel::pipeline::to_string(a);
         return res;
       }
-      const int g = global_stage(p, r, a.chunk);
+      const int g = global_stage(p, r, a.chunk, placement);
       const std::pair<int, int> key{g, a.micro_batch};
       switch (a.op) {
         case Op::RecvForward:
@@ -709,13 +712,16 @@ TEST(PipelineSchedule, DocsShowTheSchedules) {
     ScheduleFn fn;
     int v;
     Costs costs;
+    Placement placement = Placement::Loop;
   };
   const Drawn drawn[] = {{"1F1B", one_f_one_b, 1, {}},
                          {"interleaved, v=2", interleaved_one_f_one_b, 2, {}},
-                         {"ZB-H1", zero_bubble_h1, 1, {1, 1, 1}}};
+                         {"ZB-H1", zero_bubble_h1, 1, {1, 1, 1}},
+                         {"ZB-V", zero_bubble_v, 2, {1, 1, 1}, Placement::V},
+                         {"DualPipe-V", dualpipe_v, 2, {1, 1, 1}, Placement::V}};
   for (const Drawn& d : drawn) {
     const auto ranks = all_ranks(d.fn, p, m, d.v);
-    const SimulationResult res = simulate(ranks, p, m, d.v, false, d.costs);
+    const SimulationResult res = simulate(ranks, p, m, d.v, false, d.costs, d.placement);
     ASSERT_TRUE(res.ok);
     const std::string text = timeline(res, p, d.v);
     if (std::getenv("PIPELINE_TIMELINE_PRINT"))
@@ -737,5 +743,256 @@ TEST(PipelineSchedule, DocsShowTheSchedules) {
   }
   if (std::getenv("PIPELINE_TIMELINE_PRINT")) std::printf("%s", order.c_str());
   EXPECT_NE(docs.find(order), std::string::npos) << "ZB-H1 order not in docs/pipeline.md:\n" << order;
+}
+}  // namespace
+
+namespace {
+// The V schedules (ZB-V, DualPipe-V) on every shape they accept (p = 1..8, m = 2p..2p+9):
+// deadlock-free in the V placement, the communication every compute action implies, each chunk's
+// weight steps in micro-batch order, the stated in-flight bounds exactly, and the bubble from F, B,
+// W costs of one chunk: never below the ramp (p - 1) F that the last rank waits before its first
+// forward (a lower bound for any schedule), exactly that ramp when F = B = W, never above the
+// published formula (DualPipe-V) and never above the same model's bubble under ZB-H1 or 1F1B
+// (whole-stage costs 2F, 2B, 2W, the same m).
+enum class VKind { ZeroBubbleV, DualPipeV };
+
+void check_v_schedule(VKind kind) {
+  using namespace parallel::pipeline;
+  const bool zbv = kind == VKind::ZeroBubbleV;
+  const ScheduleFn fn = zbv ? ScheduleFn(zero_bubble_v) : ScheduleFn(dualpipe_v);
+  const bool print = std::getenv("PIPELINE_V_PRINT") != nullptr;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 2 * p; m <= 2 * p + 9; ++m) {
+      SCOPED_TRACE(std::string(zbv ? "ZB-V" : "DualPipe-V") + " p=" + std::to_string(p) +
+                   " m=" + std::to_string(m));
+      const auto ranks = all_ranks(fn, p, m, 2);
+      const SimulationResult res = simulate(ranks, p, m, 2, false, {}, Placement::V);
+      ASSERT_TRUE(res.ok);
+      for (int r = 0; r < p; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        EXPECT_EQ(ranks[r], with_communication(compute_only(ranks[r]), p, r, 2, Placement::V))
+            << describe(ranks[r]);
+        std::vector<int> weights[2];
+        int fused = 0;
+        for (const Action& a : compute_only(ranks[r])) {
+          if (a.op == Op::BackwardWeight) weights[a.chunk].push_back(a.micro_batch);
+          fused += a.op == Op::Backward;
+        }
+        EXPECT_TRUE(std::is_sorted(weights[0].begin(), weights[0].end()));
+        EXPECT_TRUE(std::is_sorted(weights[1].begin(), weights[1].end()));
+        if (zbv) {
+          EXPECT_EQ(fused, 0) << "ZB-V splits every backward";
+          // 2p chunk micro-batches of half a stage each: p whole micro-batches, 1F1B's peak.
+          EXPECT_EQ(res.max_in_flight[r], 2 * p);
+          EXPECT_EQ(res.max_until_weight[r], 2 * p);
+        } else {
+          EXPECT_GT(fused, 0) << "DualPipe-V fuses the backwards of its main phase";
+          // DualPipe's PP + 1 with PP = 2p stages.
+          EXPECT_EQ(res.max_in_flight[r], 2 * p + 1);
+          EXPECT_EQ(res.max_until_weight[r], 2 * p + 1);
+        }
+      }
+      for (const Costs c : {Costs{1, 1, 1}, Costs{2, 2, 1}, Costs{3, 2, 2}, Costs{2, 3, 1}, Costs{1, 2, 1},
+                            Costs{2, 1, 2}, Costs{1, 1, 2}, Costs{1, 3, 3}, Costs{4, 4, 3}}) {
+        SCOPED_TRACE("F " + std::to_string(c.forward) + " B " + std::to_string(c.input) + " W " +
+                     std::to_string(c.weight));
+        const SimulationResult t = simulate(ranks, p, m, 2, false, c, Placement::V);
+        const Costs stage{2 * c.forward, 2 * c.input, 2 * c.weight};
+        const SimulationResult h1 = simulate(all_ranks(zero_bubble_h1, p, m, 1), p, m, 1, false, stage);
+        const SimulationResult fused = simulate(all_ranks(one_f_one_b, p, m, 1), p, m, 1, false, stage);
+        for (int r = 0; r < p; ++r) {
+          const long idle = t.makespan - t.busy[r];
+          if (print)
+            std::printf("%s p=%d m=%d r=%d F%ld B%ld W%ld idle %ld\n", zbv ? "ZB-V" : "DualPipe-V", p, m, r,
+                        c.forward, c.input, c.weight, idle);
+          EXPECT_EQ(t.busy[r], 2L * m * (c.forward + c.input + c.weight));
+          EXPECT_GE(idle, (p - 1) * c.forward);
+          if (c.forward == c.input && c.input == c.weight) EXPECT_EQ(idle, (p - 1) * c.forward);
+          EXPECT_LE(idle, fused.makespan - fused.busy[r]);
+          if (zbv) {
+            EXPECT_LE(idle, h1.makespan - h1.busy[r]);
+          } else {
+            // DeepSeek-V3, table 2: (PP/2 - 1)(F&B + B - 3W) with PP = 2p stages, B the full
+            // backward (input + weight) and F&B a forward and a backward run together; here they
+            // run one after the other, F&B = F + B + W.
+            EXPECT_LE(idle, (p - 1) * (c.forward + c.input + c.weight + c.input + c.weight - 3 * c.weight));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineSchedule, ZeroBubbleVSimulatesForAllShapes) { check_v_schedule(VKind::ZeroBubbleV); }
+TEST(PipelineSchedule, DualPipeVSimulatesForAllShapes) { check_v_schedule(VKind::DualPipeV); }
+
+// The V placement: rank r holds stages r and 2p - 1 - r, so rank 0 holds the first and the last.
+TEST(PipelineSchedule, VPlacement) {
+  using namespace parallel::pipeline;
+  for (int p = 1; p <= 8; ++p) {
+    std::set<int> stages;
+    for (int r = 0; r < p; ++r)
+      for (int c = 0; c < 2; ++c) {
+        const int g = global_stage(p, r, c, Placement::V);
+        stages.insert(g);
+        EXPECT_EQ(stage_owner(p, g, Placement::V).rank, r);
+        EXPECT_EQ(stage_owner(p, g, Placement::V).chunk, c);
+      }
+    EXPECT_EQ(stages.size(), static_cast<size_t>(2 * p));
+    EXPECT_EQ(global_stage(p, 0, 1, Placement::V), 2 * p - 1);
+    EXPECT_EQ(global_stage(p, p - 1, 1, Placement::V), p);
+  }
+  EXPECT_EQ(placement_of(parallel::PipelineSchedule::ZeroBubbleV), Placement::V);
+  EXPECT_EQ(placement_of(parallel::PipelineSchedule::DualPipeV), Placement::V);
+  EXPECT_EQ(placement_of(parallel::PipelineSchedule::Interleaved), Placement::Loop);
+  // make_schedule dispatches, and forward-only evaluation follows the V placement too.
+  for (int p = 1; p <= 4; ++p) {
+    const int m = 2 * p;
+    for (auto kind : {parallel::PipelineSchedule::ZeroBubbleV, parallel::PipelineSchedule::DualPipeV}) {
+      std::vector<Schedule> ranks, eval;
+      for (int r = 0; r < p; ++r) {
+        const ScheduleParams s{p, r, m, 2, kind};
+        ranks.push_back(make_schedule(s));
+        EXPECT_EQ(ranks.back(),
+                  kind == parallel::PipelineSchedule::ZeroBubbleV ? zero_bubble_v(s) : dualpipe_v(s));
+        eval.push_back(forward_only(s));
+      }
+      EXPECT_TRUE(simulate(ranks, p, m, 2, false, {}, Placement::V).ok);
+      EXPECT_TRUE(simulate(eval, p, m, 2, true, {}, Placement::V).ok);
+    }
+  }
+}
+
+TEST(PipelineSchedule, VSchedulesNameTheirRules) {
+  using namespace parallel::pipeline;
+  expect_error([] { zero_bubble_v({4, 0, 8, 1}); }, "ZB-V schedule needs virtual stages 2 (got 1)");
+  expect_error(
+      [] {
+        zero_bubble_v({4, 0, 7, 2});
+      },
+      "ZB-V schedule needs micro-batches (7) >= 8 for pipeline size 4");
+  expect_error([] { dualpipe_v({2, 0, 4, 3}); }, "DualPipe-V schedule needs virtual stages 2 (got 3)");
+  expect_error(
+      [] {
+        dualpipe_v({2, 1, 3, 2});
+      },
+      "DualPipe-V schedule needs micro-batches (3) >= 4 for pipeline size 2");
+}
+}  // namespace
+
+namespace {
+// The executor posts the mirrored send/receive pairs with a neighbour (paired_exchanges) as one
+// batch_p2p and waits for all of it: a batched send then completes only once its receiver has
+// posted the matching receive (NCCL's group semantics). This simulates exactly that (a run's other
+// sends are posted and never block, its other receives wait for their message) and proves every
+// schedule deadlock-free under it; messages a rank sends to itself (the V's turn) stay on the rank.
+bool deadlock_free_batched(const std::vector<Schedule>& ranks, int p, int m, int v,
+                           parallel::PipelineSchedule kind, std::string& why, int& batches) {
+  using namespace parallel::pipeline;
+  const Placement placement = placement_of(kind);
+  using Key = std::tuple<bool, int, int>;  // gradient, micro-batch, destination stage
+  std::set<Key> sent, posted;
+  // Per rank: first action of a batched run -> the paired peers.
+  std::vector<std::map<size_t, std::set<int>>> paired(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r)
+    for (const PairedExchange& e : paired_exchanges({p, r, m, v, kind}, make_schedule)) {
+      paired[static_cast<size_t>(r)][e.begin].insert(e.peer);
+      ++batches;
+    }
+  std::vector<size_t> pc(static_cast<size_t>(p), 0);
+  std::vector<bool> run_posted(static_cast<size_t>(p), false);
+  auto message = [&](int r, const Action& a) {
+    const int g = global_stage(p, r, a.chunk, placement);
+    const bool gradient = a.op == Op::SendBackward || a.op == Op::RecvBackward;
+    const bool send = a.op == Op::SendForward || a.op == Op::SendBackward;
+    const int other = send ? g + (gradient ? -1 : 1) : g + (gradient ? 1 : -1);
+    return std::tuple{Key{gradient, a.micro_batch, send ? other : g}, send,
+                      stage_owner(p, other, placement).rank};
+  };
+  while (true) {
+    bool progressed = false, done = true;
+    for (int r = 0; r < p; ++r) {
+      const Schedule& s = ranks[static_cast<size_t>(r)];
+      size_t& i = pc[static_cast<size_t>(r)];
+      if (i == s.size()) continue;
+      done = false;
+      if (is_compute(s[i].op)) {
+        ++i;
+        progressed = true;
+        continue;
+      }
+      size_t end = i;
+      while (end < s.size() && !is_compute(s[end].op)) ++end;
+      const auto batch = paired[static_cast<size_t>(r)].find(i);
+      const std::set<int> peers =
+          batch == paired[static_cast<size_t>(r)].end() ? std::set<int>() : batch->second;
+      if (!run_posted[static_cast<size_t>(r)]) {
+        for (size_t j = i; j < end; ++j) {
+          const auto [key, send, peer] = message(r, s[j]);
+          (send ? sent : posted).insert(key);
+        }
+        run_posted[static_cast<size_t>(r)] = true;
+        progressed = true;
+      }
+      bool complete = true;
+      for (size_t j = i; j < end; ++j) {
+        const auto [key, send, peer] = message(r, s[j]);
+        if (!send && !sent.count(key)) complete = false;
+        if (send && peers.count(peer) && !posted.count(key)) complete = false;
+      }
+      if (!complete) continue;
+      i = end;
+      run_posted[static_cast<size_t>(r)] = false;
+      progressed = true;
+    }
+    if (done) return true;
+    if (!progressed) {
+      why = "deadlock:";
+      for (int r = 0; r < p; ++r)
+        if (pc[static_cast<size_t>(r)] < ranks[static_cast<size_t>(r)].size())
+          why += " rank " + std::to_string(r) + " at " +
+                 to_string(ranks[static_cast<size_t>(r)][pc[static_cast<size_t>(r)]]);
+      return false;
+    }
+  }
+}
+
+TEST(PipelineSchedule, DeadlockFreeWithBatchedSendReceivePairs) {
+  using namespace parallel::pipeline;
+  using parallel::PipelineSchedule;
+  std::map<std::string, int> batches_of;
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 3 * p + 2; ++m)
+      for (PipelineSchedule kind :
+           {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
+            PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV, PipelineSchedule::DualPipeV})
+        for (int v = 1; v <= 3; ++v) {
+          std::vector<Schedule> ranks;
+          try {
+            for (int r = 0; r < p; ++r) ranks.push_back(make_schedule({p, r, m, v, kind}));
+          } catch (const parallel::Error&) {
+            continue;  // a shape this schedule refuses
+          }
+          std::string why;
+          int batches = 0;
+          EXPECT_TRUE(deadlock_free_batched(ranks, p, m, v, kind, why, batches))
+              << schedule_name(kind) << " p=" << p << " m=" << m << " v=" << v << ": " << why;
+          batches_of[schedule_name(kind)] += batches;
+        }
+  // Each schedule but GPipe (whose only meeting of the two directions is not mirrored) does post
+  // pairs together, else the test above would prove nothing.
+  for (const char* name : {"1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"})
+    EXPECT_GT(batches_of[name], 0) << name;
+  // 1F1B, p = 2, m = 3: rank 0's steady (SF m1, RB m0), (SF m2, RB m1) meet rank 1's (SB m0, RF m1),
+  // (SB m1, RF m2).
+  const auto e0 = paired_exchanges({2, 0, 3, 1, PipelineSchedule::OneFOneB}, make_schedule);
+  const auto e1 = paired_exchanges({2, 1, 3, 1, PipelineSchedule::OneFOneB}, make_schedule);
+  ASSERT_EQ(e0.size(), 2u);
+  ASSERT_EQ(e1.size(), 2u);
+  const Schedule r0 = one_f_one_b({2, 0, 3, 1});
+  EXPECT_EQ(r0[e0[0].begin], (Action{Op::SendForward, 0, 1}));
+  EXPECT_EQ(r0[e0[0].begin + 1], (Action{Op::RecvBackward, 0, 0}));
+  EXPECT_EQ(e0[0].end, e0[0].begin + 2);
+  EXPECT_EQ(e0[0].peer, 1);
 }
 }  // namespace

@@ -49,6 +49,31 @@ TEST(StageLayout, Interleaved) {
   EXPECT_EQ(layout(12, 2, 3, 1), "[2,4) [6,8) [10,12)L ");
 }
 
+// V placement (zb-v, dualpipe-v): chunk 0 of rank r is stage r, chunk 1 stage 2p - 1 - r. Rank 0
+// holds the first layers with the embedding and the last ones with the loss; rank p - 1 the two
+// middle stages.
+TEST(StageLayout, VPlacement) {
+  const auto v_layout = [](int layers, int p, int rank) {
+    return describe(stage_layout({layers, p, 2, 0, 0, Placement::V}, rank));
+  };
+  EXPECT_EQ(v_layout(8, 2, 0), "[0,2)E [6,8)L ");
+  EXPECT_EQ(v_layout(8, 2, 1), "[2,4) [4,6) ");
+  EXPECT_EQ(v_layout(8, 4, 0), "[0,1)E [7,8)L ");
+  EXPECT_EQ(v_layout(8, 4, 1), "[1,2) [6,7) ");
+  EXPECT_EQ(v_layout(8, 4, 3), "[3,4) [4,5) ");
+  EXPECT_EQ(v_layout(2, 1, 0), "[0,1)E [1,2)L ");
+  for (int p = 1; p <= 8; ++p) {
+    std::vector<int> owner(static_cast<std::size_t>(4 * p), -1);
+    for (int r = 0; r < p; ++r)
+      for (const GPTChunkSpec& c : stage_layout({4 * p, p, 2, 0, 0, Placement::V}, r))
+        for (int l = c.first_layer; l < c.first_layer + c.num_layers; ++l) {
+          ASSERT_EQ(owner[static_cast<std::size_t>(l)], -1) << "layer " << l << " twice";
+          owner[static_cast<std::size_t>(l)] = r;
+        }
+    for (int l = 0; l < 4 * p; ++l) EXPECT_NE(owner[static_cast<std::size_t>(l)], -1) << "layer " << l;
+  }
+}
+
 TEST(StageLayout, ExplicitFirstAndLast) {
   EXPECT_EQ(layers_per_stage({10, 4, 1, 1, 3}), (std::vector<int>{1, 3, 3, 3}));
   EXPECT_EQ(layers_per_stage({10, 4, 1, 4, 0}), (std::vector<int>{4, 2, 2, 2}));
@@ -97,6 +122,8 @@ std::string error_of(const LayoutParams& params, int rank = 0) {
 }
 
 TEST(StageLayout, BadLayoutsNameTheRule) {
+  EXPECT_THAT(error_of({8, 2, 4, 0, 0, Placement::V}),
+              ::testing::HasSubstr("the V placement needs virtual_stages = 2 (got 4)"));
   using ::testing::HasSubstr;
   EXPECT_THAT(error_of({10, 4, 1}),
               HasSubstr("num_layers (10) must be divisible by pipeline (4) x virtual_stages (1) = 4; or set "
