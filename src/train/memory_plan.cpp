@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "parallel/communicator.hpp"
 #include "parallel/error.hpp"
@@ -599,13 +600,34 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
   std::vector<double> kept(chunks.size());
   for (std::size_t i = 0; i < chunks.size(); ++i) kept[i] = chunk_kept(d, chunks[i], rc);
 
+  // Sends the executor batches with a receive from the same neighbour (paired_exchanges): they
+  // complete with the batch, before the next compute.
+  const pipeline::Placement placement = pipeline::placement_of(c.parallel.pipeline_schedule);
+  std::set<std::size_t> batched_sends;
+  if (p > 1)
+    for (const pipeline::PairedExchange& e : pipeline::paired_exchanges(params, pipeline::make_schedule))
+      for (std::size_t i = e.begin; i < e.end; ++i) {
+        const pipeline::Action& a = schedule[i];
+        if (a.op != pipeline::Op::SendForward && a.op != pipeline::Op::SendBackward) continue;
+        const int dest = pipeline::global_stage(p, pp_rank, a.chunk, placement) +
+                         (a.op == pipeline::Op::SendForward ? 1 : -1);
+        if (pipeline::stage_owner(p, dest, placement).rank == e.peer) batched_sends.insert(i);
+      }
+
   Tracker t;
   double pending_sends = 0;  // sends still in flight while the next action computes
+  double batched = 0;        // sends of a batch, freed when it completes (before the next compute)
   const int last = p * v - 1;
-  for (const pipeline::Action& a : schedule) {
+  for (std::size_t i = 0; i < schedule.size(); ++i) {
+    const pipeline::Action& a = schedule[i];
     const GPTChunkSpec& spec = chunks[static_cast<std::size_t>(a.chunk)];
-    const int g =
-        pipeline::global_stage(p, pp_rank, a.chunk, pipeline::placement_of(c.parallel.pipeline_schedule));
+    const int g = pipeline::global_stage(p, pp_rank, a.chunk, placement);
+    const bool compute = a.op == pipeline::Op::Forward || a.op == pipeline::Op::Backward ||
+                         a.op == pipeline::Op::BackwardInput || a.op == pipeline::Op::BackwardWeight;
+    if (compute) {
+      t.free(kCommunication, batched);
+      batched = 0;
+    }
     switch (a.op) {
       case pipeline::Op::RecvForward:
         t.alloc(kActivations, d.X());  // becomes the chunk's saved input
@@ -640,11 +662,11 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
         break;
       case pipeline::Op::SendForward:
       case pipeline::Op::SendBackward:
-        pending_sends += d.X();
+        (batched_sends.count(i) ? batched : pending_sends) += d.X();
         break;
     }
   }
-  t.free(kCommunication, pending_sends);
+  t.free(kCommunication, pending_sends + batched);
   return {t.peak, t.at_peak};
 }
 
