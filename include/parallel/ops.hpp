@@ -126,6 +126,46 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight, Stream stream = {});
 
+// ---- residual add fused with its neighbours ----------------------------------------------------
+//
+// A pre-norm layer spends its element-wise time around the residual stream:
+//     x2 = x + dropout(attention(...));  m = norm2(x2);  ...;  out = x2 + dropout(mlp(...))
+// and, backward, norm gradients plus the residual gradient, then dropout's backward. These ops do
+// each such group in one pass over the rows (one OpenMP region), reading every 16-bit tensor once.
+// Numerics are the unfused ops' except that intermediates stay fp32 inside the pass (the dropped
+// branch before its add, the norm gradient before the residual's is added), so 16-bit results
+// differ from the unfused chain by at most one rounding; fp32 results may differ in the last bit
+// where the compiler contracts x + b * scale into an FMA.
+//
+// On CUDA they run as the unfused ops in sequence (no fused CUDA kernel yet).
+
+// Dropout applied inside a fused op: the keep decisions and scale are exactly those of
+// dropout_forward(branch, ..., p, seed, offset). p == 0: no dropout.
+struct DropoutSpec {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// sum = residual + dropout(branch); y = norm(sum) over the last dimension h.
+// LayerNorm when `bias` is defined (mean written), RMSNorm when bias and mean are undefined.
+// sum is stored in the activation dtype and y normalises the STORED sum, so a backward that reads
+// sum differentiates exactly the function the forward computed. sum may alias residual or branch.
+void residual_norm_forward(const Tensor& residual, const Tensor& branch, const DropoutSpec& drop,
+                           const Tensor& weight, const Tensor& bias, Tensor& sum, Tensor& y, Tensor& mean,
+                           Tensor& rstd, float eps, Stream stream = {});
+// The norm's backward with the residual path's gradient added in the same pass:
+//   dx = norm_backward(dy; x, weight, mean, rstd) + dresidual;   dbranch = dropout_backward(dx)
+// (LayerNorm when mean and dbias are defined, RMSNorm when both are undefined; dweight and dbias
+// accumulate). dbranch is written only when defined: with p == 0 the caller uses dx itself.
+// dx may alias dresidual.
+void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                            Tensor& dbias, const DropoutSpec& drop, Tensor& dbranch, Stream stream = {});
+// out = residual + dropout(branch), one pass. out may alias branch or residual.
+void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, const DropoutSpec& drop,
+                 Stream stream = {});
+
 // ---- attention --------------------------------------------------------------------------------
 
 // Rotary embedding in place on x = [s, b, heads, d] (d even), rotating pairs (i, i + d/2) as

@@ -39,6 +39,8 @@ void swiglu_forward(const Tensor& x, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset);
 void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset);
+void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, float p, uint64_t seed,
+                 uint64_t offset);
 
 // ---- normalisation (norm.cpp) --------------------------------------------------------------
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
@@ -48,6 +50,13 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight);
+// The residual add fused with the norm (ops.hpp): LayerNorm when bias / mean are defined.
+void residual_norm_forward(const Tensor& residual, const Tensor& branch, float p, uint64_t seed,
+                           uint64_t offset, const Tensor& weight, const Tensor& bias, Tensor& sum, Tensor& y,
+                           Tensor& mean, Tensor& rstd, float eps);
+void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                            Tensor& dbias, float p, uint64_t seed, uint64_t offset, Tensor& dbranch);
 
 // ---- attention (rope.cpp; attention.cpp, attention_bf16.cpp) -------------------------------
 void rope_forward(Tensor& x, int64_t position_offset, float theta);

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "cpu/cpu_ops.hpp"
+#include "cpu/dropout_mask.hpp"
 #include "cpu/vec_math.hpp"
 #include "cpu/widen.hpp"
 
@@ -118,24 +119,15 @@ PARALLEL_CLONES void swiglu_bwd_row(const float* dy, const float* gate, const fl
 }
 
 // ---- dropout ----
-// splitmix64's output function: the i-th draw of a splitmix64 stream seeded with `key` is
-// mix(key + (i + 1) * golden), a counter-based generator that passes BigCrush, so element i's
-// decision depends only on (seed, offset + i), whatever the split of the tensor.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+// The mask is dropout_mask.hpp's, shared with the fused ops of norm.cpp.
 
-// Uniform in [0, 1) from the top 24 bits: exactly representable, never 1.
-inline float uniform(uint64_t key, uint64_t index) {
-  return static_cast<float>(mix64(key + (index + 1) * kGolden) >> 40) * (1.0f / 16777216.0f);
-}
-
-PARALLEL_CLONES void dropout_chunk(const float* x, float* y, int64_t n, float p, float scale, uint64_t key,
+PARALLEL_CLONES void dropout_chunk(const DropoutMask& m, const float* x, float* y, int64_t n,
                                    uint64_t first) {
-  for (int64_t i = 0; i < n; i++) y[i] = uniform(key, first + i) >= p ? x[i] * scale : 0.0f;
+  dropout_row(m, x, y, n, first);
+}
+PARALLEL_CLONES void dropout_add_chunk(const DropoutMask& m, const float* branch, const float* residual,
+                                       float* out, int64_t n, uint64_t first) {
+  dropout_add_row(m, branch, residual, out, n, first);
 }
 
 void dropout(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
@@ -145,13 +137,11 @@ void dropout(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset
     if (y.data_ptr() != x.data_ptr()) std::memcpy(y.data_ptr(), x.data_ptr(), x.nbytes());
     return;
   }
-  // p == 1 drops everything; 1/(1-p) would be inf and inf * 0 NaN.
-  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  const uint64_t key = mix64(seed);  // decorrelates streams of nearby seeds
+  const DropoutMask m(p, seed, offset);
   parallel_chunks(n, [&](int64_t b, int64_t e) {
     const float* in = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
     float* out = write_f32(offset_ptr(y.data_ptr(), dt, b), dt, e - b, 1);
-    dropout_chunk(in, out, e - b, p, scale, key, offset + b);
+    dropout_chunk(m, in, out, e - b, m.first + b);
     write_back(out, dt, offset_ptr(y.data_ptr(), dt, b), e - b);
   });
 }
@@ -283,6 +273,19 @@ void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_
 // The backward is the same mask and scale applied to the gradient.
 void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset) {
   dropout(dy, dx, p, seed, offset);
+}
+
+void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, float p, uint64_t seed,
+                 uint64_t offset) {
+  const DType dt = branch.dtype();
+  const DropoutMask m(p, seed, offset);
+  parallel_chunks(branch.numel(), [&](int64_t b, int64_t e) {
+    const float* br = read_f32(offset_ptr(branch.data_ptr(), dt, b), dt, e - b, 0);
+    const float* re = read_f32(offset_ptr(residual.data_ptr(), dt, b), dt, e - b, 1);
+    float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 2);
+    dropout_add_chunk(m, br, re, o, e - b, m.first + b);
+    write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+  });
 }
 
 }  // namespace parallel::cpu

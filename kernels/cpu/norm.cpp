@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
+#include "cpu/dropout_mask.hpp"
 #include "cpu/widen.hpp"
 
 #define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -50,9 +51,10 @@ PARALLEL_CLONES void ln_fwd_row(const float* x, const float* w, const float* b, 
   for (int64_t i = 0; i < h; i++) y[i] = (x[i] - m) * rs * w[i] + b[i];
 }
 
-// With xhat = (x - m) rs and g = w dy: dx = rs (g - mean(g) - xhat mean(g xhat)).
+// With xhat = (x - m) rs and g = w dy: dx = rs (g - mean(g) - xhat mean(g xhat)) (+ res, the
+// residual path's gradient, when given; res may alias dx).
 PARALLEL_CLONES void ln_bwd_row(const float* dy, const float* x, const float* w, float m, float rs, float* dx,
-                                float* dw, float* db, int64_t h) {
+                                float* dw, float* db, int64_t h, const float* res) {
   float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
   for (int64_t i = 0; i < h; i++) {
@@ -61,12 +63,23 @@ PARALLEL_CLONES void ln_bwd_row(const float* dy, const float* x, const float* w,
     sum_gx += g * (x[i] - m) * rs;
   }
   const float mean_g = sum_g / static_cast<float>(h), mean_gx = sum_gx / static_cast<float>(h);
-  // dx, dw, db and the inputs never overlap; saying so lets GCC vectorise without runtime alias
-  // checks (six pointers are more than it is willing to version the loop for).
+  // dx, dw, db and the inputs never overlap across elements (res and dx may be the same element);
+  // saying so lets GCC vectorise without runtime alias checks (six pointers are more than it is
+  // willing to version the loop for).
+  if (res == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < h; i++) {
+      const float xhat = (x[i] - m) * rs;
+      dx[i] = rs * (w[i] * dy[i] - mean_g - xhat * mean_gx);
+      dw[i] += dy[i] * xhat;
+      db[i] += dy[i];
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t i = 0; i < h; i++) {
     const float xhat = (x[i] - m) * rs;
-    dx[i] = rs * (w[i] * dy[i] - mean_g - xhat * mean_gx);
+    dx[i] = rs * (w[i] * dy[i] - mean_g - xhat * mean_gx) + res[i];
     dw[i] += dy[i] * xhat;
     db[i] += dy[i];
   }
@@ -81,16 +94,35 @@ PARALLEL_CLONES void rms_fwd_row(const float* x, const float* w, float* y, float
 // y = w x rs with rs = (mean(x^2) + eps)^-1/2, d rs / dx_i = -rs^3 x_i / h:
 // dx = rs (w dy - x rs^2 mean(w dy x)).
 PARALLEL_CLONES void rms_bwd_row(const float* dy, const float* x, const float* w, float rs, float* dx,
-                                 float* dw, int64_t h) {
+                                 float* dw, int64_t h, const float* res) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < h; i++) sum += w[i] * dy[i] * x[i];
   const float c = rs * rs * sum / static_cast<float>(h);
+  if (res == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < h; i++) {
+      dx[i] = rs * (w[i] * dy[i] - x[i] * c);
+      dw[i] += dy[i] * x[i] * rs;
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t i = 0; i < h; i++) {
-    dx[i] = rs * (w[i] * dy[i] - x[i] * c);
+    dx[i] = rs * (w[i] * dy[i] - x[i] * c) + res[i];
     dw[i] += dy[i] * x[i] * rs;
   }
+}
+
+// ---- the residual stream's fused steps ----
+
+PARALLEL_CLONES void residual_row(const DropoutMask& m, const float* branch, const float* residual,
+                                  float* sum, int64_t h, uint64_t first) {
+  dropout_add_row(m, branch, residual, sum, h, first);
+}
+PARALLEL_CLONES void dropout_grad_row(const DropoutMask& m, const float* dx, float* dbranch, int64_t h,
+                                      uint64_t first) {
+  dropout_row(m, dx, dbranch, h, first);
 }
 
 PARALLEL_CLONES void add_into(float* dst, const float* src, int64_t h) {
@@ -140,7 +172,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
       const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
       void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
       float* dX = write_f32(dxr, dt, h, 2);
-      ln_bwd_row(D, X, W, M[r], R[r], dX, pw, pw + h, h);
+      ln_bwd_row(D, X, W, M[r], R[r], dX, pw, pw + h, h, nullptr);
       write_back(dX, dt, dxr, h);
     }
   }
@@ -185,11 +217,95 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
       const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
       void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
       float* dX = write_f32(dxr, dt, h, 2);
-      rms_bwd_row(D, X, W, R[r], dX, pw, h);
+      rms_bwd_row(D, X, W, R[r], dX, pw, h, nullptr);
       write_back(dX, dt, dxr, h);
     }
   }
   for (int t = 0; t < threads; t++) add_into(dW, partial.data() + static_cast<size_t>(t) * h, h);
+}
+
+// The stored sum (rounded to the activation dtype) is what gets normalised: for 16-bit tensors the
+// fp32 sum is narrowed into `sum` and widened back before the statistics.
+void residual_norm_forward(const Tensor& residual, const Tensor& branch, float p, uint64_t seed,
+                           uint64_t offset, const Tensor& weight, const Tensor& bias, Tensor& sum, Tensor& y,
+                           Tensor& mean, Tensor& rstd, float eps) {
+  const int64_t h = weight.numel(), rows = rows_of(residual, h);
+  const DType dt = residual.dtype();
+  const bool layernorm = bias.defined();
+  const DropoutMask drop(p, seed, offset);
+  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 6);
+  const float* B = layernorm ? read_f32(bias.data_ptr(), bias.dtype(), h, 7) : nullptr;
+  float* M = layernorm ? mean.data<float>() : nullptr;
+  float* R = rstd.data<float>();
+#pragma omp parallel for schedule(static) if (worth_threads(rows, h))
+  for (int64_t r = 0; r < rows; r++) {
+    const float* res = read_f32(offset_ptr(residual.data_ptr(), dt, r * h), dt, h, 0);
+    const float* br = read_f32(offset_ptr(branch.data_ptr(), dt, r * h), dt, h, 1);
+    void* sr = offset_ptr(sum.data_ptr(), dt, r * h);
+    float* S = write_f32(sr, dt, h, 2);
+    residual_row(drop, br, res, S, h, drop.first + static_cast<uint64_t>(r * h));
+    if (dt != DType::F32) {
+      narrow_from_f32(S, dt, sr, h);
+      widen_to_f32(sr, dt, S, h);
+    }
+    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
+    float* Y = write_f32(yr, dt, h, 3);
+    if (layernorm) {
+      const float m = row_sum(S, h) / static_cast<float>(h);
+      const float rs = 1.0f / std::sqrt(row_sq_dev(S, m, h) / static_cast<float>(h) + eps);
+      ln_fwd_row(S, W, B, Y, m, rs, h);
+      M[r] = m;
+      R[r] = rs;
+    } else {
+      const float rs = 1.0f / std::sqrt(row_dot(S, S, h) / static_cast<float>(h) + eps);
+      rms_fwd_row(S, W, Y, rs, h);
+      R[r] = rs;
+    }
+    write_back(Y, dt, yr, h);
+  }
+}
+
+void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                            Tensor& dbias, float p, uint64_t seed, uint64_t offset, Tensor& dbranch) {
+  const int64_t h = weight.numel(), rows = rows_of(x, h);
+  const DType dt = x.dtype();
+  const bool layernorm = mean.defined();
+  const bool want_branch = dbranch.defined();
+  const DropoutMask drop(p, seed, offset);
+  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
+  const float* M = layernorm ? mean.data<float>() : nullptr;
+  const float* R = rstd.data<float>();
+  const int64_t per_thread = layernorm ? 2 * h : h;  // [dweight partial | dbias partial]
+  const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
+  std::vector<float> partial(static_cast<size_t>(threads) * per_thread, 0.0f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * h), dt, h, 0);
+      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
+      const float* Res = read_f32(offset_ptr(dresidual.data_ptr(), dt, r * h), dt, h, 3);
+      void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
+      float* dX = write_f32(dxr, dt, h, 2);
+      if (layernorm)
+        ln_bwd_row(D, X, W, M[r], R[r], dX, pw, pw + h, h, Res);
+      else
+        rms_bwd_row(D, X, W, R[r], dX, pw, h, Res);
+      if (want_branch) {
+        void* dbr = offset_ptr(dbranch.data_ptr(), dt, r * h);
+        float* dB = write_f32(dbr, dt, h, 4);
+        dropout_grad_row(drop, dX, dB, h, drop.first + static_cast<uint64_t>(r * h));
+        write_back(dB, dt, dbr, h);
+      }
+      write_back(dX, dt, dxr, h);
+    }
+  }
+  for (int t = 0; t < threads; t++) {
+    add_into(dweight.data<float>(), partial.data() + static_cast<size_t>(t) * per_thread, h);
+    if (layernorm) add_into(dbias.data<float>(), partial.data() + static_cast<size_t>(t) * per_thread + h, h);
+  }
 }
 
 }  // namespace parallel::cpu

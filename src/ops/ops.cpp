@@ -397,6 +397,134 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   cpu::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 }
 
+// ---- residual add fused with its neighbours ----------------------------------------------------
+
+namespace {
+
+void check_dropout(const char* op, const DropoutSpec& drop) {
+  PARALLEL_CHECK(drop.p >= 0.0f && drop.p <= 1.0f, "ops::{}: dropout p = {} must be in [0, 1]", op, drop.p);
+}
+
+}  // namespace
+
+void residual_norm_forward(const Tensor& residual, const Tensor& branch, const DropoutSpec& drop,
+                           const Tensor& weight, const Tensor& bias, Tensor& sum, Tensor& y, Tensor& mean,
+                           Tensor& rstd, float eps, Stream stream) {
+  const char* op = "residual_norm_forward";
+  const bool layernorm = bias.defined();
+  PARALLEL_CHECK(layernorm == mean.defined(),
+                 "ops::{}: bias and mean must both be defined (LayerNorm) or both undefined (RMSNorm)", op);
+  const Checked k = check_args(op, {{residual, "residual"},
+                                    {branch, "branch"},
+                                    {weight, "weight", Want::Param},
+                                    {sum, "sum"},
+                                    {y, "y"},
+                                    {rstd, "rstd", Want::F32}});
+  if (layernorm) {
+    (void)check_args(op, {{mean, "mean", Want::F32}});
+    PARALLEL_CHECK(bias.is_contiguous() && bias.device() == k.device,
+                   "ops::{}: bias must be contiguous, on {}", op, k.device.str());
+    PARALLEL_CHECK(bias.dtype() == DType::F32 || bias.dtype() == k.act,
+                   "ops::{}: bias is {}, expected fp32 or {} (the activations')", op,
+                   dtype_name(bias.dtype()), dtype_name(k.act));
+    check_same_shape(op, bias, "bias", weight, "weight");
+    check_rows(op, mean, "mean", residual);
+  }
+  check_1d(op, weight, "weight");
+  check_last_dim(op, residual, "residual", weight.numel(), "weight size");
+  check_same_shape(op, branch, "branch", residual, "residual");
+  check_same_shape(op, sum, "sum", residual, "residual");
+  check_same_shape(op, y, "y", residual, "residual");
+  check_rows(op, rstd, "rstd", residual);
+  check_dropout(op, drop);
+  if (k.device.is_cuda()) {
+    // The unfused ops in sequence (ops.hpp): dropout, add, norm.
+    if (drop.p > 0.0f) {
+      Tensor dropped = Tensor::empty(branch.shape(), branch.dtype(), branch.device());
+      dropout_forward(branch, dropped, drop.p, drop.seed, drop.offset, stream);
+      add(residual, dropped, sum, stream);
+    } else {
+      add(residual, branch, sum, stream);
+    }
+    if (layernorm)
+      layernorm_forward(sum, weight, bias, y, mean, rstd, eps, stream);
+    else
+      rmsnorm_forward(sum, weight, y, rstd, eps, stream);
+    return;
+  }
+  cpu::residual_norm_forward(residual, branch, drop.p, drop.seed, drop.offset, weight, bias, sum, y, mean,
+                             rstd, eps);
+}
+
+void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
+                            const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
+                            Tensor& dbias, const DropoutSpec& drop, Tensor& dbranch, Stream stream) {
+  const char* op = "norm_backward_residual";
+  const bool layernorm = mean.defined();
+  PARALLEL_CHECK(layernorm == dbias.defined(),
+                 "ops::{}: mean and dbias must both be defined (LayerNorm) or both undefined (RMSNorm)", op);
+  const Checked k = check_args(op, {{dy, "dy"},
+                                    {dresidual, "dresidual"},
+                                    {x, "x"},
+                                    {weight, "weight", Want::Param},
+                                    {rstd, "rstd", Want::F32},
+                                    {dx, "dx"},
+                                    {dweight, "dweight", Want::F32}});
+  if (layernorm) {
+    (void)check_args(op, {{mean, "mean", Want::F32}, {dbias, "dbias", Want::F32}});
+    check_rows(op, mean, "mean", x);
+    check_same_shape(op, dbias, "dbias", weight, "weight");
+  }
+  if (dbranch.defined()) {
+    (void)check_args(op, {{dbranch, "dbranch"}});
+    PARALLEL_CHECK(dbranch.dtype() == k.act && dbranch.device() == k.device,
+                   "ops::{}: dbranch is {} on {}, expected {} on {} (dx's)", op, dtype_name(dbranch.dtype()),
+                   dbranch.device().str(), dtype_name(k.act), k.device.str());
+    check_same_shape(op, dbranch, "dbranch", x, "x");
+  }
+  check_1d(op, weight, "weight");
+  check_last_dim(op, x, "x", weight.numel(), "weight size");
+  check_same_shape(op, dy, "dy", x, "x");
+  check_same_shape(op, dresidual, "dresidual", x, "x");
+  check_same_shape(op, dx, "dx", x, "x");
+  check_same_shape(op, dweight, "dweight", weight, "weight");
+  check_rows(op, rstd, "rstd", x);
+  check_dropout(op, drop);
+  if (k.device.is_cuda()) {
+    // The unfused ops in sequence (ops.hpp): the norm's backward, the residual add, dropout's backward.
+    Tensor g = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (layernorm)
+      layernorm_backward(dy, x, weight, mean, rstd, g, dweight, dbias, stream);
+    else
+      rmsnorm_backward(dy, x, weight, rstd, g, dweight, stream);
+    add(g, dresidual, dx, stream);
+    if (dbranch.defined()) dropout_backward(dx, dbranch, drop.p, drop.seed, drop.offset, stream);
+    return;
+  }
+  cpu::norm_backward_residual(dy, dresidual, x, weight, mean, rstd, dx, dweight, dbias, drop.p, drop.seed,
+                              drop.offset, dbranch);
+}
+
+void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, const DropoutSpec& drop,
+                 Stream stream) {
+  const char* op = "dropout_add";
+  const Checked k = check_args(op, {{branch, "branch"}, {residual, "residual"}, {out, "out"}});
+  check_same_shape(op, residual, "residual", branch, "branch");
+  check_same_shape(op, out, "out", branch, "branch");
+  check_dropout(op, drop);
+  if (k.device.is_cuda()) {
+    if (drop.p > 0.0f) {
+      Tensor dropped = Tensor::empty(branch.shape(), branch.dtype(), branch.device());
+      dropout_forward(branch, dropped, drop.p, drop.seed, drop.offset, stream);
+      add(residual, dropped, out, stream);
+    } else {
+      add(residual, branch, out, stream);
+    }
+    return;
+  }
+  cpu::dropout_add(branch, residual, out, drop.p, drop.seed, drop.offset);
+}
+
 // ---- attention --------------------------------------------------------------------------------
 
 namespace {

@@ -528,6 +528,165 @@ inline Row rmsnorm_backward(DType dt, Shape shape, DType w_dt, Tol tol) {
              cuda_default(tol), s);
 }
 
+// ---- residual add fused with its neighbours ----------------------------------------------------
+//
+// Inputs on a grid of multiples of 1/64 in [-1, 1] and p in {0, 0.5} (scale 2): every sum
+// residual + dropout(branch) is then exact in bf16, fp16 and fp32, so the sums are checked
+// bitwise and the norm's reference starts from the same stored sum the kernel normalises.
+
+inline Tensor grid_values(const Shape& shape, DType dt, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> k(-64, 64);
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (float& x : v) x = static_cast<float>(k(gen)) / 64.0f;
+  return Tensor::from_floats(v, shape, dt);
+}
+inline V residual_exact(const V& residual, const V& branch, float p, uint64_t seed, uint64_t offset) {
+  V s = dropout_exact(branch, p, seed, offset);
+  for (size_t i = 0; i < s.size(); i++) s[i] += residual[i];
+  return s;
+}
+// y (and the statistics) of the norm of x [rows, h]: layernorm with w, b, or rmsnorm with w.
+inline V norm_exact(const V& x, const V& w, const V* b, const V& mean, const V& rstd, int64_t rows,
+                    int64_t h) {
+  V y(x.size());
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < h; i++)
+      y[r * h + i] = (x[r * h + i] - mean[r]) * rstd[r] * w[i] + (b ? (*b)[i] : 0.0);
+  return y;
+}
+// dx of the norm of x [rows, h] for dy, and the accumulated weight (and bias) gradients.
+inline V norm_grad_exact(const V& dy, const V& x, const V& w, const V& mean, const V& rstd, int64_t rows,
+                         int64_t h, bool layernorm, V& dw, V& db) {
+  V dx(x.size());
+  for (int64_t r = 0; r < rows; r++) {
+    double mg = 0, mgx = 0;
+    for (int64_t i = 0; i < h; i++) {
+      const double xh = (x[r * h + i] - mean[r]) * rstd[r], g = dy[r * h + i] * w[i];
+      mg += g;
+      mgx += g * xh;
+      dw[i] += dy[r * h + i] * xh;
+      if (layernorm) db[i] += dy[r * h + i];
+    }
+    mg /= static_cast<double>(h);
+    mgx /= static_cast<double>(h);
+    for (int64_t i = 0; i < h; i++) {
+      const double xh = (x[r * h + i] - mean[r]) * rstd[r], g = dy[r * h + i] * w[i];
+      dx[r * h + i] = rstd[r] * (g - (layernorm ? mg : 0.0) - xh * mgx);
+    }
+  }
+  return dx;
+}
+
+// out = residual + dropout(branch); alias: out is branch itself (as the transformer layer calls it).
+inline Row dropout_add(DType dt, Shape shape, float p, bool alias) {
+  constexpr uint64_t seed = 4321, offset = 99;
+  Spec s;
+  s.make = [=] {
+    return Tensors{grid_values(shape, dt, 141), grid_values(shape, dt, 142), uniform(shape, dt, 143)};
+  };
+  s.call = [=](Tensors& t) { ops::dropout_add(t[0], t[1], alias ? t[0] : t[2], {p, seed, offset}); };
+  s.read = outs({{alias ? 0 : 2, "out"}});
+  s.reference = [=](const Tensors& t) {
+    return Outputs{rounded("out", dt, residual_exact(values(t[1]), values(t[0]), p, seed, offset))};
+  };
+  return row("dropout_add", dt, fmt::format("{} p {}{}", dims(shape), p, alias ? " out=branch" : ""),
+             "seed, offset", Tol{}, Tol{}, s);
+}
+
+// sum = residual + dropout(branch), y = norm(sum); alias: sum is branch itself.
+inline Row residual_norm_forward(DType dt, Shape shape, DType w_dt, bool layernorm, float p, bool alias,
+                                 Tol tol) {
+  constexpr uint64_t seed = 777, offset = 5;
+  const int64_t h = shape.back(), rows = rows_of(shape);
+  Spec s;
+  // 0 residual, 1 branch, 2 weight, 3 bias, 4 sum, 5 y, 6 mean, 7 rstd (3 and 6 unused by rmsnorm).
+  s.make = [=] {
+    return Tensors{grid_values(shape, dt, 151),
+                   grid_values(shape, dt, 152),
+                   uniform({h}, w_dt, 153, 0.5f, 1.5f),
+                   uniform({h}, w_dt, 154),
+                   uniform(shape, dt, 155),
+                   uniform(shape, dt, 156),
+                   uniform({rows}, DType::F32, 157),
+                   uniform({rows}, DType::F32, 158)};
+  };
+  s.call = [=](Tensors& t) {
+    Tensor none;
+    Tensor& sum = alias ? t[1] : t[4];
+    ops::residual_norm_forward(t[0], t[1], {p, seed, offset}, t[2], layernorm ? t[3] : none, sum, t[5],
+                               layernorm ? t[6] : none, t[7], kEps);
+  };
+  std::vector<std::pair<int, std::string>> read = {{alias ? 1 : 4, "sum"}, {5, "y"}, {7, "rstd"}};
+  if (layernorm) read.push_back({6, "mean"});
+  s.read = outs(read);
+  s.reference = [=](const Tensors& t) {
+    const V sum = residual_exact(values(t[0]), values(t[1]), p, seed, offset);  // exact in dt (grid inputs)
+    const V w = values(t[2]), b = values(t[3]);
+    const auto [mean, rstd] = norm_stats(sum, rows, h, !layernorm);
+    Outputs o{rounded("sum", dt, sum),
+              rounded("y", dt, norm_exact(sum, w, layernorm ? &b : nullptr, mean, rstd, rows, h)),
+              rounded("rstd", DType::F32, rstd)};
+    if (layernorm) o.push_back(rounded("mean", DType::F32, mean));
+    return o;
+  };
+  return row("residual_norm_forward", dt,
+             fmt::format("{} {} p {}{}", dims(shape), layernorm ? "layernorm" : "rmsnorm", p,
+                         alias ? " sum=branch" : ""),
+             fmt::format("weight{} {}; stats fp32; seed, offset", layernorm ? "/bias" : "", dn(w_dt)), tol,
+             cuda_default(tol), s);
+}
+
+// dx = norm'(dy) + dresidual, dbranch = dropout'(dx); alias: dx is dresidual itself.
+inline Row norm_backward_residual(DType dt, Shape shape, DType w_dt, bool layernorm, float p, bool alias,
+                                  Tol tol) {
+  constexpr uint64_t seed = 31337, offset = 12;
+  const int64_t h = shape.back(), rows = rows_of(shape);
+  Spec s;
+  // 0 dy, 1 dresidual, 2 x, 3 weight, 4 mean, 5 rstd, 6 dx, 7 dweight, 8 dbias, 9 dbranch.
+  s.make = [=] {
+    Tensor x = uniform(shape, dt, 161, -1.5f, 2.5f);
+    const auto [mean, rstd] = norm_stats(values(x), rows, h, !layernorm);
+    return Tensors{uniform(shape, dt, 162),
+                   uniform(shape, dt, 163),
+                   x,
+                   uniform({h}, w_dt, 164, 0.5f, 1.5f),
+                   f32_tensor(mean),
+                   f32_tensor(rstd),
+                   uniform(shape, dt, 165),
+                   uniform({h}, DType::F32, 166),
+                   uniform({h}, DType::F32, 167),
+                   uniform(shape, dt, 168)};
+  };
+  s.call = [=](Tensors& t) {
+    Tensor none;
+    Tensor& dx = alias ? t[1] : t[6];
+    ops::norm_backward_residual(t[0], t[1], t[2], t[3], layernorm ? t[4] : none, t[5], dx, t[7],
+                                layernorm ? t[8] : none, {p, seed, offset}, p > 0.0f ? t[9] : none);
+  };
+  std::vector<std::pair<int, std::string>> read = {{alias ? 1 : 6, "dx"}, {7, "dweight"}};
+  if (layernorm) read.push_back({8, "dbias"});
+  if (p > 0.0f) read.push_back({9, "dbranch"});
+  s.read = outs(read);
+  s.reference = [=](const Tensors& t) {
+    const V dy = values(t[0]), dres = values(t[1]), x = values(t[2]), w = values(t[3]);
+    const V mean = values(t[4]), rstd = values(t[5]);
+    V dw = values(t[7]), db = values(t[8]);
+    V dx = norm_grad_exact(dy, x, w, mean, rstd, rows, h, layernorm, dw, db);
+    for (size_t i = 0; i < dx.size(); i++) dx[i] += dres[i];
+    Outputs o{rounded("dx", dt, dx), rounded("dweight", DType::F32, dw)};
+    if (layernorm) o.push_back(rounded("dbias", DType::F32, db));
+    if (p > 0.0f) o.push_back(rounded("dbranch", dt, dropout_exact(dx, p, seed, offset)));
+    return o;
+  };
+  return row(
+      "norm_backward_residual", dt,
+      fmt::format("{} {} p {}{}", dims(shape), layernorm ? "layernorm" : "rmsnorm", p,
+                  alias ? " dx=dresidual" : ""),
+      fmt::format("weight {}; stats, dweight{} fp32; seed, offset", dn(w_dt), layernorm ? ", dbias" : ""),
+      tol, cuda_default(tol), s);
+}
+
 // ---- attention --------------------------------------------------------------------------------
 
 // x [s, b, heads, d] rotated in place: pairs (i, i + d/2) by direction * (offset + s) theta^(-2i/d).
@@ -1014,6 +1173,21 @@ inline std::vector<Row> op_rows(bool speed = false) {
         t.push_back(rmsnorm_forward(dt, s, w, sums));
         t.push_back(rmsnorm_backward(dt, s, w, Tol{sums.ulps, 1e-5}));
       }
+    }
+    for (bool layernorm : {true, false}) {
+      for (float p : speed ? std::vector<float>{0.5f} : std::vector<float>{0.0f, 0.5f}) {
+        t.push_back(residual_norm_forward(dt, norm, dt, layernorm, p, false, sums));
+        t.push_back(norm_backward_residual(dt, norm, dt, layernorm, p, false, Tol{sums.ulps, 1e-5}));
+      }
+      if (!speed) {  // the in-place forms the transformer layer uses, an odd h, fp32 weights
+        t.push_back(residual_norm_forward(dt, norm2, F32, layernorm, 0.5f, true, sums));
+        t.push_back(norm_backward_residual(dt, norm2, F32, layernorm, 0.5f, true, Tol{sums.ulps, 1e-5}));
+      }
+    }
+    t.push_back(dropout_add(dt, speed ? ew : ew2, 0.5f, false));
+    if (!speed) {
+      t.push_back(dropout_add(dt, ew2, 0.0f, false));
+      t.push_back(dropout_add(dt, ew, 0.5f, true));
     }
     const Shape rope_shape = speed ? Shape{512, 4, 12, 64} : Shape{9, 2, 3, 16};
     for (bool backward : {false, true}) {

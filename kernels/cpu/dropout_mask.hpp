@@ -1,0 +1,54 @@
+#pragma once
+// Dropout's keep decision, shared by every CPU kernel that drops (elementwise.cpp's dropout and
+// dropout_add, norm.cpp's fused residual ops), so a fused op draws exactly dropout_forward's mask.
+//
+// splitmix64's output function: the i-th draw of a splitmix64 stream seeded with `key` is
+// mix(key + (i + 1) * golden), a counter-based generator that passes BigCrush, so element i's
+// decision depends only on (seed, offset + i), whatever the split of the tensor. CUDA's kernel
+// (kernels/cuda/elementwise.cu) draws the same numbers.
+#include <cstdint>
+
+namespace parallel::cpu {
+
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+// Uniform in [0, 1) from the top 24 bits: exactly representable, never 1.
+inline float uniform(uint64_t key, uint64_t index) {
+  return static_cast<float>(mix64(key + (index + 1) * kGolden) >> 40) * (1.0f / 16777216.0f);
+}
+
+// The per-call constants: element i is kept iff uniform(key, first + i) >= p, and kept values are
+// multiplied by scale. p == 1 drops everything (1/(1-p) would be inf and inf * 0 NaN).
+struct DropoutMask {
+  float p = 0.0f;
+  float scale = 1.0f;
+  uint64_t key = 0;  // mix64(seed): decorrelates the streams of nearby seeds
+  uint64_t first = 0;
+  DropoutMask() = default;
+  DropoutMask(float p_, uint64_t seed, uint64_t offset)
+      : p(p_), scale(p_ < 1.0f ? 1.0f / (1.0f - p_) : 0.0f), key(mix64(seed)), first(offset) {}
+  bool active() const { return p > 0.0f; }
+};
+
+// The loops, inline so that each kernel's target_clones wrapper compiles them for its own ISA.
+// Element i of a row is element first + i of the tensor. out may alias the inputs.
+inline void dropout_row(const DropoutMask& m, const float* in, float* out, int64_t n, uint64_t first) {
+  for (int64_t i = 0; i < n; i++) out[i] = uniform(m.key, first + i) >= m.p ? in[i] * m.scale : 0.0f;
+}
+// out = residual + dropout(branch); the plain add when p == 0.
+inline void dropout_add_row(const DropoutMask& m, const float* branch, const float* residual, float* out,
+                            int64_t n, uint64_t first) {
+  if (!m.active()) {
+    for (int64_t i = 0; i < n; i++) out[i] = residual[i] + branch[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; i++)
+    out[i] = residual[i] + (uniform(m.key, first + i) >= m.p ? branch[i] * m.scale : 0.0f);
+}
+
+}  // namespace parallel::cpu
