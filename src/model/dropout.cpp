@@ -58,4 +58,25 @@ Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where
   return dx;
 }
 
+std::vector<DropoutRun> dropout_runs(const LayerEnv& env, const Tensor& x, DropoutSite where,
+                                     uint64_t micro_batch) {
+  const float p = env.training ? static_cast<float>(env.config->dropout) : 0.0f;
+  const int64_t s_local = x.size(0);
+  if (p == 0.0f) return {DropoutRun{0, s_local, {}}};
+  const int64_t row_elems = x.numel() / std::max<int64_t>(s_local, 1);
+  const uint64_t seed = site_seed(env, where, micro_batch);
+  std::vector<DropoutRun> runs;
+  for (const cp::Segment& seg : env.positions(s_local))
+    runs.push_back({seg.row, seg.rows, {p, seed, static_cast<uint64_t>(seg.position * row_elems)}});
+  return runs;
+}
+
+void dropout_add(const LayerEnv& env, const Tensor& branch, const Tensor& residual, Tensor& out,
+                 DropoutSite where, uint64_t micro_batch) {
+  for (const DropoutRun& run : dropout_runs(env, branch, where, micro_batch)) {
+    Tensor o = out.narrow(0, run.row, run.rows);
+    ops::dropout_add(branch.narrow(0, run.row, run.rows), residual.narrow(0, run.row, run.rows), o, run.spec);
+  }
+}
+
 }  // namespace parallel::model

@@ -60,6 +60,18 @@ struct DropoutSite {
 };
 Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, uint64_t micro_batch);
 Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where, uint64_t micro_batch);
+// The same site's dropout as arguments for the fused ops (ops::DropoutSpec), one per run of rows
+// [row, row + rows) of a [s_local, ...] tensor like x whose global positions are consecutive: one
+// run, or two under context parallelism; a single run over every row, p = 0, when dropout is off.
+struct DropoutRun {
+  int64_t row = 0, rows = 0;
+  ops::DropoutSpec spec;
+};
+std::vector<DropoutRun> dropout_runs(const LayerEnv& env, const Tensor& x, DropoutSite where,
+                                     uint64_t micro_batch);
+// out = residual + dropout(branch) at `where` (ops::dropout_add, run by run); out may be branch.
+void dropout_add(const LayerEnv& env, const Tensor& branch, const Tensor& residual, Tensor& out,
+                 DropoutSite where, uint64_t micro_batch);
 
 // LayerNorm or RMSNorm over h; weight/bias replicated, partial gradients under sequence parallelism.
 class Norm {
@@ -75,6 +87,20 @@ class Norm {
   // nothing of the norm waits for W.
   Tensor backward_input(const Tensor& dy, Context& ctx);
   void backward_weight(Context& ctx);
+
+  // The residual stream's fused steps (ops.hpp, "residual add fused with its neighbours"):
+  // forward_residual writes sum = residual + dropout(branch) (sum may be branch itself, to reuse a
+  // fresh tensor) and returns norm(sum), keeping sum as its saved input. backward_residual returns
+  // d(sum) = the norm's dx + dresidual, and the branch's gradient (dropout's backward of d(sum); the
+  // same tensor when dropout is off). Weight gradients accumulate in the pass, as in backward().
+  Tensor forward_residual(const Tensor& residual, const Tensor& branch, const std::vector<DropoutRun>& drop,
+                          Tensor& sum, Context& ctx);
+  struct ResidualGrads {
+    Tensor dsum, dbranch;
+  };
+  // drop: dropout_runs() of the branch's site; empty when no dropout sits on the branch.
+  ResidualGrads backward_residual(const Tensor& dy, const Tensor& dresidual,
+                                  const std::vector<DropoutRun>& drop, Context& ctx);
   std::vector<Parameter*> parameters();
   Parameter weight, bias;  // bias only for LayerNorm
 

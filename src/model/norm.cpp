@@ -62,6 +62,56 @@ Tensor Norm::backward(const Tensor& dy_in, Context& ctx) {
   return dx;
 }
 
+// Per dropout run (two under context parallelism, whose rows sit at two position ranges), on the
+// rows of the [s, b, h] tensors viewed as [s b, h].
+Tensor Norm::forward_residual(const Tensor& residual_in, const Tensor& branch_in,
+                              const std::vector<DropoutRun>& drop, Tensor& sum, Context& ctx) {
+  Tensor residual = residual_in.contiguous(), branch = branch_in.contiguous();
+  if (!sum.defined()) sum = Tensor::empty(residual.shape(), residual.dtype(), residual.device());
+  const int64_t h = residual.size(-1), rows = residual.numel() / h, per_s = rows / residual.size(0);
+  Tensor y = Tensor::empty(residual.shape(), residual.dtype(), residual.device());
+  Tensor r2d = residual.view({rows, h}), b2d = branch.view({rows, h}), s2d = sum.view({rows, h}),
+         y2d = y.view({rows, h});
+  ctx.rstd = Tensor::empty({rows}, DType::F32, residual.device());
+  if (kind_ == Normalization::LayerNorm) ctx.mean = Tensor::empty({rows}, DType::F32, residual.device());
+  for (const DropoutRun& run : drop) {
+    const int64_t r0 = run.row * per_s, n = run.rows * per_s;
+    Tensor s_run = s2d.narrow(0, r0, n), y_run = y2d.narrow(0, r0, n), rstd = ctx.rstd.narrow(0, r0, n);
+    Tensor mean = ctx.mean.defined() ? ctx.mean.narrow(0, r0, n) : Tensor();
+    ops::residual_norm_forward(r2d.narrow(0, r0, n), b2d.narrow(0, r0, n), run.spec, weight.value, bias.value,
+                               s_run, y_run, mean, rstd, eps_);
+  }
+  ctx.x = sum;
+  return y;
+}
+
+Norm::ResidualGrads Norm::backward_residual(const Tensor& dy_in, const Tensor& dresidual_in,
+                                            const std::vector<DropoutRun>& drop, Context& ctx) {
+  Tensor dy = dy_in.contiguous(), dresidual = dresidual_in.contiguous();
+  const int64_t h = ctx.x.size(-1), rows = ctx.x.numel() / h, per_s = rows / ctx.x.size(0);
+  ResidualGrads g;
+  g.dsum = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
+  const bool dropping = !drop.empty() && drop.front().spec.p > 0.0f;
+  if (dropping) g.dbranch = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
+  Tensor dy2d = dy.view({rows, h}), dr2d = dresidual.view({rows, h}), x2d = ctx.x.view({rows, h}),
+         ds2d = g.dsum.view({rows, h});
+  Tensor no_grad;  // RMSNorm has no bias gradient
+  Tensor& dbias = kind_ == Normalization::LayerNorm ? bias.grad : no_grad;
+  const std::vector<DropoutRun> whole = {DropoutRun{0, ctx.x.size(0), {}}};
+  for (const DropoutRun& run : dropping ? drop : whole) {
+    const int64_t r0 = run.row * per_s, n = run.rows * per_s;
+    Tensor ds_run = ds2d.narrow(0, r0, n);
+    Tensor db_run = dropping ? g.dbranch.view({rows, h}).narrow(0, r0, n) : Tensor();
+    Tensor mean = ctx.mean.defined() ? ctx.mean.narrow(0, r0, n) : Tensor();
+    ops::norm_backward_residual(dy2d.narrow(0, r0, n), dr2d.narrow(0, r0, n), x2d.narrow(0, r0, n),
+                                weight.value, mean, ctx.rstd.narrow(0, r0, n), ds_run, weight.grad, dbias,
+                                run.spec, db_run);
+  }
+  if (!dropping) g.dbranch = g.dsum;
+  ctx = Context{};
+  return g;
+}
+
 // The kernel produces dx and the weight gradients in one pass over the rows: the input step runs it
 // whole (as backward() does, so the gradients are bit for bit the fused ones, accumulated in the
 // order the input steps run: micro-batch order), and the weight step has nothing left to do.

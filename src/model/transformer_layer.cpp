@@ -46,17 +46,18 @@ void TransformerLayer::ffn_backward_weight(Context& ctx) {
     moe_->backward_weight(ctx.moe);
 }
 
+// The residual stream goes through two fused ops (ops.hpp): norm2's forward_residual forms
+// x2 = x + dropout(o) and norm2(x2) in one pass, dropout_add forms the output.
 // record_stats: false when full recompute reruns the forward (the MoE statistics count once).
 Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats) {
   const uint64_t mb = ctx.micro_batch;
   Tensor a = norm1_.forward(x, ctx.norm1);
-  Tensor o = dropout_forward(env_, attention_.forward(a, ctx.attn, keep_core), {layer_, 1}, mb);
-  // o is a fresh tensor (the row-parallel output or dropout's): the residual sum can reuse it.
-  ops::add(x, o, o);
+  // o and y below are fresh tensors (the row-parallel outputs), so the sums reuse their storage.
+  Tensor o = attention_.forward(a, ctx.attn, keep_core);
   Tensor x2 = o;
-  Tensor m = norm2_.forward(x2, ctx.norm2);
-  Tensor y = dropout_forward(env_, ffn_forward(m, ctx, record_stats), {layer_, 2}, mb);
-  ops::add(x2, y, y);
+  Tensor m = norm2_.forward_residual(x, o, dropout_runs(env_, o, {layer_, 1}, mb), x2, ctx.norm2);
+  Tensor y = ffn_forward(m, ctx, record_stats);
+  dropout_add(env_, y, x2, y, {layer_, 2}, mb);
   return y;
 }
 
@@ -83,12 +84,11 @@ Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
   Tensor dy = dy_in.contiguous();
   // out = x2 + dropout(mlp(norm2(x2))): dy flows to x2 directly and through the MLP branch.
   Tensor dm = ffn_backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx);
-  Tensor dx2 = norm2_.backward(dm, ctx.norm2);
-  ops::add_(dx2, dy);
-  // x2 = x + dropout(attention(norm1(x))).
-  Tensor da = attention_.backward(dropout_backward(env_, dx2, {layer_, 1}, mb), ctx.attn);
-  Tensor dx = norm1_.backward(da, ctx.norm1);
-  ops::add_(dx, dx2);
+  // x2 = x + dropout(o): norm2's backward adds dy and hands o its gradient through the dropout.
+  Norm::ResidualGrads g2 =
+      norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb), ctx.norm2);
+  Tensor da = attention_.backward(g2.dbranch, ctx.attn);
+  Tensor dx = norm1_.backward_residual(da, g2.dsum, {}, ctx.norm1).dsum;
   ctx = Context{};
   return dx;
 }
@@ -103,12 +103,10 @@ Tensor TransformerLayer::backward_input(const Tensor& dy_in, Context& ctx) {
   const uint64_t mb = ctx.micro_batch;
   Tensor dy = dy_in.contiguous();
   Tensor dm = ffn_backward_input(dropout_backward(env_, dy, {layer_, 2}, mb), ctx);
-  Tensor dx2 = norm2_.backward_input(dm, ctx.norm2);
-  ops::add_(dx2, dy);
-  Tensor da = attention_.backward_input(dropout_backward(env_, dx2, {layer_, 1}, mb), ctx.attn);
-  Tensor dx = norm1_.backward_input(da, ctx.norm1);
-  ops::add_(dx, dx2);
-  return dx;
+  Norm::ResidualGrads g2 =
+      norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb), ctx.norm2);
+  Tensor da = attention_.backward_input(g2.dbranch, ctx.attn);
+  return norm1_.backward_residual(da, g2.dsum, {}, ctx.norm1).dsum;
 }
 
 void TransformerLayer::backward_weight(Context& ctx) {

@@ -362,7 +362,7 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
     t.alloc(keep, d.X());  // x2 (all-reduced in place)
     gemm(t, d, d.T * d.nq, d.h * d.nq, d.T * d.h);
   }
-  if (d.dropout) t.touch(kWorkspace, d.X());  // dropout writes a new tensor; the input goes after
+  // x2 = x + dropout(o) and norm2(x2) in one fused op: x2 reuses o's storage, no dropout tensor.
   if (keep_core) {
     t.free(kWorkspace, d.qkv());
   } else {  // selective: qkv is kept, the core is rebuilt in the backward
@@ -387,7 +387,7 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
     t.alloc(out_kind, d.X());
     gemm(t, d, d.T * d.f, d.h * d.f, d.T * d.h);
   }
-  if (d.dropout) t.touch(kWorkspace, d.X());
+  // out = x2 + dropout(y) is fused in place into y: no dropout tensor.
 }
 
 // What layer_forward_impl keeps for the backward (not the output).
@@ -437,16 +437,16 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   }
   t.free(ctx, lin_in);                           // fc1's saved input
   t.free(kWorkspace, d.T * (d.f + d.f1) * d.e);  // du, dpre
-  t.alloc(kWorkspace, d.X());                    // norm2's dx (dx2)
-  if (d.dropout) t.free(kWorkspace, d.X());
-  t.free(ctx, d.X() + d.Tl * d.norm_stats);  // x2, stats
+  if (d.dropout) t.free(kWorkspace, d.X());      // the MLP's dropout gradient, a temporary of its call
+  t.alloc(kWorkspace, d.X());                    // norm2's fused backward: d(x2)
+  if (d.dropout) t.alloc(kWorkspace, d.X());     // and the attention branch's gradient (through dropout)
+  t.free(ctx, d.X() + d.Tl * d.norm_stats);      // x2, stats
   // Attention: selective rebuilds the core from the kept qkv.
   if (rc == Recompute::Selective) {
     t.alloc(kWorkspace, d.core());
     t.touch(kWorkspace, d.attn_fwd);
     t.free(kActivations, d.qkv());
   }
-  if (d.dropout) t.alloc(kWorkspace, d.X());  // and through the attention's
   if (d.sp) t.alloc(kWorkspace, d.full());
   gemm(t, d, d.T * d.h, d.T * d.nq, 0);   // proj's weight gradient
   t.alloc(kWorkspace, d.T * d.nq * d.e);  // dout
