@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel/dtype.hpp"  // Precision
+#include "parallel/rope.hpp"   // RopeScaling
 
 namespace parallel {
 
@@ -71,6 +72,7 @@ struct ModelConfig {
   int moe_shared_expert_ffn_hidden_size = 0;  // 0: no shared expert
   MoeDispatcher moe_token_dispatcher = MoeDispatcher::AllToAll;
   bool is_moe_layer(int layer) const { return num_experts > 0 && layer % moe_layer_freq == 0; }
+  RopeScaling rope_scaling;  // model.rope_scaling* keys: none, linear or llama3 (parallel/rope.hpp)
 };
 
 struct ParallelConfig {

@@ -29,9 +29,10 @@
 //
 // config.json -> ModelConfig: hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads, num_key_value_heads, vocab_size, max_position_embeddings, rms_norm_eps,
-// rope_theta, tie_word_embeddings, initializer_range, attention_dropout; RMSNorm, SwiGLU and RoPE
-// always. What we do not implement is a one-line error naming the key: rope_scaling other than
-// null or "default", hidden_act other than silu, head_dim other than hidden_size / heads,
+// rope_theta, rope_scaling (null, "default", "linear" or "llama3" with their keys -> model.rope_scaling*),
+// tie_word_embeddings, initializer_range, attention_dropout; RMSNorm, SwiGLU and RoPE always. What we
+// do not implement is a one-line error naming the key: other rope_scaling types (dynamic, yarn,
+// longrope, ...), hidden_act other than silu, head_dim other than hidden_size / heads,
 // attention_bias without mlp_bias (Llama), use_sliding_window (Qwen2). Mistral's sliding_window
 // only matters for sequences longer than the window: the written config's seq_length is at most it.
 #include <cstdint>

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/rope.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel::ops {
@@ -169,10 +170,11 @@ void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, cons
 // ---- attention --------------------------------------------------------------------------------
 
 // Rotary embedding in place on x = [s, b, heads, d] (d even), rotating pairs (i, i + d/2) as
-// GPT-NeoX / Llama do, at positions position_offset + s_index, frequencies theta^(-2i/d).
+// GPT-NeoX / Llama do, at positions position_offset + s_index, frequencies rope_inv_freq(rope, i, d)
+// (theta^(-2i/d), scaled as rope.scaling says: parallel/rope.hpp; a plain theta is unscaled).
 // The backward is the rotation by the negative angle, applied in place to the gradient.
-void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream = {});
-void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream = {});
+void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream stream = {});
+void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream stream = {});
 
 // Scaled dot-product attention, tiled with an online softmax (FlashAttention's algorithm): no
 // [s, s] matrix is ever materialised. q: [s, b, hq, d]; k, v: [s, b, hkv, d] with hq % hkv == 0

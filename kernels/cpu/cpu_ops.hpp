@@ -59,8 +59,8 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
                             Tensor& dbias, float p, uint64_t seed, uint64_t offset, Tensor& dbranch);
 
 // ---- attention (rope.cpp; attention.cpp, attention_bf16.cpp) -------------------------------
-void rope_forward(Tensor& x, int64_t position_offset, float theta);
-void rope_backward(Tensor& dx, int64_t position_offset, float theta);
+void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope);
+void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        bool causal, float softmax_scale);
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -1,6 +1,7 @@
 // Rotary position embedding (GPT-NeoX / Llama layout): in each head of x = [s, b, heads, d], the
-// pair (x[i], x[i + d/2]) is rotated by angle (position_offset + s_index) * theta^(-2i/d). The
-// backward rotates the gradient by the negative angle (the rotation is orthogonal).
+// pair (x[i], x[i + d/2]) is rotated by angle (position_offset + s_index) * inv_freq(i), the
+// frequencies of include/parallel/rope.hpp. The backward rotates the gradient by the negative angle
+// (the rotation is orthogonal).
 #include <cmath>
 #include <vector>
 
@@ -12,14 +13,13 @@ namespace {
 
 // direction +1 forward, -1 backward. Angles are computed in double: at positions ~1e5, a float
 // product position * inv_freq would already be off by ~1e-2 rad.
-void rope(Tensor& x, int64_t position_offset, float theta, float direction) {
+void rope(Tensor& x, int64_t position_offset, const Rope& rope, float direction) {
   const int64_t s = x.size(0), per_pos = x.size(1) * x.size(2), d = x.size(3), half = d / 2;
   const DType dt = x.dtype();
   // Table [s, half] of cos and sin: s * d/2 trig calls instead of s * b * heads * d/2.
   std::vector<float> cos_t(static_cast<size_t>(s * half)), sin_t(static_cast<size_t>(s * half));
   for (int64_t i = 0; i < half; i++) {
-    const double inv_freq =
-        std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double inv_freq = rope_inv_freq(rope, i, d);
     for (int64_t p = 0; p < s; p++) {
       const double angle = static_cast<double>(position_offset + p) * inv_freq;
       cos_t[p * half + i] = static_cast<float>(std::cos(angle));
@@ -48,9 +48,9 @@ void rope(Tensor& x, int64_t position_offset, float theta, float direction) {
 
 }  // namespace
 
-void rope_forward(Tensor& x, int64_t position_offset, float theta) { rope(x, position_offset, theta, 1.0f); }
-void rope_backward(Tensor& dx, int64_t position_offset, float theta) {
-  rope(dx, position_offset, theta, -1.0f);
+void rope_forward(Tensor& x, int64_t position_offset, const Rope& r) { rope(x, position_offset, r, 1.0f); }
+void rope_backward(Tensor& dx, int64_t position_offset, const Rope& r) {
+  rope(dx, position_offset, r, -1.0f);
 }
 
 }  // namespace parallel::cpu

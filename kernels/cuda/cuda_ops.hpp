@@ -193,15 +193,15 @@ inline void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& we
 }
 
 // ---- attention --------------------------------------------------------------------------------
-inline void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream) {
+inline void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream stream) {
   DeviceGuard guard(x.device().index);
-  kernels::rope(x.data_ptr(), x.dtype(), x.size(0), x.size(1) * x.size(2), x.size(3), position_offset, theta,
+  kernels::rope(x.data_ptr(), x.dtype(), x.size(0), x.size(1) * x.size(2), x.size(3), position_offset, rope,
                 1.0f, stream.handle);
 }
-inline void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream) {
+inline void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream stream) {
   DeviceGuard guard(dx.device().index);
   kernels::rope(dx.data_ptr(), dx.dtype(), dx.size(0), dx.size(1) * dx.size(2), dx.size(3), position_offset,
-                theta, -1.0f, stream.handle);
+                rope, -1.0f, stream.handle);
 }
 
 inline kernels::AttentionShape attention_shape(const Tensor& q, const Tensor& k) {

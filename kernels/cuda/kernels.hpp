@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "parallel/dtype.hpp"
+#include "parallel/rope.hpp"
 
 namespace parallel::kernels {
 
@@ -51,8 +52,8 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, DType w_dtyp
                       void* dx, DType dtype, float* dw, int64_t rows, int64_t h, stream_t stream);
 
 // ---- rope.cu ---- x [s, per_pos, d] of `dtype`, in place; direction +1 forward, -1 backward.
-void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
-          float direction, stream_t stream);
+void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset,
+          const Rope& rope, float direction, stream_t stream);
 
 // ---- embedding.cu ---- tokens [b, s]; weight [rows, h] of w_dtype; out / dout [s, b, h] of dtype;
 // dweight fp32.

@@ -1,6 +1,7 @@
 // Rotary position embedding in place on x [s, b, heads, d] (GPT-NeoX / Llama pairs (i, i + d/2)).
 //
-// Two kernels: a [s, d/2] table of cos and sin computed in double, as kernels/cpu/rope.cpp does
+// Two kernels: a [s, d/2] table of cos and sin computed in double from rope_inv_freq
+// (parallel/rope.hpp, shared with kernels/cpu/rope.cpp)
 // (at positions ~1e5 a float angle would be off by ~1e-2 rad), then the rotation, one thread per
 // pair. The table makes the GPU's values those of the CPU up to libm's last-bit differences.
 // x may be fp32, bf16 or fp16: rotated in fp32, rounded back to nearest even in place.
@@ -16,12 +17,12 @@ using cuda::detail::to_f32;
 using cuda::detail::to_storage;
 
 __global__ void rope_table_kernel(float* cos_t, float* sin_t, int64_t s, int64_t half, int64_t d,
-                                  int64_t position_offset, double theta, float direction) {
+                                  int64_t position_offset, Rope rope, float direction) {
   const int64_t n = s * half;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < n;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t p = t / half, i = t % half;
-    const double inv_freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double inv_freq = rope_inv_freq(rope, i, d);
     const double angle = static_cast<double>(position_offset + p) * inv_freq;
     cos_t[t] = static_cast<float>(cos(angle));
     sin_t[t] = direction * static_cast<float>(sin(angle));
@@ -47,8 +48,8 @@ __global__ void rope_apply_kernel(T* x, const float* cos_t, const float* sin_t, 
 
 }  // namespace
 
-void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset, float theta,
-          float direction, stream_t stream) {
+void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset,
+          const Rope& rope, float direction, stream_t stream) {
   const int64_t half = d / 2;
   if (s == 0 || per_pos == 0 || half == 0) return;
   const auto cs = static_cast<cudaStream_t>(stream);
@@ -56,7 +57,7 @@ void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t p
   float* cos_t = table.as<float>();
   float* sin_t = cos_t + s * half;
   rope_table_kernel<<<blocks_for(s * half), kThreads, 0, cs>>>(cos_t, sin_t, s, half, d, position_offset,
-                                                               static_cast<double>(theta), direction);
+                                                               rope, direction);
   CUDA_OPS_LAUNCHED();
   const int64_t n = s * per_pos * half;
   PARALLEL_CUDA_DISPATCH_FLOAT(dtype, T, {

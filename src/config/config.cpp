@@ -34,6 +34,7 @@ namespace {
 constexpr std::string_view kNormalizationNames[] = {"layernorm", "rmsnorm"};
 constexpr std::string_view kActivationNames[] = {"gelu", "swiglu"};
 constexpr std::string_view kPositionEmbeddingNames[] = {"learned", "rope"};
+constexpr std::string_view kRopeScalingNames[] = {"none", "linear", "llama3"};
 constexpr std::string_view kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
@@ -47,6 +48,7 @@ constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
 std::span<const std::string_view> names_of(PositionEmbedding) { return kPositionEmbeddingNames; }
+std::span<const std::string_view> names_of(RopeScalingType) { return kRopeScalingNames; }
 std::span<const std::string_view> names_of(Precision) { return kPrecisionNames; }
 std::span<const std::string_view> names_of(Recompute) { return kRecomputeNames; }
 std::span<const std::string_view> names_of(LrDecay) { return kLrDecayNames; }
@@ -102,6 +104,16 @@ void for_each_field(S& s, F&& f) {
     "inner width of a shared expert every token passes through (0: none)");
   f("moe_token_dispatcher", s.moe_token_dispatcher,
     "how tokens reach other expert-parallel ranks: alltoall or allgather");
+  f("rope_scaling", s.rope_scaling.type,
+    "scaling of the rotary frequencies for longer contexts (Hugging Face's rope_type)");
+  f("rope_scaling_factor", s.rope_scaling.factor,
+    "linear and llama3: how much longer the context is than trained");
+  f("rope_low_freq_factor", s.rope_scaling.low_freq_factor,
+    "llama3: wavelengths above original / this are scaled");
+  f("rope_high_freq_factor", s.rope_scaling.high_freq_factor,
+    "llama3: wavelengths below original / this are kept");
+  f("rope_original_max_position_embeddings", s.rope_scaling.original_max_position_embeddings,
+    "llama3: the context length before scaling");
 }
 
 template <typename S, typename F>
@@ -810,6 +822,19 @@ void validate_config(Config& c, int world_size) {
   rules.require(m.init_std > 0, m.init_std, "must be > 0");
   rules.require(m.norm_epsilon > 0, m.norm_epsilon, "must be > 0");
   rules.require(m.rope_theta > 0, m.rope_theta, "must be > 0");
+  if (m.rope_scaling.type != RopeScalingType::None) {
+    const RopeScaling& rs = m.rope_scaling;
+    rules.require(m.position_embedding == PositionEmbedding::Rope, rs.type,
+                  fmt::format("needs {} = rope", rules.key(m.position_embedding)));
+    rules.require(rs.factor > 0, rs.factor, "must be > 0");
+    if (rs.type == RopeScalingType::Llama3) {
+      rules.require(rs.low_freq_factor > 0, rs.low_freq_factor, "must be > 0");
+      rules.require(rs.high_freq_factor > rs.low_freq_factor, rs.high_freq_factor,
+                    fmt::format("must be > {} ({})", rules.key(rs.low_freq_factor), rs.low_freq_factor));
+      rules.require(rs.original_max_position_embeddings > 0, rs.original_max_position_embeddings,
+                    "must be > 0");
+    }
+  }
   rules.require(t.peak_tflops >= 0, t.peak_tflops, "must be >= 0");
   rules.require(t.comm_timeout_s > 0, t.comm_timeout_s, "must be > 0");
   rules.require(o.lr > 0, o.lr, "must be > 0");

@@ -71,9 +71,12 @@ json parse_json(const std::string& text, const std::string& source) {
 // when one is given, else are an error.
 class Fields {
  public:
-  Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+  // prefix: how the keys are named in messages ("rope_scaling." for the keys of that object).
+  Fields(const json& j, std::string source, std::string prefix = "")
+      : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const std::string& source() const { return source_; }
   const json& raw(const char* key) const { return j_[key]; }
 
   int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
@@ -104,18 +107,18 @@ class Fields {
   }
 
   [[noreturn]] void bad(const std::string& key, const json& value, const std::string& rule) const {
-    fail(fmt::format("{}: {} = {}: {}", source_, key, value.dump(), rule));
+    fail(fmt::format("{}: {}{} = {}: {}", source_, prefix_, key, value.dump(), rule));
   }
 
  private:
   template <typename T>
   T required(const char* key, std::optional<T> fallback) const {
-    if (!fallback) fail(fmt::format("{}: missing key '{}'", source_, key));
+    if (!fallback) fail(fmt::format("{}: missing key '{}{}'", source_, prefix_, key));
     return *fallback;
   }
 
   const json& j_;
-  std::string source_;
+  std::string source_, prefix_;
 };
 
 int checked_int(const Fields& f, const char* key, std::optional<int64_t> fallback = std::nullopt) {
@@ -183,6 +186,34 @@ ModelConfig gpt2_model(const Fields& f) {
   return m;
 }
 
+// rope_scaling: {"rope_type" (or the older "type"): "default" | "linear" | "llama3", factor, ...}.
+RopeScaling rope_scaling_from(const Fields& f) {
+  const json& r = f.raw("rope_scaling");
+  if (!r.is_object()) f.bad("rope_scaling", r, "expected null or an object");
+  const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
+  const Fields rf(r, f.source(), "rope_scaling.");
+  const std::string type = rf.string(type_key, "");
+  if (type.empty()) fail(fmt::format("{}: missing key 'rope_scaling.rope_type'", f.source()));
+  RopeScaling s;
+  if (type == "default") return s;
+  if (type != "linear" && type != "llama3")
+    rf.bad(type_key, json(type), "not implemented (only \"default\", \"linear\" and \"llama3\")");
+  s.factor = rf.number("factor");
+  if (s.factor <= 0) rf.bad("factor", r["factor"], "must be > 0");
+  if (type == "linear") {
+    s.type = RopeScalingType::Linear;
+    return s;
+  }
+  s.type = RopeScalingType::Llama3;
+  s.low_freq_factor = rf.number("low_freq_factor");
+  s.high_freq_factor = rf.number("high_freq_factor");
+  s.original_max_position_embeddings = static_cast<double>(rf.integer("original_max_position_embeddings"));
+  if (s.low_freq_factor <= 0) rf.bad("low_freq_factor", r["low_freq_factor"], "must be > 0");
+  if (s.high_freq_factor <= s.low_freq_factor)
+    rf.bad("high_freq_factor", r["high_freq_factor"], "must be > low_freq_factor");
+  return s;
+}
+
 ModelConfig llama_model(const Fields& f, Architecture a) {
   ModelConfig m;
   m.num_layers = checked_int(f, "num_hidden_layers");
@@ -212,13 +243,7 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
     f.bad("head_dim", f.raw("head_dim"),
           fmt::format("must equal hidden_size / num_attention_heads ({} / {})", m.hidden_size,
                       m.num_attention_heads));
-  if (f.has("rope_scaling")) {
-    const json& r = f.raw("rope_scaling");
-    const char* key = r.contains("rope_type") ? "rope_type" : "type";
-    if (!r.is_object() || !r.contains(key) || !r[key].is_string() || r[key].get<std::string>() != "default")
-      f.bad(std::string("rope_scaling") + (r.is_object() && r.contains(key) ? std::string(".") + key : ""),
-            r.is_object() && r.contains(key) ? r[key] : r, "not implemented (only null or \"default\")");
-  }
+  if (f.has("rope_scaling")) m.rope_scaling = rope_scaling_from(f);
   if (a == Architecture::Llama) {
     const bool attention_bias = f.boolean("attention_bias", false), mlp_bias = f.boolean("mlp_bias", false);
     if (attention_bias != mlp_bias)
@@ -443,6 +468,22 @@ Architecture architecture_for(const ModelConfig& m) {
   return m.add_qkv_bias && !m.add_bias ? Architecture::Qwen2 : Architecture::Llama;
 }
 
+static json rope_scaling_json(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScalingType::None:
+      return nullptr;
+    case RopeScalingType::Linear:
+      return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case RopeScalingType::Llama3:
+      return {{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", static_cast<int64_t>(s.original_max_position_embeddings)}};
+  }
+  return nullptr;
+}
+
 std::string config_json_for(const ModelConfig& m, Architecture a, const std::string& torch_dtype,
                             const std::string& template_json) {
   json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
@@ -483,7 +524,7 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     j["max_position_embeddings"] = positions;
     j["rms_norm_eps"] = m.norm_epsilon;
     j["rope_theta"] = m.rope_theta;
-    j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = rope_scaling_json(m.rope_scaling);
     j["hidden_act"] = "silu";
     j["tie_word_embeddings"] = m.tie_embeddings;
     j["attention_dropout"] = m.dropout;

@@ -46,11 +46,11 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   v.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq + nkv, nkv));
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
     // Each run of rows at its global positions (from 0 without context parallelism).
-    const float theta = static_cast<float>(env_.config->rope_theta);
+    const Rope rope(env_.config->rope_theta, env_.config->rope_scaling);
     for (const cp::Segment& seg : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
       Tensor qs = q.narrow(0, seg.row, seg.rows), ks = k.narrow(0, seg.row, seg.rows);
-      ops::rope_forward(qs, seg.position, theta);
-      ops::rope_forward(ks, seg.position, theta);
+      ops::rope_forward(qs, seg.position, rope);
+      ops::rope_forward(ks, seg.position, rope);
     }
     // The rotated q and k are bf16 tensors on the GPU (the attention kernel's inputs).
   }
@@ -93,11 +93,11 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
   ctx.out = Tensor();
   // dq, dk, dv leave the attention kernel in bf16, and again after the rope's backward rotation.
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
-    const float theta = static_cast<float>(env_.config->rope_theta);
+    const Rope rope(env_.config->rope_theta, env_.config->rope_scaling);
     for (const cp::Segment& seg : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
       Tensor dqs = dq.narrow(0, seg.row, seg.rows), dks = dk.narrow(0, seg.row, seg.rows);
-      ops::rope_backward(dqs, seg.position, theta);
-      ops::rope_backward(dks, seg.position, theta);
+      ops::rope_backward(dqs, seg.position, rope);
+      ops::rope_backward(dks, seg.position, rope);
     }
   }
   // Back into the fused layout [.., q_r | k_r | v_r] the qkv GEMM produced.

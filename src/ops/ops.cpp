@@ -528,10 +528,19 @@ void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, cons
 // ---- attention --------------------------------------------------------------------------------
 
 namespace {
-void check_rope(const char* op, const Tensor& x, float theta) {
+void check_rope(const char* op, const Tensor& x, const Rope& rope) {
   PARALLEL_CHECK(x.dim() == 4 && x.size(3) % 2 == 0, "ops::{}: x {} must be [s, b, heads, d] with d even", op,
                  shape_str(x.shape()));
-  PARALLEL_CHECK(theta > 0.0f, "ops::{}: theta = {} must be positive", op, theta);
+  PARALLEL_CHECK(rope.theta > 0.0, "ops::{}: theta = {} must be positive", op, rope.theta);
+  const RopeScaling& sc = rope.scaling;
+  PARALLEL_CHECK(sc.type == RopeScalingType::None || sc.factor > 0.0,
+                 "ops::{}: rope scaling factor = {} must be positive", op, sc.factor);
+  PARALLEL_CHECK(sc.type != RopeScalingType::Llama3 ||
+                     (sc.low_freq_factor > 0.0 && sc.high_freq_factor > sc.low_freq_factor &&
+                      sc.original_max_position_embeddings > 0.0),
+                 "ops::{}: llama3 rope scaling needs 0 < low_freq_factor ({}) < high_freq_factor ({}) and "
+                 "original_max_position_embeddings ({}) > 0",
+                 op, sc.low_freq_factor, sc.high_freq_factor, sc.original_max_position_embeddings);
 }
 
 // q [s, b, hq, d]; k, v [s, b, hkv, d]; hq % hkv == 0; lse [b, hq, s].
@@ -548,22 +557,22 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }
 }  // namespace
 
-void rope_forward(Tensor& x, int64_t position_offset, float theta, Stream stream) {
+void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream stream) {
   const Checked k = check_args("rope_forward", {{x, "x"}});
-  check_rope("rope_forward", x, theta);
+  check_rope("rope_forward", x, rope);
   if (k.device.is_cuda()) {
-    PARALLEL_ON_CUDA(rope_forward(x, position_offset, theta, stream));
+    PARALLEL_ON_CUDA(rope_forward(x, position_offset, rope, stream));
   }
-  cpu::rope_forward(x, position_offset, theta);
+  cpu::rope_forward(x, position_offset, rope);
 }
 
-void rope_backward(Tensor& dx, int64_t position_offset, float theta, Stream stream) {
+void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream stream) {
   const Checked k = check_args("rope_backward", {{dx, "dx"}});
-  check_rope("rope_backward", dx, theta);
+  check_rope("rope_backward", dx, rope);
   if (k.device.is_cuda()) {
-    PARALLEL_ON_CUDA(rope_backward(dx, position_offset, theta, stream));
+    PARALLEL_ON_CUDA(rope_backward(dx, position_offset, rope, stream));
   }
-  cpu::rope_backward(dx, position_offset, theta);
+  cpu::rope_backward(dx, position_offset, rope);
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -22,6 +22,12 @@ exactly, with their tensor names ("model.layers.{i}.self_attn.q_proj.weight", ..
   theta   500000                1000000               1000 (see below)
   eps     1e-5                  1e-6                  1e-6
   tied    no                    no                    yes (no lm_head in the file, as HF saves it)
+and a fourth, "llama3": a LlamaForCausalLM with hidden 32, 4 heads (d 8), 2 kv heads, ffn 40, theta
+10000 and Llama 3.1's rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
+high_freq_factor 32, original_max_position_embeddings 256}: inv_freq scaled as transformers'
+_compute_llama3_parameters (kept / blended / divided by factor by wavelength band; the short original
+context puts one pair of the 8-token window in each band). The script checks that dropping the
+scaling changes the loss.
 
 Weights are drawn larger than a trained model's init (normal(0, 1/sqrt(fan_in)), the embedding normal(0, 1)
 (tied: normal(0, 1/sqrt(h))), norm weights 1 +
@@ -48,9 +54,9 @@ seq_length 8, global batch 2).
 
 Files (tests/reference/fixtures/):
   hf_tokens_text_document.{bin,idx}  the document (Megatron indexed dataset, uint16 tokens)
-  hf_{llama,mistral,qwen2}_tiny/     the initial model as an HF folder: config.json, model.safetensors
+  hf_{llama,mistral,qwen2,llama3}_tiny/  the initial model as an HF folder: config.json, model.safetensors
                                      (F32, metadata {"format": "pt"})
-  hf_{llama,mistral,qwen2}_tiny_after3.safetensors   every model tensor after the 3 updates under its
+  hf_{llama,mistral,qwen2,llama3}_tiny_after3.safetensors   every model tensor after the 3 updates under its
                                      HF name, losses [3] (each step's mean loss before its update),
                                      tokens / targets [3, 2, 8] I32
   hf_llama_tiny_bf16/                the initial Llama rounded to bfloat16, as a sharded folder:
@@ -83,6 +89,13 @@ MODELS = {
                     ffn=40, theta=1000000.0, eps=1e-6, tied=False, qkv_bias=False, seed=202),
     "qwen2": dict(arch="Qwen2ForCausalLM", model_type="qwen2", layers=2, hidden=24, heads=4, kv=2, ffn=32,
                   theta=1000.0, eps=1e-6, tied=True, qkv_bias=True, seed=303),
+    # Llama 3.1's rope_scaling, with a short original context so that the 8-token window sees all
+    # three bands: head dim 8, theta 1e4 -> wavelengths 6.3 (< 256/32: kept), 63 (between: blended),
+    # 628 and 6283 (> 256/1: divided by 8).
+    "llama3": dict(arch="LlamaForCausalLM", model_type="llama", layers=2, hidden=32, heads=4, kv=2, ffn=40,
+                   theta=10000.0, eps=1e-5, tied=False, qkv_bias=False, seed=404,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 32.0, "original_max_position_embeddings": 256}),
 }
 
 
@@ -140,8 +153,29 @@ def rotate_interleaved(x):
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
-def rope_tables(s, d, theta, interleaved=False):
+def scaled_inv_freq(inv_freq, rope_scaling):
+    """transformers' _compute_llama3_parameters / linear scaling (modeling_rope_utils.py)."""
+    if rope_scaling is None:
+        return inv_freq
+    factor = rope_scaling["factor"]
+    if rope_scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    assert rope_scaling["rope_type"] == "llama3"
+    low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+    old_context_len = rope_scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low
+    high_freq_wavelen = old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def rope_tables(s, d, theta, interleaved=False, rope_scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv_freq = scaled_inv_freq(inv_freq, rope_scaling)
     freqs = torch.outer(torch.arange(s, dtype=torch.float64), inv_freq)  # [s, d/2]
     emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -151,12 +185,13 @@ def x_dtype(p):
     return p["model.norm.weight"].dtype
 
 
-def forward(m, p, tokens, targets, interleaved=False):
+def forward(m, p, tokens, targets, interleaved=False, unscaled=False):
     """Mean token cross-entropy of the HF model on explicit targets."""
     b, s = tokens.shape
     h, hq, hkv = m["hidden"], m["heads"], m["kv"]
     d = h // hq
-    cos, sin = (t.to(x_dtype(p)) for t in rope_tables(s, d, m["theta"], interleaved))
+    scaling = None if unscaled else m.get("rope_scaling")
+    cos, sin = (t.to(x_dtype(p)) for t in rope_tables(s, d, m["theta"], interleaved, scaling))
     rot = rotate_interleaved if interleaved else rotate_half
     causal = torch.ones(s, s, dtype=torch.bool).tril()
     x = p["model.embed_tokens.weight"][tokens]  # [b, s, h]
@@ -218,7 +253,7 @@ def hf_config(m, dtype="float32"):
         "max_position_embeddings": 64,
         "rms_norm_eps": m["eps"],
         "rope_theta": m["theta"],
-        "rope_scaling": None,
+        "rope_scaling": m.get("rope_scaling"),
         "hidden_act": "silu",
         "initializer_range": 0.02,
         "tie_word_embeddings": m["tied"],
@@ -283,6 +318,11 @@ def main():
             pairs = forward(m, p, tokens[0], targets[0], interleaved=True).item()
         print(f"{name}: loss {half:.6f} with half-split rotary, {pairs:.6f} with interleaved pairs")
         assert abs(half - pairs) > 1e-3 * abs(half), "the rotary layout must matter for this fixture"
+        if m.get("rope_scaling"):
+            with torch.no_grad():
+                unscaled = forward(m, p, tokens[0], targets[0], unscaled=True).item()
+            print(f"{name}: loss {unscaled:.6f} without rope_scaling")
+            assert abs(half - unscaled) > 1e-3 * abs(half), "rope_scaling must matter for this fixture"
 
         losses = train(m, p, tokens, targets)
         for step, loss in enumerate(losses):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face model folders through convert_checkpoint and the trainer, against the PyTorch
 # reference of tests/reference/make_hf_llama.py (Llama-, Mistral- and Qwen2-shaped tiny models: GQA,
-# rope theta != 10000, untied and tied embeddings, Qwen2's q/k/v biases; 3 AdamW steps):
+# rope theta != 10000, untied and tied embeddings, Qwen2's q/k/v biases, Llama 3.1's rope_scaling;
+# 3 AdamW steps):
 #  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
 #     and on tp2 x pp2 (4 ranks) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
 #     the folder's weights equal the reference's after the steps (hf_compare's tolerance);
@@ -36,7 +37,7 @@ quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on fai
 }
 
 # 1. Train each model on one rank and on tp2 x pp2; export; compare.
-for model in llama mistral qwen2; do
+for model in llama mistral qwen2 llama3; do
   dir=$work/$model
   mkdir -p "$dir"
   quiet "$dir/import.log" "$convert" --from hf --input "$fx/hf_${model}_tiny" --output "$dir/ckpt"
@@ -59,6 +60,11 @@ done
 grep -q '"Qwen2ForCausalLM"' "$work/qwen2/tp1pp1/hf/config.json" || { echo "qwen2 exported as another architecture"; exit 1; }
 grep -q 'add_qkv_bias: true' "$work/qwen2/ckpt.yaml" || { echo "qwen2: ckpt.yaml lacks add_qkv_bias"; exit 1; }
 grep -q 'rope_theta: 1000000' "$work/mistral/ckpt.yaml" || { echo "mistral: ckpt.yaml lacks rope_theta"; exit 1; }
+grep -q 'rope_scaling: llama3' "$work/llama3/ckpt.yaml" && grep -q 'rope_high_freq_factor: 32' "$work/llama3/ckpt.yaml" ||
+  { echo "llama3: ckpt.yaml lacks rope_scaling"; exit 1; }
+grep -q '"rope_type": "llama3"' "$work/llama3/tp1pp1/hf/config.json" &&
+  grep -q '"original_max_position_embeddings": 256' "$work/llama3/tp1pp1/hf/config.json" ||
+  { echo "llama3: exported config.json lacks rope_scaling"; cat "$work/llama3/tp1pp1/hf/config.json"; exit 1; }
 
 # With the original config.json as a template, the export keeps its architecture and other keys.
 quiet "$work/template.log" "$convert" --to hf --input "$work/mistral/tp1pp1/ckpt" --output "$work/mistral_templ" \
@@ -114,8 +120,10 @@ variant() {  # variant NAME SED_EXPR: a copy of the llama fixture with its confi
 }
 variant gemma 's/"LlamaForCausalLM"/"GemmaForCausalLM"/'
 expect_error unknown_architecture 'architectures = ["GemmaForCausalLM"]: not supported' --from hf --input "$work/gemma" --output "$work/e1"
-variant llama3_rope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3", "factor": 8.0}/'
-expect_error rope_scaling 'rope_scaling.rope_type = "llama3": not implemented' --from hf --input "$work/llama3_rope" --output "$work/e2"
+variant yarn_rope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0}/'
+expect_error rope_scaling 'rope_scaling.rope_type = "yarn": not implemented' --from hf --input "$work/yarn_rope" --output "$work/e2"
+variant llama3_short 's/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3", "factor": 8.0}/'
+expect_error rope_scaling_keys "missing key 'rope_scaling.low_freq_factor'" --from hf --input "$work/llama3_short" --output "$work/e2b"
 variant more_layers 's/"num_hidden_layers": 2/"num_hidden_layers": 3/'
 expect_error missing_tensor "missing tensor 'model.layers.2." --from hf --input "$work/more_layers" --output "$work/e3"
 variant fewer_layers 's/"num_hidden_layers": 2/"num_hidden_layers": 1/'

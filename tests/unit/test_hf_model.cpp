@@ -125,17 +125,27 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
   j["model_type"] = "phi3";
   EXPECT_THAT(config_error(j), HasSubstr("model_type = \"phi3\": not supported"));
 
-  for (const char* type : {"linear", "dynamic", "yarn", "llama3", "longrope"}) {
+  for (const char* type : {"dynamic", "yarn", "longrope", "su"}) {
     j = fixture_config("llama");
     j["rope_scaling"] = {{"rope_type", type}, {"factor", 8.0}};
     EXPECT_THAT(config_error(j),
                 HasSubstr(fmt::format("rope_scaling.rope_type = \"{}\": not implemented", type)));
   }
   j = fixture_config("llama");
-  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // the older spelling
-  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"linear\": not implemented"));
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};  // the older spelling
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"yarn\": not implemented"));
   j["rope_scaling"] = {{"rope_type", "default"}};
   EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "config.json"));
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
+  EXPECT_THAT(config_error(j), HasSubstr("missing key 'rope_scaling.high_freq_factor'"));
+  j["rope_scaling"] = {{"rope_type", "linear"}};
+  EXPECT_THAT(config_error(j), HasSubstr("missing key 'rope_scaling.factor'"));
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 4.0},
+                       {"high_freq_factor", 1.0},
+                       {"original_max_position_embeddings", 8192}};
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.high_freq_factor = 1.0: must be > low_freq_factor"));
 
   j = fixture_config("llama");
   j["hidden_act"] = "gelu";
