@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer-file", options.tokenizer_file, "HuggingFace: the tokenizer.json");
   app.add_flag("--append-eod", options.append_eod,
                "append the end-of-document token to every non-empty document");
+  bool no_post_processor = false;
+  app.add_flag("--no-post-processor", no_post_processor,
+               "HuggingFace: leave out the special tokens the tokenizer.json's post_processor puts around "
+               "each document (Llama 3's <|begin_of_text|>)");
   // An explicit range: CLI::PositiveNumber's message prints the largest double in full (300 digits).
   app.add_option("--workers", options.workers, "tokenising threads, 1 to 1024 (default 1)")
       ->check(CLI::Range(1, 1024));
@@ -40,6 +44,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "preprocess_data: %s (see --help)\n", e.what());
     return 2;
   }
+  options.post_processor = !no_post_processor;
   try {
     const parallel::PreprocessResult result = parallel::preprocess_data(options);
     for (const std::string& prefix : result.prefixes)

@@ -126,6 +126,9 @@ struct PreprocessOptions {
   std::string merge_file;
   std::string tokenizer_file;  // HuggingFace: the tokenizer.json
   bool append_eod = false;
+  // The tokenizer's sequence template (Tokenizer::sequence_template: Llama 3's <|begin_of_text|>)
+  // around the ids of each non-empty document, before the eod.
+  bool post_processor = true;
   int workers = 1;  // tokenising threads
 };
 

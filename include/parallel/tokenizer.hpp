@@ -30,6 +30,15 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;  // including the eod token
   virtual int32_t eod() const = 0;
   virtual std::string name() const = 0;  // "GPT2BPETokenizer" or "ByteLevel"
+
+  // The special tokens put around one whole sequence (a document), before and after its encode()
+  // ids: a Hugging Face post-processor's template for a single sequence (Llama 3's
+  // <|begin_of_text|>); none for the other tokenizers. Throws parallel::Error (one line) when the
+  // tokenizer has a post-processor we do not implement.
+  struct SequenceTemplate {
+    std::vector<int32_t> before, after;
+  };
+  virtual SequenceTemplate sequence_template() const { return {}; }
 };
 
 class ByteLevelTokenizer final : public Tokenizer {
@@ -75,7 +84,11 @@ class GPT2Tokenizer final : public Tokenizer {
 // tokens written inside a text are encoded as themselves, as the library does. Anything else
 // (another pattern, normalizer or model type, dropout, byte_fallback, single_word) is refused with
 // one line naming the key. eod: the first special token of <|endoftext|>, <|end_of_text|>, </s>,
-// <eos>. No post-processor is applied (no BOS): --append-eod adds the eod.
+// <eos>. encode() is encode(text, add_special_tokens=False); the post_processor is sequence_template():
+// TemplateProcessing's single-sequence template (the special tokens around $A), also inside a
+// Sequence; ByteLevel post-processors change offsets only and add nothing. Other post-processors
+// (BertProcessing, RobertaProcessing, ...) are refused by sequence_template() only, so a tokenizer
+// with one still encodes. preprocess_data puts the template around each document unless told not to.
 class HFTokenizer final : public Tokenizer {
  public:
   explicit HFTokenizer(const std::string& tokenizer_file);
@@ -88,6 +101,7 @@ class HFTokenizer final : public Tokenizer {
   int64_t vocab_size() const override;  // the highest id + 1
   int32_t eod() const override;
   std::string name() const override { return "HuggingFace"; }
+  SequenceTemplate sequence_template() const override;
 
  private:
   struct Impl;

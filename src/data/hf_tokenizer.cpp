@@ -208,6 +208,10 @@ struct HFTokenizer::Impl {
   Split split = Split::Gpt2;
   AddedTokens raw_tokens, normalized_tokens;
   int32_t eod = -1;
+  Tokenizer::SequenceTemplate sequence_template;
+  std::string post_processor_error;  // set: a post-processor we do not implement (thrown on use)
+  void parse_post_processor(const nlohmann::json& p);
+  void parse_template(const nlohmann::json& p);
 
   byte_level_bpe::CachedEncoder encoder;
 
@@ -285,6 +289,52 @@ struct HFTokenizer::Impl {
     }
   }
 };
+
+// TemplateProcessing's "single": [{"SpecialToken": {"id": NAME}} | {"Sequence": {"id": "A"}}, ...],
+// NAME's ids in "special_tokens": {NAME: {"ids": [...]}}.
+void HFTokenizer::Impl::parse_template(const json& p) {
+  const auto bad = [&](const std::string& what) {
+    fail(fmt::format("post_processor (TemplateProcessing): {}", what));
+  };
+  if (!p.contains("single") || !p["single"].is_array()) bad("missing key 'single'");
+  const json specials = p.value("special_tokens", json::object());
+  bool seen_a = false;
+  for (const json& item : p["single"]) {
+    if (item.contains("Sequence")) {
+      if (item["Sequence"].value("id", std::string()) != "A" || seen_a)
+        bad(fmt::format("single = {}: expected one sequence $A", p["single"].dump()));
+      seen_a = true;
+    } else if (item.contains("SpecialToken")) {
+      const std::string name = item["SpecialToken"].value("id", std::string());
+      if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array())
+        bad(fmt::format("special token '{}' has no ids in special_tokens", name));
+      for (const json& id : specials[name]["ids"]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= static_cast<int64_t>(id_to_bytes.size()) || !valid[id.get<int64_t>()])
+          bad(fmt::format("special token '{}': id {} is not in the vocabulary", name, id.dump()));
+        (seen_a ? sequence_template.after : sequence_template.before).push_back(id.get<int32_t>());
+      }
+    } else {
+      bad(fmt::format("single item {}: expected SpecialToken or Sequence", item.dump()));
+    }
+  }
+  if (!seen_a) bad(fmt::format("single = {}: expected one sequence $A", p["single"].dump()));
+}
+
+void HFTokenizer::Impl::parse_post_processor(const json& p) {
+  if (p.is_null()) return;
+  const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
+  if (type == "ByteLevel") return;  // offsets only
+  if (type == "TemplateProcessing") return parse_template(p);
+  if (type == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
+    for (const json& q : p["processors"]) parse_post_processor(q);
+    return;
+  }
+  post_processor_error = fmt::format(
+      "HF tokenizer: {}: post_processor.type = {}: not implemented (TemplateProcessing, ByteLevel and a "
+      "Sequence of them are; preprocess_data --no-post-processor leaves it out)",
+      file, json(type).dump());
+}
 
 HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_unique<Impl>()) {
   Impl& im = *impl_;
@@ -445,6 +495,8 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
     ++rank;
   }
 
+  if (j.contains("post_processor")) im.parse_post_processor(j["post_processor"]);
+
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
     if (const auto it = added.find(name); it != added.end() && it->second.special) {
       im.eod = it->second.id;
@@ -456,6 +508,11 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
 }
 
 HFTokenizer::~HFTokenizer() = default;
+
+Tokenizer::SequenceTemplate HFTokenizer::sequence_template() const {
+  if (!impl_->post_processor_error.empty()) throw Error(impl_->post_processor_error);
+  return impl_->sequence_template;
+}
 
 std::vector<int32_t> HFTokenizer::encode(std::string_view text) const {
   const Impl& im = *impl_;

@@ -633,6 +633,8 @@ PreprocessResult preprocess_data(const PreprocessOptions& options) {
   std::unique_ptr<Tokenizer> tokenizer =
       make_tokenizer(options.tokenizer_type, options.vocab_file, options.merge_file, options.tokenizer_file);
   const IndexedDType dtype = indexed_dtype_for_vocab(tokenizer->vocab_size());
+  const Tokenizer::SequenceTemplate around =
+      options.post_processor ? tokenizer->sequence_template() : Tokenizer::SequenceTemplate{};
 
   PreprocessResult result;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
@@ -659,7 +661,13 @@ PreprocessResult preprocess_data(const PreprocessOptions& options) {
             std::vector<int32_t> piece_ids = tokenizer->encode(piece);
             ids[d][k].insert(ids[d][k].end(), piece_ids.begin(), piece_ids.end());
           }
-          if (options.append_eod && !ids[d][k].empty()) ids[d][k].push_back(tokenizer->eod());
+          std::vector<int32_t>& doc_ids = ids[d][k];
+          // A document without text tokens stays empty (no template, no eod), as Megatron keeps it.
+          if (!doc_ids.empty() && !(around.before.empty() && around.after.empty())) {
+            doc_ids.insert(doc_ids.begin(), around.before.begin(), around.before.end());
+            doc_ids.insert(doc_ids.end(), around.after.begin(), around.after.end());
+          }
+          if (options.append_eod && !doc_ids.empty()) doc_ids.push_back(tokenizer->eod());
         }
       }
     };

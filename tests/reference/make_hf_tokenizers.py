@@ -11,8 +11,9 @@ package; a throwaway venv is enough):
   hf_tokenizer_llama3.json  Llama 3's layout: pre_tokenizer Sequence[Split(Llama 3's regex, isolated),
                             ByteLevel(use_regex false)], model BPE with ignore_merges, no normalizer,
                             special tokens <|begin_of_text|>, <|end_of_text|>, <|eot_id|>, a
-                            non-special added token "<tool>", and a vocabulary word no merge
-                            reaches (" unmergeable", for ignore_merges)
+                            non-special added token "<tool>", a vocabulary word no merge
+                            reaches (" unmergeable", for ignore_merges), and Llama 3's post_processor
+                            (Sequence[ByteLevel, TemplateProcessing "<|begin_of_text|> $A"])
   hf_tokenizer_qwen2.json   Qwen2's layout: normalizer NFC, Qwen2's regex (single digits), BPE
                             without ignore_merges, special tokens <|endoftext|>, <|im_start|>, <|im_end|>
   hf_tokenizer_gpt2.json    GPT-2's layout: pre_tokenizer ByteLevel(use_regex true, no prefix space)
@@ -91,6 +92,37 @@ def corpus():
     with open(os.path.join(ROOT, "tests", "data", "sample.txt"), encoding="utf-8") as f:
         sample = f.read()
     return [sample] * 5 + MULTILINGUAL * 20
+
+
+def llama3_post_processor(bos_id):
+    """Meta's Llama 3 tokenizer.json post_processor: <|begin_of_text|> before each sequence (offsets
+    untouched by ByteLevel). What the library writes for processors.Sequence([processors.ByteLevel(
+    trim_offsets=False), processors.TemplateProcessing(single="<|begin_of_text|> $A",
+    pair="<|begin_of_text|> $A <|begin_of_text|> $B:1", special_tokens=[("<|begin_of_text|>", bos_id)])])."""
+    bos = "<|begin_of_text|>"
+    return {
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {"type": "TemplateProcessing",
+             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                      {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+             "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}},
+        ],
+    }
+
+
+def add_llama3_post_processor(path):
+    """The llama3 fixture's post_processor (tests/unit/test_hf_tokenizer.cpp expects <|begin_of_text|>
+    before each document from preprocess_data, ids built by hand from this template: the `tokenizers`
+    library was not at hand when it was added). Run alone: make_hf_tokenizers.py --post-processor."""
+    with open(path, encoding="utf-8") as f:
+        j = json.load(f)
+    bos_id = next(t["id"] for t in j["added_tokens"] if t["content"] == "<|begin_of_text|>")
+    j["post_processor"] = llama3_post_processor(bos_id)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
 
 
 def build(kind):
@@ -178,6 +210,9 @@ def main():
     if "--nfc-table" in sys.argv[1:]:
         nfc_table()
         return
+    if "--post-processor" in sys.argv[1:]:
+        add_llama3_post_processor(os.path.join(OUT, "hf_tokenizer_llama3.json"))
+        return
     ids = {}
     for kind in ("llama3", "qwen2", "gpt2"):
         tok = build(kind)
@@ -197,6 +232,7 @@ def main():
                     t["id"] = model_size + 1
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
+            add_llama3_post_processor(path)
             from tokenizers import Tokenizer
             tok = Tokenizer.from_file(path)
         print(f"wrote {os.path.relpath(path)} ({os.path.getsize(path)} bytes, vocab {tok.get_vocab_size()})")

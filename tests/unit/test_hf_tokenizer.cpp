@@ -111,6 +111,50 @@ TEST(HfTokenizer, PreprocessDataWritesItsIds) {
   std::filesystem::remove_all(dir);
 }
 
+// Llama 3's post_processor (Sequence[ByteLevel, TemplateProcessing "<|begin_of_text|> $A"], in the
+// llama3 fixture as Meta's tokenizer.json has it): preprocess_data puts <|begin_of_text|> (id 0)
+// before each non-empty document, and leaves it out with post_processor = false. The expected ids
+// are built by hand from the template (the `tokenizers` library was not installed to record
+// encode(text, add_special_tokens=True)): [0] + the recorded add_special_tokens=False ids + eod.
+TEST(HfTokenizer, PreprocessDataPutsThePostProcessorsTemplateAroundDocuments) {
+  const HFTokenizer llama(tokenizer_file("llama3"));
+  EXPECT_EQ(llama.sequence_template().before, std::vector<int32_t>{0});
+  EXPECT_TRUE(llama.sequence_template().after.empty());
+  EXPECT_TRUE(HFTokenizer(tokenizer_file("qwen2")).sequence_template().before.empty());  // ByteLevel: none
+  EXPECT_TRUE(HFTokenizer(tokenizer_file("gpt2")).sequence_template().before.empty());
+
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("test_hf_tokenizer_bos_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const json cases = load_json(fixtures_dir() + "/hf_tokenizer_ids.json").at("llama3");
+  {
+    std::ofstream out(dir / "in.jsonl");
+    for (const auto& [name, c] : cases.items()) out << json{{"text", c.at("text")}}.dump() << "\n";
+  }
+  for (const bool template_on : {true, false}) {
+    PreprocessOptions options;
+    options.input = (dir / "in.jsonl").string();
+    options.output_prefix = (dir / (template_on ? "on" : "off")).string();
+    options.tokenizer_type = "HuggingFace";
+    options.tokenizer_file = tokenizer_file("llama3");
+    options.append_eod = true;
+    options.post_processor = template_on;
+    options.workers = 2;
+    const IndexedDataset data(preprocess_data(options).prefixes.at(0));
+    ASSERT_EQ(data.num_documents(), static_cast<int64_t>(cases.size()));
+    int64_t d = 0;
+    for (const auto& [name, c] : cases.items()) {
+      std::vector<int32_t> expected = c.at("ids").get<std::vector<int32_t>>();
+      if (!expected.empty()) {
+        if (template_on) expected.insert(expected.begin(), 0);  // <|begin_of_text|>
+        expected.push_back(1);                                  // <|end_of_text|>
+      }
+      EXPECT_EQ(data.document(d++), expected) << name << (template_on ? "" : " (post_processor off)");
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The error of constructing from a copy of the llama3 fixture edited by `edit`.
 template <typename F>
 std::string error_for(F&& edit) {
@@ -130,6 +174,54 @@ std::string error_for(F&& edit) {
   }
   std::filesystem::remove(path);
   return what;
+}
+
+// The sequence template of a copy of the llama3 fixture whose post_processor is `p`.
+Tokenizer::SequenceTemplate template_for(const json& p) {
+  json j = load_json(tokenizer_file("llama3"));
+  j["post_processor"] = p;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("test_hf_tokenizer_tp_" + std::to_string(::getpid()) + ".json"))
+                               .string();
+  std::ofstream(path) << j.dump();
+  struct Remove {
+    std::string path;
+    ~Remove() { std::filesystem::remove(path); }
+  } remove{path};
+  return HFTokenizer(path).sequence_template();
+}
+
+std::string error_of_template(const json& p) {
+  try {
+    template_for(p);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    return what;
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(HfTokenizer, TemplateProcessingBeforeAndAfterTheSequence) {
+  const json eos = {{"SpecialToken", {{"id", "<|end_of_text|>"}, {"type_id", 0}}}};
+  const json bos = {{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}};
+  const json a = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  const json specials = {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {0}}}},
+                         {"<|end_of_text|>", {{"id", "<|end_of_text|>"}, {"ids", {1}}}}};
+  const Tokenizer::SequenceTemplate t = template_for(
+      {{"type", "TemplateProcessing"}, {"single", {bos, a, eos, eos}}, {"special_tokens", specials}});
+  EXPECT_EQ(t.before, std::vector<int32_t>{0});
+  EXPECT_EQ(t.after, (std::vector<int32_t>{1, 1}));
+  EXPECT_TRUE(template_for(nullptr).before.empty());
+  EXPECT_THAT(
+      error_of_template({{"type", "TemplateProcessing"}, {"single", {bos}}, {"special_tokens", specials}}),
+      HasSubstr("expected one sequence $A"));
+  EXPECT_THAT(error_of_template({{"type", "TemplateProcessing"}, {"single", {bos, a}}}),
+              HasSubstr("special token '<|begin_of_text|>' has no ids"));
+  // Another post-processor: the tokenizer still encodes; asking for its template is the error.
+  EXPECT_THAT(error_of_template({{"type", "RobertaProcessing"}}),
+              HasSubstr("post_processor.type = \"RobertaProcessing\": not implemented"));
 }
 
 TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
