@@ -137,8 +137,11 @@ step ctest_cuda 150 bash -c 'cd "$0" && exec ctest "$@"' "$build" -L cuda -E '^t
   --timeout 120 --output-on-failure "${junit[@]}"
 # The op-path comparison on its own, so that its lines are in one log whatever ctest keeps.
 step op_paths 60 "$bin/test_attention_plain" --gtest_color=no
-mpiexec=(mpirun --oversubscribe --bind-to none)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 PARALLEL_SOURCE_DIR=$src
+source "$src/scripts/mpi_launcher.sh"  # the launcher flags for one machine, Open MPI's or MPICH's
+mapfile -t mpiexec < <(mpi_launcher_flags mpirun)
+mpiexec=(mpirun "${mpiexec[@]}")
+export OMP_NUM_THREADS=1 PARALLEL_SOURCE_DIR=$src
+while read -r var; do [[ -n $var ]] && export "${var?}"; done < <(mpi_launcher_env mpirun)
 step trainer_gpu 90 bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"
 step trainer_gpu_plain 90 env PARALLEL_ATTENTION=plain PARALLEL_GEMM=cublaslt \
   bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"

@@ -9,6 +9,7 @@ set -euo pipefail
 packages=(
   build-essential cmake git pkg-config
   libopenmpi-dev openmpi-bin
+  libmpich-dev mpich
   libeigen3-dev libdnnl-dev ocl-icd-opencl-dev libfmt-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   jargon-text

@@ -16,8 +16,8 @@ if [[ ! -f data/jargon_text_document.idx ]]; then
     --append-eod
 fi
 
-mpi_flags=(--oversubscribe --bind-to none)
-[[ $(id -u) -eq 0 ]] && mpi_flags+=(--allow-run-as-root)
+source scripts/mpi_launcher.sh  # the launcher flags for one machine, Open MPI's or MPICH's
+mapfile -t mpi_flags < <(mpi_launcher_flags mpirun)
 # Four ranks share two cores: one thread each, and OpenMP threads that sleep rather than spin
 # while they wait (spinning steals the cores other ranks need).
 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} mpirun "${mpi_flags[@]}" -np 4 build/bin/pretrain_gpt --config configs/quickstart.yaml "$@" \

@@ -15,6 +15,7 @@ set -euo pipefail
 src=$1 pretrain=$2 preprocess=$3
 shift 3
 mpiexec=("$@")
+source "$src/scripts/mpi_launcher.sh"  # mpi_rank_pids
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1)
@@ -72,11 +73,9 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 signalled=0
-for pid in $(pgrep -P "$job"); do  # mpirun's children: the ranks
-  if tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
-    kill -TERM "$pid"
-    signalled=1
-  fi
+for pid in $(mpi_rank_pids "$job" 1); do
+  kill -TERM "$pid"
+  signalled=1
 done
 [[ $signalled -eq 1 ]] || { kill -TERM "$job"; fail "SIGTERM to rank 1: rank 1 not found"; }
 status=0

@@ -10,6 +10,7 @@ set -euo pipefail
 src=$1 pretrain=$2
 shift 2
 mpiexec=("$@")
+source "$src/scripts/mpi_launcher.sh"  # mpi_rank_pids
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
@@ -56,7 +57,7 @@ for _ in $(seq 1 300); do
   [[ -f $work/term/metrics.jsonl ]] && (($(wc -l <"$work/term/metrics.jsonl") >= 3)) && break
   sleep 0.1
 done
-pkill -TERM -P "$job"  # the ranks: mpirun's children
+kill -TERM $(mpi_rank_pids "$job")
 status=0
 wait "$job" || status=$?
 [[ $status -eq 0 ]] || { echo "SIGTERM: exit status $status"; tail -20 "$work/term.log"; exit 1; }

@@ -5,18 +5,22 @@
 # data 2 with the distributed optimizer (reduce-scatter, all-gather). Each logs the losses of one
 # rank within 1e-5 relative. Were TCP unusable, ob1 would find no route between the ranks and the
 # job would fail; the tcp transport's start-up is also checked in Open MPI's verbose log.
-# Under another MPI (MPICH's mpiexec takes no --mca flags) the test is skipped (exit 77).
+# The TCP-only flags come from scripts/mpi_launcher.sh (under MPICH: no shared memory, UCX or
+# libfabric on TCP); the start-up check of the transport reads Open MPI's log only.
 #   trainer_tcp.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
 set -euo pipefail
 src=$1 pretrain=$2
 shift 2
 mpiexec=("$@")
-
-if ! "${mpiexec[0]}" --version 2>&1 | grep -qiE "open ?mpi|open-mpi|openrte"; then
-  echo "SKIPPED: ${mpiexec[0]} is not Open MPI's launcher; the TCP-only flags here are Open MPI's (--mca btl tcp,self --mca pml ob1)"
+source "$src/scripts/mpi_launcher.sh"
+kind=$(mpi_launcher_kind "${mpiexec[0]}")
+mapfile -t tcp_only < <(mpi_launcher_tcp "${mpiexec[0]}")
+if ((${#tcp_only[@]} == 0)); then
+  echo "SKIPPED: no TCP-only flags known for ${mpiexec[0]} ($kind)"
   exit 77
 fi
-tcp_only=(--mca pml ob1 --mca btl tcp,self)
+verbose=()
+[[ $kind == openmpi ]] && verbose=(--mca btl_base_verbose 30)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -42,12 +46,14 @@ compare() {  # compare NAME: the run's losses against the single-rank reference,
 }
 
 run ref 1 --
-run tp2 2 "${tcp_only[@]}" --mca btl_base_verbose 30 -- --set parallel.tensor=2
+run tp2 2 "${tcp_only[@]}" "${verbose[@]}" -- --set parallel.tensor=2
 run pp2 2 "${tcp_only[@]}" -- --set parallel.pipeline=2
 run dp2 2 "${tcp_only[@]}" -- --set optimizer.distributed=true
 
-# Both ranks brought up the tcp transport, and no shared-memory one (vader) was even opened.
-[[ $(grep -c "select: init of component tcp returned success" "$work/tp2.log") -eq 2 ]] ||
-  { echo "tp2: Open MPI's log does not show the tcp transport starting on both ranks:"; grep -i "btl" "$work/tp2.log" | head; exit 1; }
-if grep -q "component vader" "$work/tp2.log"; then echo "tp2: the shared-memory transport was loaded"; exit 1; fi
+# Open MPI: both ranks brought up the tcp transport, and no shared-memory one (vader) was even opened.
+if [[ $kind == openmpi ]]; then
+  [[ $(grep -c "select: init of component tcp returned success" "$work/tp2.log") -eq 2 ]] ||
+    { echo "tp2: Open MPI's log does not show the tcp transport starting on both ranks:"; grep -i "btl" "$work/tp2.log" | head; exit 1; }
+  if grep -q "component vader" "$work/tp2.log"; then echo "tp2: the shared-memory transport was loaded"; exit 1; fi
+fi
 for layout in tp2 pp2 dp2; do compare $layout; done

@@ -12,6 +12,7 @@ set -uo pipefail
 src=$1 pretrain=$2 stall=$3
 shift 3
 mpiexec=("$@")
+source "$src/scripts/mpi_launcher.sh"  # mpi_rank_pids
 work=$(mktemp -d)
 job=
 stopped=
@@ -29,16 +30,6 @@ fail() {
 }
 now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }  # bash 5
 seconds() { printf '%d.%d' $(($1 / 1000)) $(($1 % 1000 / 100)); }
-# True when process $1 descends from process $2 (the ranks of this script's job only).
-descends_from() {
-  local pid=$1
-  while [[ $pid -gt 1 ]]; do
-    [[ $pid -eq $2 ]] && return 0
-    pid=$(awk '{ print $4 }' "/proc/$pid/stat" 2>/dev/null) || return 1
-    [[ -n $pid ]] || return 1
-  done
-  return 1
-}
 line_re='watchdog: .* on group [a-z]+ \(world ranks? [0-9,]+\) pending for [0-9.]+ s \(train\.comm_timeout_s = [0-9.]+\): aborting the job'
 
 # 1. The stall program: the operation and group named exactly.
@@ -73,15 +64,9 @@ done
 grep -q "step .*| loss" "$log" || fail "trainer: no progress line within 60 s" "$log"
 grep -q "straggler" "$log" && echo "   (a straggler warning before the stop, on a shared machine: $(grep -o 'straggler.*' "$log" | head -1))"
 
-# The rank to stop: world rank 2 by the launcher's environment (Open MPI, or PMI), else any rank.
-ranks=()
-for pid in $(pgrep -f -- "$pretrain" || true); do
-  descends_from "$pid" "$job" && [[ -r /proc/$pid/environ ]] || continue
-  env=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null) || continue
-  grep -q "^OMPI_COMM_WORLD_RANK=2$\|^PMI_RANK=2$" <<<"$env" && stopped=$pid && break
-  grep -q "^OMPI_COMM_WORLD_RANK=\|^PMI_RANK=" <<<"$env" && ranks+=("$pid")
-done
-[[ -n $stopped ]] || stopped=${ranks[0]:-}
+# The rank to stop: world rank 2 (by the launcher's environment), else any rank.
+stopped=$(mpi_rank_pids "$job" 2 | head -1)
+[[ -n $stopped ]] || stopped=$(mpi_rank_pids "$job" | head -1)
 [[ -n $stopped ]] || fail "trainer: could not find a rank's process" "$log"
 kill -STOP "$stopped"
 start=$(now_ms)
