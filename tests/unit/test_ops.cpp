@@ -667,6 +667,45 @@ TEST(OpsRope, LargeThreadedTensor) {
   expect_close(x, rope_ref(xv, s, b * heads, d, offset, 10000.0, 1), 3e-6, 1e-6, "rope large");
 }
 
+// Linear scaling by 2 reads position p as p / 2: rows at even positions 2p of a scaled rope equal
+// rows at positions p of the unscaled one (an identity of the rotation, not a second formula).
+TEST(OpsRope, LinearScalingHalvesThePositions) {
+  const int64_t s = 9, b = 2, heads = 3, d = 8, offset = 5;
+  Tensor y = random_tensor({s, b, heads, d}, 93);
+  // x's row r sits at position 2 * offset - 1 + r, so row 2p + 1 at 2 (offset + p); the other rows are 0.
+  Tensor x = Tensor::zeros({2 * s, b, heads, d}, DType::F32);
+  const Rope linear(10000.0, RopeScaling{.type = RopeScalingType::Linear, .factor = 2.0});
+  const int64_t x_offset = 2 * offset - 1;
+  for (int64_t p = 0; p < s; p++) x.narrow(0, 2 * p + 1, 1).copy_(y.narrow(0, p, 1));
+  ops::rope_forward(x, x_offset, linear);
+  ops::rope_forward(y, offset, 10000.0);
+  for (int64_t p = 0; p < s; p++)
+    expect_close(x.narrow(0, 2 * p + 1, 1).contiguous(), to_double(y.narrow(0, p, 1).contiguous()), 1e-6,
+                 1e-6, "linear scaling");
+}
+
+// Llama 3's bands (head dim 8, theta 1e4: wavelengths 6.3, 63, 628, 6283; original context 256 with
+// high_freq_factor 32 and low_freq_factor 1: kept below 8, divided above 256, blended between).
+TEST(OpsRope, Llama3ScalingBands) {
+  const Rope plain(10000.0);
+  const Rope llama3(10000.0, RopeScaling{.type = RopeScalingType::Llama3,
+                                         .factor = 8.0,
+                                         .low_freq_factor = 1.0,
+                                         .high_freq_factor = 32.0,
+                                         .original_max_position_embeddings = 256.0});
+  EXPECT_DOUBLE_EQ(rope_inv_freq(llama3, 0, 8), rope_inv_freq(plain, 0, 8));
+  EXPECT_DOUBLE_EQ(rope_inv_freq(llama3, 2, 8), rope_inv_freq(plain, 2, 8) / 8.0);
+  EXPECT_DOUBLE_EQ(rope_inv_freq(llama3, 3, 8), rope_inv_freq(plain, 3, 8) / 8.0);
+  const double f = rope_inv_freq(plain, 1, 8), smooth = (256.0 * f / (2.0 * M_PI) - 1.0) / (32.0 - 1.0);
+  EXPECT_NEAR(rope_inv_freq(llama3, 1, 8), (1.0 - smooth) * f / 8.0 + smooth * f, 1e-15);
+  EXPECT_GT(rope_inv_freq(llama3, 1, 8), f / 8.0);
+  EXPECT_LT(rope_inv_freq(llama3, 1, 8), f);
+  Tensor x = Tensor::zeros({2, 1, 1, 8}, DType::F32);
+  const Rope bad(
+      10000.0, RopeScaling{.type = RopeScalingType::Llama3, .low_freq_factor = 4.0, .high_freq_factor = 1.0});
+  EXPECT_NE(error_of([&] { ops::rope_forward(x, 0, bad); }).find("low_freq_factor"), std::string::npos);
+}
+
 // ---- embedding ----------------------------------------------------------------------------------
 
 TEST(OpsEmbedding, ForwardZeroesForeignIdsBackwardAccumulates) {
