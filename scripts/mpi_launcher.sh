@@ -61,7 +61,7 @@ mpi_launcher_env() {
 mpi_launcher_tcp() {
   case $(mpi_launcher_kind "$1") in
     openmpi) printf '%s\n' --mca pml ob1 --mca btl tcp,self ;;
-    hydra) printf '%s\n' -genv MPIR_CVAR_NOLOCAL 1 -genv UCX_TLS tcp -genv FI_PROVIDER tcp ;;
+    hydra) printf '%s\n' -genv MPIR_CVAR_NOLOCAL 1 -genv UCX_TLS self,tcp -genv FI_PROVIDER tcp ;;
   esac
   return 0
 }
