@@ -829,8 +829,9 @@ void validate_config(Config& c, int world_size) {
     rules.require(rs.factor > 0, rs.factor, "must be > 0");
     if (rs.type == RopeScalingType::Llama3) {
       rules.require(rs.low_freq_factor > 0, rs.low_freq_factor, "must be > 0");
-      rules.require(rs.high_freq_factor > rs.low_freq_factor, rs.high_freq_factor,
-                    fmt::format("must be > {} ({})", rules.key(rs.low_freq_factor), rs.low_freq_factor));
+      rules.require(
+          rs.high_freq_factor > rs.low_freq_factor, rs.high_freq_factor,
+          fmt::format("must be > {} ({})", rules.key(rs.low_freq_factor), display(rs.low_freq_factor)));
       rules.require(rs.original_max_position_embeddings > 0, rs.original_max_position_embeddings,
                     "must be > 0");
     }
