@@ -91,7 +91,8 @@ echo "4. SIGTERM to rank 1: $(grep -o 'stopping at step [0-9]* on SIGTERM' "$wor
 job=$!
 sleep 3
 start=$SECONDS
-pkill -TERM -P "$job" || true
+ranks=$(mpi_rank_pids "$job")
+[[ -z $ranks ]] || kill -TERM $ranks 2>/dev/null || true
 wait "$job" || true
 ((SECONDS - start <= 15)) || fail "SIGTERM during start-up: the job took $((SECONDS - start)) s to end" "$work/startup.log"
 ! grep -q "step 1/" "$work/startup.log" || fail "SIGTERM during start-up: training began" "$work/startup.log"
