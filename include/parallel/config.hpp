@@ -83,11 +83,14 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   int context = 1;  // context parallel: each sample's sequence is split over `context` ranks
   ContextComm context_comm = ContextComm::P2P;
-  int expert = 1;  // accepted only as 1 for now
+  // Expert parallelism folds onto the dense ranks (Megatron-Core): experts split over `expert`
+  // ranks (times expert_tensor) out of tensor * context * data; it does not divide the world.
+  int expert = 1;
+  int expert_tensor = 1;  // tensor parallelism inside experts; accepted only as 1 for now
   // Explicit layer counts for the first / last pipeline stage (0: split evenly).
   int first_stage_layers = 0;
   int last_stage_layers = 0;
-  int data = 0;  // derived: world / (tensor * pipeline * context * expert); not a YAML key
+  int data = 0;  // derived: world / (tensor * pipeline * context); not a YAML key
 };
 
 struct TrainConfig {

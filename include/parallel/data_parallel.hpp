@@ -71,6 +71,14 @@ struct DataParallelOptions {
   int sharding_group_size = 0;  // 0: all of dp
   bool reshard_after_forward = true;
   int prefetch_units = 1;
+  // Which of the chunks' parameters this replica holds (MoE: experts are reduced over the expert-dp
+  // group, dense parameters over dp x cp, each by its own DataParallel). An Experts replica installs
+  // no hooks: its buckets are reduced in finish_grad_sync, and only sharding none is supported.
+  enum class Params { All, Dense, Experts } params = Params::All;
+  // Gradients are divided by this many ranks before the sum over the group (0: the group's size).
+  // Expert gradients summed over expert-dp are averaged over the dense dp x cp size, since each
+  // expert already received the tokens of the ep ranks (Megatron's expert_gradient_scaling_factor).
+  int average_over = 0;
 
   static DataParallelOptions from(const OptimizerConfig& optimizer, Precision precision);
 };

@@ -19,8 +19,10 @@ namespace parallel {
 bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pipeline_stage);
 
 // sqrt of the local sum of squares (an fp32 [1] tensor on the gradients' device) summed in place
-// over `model` and `dp` (either may be null: not summed). Reads the result: one host read.
-double reduce_grad_norm(Tensor& local_sum_of_squares, Communicator* model, Communicator* dp);
+// over `model` and `dp` (either may be null: not summed), plus - MoE - the experts' local sum of
+// squares summed over `expert_model` (undefined: no experts). Reads the result: one host read.
+double reduce_grad_norm(Tensor& local_sum_of_squares, Communicator* model, Communicator* dp,
+                        Tensor expert_sum_of_squares = Tensor(), Communicator* expert_model = nullptr);
 
 // max_norm / (norm + 1e-6) if that is below 1, else 1; 1 when max_norm <= 0 (clipping off).
 double clip_coefficient(double norm, double max_norm);

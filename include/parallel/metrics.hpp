@@ -30,6 +30,12 @@ struct StepMetrics {
   int64_t host_reads = 0;            // host reads of tensor values this step, max over ranks (tensor.hpp)
   int64_t mem_peak_bytes = 0;  // allocator high-water mark since start, max over ranks (memory_plan.hpp)
   bool skipped = false;        // fp16 overflow: the update was skipped
+  // MoE only (empty tokens_per_expert: a dense model, none of the three is written). The aux and z
+  // loss terms as they enter the objective (coefficients applied), summed over the MoE layers and
+  // averaged over the step's micro-batches; the top-k assignments each expert received (before
+  // capacity drops), summed over the MoE layers and all of the step's tokens.
+  double moe_aux_loss = 0.0, moe_z_loss = 0.0;
+  std::vector<int64_t> moe_tokens_per_expert;
 };
 
 // Appends one JSON object per line, each in one write() so a killed run keeps its history and a

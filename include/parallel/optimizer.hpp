@@ -31,6 +31,9 @@ class ParallelState;
 struct OptimizerGroups {
   Communicator* model = nullptr;  // tp x pp (ParallelState::model())
   Communicator* dp = nullptr;     // dp x cp (ParallelState::dp_cp()): the replicas of a dense parameter
+  // MoE: expert gradients are summed over the ranks holding different experts (etp x ep x pp,
+  // ParallelState::expert_model()), every expert element once, then added to the dense sum.
+  Communicator* expert_model = nullptr;
   int tp_rank = 0;
   bool first_pipeline_stage = true;
   static OptimizerGroups from(ParallelState& state);
@@ -116,8 +119,10 @@ class AdamW : public Optimizer {
   // are written from them after every update.
   AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& config, Precision precision,
         OptimizerGroups groups = {});
-  // Over a DDP replica with all-reduced gradients (DataParallelOptions::distributed_optimizer off).
-  AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups);
+  // Over a DDP replica with all-reduced gradients (DataParallelOptions::distributed_optimizer off),
+  // and the MoE expert replica (reduced over expert-dp) when there is one.
+  AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups,
+        DataParallel* experts = nullptr);
   DataParallel* data_parallel() override { return ddp_; }
 
  private:

@@ -8,8 +8,11 @@ namespace parallel::checkpoint {
 bool is_optimizer_state(const std::string& name) { return name.starts_with(kOptimizerPrefix); }
 
 bool is_replica_writer(const Parameter& param, const Coord& coord) {
-  // Data, context and expert parallel replicas hold identical copies of every parameter.
-  if (coord.dp != 0 || coord.cp != 0 || coord.ep != 0) return false;
+  // An expert (stored under its global index) lives on one ep rank and is replicated over
+  // expert-dp; expert-dp rank 0 writes it, whatever its tp, cp or dp coordinates.
+  if (param.expert) return coord.edp == 0 && coord.etp == 0;
+  // Data and context parallel replicas hold identical copies of every dense parameter.
+  if (coord.dp != 0 || coord.cp != 0) return false;
   if (param.is_replicated_over_tp() && coord.tp != 0) return false;
   // The tied word embedding's copy on the last stage equals the first stage's one (which in the V
   // placement sits on the same rank).

@@ -132,7 +132,10 @@ void for_each_field(S& s, F&& f) {
   f("context_comm", s.context_comm,
     "how context-parallel attention sees the whole sequence: p2p (ring attention), a2a (Ulysses "
     "all-to-all over heads), allgather (gather K/V)");
-  f("expert", s.expert, "expert-parallel size (only 1 is supported)");
+  f("expert", s.expert,
+    "expert-parallel size: MoE experts split over this many of the tensor * context * data ranks of a "
+    "pipeline stage");
+  f("expert_tensor", s.expert_tensor, "tensor-parallel size inside experts (only 1 is supported)");
   f("first_stage_layers", s.first_stage_layers, "layers on the first pipeline stage (0: split evenly)");
   f("last_stage_layers", s.last_stage_layers, "layers on the last pipeline stage (0: split evenly)");
 }
@@ -232,8 +235,7 @@ void for_each_key(C& c, F&& f) {
 // Values computed by validate_config(): named in messages, but never read from YAML nor written.
 template <typename C, typename F>
 void for_each_derived(C& c, F&& f) {
-  f("parallel", "data", c.parallel.data,
-    "it is derived: world size / (tensor * pipeline * context * expert)");
+  f("parallel", "data", c.parallel.data, "it is derived: world size / (tensor * pipeline * context)");
 }
 
 // ---- values: text, display, type names -----------------------------------------------------------
@@ -660,7 +662,9 @@ void validate_config(Config& c, int world_size) {
     rules.at_least(*count, 0);
   }
   rules.at_least(o.bucket_size, int64_t{0});
-  rules.require(p.expert == 1, p.expert, "expert parallelism is not supported yet (must be 1)");
+  rules.at_least(p.expert_tensor, 1);
+  rules.require(p.expert_tensor == 1, p.expert_tensor,
+                "tensor parallelism inside experts is not supported yet (must be 1)");
 
   // 0 means "the usual default"; filling it in here keeps every consumer from re-deriving it.
   if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
@@ -710,14 +714,27 @@ void validate_config(Config& c, int world_size) {
                               rules.key(m.max_position_embeddings), m.max_position_embeddings));
   }
 
-  // The data-parallel size is whatever the world has left.
-  long long model_ranks = 1LL * p.tensor * p.pipeline * p.context * p.expert;
+  // The data-parallel size is whatever the world has left; experts fold onto it.
+  long long model_ranks = 1LL * p.tensor * p.pipeline * p.context;
   if (world_size % model_ranks != 0) {
-    fail(fmt::format("world size = {}: must be divisible by {} * {} * {} * {} ({} * {} * {} * {} = {})",
-                     world_size, rules.key(p.tensor), rules.key(p.pipeline), rules.key(p.context),
-                     rules.key(p.expert), p.tensor, p.pipeline, p.context, p.expert, model_ranks));
+    fail(fmt::format("world size = {}: must be divisible by {} * {} * {} ({} * {} * {} = {})", world_size,
+                     rules.key(p.tensor), rules.key(p.pipeline), rules.key(p.context), p.tensor, p.pipeline,
+                     p.context, model_ranks));
   }
   p.data = static_cast<int>(world_size / model_ranks);
+  if (p.expert > 1) {
+    rules.require(m.num_experts > 0, p.expert, fmt::format("needs {} > 0", rules.key(m.num_experts)));
+    const long long stage = 1LL * p.tensor * p.context * p.data;
+    rules.require(stage % (1LL * p.expert * p.expert_tensor) == 0, p.expert,
+                  fmt::format("{} * {} must divide {} * {} * data ({} * {} * {} = {})", rules.key(p.expert),
+                              rules.key(p.expert_tensor), rules.key(p.tensor), rules.key(p.context), p.tensor,
+                              p.context, p.data, stage));
+  }
+  if (m.num_experts > 0)
+    rules.require(o.sharding == Sharding::None && !o.distributed, m.num_experts,
+                  fmt::format("MoE models train with {} = none for now (expert parameters have their own "
+                              "unsharded buffers)",
+                              rules.key(o.sharding)));
 
   // Layers over pipeline stages.
   if (p.first_stage_layers == 0 && p.last_stage_layers == 0) {

@@ -38,10 +38,10 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   // Checked before any split: a mismatch on one rank would otherwise leave the others hung in it.
   if (world.size() != grid.world_size())
     PARALLEL_FAIL(
-        "world size {} does not match the parallel layout tensor({}) x context({}) x expert({}) x "
-        "pipeline({}) "
-        "x data({}) = {}",
-        world.size(), s.tensor, s.context, s.expert, s.pipeline, s.data, grid.world_size());
+        "world size {} does not match the parallel layout tensor({}) x context({}) x pipeline({}) x data({}) "
+        "= "
+        "{}",
+        world.size(), s.tensor, s.context, s.pipeline, s.data, grid.world_size());
   const int me = world.rank();
   coord_ = grid.coord(me);
   // Every rank must make the same sequence of split calls, members or not.
@@ -52,12 +52,18 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   pp_ = split_into(world, grid.pipeline_group(me), "pipeline");
   model_ = split_into(world, grid.model_group(me), "model");
   embedding_ = split_into(world, grid.embedding_group(me), "embedding");
+  ep_ = split_into(world, grid.expert_group(me), "expert");
+  etp_ = split_into(world, grid.expert_tensor_group(me), "expert tensor");
+  edp_ = split_into(world, grid.expert_data_group(me), "expert data");
+  expert_model_ = split_into(world, grid.expert_model_group(me), "expert model");
   // Named by purpose, for messages such as the watchdog's ("all_reduce on group dp (world ranks
   // 0,2) pending ..."); the NCCL groups made below from these take the same names.
   auto name_all = [this] {
     for (auto& [group, label] :
          {std::pair{&tp_, "tp"}, std::pair{&cp_, "cp"}, std::pair{&dp_, "dp"}, std::pair{&dp_cp_, "dp_cp"},
-          std::pair{&pp_, "pp"}, std::pair{&model_, "model"}, std::pair{&embedding_, "embedding"}})
+          std::pair{&pp_, "pp"}, std::pair{&model_, "model"}, std::pair{&embedding_, "embedding"},
+          std::pair{&ep_, "ep"}, std::pair{&etp_, "etp"}, std::pair{&edp_, "edp"},
+          std::pair{&expert_model_, "expert_model"}})
       if (*group != nullptr) (*group)->set_name(label);
   };
   name_all();
@@ -87,6 +93,10 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   to_nccl(pp_, true);
   to_nccl(model_, false);
   to_nccl(embedding_, false);
+  to_nccl(ep_, false);
+  to_nccl(etp_, false);
+  to_nccl(edp_, false);
+  to_nccl(expert_model_, false);
   name_all();
 }
 

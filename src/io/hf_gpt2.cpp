@@ -97,9 +97,13 @@ int hf_layer_count(const std::map<std::string, Tensor>& stripped) {
 
 // The training layout is irrelevant to conversion and may not fit one rank (e.g. tensor: 8).
 std::vector<std::string> one_rank_overrides() {
-  return {"parallel.tensor=1",           "parallel.pipeline=1",
-          "parallel.virtual_stages=1",   "parallel.sequence_parallel=false",
-          "parallel.context=1",          "parallel.first_stage_layers=0",
+  return {"parallel.tensor=1",
+          "parallel.pipeline=1",
+          "parallel.virtual_stages=1",
+          "parallel.sequence_parallel=false",
+          "parallel.context=1",
+          "parallel.expert=1",
+          "parallel.first_stage_layers=0",
           "parallel.last_stage_layers=0"};
 }
 
@@ -111,6 +115,7 @@ void check_config(const ModelConfig& c) {
   };
   require(c.normalization == Normalization::LayerNorm, "model.normalization must be layernorm");
   require(c.activation == Activation::GeLU, "model.activation must be gelu");
+  require(c.num_experts == 0, "model.num_experts must be 0 (GPT-2 has dense MLPs)");
   require(c.position_embedding == PositionEmbedding::Learned, "model.position_embedding must be learned");
   require(c.add_bias, "model.add_bias must be true");
   require(c.tie_embeddings, "model.tie_embeddings must be true");

@@ -5,8 +5,9 @@
 //   aux    = coeff * E / (k T^2) * sum_i count_i * sum_t p[t, i]     (Switch / GShard balancing)
 //   z      = z_coeff / T * sum_t logsumexp(logits[t])^2
 // with count_i the top-k assignments to expert i and T the tokens of the micro-batch (over the tp
-// group under sequence parallelism, so the losses do not depend on tp). The losses enter the
-// objective with env.moe_loss_scale; their gradients are added to the router's in the backward.
+// group under sequence parallelism and over the cp group, so the losses do not depend on tp or cp). The
+// losses enter the objective with env.moe_loss_scale; their gradients are added to the router's in the
+// backward.
 //
 // Dispatch: the kept assignments are sorted by expert (stable in token order), so each ep rank's
 // experts own one contiguous block of rows. alltoall sends each block to its owner (per-expert
@@ -77,10 +78,8 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : env_(env) {
         expert_weight(fmt::format("{}.experts.{}.fc1.weight", prefix, global), fc1_rows, env.hidden));
     fc2.push_back(expert_weight(fmt::format("{}.experts.{}.fc2.weight", prefix, global), env.hidden, ffn_));
   }
-  // Under sequence parallelism each tp rank's experts see only its shard's tokens; the tp group sums
-  // their gradients (finalize_grads) as for the router.
-  for (auto* list : {&fc1, &fc2})
-    for (Parameter& w : *list) w.sequence_parallel_grad = env.sequence_parallel;
+  // Under sequence parallelism each tp rank's experts see only its shard's tokens: their gradients
+  // are partial sums over tp, which the expert-dp reduction (it spans tp) completes.
   if (c.moe_shared_expert_ffn_hidden_size > 0)
     shared = std::make_unique<MLP>(env, prefix + ".shared_expert", c.moe_shared_expert_ffn_hidden_size);
   stats_.tokens_per_expert.assign(static_cast<std::size_t>(experts_), 0);
@@ -269,9 +268,11 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
       for (int64_t e = 0; e < E; ++e) stat[Es + static_cast<std::size_t>(e)] += probs[t * E + e];
     for (float l : ctx.lse) stat[2 * Es] += l * l;
     stat[2 * Es + 1] = static_cast<float>(T);
-    if (env_.sequence_parallel && env_.tp->size() > 1) {
+    // The sequence's other shards: tp ranks under sequence parallelism, and the cp ranks.
+    for (Communicator* group : {env_.sequence_parallel ? env_.tp : nullptr, env_.cp}) {
+      if (group == nullptr || group->size() == 1) continue;
       Tensor s = Tensor::from_vector(stat, {static_cast<int64_t>(stat.size())});
-      env_.tp->all_reduce(s);
+      group->all_reduce(s);
       stat = s.to_float_vector();
     }
     ctx.aux_counts.assign(stat.begin(), stat.begin() + E);

@@ -15,6 +15,7 @@ OptimizerGroups OptimizerGroups::from(ParallelState& state) {
   OptimizerGroups g;
   g.model = &state.model();
   g.dp = &state.dp_cp();  // dense parameters are replicated over dp x cp
+  g.expert_model = &state.expert_model();
   g.tp_rank = state.coord().tp;
   g.first_pipeline_stage = state.is_first_stage();
   return g;
@@ -68,12 +69,18 @@ StepResult Optimizer::step(double lr) {
   // element is (short of values beyond 1e19, which no unscaled gradient reaches), and the
   // reductions carry an inf or NaN to every rank, so all ranks make the same decision. Gradients
   // left out of the norm (tp replicas, the tied embedding's second copy) equal ones counted.
-  Tensor sum_sq =
-      Tensor::zeros({1}, DType::F32, slots_.empty() ? Device::cpu() : slots_.front().grad.device());
-  for (const Slot& s : slots_)
-    if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage))
+  const Device device = slots_.empty() ? Device::cpu() : slots_.front().grad.device();
+  Tensor sum_sq = Tensor::zeros({1}, DType::F32, device);
+  Tensor expert_sq;  // MoE experts: each element on exactly one rank of the expert-model group
+  for (const Slot& s : slots_) {
+    if (s.param->expert) {
+      if (!expert_sq.defined()) expert_sq = Tensor::zeros({1}, DType::F32, device);
+      ops::sum_of_squares_accumulate(s.grad, expert_sq);
+    } else if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage)) {
       ops::sum_of_squares_accumulate(s.grad, sum_sq);
-  r.grad_norm = reduce_grad_norm(sum_sq, groups_.model, dp);
+    }
+  }
+  r.grad_norm = reduce_grad_norm(sum_sq, groups_.model, dp, expert_sq, groups_.expert_model);
   if (scaler_) {
     const bool overflow = !std::isfinite(r.grad_norm);
     scaler_->update(overflow);
@@ -148,22 +155,35 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
   }
 }
 
-AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups)
+AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups, DataParallel* experts)
     : Optimizer(config, ddp.options().precision, groups, /*sharded=*/false), ddp_(&ddp) {
-  PARALLEL_CHECK(!ddp.options().distributed_optimizer,
-                 "AdamW: this DDP reduce-scatters gradients; use DistributedOptimizer with it");
-  ParamAndGradBuffer& buf = ddp.buffer();
-  const bool low = buf.low_precision();
-  allocate_state(buf.numel(), low, buf.grad_data().device());
-  if (low) main_.copy_(buf.param_data());
-  for (Parameter* p : buf.params()) {
-    const int64_t off = buf.offset_of(p), n = p->numel();
-    Tensor grad = buf.grad_data().narrow(0, off, n);
-    if (low) {
-      slots_.push_back(make_slot(p, grad, main_.narrow(0, off, n), buf.param_data().narrow(0, off, n), off));
-    } else {
-      slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor(), off));
+  std::vector<DataParallel*> replicas{&ddp};
+  if (experts != nullptr) replicas.push_back(experts);
+  int64_t total = 0;
+  for (DataParallel* d : replicas) {
+    PARALLEL_CHECK(!d->options().distributed_optimizer,
+                   "AdamW: this DDP reduce-scatters gradients; use DistributedOptimizer with it");
+    total += d->buffer().numel();
+  }
+  ParamAndGradBuffer& first = ddp.buffer();
+  const bool low = first.low_precision();
+  allocate_state(total, low, first.grad_data().device());
+  // The state of each replica's buffer is one contiguous range, in the buffer's own layout.
+  int64_t base = 0;
+  for (DataParallel* d : replicas) {
+    ParamAndGradBuffer& buf = d->buffer();
+    if (low) main_.narrow(0, base, buf.numel()).copy_(buf.param_data());
+    for (Parameter* p : buf.params()) {
+      const int64_t off = buf.offset_of(p), n = p->numel();
+      Tensor grad = buf.grad_data().narrow(0, off, n);
+      if (low) {
+        slots_.push_back(make_slot(p, grad, main_.narrow(0, base + off, n),
+                                   buf.param_data().narrow(0, off, n), base + off));
+      } else {
+        slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor(), base + off));
+      }
     }
+    base += buf.numel();
   }
 }
 

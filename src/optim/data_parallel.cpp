@@ -9,10 +9,17 @@
 namespace parallel {
 namespace {
 
-std::vector<Parameter*> chunk_params(const std::vector<GPTModel*>& chunks) {
+bool holds(DataParallelOptions::Params which, const Parameter& p) {
+  using P = DataParallelOptions::Params;
+  return which == P::All || (which == P::Experts) == p.expert;
+}
+
+std::vector<Parameter*> chunk_params(const std::vector<GPTModel*>& chunks,
+                                     DataParallelOptions::Params which) {
   std::vector<Parameter*> out;
   for (GPTModel* c : chunks)
-    for (Parameter* p : c->parameters()) out.push_back(p);
+    for (Parameter* p : c->parameters())
+      if (holds(which, *p)) out.push_back(p);
   return out;
 }
 
@@ -52,14 +59,16 @@ DataParallelOptions checked(DataParallelOptions o) {
 
 // The buffer groups of sharded gradients: each unit's parameters, those reduced after finalize
 // apart (their own buckets).
-std::vector<std::vector<Parameter*>> unit_groups(const std::vector<GPTModel*>& chunks) {
+std::vector<std::vector<Parameter*>> unit_groups(const std::vector<GPTModel*>& chunks,
+                                                 DataParallelOptions::Params which) {
   std::vector<std::vector<Parameter*>> out;
   std::unordered_set<const Parameter*> seen;
   for (GPTModel* c : chunks)
     for (const auto& unit : c->units()) {
       std::vector<Parameter*> now, later;
       for (Parameter* p : unit)
-        if (seen.insert(p).second) (reduced_after_finalize(*p) ? later : now).push_back(p);
+        if (holds(which, *p) && seen.insert(p).second)
+          (reduced_after_finalize(*p) ? later : now).push_back(p);
       out.push_back(std::move(now));
       out.push_back(std::move(later));  // may be empty: an empty group holds no bucket
     }
@@ -75,8 +84,14 @@ DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& d
   shard_grads_ = options_.sharding == Sharding::OptimGrads || options_.sharding == Sharding::OptimGradsParams;
   shard_params_ = options_.sharding == Sharding::OptimGradsParams;
   std::vector<std::vector<Parameter*>> groups;
-  if (shard_grads_) groups = unit_groups(chunks);
-  build(chunk_params(chunks), std::move(groups));
+  if (shard_grads_) groups = unit_groups(chunks, options_.params);
+  build(chunk_params(chunks, options_.params), std::move(groups));
+  if (options_.params == DataParallelOptions::Params::Experts) {
+    PARALLEL_CHECK(!options_.distributed_optimizer && !options_.overlap_grad_reduce,
+                   "DataParallel: expert parameters are reduced without sharding or overlap");
+    chunks_.clear();  // no hooks to install or remove
+    return;
+  }
   for (GPTModel* c : chunks_) c->set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
   if (shard_grads_) {
     set_up_units();
@@ -185,7 +200,8 @@ BucketShard DataParallel::shard(const Bucket& bucket) const {
 
 void DataParallel::launch_reduce(Bucket& bucket) {
   // Average, not sum: scaling before the reduction keeps bf16/fp16 reductions in range, as Megatron.
-  if (dp_.size() > 1) ops::scale_(bucket.grads_view, 1.0f / static_cast<float>(dp_.size()));
+  const int average_over = options_.average_over > 0 ? options_.average_over : dp_.size();
+  if (average_over > 1) ops::scale_(bucket.grads_view, 1.0f / static_cast<float>(average_over));
   if (shard_grads_) {
     // Into a fresh shard-sized tensor, added to the persistent shard once it lands; the full-size
     // gradient is released now (the reduction holds it until then).

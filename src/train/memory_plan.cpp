@@ -48,7 +48,6 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
   const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const int64_t d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const int64_t nq = heads / tp * d, nkv = groups / tp * d, f = ffn / tp;
-  const int64_t f1 = m.activation == Activation::SwiGLU ? 2 * f : f;
   const bool layernorm = m.normalization == Normalization::LayerNorm;
   const int64_t vocab_local = padded_vocab_size(m.vocab_size, tp) / tp;
   std::vector<int64_t> units;
@@ -70,18 +69,40 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
     tag(0);
   }
   const std::size_t before_layers = units.size();
-  for (int i = 0; i < std::min(spec.num_layers, 1); ++i) {
+  // One layer's dense units (MoE layers: router and shared expert instead of the MLP; the experts
+  // live in their own buffer, expert_elements_per_rank).
+  auto layer_units = [&](bool moe) {
     norm();
     units.push_back((nq + 2 * nkv) * h);
     if (m.add_bias || m.add_qkv_bias) units.push_back(nq + 2 * nkv);
     units.push_back(h * nq);
     if (m.add_bias) units.push_back(h);
     norm();
-    units.push_back(f1 * h);
-    if (m.add_bias) units.push_back(f1);
-    units.push_back(h * f);
-    if (m.add_bias) units.push_back(h);
+    const int64_t mf = moe ? m.moe_shared_expert_ffn_hidden_size / tp : f;
+    const int64_t mf1 = m.activation == Activation::SwiGLU ? 2 * mf : mf;
+    if (moe) units.push_back(static_cast<int64_t>(m.num_experts) * h);
+    if (mf > 0) {
+      units.push_back(mf1 * h);
+      if (m.add_bias) units.push_back(mf1);
+      units.push_back(h * mf);
+      if (m.add_bias) units.push_back(h);
+    }
+  };
+  if (m.num_experts > 0) {
+    // Layers differ (moe_layer_freq): every layer exactly.
+    for (int i = 0; i < spec.num_layers; ++i) {
+      layer_units(m.is_moe_layer(spec.first_layer + i));
+      tag(0);
+    }
+    if (spec.post_process) {
+      norm();
+      if (!(m.tie_embeddings && spec.pre_process)) units.push_back(vocab_local * h);
+      tag(0);
+    }
+    if (next_model_unit) *next_model_unit = unit_id;
+    return units;
   }
+  for (int i = 0; i < std::min(spec.num_layers, 1); ++i) layer_units(false);
   // Every layer has the units of the first one.
   const std::vector<int64_t> layer(units.begin() + static_cast<std::ptrdiff_t>(before_layers), units.end());
   units.resize(before_layers);
@@ -108,6 +129,17 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
   }
   if (next_model_unit) *next_model_unit = unit_id;
   return units;
+}
+
+// Elements of this rank's MoE experts in one chunk (num_experts / ep per MoE layer, fc1 and fc2):
+// the trainer's expert DataParallel buffer, unsharded, its gradients fp32.
+double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, int ep) {
+  if (m.num_experts <= 0) return 0;
+  const double fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+  const double fe1 = m.activation == Activation::SwiGLU ? 2 * fe : fe;
+  int moe_layers = 0;
+  for (int i = 0; i < spec.num_layers; ++i) moe_layers += m.is_moe_layer(spec.first_layer + i);
+  return moe_layers * static_cast<double>(m.num_experts / ep) * (fe1 + fe) * m.hidden_size;
 }
 
 // Elements of the weights one chunk's GEMMs take as b (q|k|v, proj, fc1, fc2 per layer, and the
@@ -211,6 +243,14 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
     s.save = numel * optimizer_bytes_per_element(c.train.precision) + largest_bucket / shard_ranks * 4.0;
   }
   if (shard_params) s.save += numel * pe;
+  // MoE experts: their own unsharded buffer (values, fp32 gradients, full optimizer state).
+  double experts = 0;
+  for (const GPTChunkSpec& spec : chunks)
+    experts += expert_elements_per_rank(c.model, spec, c.parallel.expert);
+  s.parameters += experts * pe;
+  s.gradients += experts * 4.0;
+  s.optimizer += experts * optimizer_bytes_per_element(c.train.precision);
+  s.steady += experts * (pe + 4.0 + optimizer_bytes_per_element(c.train.precision));
   return s;
 }
 

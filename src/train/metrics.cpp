@@ -45,6 +45,11 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
                       {"mem_peak_bytes", m.mem_peak_bytes}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.skipped) j["skipped"] = true;
+  if (!m.moe_tokens_per_expert.empty()) {
+    j["moe_aux_loss"] = number(m.moe_aux_loss);
+    j["moe_z_loss"] = number(m.moe_z_loss);
+    j["moe_tokens_per_expert"] = m.moe_tokens_per_expert;
+  }
   return out_.append(j.dump());
 }
 

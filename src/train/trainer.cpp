@@ -132,6 +132,7 @@ struct Trainer::Impl {
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::unique_ptr<pipeline::GPTPipelineModel> model;
   std::unique_ptr<DataParallel> ddp;
+  std::unique_ptr<DataParallel> expert_ddp;  // MoE experts (reduced over expert-dp); else null
   std::unique_ptr<Optimizer> optimizer;
   std::optional<LrSchedule> lr;
   std::optional<GPTDataset> train_data, valid_data;
@@ -172,6 +173,33 @@ struct Trainer::Impl {
       return pipeline::MicroBatch{cp::slice_sequence(m.tokens, cp_rank, cp_size).to(dev),
                                   cp::slice_sequence(m.targets, cp_rank, cp_size).to(dev)};
     };
+  }
+
+  // MoE statistics of the step (metrics.hpp, StepMetrics::moe_*): every rank's chunks hold their own
+  // micro-batches' sums; tp ranks under sequence parallelism route different tokens (their counts
+  // add) but computed the aux and z losses from the same all-reduced statistics (counted once).
+  void moe_metrics(StepMetrics& s, int64_t global_micro_batches) {
+    std::vector<float> local(2, 0.0f);
+    for (auto& chunk : chunks) {
+      const GPTModel::MoEStatistics st = chunk->moe_statistics();
+      chunk->reset_moe_statistics();
+      if (st.tokens_per_expert.empty()) continue;
+      if (local.size() == 2) local.resize(2 + st.tokens_per_expert.size(), 0.0f);
+      if (state->coord().tp == 0 && state->coord().cp == 0) {
+        local[0] += static_cast<float>(st.aux_loss);
+        local[1] += static_cast<float>(st.z_loss);
+      }
+      for (std::size_t e = 0; e < st.tokens_per_expert.size(); ++e)
+        local[2 + e] += static_cast<float>(st.tokens_per_expert[e]);
+    }
+    local.resize(2 + static_cast<std::size_t>(cfg.model.num_experts), 0.0f);
+    Tensor sums = Tensor::from_vector(local, {static_cast<int64_t>(local.size())});
+    world.all_reduce(sums);
+    const float* v = sums.data<float>();  // host values: no device read
+    s.moe_aux_loss = v[0] / static_cast<double>(global_micro_batches);
+    s.moe_z_loss = v[1] / static_cast<double>(global_micro_batches);
+    s.moe_tokens_per_expert.assign(local.size() - 2, 0);
+    for (std::size_t e = 0; e + 2 < local.size(); ++e) s.moe_tokens_per_expert[e] = std::llround(v[2 + e]);
   }
 
   // The global mean token loss: the last stage's sums (one tp rank each) added over the world.
@@ -257,6 +285,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
                             .seed = c.train.seed,
                             .precision = c.train.precision,
                             .device = m.device,
+                            .expert = c.model.num_experts > 0 ? &m.state->ep() : nullptr,
                             .cp = &m.state->cp(),
                             .context_comm = c.parallel.context_comm};
   std::vector<GPTModel*> raw;
@@ -278,8 +307,23 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
 
   // Data parallelism owns the parameter and gradient buffers; the optimizer works on them. Dense
   // parameters are replicated over dp x cp (the cp ranks see other tokens of the same samples).
-  m.ddp = std::make_unique<DataParallel>(raw, m.state->dp_cp(),
-                                         DataParallelOptions::from(c.optimizer, c.train.precision));
+  DataParallelOptions ddp_options = DataParallelOptions::from(c.optimizer, c.train.precision);
+  if (c.model.num_experts > 0) {
+    // MoE: dense parameters over dp x cp, experts over expert-dp, averaged over dp x cp too.
+    DataParallelOptions experts = ddp_options;
+    experts.params = DataParallelOptions::Params::Experts;
+    experts.overlap_grad_reduce = false;
+    experts.average_over = m.state->dp_cp().size();
+    ddp_options.params = DataParallelOptions::Params::Dense;
+    m.expert_ddp = std::make_unique<DataParallel>(raw, m.state->edp(), experts);
+    progress().info(
+        "experts: {} per MoE layer, top-{}, {} dispatch; expert parallel {} ({} experts per rank), "
+        "expert data parallel {}",
+        c.model.num_experts, c.model.moe_router_topk,
+        c.model.moe_token_dispatcher == MoeDispatcher::AllToAll ? "alltoall" : "allgather",
+        m.state->ep().size(), c.model.num_experts / m.state->ep().size(), m.state->edp().size());
+  }
+  m.ddp = std::make_unique<DataParallel>(raw, m.state->dp_cp(), ddp_options);
   {
     // What the DDP actually shards (tests read this line), not what the config asked for.
     const ParamAndGradBuffer& buf = m.ddp->buffer();
@@ -294,7 +338,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   if (c.optimizer.distributed)
     m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups);
   else
-    m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups);
+    m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
   m.lr.emplace(c.optimizer, c.train.steps);
 
   m.train_data.emplace(make_gpt_dataset(c, DataSplit::Train));
@@ -424,14 +468,16 @@ int64_t Trainer::train() {
     const int64_t reads_before = host_reads();
     const int64_t t = m.step;  // 0-based index of this step's global batch
     m.ddp->zero_grad();
+    if (m.expert_ddp) m.expert_ddp->zero_grad();
     const double lr = m.lr->lr(static_cast<int>(t));
     // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp x cp,
     // and each cp rank holds seq_length / cp tokens of every sample), times the fp16 loss scale.
     const double scale = m.optimizer->loss_scaler() ? m.optimizer->loss_scaler()->scale() : 1.0;
     const double local_tokens = static_cast<double>(m.micro_batches) * c.train.micro_batch_size *
                                 (c.model.seq_length / c.parallel.context);
-    // MoE aux and z losses: averaged over the micro-batches like the loss (then over dp by DDP).
-    for (auto& chunk : m.chunks) chunk->set_moe_loss_scale(scale / m.micro_batches);
+    // MoE aux and z losses: averaged over the micro-batches like the loss, then over dp x cp by DDP
+    // (each cp rank's router sees a part of the tokens, as its loss gradient does: times cp).
+    for (auto& chunk : m.chunks) chunk->set_moe_loss_scale(scale * c.parallel.context / m.micro_batches);
     m.model->start_step(m.data_of(*m.train_data, t),
                         Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
@@ -443,11 +489,14 @@ int64_t Trainer::train() {
       // ZeRO-3 param_data() is undefined (gathered weights come and go inside the step): no packing.
       std::optional<ops::WeightPackingScope> packing;
       if (m.micro_batches > 1 && m.device.is_cpu() && ops::WeightPackingScope::enabled())
-        packing.emplace(std::vector<Tensor>{m.ddp->buffer().param_data()});
+        packing.emplace(m.expert_ddp ? std::vector<Tensor>{m.ddp->buffer().param_data(),
+                                                           m.expert_ddp->buffer().param_data()}
+                                     : std::vector<Tensor>{m.ddp->buffer().param_data()});
       m.executor->run(driver);
     }
     finalize_grads(m.parameters(), *m.state);
     m.ddp->finish_grad_sync();
+    if (m.expert_ddp) m.expert_ddp->finish_grad_sync();
     const StepResult result = m.optimizer->step(lr);
     const double loss = m.global_mean_loss();
     m.sample_peak();
@@ -475,6 +524,7 @@ int64_t Trainer::train() {
     s.host_reads = reads;
     s.mem_peak_bytes = maxima.data<int64_t>()[1];
     s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
+    if (c.model.num_experts > 0) m.moe_metrics(s, batches_per_step);
     m.history.push_back(s);
 
     const bool log =

@@ -17,6 +17,7 @@
 #include "mpi_test.hpp"
 #include "parallel/allocator.hpp"
 #include "parallel/gpt_model.hpp"
+#include "parallel/memory_plan.hpp"
 #include "parallel/precision.hpp"
 #include "parallel/safetensors.hpp"
 #include "paths.hpp"
@@ -246,6 +247,30 @@ TEST(ExpertParallelMemory, RankHoldsItsShareOfTheExperts) {
   // fc1 [48, 32] and fc2 [32, 48] fp32, value and gradient, per expert.
   EXPECT_EQ(all, 8u * 2 * 2 * 48 * 32 * 4);
   EXPECT_EQ(mine * static_cast<std::size_t>(p), all);
+}
+
+// The memory plan counts this rank's experts only: at ep = 4 the parameter, gradient and optimizer
+// terms drop by 3/4 of the expert bytes (8 experts x 2 MoE layers x fc1 + fc2, fp32, AdamW's 8 bytes).
+TEST(ExpertParallelMemory, PlanCountsThisRanksExperts) {
+  auto term = [](const RankMemoryPlan& r, const std::string& name) {
+    for (const MemoryTerm& t : r.terms)
+      if (t.name == name) return t.bytes;
+    return int64_t{-1};
+  };
+  const std::vector<std::string> moe{"model.num_experts=8", "model.moe_router_topk=2",
+                                     "model.moe_ffn_hidden_size=48", "model.hidden_size=32",
+                                     "model.num_layers=2"};
+  auto plan = [&](int ep) {
+    std::vector<std::string> o = moe;
+    o.push_back("parallel.expert=" + std::to_string(ep));
+    return plan_memory(parse_config("", o, 4), 4).ranks.at(0);
+  };
+  const RankMemoryPlan one = plan(1), four = plan(4);
+  const int64_t expert_elements = 2 * 8 * (48 + 48) * 32;
+  const int64_t moved = expert_elements * 3 / 4;
+  EXPECT_EQ(term(one, "parameters") - term(four, "parameters"), moved * 4);
+  EXPECT_EQ(term(one, "gradients") - term(four, "gradients"), moved * 4);
+  EXPECT_EQ(term(one, "optimizer") - term(four, "optimizer"), moved * 8);
 }
 
 }  // namespace

@@ -359,9 +359,8 @@ const RuleCase kRules[] = {
     {"WorldDivisibleByModelRanks",
      {"parallel.tensor=4"},
      6,
-     {"world size = 6: must be divisible by parallel.tensor * parallel.pipeline * parallel.context * "
-      "parallel.expert",
-      "(4 * 1 * 1 * 1 = 4)"}},
+     {"world size = 6: must be divisible by parallel.tensor * parallel.pipeline * parallel.context "
+      "(4 * 1 * 1 = 4)"}},
     {"WorldSizePositive", {}, 0, {"world size = 0: must be >= 1"}},
     {"ContextSequenceIntoChunks",
      {"parallel.context=2", "model.seq_length=6"},
@@ -387,7 +386,20 @@ const RuleCase kRules[] = {
      2,
      {"parallel.context = 2: must be 1 unless train.device is cpu"}},
     {"ContextCommName", {"parallel.context_comm=ring"}, 1, {"parallel.context_comm", "ring"}},
-    {"ExpertNotSupported", {"parallel.expert=2"}, 2, {"parallel.expert = 2", "not supported yet"}},
+    {"ExpertNeedsExperts", {"parallel.expert=2"}, 2, {"parallel.expert = 2: needs model.num_experts > 0"}},
+    {"ExpertFoldsOntoTensorContextData",
+     {"model.num_experts=8", "parallel.expert=4", "parallel.pipeline=2"},
+     4,
+     {"parallel.expert = 4: parallel.expert * parallel.expert_tensor must divide parallel.tensor * "
+      "parallel.context * data (1 * 1 * 2 = 2)"}},
+    {"ExpertTensorNotSupported",
+     {"parallel.expert_tensor=2"},
+     2,
+     {"parallel.expert_tensor = 2: tensor parallelism inside experts is not supported yet (must be 1)"}},
+    {"MoeNeedsUnshardedOptimizer",
+     {"model.num_experts=4", "optimizer.distributed=true"},
+     2,
+     {"model.num_experts = 4: MoE models train with optimizer.sharding = none for now"}},
     {"LayersDivisibleByStages",
      {"model.num_layers=3", "parallel.pipeline=2"},
      2,
@@ -707,7 +719,7 @@ std::vector<std::string> reference_keys() {
 TEST(ConfigYaml, EmitsEveryKey) {
   std::string yaml = config_to_yaml(Config{});
   std::vector<std::string> keys = reference_keys();
-  EXPECT_EQ(keys.size(), 84u);
+  EXPECT_EQ(keys.size(), 85u);
   for (const std::string& key : keys) {
     std::string section = key.substr(0, key.find('.'));
     std::string name = key.substr(key.find('.') + 1);
@@ -742,6 +754,7 @@ TEST(ConfigReference, DocumentationCoversEveryKey) {
 TEST(ConfigFiles, ShippedConfigsAreValid) {
   const std::pair<const char*, int> files[] = {{"tiny.yaml", 1},
                                                {"quickstart.yaml", 4},
+                                               {"moe_small.yaml", 4},
                                                {"gpt2_124m.yaml", 1},
                                                {"gpt2_124m.yaml", 8},
                                                {"gpt_1b_gpu.yaml", 8}};

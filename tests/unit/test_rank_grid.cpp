@@ -1,5 +1,6 @@
-// RankGrid against tables worked out by hand from Megatron-Core's order tp-cp-ep-dp-pp:
-//     rank = tp + TP * (cp + CP * (ep + EP * (dp + DP * pp)))
+// RankGrid against tables worked out by hand from Megatron-Core's order tp-cp-dp-pp:
+//     rank = tp + TP * (cp + CP * (dp + DP * pp))
+// and the expert grid folded onto it: tp + TP * (cp + CP * dp) = etp + ETP * (ep + EP * edp).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -16,8 +17,9 @@ namespace {
 using Groups = std::vector<std::vector<int>>;
 using GroupFn = std::vector<int> (RankGrid::*)(int) const;
 
-RankGrid grid(int tp, int pp, int dp, int cp = 1, int ep = 1) {
-  return RankGrid(ParallelSizes{.tensor = tp, .context = cp, .expert = ep, .pipeline = pp, .data = dp});
+RankGrid grid(int tp, int pp, int dp, int cp = 1, int ep = 1, int etp = 1) {
+  return RankGrid(ParallelSizes{
+      .tensor = tp, .context = cp, .pipeline = pp, .data = dp, .expert = ep, .expert_tensor = etp});
 }
 
 // `groups` must partition the world, and every member's group must be exactly its row.
@@ -61,8 +63,9 @@ TEST(RankGrid, Tp2Pp2Dp2) {
   expect_groups(g, &RankGrid::context_group, singletons(8), "context");
   expect_groups(g, &RankGrid::model_group, {{0, 1, 4, 5}, {2, 3, 6, 7}}, "model");
   expect_embedding(g, {{0, 4}, {1, 5}, {2, 6}, {3, 7}}, {});
-  EXPECT_EQ(g.coord(5), (Coord{.tp = 1, .cp = 0, .ep = 0, .dp = 0, .pp = 1}));
-  EXPECT_EQ(g.coord(6), (Coord{.tp = 0, .cp = 0, .ep = 0, .dp = 1, .pp = 1}));
+  // ep 1: the expert-dp index is the position within the stage (experts replicated over tp x dp).
+  EXPECT_EQ(g.coord(5), (Coord{.tp = 1, .cp = 0, .dp = 0, .pp = 1, .edp = 1}));
+  EXPECT_EQ(g.coord(6), (Coord{.tp = 0, .cp = 0, .dp = 1, .pp = 1, .edp = 2}));
 }
 
 TEST(RankGrid, Tp4Pp2Dp1) {
@@ -117,8 +120,8 @@ TEST(RankGrid, Tp2Pp4Dp2Sixteen) {
   expect_groups(g, &RankGrid::model_group, {{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}},
                 "model");
   expect_embedding(g, {{0, 12}, {1, 13}, {2, 14}, {3, 15}}, {4, 5, 6, 7, 8, 9, 10, 11});
-  EXPECT_EQ(g.coord(13), (Coord{.tp = 1, .cp = 0, .ep = 0, .dp = 0, .pp = 3}));
-  EXPECT_EQ(g.coord(10), (Coord{.tp = 0, .cp = 0, .ep = 0, .dp = 1, .pp = 2}));
+  EXPECT_EQ(g.coord(13), (Coord{.tp = 1, .cp = 0, .dp = 0, .pp = 3, .edp = 1}));
+  EXPECT_EQ(g.coord(10), (Coord{.tp = 0, .cp = 0, .dp = 1, .pp = 2, .edp = 2}));
 }
 
 // Context sits between tensor and expert: rank = tp + 2 * (cp + 2 * pp).
@@ -141,14 +144,35 @@ TEST(RankGrid, DataContextGroupVariesBoth) {
   expect_groups(g, &RankGrid::model_group, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, "model");
 }
 
-// Expert sits between context and data: rank = ep + 2 * dp. The data group varies dp only, and a
-// model replica is fixed in ep as well as dp.
-TEST(RankGrid, ExpertBetweenContextAndData) {
-  auto g = grid(/*tp=*/1, /*pp=*/1, /*dp=*/2, /*cp=*/1, /*ep=*/2);
-  expect_groups(g, &RankGrid::data_group, {{0, 2}, {1, 3}}, "data");
-  expect_groups(g, &RankGrid::model_group, singletons(4), "model");
-  EXPECT_EQ(g.coord(1), (Coord{.tp = 0, .cp = 0, .ep = 1, .dp = 0, .pp = 0}));
-  EXPECT_EQ(g.coord(2), (Coord{.tp = 0, .cp = 0, .ep = 0, .dp = 1, .pp = 0}));
+// Experts fold onto the dense ranks: 4 ranks at dp 4 and ep 2 are ep pairs {0, 1}, {2, 3} (dense
+// data parallelism still spans all four), each expert replicated over edp {0, 2}, {1, 3}.
+TEST(RankGrid, ExpertsFoldOntoData) {
+  auto g = grid(/*tp=*/1, /*pp=*/1, /*dp=*/4, /*cp=*/1, /*ep=*/2);
+  EXPECT_EQ(g.world_size(), 4);
+  expect_groups(g, &RankGrid::data_group, {{0, 1, 2, 3}}, "data");
+  expect_groups(g, &RankGrid::expert_group, {{0, 1}, {2, 3}}, "expert");
+  expect_groups(g, &RankGrid::expert_data_group, {{0, 2}, {1, 3}}, "expert data");
+  expect_groups(g, &RankGrid::expert_tensor_group, singletons(4), "expert tensor");
+  expect_groups(g, &RankGrid::expert_model_group, {{0, 1}, {2, 3}}, "expert model");
+  EXPECT_EQ(g.coord(3), (Coord{.tp = 0, .cp = 0, .dp = 3, .pp = 0, .etp = 0, .ep = 1, .edp = 1}));
+}
+
+// ep 2 x tp 2 x pp 2 on 8 ranks (dp 2): within a stage the four ranks tp + 2 dp are ep + 2 edp, so
+// the ep pairs are the tp pairs and edp crosses dp; the expert model group spans ep and pp.
+TEST(RankGrid, ExpertsFoldOverTensorAndPipeline) {
+  auto g = grid(/*tp=*/2, /*pp=*/2, /*dp=*/2, /*cp=*/1, /*ep=*/2);
+  expect_groups(g, &RankGrid::expert_group, {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, "expert");
+  expect_groups(g, &RankGrid::expert_data_group, {{0, 2}, {1, 3}, {4, 6}, {5, 7}}, "expert data");
+  expect_groups(g, &RankGrid::expert_model_group, {{0, 1, 4, 5}, {2, 3, 6, 7}}, "expert model");
+  // ep 4 with etp 1 spans tp and dp: one expert group per stage, no replicas.
+  auto h = grid(2, 2, 2, 1, 4);
+  expect_groups(h, &RankGrid::expert_group, {{0, 1, 2, 3}, {4, 5, 6, 7}}, "expert 4");
+  expect_groups(h, &RankGrid::expert_data_group, singletons(8), "expert data 4");
+  // etp 2 x ep 2: etp pairs are the tp pairs, ep crosses dp.
+  auto e = grid(2, 1, 2, 1, 2, 2);
+  expect_groups(e, &RankGrid::expert_tensor_group, {{0, 1}, {2, 3}}, "expert tensor");
+  expect_groups(e, &RankGrid::expert_group, {{0, 2}, {1, 3}}, "expert etp2");
+  EXPECT_THROW(grid(2, 1, 1, 1, 4), Error);  // ep 4 does not divide tp x cp x dp = 2
 }
 
 TEST(RankGrid, CoordRoundTrip) {
@@ -158,9 +182,11 @@ TEST(RankGrid, CoordRoundTrip) {
     for (int r = 0; r < g.world_size(); ++r) {
       Coord c = g.coord(r);
       EXPECT_EQ(g.rank(c), r);
-      EXPECT_EQ(r, c.tp + s.tensor * (c.cp + s.context * (c.ep + s.expert * (c.dp + s.data * c.pp))));
+      EXPECT_EQ(r, c.tp + s.tensor * (c.cp + s.context * (c.dp + s.data * c.pp)));
+      EXPECT_EQ(c.tp + s.tensor * (c.cp + s.context * c.dp),
+                c.etp + s.expert_tensor * (c.ep + s.expert * c.edp));
       EXPECT_TRUE(c.tp < s.tensor && c.cp < s.context && c.ep < s.expert && c.dp < s.data &&
-                  c.pp < s.pipeline);
+                  c.pp < s.pipeline && c.edp < s.expert_data());
     }
   }
 }
@@ -171,7 +197,7 @@ TEST(RankGrid, FromWorldDerivesData) {
   EXPECT_EQ(g.sizes().tensor, 2);
   EXPECT_EQ(g.sizes().pipeline, 4);
   EXPECT_EQ(RankGrid::from_world(8, 1, 1).sizes().data, 8);
-  EXPECT_EQ(RankGrid::from_world(24, 2, 1, 2, 3).sizes().data, 2);
+  EXPECT_EQ(RankGrid::from_world(24, 2, 1, 2, 3).sizes().data, 6);  // ep folds: not a factor of the world
 }
 
 TEST(RankGrid, FromWorldErrors) {
@@ -180,7 +206,7 @@ TEST(RankGrid, FromWorldErrors) {
     FAIL() << "expected parallel::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "world size 6 is not divisible by tensor(4) x pipeline(1) x context(1) x expert(1) = 4"),
+                  "world size 6 is not divisible by tensor(4) x pipeline(1) x context(1) = 4"),
               std::string::npos)
         << e.what();
   }

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Mixture of experts through the trainer (pretrain_gpt, tiny model with every layer a MoE layer,
+# dropless, aux and z losses on, fp32): expert-parallel layouts equal one rank, and checkpoints
+# saved with experts split reshard.
+#  1. parity, 6 steps, losses and global gradient norms relative 1e-5 against one rank:
+#     4 experts top-2 at ep2 (dp2), ep4 (dp4), ep2 on 4 ranks (experts replicated over expert-dp 2),
+#     ep2 x tp2 (+sp) x pp2 (8 ranks), the allgather dispatcher at ep2, ep2 over cp2 (the experts
+#     split across the context-parallel ranks); 8 experts top-1 at ep4;
+#  2. checkpoints: 3 steps at ep2 x dp2 (4 ranks, each expert on 2 ranks, stored under its global
+#     index), then continue to step 6 on one rank and at tp2 (+sp) x ep2 (2 ranks),
+#     matching the uninterrupted single-rank run;
+#  3. metrics.jsonl carries the aux / z losses and tokens per expert, summing to tokens x topk.
+# The learning rate is constant so that a 3-step run follows the same schedule as a 6-step one.
+#   trainer_moe.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
+set -euo pipefail
+src=$1 pretrain=$2
+shift 2
+mpiexec=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
+  --set optimizer.warmup_steps=0 --set model.moe_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001
+  --set model.moe_ffn_hidden_size=96)
+e4=(--set model.num_experts=4 --set model.moe_router_topk=2)
+e8=(--set model.num_experts=8 --set model.moe_router_topk=1)
+
+run() {  # run NAME RANKS [--set ...]
+  local name=$1 ranks=$2
+  shift 2
+  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
+}
+field() { grep -o "\"$2\":[^,}]*" "$work/$1/metrics.jsonl" | cut -d: -f2; }
+# compare REF RUN FIELD [LINES]: the run's FIELD values against the last LINES (all) of REF's.
+compare() {
+  local lines=${4:-6}
+  paste <(field "$1" "$3" | tail -"$lines") <(field "$2" "$3") | awk -v name="$2 $3" -v lines="$lines" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; s = ($1 < 0 ? -$1 : $1); if (d / s > worst) worst = d / s
+      if (d > 1e-5 * s) { printf "%s: line %d %s vs %s\n", name, n, $2, $1; bad = 1 } }
+    END { if (n != lines) { printf "%s: %d lines, expected %d\n", name, n, lines; bad = 1 }
+          if (bad) exit 1; printf "%s: %d values equal the reference within 1e-5 (largest %.2g)\n", name, n, worst }'
+}
+
+# 1. Parity.
+run ref4 1 --set train.steps=6 "${e4[@]}"
+run ep2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2
+run ep4 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=4
+run ep2_edp2 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2
+run ep2tp2pp2 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true --set parallel.pipeline=2
+run ep2_allgather 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set model.moe_token_dispatcher=allgather
+run ep2cp2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.context=2
+for r in ep2 ep4 ep2_edp2 ep2tp2pp2 ep2_allgather ep2cp2; do
+  compare ref4 $r loss
+  compare ref4 $r grad_norm
+done
+run ref8 1 --set train.steps=6 "${e8[@]}"
+run ep4_e8 4 --set train.steps=6 "${e8[@]}" --set parallel.expert=4
+compare ref8 ep4_e8 loss
+compare ref8 ep4_e8 grad_norm
+
+# 2. Checkpoints: save at ep2 x dp2, load at one rank and at tp2 (+sp) x ep2.
+run saver 4 --set train.steps=3 "${e4[@]}" --set parallel.expert=2 --set checkpoint.dir="$work/ckpt"
+grep -q '"layers.0.mlp.experts.3.fc1.weight"' "$work"/ckpt/step_*/index.json 2>/dev/null ||
+  grep -rq 'layers.0.mlp.experts.3.fc1.weight' "$work/ckpt" ||
+  { echo "checkpoint: no expert stored under its global index 3"; exit 1; }
+run on_one_rank 1 --set train.steps=6 "${e4[@]}" --set checkpoint.load="$work/ckpt"
+run on_tp2_ep2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true --set checkpoint.load="$work/ckpt"
+compare ref4 on_one_rank loss 3
+compare ref4 on_tp2_ep2 loss 3
+
+# 3. Router statistics in metrics.jsonl: tokens per expert sum to global batch tokens x topk x MoE
+#    layers (8 samples x 32 tokens x 2 x 2 layers), the losses are positive.
+line=$(head -1 "$work/ep2/metrics.jsonl")
+total=$(echo "$line" | grep -o '"moe_tokens_per_expert":\[[^]]*\]' | grep -o '[0-9]\+' | awk '{ s += $1 } END { print s }')
+[[ $total == 1024 ]] || { echo "metrics: tokens per expert sum to '$total', expected 1024: $line"; exit 1; }
+echo "$line" | grep -q '"moe_aux_loss":[0-9]' || { echo "metrics: no moe_aux_loss: $line"; exit 1; }
+echo "$line" | grep -q '"moe_z_loss":[0-9]' || { echo "metrics: no moe_z_loss: $line"; exit 1; }
+echo "metrics: aux and z losses and tokens per expert (sum $total) logged"
