@@ -238,6 +238,40 @@ TEST(SplitBackward, MLP) {
   }
 }
 
+// A MoE layer (src/model/moe.cpp): the input step runs the router backward, the dispatch both ways
+// and the experts' input GEMMs; the weight step the router's, experts' and shared expert's weight
+// GEMMs. Experts split over the ranks (ep = world) and, separately, tokens over tp with sp.
+TEST(SplitBackward, MoELayer) {
+  auto solo = world().split(world().rank(), 0);
+  for (bool expert_parallel : {false, true}) {
+    if (expert_parallel && world().size() == 1) continue;
+    for (const ModelLayerCase& c : model_layer_cases()) {
+      if (expert_parallel && c.sequence_parallel) continue;
+      if (world().size() > 1 && !expert_parallel && !c.sequence_parallel) continue;  // MoE with tp needs sp
+      SCOPED_TRACE(::testing::Message() << c.label << (expert_parallel ? " ep" : ""));
+      ModelConfig cfg = layer_config(c.llama);
+      cfg.num_experts = 4;
+      cfg.moe_router_topk = 2;
+      cfg.moe_ffn_hidden_size = 24;
+      cfg.moe_aux_loss_coeff = 0.1;
+      cfg.moe_z_loss_coeff = 0.01;
+      cfg.moe_shared_expert_ffn_hidden_size = 16 * world().size();
+      model::LayerEnv env = layer_env(cfg, c.sequence_parallel);
+      if (expert_parallel) {
+        env.tp = solo.get();
+        env.ep = &world();
+      }
+      model::MoELayer a(env, 0), b(env, 0);
+      run_layer<model::MoELayer, model::MoELayer::Context>(
+          a, b,
+          [](model::MoELayer& l, const Tensor& x, model::MoELayer::Context& ctx) {
+            return l.forward(x, ctx, /*record_stats=*/true);
+          },
+          expert_parallel ? Shape{cfg.seq_length, 2, env.hidden} : hidden_shape(env, cfg.seq_length));
+    }
+  }
+}
+
 TEST(SplitBackward, TransformerLayer) {
   for (const ModelLayerCase& c : model_layer_cases())
     for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {

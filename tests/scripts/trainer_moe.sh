@@ -5,7 +5,8 @@
 #  1. parity, 6 steps, losses and global gradient norms relative 1e-5 against one rank:
 #     4 experts top-2 at ep2 (dp2), ep4 (dp4), ep2 on 4 ranks (experts replicated over expert-dp 2),
 #     ep2 x tp2 (+sp) x pp2 (8 ranks), the allgather dispatcher at ep2, ep2 over cp2 (the experts
-#     split across the context-parallel ranks); 8 experts top-1 at ep4;
+#     split across the context-parallel ranks), ep2 x pp2 under zb-h1 (the MoE layers' split
+#     backward); 8 experts top-1 at ep4;
 #  2. checkpoints: 3 steps at ep2 x dp2 (4 ranks, each expert on 2 ranks, stored under its global
 #     index), then continue to step 6 on one rank and at tp2 (+sp) x ep2 (2 ranks),
 #     matching the uninterrupted single-rank run;
@@ -50,7 +51,9 @@ run ep2tp2pp2 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set par
   --set parallel.sequence_parallel=true --set parallel.pipeline=2
 run ep2_allgather 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set model.moe_token_dispatcher=allgather
 run ep2cp2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.context=2
-for r in ep2 ep4 ep2_edp2 ep2tp2pp2 ep2_allgather ep2cp2; do
+run ep2pp2_zbh1 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.pipeline=2 \
+  --set parallel.pipeline_schedule=zb-h1
+for r in ep2 ep4 ep2_edp2 ep2tp2pp2 ep2_allgather ep2cp2 ep2pp2_zbh1; do
   compare ref4 $r loss
   compare ref4 $r grad_norm
 done
