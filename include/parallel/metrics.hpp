@@ -14,7 +14,8 @@ namespace parallel {
 // Model FLOPs of one token's forward + backward (3x the forward), counted as PaLM's MFU does: every
 // matmul with a weight (2 FLOPs per multiply-add), plus attention's q·kᵀ and p·v over the whole
 // sequence (causal masking is not discounted, so figures compare with published MFU). Recompute is
-// not counted: MFU measures useful work.
+// not counted: MFU measures useful work. A MoE layer counts its router, the top-k experts a token
+// visits and the shared expert (not the experts it skips).
 double model_flops_per_token(const ModelConfig& model);
 
 struct StepMetrics {

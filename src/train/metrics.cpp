@@ -19,9 +19,18 @@ double model_flops_per_token(const ModelConfig& m) {
   // Weights a token is multiplied with, per layer: q, k, v, output projection, and the MLP
   // (SwiGLU has three matrices, GeLU two).
   const double attn_weights = h * (heads * d) + 2.0 * h * (groups * d) + (heads * d) * h;
-  const double mlp_weights = (m.activation == Activation::SwiGLU ? 3.0 : 2.0) * h * ffn;
-  const double forward = 2.0 * (L * (attn_weights + mlp_weights) + h * V)  // matmuls with weights
-                         + L * 2.0 * 2.0 * s * heads * d;                  // q·kᵀ and p·v
+  const double matrices = m.activation == Activation::SwiGLU ? 3.0 : 2.0;
+  const double mlp_weights = matrices * h * ffn;
+  // A MoE layer: the router, the top-k experts a token visits and the shared expert; the other
+  // experts' weights do no work for it.
+  const double expert_ffn = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : ffn;
+  const double moe_weights = h * m.num_experts + m.moe_router_topk * matrices * h * expert_ffn +
+                             matrices * h * m.moe_shared_expert_ffn_hidden_size;
+  double moe_layers = 0;
+  for (int i = 0; i < m.num_layers; ++i) moe_layers += m.is_moe_layer(i);
+  const double ffn_weights = (L - moe_layers) * mlp_weights + moe_layers * moe_weights;
+  const double forward = 2.0 * (L * attn_weights + ffn_weights + h * V)  // matmuls with weights
+                         + L * 2.0 * 2.0 * s * heads * d;                // q·kᵀ and p·v
   return 3.0 * forward;
 }
 

@@ -41,6 +41,26 @@ TEST(Metrics, GroupedQueryAttentionAndSwiGluChangeTheCount) {
   EXPECT_DOUBLE_EQ(model_flops_per_token(m) - mha, 3.0 * 2.0 * 64 * 256);
 }
 
+// A MoE layer counts the router, the top-k experts a token visits and the shared expert: with 8
+// experts of width 64, top-2 and a shared expert of 32, the GeLU MLP's 2 [h, 256] matrices become
+// [8, h] + 2 x 2 [h, 64] + 2 [h, 32].
+TEST(Metrics, MoeFlopsCountTheExpertsATokenVisits) {
+  ModelConfig m;
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.seq_length = 8;
+  m.vocab_size = 10;
+  const double dense = model_flops_per_token(m);
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 64;
+  m.moe_shared_expert_ffn_hidden_size = 32;
+  m.moe_layer_freq = 2;  // layer 0 only
+  const double moe_layer = 64.0 * 8 + 2 * 2 * 64.0 * 64 + 2 * 64.0 * 32;
+  EXPECT_DOUBLE_EQ(dense - model_flops_per_token(m), 3.0 * 2.0 * (2 * 64.0 * 256 - moe_layer));
+}
+
 TEST(Metrics, JsonLinesAreWrittenAndFlushed) {
   const auto dir = std::filesystem::temp_directory_path() / "parallel_test_metrics";
   std::filesystem::remove_all(dir);
