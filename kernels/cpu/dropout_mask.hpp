@@ -8,6 +8,11 @@
 // (kernels/cuda/elementwise.cu) draws the same numbers.
 #include <cstdint>
 
+// The generator is three 64-bit multiplies per element: AVX-512 vectorises them only with AVX512DQ
+// (vpmullq), which plain "avx512f" clones do not enable, so dropout's loops get an x86-64-v4 clone
+// (AVX512F/BW/CD/DQ/VL) of their own.
+#define PARALLEL_DROPOUT_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+
 namespace parallel::cpu {
 
 inline uint64_t mix64(uint64_t z) {
@@ -36,19 +41,29 @@ struct DropoutMask {
 };
 
 // The loops, inline so that each kernel's target_clones wrapper compiles them for its own ISA.
-// Element i of a row is element first + i of the tensor. out may alias the inputs.
+// Element i of a row is element first + i of the tensor. out may be the input (or, for
+// dropout_add_row, the branch or the residual), element for element: `omp simd` says there is no
+// other overlap, which GCC cannot prove (out could alias m's fields) and would otherwise not
+// vectorise. m's fields are read into locals for the same reason.
 inline void dropout_row(const DropoutMask& m, const float* in, float* out, int64_t n, uint64_t first) {
-  for (int64_t i = 0; i < n; i++) out[i] = uniform(m.key, first + i) >= m.p ? in[i] * m.scale : 0.0f;
+  const float p = m.p, scale = m.scale;
+  const uint64_t key = m.key;
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = uniform(key, first + i) >= p ? in[i] * scale : 0.0f;
 }
 // out = residual + dropout(branch); the plain add when p == 0.
 inline void dropout_add_row(const DropoutMask& m, const float* branch, const float* residual, float* out,
                             int64_t n, uint64_t first) {
-  if (!m.active()) {
+  const float p = m.p, scale = m.scale;
+  const uint64_t key = m.key;
+  if (p == 0.0f) {
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) out[i] = residual[i] + branch[i];
     return;
   }
+#pragma omp simd
   for (int64_t i = 0; i < n; i++)
-    out[i] = residual[i] + (uniform(m.key, first + i) >= m.p ? branch[i] * m.scale : 0.0f);
+    out[i] = residual[i] + (uniform(key, first + i) >= p ? branch[i] * scale : 0.0f);
 }
 
 }  // namespace parallel::cpu

@@ -121,12 +121,12 @@ PARALLEL_CLONES void swiglu_bwd_row(const float* dy, const float* gate, const fl
 // ---- dropout ----
 // The mask is dropout_mask.hpp's, shared with the fused ops of norm.cpp.
 
-PARALLEL_CLONES void dropout_chunk(const DropoutMask& m, const float* x, float* y, int64_t n,
-                                   uint64_t first) {
+PARALLEL_DROPOUT_CLONES void dropout_chunk(const DropoutMask& m, const float* x, float* y, int64_t n,
+                                           uint64_t first) {
   dropout_row(m, x, y, n, first);
 }
-PARALLEL_CLONES void dropout_add_chunk(const DropoutMask& m, const float* branch, const float* residual,
-                                       float* out, int64_t n, uint64_t first) {
+PARALLEL_DROPOUT_CLONES void dropout_add_chunk(const DropoutMask& m, const float* branch,
+                                               const float* residual, float* out, int64_t n, uint64_t first) {
   dropout_add_row(m, branch, residual, out, n, first);
 }
 

@@ -116,12 +116,12 @@ PARALLEL_CLONES void rms_bwd_row(const float* dy, const float* x, const float* w
 
 // ---- the residual stream's fused steps ----
 
-PARALLEL_CLONES void residual_row(const DropoutMask& m, const float* branch, const float* residual,
-                                  float* sum, int64_t h, uint64_t first) {
+PARALLEL_DROPOUT_CLONES void residual_row(const DropoutMask& m, const float* branch, const float* residual,
+                                          float* sum, int64_t h, uint64_t first) {
   dropout_add_row(m, branch, residual, sum, h, first);
 }
-PARALLEL_CLONES void dropout_grad_row(const DropoutMask& m, const float* dx, float* dbranch, int64_t h,
-                                      uint64_t first) {
+PARALLEL_DROPOUT_CLONES void dropout_grad_row(const DropoutMask& m, const float* dx, float* dbranch,
+                                              int64_t h, uint64_t first) {
   dropout_row(m, dx, dbranch, h, first);
 }
 
