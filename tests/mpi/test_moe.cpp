@@ -209,7 +209,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, ExpertParallel,
 TEST(MoEPrecision, Bf16IsCloseToFp32) {
   auto solo = world().split(world().rank(), 0);
   const ModelConfig c = moe_config(4, 2, MoeDispatcher::AllToAll, true);
-  auto [tokens, targets] = batch(0, c, 2);
+  // Named copies, not a structured binding: Clang 14 cannot capture those in a lambda.
+  const auto data = batch(0, c, 2);
+  const Tensor tokens = data.first, targets = data.second;
   auto run = [&](Precision precision) {
     GPTModel::Options o;
     o.precision = precision;
