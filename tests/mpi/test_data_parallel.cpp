@@ -187,10 +187,12 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
                                                                   p->value.size(p->partition_dim));
     if (p->name.ends_with("attention.key.bias")) {
       // Adding bk to every key barely moves softmax (exactly not at all without rope): its gradient
-      // is near rounding noise, which Adam normalises into lr-sized steps of either sign. Judge its
-      // error against the weights' scale (init std 0.1) instead of its own tiny values.
+      // is rounding noise, far below Adam's eps, so each step moves it by about lr * noise / eps,
+      // and the noise differs between layouts and compilers (Clang's FMA contraction measured
+      // 1.4e-6 here, GCC less). A real gradient of eps or more would move it by ~lr per step, so
+      // 1e-3 of lr * steps still tells a real disagreement from noise.
       const double diff = rel_err(p->value, expected) * max_abs(expected);
-      EXPECT_LE(diff, kTol * c.init_std) << p->name << " on rank " << world().rank();
+      EXPECT_LE(diff, 1e-3 * oc.lr * kSteps) << p->name << " on rank " << world().rank();
       continue;
     }
     EXPECT_LE(rel_err(p->value, expected), kTol) << p->name << " on rank " << world().rank();
