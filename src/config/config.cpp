@@ -25,6 +25,8 @@
 #include <type_traits>
 
 #include "parallel/error.hpp"
+#include "parallel/layout_rules.hpp"
+#include "rules.hpp"
 
 namespace parallel {
 namespace {
@@ -557,72 +559,59 @@ void apply_override(Config& c, const std::string& override_text) {
 
 // ---- validation ------------------------------------------------------------------------------------
 
-// One factor of a rule's right-hand side: a key (or derived value) and its current value.
-struct Term {
+}  // namespace
+
+// ---- detail::Rules (src/config/rules.hpp) ---------------------------------------------------------
+
+namespace detail {
+
+std::string Rules::key_at(const void* field) const {
   std::string name;
-  long long value;
-};
+  auto match = [&](const char* s, const char* k, const auto& member, const char*) {
+    if (static_cast<const void*>(&member) == field) name = fmt::format("{}.{}", s, k);
+  };
+  for_each_key(c_, match);
+  for_each_derived(c_, match);
+  if (name.empty()) throw Error("config: internal error: a rule names a field that is not in the key tables");
+  return name;
+}
 
-// Builds messages for the rules of one config; keys are named by looking up the member's address in
-// the key tables, so the rules below never spell a key.
-class Rules {
- public:
-  explicit Rules(const Config& c) : c_(c) {}
+void Rules::fail_at(const void* field, std::string_view rule) const {
+  std::string value;
+  auto match = [&](const char*, const char*, const auto& member, const char*) {
+    if (static_cast<const void*>(&member) == field) value = display(member);
+  };
+  for_each_key(c_, match);
+  for_each_derived(c_, match);
+  fail(fmt::format("{} = {}: {}", key_at(field), value, rule));
+}
 
-  template <typename T>
-  std::string key(const T& field) const {
-    std::string name;
-    auto match = [&](const char* s, const char* k, const auto& member, const char*) {
-      if (static_cast<const void*>(&member) == static_cast<const void*>(&field))
-        name = fmt::format("{}.{}", s, k);
-    };
-    for_each_key(c_, match);
-    for_each_derived(c_, match);
-    if (name.empty())
-      throw Error("config: internal error: a rule names a field that is not in the key tables");
-    return name;
+void Rules::divisible(const int& field, std::initializer_list<Term> by, std::string_view when) const {
+  long long product = 1;
+  for (const Term& t : by) product *= t.value;
+  if (field % product == 0) return;
+  std::string names, values;
+  for (const Term& t : by) {
+    names += (names.empty() ? "" : " * ") + t.name;
+    values += (values.empty() ? "" : " * ") + std::to_string(t.value);
   }
+  std::string amount = by.size() == 1 ? values : fmt::format("{} = {}", values, product);
+  require(false, field, fmt::format("must be divisible by {} ({}){}", names, amount, when));
+}
 
-  Term term(const int& field) const { return {key(field), field}; }
+void Rules::in_range(const double& field, double lo, double hi, bool hi_inclusive,
+                     std::string_view hi_name) const {
+  bool ok = field >= lo && (hi_inclusive ? field <= hi : field < hi);
+  std::string upper =
+      hi_name.empty() ? format_double(hi) : fmt::format("{} ({})", hi_name, format_double(hi));
+  require(ok, field, fmt::format("must be in [{}, {}{}", format_double(lo), upper, hi_inclusive ? "]" : ")"));
+}
 
-  // "config: KEY = VALUE: RULE"
-  template <typename T>
-  void require(bool ok, const T& field, std::string_view rule) const {
-    if (!ok) fail(fmt::format("{} = {}: {}", key(field), display(field), rule));
-  }
+}  // namespace detail
 
-  template <typename T>
-  void at_least(const T& field, T min) const {
-    require(field >= min, field, fmt::format("must be >= {}", min));
-  }
+namespace {
 
-  // field % (a * b * ...) == 0; the message names each factor and the product.
-  void divisible(const int& field, std::initializer_list<Term> by, std::string_view when = "") const {
-    long long product = 1;
-    for (const Term& t : by) product *= t.value;
-    if (field % product == 0) return;
-    std::string names, values;
-    for (const Term& t : by) {
-      names += (names.empty() ? "" : " * ") + t.name;
-      values += (values.empty() ? "" : " * ") + std::to_string(t.value);
-    }
-    std::string amount = by.size() == 1 ? values : fmt::format("{} = {}", values, product);
-    require(false, field, fmt::format("must be divisible by {} ({}){}", names, amount, when));
-  }
-
-  // lo <= field < hi (or <= hi when hi_inclusive).
-  void in_range(const double& field, double lo, double hi, bool hi_inclusive,
-                std::string_view hi_name = "") const {
-    bool ok = field >= lo && (hi_inclusive ? field <= hi : field < hi);
-    std::string upper =
-        hi_name.empty() ? format_double(hi) : fmt::format("{} ({})", hi_name, format_double(hi));
-    require(ok, field,
-            fmt::format("must be in [{}, {}{}", format_double(lo), upper, hi_inclusive ? "]" : ")"));
-  }
-
- private:
-  const Config& c_;
-};
+using detail::Rules;
 
 // Parses data.split: up to three comma-separated non-negative numbers; missing ones are 0.
 bool valid_split(const std::string& split) {
@@ -663,8 +652,6 @@ void validate_config(Config& c, int world_size) {
   }
   rules.at_least(o.bucket_size, int64_t{0});
   rules.at_least(p.expert_tensor, 1);
-  rules.require(p.expert_tensor == 1, p.expert_tensor,
-                "tensor parallelism inside experts is not supported yet (must be 1)");
 
   // 0 means "the usual default"; filling it in here keeps every consumer from re-deriving it.
   if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
@@ -686,33 +673,6 @@ void validate_config(Config& c, int world_size) {
   rules.at_least(m.moe_layer_freq, 1);
   rules.at_least(m.moe_router_topk, 1);
   if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
-  if (m.num_experts > 0) {
-    rules.require(m.moe_router_topk <= m.num_experts, m.moe_router_topk,
-                  fmt::format("must be <= {} ({})", rules.key(m.num_experts), m.num_experts));
-    rules.divisible(m.num_experts, {rules.term(p.expert)});
-    rules.divisible(m.moe_shared_expert_ffn_hidden_size, {rules.term(p.tensor)});
-    // Experts are not split over tp: each tp rank routes its own sequence shard (Megatron's rule).
-    rules.require(
-        p.tensor == 1 || p.sequence_parallel, p.tensor,
-        fmt::format("MoE layers with tensor parallelism need {} = true", rules.key(p.sequence_parallel)));
-  }
-
-  // Model shape against tensor parallelism.
-  rules.divisible(m.hidden_size, {rules.term(m.num_attention_heads)});
-  rules.divisible(m.num_attention_heads, {rules.term(m.num_query_groups)});
-  rules.divisible(m.num_attention_heads, {rules.term(p.tensor)});
-  rules.divisible(m.num_query_groups, {rules.term(p.tensor)});
-  rules.divisible(m.ffn_hidden_size, {rules.term(p.tensor)});
-  if (m.position_embedding == PositionEmbedding::Rope) {
-    int head_dim = m.hidden_size / m.num_attention_heads;
-    rules.require(head_dim % 2 == 0, m.hidden_size,
-                  fmt::format("the head dimension {} / {} = {} must be even for rope position embeddings",
-                              rules.key(m.hidden_size), rules.key(m.num_attention_heads), head_dim));
-  } else {
-    rules.require(m.seq_length <= m.max_position_embeddings, m.seq_length,
-                  fmt::format("must be <= {} ({}) with learned position embeddings",
-                              rules.key(m.max_position_embeddings), m.max_position_embeddings));
-  }
 
   // The data-parallel size is whatever the world has left; experts fold onto it.
   long long model_ranks = 1LL * p.tensor * p.pipeline * p.context;
@@ -722,13 +682,19 @@ void validate_config(Config& c, int world_size) {
                      p.context, model_ranks));
   }
   p.data = static_cast<int>(world_size / model_ranks);
-  if (p.expert > 1) {
-    rules.require(m.num_experts > 0, p.expert, fmt::format("needs {} > 0", rules.key(m.num_experts)));
-    const long long stage = 1LL * p.tensor * p.context * p.data;
-    rules.require(stage % (1LL * p.expert * p.expert_tensor) == 0, p.expert,
-                  fmt::format("{} * {} must divide {} * {} * data ({} * {} * {} = {})", rules.key(p.expert),
-                              rules.key(p.expert_tensor), rules.key(p.tensor), rules.key(p.context), p.tensor,
-                              p.context, p.data, stage));
+  // Model shape against tensor, context and expert parallelism (layout_rules.hpp; the model checks
+  // the same rules for the communicators it is given).
+  check_layout(m, p);
+  // Positions (after the layout rules: the head dimension below needs heads to divide hidden).
+  if (m.position_embedding == PositionEmbedding::Rope) {
+    int head_dim = m.hidden_size / m.num_attention_heads;
+    rules.require(head_dim % 2 == 0, m.hidden_size,
+                  fmt::format("the head dimension {} / {} = {} must be even for rope position embeddings",
+                              rules.key(m.hidden_size), rules.key(m.num_attention_heads), head_dim));
+  } else {
+    rules.require(m.seq_length <= m.max_position_embeddings, m.seq_length,
+                  fmt::format("must be <= {} ({}) with learned position embeddings",
+                              rules.key(m.max_position_embeddings), m.max_position_embeddings));
   }
   if (m.num_experts > 0)
     rules.require(o.sharding == Sharding::None && !o.distributed, m.num_experts,
@@ -809,25 +775,7 @@ void validate_config(Config& c, int world_size) {
                       p.pipeline_schedule == PipelineSchedule::ZeroBubbleV ? "zb-v" : "dualpipe-v"));
       break;
   }
-  if (p.sequence_parallel) {
-    rules.require(p.tensor > 1, p.sequence_parallel,
-                  fmt::format("requires {} > 1 (got {})", rules.key(p.tensor), p.tensor));
-    rules.divisible(m.seq_length, {rules.term(p.tensor)},
-                    fmt::format(" when {} is true", rules.key(p.sequence_parallel)));
-  }
-  // Context parallelism: 2 * context chunks per sequence (then split over tp under sp).
   if (p.context > 1) {
-    const std::string when = fmt::format(" when {} > 1", rules.key(p.context));
-    if (p.sequence_parallel)
-      rules.divisible(m.seq_length, {{"2", 2}, rules.term(p.context), rules.term(p.tensor)},
-                      when + fmt::format(" with {}", rules.key(p.sequence_parallel)));
-    else
-      rules.divisible(m.seq_length, {{"2", 2}, rules.term(p.context)}, when);
-    if (p.context_comm == ContextComm::A2A) {
-      const std::string a2a = fmt::format(" when {} is a2a", rules.key(p.context_comm));
-      rules.divisible(m.num_attention_heads, {rules.term(p.tensor), rules.term(p.context)}, a2a);
-      rules.divisible(m.num_query_groups, {rules.term(p.tensor), rules.term(p.context)}, a2a);
-    }
     rules.require(t.device == DeviceKind::CPU, p.context,
                   fmt::format("must be 1 unless {} is cpu (context-parallel attention has no CUDA path "
                               "yet)",

@@ -8,6 +8,7 @@
 
 #include "layers.hpp"
 #include "parallel/init.hpp"
+#include "parallel/layout_rules.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/precision.hpp"
 
@@ -88,26 +89,9 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.heads = config.num_attention_heads;
   env.groups = config.num_query_groups > 0 ? config.num_query_groups : config.num_attention_heads;
   env.ffn = config.ffn_hidden_size > 0 ? config.ffn_hidden_size : 4 * config.hidden_size;
-  PARALLEL_CHECK(env.heads > 0 && env.hidden % env.heads == 0,
-                 "GPTModel: hidden {} not divisible by {} heads", env.hidden, env.heads);
+  // The layout rules validate_config checks, for the communicators actually given (same messages).
+  check_layout(config, env.layout());
   env.head_dim = env.hidden / env.heads;
-  PARALLEL_CHECK(
-      env.heads % p == 0 && env.groups % p == 0 && env.heads % env.groups == 0 && env.ffn % p == 0,
-      "GPTModel: heads {}, query groups {} and ffn {} must divide by tp = {} (and heads by groups)",
-      env.heads, env.groups, env.ffn, p);
-  PARALLEL_CHECK(!env.sequence_parallel || config.seq_length % p == 0,
-                 "GPTModel: sequence parallelism needs seq_length {} divisible by tp = {}", config.seq_length,
-                 p);
-  const int c = env.cp_size();
-  PARALLEL_CHECK(c == 1 || config.seq_length % (2 * c * (env.sequence_parallel ? p : 1)) == 0,
-                 "GPTModel: context parallelism needs seq_length {} divisible by 2 * cp{} = {}",
-                 config.seq_length, env.sequence_parallel ? " * tp" : "",
-                 2 * c * (env.sequence_parallel ? p : 1));
-  PARALLEL_CHECK(
-      c == 1 || options.context_comm != ContextComm::A2A ||
-          (env.heads % (p * c) == 0 && env.groups % (p * c) == 0),
-      "GPTModel: a2a context parallelism needs heads {} and query groups {} divisible by tp * cp = {}",
-      env.heads, env.groups, p * c);
   impl_->options = options;
   vocab_padded_ = padded_vocab_size(config.vocab_size, p);
   const float std = static_cast<float>(config.init_std);

@@ -42,6 +42,18 @@ struct LayerEnv {
   double moe_loss_scale = 1.0;
   int cp_rank() const { return cp != nullptr ? cp->rank() : 0; }
   int cp_size() const { return cp != nullptr ? cp->size() : 1; }
+  // The sizes of the communicators this chunk was given, as check_layout (layout_rules.hpp) reads
+  // them; dp is not known here (data 0).
+  ParallelConfig layout() const {
+    ParallelConfig p;
+    p.tensor = tp->size();
+    p.sequence_parallel = sequence_parallel && tp->size() > 1;
+    p.context = cp_size();
+    p.context_comm = context_comm;
+    p.expert = ep != nullptr ? ep->size() : 1;
+    p.data = 0;
+    return p;
+  }
   // Global sequence positions of the rows of this rank's activations [s_local, b, h]: its s-shard
   // under sequence parallelism of its cp chunks. Dropout masks and learned positions are keyed by
   // them, so they do not depend on tp or cp.

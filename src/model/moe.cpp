@@ -22,6 +22,7 @@
 #include <numeric>
 
 #include "layers.hpp"
+#include "parallel/layout_rules.hpp"
 #include "parallel/ops.hpp"
 
 namespace parallel::model {
@@ -59,11 +60,8 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : env_(env) {
   topk_ = c.moe_router_topk;
   ffn_ = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : env.ffn;
   const int p = ep_size(env);
-  PARALLEL_CHECK(experts_ > 0 && experts_ % p == 0, "MoELayer: {} experts do not divide over ep = {}",
-                 experts_, p);
-  PARALLEL_CHECK(topk_ >= 1 && topk_ <= experts_, "MoELayer: top-{} of {} experts", topk_, experts_);
-  PARALLEL_CHECK(env.tp->size() == 1 || env.sequence_parallel,
-                 "MoELayer: tensor parallelism needs sequence parallelism (each tp rank routes its shard)");
+  PARALLEL_CHECK(experts_ > 0, "MoELayer: a layer of {} experts", experts_);
+  check_layout(c, env.layout());  // experts over ep, top-k, tp with sp (layout_rules.hpp)
   local_ = experts_ / p;
   const std::string prefix = fmt::format("layers.{}.mlp", layer);
   router.name = prefix + ".router.weight";
