@@ -42,6 +42,9 @@ class GPTModel {
     // Expert parallelism: the ranks that split each MoE layer's experts (docs/parallelism.md);
     // null: this rank holds every expert.
     Communicator* expert = nullptr;
+    // Tensor parallelism inside experts: the ranks that split each expert's inner width (the
+    // expert-tensor group); null: whole experts.
+    Communicator* expert_tensor = nullptr;
     // Context parallelism (context_parallel.hpp): the cp group (null: none) and how attention
     // exchanges K/V over it. Inputs and targets are then this rank's two chunks of each sample
     // ([b, s / cp], cp::slice_sequence), and the loss sums only their tokens.

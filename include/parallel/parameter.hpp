@@ -47,6 +47,12 @@ struct Parameter {
 // operand is one view spanning them; `who` names the caller in the error otherwise.
 std::vector<std::vector<Parameter*>> fused_units(const std::vector<Parameter*>& params, const char* who);
 
+// The [rows, ...] view spanning `parts`' `member` tensors (value or grad), which must sit back to
+// back in one storage (a fused layer's parts: gate|up, q|k|v), so one GEMM serves them all. The
+// view borrows the storage, which the parts' own tensors keep alive. `who` names the caller in the
+// error when the parts are not adjacent (a re-binding that broke them apart).
+Tensor fused_rows(const std::vector<Parameter>& parts, Tensor Parameter::*member, const char* who);
+
 // Zeroes every gradient (start of an optimizer step's accumulation).
 void zero_grads(const std::vector<Parameter*>& params);
 

@@ -8,9 +8,10 @@ namespace parallel::checkpoint {
 bool is_optimizer_state(const std::string& name) { return name.starts_with(kOptimizerPrefix); }
 
 bool is_replica_writer(const Parameter& param, const Coord& coord) {
-  // An expert (stored under its global index) lives on one ep rank and is replicated over
-  // expert-dp; expert-dp rank 0 writes it, whatever its tp, cp or dp coordinates.
-  if (param.expert) return coord.edp == 0 && coord.etp == 0;
+  // An expert (stored under its global index) lives on one ep rank, split over etp (each etp rank
+  // writes its slice) and replicated over expert-dp: expert-dp rank 0 writes it, whatever its tp,
+  // cp or dp coordinates.
+  if (param.expert) return coord.edp == 0 && (coord.etp == 0 || param.partition_dim >= 0);
   // Data and context parallel replicas hold identical copies of every dense parameter.
   if (coord.dp != 0 || coord.cp != 0) return false;
   if (param.is_replicated_over_tp() && coord.tp != 0) return false;

@@ -137,7 +137,9 @@ void for_each_field(S& s, F&& f) {
   f("expert", s.expert,
     "expert-parallel size: MoE experts split over this many of the tensor * context * data ranks of a "
     "pipeline stage");
-  f("expert_tensor", s.expert_tensor, "tensor-parallel size inside experts (only 1 is supported)");
+  f("expert_tensor", s.expert_tensor,
+    "tensor-parallel size inside experts: each expert's inner width split over this many ranks of the "
+    "expert grid (expert * expert_tensor must divide tensor * context * data)");
   f("first_stage_layers", s.first_stage_layers, "layers on the first pipeline stage (0: split evenly)");
   f("last_stage_layers", s.last_stage_layers, "layers on the last pipeline stage (0: split evenly)");
 }

@@ -30,15 +30,13 @@ void check_layout(const ModelConfig& model, const ParallelConfig& parallel) {
   if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
   rules.at_least(m.num_query_groups, 1);
 
-  rules.require(p.expert_tensor == 1, p.expert_tensor,
-                "tensor parallelism inside experts is not supported yet (must be 1)");
-
   // Mixture of experts.
   if (m.num_experts > 0) {
     rules.at_least(m.moe_router_topk, 1);
     rules.require(m.moe_router_topk <= m.num_experts, m.moe_router_topk,
                   fmt::format("must be <= {} ({})", rules.key(m.num_experts), m.num_experts));
     rules.divisible(m.num_experts, {rules.term(p.expert)});
+    rules.divisible(m.moe_ffn_hidden_size, {rules.term(p.expert_tensor)});  // each etp rank's slice
     rules.divisible(m.moe_shared_expert_ffn_hidden_size, {rules.term(p.tensor)});
     // Experts are not split over tp: each tp rank routes its own sequence shard (Megatron's rule).
     rules.require(
@@ -54,11 +52,13 @@ void check_layout(const ModelConfig& model, const ParallelConfig& parallel) {
   rules.divisible(m.ffn_hidden_size, {rules.term(p.tensor)});
 
   // Experts fold onto the dense ranks: ep * etp of the tp * cp * dp ranks of a stage split them.
-  if (p.expert > 1) {
-    rules.require(m.num_experts > 0, p.expert, fmt::format("needs {} > 0", rules.key(m.num_experts)));
+  for (const int* split : {&p.expert, &p.expert_tensor})
+    if (*split > 1)
+      rules.require(m.num_experts > 0, *split, fmt::format("needs {} > 0", rules.key(m.num_experts)));
+  if (p.expert > 1 || p.expert_tensor > 1) {
     const long long stage = 1LL * p.tensor * p.context * p.data;
     if (p.data > 0)
-      rules.require(stage % (1LL * p.expert * p.expert_tensor) == 0, p.expert,
+      rules.require(stage % (1LL * p.expert * p.expert_tensor) == 0, p.expert > 1 ? p.expert : p.expert_tensor,
                     fmt::format("{} * {} must divide {} * {} * data ({} * {} * {} = {})", rules.key(p.expert),
                                 rules.key(p.expert_tensor), rules.key(p.tensor), rules.key(p.context),
                                 p.tensor, p.context, p.data, stage));

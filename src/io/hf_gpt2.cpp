@@ -97,13 +97,10 @@ int hf_layer_count(const std::map<std::string, Tensor>& stripped) {
 
 // The training layout is irrelevant to conversion and may not fit one rank (e.g. tensor: 8).
 std::vector<std::string> one_rank_overrides() {
-  return {"parallel.tensor=1",
-          "parallel.pipeline=1",
-          "parallel.virtual_stages=1",
-          "parallel.sequence_parallel=false",
-          "parallel.context=1",
-          "parallel.expert=1",
-          "parallel.first_stage_layers=0",
+  return {"parallel.tensor=1",           "parallel.pipeline=1",
+          "parallel.virtual_stages=1",   "parallel.sequence_parallel=false",
+          "parallel.context=1",          "parallel.expert=1",
+          "parallel.expert_tensor=1",    "parallel.first_stage_layers=0",
           "parallel.last_stage_layers=0"};
 }
 

@@ -85,6 +85,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.seed = options.seed;
   env.activation_dtype = compute_dtype(options.precision);
   env.ep = options.expert;
+  env.etp = options.expert_tensor;
   env.hidden = config.hidden_size;
   env.heads = config.num_attention_heads;
   env.groups = config.num_query_groups > 0 ? config.num_query_groups : config.num_attention_heads;

@@ -35,8 +35,11 @@ struct LayerEnv {
   // activation and activation gradient. Layers follow their inputs' dtype; this is for the odd
   // tensor a layer creates from nothing.
   DType activation_dtype = DType::F32;
-  // Expert parallelism: the ranks that split a MoE layer's experts (null: this rank holds all).
+  // Expert parallelism: the ranks that split a MoE layer's experts (null: this rank holds all),
+  // and the ranks that split each expert's inner width (tensor parallelism inside experts; null:
+  // whole experts).
   Communicator* ep = nullptr;
+  Communicator* etp = nullptr;
   // d(objective) / d(sum of this rank's MoE aux and z losses over the step's micro-batches): the
   // trainer sets it to loss scale / micro-batches per rank, as Megatron's MoEAuxLossAutoScaler does.
   double moe_loss_scale = 1.0;
@@ -51,6 +54,7 @@ struct LayerEnv {
     p.context = cp_size();
     p.context_comm = context_comm;
     p.expert = ep != nullptr ? ep->size() : 1;
+    p.expert_tensor = etp != nullptr ? etp->size() : 1;
     p.data = 0;
     return p;
   }
@@ -189,9 +193,14 @@ struct MoEStats {
 // are the chosen probabilities, not renormalised), the load-balancing and z losses, token dispatch
 // to the experts' owners over env.ep (alltoall or allgather), the local experts as one grouped
 // GEMM over their contiguous rows, and the combine. Experts are GeLU or SwiGLU MLPs without biases,
-// named "layers.<l>.mlp.experts.<global index>.fc1/fc2.weight"; a rank holds num_experts / ep of
-// them (global indices ep_rank * local ..). An optional shared expert is a tensor-parallel MLP.
-// Runs on the CPU (routing and permutation are host loops).
+// named "layers.<l>.mlp.experts.<global index>.{fc1 | gate, up}.weight" and "...fc2.weight"; a rank
+// holds num_experts / ep of them (global indices ep_rank * local ..). Under tensor parallelism
+// inside experts (env.etp, Megatron-Core's expert-tensor group) each rank holds 1/etp of the inner
+// width of its experts (fc1 / gate / up by rows, fc2 by columns, as the dense MLP under tp): after
+// the ep dispatch the rows are all-gathered over etp, every etp rank computes its slice for all of
+// them, and the partial outputs are reduce-scattered back before the return dispatch; the
+// backward mirrors it. An optional shared expert is a tensor-parallel MLP. Runs on the CPU
+// (routing and permutation are host loops).
 class MoELayer {
  public:
   MoELayer(const LayerEnv& env, int layer);
@@ -205,11 +214,18 @@ class MoELayer {
     std::vector<int64_t> counts;     // [E] kept assignments per expert (this rank's tokens)
     std::vector<double> aux_counts;  // [E] assignments before drops, over the tp group under sp
     double aux_tokens = 0;           // tokens the aux and z losses average over
-    // Dispatch: rows received from each ep rank per local expert [ep][L], local expert offsets.
-    std::vector<int64_t> recv_counts, local_offsets;
+    // Dispatch: rows received from each ep rank per local expert [ep][L].
+    std::vector<int64_t> recv_counts;
     std::vector<int64_t> all_counts;  // allgather: [ep][E] every rank's counts per expert
-    Tensor expert_in, pre, act;       // [N_local, h], [N_local, F | 2F], [N_local, F]
-    Tensor out_perm;                  // [N, h] expert outputs back in permuted order
+    // Tensor parallelism inside experts: the rows each etp rank brought per local expert [etp][L],
+    // and where the gathered row of each sits in the all-gather's padded [etp][width] layout.
+    std::vector<int64_t> etp_counts, etp_index;
+    int64_t etp_width = 0;
+    // Offsets of the local experts' rows in what the experts compute on (gathered over etp).
+    std::vector<int64_t> local_offsets;
+    // [N_local, h], [N_local, F_l | 2 F_l], [N_local, F_l] with F_l = F / etp.
+    Tensor expert_in, pre, act;
+    Tensor out_perm;  // [N, h] expert outputs back in permuted order
     // Between backward_input and backward_weight.
     Tensor d_expert_out, d_pre, d_logits;
     MLP::Context shared;
@@ -221,15 +237,24 @@ class MoELayer {
   std::vector<Parameter*> parameters();
   MoEStats& stats() { return stats_; }
 
-  Parameter router;                 // [E, h], replicated (dense)
-  std::vector<Parameter> fc1, fc2;  // local experts: [F | 2F, h], [h, F]
-  std::unique_ptr<MLP> shared;      // shared expert, or null
+  Parameter router;  // [E, h], replicated (dense)
+  // Local experts, this etp rank's slice of each (F_l = F / etp, rows or columns from etp_rank F_l):
+  // fc1[e] holds the parts {fc1} (gelu) or {gate, up} (swiglu), each [F_l, h], back to back in
+  // one storage so one GEMM serves both (fused_rows); fc2[e] is [h, F_l].
+  std::vector<std::vector<Parameter>> fc1;
+  std::vector<Parameter> fc2;
+  std::unique_ptr<MLP> shared;  // shared expert, or null
 
  private:
   // Rows of the permuted tokens [N, h] to the local experts' rows [N_local, h] (forward) or back.
   Tensor dispatch(const Tensor& rows, Context& ctx, const std::vector<int64_t>& send_counts, bool back);
+  // Tensor parallelism inside experts: this rank's rows (grouped by local expert) to every etp
+  // rank's rows of each local expert, and partial results over those back to this rank's rows,
+  // summed over etp. Identities at etp 1.
+  Tensor gather_over_etp(const Tensor& rows, const Context& ctx) const;
+  Tensor reduce_scatter_over_etp(const Tensor& rows, const Context& ctx) const;
   const LayerEnv& env_;
-  int64_t experts_, local_, topk_, ffn_;
+  int64_t experts_, local_, topk_, ffn_, ffn_local_;
   MoEStats stats_;
 };
 

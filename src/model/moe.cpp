@@ -16,6 +16,16 @@
 // as one grouped GEMM (a loop over the local experts' contiguous rows), and the outputs go back the
 // same way. Routing, permutation and the weighted combine are host loops computing in fp32 and
 // writing the activation dtype once.
+//
+// Tensor parallelism inside experts (etp, Megatron-Core's expert-tensor group): each rank holds
+// rows [r F_l, (r+1) F_l) of fc1 (of gate and of up under SwiGLU, so the activation stays local)
+// and the same columns of fc2. After the ep dispatch the etp ranks all-gather their rows (counts
+// first, padded to the longest block), each computes its slice of the experts for all of them,
+// and fc2's partial products are reduce-scattered back to the ranks the rows came from before the
+// return dispatch: the column-/row-parallel pair of the dense MLP, with the gather and the reduce-
+// scatter over etp instead of tp. The backward runs the same two collectives: dy gathered, the
+// input gradient (a partial sum over fc1's slices) reduce-scattered. The allgather dispatcher
+// composes the same way (ep gather, then etp gather), where Megatron gathers over etp x ep at once.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,15 +49,30 @@ Tensor gather_rows(const Tensor& rows, const std::vector<int64_t>& index, int64_
   return out;
 }
 
+// out[index[i]] = rows[i] for every row of rows [n, h]; out's other rows are left as they are.
+void scatter_rows(const Tensor& rows, const std::vector<int64_t>& index, int64_t h, Tensor& out) {
+  const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(rows.dtype());
+  const auto* src = static_cast<const char*>(rows.data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  for (std::size_t i = 0; i < index.size(); ++i)
+    std::memcpy(dst + static_cast<std::size_t>(index[i]) * row_bytes, src + i * row_bytes, row_bytes);
+}
+
 int ep_size(const LayerEnv& env) { return env.ep != nullptr ? env.ep->size() : 1; }
 int ep_rank(const LayerEnv& env) { return env.ep != nullptr ? env.ep->rank() : 0; }
+int etp_size(const LayerEnv& env) { return env.etp != nullptr ? env.etp->size() : 1; }
+int etp_rank(const LayerEnv& env) { return env.etp != nullptr ? env.etp->rank() : 0; }
 
-Parameter expert_weight(const std::string& name, int64_t rows, int64_t cols) {
+// This etp rank's slice of a [global_shape] expert weight, split along `dim` into etp parts.
+Parameter expert_weight(const std::string& name, Shape global_shape, int dim, const LayerEnv& env,
+                        const Tensor& value, const Tensor& grad) {
   Parameter p;
   p.name = name;
-  p.value = Tensor::zeros({rows, cols}, DType::F32);
-  p.grad = Tensor::zeros({rows, cols}, DType::F32);
-  p.global_shape = {rows, cols};
+  p.value = value;
+  p.grad = grad;
+  p.global_shape = std::move(global_shape);
+  p.partition_dim = dim;
+  p.partition_offset = etp_rank(env) * value.size(dim);
   p.expert = true;
   return p;
 }
@@ -61,23 +86,34 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : env_(env) {
   ffn_ = c.moe_ffn_hidden_size > 0 ? c.moe_ffn_hidden_size : env.ffn;
   const int p = ep_size(env);
   PARALLEL_CHECK(experts_ > 0, "MoELayer: a layer of {} experts", experts_);
-  check_layout(c, env.layout());  // experts over ep, top-k, tp with sp (layout_rules.hpp)
+  // Experts over ep, their width over etp, top-k, tp with sp (layout_rules.hpp).
+  check_layout(c, env.layout());
   local_ = experts_ / p;
+  ffn_local_ = ffn_ / etp_size(env);
   const std::string prefix = fmt::format("layers.{}.mlp", layer);
   router.name = prefix + ".router.weight";
   router.value = Tensor::zeros({experts_, env.hidden}, DType::F32);
   router.grad = Tensor::zeros({experts_, env.hidden}, DType::F32);
   router.global_shape = {experts_, env.hidden};
   router.sequence_parallel_grad = env.sequence_parallel;  // each tp rank routes its own s-shard
-  const int64_t fc1_rows = c.activation == Activation::SwiGLU ? 2 * ffn_ : ffn_;
+  // SwiGLU's gate and up are separate parameters split alike (as the dense MLP's under tp), so a
+  // rank's slice of each is whole rows and the activation pairs them locally.
+  const std::vector<const char*> parts = c.activation == Activation::SwiGLU
+                                             ? std::vector<const char*>{"gate", "up"}
+                                             : std::vector<const char*>{"fc1"};
+  const int64_t h = env.hidden, fl = ffn_local_, np = static_cast<int64_t>(parts.size());
   for (int64_t i = 0; i < local_; ++i) {
     const int64_t global = ep_rank(env) * local_ + i;
-    fc1.push_back(
-        expert_weight(fmt::format("{}.experts.{}.fc1.weight", prefix, global), fc1_rows, env.hidden));
-    fc2.push_back(expert_weight(fmt::format("{}.experts.{}.fc2.weight", prefix, global), env.hidden, ffn_));
+    Tensor w1 = Tensor::zeros({np * fl, h}, DType::F32), g1 = Tensor::zeros({np * fl, h}, DType::F32);
+    std::vector<Parameter>& f1 = fc1.emplace_back();
+    for (int64_t j = 0; j < np; ++j)
+      f1.push_back(expert_weight(fmt::format("{}.experts.{}.{}.weight", prefix, global, parts[j]), {ffn_, h},
+                                 0, env, w1.narrow(0, j * fl, fl), g1.narrow(0, j * fl, fl)));
+    fc2.push_back(expert_weight(fmt::format("{}.experts.{}.fc2.weight", prefix, global), {h, ffn_}, 1, env,
+                                Tensor::zeros({h, fl}, DType::F32), Tensor::zeros({h, fl}, DType::F32)));
   }
-  // Under sequence parallelism each tp rank's experts see only its shard's tokens: their gradients
-  // are partial sums over tp, which the expert-dp reduction (it spans tp) completes.
+  // An expert's gradient here sums the tokens of this rank's etp x ep block only (under sequence
+  // parallelism each rank routes just its shard): the expert-dp reduction adds the others'.
   if (c.moe_shared_expert_ffn_hidden_size > 0)
     shared = std::make_unique<MLP>(env, prefix + ".shared_expert", c.moe_shared_expert_ffn_hidden_size);
   stats_.tokens_per_expert.assign(static_cast<std::size_t>(experts_), 0);
@@ -88,7 +124,7 @@ std::vector<Parameter*> MoELayer::parameters() {
   if (shared)
     for (Parameter* p : shared->parameters()) out.push_back(p);
   for (int64_t i = 0; i < local_; ++i) {
-    out.push_back(&fc1[static_cast<std::size_t>(i)]);
+    for (Parameter& part : fc1[static_cast<std::size_t>(i)]) out.push_back(&part);
     out.push_back(&fc2[static_cast<std::size_t>(i)]);
   }
   return out;
@@ -187,6 +223,30 @@ Tensor MoELayer::dispatch(const Tensor& rows, Context& ctx, const std::vector<in
   Tensor mine = Tensor::empty({width, h}, DType::F32, rows.device());
   env_.ep->reduce_scatter(all, mine);
   return mine.narrow(0, 0, block[me]).to(rows.dtype());
+}
+
+Tensor MoELayer::gather_over_etp(const Tensor& rows, const Context& ctx) const {
+  if (etp_size(env_) == 1) return rows;
+  const int64_t h = env_.hidden, t = etp_size(env_);
+  Tensor mine = Tensor::zeros({ctx.etp_width, h}, rows.dtype(), rows.device());
+  if (rows.size(0) > 0) mine.narrow(0, 0, rows.size(0)).copy_(rows);
+  Tensor all = Tensor::empty({ctx.etp_width * t, h}, rows.dtype(), rows.device());
+  env_.etp->all_gather(mine, all);
+  return gather_rows(all, ctx.etp_index, h);
+}
+
+Tensor MoELayer::reduce_scatter_over_etp(const Tensor& rows, const Context& ctx) const {
+  if (etp_size(env_) == 1) return rows;
+  const int64_t h = env_.hidden, t = etp_size(env_);
+  // Each gathered row back at its padded place; the padding stays zero.
+  Tensor all = Tensor::zeros({ctx.etp_width * t, h}, rows.dtype(), rows.device());
+  scatter_rows(rows, ctx.etp_index, h, all);
+  Tensor mine = Tensor::empty({ctx.etp_width, h}, rows.dtype(), rows.device());
+  env_.etp->reduce_scatter(all, mine);
+  const auto L = static_cast<std::size_t>(local_), me = static_cast<std::size_t>(etp_rank(env_));
+  int64_t n = 0;
+  for (std::size_t e = 0; e < L; ++e) n += ctx.etp_counts[me * L + e];
+  return mine.narrow(0, 0, n);
 }
 
 Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
@@ -314,34 +374,64 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
     for (std::size_t r = 0; r < P; ++r)
       for (std::size_t e = 0; e < L; ++e) ctx.recv_counts[r * L + e] = ctx.all_counts[r * P * L + me * L + e];
   }
+  // Rows per local expert after the ep dispatch; under etp, every etp rank's, which the experts'
+  // slices all compute on: gathered row (expert e, etp rank q, i) comes from row i of q's block e.
+  std::vector<int64_t> mine(L, 0);
+  for (std::size_t e = 0; e < L; ++e)
+    for (std::size_t r = 0; r < P; ++r) mine[e] += ctx.recv_counts[r * L + e];
+  const auto Tp = static_cast<std::size_t>(etp_size(env_));
+  if (Tp == 1) {
+    ctx.etp_counts = mine;
+  } else {
+    Tensor send = Tensor::from_vector(mine, {local_});
+    Tensor all = Tensor::empty({local_ * static_cast<int64_t>(Tp)}, DType::I64);
+    env_.etp->all_gather(send, all);
+    const int64_t* a = all.data<int64_t>();
+    ctx.etp_counts.assign(a, a + local_ * static_cast<int64_t>(Tp));
+  }
   ctx.local_offsets.assign(L + 1, 0);
   for (std::size_t e = 0; e < L; ++e) {
     int64_t n = 0;
-    for (std::size_t r = 0; r < P; ++r) n += ctx.recv_counts[r * L + e];
+    for (std::size_t q = 0; q < Tp; ++q) n += ctx.etp_counts[q * L + e];
     ctx.local_offsets[e + 1] = ctx.local_offsets[e] + n;
   }
-  ctx.expert_in = dispatch(x_perm, ctx, ctx.counts, /*back=*/false);
+  if (Tp > 1) {
+    std::vector<int64_t> block(Tp, 0);
+    for (std::size_t q = 0; q < Tp; ++q)
+      for (std::size_t e = 0; e < L; ++e) block[q] += ctx.etp_counts[q * L + e];
+    ctx.etp_width = *std::max_element(block.begin(), block.end());
+    ctx.etp_index.assign(static_cast<std::size_t>(ctx.local_offsets[L]), 0);
+    std::vector<int64_t> fill(ctx.local_offsets.begin(), ctx.local_offsets.end() - 1);
+    for (std::size_t q = 0; q < Tp; ++q) {
+      int64_t at = static_cast<int64_t>(q) * ctx.etp_width;
+      for (std::size_t e = 0; e < L; ++e)
+        for (int64_t i = 0; i < ctx.etp_counts[q * L + e]; ++i)
+          ctx.etp_index[static_cast<std::size_t>(fill[e]++)] = at++;
+    }
+  }
+  ctx.expert_in = gather_over_etp(dispatch(x_perm, ctx, ctx.counts, /*back=*/false), ctx);
 
   // The local experts: one GEMM pair per expert over its contiguous rows.
   const int64_t n_local = ctx.local_offsets[L];
   const bool swiglu = env_.config->activation == Activation::SwiGLU;
   const DType dt = x.dtype();
-  ctx.pre = Tensor::empty({n_local, swiglu ? 2 * ffn_ : ffn_}, dt, x.device());
-  ctx.act = Tensor::empty({n_local, ffn_}, dt, x.device());
+  ctx.pre = Tensor::empty({n_local, swiglu ? 2 * ffn_local_ : ffn_local_}, dt, x.device());
+  ctx.act = Tensor::empty({n_local, ffn_local_}, dt, x.device());
   Tensor expert_out = Tensor::empty({n_local, h}, dt, x.device());
   for (std::size_t e = 0; e < L; ++e) {
     const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
     if (n == 0) continue;
     Tensor pre = ctx.pre.narrow(0, off, n), act = ctx.act.narrow(0, off, n),
            out = expert_out.narrow(0, off, n);
-    ops::gemm(ctx.expert_in.narrow(0, off, n), false, fc1[e].value, true, pre);
+    ops::gemm(ctx.expert_in.narrow(0, off, n), false, fused_rows(fc1[e], &Parameter::value, "MoELayer"), true,
+              pre);
     if (swiglu)
       ops::swiglu_forward(pre, act);
     else
       ops::gelu_forward(pre, act);
     ops::gemm(act, false, fc2[e].value, true, out);
   }
-  ctx.out_perm = dispatch(expert_out, ctx, ctx.counts, /*back=*/true);
+  ctx.out_perm = dispatch(reduce_scatter_over_etp(expert_out, ctx), ctx, ctx.counts, /*back=*/true);
 
   // Combine, weighted by the router probabilities, in fp32; written once in the activation dtype.
   Tensor y32 = Tensor::zeros({T, h}, DType::F32, x.device());
@@ -394,7 +484,7 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
     }
   }
   ctx.out_perm = Tensor();
-  ctx.d_expert_out = dispatch(d_out32.to(dt), ctx, ctx.counts, /*back=*/false);
+  ctx.d_expert_out = gather_over_etp(dispatch(d_out32.to(dt), ctx, ctx.counts, /*back=*/false), ctx);
 
   // Experts' input step; the weight step needs d_expert_out and d_pre.
   const bool swiglu = env_.config->activation == Activation::SwiGLU;
@@ -404,7 +494,7 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   for (std::size_t e = 0; e < L; ++e) {
     const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
     if (n == 0) continue;
-    Tensor du = Tensor::empty({n, ffn_}, dt);
+    Tensor du = Tensor::empty({n, ffn_local_}, dt);
     ops::gemm(ctx.d_expert_out.narrow(0, off, n), false, fc2[e].value, false, du);
     Tensor dpre = ctx.d_pre.narrow(0, off, n);
     if (swiglu)
@@ -412,10 +502,11 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
     else
       ops::gelu_backward(du, ctx.pre.narrow(0, off, n), dpre);
     Tensor dxe = dx_local.narrow(0, off, n);
-    ops::gemm(dpre, false, fc1[e].value, false, dxe);
+    ops::gemm(dpre, false, fused_rows(fc1[e], &Parameter::value, "MoELayer"), false, dxe);
   }
   ctx.pre = Tensor();
-  Tensor dx_perm = dispatch(dx_local, ctx, ctx.counts, /*back=*/true).to(DType::F32);
+  Tensor dx_perm =
+      dispatch(reduce_scatter_over_etp(dx_local, ctx), ctx, ctx.counts, /*back=*/true).to(DType::F32);
 
   // Unpermute: each token sums its assignments' input gradients.
   Tensor dx32 = Tensor::zeros({T, h}, DType::F32);
@@ -468,8 +559,8 @@ void MoELayer::backward_weight(Context& ctx) {
     if (n == 0) continue;
     ops::gemm(ctx.d_expert_out.narrow(0, off, n), true, ctx.act.narrow(0, off, n), false, fc2[e].grad, 1.0f,
               1.0f);
-    ops::gemm(ctx.d_pre.narrow(0, off, n), true, ctx.expert_in.narrow(0, off, n), false, fc1[e].grad, 1.0f,
-              1.0f);
+    Tensor g1 = fused_rows(fc1[e], &Parameter::grad, "MoELayer");
+    ops::gemm(ctx.d_pre.narrow(0, off, n), true, ctx.expert_in.narrow(0, off, n), false, g1, 1.0f, 1.0f);
   }
   if (shared) shared->backward_weight(ctx.shared);
   ctx = Context{};

@@ -28,6 +28,23 @@ std::vector<std::vector<Parameter*>> fused_units(const std::vector<Parameter*>& 
   return units;
 }
 
+Tensor fused_rows(const std::vector<Parameter>& parts, Tensor Parameter::*member, const char* who) {
+  const Tensor& first = parts.front().*member;
+  if (parts.size() == 1) return first;
+  int64_t rows = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& t = parts[i].*member;
+    const Tensor& prev = parts[i == 0 ? 0 : i - 1].*member;
+    PARALLEL_CHECK(t.is_contiguous() && t.storage() == first.storage() &&
+                       (i == 0 || t.storage_offset() == prev.storage_offset() + prev.numel()),
+                   "{} {}: fused parts must stay adjacent in one storage", who, parts[i].name);
+    rows += t.size(0);
+  }
+  Shape shape = first.shape();
+  shape[0] = rows;
+  return Tensor::from_blob(first.data_ptr(), shape, first.dtype(), first.device());
+}
+
 void zero_grads(const std::vector<Parameter*>& params) {
   for (Parameter* p : params)
     if (p->grad.defined() && p->grad.numel() > 0) p->grad.zero_();

@@ -68,21 +68,7 @@ std::vector<Parameter*> ColumnParallelLinear::parameters() {
 }
 
 Tensor ColumnParallelLinear::fused(const std::vector<Parameter>& parts, Tensor Parameter::*member) const {
-  const Tensor& first = parts.front().*member;
-  if (parts.size() == 1) return first;
-  int64_t rows = 0;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    const Tensor& t = parts[i].*member;
-    const Tensor& prev = parts[i == 0 ? 0 : i - 1].*member;
-    PARALLEL_CHECK(t.is_contiguous() && t.storage() == first.storage() &&
-                       (i == 0 || t.storage_offset() == prev.storage_offset() + prev.numel()),
-                   "ColumnParallelLinear {}: fused parts must stay adjacent in one storage", parts[i].name);
-    rows += t.size(0);
-  }
-  Shape shape = first.shape();
-  shape[0] = rows;
-  // Borrowed view: the parts' own views keep the storage alive for as long as the layer exists.
-  return Tensor::from_blob(first.data_ptr(), shape, first.dtype(), first.device());
+  return fused_rows(parts, member, "ColumnParallelLinear");
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {

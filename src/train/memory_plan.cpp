@@ -131,15 +131,15 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
   return units;
 }
 
-// Elements of this rank's MoE experts in one chunk (num_experts / ep per MoE layer, fc1 and fc2):
-// the trainer's expert DataParallel buffer, unsharded, its gradients fp32.
-double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, int ep) {
+// Elements of this rank's MoE experts in one chunk (num_experts / ep per MoE layer, fc1 and fc2,
+// 1/etp of each): the trainer's expert DataParallel buffer, unsharded, its gradients fp32.
+double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, int ep, int etp) {
   if (m.num_experts <= 0) return 0;
   const double fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
   const double fe1 = m.activation == Activation::SwiGLU ? 2 * fe : fe;
   int moe_layers = 0;
   for (int i = 0; i < spec.num_layers; ++i) moe_layers += m.is_moe_layer(spec.first_layer + i);
-  return moe_layers * static_cast<double>(m.num_experts / ep) * (fe1 + fe) * m.hidden_size;
+  return moe_layers * static_cast<double>(m.num_experts / ep) * (fe1 + fe) / etp * m.hidden_size;
 }
 
 // Elements of the weights one chunk's GEMMs take as b (q|k|v, proj, fc1, fc2 per layer, and the
@@ -246,7 +246,7 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
   // MoE experts: their own unsharded buffer (values, fp32 gradients, full optimizer state).
   double experts = 0;
   for (const GPTChunkSpec& spec : chunks)
-    experts += expert_elements_per_rank(c.model, spec, c.parallel.expert);
+    experts += expert_elements_per_rank(c.model, spec, c.parallel.expert, c.parallel.expert_tensor);
   s.parameters += experts * pe;
   s.gradients += experts * 4.0;
   s.optimizer += experts * optimizer_bytes_per_element(c.train.precision);
@@ -739,7 +739,7 @@ const RankMemoryPlan& MemoryPlan::largest() const {
 
 MemoryPlan plan_memory(const Config& c, int world_size) {
   const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
-                                             c.parallel.context, c.parallel.expert);
+                                             c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
   const int dp = grid.sizes().data;
   const int micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
   const std::string activation_keys =

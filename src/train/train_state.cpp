@@ -138,6 +138,7 @@ std::string layout_json(ParallelState& state, Optimizer* optimizer) {
   json j = {{"tensor", s.tensor}, {"pipeline", s.pipeline}, {"data", s.data}};
   if (s.context != 1) j["context"] = s.context;
   if (s.expert != 1) j["expert"] = s.expert;
+  if (s.expert_tensor != 1) j["expert_tensor"] = s.expert_tensor;
   j["optimizer"] = optimizer == nullptr ? "none" : is_sharded(*optimizer) ? "distributed" : "adamw";
   return j.dump();
 }

@@ -266,7 +266,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     }
   }
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline,
-                                         c.parallel.context, c.parallel.expert);
+                                         c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
   // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
   m.state = std::make_unique<ParallelState>(world, grid, m.device);
   const int pp_rank = m.state->coord().pp;
@@ -286,6 +286,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
                             .precision = c.train.precision,
                             .device = m.device,
                             .expert = c.model.num_experts > 0 ? &m.state->ep() : nullptr,
+                            .expert_tensor = c.model.num_experts > 0 ? &m.state->etp() : nullptr,
                             .cp = &m.state->cp(),
                             .context_comm = c.parallel.context_comm};
   std::vector<GPTModel*> raw;
@@ -318,10 +319,11 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     m.expert_ddp = std::make_unique<DataParallel>(raw, m.state->edp(), experts);
     progress().info(
         "experts: {} per MoE layer, top-{}, {} dispatch; expert parallel {} ({} experts per rank), "
-        "expert data parallel {}",
+        "expert tensor parallel {}, expert data parallel {}",
         c.model.num_experts, c.model.moe_router_topk,
         c.model.moe_token_dispatcher == MoeDispatcher::AllToAll ? "alltoall" : "allgather",
-        m.state->ep().size(), c.model.num_experts / m.state->ep().size(), m.state->edp().size());
+        m.state->ep().size(), c.model.num_experts / m.state->ep().size(), m.state->etp().size(),
+        m.state->edp().size());
   }
   m.ddp = std::make_unique<DataParallel>(raw, m.state->dp_cp(), ddp_options);
   {

@@ -3,7 +3,9 @@
 //     router, top-k, capacity drops, experts, combine, aux and z losses, forward and backward;
 //   - expert parallelism with real processes: ep = world (2 or 4) equals one rank for 4 and 8
 //     experts, top-1 and top-2, dropless, both dispatchers (losses and every gradient, fp32, 1e-5);
-//   - memory from the allocator: at ep = p a rank holds 1/p of the expert weights.
+//   - tensor parallelism inside experts: etp 2 (np 2) and etp 2 x ep 2 (np 4) equal one rank for
+//     the same cases, each rank's slices of the experts' gradients against the one-rank ones;
+//   - memory from the allocator: at ep x etp = p a rank holds 1/p of the expert weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,8 +20,10 @@
 #include "parallel/allocator.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/memory_plan.hpp"
+#include "parallel/parallel_state.hpp"
 #include "parallel/precision.hpp"
 #include "parallel/safetensors.hpp"
+#include "parity.hpp"
 #include "paths.hpp"
 
 namespace parallel {
@@ -59,8 +63,13 @@ void check_fixture(const std::string& name) {
   model::MoELayer layer(env, 0);
   layer.router.value.copy_(f.at("router"));
   const int64_t E = c.num_experts;
+  // The fixture's fc1 is [E, F | 2F, h] (SwiGLU: gate then up), which the parts' rows tile.
+  auto fc1_part = [&](const std::string& key, int64_t e, std::size_t part) {
+    const int64_t rows = c.moe_ffn_hidden_size;
+    return f.at(key).select(e).narrow(0, static_cast<int64_t>(part) * rows, rows);
+  };
   for (int64_t e = 0; e < E; ++e) {
-    layer.fc1[e].value.copy_(f.at("fc1").select(e));
+    for (std::size_t j = 0; j < layer.fc1[e].size(); ++j) layer.fc1[e][j].value.copy_(fc1_part("fc1", e, j));
     layer.fc2[e].value.copy_(f.at("fc2").select(e));
   }
   model::MoELayer::Context ctx;
@@ -86,7 +95,8 @@ void check_fixture(const std::string& name) {
   EXPECT_TRUE(close("dx", dx, f.at("dx"), 1e-5));
   EXPECT_TRUE(close("grad.router", layer.router.grad, f.at("grad.router"), 1e-5));
   for (int64_t e = 0; e < E; ++e) {
-    EXPECT_TRUE(close("grad.fc1 " + std::to_string(e), layer.fc1[e].grad, f.at("grad.fc1").select(e), 1e-5));
+    for (std::size_t j = 0; j < layer.fc1[e].size(); ++j)
+      EXPECT_TRUE(close(layer.fc1[e][j].name, layer.fc1[e][j].grad, fc1_part("grad.fc1", e, j), 1e-5));
     EXPECT_TRUE(close("grad.fc2 " + std::to_string(e), layer.fc2[e].grad, f.at("grad.fc2").select(e), 1e-5));
   }
 }
@@ -132,10 +142,12 @@ std::pair<Tensor, Tensor> batch(int r, const ModelConfig& c, int64_t b) {
   return {Tensor::from_vector(tokens, {b, c.seq_length}), Tensor::from_vector(targets, {b, c.seq_length})};
 }
 
-void expert_parallel_parity(const ModelConfig& c) {
+// The trainer's grid at tp 1 and dp = world with ep x etp = world (edp 1): rank r runs micro-batch r.
+void expert_parallel_parity(const ModelConfig& c, int etp) {
   const int p = world().size();
   const int r = world().rank();
   auto solo = world().split(r, 0);
+  ParallelState state(world(), RankGrid::from_world(p, 1, 1, 1, p / etp, etp));
   const int64_t b = 2;
   const Tensor seed = Tensor::full({1}, 1.0 / static_cast<double>(b * c.seq_length), DType::F32);
   // One rank: every rank's micro-batch, one after the other.
@@ -147,9 +159,10 @@ void expert_parallel_parity(const ModelConfig& c) {
     ref_loss.push_back(ref.forward(tokens, targets, *act, q).to_float_vector()[0]);
     ref.backward(seed, *act);
   }
-  // ep = p: rank r runs micro-batch r; the experts see every rank's tokens.
+  // ep x etp = p: rank r runs micro-batch r; the experts see every rank's tokens.
   GPTModel::Options o;
-  o.expert = &world();
+  o.expert = &state.ep();
+  o.expert_tensor = &state.etp();
   GPTModel ep(c, {0, c.num_layers, true, true}, o, *solo);
   auto [tokens, targets] = batch(r, c, b);
   auto act = ep.new_activations();
@@ -162,17 +175,24 @@ void expert_parallel_parity(const ModelConfig& c) {
   int experts_here = 0;
   for (Parameter* q : ep.parameters()) {
     ASSERT_TRUE(by_name.count(q->name)) << q->name;
-    Tensor g = q->grad.clone();
+    Parameter mine = *q;  // experts: this etp rank's slice (rows of fc1 / gate / up, columns of fc2)
+    mine.grad = q->grad.clone();
     if (q->expert) {
       ++experts_here;
+      EXPECT_GE(q->partition_dim, 0) << q->name;
     } else {
-      static_cast<Communicator&>(world()).all_reduce(g);  // dense: each rank holds its micro-batch's share
+      static_cast<Communicator&>(world()).all_reduce(mine.grad);  // dense: each rank's micro-batch's share
     }
-    EXPECT_TRUE(close(q->name + " (rank " + std::to_string(r) + ")", g, by_name[q->name]->grad, 1e-5));
+    // Without rope the key bias shifts each query's scores equally: its gradient is rounding noise.
+    const bool inert =
+        c.position_embedding != PositionEmbedding::Rope && q->name.ends_with("attention.key.bias");
+    testing::expect_grad_matches(mine, *by_name[q->name], c.vocab_size, inert,
+                                 q->name + " (rank " + std::to_string(r) + ")", 1e-5);
   }
   int moe_layers = 0;
   for (int l = 0; l < c.num_layers; ++l) moe_layers += c.is_moe_layer(l);
-  EXPECT_EQ(experts_here, 2 * moe_layers * c.num_experts / p);
+  const int per_expert = c.activation == Activation::SwiGLU ? 3 : 2;  // gate, up, fc2 or fc1, fc2
+  EXPECT_EQ(experts_here, per_expert * moe_layers * c.num_experts / (p / etp));
   // The statistics: this rank's assignments, summed over ranks, are the one-rank model's.
   const auto mine = ep.moe_statistics(), all = ref.moe_statistics();
   Tensor counts = Tensor::from_vector(mine.tokens_per_expert, {c.num_experts});
@@ -193,16 +213,25 @@ TEST_P(ExpertParallel, EqualsOneRank) {
   const EpCase k = GetParam();
   if (world().size() == 1) GTEST_SKIP() << "needs ep > 1";
   if (k.experts % world().size() != 0) GTEST_SKIP() << "experts do not divide over the ranks";
-  expert_parallel_parity(moe_config(k.experts, k.topk, k.dispatcher, k.llama));
+  expert_parallel_parity(moe_config(k.experts, k.topk, k.dispatcher, k.llama), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, ExpertParallel,
-                         ::testing::Values(EpCase{4, 1, MoeDispatcher::AllToAll, false},
-                                           EpCase{4, 2, MoeDispatcher::AllToAll, false},
-                                           EpCase{8, 1, MoeDispatcher::AllToAll, true},
-                                           EpCase{8, 2, MoeDispatcher::AllToAll, false},
-                                           EpCase{8, 2, MoeDispatcher::AllGather, true},
-                                           EpCase{4, 1, MoeDispatcher::AllGather, false}));
+// etp 2 and ep = world / 2: the experts' inner width split over rank pairs (np 2: etp alone).
+class ExpertTensorParallel : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(ExpertTensorParallel, EqualsOneRank) {
+  const EpCase k = GetParam();
+  if (world().size() == 1) GTEST_SKIP() << "needs etp 2";
+  if (k.experts % (world().size() / 2) != 0) GTEST_SKIP() << "experts do not divide over ep";
+  expert_parallel_parity(moe_config(k.experts, k.topk, k.dispatcher, k.llama), 2);
+}
+
+const auto kCases = ::testing::Values(
+    EpCase{4, 1, MoeDispatcher::AllToAll, false}, EpCase{4, 2, MoeDispatcher::AllToAll, false},
+    EpCase{8, 1, MoeDispatcher::AllToAll, true}, EpCase{8, 2, MoeDispatcher::AllToAll, false},
+    EpCase{8, 2, MoeDispatcher::AllGather, true}, EpCase{4, 1, MoeDispatcher::AllGather, false});
+INSTANTIATE_TEST_SUITE_P(Cases, ExpertParallel, kCases);
+INSTANTIATE_TEST_SUITE_P(Cases, ExpertTensorParallel, kCases);
 
 // bf16 follows the precision policy (16-bit activations and parameter copy, fp32 router logits and
 // gradients): the loss stays within bf16 rounding of the fp32 model's, gradients are finite.
@@ -232,23 +261,32 @@ TEST(MoEPrecision, Bf16IsCloseToFp32) {
 TEST(ExpertParallelMemory, RankHoldsItsShareOfTheExperts) {
   const int p = world().size();
   auto solo = world().split(world().rank(), 0);
-  const ModelConfig c = moe_config(8, 2, MoeDispatcher::AllToAll, false);
-  model::LayerEnv env;
-  env.config = &c;
-  env.tp = solo.get();
-  env.hidden = c.hidden_size;
-  env.ffn = c.ffn_hidden_size;
-  auto bytes_of_layer = [&](Communicator* ep) {
+  auto bytes_of_layer = [&](const ModelConfig& c, Communicator* ep, Communicator* etp) {
+    model::LayerEnv env;
+    env.config = &c;
+    env.tp = solo.get();
+    env.hidden = c.hidden_size;
+    env.ffn = c.ffn_hidden_size;
     env.ep = ep;
+    env.etp = etp;
     const std::size_t before = memory_stats(Device::cpu()).allocated;
     model::MoELayer layer(env, 0);
     const std::size_t router = layer.router.value.nbytes() + layer.router.grad.nbytes();
     return memory_stats(Device::cpu()).allocated - before - router;
   };
-  const std::size_t all = bytes_of_layer(nullptr), mine = bytes_of_layer(&world());
-  // fc1 [48, 32] and fc2 [32, 48] fp32, value and gradient, per expert.
-  EXPECT_EQ(all, 8u * 2 * 2 * 48 * 32 * 4);
-  EXPECT_EQ(mine * static_cast<std::size_t>(p), all);
+  for (const bool swiglu : {false, true}) {
+    ModelConfig c = moe_config(8, 2, MoeDispatcher::AllToAll, swiglu);
+    c.moe_shared_expert_ffn_hidden_size = 0;  // dense, on every rank
+    const std::size_t all = bytes_of_layer(c, nullptr, nullptr);
+    // fc1 [48, 32] (swiglu: gate and up) and fc2 [32, 48] fp32, value and gradient, per expert.
+    EXPECT_EQ(all, 8u * (swiglu ? 3 : 2) * 2 * 48 * 32 * 4);
+    // ep = p, and (p > 1) etp 2 x ep p / 2: either way 1/p of the experts' bytes.
+    EXPECT_EQ(bytes_of_layer(c, &world(), nullptr) * static_cast<std::size_t>(p), all);
+    if (p > 1) {
+      ParallelState state(world(), RankGrid::from_world(p, 1, 1, 1, p / 2, 2));
+      EXPECT_EQ(bytes_of_layer(c, &state.ep(), &state.etp()) * static_cast<std::size_t>(p), all);
+    }
+  }
 }
 
 // The memory plan counts this rank's experts only: at ep = 4 the parameter, gradient and optimizer
@@ -262,17 +300,22 @@ TEST(ExpertParallelMemory, PlanCountsThisRanksExperts) {
   const std::vector<std::string> moe{"model.num_experts=8", "model.moe_router_topk=2",
                                      "model.moe_ffn_hidden_size=48", "model.hidden_size=32",
                                      "model.num_layers=2"};
-  auto plan = [&](int ep) {
+  auto plan = [&](int ep, int etp) {
     std::vector<std::string> o = moe;
     o.push_back("parallel.expert=" + std::to_string(ep));
+    o.push_back("parallel.expert_tensor=" + std::to_string(etp));
     return plan_memory(parse_config("", o, 4), 4).ranks.at(0);
   };
-  const RankMemoryPlan one = plan(1), four = plan(4);
+  const RankMemoryPlan one = plan(1, 1);
   const int64_t expert_elements = 2 * 8 * (48 + 48) * 32;
   const int64_t moved = expert_elements * 3 / 4;
-  EXPECT_EQ(term(one, "parameters") - term(four, "parameters"), moved * 4);
-  EXPECT_EQ(term(one, "gradients") - term(four, "gradients"), moved * 4);
-  EXPECT_EQ(term(one, "optimizer") - term(four, "optimizer"), moved * 8);
+  // ep 4, ep 2 x etp 2 and etp 4: a quarter of the experts' elements each.
+  for (const auto& [ep, etp] : std::vector<std::pair<int, int>>{{4, 1}, {2, 2}, {1, 4}}) {
+    const RankMemoryPlan four = plan(ep, etp);
+    EXPECT_EQ(term(one, "parameters") - term(four, "parameters"), moved * 4) << ep << " x " << etp;
+    EXPECT_EQ(term(one, "gradients") - term(four, "gradients"), moved * 4) << ep << " x " << etp;
+    EXPECT_EQ(term(one, "optimizer") - term(four, "optimizer"), moved * 8) << ep << " x " << etp;
+  }
 }
 
 }  // namespace

@@ -240,15 +240,18 @@ TEST(SplitBackward, MLP) {
 
 // A MoE layer (src/model/moe.cpp): the input step runs the router backward, the dispatch both ways
 // and the experts' input GEMMs; the weight step the router's, experts' and shared expert's weight
-// GEMMs. Experts split over the ranks (ep = world) and, separately, tokens over tp with sp.
+// GEMMs. Experts split over the ranks (ep = world), tokens over tp with sp, and each expert's
+// width over the ranks (etp = world: alone, and with sp over the same ranks as tp).
 TEST(SplitBackward, MoELayer) {
   auto solo = world().split(world().rank(), 0);
-  for (bool expert_parallel : {false, true}) {
-    if (expert_parallel && world().size() == 1) continue;
+  for (const char* split : {"", "ep", "etp"}) {
+    const bool expert_parallel = split == std::string("ep"), expert_tensor = split == std::string("etp");
+    if ((expert_parallel || expert_tensor) && world().size() == 1) continue;
     for (const ModelLayerCase& c : model_layer_cases()) {
       if (expert_parallel && c.sequence_parallel) continue;
-      if (world().size() > 1 && !expert_parallel && !c.sequence_parallel) continue;  // MoE with tp needs sp
-      SCOPED_TRACE(::testing::Message() << c.label << (expert_parallel ? " ep" : ""));
+      if (world().size() > 1 && !expert_parallel && !expert_tensor && !c.sequence_parallel)
+        continue;  // MoE with tp needs sp
+      SCOPED_TRACE(::testing::Message() << c.label << " " << split);
       ModelConfig cfg = layer_config(c.llama);
       cfg.num_experts = 4;
       cfg.moe_router_topk = 2;
@@ -261,13 +264,17 @@ TEST(SplitBackward, MoELayer) {
         env.tp = solo.get();
         env.ep = &world();
       }
+      if (expert_tensor) {
+        if (!c.sequence_parallel) env.tp = solo.get();
+        env.etp = &world();
+      }
       model::MoELayer a(env, 0), b(env, 0);
       run_layer<model::MoELayer, model::MoELayer::Context>(
           a, b,
           [](model::MoELayer& l, const Tensor& x, model::MoELayer::Context& ctx) {
             return l.forward(x, ctx, /*record_stats=*/true);
           },
-          expert_parallel ? Shape{cfg.seq_length, 2, env.hidden} : hidden_shape(env, cfg.seq_length));
+          env.tp->size() == 1 ? Shape{cfg.seq_length, 2, env.hidden} : hidden_shape(env, cfg.seq_length));
     }
   }
 }

@@ -7,9 +7,13 @@
 #     ep2 x tp2 (+sp) x pp2 (8 ranks), the allgather dispatcher at ep2, ep2 over cp2 (the experts
 #     split across the context-parallel ranks), ep2 x pp2 under zb-h1 (the MoE layers' split
 #     backward); 8 experts top-1 at ep4;
+#     tensor parallelism inside experts: etp2 (2 ranks), etp2 x ep2 (4 ranks), etp2 x ep2 with
+#     tp2 (+sp), and with pp2 as well (8 ranks), the allgather dispatcher at etp2 x ep2, 8 experts
+#     top-1 at etp2 x ep2, SwiGLU experts (gate and up split alike) at etp2 x ep2 x tp2 (+sp);
 #  2. checkpoints: 3 steps at ep2 x dp2 (4 ranks, each expert on 2 ranks, stored under its global
-#     index), then continue to step 6 on one rank and at tp2 (+sp) x ep2 (2 ranks),
-#     matching the uninterrupted single-rank run;
+#     index), then continue to step 6 on one rank and at tp2 (+sp) x ep2 (2 ranks); 3 steps at
+#     etp2 x ep2 (each rank a half of its experts, stored whole), then continue on one rank and at
+#     ep2 (etp 1); each matching the uninterrupted single-rank run;
 #  3. metrics.jsonl carries the aux / z losses and tokens per expert, summing to tokens x topk.
 # The learning rate is constant so that a 3-step run follows the same schedule as a 6-step one.
 #   trainer_moe.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
@@ -62,6 +66,31 @@ run ep4_e8 4 --set train.steps=6 "${e8[@]}" --set parallel.expert=4
 compare ref8 ep4_e8 loss
 compare ref8 ep4_e8 grad_norm
 
+# Tensor parallelism inside experts (moe_ffn_hidden_size 96: 48 per etp rank).
+etp2=(--set parallel.expert_tensor=2)
+run etp2 2 --set train.steps=6 "${e4[@]}" "${etp2[@]}"
+run ep2etp2 4 --set train.steps=6 "${e4[@]}" "${etp2[@]}" --set parallel.expert=2
+run ep2etp2tp2 4 --set train.steps=6 "${e4[@]}" "${etp2[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true
+run ep2etp2tp2pp2 8 --set train.steps=6 "${e4[@]}" "${etp2[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true --set parallel.pipeline=2
+run ep2etp2_allgather 4 --set train.steps=6 "${e4[@]}" "${etp2[@]}" --set parallel.expert=2 \
+  --set model.moe_token_dispatcher=allgather
+for r in etp2 ep2etp2 ep2etp2tp2 ep2etp2tp2pp2 ep2etp2_allgather; do
+  compare ref4 $r loss
+  compare ref4 $r grad_norm
+done
+grep -q "expert tensor parallel 2" "$work/ep2etp2.log" || { echo "ep2etp2: no 'expert tensor parallel 2' line"; exit 1; }
+run ep2etp2_e8 4 --set train.steps=6 "${e8[@]}" "${etp2[@]}" --set parallel.expert=2
+compare ref8 ep2etp2_e8 loss
+compare ref8 ep2etp2_e8 grad_norm
+swiglu=(--set model.activation=swiglu)
+run ref4_swiglu 1 --set train.steps=6 "${e4[@]}" "${swiglu[@]}"
+run ep2etp2tp2_swiglu 4 --set train.steps=6 "${e4[@]}" "${swiglu[@]}" "${etp2[@]}" --set parallel.expert=2 \
+  --set parallel.tensor=2 --set parallel.sequence_parallel=true
+compare ref4_swiglu ep2etp2tp2_swiglu loss
+compare ref4_swiglu ep2etp2tp2_swiglu grad_norm
+
 # 2. Checkpoints: save at ep2 x dp2, load at one rank and at tp2 (+sp) x ep2.
 run saver 4 --set train.steps=3 "${e4[@]}" --set parallel.expert=2 --set checkpoint.dir="$work/ckpt"
 grep -q '"layers.0.mlp.experts.3.fc1.weight"' "$work"/ckpt/step_*/index.json 2>/dev/null ||
@@ -72,6 +101,18 @@ run on_tp2_ep2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set pa
   --set parallel.sequence_parallel=true --set checkpoint.load="$work/ckpt"
 compare ref4 on_one_rank loss 3
 compare ref4 on_tp2_ep2 loss 3
+# Save at etp2 x ep2 (each rank half of each of its experts): the index holds whole experts.
+run saver_etp 4 --set train.steps=3 "${e4[@]}" "${etp2[@]}" --set parallel.expert=2 \
+  --set checkpoint.dir="$work/ckpt_etp"
+tr -d ' \n' <"$(ls "$work"/ckpt_etp/step_*/index.json)" |
+  grep -q '"layers.0.mlp.experts.3.fc1.weight":{"global_shape":\[96,64\],"shards":\[{[^}]*"shape":\[48,64\]},{[^}]*"shape":\[48,64\]}\]' ||
+  { echo "checkpoint: expert 3's fc1 not stored whole ([96, 64] in two [48, 64] halves)"; exit 1; }
+tr -d ' \n' <"$(ls "$work"/ckpt_etp/step_*/index.json)" | grep -q '"expert_tensor":2' ||
+  { echo "checkpoint: no expert_tensor in the index's layout"; exit 1; }
+run etp_on_one_rank 1 --set train.steps=6 "${e4[@]}" --set checkpoint.load="$work/ckpt_etp"
+run etp_on_ep2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set checkpoint.load="$work/ckpt_etp"
+compare ref4 etp_on_one_rank loss 3
+compare ref4 etp_on_ep2 loss 3
 
 # 3. Router statistics in metrics.jsonl: tokens per expert sum to global batch tokens x topk x MoE
 #    layers (8 samples x 32 tokens x 2 x 2 layers), the losses are positive.
