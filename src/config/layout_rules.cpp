@@ -58,7 +58,8 @@ void check_layout(const ModelConfig& model, const ParallelConfig& parallel) {
   if (p.expert > 1 || p.expert_tensor > 1) {
     const long long stage = 1LL * p.tensor * p.context * p.data;
     if (p.data > 0)
-      rules.require(stage % (1LL * p.expert * p.expert_tensor) == 0, p.expert > 1 ? p.expert : p.expert_tensor,
+      rules.require(stage % (1LL * p.expert * p.expert_tensor) == 0,
+                    p.expert > 1 ? p.expert : p.expert_tensor,
                     fmt::format("{} * {} must divide {} * {} * data ({} * {} * {} = {})", rules.key(p.expert),
                                 rules.key(p.expert_tensor), rules.key(p.tensor), rules.key(p.context),
                                 p.tensor, p.context, p.data, stage));

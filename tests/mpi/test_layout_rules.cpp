@@ -1,7 +1,7 @@
 // The layout rules (layout_rules.hpp) are one function: a model chunk built directly, without
 // validate_config, over communicators of a bad layout refuses it with exactly the one-line message
-// validate_config gives for the same model and sizes. Two ranks, so that tp, cp and ep of 2 are
-// real communicators.
+// validate_config gives for the same model and sizes. Two ranks, so that tp, cp, ep and etp of 2
+// are real communicators.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -56,9 +56,12 @@ std::string model_message(const Case& k) {
   Communicator* tp = sized(p.tensor);
   Communicator* cp = sized(p.context);
   Communicator* ep = sized(p.expert);
-  if (tp == nullptr || cp == nullptr || ep == nullptr) return "a size this world cannot give";
+  Communicator* etp = sized(p.expert_tensor);
+  if (tp == nullptr || cp == nullptr || ep == nullptr || etp == nullptr)
+    return "a size this world cannot give";
   GPTModel::Options o{.sequence_parallel = p.sequence_parallel,
                       .expert = p.expert > 1 ? ep : nullptr,
+                      .expert_tensor = p.expert_tensor > 1 ? etp : nullptr,
                       .cp = p.context > 1 ? cp : nullptr,
                       .context_comm = p.context_comm};
   try {
@@ -125,6 +128,14 @@ const Case kCases[] = {
        p.expert = 2;
      },
      "config: model.num_experts = 3: must be divisible by parallel.expert (2)"},
+    {"ExpertWidthByExpertTensor",
+     [](ModelConfig& m, ParallelConfig& p) {
+       m.num_experts = 4;
+       m.moe_router_topk = 1;
+       m.moe_ffn_hidden_size = 33;
+       p.expert_tensor = 2;
+     },
+     "config: model.moe_ffn_hidden_size = 33: must be divisible by parallel.expert_tensor (2)"},
     {"TopkWithinExperts",
      [](ModelConfig& m, ParallelConfig&) {
        m.num_experts = 2;
