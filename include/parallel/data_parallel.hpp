@@ -71,16 +71,25 @@ struct DataParallelOptions {
   int sharding_group_size = 0;  // 0: all of dp
   bool reshard_after_forward = true;
   int prefetch_units = 1;
-  // Which of the chunks' parameters this replica holds (MoE: experts are reduced over the expert-dp
-  // group, dense parameters over dp x cp, each by its own DataParallel). An Experts replica installs
-  // no hooks: its buckets are reduced in finish_grad_sync, and only sharding none is supported.
+  // Which of the chunks' parameters this replica holds (MoE: experts are reduced, and sharded, over
+  // the expert-dp group, dense parameters over dp x cp, each by its own DataParallel).
   enum class Params { All, Dense, Experts } params = Params::All;
+  // Built from model chunks: whether the constructor installs its hooks on them. A chunk has one
+  // slot per hook, so replicas that share chunks (MoE's dense and expert replicas) are built with
+  // false and served by one SharedChunkHooks, which calls each replica in turn.
+  bool install_hooks = true;
   // Gradients are divided by this many ranks before the sum over the group (0: the group's size).
   // Expert gradients summed over expert-dp are averaged over the dense dp x cp size, since each
   // expert already received the tokens of the ep ranks (Megatron's expert_gradient_scaling_factor).
   int average_over = 0;
 
   static DataParallelOptions from(const OptimizerConfig& optimizer, Precision precision);
+  // MoE: the expert replica's options from the dense replica's (dense_ranks = dp x cp, expert_ranks
+  // = expert-dp): experts only, sharded in the same mode, gradients averaged over dense_ranks, and
+  // under HSDP the dense replica count kept (dense_ranks / sharding_group_size replicas, so the
+  // experts shard over expert_ranks / that many; config.cpp checks it divides), as Megatron's
+  // distributed optimizer instances do.
+  DataParallelOptions for_experts(int dense_ranks, int expert_ranks) const;
 };
 
 // What DDP did and when: the overlap test and benchmark read this log.
@@ -127,6 +136,9 @@ class DataParallel {
   // parameter-use hook is installed (overlap_param_gather with model chunks): the forward waits.
   void zero_grad();
   void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
+  // The hooks' targets. Each ignores parameters outside this replica's buffer, and what this
+  // replica's mode does not use (the unit hook without sharded gradients, the parameter-use hook
+  // unless the forward waits for overlapped gathers), so a shared hook may call every replica.
   // The grad-ready hook's target.
   void on_grad_ready(Parameter& param);
   // The parameter-use hook's target: waits for the all-gather of the parameter's bucket if one is
@@ -147,7 +159,7 @@ class DataParallel {
   // Sharded parameters: frees every gathered bucket; write_shards first copies this rank's part of
   // the full values into its shard (after new values were loaded into them). Otherwise nothing.
   void reshard(bool write_shards = false);
-  // The unit hook's target (GPTModel::set_unit_hook).
+  // The unit hook's target (GPTModel::set_unit_hook): acts on the unit's parameters in this buffer.
   void on_unit(GPTModel::UnitPhase phase, const std::vector<Parameter*>& params);
   // Bytes of gathered (full) parameter buckets now and at most since construction (sharded
   // parameters only; the shards themselves are not counted).
@@ -211,6 +223,22 @@ class DataParallel {
   std::vector<WorkHandle> gather_work_;  // per bucket; null: nothing in flight
   bool record_ = false;
   std::vector<DdpEvent> events_;
+};
+
+// One hook per chunk slot (grad-ready, parameter-use, unit) that calls every replica in order,
+// for DataParallels built from the same chunks with install_hooks = false (MoE: the dense replica
+// over dp x cp and the expert replica over expert-dp). The chunks and replicas must outlive it;
+// the destructor removes the hooks.
+class SharedChunkHooks {
+ public:
+  SharedChunkHooks(const std::vector<GPTModel*>& chunks, std::vector<DataParallel*> replicas);
+  ~SharedChunkHooks();
+  SharedChunkHooks(const SharedChunkHooks&) = delete;
+  SharedChunkHooks& operator=(const SharedChunkHooks&) = delete;
+
+ private:
+  std::vector<GPTModel*> chunks_;
+  std::vector<DataParallel*> replicas_;
 };
 
 }  // namespace parallel

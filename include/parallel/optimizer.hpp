@@ -2,7 +2,8 @@
 // Optimizers (Megatron-Core semantics):
 //   AdamW                - PyTorch's torch.optim.AdamW over all parameters; every rank holds the
 //                          full state. Over plain Parameters, or over a DataParallel replica.
-//   DistributedOptimizer - ZeRO-1: dp rank r owns one contiguous shard of every DDP bucket and keeps
+//   DistributedOptimizer - ZeRO-1: dp rank r owns one contiguous shard of every DDP bucket (MoE: and
+//                          expert-dp rank r of every expert bucket) and keeps
 //                          fp32 main params (low precision only), exp_avg and exp_avg_sq for that
 //                          shard alone. step(): (gradients already reduce-scattered by DDP) ->
 //                          [fp16: unscale, skip on overflow] -> global norm -> clip -> update own
@@ -34,6 +35,9 @@ struct OptimizerGroups {
   // MoE: expert gradients are summed over the ranks holding different experts (etp x ep x pp,
   // ParallelState::expert_model()), every expert element once, then added to the dense sum.
   Communicator* expert_model = nullptr;
+  // MoE with a sharded optimizer: the ranks whose expert shards differ (ParallelState::edp(); the
+  // DistributedOptimizer replaces it by the expert replica's sharding group, as it does dp).
+  Communicator* expert_dp = nullptr;
   int tp_rank = 0;
   bool first_pipeline_stage = true;
   static OptimizerGroups from(ParallelState& state);
@@ -72,8 +76,9 @@ class Optimizer {
     Tensor main, exp_avg, exp_avg_sq;
   };
   std::vector<StateSlice> state_slices() const;
-  // The DDP whose buffer this optimizer updates; null for AdamW over plain Parameters.
-  virtual DataParallel* data_parallel() { return nullptr; }
+  // The DDPs whose buffers this optimizer updates: the dense replica, then the MoE experts' when
+  // there is one; empty for AdamW over plain Parameters.
+  virtual std::vector<DataParallel*> data_parallels() { return {}; }
   // A resumed run continues the bias correction where it stopped.
   void set_updates(int64_t updates) { updates_ = updates; }
   // Low precision: re-reads the fp32 main params from the low-precision parameters (after new
@@ -106,6 +111,9 @@ class Optimizer {
   Precision precision_;
   OptimizerGroups groups_;
   bool sharded_;  // gradients are dp shards: the norm and overflow check also sum over dp
+  // MoE: the experts' squares are summed apart (grad_norm.hpp); every rank takes part in that
+  // reduction, also one whose shards hold no expert element.
+  bool has_experts_ = false;
   std::vector<Slot> slots_;
   Tensor main_, exp_avg_, exp_avg_sq_;
   std::unique_ptr<DynamicLossScaler> scaler_;
@@ -123,22 +131,27 @@ class AdamW : public Optimizer {
   // and the MoE expert replica (reduced over expert-dp) when there is one.
   AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups,
         DataParallel* experts = nullptr);
-  DataParallel* data_parallel() override { return ddp_; }
+  std::vector<DataParallel*> data_parallels() override;
 
  private:
   DataParallel* ddp_ = nullptr;
+  DataParallel* experts_ = nullptr;
 };
 
 class DistributedOptimizer : public Optimizer {
  public:
-  // `ddp` must use the distributed optimizer layout (reduce-scattered gradients).
-  DistributedOptimizer(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups);
-  DataParallel* data_parallel() override { return &ddp_; }
+  // `ddp` must use the distributed optimizer layout (reduce-scattered gradients), and so must the
+  // MoE expert replica (sharded over expert-dp) when there is one: state for this rank's shard of
+  // every bucket of both.
+  DistributedOptimizer(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups,
+                       DataParallel* experts = nullptr);
+  std::vector<DataParallel*> data_parallels() override;
 
  private:
   void before_update() override;
   void after_update() override;
   DataParallel& ddp_;
+  DataParallel* experts_ = nullptr;
 };
 
 }  // namespace parallel

@@ -698,11 +698,6 @@ void validate_config(Config& c, int world_size) {
                   fmt::format("must be <= {} ({}) with learned position embeddings",
                               rules.key(m.max_position_embeddings), m.max_position_embeddings));
   }
-  if (m.num_experts > 0)
-    rules.require(o.sharding == Sharding::None && !o.distributed, m.num_experts,
-                  fmt::format("MoE models train with {} = none for now (expert parameters have their own "
-                              "unsharded buffers)",
-                              rules.key(o.sharding)));
 
   // Layers over pipeline stages.
   if (p.first_stage_layers == 0 && p.last_stage_layers == 0) {
@@ -833,6 +828,17 @@ void validate_config(Config& c, int world_size) {
     else
       rules.require(p.data % o.sharding_group_size == 0, o.sharding_group_size,
                     fmt::format("must divide {} ({})", rules.key(p.data), p.data));
+    // MoE: the experts keep the dense replica count (dp x cp / group size) and shard over the
+    // rest of expert-dp (tp x cp x dp / (ep x etp) ranks).
+    const long long dense = 1LL * p.data * p.context;
+    const long long expert_dp = 1LL * p.tensor * p.context * p.data / (1LL * p.expert * p.expert_tensor);
+    if (m.num_experts > 0 && dense % o.sharding_group_size == 0 && expert_dp > 0)
+      rules.require(expert_dp % (dense / o.sharding_group_size) == 0, o.sharding_group_size,
+                    fmt::format("with MoE, the replicas (data * {} / {} = {}) must divide the expert data "
+                                "parallel size ({} * {} * data / ({} * {}) = {})",
+                                rules.key(p.context), rules.key(o.sharding_group_size),
+                                dense / o.sharding_group_size, rules.key(p.tensor), rules.key(p.context),
+                                rules.key(p.expert), rules.key(p.expert_tensor), expert_dp));
   }
   rules.require(o.reshard_after_forward || o.sharding == Sharding::OptimGradsParams, o.reshard_after_forward,
                 fmt::format("may be false only with {} = optim_grads_params (the only mode that gathers "

@@ -16,6 +16,7 @@ OptimizerGroups OptimizerGroups::from(ParallelState& state) {
   g.model = &state.model();
   g.dp = &state.dp_cp();  // dense parameters are replicated over dp x cp
   g.expert_model = &state.expert_model();
+  g.expert_dp = &state.edp();
   g.tp_rank = state.coord().tp;
   g.first_pipeline_stage = state.is_first_stage();
   return g;
@@ -58,6 +59,7 @@ StepResult Optimizer::step(double lr) {
   StepResult r;
   before_update();
   Communicator* dp = sharded_ ? groups_.dp : nullptr;
+  Communicator* expert_dp = sharded_ ? groups_.expert_dp : nullptr;
   if (scaler_) {
     r.loss_scale = scaler_->scale();
     const float inv = static_cast<float>(1.0 / scaler_->scale());
@@ -71,16 +73,16 @@ StepResult Optimizer::step(double lr) {
   // left out of the norm (tp replicas, the tied embedding's second copy) equal ones counted.
   const Device device = slots_.empty() ? Device::cpu() : slots_.front().grad.device();
   Tensor sum_sq = Tensor::zeros({1}, DType::F32, device);
-  Tensor expert_sq;  // MoE experts: each element on exactly one rank of the expert-model group
+  // MoE experts: summed over their own groups (grad_norm.hpp).
+  Tensor expert_sq = has_experts_ ? Tensor::zeros({1}, DType::F32, device) : Tensor();
   for (const Slot& s : slots_) {
     if (s.param->expert) {
-      if (!expert_sq.defined()) expert_sq = Tensor::zeros({1}, DType::F32, device);
       ops::sum_of_squares_accumulate(s.grad, expert_sq);
     } else if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage)) {
       ops::sum_of_squares_accumulate(s.grad, sum_sq);
     }
   }
-  r.grad_norm = reduce_grad_norm(sum_sq, groups_.model, dp, expert_sq, groups_.expert_model);
+  r.grad_norm = reduce_grad_norm(sum_sq, groups_.model, dp, expert_sq, groups_.expert_model, expert_dp);
   if (scaler_) {
     const bool overflow = !std::isfinite(r.grad_norm);
     scaler_->update(overflow);
@@ -128,7 +130,10 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
              OptimizerGroups groups)
     : Optimizer(config, precision, groups, /*sharded=*/false) {
   int64_t total = 0;
-  for (Parameter* p : params) total += p->numel();
+  for (Parameter* p : params) {
+    total += p->numel();
+    has_experts_ = has_experts_ || p->expert;
+  }
   const bool low = precision != Precision::FP32;
   allocate_state(total, low, params.empty() ? Device::cpu() : params.front()->value.device());
   int64_t offset = 0;
@@ -156,14 +161,14 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
 }
 
 AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups, DataParallel* experts)
-    : Optimizer(config, ddp.options().precision, groups, /*sharded=*/false), ddp_(&ddp) {
-  std::vector<DataParallel*> replicas{&ddp};
-  if (experts != nullptr) replicas.push_back(experts);
+    : Optimizer(config, ddp.options().precision, groups, /*sharded=*/false), ddp_(&ddp), experts_(experts) {
+  const std::vector<DataParallel*> replicas = data_parallels();
   int64_t total = 0;
   for (DataParallel* d : replicas) {
     PARALLEL_CHECK(!d->options().distributed_optimizer,
                    "AdamW: this DDP reduce-scatters gradients; use DistributedOptimizer with it");
     total += d->buffer().numel();
+    for (const Parameter* p : d->buffer().params()) has_experts_ = has_experts_ || p->expert;
   }
   ParamAndGradBuffer& first = ddp.buffer();
   const bool low = first.low_precision();
@@ -185,6 +190,13 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
     }
     base += buf.numel();
   }
+}
+
+std::vector<DataParallel*> AdamW::data_parallels() {
+  std::vector<DataParallel*> out;
+  if (ddp_ != nullptr) out.push_back(ddp_);
+  if (experts_ != nullptr) out.push_back(experts_);
+  return out;
 }
 
 }  // namespace parallel

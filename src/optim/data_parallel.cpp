@@ -40,6 +40,20 @@ DataParallelOptions DataParallelOptions::from(const OptimizerConfig& o, Precisio
   return d;
 }
 
+DataParallelOptions DataParallelOptions::for_experts(int dense_ranks, int expert_ranks) const {
+  DataParallelOptions e = *this;
+  e.params = Params::Experts;
+  e.average_over = dense_ranks;
+  if (sharding_group_size > 0) {
+    const int replicas = dense_ranks / sharding_group_size;
+    PARALLEL_CHECK(replicas > 0 && dense_ranks % sharding_group_size == 0 && expert_ranks % replicas == 0,
+                   "DataParallel: {} HSDP replicas ({} / sharding group {}) do not divide expert-dp {}",
+                   replicas, dense_ranks, sharding_group_size, expert_ranks);
+    e.sharding_group_size = expert_ranks / replicas;
+  }
+  return e;
+}
+
 namespace {
 
 // Gradients that other groups must still sum (tied embeddings over the embedding group,
@@ -86,25 +100,18 @@ DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& d
   std::vector<std::vector<Parameter*>> groups;
   if (shard_grads_) groups = unit_groups(chunks, options_.params);
   build(chunk_params(chunks, options_.params), std::move(groups));
-  if (options_.params == DataParallelOptions::Params::Experts) {
-    PARALLEL_CHECK(!options_.distributed_optimizer && !options_.overlap_grad_reduce,
-                   "DataParallel: expert parameters are reduced without sharding or overlap");
-    chunks_.clear();  // no hooks to install or remove
-    return;
-  }
+  if (shard_grads_) set_up_units();
+  // ZeRO-3 gathers unit by unit; ZeRO-1 and 2 all-gather after the step and may overlap that.
+  gather_on_use_ = !shard_params_ && options_.overlap_param_gather && options_.distributed_optimizer;
+  if (!options_.install_hooks) return;  // a SharedChunkHooks calls this replica
   for (GPTModel* c : chunks_) c->set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
-  if (shard_grads_) {
-    set_up_units();
+  if (shard_grads_)
     for (GPTModel* c : chunks_)
       c->set_unit_hook([this](GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
         on_unit(phase, params);
       });
-  }
-  // ZeRO-3 gathers unit by unit; ZeRO-1 and 2 all-gather after the step and may overlap that.
-  if (!shard_params_ && options_.overlap_param_gather && options_.distributed_optimizer) {
-    gather_on_use_ = true;
+  if (gather_on_use_)
     for (GPTModel* c : chunks_) c->set_param_use_hook([this](Parameter& p) { on_param_use(p); });
-  }
 }
 
 DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& dp,
@@ -168,11 +175,12 @@ void DataParallel::set_up_units() {
 }
 
 DataParallel::~DataParallel() {
-  for (GPTModel* c : chunks_) {
-    c->set_grad_ready_hook(nullptr);
-    c->set_param_use_hook(nullptr);
-    c->set_unit_hook(nullptr);
-  }
+  if (options_.install_hooks)
+    for (GPTModel* c : chunks_) {
+      c->set_grad_ready_hook(nullptr);
+      c->set_param_use_hook(nullptr);
+      c->set_unit_hook(nullptr);
+    }
   // Nothing may still write into the buffers once they are gone.
   for (auto& w : reduce_work_)
     if (w) w->wait();
@@ -357,12 +365,22 @@ void DataParallel::prefetch(int unit, int direction) {
 
 void DataParallel::on_unit(GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
   using Phase = GPTModel::UnitPhase;
-  if (params.empty() || !buffer_->contains(params.front())) return;  // another DDP's chunk
-  const int unit = unit_of_.at(params.front());
+  if (!shard_grads_) return;
+  // The unit's parameters in this buffer (a MoE layer's unit holds dense and expert parameters,
+  // which two replicas shard; a unit of another DDP's chunk holds none of ours).
+  const Parameter* first = nullptr;
+  for (const Parameter* p : params)
+    if (buffer_->contains(p)) {
+      first = p;
+      break;
+    }
+  if (first == nullptr) return;
+  const int unit = unit_of_.at(first);
   const bool backward = phase == Phase::BeforeBackward || phase == Phase::AfterBackward;
   // The buckets this unit reads (a tied output weight lives in the embedding's buckets).
   std::vector<int> buckets;
   for (Parameter* p : params) {
+    if (!buffer_->contains(p)) continue;
     const int b = buffer_->bucket_of(p);
     if (std::find(buckets.begin(), buckets.end(), b) == buckets.end()) buckets.push_back(b);
   }
@@ -419,10 +437,38 @@ void DataParallel::finish_param_gather() {
 
 void DataParallel::on_param_use(Parameter& param) {
   const Parameter* p = &param;
-  if (!buffer_->contains(p)) return;  // not part of this replica
+  if (!gather_on_use_ || !buffer_->contains(p)) return;  // not waited for here, or another replica's
   Bucket& bucket = buffer_->buckets()[buffer_->bucket_of(p)];
   finish_gather(bucket);
   record(DdpEvent::Kind::ParamUse, bucket.index, p);
+}
+
+// ---- replicas sharing chunks ------------------------------------------------------------------
+
+SharedChunkHooks::SharedChunkHooks(const std::vector<GPTModel*>& chunks, std::vector<DataParallel*> replicas)
+    : chunks_(chunks), replicas_(std::move(replicas)) {
+  for (DataParallel* d : replicas_)
+    PARALLEL_CHECK(!d->options().install_hooks,
+                   "SharedChunkHooks: a replica that installed its own hooks would lose them");
+  for (GPTModel* c : chunks_) {
+    c->set_grad_ready_hook([this](Parameter& p) {
+      for (DataParallel* d : replicas_) d->on_grad_ready(p);
+    });
+    c->set_param_use_hook([this](Parameter& p) {
+      for (DataParallel* d : replicas_) d->on_param_use(p);
+    });
+    c->set_unit_hook([this](GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
+      for (DataParallel* d : replicas_) d->on_unit(phase, params);
+    });
+  }
+}
+
+SharedChunkHooks::~SharedChunkHooks() {
+  for (GPTModel* c : chunks_) {
+    c->set_grad_ready_hook(nullptr);
+    c->set_param_use_hook(nullptr);
+    c->set_unit_hook(nullptr);
+  }
 }
 
 }  // namespace parallel

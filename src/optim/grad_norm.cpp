@@ -14,14 +14,15 @@ bool counts_toward_grad_norm(const Parameter& param, int tp_rank, bool first_pip
 }
 
 double reduce_grad_norm(Tensor& total, Communicator* model, Communicator* dp, Tensor experts,
-                        Communicator* expert_model) {
+                        Communicator* expert_model, Communicator* expert_dp) {
   // The collectives carry fp32: plenty for a sum of squares that is then square-rooted.
   if (model != nullptr && model->size() > 1) model->all_reduce(total, ReduceOp::Sum);
   if (dp != nullptr && dp->size() > 1) dp->all_reduce(total, ReduceOp::Sum);
   if (experts.defined()) {
-    // Only a plain optimizer holds experts (whole, reduced over expert-dp): each expert element
-    // sits on exactly one rank of the expert-model group.
+    // Each expert element sits on exactly one rank of the expert-model group, and - sharded - on
+    // one rank of the expert-dp sharding group.
     if (expert_model != nullptr && expert_model->size() > 1) expert_model->all_reduce(experts, ReduceOp::Sum);
+    if (expert_dp != nullptr && expert_dp->size() > 1) expert_dp->all_reduce(experts, ReduceOp::Sum);
     ops::add_(total, experts);
   }
   return std::sqrt(static_cast<double>(total.to_float_vector()[0]));

@@ -243,14 +243,43 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
     s.save = numel * optimizer_bytes_per_element(c.train.precision) + largest_bucket / shard_ranks * 4.0;
   }
   if (shard_params) s.save += numel * pe;
-  // MoE experts: their own unsharded buffer (values, fp32 gradients, full optimizer state).
-  double experts = 0;
-  for (const GPTChunkSpec& spec : chunks)
+  // MoE experts: their own buffer, sharded as the dense one but over expert-dp (tp x cp x dp /
+  // (ep x etp) ranks; under HSDP over expert-dp / the dense replica count, as the trainer does).
+  // Unpadded; the working terms take one MoE layer's experts as the largest expert unit.
+  double experts = 0, expert_layer = 0;
+  for (const GPTChunkSpec& spec : chunks) {
     experts += expert_elements_per_rank(c.model, spec, c.parallel.expert, c.parallel.expert_tensor);
-  s.parameters += experts * pe;
-  s.gradients += experts * 4.0;
-  s.optimizer += experts * optimizer_bytes_per_element(c.train.precision);
-  s.steady += experts * (pe + 4.0 + optimizer_bytes_per_element(c.train.precision));
+    expert_layer =
+        std::max(expert_layer, expert_elements_per_rank(c.model, {spec.first_layer, 1, false, false},
+                                                        c.parallel.expert, c.parallel.expert_tensor));
+    for (int i = 1; i < spec.num_layers; ++i)
+      expert_layer =
+          std::max(expert_layer, expert_elements_per_rank(c.model, {spec.first_layer + i, 1, false, false},
+                                                          c.parallel.expert, c.parallel.expert_tensor));
+  }
+  if (experts > 0) {
+    const int expert_dp = c.parallel.tensor * c.parallel.context * c.parallel.data /
+                          std::max(1, c.parallel.expert * c.parallel.expert_tensor);
+    const double ke = std::max(1, c.optimizer.sharding_group_size > 0
+                                      ? expert_dp / std::max(1, replicas / c.optimizer.sharding_group_size)
+                                      : expert_dp);
+    const double opt = optimizer_bytes_per_element(c.train.precision);
+    const double param_shard = shard_params ? experts / ke : experts;
+    const double grad_shard = shard_grads ? experts / ke : experts;
+    const double state = sharded_optimizer ? experts / ke : experts;
+    s.parameters += param_shard * pe;
+    if (shard_params)
+      s.parameters +=
+          (c.optimizer.reshard_after_forward ? (1.0 + c.optimizer.prefetch_units) * expert_layer : experts) *
+          pe;
+    s.gradients +=
+        (grad_shard + (shard_grads ? (in_flight + 1) * expert_layer + in_flight * expert_layer / ke : 0)) *
+        4.0;
+    s.optimizer += state * opt;
+    s.steady += param_shard * pe + grad_shard * 4.0 + state * opt;
+    if (sharded_optimizer) s.save += experts * opt;
+    if (shard_params) s.save += experts * pe;
+  }
   return s;
 }
 

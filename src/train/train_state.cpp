@@ -55,10 +55,11 @@ std::map<std::string, std::vector<Optimizer::StateSlice>> slices_by_name(const O
 
 bool has_main_params(const Optimizer& optimizer) { return optimizer.main_params().defined(); }
 
-// The distributed optimizer keeps state only for this rank's shard of each bucket.
+// The distributed optimizer keeps state only for this rank's shard of each bucket (of the dense
+// replica and, MoE, of the experts' over expert-dp: the optimizer shards both or neither).
 bool is_sharded(Optimizer& optimizer) {
-  DataParallel* ddp = optimizer.data_parallel();
-  return ddp != nullptr && ddp->options().distributed_optimizer;
+  const std::vector<DataParallel*> replicas = optimizer.data_parallels();
+  return !replicas.empty() && replicas.front()->options().distributed_optimizer;
 }
 
 // One parameter's full local state, shaped like the parameter.
@@ -66,17 +67,17 @@ struct ParamState {
   Tensor exp_avg, exp_avg_sq, main;  // main undefined for fp32
 };
 
-// Distributed optimizer: every dp rank owns a contiguous shard of each bucket. Each rank scatters
-// its slices into a zeroed buffer-shaped tensor at the parameters' buffer offsets, then every
-// bucket is all-gathered from the owners' shards: all dp ranks end up with the state of every
-// parameter laid out exactly like the parameter buffer. Only the slices and the shard rule are
-// used, not the optimizer's internal flat layout.
-std::vector<Tensor> gather_over_dp(Optimizer& optimizer, int states) {
-  DataParallel& ddp = *optimizer.data_parallel();
+// Distributed optimizer: every rank of a replica's sharding group owns a contiguous shard of each
+// of its buckets. Each rank scatters its slices into a zeroed buffer-shaped tensor at the
+// parameters' buffer offsets, then every bucket is all-gathered from the owners' shards: all ranks
+// of the group end up with the state of every parameter laid out exactly like the parameter
+// buffer. Only the slices and the shard rule are used, not the optimizer's internal flat layout.
+std::vector<Tensor> gather_over_dp(Optimizer& optimizer, DataParallel& ddp, int states) {
   ParamAndGradBuffer& buf = ddp.buffer();
   std::vector<Tensor> full;
   for (int k = 0; k < states; ++k) full.push_back(Tensor::zeros({buf.numel()}, DType::F32));
   for (const Optimizer::StateSlice& s : optimizer.state_slices()) {
+    if (!buf.contains(s.param)) continue;  // the other replica's
     const int64_t at = buf.offset_of(s.param) + s.param_offset, n = s.exp_avg.numel();
     const Tensor* src[3] = {&s.exp_avg, &s.exp_avg_sq, &s.main};
     for (int k = 0; k < states; ++k) full[k].narrow(0, at, n).copy_(*src[k]);
@@ -95,22 +96,26 @@ std::vector<Tensor> gather_over_dp(Optimizer& optimizer, int states) {
   return full;
 }
 
-// Every parameter's full state (collective over dp for the distributed optimizer).
+// Every parameter's full state (collective over each replica's sharding group for the
+// distributed optimizer).
 std::map<std::string, ParamState> full_state(Optimizer& optimizer, const std::vector<Parameter*>& params) {
   const bool main = has_main_params(optimizer);
   const int states = main ? 3 : 2;
   std::map<std::string, ParamState> out;
   if (is_sharded(optimizer)) {
-    const std::vector<Tensor> full = gather_over_dp(optimizer, states);
-    ParamAndGradBuffer& buf = optimizer.data_parallel()->buffer();
+    const std::vector<DataParallel*> replicas = optimizer.data_parallels();
+    std::vector<std::vector<Tensor>> full;
+    for (DataParallel* d : replicas) full.push_back(gather_over_dp(optimizer, *d, states));
     for (Parameter* p : params) {
-      PARALLEL_CHECK(buf.contains(p), "save_train_state: parameter '{}' is not in the optimizer's DDP buffer",
-                     p->name);
-      const int64_t at = buf.offset_of(p), n = p->numel();
+      std::size_t r = 0;
+      while (r < replicas.size() && !replicas[r]->buffer().contains(p)) ++r;
+      PARALLEL_CHECK(r < replicas.size(),
+                     "save_train_state: parameter '{}' is not in the optimizer's DDP buffers", p->name);
+      const int64_t at = replicas[r]->buffer().offset_of(p), n = p->numel();
       ParamState s;
-      s.exp_avg = full[0].narrow(0, at, n).view(p->value.shape());
-      s.exp_avg_sq = full[1].narrow(0, at, n).view(p->value.shape());
-      if (main) s.main = full[2].narrow(0, at, n).view(p->value.shape());
+      s.exp_avg = full[r][0].narrow(0, at, n).view(p->value.shape());
+      s.exp_avg_sq = full[r][1].narrow(0, at, n).view(p->value.shape());
+      if (main) s.main = full[r][2].narrow(0, at, n).view(p->value.shape());
       out[p->name] = s;
     }
     return out;
@@ -215,11 +220,13 @@ TrainProgress progress_from_json(const json& j, int64_t index_step, bool& main_p
 // The parameters' full values are read and written below: a pending all-gather is finished, and
 // sharded parameters (ZeRO-3) are gathered and kept until release_params.
 void finish_pending_gather(Optimizer* optimizer) {
-  if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->unshard();
+  if (optimizer != nullptr && is_sharded(*optimizer))
+    for (DataParallel* d : optimizer->data_parallels()) d->unshard();
 }
 // ZeRO-3: frees the gathered parameters again; after a load, the loaded values become the shards.
 void release_params(Optimizer* optimizer, bool loaded) {
-  if (optimizer != nullptr && is_sharded(*optimizer)) optimizer->data_parallel()->reshard(loaded);
+  if (optimizer != nullptr && is_sharded(*optimizer))
+    for (DataParallel* d : optimizer->data_parallels()) d->reshard(loaded);
 }
 
 }  // namespace

@@ -95,16 +95,18 @@ MemoryLimit agreed_memory_limit(Communicator& world, MemoryLimit limit) {
 }
 
 // The DDP bookkeeping the executor must not know about: only the last micro-batch's backward of a
-// chunk makes its gradients final (and may start their bucket's reduction).
+// chunk makes its gradients final (and may start their bucket's reduction). MoE: the dense and the
+// expert replica alike.
 class DataParallelAwareModel final : public pipeline::PipelineModel {
  public:
-  DataParallelAwareModel(pipeline::GPTPipelineModel& inner, DataParallel& ddp, int micro_batches)
-      : inner_(inner), ddp_(ddp), micro_batches_(micro_batches) {}
+  DataParallelAwareModel(pipeline::GPTPipelineModel& inner, std::vector<DataParallel*> replicas,
+                         int micro_batches)
+      : inner_(inner), replicas_(std::move(replicas)), micro_batches_(micro_batches) {}
   Tensor forward(int chunk, int micro_batch, const Tensor& input) override {
     return inner_.forward(chunk, micro_batch, input);
   }
   Tensor backward(int chunk, int micro_batch, const Tensor& grad) override {
-    ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    set_last(micro_batch);
     return inner_.backward(chunk, micro_batch, grad);
   }
   // Split backward: gradients are written, and grad-ready hooks fire, in the weight step only.
@@ -112,15 +114,27 @@ class DataParallelAwareModel final : public pipeline::PipelineModel {
     return inner_.backward_input(chunk, micro_batch, grad);
   }
   void backward_weight(int chunk, int micro_batch) override {
-    ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    set_last(micro_batch);
     inner_.backward_weight(chunk, micro_batch);
   }
 
  private:
+  void set_last(int micro_batch) {
+    for (DataParallel* d : replicas_) d->set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+  }
   pipeline::GPTPipelineModel& inner_;
-  DataParallel& ddp_;
+  std::vector<DataParallel*> replicas_;
   int micro_batches_;
 };
+
+// What a DDP actually shards (tests read the log lines), not what the config asked for.
+const char* sharding_name(DataParallel& ddp) {
+  const ParamAndGradBuffer& buf = ddp.buffer();
+  return buf.params_sharded()                  ? "optim_grads_params"
+         : buf.grads_sharded()                 ? "optim_grads"
+         : ddp.options().distributed_optimizer ? "optim"
+                                               : "none";
+}
 
 }  // namespace
 
@@ -133,6 +147,8 @@ struct Trainer::Impl {
   std::unique_ptr<pipeline::GPTPipelineModel> model;
   std::unique_ptr<DataParallel> ddp;
   std::unique_ptr<DataParallel> expert_ddp;  // MoE experts (reduced over expert-dp); else null
+  // MoE: the chunks' hooks, shared by ddp and expert_ddp (removed before either is destroyed).
+  std::unique_ptr<SharedChunkHooks> shared_hooks;
   std::unique_ptr<Optimizer> optimizer;
   std::optional<LrSchedule> lr;
   std::optional<GPTDataset> train_data, valid_data;
@@ -310,35 +326,31 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   // parameters are replicated over dp x cp (the cp ranks see other tokens of the same samples).
   DataParallelOptions ddp_options = DataParallelOptions::from(c.optimizer, c.train.precision);
   if (c.model.num_experts > 0) {
-    // MoE: dense parameters over dp x cp, experts over expert-dp, averaged over dp x cp too.
-    DataParallelOptions experts = ddp_options;
-    experts.params = DataParallelOptions::Params::Experts;
-    experts.overlap_grad_reduce = false;
-    experts.average_over = m.state->dp_cp().size();
+    // MoE: dense parameters over dp x cp, experts over expert-dp (averaged over dp x cp too), each
+    // sharded as optimizer.sharding says over its own group; one hook per chunk serves both.
+    DataParallelOptions experts = ddp_options.for_experts(m.state->dp_cp().size(), m.state->edp().size());
+    experts.install_hooks = false;
     ddp_options.params = DataParallelOptions::Params::Dense;
+    ddp_options.install_hooks = false;
     m.expert_ddp = std::make_unique<DataParallel>(raw, m.state->edp(), experts);
     progress().info(
         "experts: {} per MoE layer, top-{}, {} dispatch; expert parallel {} ({} experts per rank), "
-        "expert tensor parallel {}, expert data parallel {}",
+        "expert tensor parallel {}, expert data parallel {}, sharding {} over {} ranks, {} buckets",
         c.model.num_experts, c.model.moe_router_topk,
         c.model.moe_token_dispatcher == MoeDispatcher::AllToAll ? "alltoall" : "allgather",
         m.state->ep().size(), c.model.num_experts / m.state->ep().size(), m.state->etp().size(),
-        m.state->edp().size());
+        m.state->edp().size(), sharding_name(*m.expert_ddp), m.expert_ddp->shard_group().size(),
+        m.expert_ddp->buffer().buckets().size());
   }
   m.ddp = std::make_unique<DataParallel>(raw, m.state->dp_cp(), ddp_options);
-  {
-    // What the DDP actually shards (tests read this line), not what the config asked for.
-    const ParamAndGradBuffer& buf = m.ddp->buffer();
-    const char* mode = buf.params_sharded()                     ? "optim_grads_params"
-                       : buf.grads_sharded()                    ? "optim_grads"
-                       : m.ddp->options().distributed_optimizer ? "optim"
-                                                                : "none";
-    progress().info("data parallel: {} ranks, sharding {} over {} ranks, {} buckets", m.ddp->dp().size(),
-                    mode, m.ddp->shard_group().size(), buf.buckets().size());
-  }
+  if (m.expert_ddp)
+    m.shared_hooks =
+        std::make_unique<SharedChunkHooks>(raw, std::vector<DataParallel*>{m.ddp.get(), m.expert_ddp.get()});
+  progress().info("data parallel: {} ranks, sharding {} over {} ranks, {} buckets", m.ddp->dp().size(),
+                  sharding_name(*m.ddp), m.ddp->shard_group().size(), m.ddp->buffer().buckets().size());
   const auto groups = OptimizerGroups::from(*m.state);
   if (c.optimizer.distributed)
-    m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups);
+    m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
   else
     m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
   m.lr.emplace(c.optimizer, c.train.steps);
@@ -458,7 +470,7 @@ int64_t Trainer::train() {
       c.train.global_batch_size / c.train.micro_batch_size;  // global micro-batches
   const auto run_start = Clock::now();
   const int64_t first_step = m.step;
-  DataParallelAwareModel driver(*m.model, *m.ddp, m.micro_batches);
+  DataParallelAwareModel driver(*m.model, m.optimizer->data_parallels(), m.micro_batches);
 
   // Straggler detection: each rank's time outside communication waits, summed between log lines.
   double busy_since_log = 0;

@@ -10,10 +10,17 @@
 #     tensor parallelism inside experts: etp2 (2 ranks), etp2 x ep2 (4 ranks), etp2 x ep2 with
 #     tp2 (+sp), and with pp2 as well (8 ranks), the allgather dispatcher at etp2 x ep2, 8 experts
 #     top-1 at etp2 x ep2, SwiGLU experts (gate and up split alike) at etp2 x ep2 x tp2 (+sp);
+#     sharded data parallelism, experts sharded over expert-dp (overlap_grad_reduce on): ep2 x edp2
+#     (4 ranks) under optimizer.sharding optim, optim_grads and optim_grads_params (also against
+#     the unsharded ep2 x edp2 run), ep2 at edp 1 with optim, ep2 x tp2 (+sp) x pp2 with
+#     optim_grads_params, HSDP on 8 ranks (dense shards over 4, experts over 2 of expert-dp 4);
 #  2. checkpoints: 3 steps at ep2 x dp2 (4 ranks, each expert on 2 ranks, stored under its global
 #     index), then continue to step 6 on one rank and at tp2 (+sp) x ep2 (2 ranks); 3 steps at
 #     etp2 x ep2 (each rank a half of its experts, stored whole), then continue on one rank and at
-#     ep2 (etp 1); each matching the uninterrupted single-rank run;
+#     ep2 (etp 1); the same with the distributed optimizer saving at ep2 x dp2 (experts' state
+#     gathered over expert-dp), resumed on one rank and at tp2 (+sp) x ep2 under
+#     optim_grads_params, and the plain checkpoint resumed at ep2 x dp2 under optim_grads; each
+#     matching the uninterrupted single-rank run;
 #  3. metrics.jsonl carries the aux / z losses and tokens per expert, summing to tokens x topk.
 # The learning rate is constant so that a 3-step run follows the same schedule as a 6-step one.
 #   trainer_moe.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
@@ -61,6 +68,46 @@ for r in ep2 ep4 ep2_edp2 ep2tp2pp2 ep2_allgather ep2cp2 ep2pp2_zbh1; do
   compare ref4 $r loss
   compare ref4 $r grad_norm
 done
+# Sharded: the experts' DataParallel shards over expert-dp like the dense one over dp.
+z1=(--set optimizer.sharding=optim --set optimizer.overlap_grad_reduce=true)
+z2=(--set optimizer.sharding=optim_grads --set optimizer.overlap_grad_reduce=true)
+z3=(--set optimizer.sharding=optim_grads_params --set optimizer.overlap_grad_reduce=true)
+run ep2_edp2_z1 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z1[@]}"
+run ep2_edp2_z2 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z2[@]}"
+run ep2_edp2_z3 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z3[@]}"
+run ep2_z1 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z1[@]}"
+run ep2tp2pp2_z3 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true --set parallel.pipeline=2 "${z3[@]}"
+run ep2_hsdp_z3 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z3[@]}" \
+  --set optimizer.sharding_group_size=4 --set train.micro_batch_size=1
+for r in ep2_edp2_z1 ep2_edp2_z2 ep2_edp2_z3 ep2_z1 ep2tp2pp2_z3; do
+  compare ref4 $r loss
+  compare ref4 $r grad_norm
+done
+# dp 8 takes one sample per micro-batch: the aux loss balances each micro-batch's tokens, so the
+# reference runs micro-batches of one sample too.
+run ref4_mbs1 1 --set train.steps=6 "${e4[@]}" --set train.micro_batch_size=1
+compare ref4_mbs1 ep2_hsdp_z3 loss
+compare ref4_mbs1 ep2_hsdp_z3 grad_norm
+for r in ep2_edp2_z1 ep2_edp2_z2 ep2_edp2_z3; do
+  compare ep2_edp2 $r loss
+  compare ep2_edp2 $r grad_norm
+done
+# The experts really were sharded as asked (the trainer logs what each DataParallel does).
+expert_sharding() {  # expert_sharding NAME MODE SHARD_RANKS
+  grep -q "expert data parallel [0-9]*, sharding $2 over $3 ranks" "$work/$1.log" ||
+    { echo "$1: expected experts 'sharding $2 over $3 ranks'"; grep "experts:" "$work/$1.log"; exit 1; }
+}
+expert_sharding ep2_edp2_z1 optim 2
+expert_sharding ep2_edp2_z2 optim_grads 2
+expert_sharding ep2_edp2_z3 optim_grads_params 2
+expert_sharding ep2_z1 optim 1
+expert_sharding ep2tp2pp2_z3 optim_grads_params 2
+expert_sharding ep2_hsdp_z3 optim_grads_params 2
+grep -q "data parallel: 8 ranks, sharding optim_grads_params over 4 ranks" "$work/ep2_hsdp_z3.log" ||
+  { echo "ep2_hsdp_z3: dense replica not sharded over 4 ranks"; exit 1; }
+echo "sharded MoE runs: experts sharded over expert-dp as configured"
+
 run ref8 1 --set train.steps=6 "${e8[@]}"
 run ep4_e8 4 --set train.steps=6 "${e8[@]}" --set parallel.expert=4
 compare ref8 ep4_e8 loss
@@ -113,6 +160,19 @@ run etp_on_one_rank 1 --set train.steps=6 "${e4[@]}" --set checkpoint.load="$wor
 run etp_on_ep2 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set checkpoint.load="$work/ckpt_etp"
 compare ref4 etp_on_one_rank loss 3
 compare ref4 etp_on_ep2 loss 3
+# The distributed optimizer's checkpoint (expert state gathered over expert-dp, dense over dp).
+run saver_z1 4 --set train.steps=3 "${e4[@]}" --set parallel.expert=2 "${z1[@]}" --set checkpoint.dir="$work/ckpt_z1"
+grep -q '"optimizer": *"distributed"' "$work"/ckpt_z1/step_*/index.json ||
+  { echo "checkpoint: the sharded run did not save as the distributed optimizer"; exit 1; }
+run z1_on_one_rank 1 --set train.steps=6 "${e4[@]}" --set checkpoint.load="$work/ckpt_z1"
+run z1_on_tp2_ep2_z3 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true "${z3[@]}" --set checkpoint.load="$work/ckpt_z1"
+run plain_on_ep2_edp2_z2 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z2[@]}" \
+  --set checkpoint.load="$work/ckpt"
+for r in z1_on_one_rank z1_on_tp2_ep2_z3 plain_on_ep2_edp2_z2; do
+  compare ref4 $r loss 3
+  compare ref4 $r grad_norm 3
+done
 
 # 3. Router statistics in metrics.jsonl: tokens per expert sum to global batch tokens x topk x MoE
 #    layers (8 samples x 32 tokens x 2 x 2 layers), the losses are positive.

@@ -410,10 +410,13 @@ const RuleCase kRules[] = {
      {"model.num_experts=4", "parallel.expert_tensor=4", "model.moe_ffn_hidden_size=6"},
      4,
      {"model.moe_ffn_hidden_size = 6: must be divisible by parallel.expert_tensor (4)"}},
-    {"MoeNeedsUnshardedOptimizer",
-     {"model.num_experts=4", "optimizer.distributed=true"},
-     2,
-     {"model.num_experts = 4: MoE models train with optimizer.sharding = none for now"}},
+    {"MoeHsdpReplicasDivideExpertData",
+     {"model.num_experts=4", "parallel.expert=4", "optimizer.sharding=optim_grads",
+      "optimizer.sharding_group_size=2"},
+     8,
+     {"optimizer.sharding_group_size = 2: with MoE, the replicas (data * parallel.context / "
+      "optimizer.sharding_group_size = 4) must divide the expert data parallel size (parallel.tensor * "
+      "parallel.context * data / (parallel.expert * parallel.expert_tensor) = 2)"}},
     {"LayersDivisibleByStages",
      {"model.num_layers=3", "parallel.pipeline=2"},
      2,
@@ -645,6 +648,14 @@ TEST(ConfigRules, ValidLayoutsPass) {
     EXPECT_NO_THROW(parse_config("", {tokenizer}, 1)) << tokenizer;
   }
   EXPECT_NO_THROW(parse_config("", {"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2));
+  // MoE with every sharding mode; HSDP with 2 replicas over dp 8 and expert-dp 4 (ep 2).
+  for (const char* sharding : {"optimizer.sharding=optim", "optimizer.sharding=optim_grads",
+                               "optimizer.sharding=optim_grads_params"})
+    EXPECT_NO_THROW(parse_config("", {"model.num_experts=4", "parallel.expert=2", sharding}, 4)) << sharding;
+  EXPECT_NO_THROW(parse_config("",
+                               {"model.num_experts=4", "parallel.expert=2", "optimizer.sharding=optim_grads",
+                                "optimizer.sharding_group_size=4"},
+                               8));
   EXPECT_NO_THROW(parse_config("", {"optimizer.distributed=true", "optimizer.overlap_param_gather=true"}, 1));
   // `distributed: true` is the spelling of `sharding: optim`; any sharding implies it.
   EXPECT_EQ(parse_config("", {"optimizer.distributed=true"}, 1).optimizer.sharding, Sharding::Optim);
@@ -766,12 +777,9 @@ TEST(ConfigReference, DocumentationCoversEveryKey) {
 
 // Every shipped config loads and validates for the world size its comments name.
 TEST(ConfigFiles, ShippedConfigsAreValid) {
-  const std::pair<const char*, int> files[] = {{"tiny.yaml", 1},
-                                               {"quickstart.yaml", 4},
-                                               {"moe_small.yaml", 4},
-                                               {"gpt2_124m.yaml", 1},
-                                               {"gpt2_124m.yaml", 8},
-                                               {"gpt_1b_gpu.yaml", 8}};
+  const std::pair<const char*, int> files[] = {{"tiny.yaml", 1},      {"quickstart.yaml", 4},
+                                               {"moe_small.yaml", 4}, {"gpt2_124m.yaml", 1},
+                                               {"gpt2_124m.yaml", 8}, {"gpt_1b_gpu.yaml", 8}};
   for (const auto& [name, world] : files) {
     const std::string path = (source_dir() / "configs" / name).string();
     // world is copied into the lambda by name: Clang 14 cannot capture a structured binding.
