@@ -1,12 +1,12 @@
 // Mixture of experts under sharded data parallelism, with real processes (world 2 and 4, ep 2):
 // the dense parameters in a DataParallel over dp and the experts in one over expert-dp (edp 1 at
 // world 2, edp 2 at world 4), both built without hooks and driven by one SharedChunkHooks, under
-// optimizer.sharding none / optim / optim_grads / optim_grads_params with overlap_grad_reduce and
-// HSDP. Each layout trains a small MoE model (4 experts, top-2, dropless, aux and z losses) for 4
-// steps with clipping active and must match one rank running the whole global batch: the loss and
-// global gradient norm of every step and every parameter at the end (fp32, relative 1e-5).
-// Memory, from the allocator: the distributed optimizer's expert state on a rank is 1/edp of the
-// unsharded optimizer's (plus bucket padding).
+// optimizer.sharding none / optim / optim_grads / optim_grads_params with overlap_grad_reduce (and
+// overlap_param_gather where it applies) and HSDP. Each layout trains a small MoE model (4 experts, top-2,
+// dropless, aux and z losses) for 4 steps with clipping active and must match one rank running the whole
+// global batch: the loss and global gradient norm of every step and every parameter at the end (fp32,
+// relative 1e-5). Memory, from the allocator: the distributed optimizer's expert state on a rank is 1/edp of
+// the unsharded optimizer's (plus bucket padding).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -127,6 +127,8 @@ TEST_P(MoEShardedDataParallel, MatchesOneRank) {
   oc.sharding = layout.sharding;
   oc.distributed = layout.sharding != Sharding::None;
   oc.overlap_grad_reduce = true;
+  // ZeRO-1/2: the next forward waits per bucket (the shared param-use hook) for both replicas.
+  oc.overlap_param_gather = oc.distributed;
   if (layout.hsdp) oc.sharding_group_size = dp / 2;
   DataParallelOptions dense = DataParallelOptions::from(oc, Precision::FP32);
   DataParallelOptions experts = dense.for_experts(dp, state.edp().size());
