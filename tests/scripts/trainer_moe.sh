@@ -9,7 +9,8 @@
 #     backward); 8 experts top-1 at ep4;
 #     tensor parallelism inside experts: etp2 (2 ranks), etp2 x ep2 (4 ranks), etp2 x ep2 with
 #     tp2 (+sp), and with pp2 as well (8 ranks), the allgather dispatcher at etp2 x ep2, 8 experts
-#     top-1 at etp2 x ep2, SwiGLU experts (gate and up split alike) at etp2 x ep2 x tp2 (+sp);
+#     top-1 at etp2 x ep2, SwiGLU experts (gate and up split alike) at etp2 x ep2 x tp2 (+sp),
+#     etp2 x ep2 x tp2 (+sp) on 8 ranks (expert-dp 2) under optim_grads;
 #     sharded data parallelism, experts sharded over expert-dp (overlap_grad_reduce on): ep2 x edp2
 #     (4 ranks) under optimizer.sharding optim, optim_grads and optim_grads_params (also against
 #     the unsharded ep2 x edp2 run), ep2 at edp 1 with optim, ep2 x tp2 (+sp) x pp2 with
@@ -137,6 +138,12 @@ run ep2etp2tp2_swiglu 4 --set train.steps=6 "${e4[@]}" "${swiglu[@]}" "${etp2[@]
   --set parallel.tensor=2 --set parallel.sequence_parallel=true
 compare ref4_swiglu ep2etp2tp2_swiglu loss
 compare ref4_swiglu ep2etp2tp2_swiglu grad_norm
+# Experts split over etp and sharded over expert-dp 2 (tp2 sp x dp4 = etp2 x ep2 x edp2), ZeRO-2.
+run ep2etp2tp2_edp2_z2 8 --set train.steps=6 "${e4[@]}" "${etp2[@]}" --set parallel.expert=2 \
+  --set parallel.tensor=2 --set parallel.sequence_parallel=true "${z2[@]}"
+compare ref4 ep2etp2tp2_edp2_z2 loss
+compare ref4 ep2etp2tp2_edp2_z2 grad_norm
+expert_sharding ep2etp2tp2_edp2_z2 optim_grads 2
 
 # 2. Checkpoints: save at ep2 x dp2, load at one rank and at tp2 (+sp) x ep2.
 run saver 4 --set train.steps=3 "${e4[@]}" --set parallel.expert=2 --set checkpoint.dir="$work/ckpt"
