@@ -24,6 +24,9 @@ void open_weight_packing(const std::vector<std::pair<const void*, int64_t>>& buf
 void close_weight_packing();
 int64_t weight_packs_made();  // reorders done so far, for tests
 std::string gemm_implementation(DType operands);
+// Whether oneDNN has a matmul for these operands on this CPU (else gemm widens them to fp32, and a
+// packing scope packs nothing).
+bool native_gemm(DType operands);
 void add_bias(Tensor& y, const Tensor& bias);
 void bias_backward(const Tensor& dy, Tensor& dbias);
 
@@ -50,7 +53,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight);
-// The residual add fused with the norm (ops.hpp): LayerNorm when bias / mean are defined.
+// The residual add fused with the norm (ops.hpp): LayerNorm when bias / mean are defined. An
+// undefined branch (dresidual) is the plain norm forward (backward), which the functions above call.
 void residual_norm_forward(const Tensor& residual, const Tensor& branch, float p, uint64_t seed,
                            uint64_t offset, const Tensor& weight, const Tensor& bias, Tensor& sum, Tensor& y,
                            Tensor& mean, Tensor& rstd, float eps);

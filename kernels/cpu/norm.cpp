@@ -131,107 +131,41 @@ PARALLEL_CLONES void add_into(float* dst, const float* src, int64_t h) {
 
 }  // namespace
 
+// The plain norms are the fused kernels below with the residual parts absent: one row walk each
+// way, so the two forms cannot drift apart (the op table checks both against the reference).
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                        Tensor& rstd, float eps) {
-  const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const DType dt = x.dtype();
-  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 6);
-  const float* B = read_f32(bias.data_ptr(), bias.dtype(), h, 7);
-  float *M = mean.data<float>(), *R = rstd.data<float>();
-#pragma omp parallel for schedule(static) if (worth_threads(rows, h))
-  for (int64_t r = 0; r < rows; r++) {
-    const float* xr = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 0);
-    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
-    float* Y = write_f32(yr, dt, h, 1);
-    const float m = row_sum(xr, h) / static_cast<float>(h);
-    const float var = row_sq_dev(xr, m, h) / static_cast<float>(h);
-    const float rs = 1.0f / std::sqrt(var + eps);
-    ln_fwd_row(xr, W, B, Y, m, rs, h);
-    write_back(Y, dt, yr, h);
-    M[r] = m;
-    R[r] = rs;
-  }
+  Tensor none;
+  residual_norm_forward(x, Tensor{}, 0.0f, 0, 0, weight, bias, none, y, mean, rstd, eps);
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
-  const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const DType dt = x.dtype();
-  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
-  const float *M = mean.data<float>(), *R = rstd.data<float>();
-  float *dW = dweight.data<float>(), *dB = dbias.data<float>();
-  const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
-  // Per thread: [dweight partial | dbias partial].
-  std::vector<float> partial(static_cast<size_t>(threads) * 2 * h, 0.0f);
-#pragma omp parallel num_threads(threads)
-  {
-    float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * h;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * h), dt, h, 0);
-      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
-      void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
-      float* dX = write_f32(dxr, dt, h, 2);
-      ln_bwd_row(D, X, W, M[r], R[r], dX, pw, pw + h, h, nullptr);
-      write_back(dX, dt, dxr, h);
-    }
-  }
-  for (int t = 0; t < threads; t++) {
-    add_into(dW, partial.data() + static_cast<size_t>(t) * 2 * h, h);
-    add_into(dB, partial.data() + static_cast<size_t>(t) * 2 * h + h, h);
-  }
+  Tensor none;
+  norm_backward_residual(dy, Tensor{}, x, weight, mean, rstd, dx, dweight, dbias, 0.0f, 0, 0, none);
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps) {
-  const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const DType dt = x.dtype();
-  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
-  float* R = rstd.data<float>();
-#pragma omp parallel for schedule(static) if (worth_threads(rows, h))
-  for (int64_t r = 0; r < rows; r++) {
-    const float* xr = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 0);
-    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
-    float* Y = write_f32(yr, dt, h, 1);
-    const float rs = 1.0f / std::sqrt(row_dot(xr, xr, h) / static_cast<float>(h) + eps);
-    rms_fwd_row(xr, W, Y, rs, h);
-    write_back(Y, dt, yr, h);
-    R[r] = rs;
-  }
+  Tensor none, no_mean;
+  residual_norm_forward(x, Tensor{}, 0.0f, 0, 0, weight, Tensor{}, none, y, no_mean, rstd, eps);
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight) {
-  const int64_t h = weight.numel(), rows = rows_of(x, h);
-  const DType dt = x.dtype();
-  const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
-  const float* R = rstd.data<float>();
-  float* dW = dweight.data<float>();
-  const int threads = worth_threads(rows, h) ? omp_get_max_threads() : 1;
-  std::vector<float> partial(static_cast<size_t>(threads) * h, 0.0f);
-#pragma omp parallel num_threads(threads)
-  {
-    float* pw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * h;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * h), dt, h, 0);
-      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
-      void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
-      float* dX = write_f32(dxr, dt, h, 2);
-      rms_bwd_row(D, X, W, R[r], dX, pw, h, nullptr);
-      write_back(dX, dt, dxr, h);
-    }
-  }
-  for (int t = 0; t < threads; t++) add_into(dW, partial.data() + static_cast<size_t>(t) * h, h);
+  Tensor none, no_dbias;
+  norm_backward_residual(dy, Tensor{}, x, weight, Tensor{}, rstd, dx, dweight, no_dbias, 0.0f, 0, 0, none);
 }
 
 // The stored sum (rounded to the activation dtype) is what gets normalised: for 16-bit tensors the
-// fp32 sum is narrowed into `sum` and widened back before the statistics.
+// fp32 sum is narrowed into `sum` and widened back before the statistics. Without a branch (the
+// plain norm) `residual` is the norm's input and `sum` is not written.
 void residual_norm_forward(const Tensor& residual, const Tensor& branch, float p, uint64_t seed,
                            uint64_t offset, const Tensor& weight, const Tensor& bias, Tensor& sum, Tensor& y,
                            Tensor& mean, Tensor& rstd, float eps) {
   const int64_t h = weight.numel(), rows = rows_of(residual, h);
   const DType dt = residual.dtype();
   const bool layernorm = bias.defined();
+  const bool fused = branch.defined();
   const DropoutMask drop(p, seed, offset);
   const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 6);
   const float* B = layernorm ? read_f32(bias.data_ptr(), bias.dtype(), h, 7) : nullptr;
@@ -239,14 +173,17 @@ void residual_norm_forward(const Tensor& residual, const Tensor& branch, float p
   float* R = rstd.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(rows, h))
   for (int64_t r = 0; r < rows; r++) {
-    const float* res = read_f32(offset_ptr(residual.data_ptr(), dt, r * h), dt, h, 0);
-    const float* br = read_f32(offset_ptr(branch.data_ptr(), dt, r * h), dt, h, 1);
-    void* sr = offset_ptr(sum.data_ptr(), dt, r * h);
-    float* S = write_f32(sr, dt, h, 2);
-    residual_row(drop, br, res, S, h, drop.first + static_cast<uint64_t>(r * h));
-    if (dt != DType::F32) {
-      narrow_from_f32(S, dt, sr, h);
-      widen_to_f32(sr, dt, S, h);
+    const float* S = read_f32(offset_ptr(residual.data_ptr(), dt, r * h), dt, h, 0);
+    if (fused) {
+      const float* br = read_f32(offset_ptr(branch.data_ptr(), dt, r * h), dt, h, 1);
+      void* sr = offset_ptr(sum.data_ptr(), dt, r * h);
+      float* sum_row = write_f32(sr, dt, h, 2);
+      residual_row(drop, br, S, sum_row, h, drop.first + static_cast<uint64_t>(r * h));
+      if (dt != DType::F32) {
+        narrow_from_f32(sum_row, dt, sr, h);
+        widen_to_f32(sr, dt, sum_row, h);
+      }
+      S = sum_row;
     }
     void* yr = offset_ptr(y.data_ptr(), dt, r * h);
     float* Y = write_f32(yr, dt, h, 3);
@@ -265,12 +202,14 @@ void residual_norm_forward(const Tensor& residual, const Tensor& branch, float p
   }
 }
 
+// Without dresidual (the plain norm backward) dx is the norm's gradient alone.
 void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Tensor& x, const Tensor& weight,
                             const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
                             Tensor& dbias, float p, uint64_t seed, uint64_t offset, Tensor& dbranch) {
   const int64_t h = weight.numel(), rows = rows_of(x, h);
   const DType dt = x.dtype();
   const bool layernorm = mean.defined();
+  const bool has_residual = dresidual.defined();
   const bool want_branch = dbranch.defined();
   const DropoutMask drop(p, seed, offset);
   const float* W = read_f32(weight.data_ptr(), weight.dtype(), h, 7);
@@ -286,7 +225,8 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
     for (int64_t r = 0; r < rows; r++) {
       const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * h), dt, h, 0);
       const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * h), dt, h, 1);
-      const float* Res = read_f32(offset_ptr(dresidual.data_ptr(), dt, r * h), dt, h, 3);
+      const float* Res =
+          has_residual ? read_f32(offset_ptr(dresidual.data_ptr(), dt, r * h), dt, h, 3) : nullptr;
       void* dxr = offset_ptr(dx.data_ptr(), dt, r * h);
       float* dX = write_f32(dxr, dt, h, 2);
       if (layernorm)

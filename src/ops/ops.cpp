@@ -181,6 +181,8 @@ bool WeightPackingScope::enabled() {
   return v == nullptr || std::string(v) != "0";
 }
 
+bool WeightPackingScope::packs(DType dtype) { return dtype != DType::F32 && cpu::native_gemm(dtype); }
+
 std::string gemm_implementation(DType dtype) { return cpu::gemm_implementation(dtype); }
 
 void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
@@ -438,14 +440,8 @@ void residual_norm_forward(const Tensor& residual, const Tensor& branch, const D
   check_rows(op, rstd, "rstd", residual);
   check_dropout(op, drop);
   if (k.device.is_cuda()) {
-    // The unfused ops in sequence (ops.hpp): dropout, add, norm.
-    if (drop.p > 0.0f) {
-      Tensor dropped = Tensor::empty(branch.shape(), branch.dtype(), branch.device());
-      dropout_forward(branch, dropped, drop.p, drop.seed, drop.offset, stream);
-      add(residual, dropped, sum, stream);
-    } else {
-      add(residual, branch, sum, stream);
-    }
+    // The unfused ops in sequence (ops.hpp): dropout and add (dropout_add's CUDA form), then the norm.
+    dropout_add(branch, residual, sum, drop, stream);
     if (layernorm)
       layernorm_forward(sum, weight, bias, y, mean, rstd, eps, stream);
     else
@@ -513,6 +509,7 @@ void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, cons
   check_same_shape(op, out, "out", branch, "branch");
   check_dropout(op, drop);
   if (k.device.is_cuda()) {
+    // Dropout into a temporary, then the add: the unfused kernels (ops.hpp).
     if (drop.p > 0.0f) {
       Tensor dropped = Tensor::empty(branch.shape(), branch.dtype(), branch.device());
       dropout_forward(branch, dropped, drop.p, drop.seed, drop.offset, stream);
