@@ -30,6 +30,10 @@ struct LayoutParams {
   int first_stage_layers = 0;             // 0: split evenly (parallel.first_stage_layers)
   int last_stage_layers = 0;              // 0: split evenly (parallel.last_stage_layers)
   Placement placement = Placement::Loop;  // which stages a rank holds (placement_of the schedule)
+
+  // What a config asks for (model.num_layers and the parallel.* pipeline keys): the one place that
+  // maps a config to a layout, so the trainer and the memory plan cannot disagree.
+  static LayoutParams of(const Config& config);
 };
 
 // Layers of every global stage g = 0..p*v-1, in stage order (they are contiguous and in order).

@@ -60,6 +60,15 @@ std::vector<int> layers_per_stage(const LayoutParams& s) {
   return layers;
 }
 
+LayoutParams LayoutParams::of(const Config& c) {
+  return {.num_layers = c.model.num_layers,
+          .pipeline_size = c.parallel.pipeline,
+          .virtual_stages = c.parallel.virtual_stages,
+          .first_stage_layers = c.parallel.first_stage_layers,
+          .last_stage_layers = c.parallel.last_stage_layers,
+          .placement = placement_of(c.parallel.pipeline_schedule)};
+}
+
 std::vector<GPTChunkSpec> stage_layout(const LayoutParams& s, int rank) {
   const std::vector<int> layers = layers_per_stage(s);
   const int p = s.pipeline_size, stages = static_cast<int>(layers.size());

@@ -288,14 +288,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   const int pp_rank = m.state->coord().pp;
 
   // This rank's model chunks (one per virtual pipeline stage).
-  const auto specs =
-      pipeline::stage_layout({.num_layers = c.model.num_layers,
-                              .pipeline_size = c.parallel.pipeline,
-                              .virtual_stages = c.parallel.virtual_stages,
-                              .first_stage_layers = c.parallel.first_stage_layers,
-                              .last_stage_layers = c.parallel.last_stage_layers,
-                              .placement = pipeline::placement_of(c.parallel.pipeline_schedule)},
-                             pp_rank);
+  const auto specs = pipeline::stage_layout(pipeline::LayoutParams::of(c), pp_rank);
   GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
                             .recompute = c.train.recompute,
                             .seed = c.train.seed,
