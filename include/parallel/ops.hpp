@@ -72,6 +72,9 @@ class WeightPackingScope {
   // Whether the trainer opens scopes: yes unless the environment sets PARALLEL_PACK_WEIGHTS=0
   // (for side-by-side measurements).
   static bool enabled();
+  // Whether an open scope packs weights of this dtype on this machine: 16-bit, with a oneDNN kernel
+  // for it (fp16 has none on CPUs without AVX512-FP16 or AMX-FP16: gemm widens, nothing is packed).
+  static bool packs(DType dtype);
 };
 
 // Which kernel the CPU GEMM runs for operands of `dtype` on this machine: oneDNN's implementation

@@ -326,6 +326,18 @@ std::string gemm_implementation(DType operands) {
   }
 }
 
+bool native_gemm(DType operands) {
+  if (operands == DType::F32) return true;
+  const GemmKey key{
+      256, 256, 256, false, true, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(), operands, DType::F32};
+  try {
+    (void)matmul_desc(key, context().engine);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 void open_weight_packing(const std::vector<std::pair<const void*, int64_t>>& buffers) {
   DnnlContext& ctx = context();
   std::lock_guard<std::mutex> lock(ctx.mutex);

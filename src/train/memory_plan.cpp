@@ -159,7 +159,8 @@ double chunk_gemm_weight_elements(const ModelConfig& m, const GPTChunkSpec& spec
 // Whether the trainer packs weights for a step (trainer.cpp opens the scope under the same rule).
 bool packs_weights(const Config& c, int micro_batches) {
   return micro_batches > 1 && c.train.device == DeviceKind::CPU && ops::WeightPackingScope::enabled() &&
-         c.train.precision != Precision::FP32 && c.optimizer.sharding != Sharding::OptimGradsParams;
+         ops::WeightPackingScope::packs(compute_dtype(c.train.precision)) &&
+         c.optimizer.sharding != Sharding::OptimGradsParams;
 }
 
 // Bytes of optimizer state per element of the state tensors: exp_avg and exp_avg_sq, and the
@@ -285,15 +286,23 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
 
 // ---- activations --------------------------------------------------------------------------------
 
-enum Kind { kActivations = 0, kCommunication = 1, kWorkspace = 2 };
+// kPacked: the packed 16-bit weights of a WeightPackingScope (trainer.cpp opens one per step when
+// packs_weights): each orientation of a chunk's weights appears at its first use in the step, the
+// forward one at the chunk's first forward, the backward one at its first backward.
+enum Kind { kActivations = 0, kCommunication = 1, kWorkspace = 2, kPacked = 3, kKinds = 4 };
 
 // Live bytes by kind and the split at the moment the total was largest.
 struct Tracker {
-  std::array<double, 3> now{}, at_peak{};
+  std::array<double, kKinds> now{}, at_peak{};
   double peak = 0;
+  static double sum(const std::array<double, kKinds>& a) {
+    double s = 0;
+    for (double x : a) s += x;
+    return s;
+  }
   void alloc(Kind k, double n) {
     now[k] += n;
-    const double total = now[0] + now[1] + now[2];
+    const double total = sum(now);
     if (total > peak) {
       peak = total;
       at_peak = now;
@@ -309,14 +318,14 @@ struct Tracker {
   // last run when a run leaves bytes behind, else at the first. O(1) for any n.
   void repeat(const Tracker& one, int n) {
     if (n <= 0) return;
-    const double net = one.now[0] + one.now[1] + one.now[2];
+    const double net = sum(one.now);
     const double k = net >= 0 ? n - 1 : 0;
-    const double total = now[0] + now[1] + now[2] + k * net + one.peak;
+    const double total = sum(now) + k * net + one.peak;
     if (total > peak) {
       peak = total;
-      for (int i = 0; i < 3; ++i) at_peak[i] = now[i] + k * one.now[i] + one.at_peak[i];
+      for (int i = 0; i < kKinds; ++i) at_peak[i] = now[i] + k * one.now[i] + one.at_peak[i];
     }
-    for (int i = 0; i < 3; ++i) now[i] += n * one.now[i];
+    for (int i = 0; i < kKinds; ++i) now[i] += n * one.now[i];
   }
 };
 
@@ -653,7 +662,7 @@ double chunk_weight_state(const Dims& d, const GPTChunkSpec& spec) {
 
 struct ScheduleWalk {
   double peak = 0;
-  std::array<double, 3> at_peak{};
+  std::array<double, kKinds> at_peak{};
 };
 
 ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chunks, int pp_rank,
@@ -684,6 +693,19 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
       }
 
   Tracker t;
+  // Bytes of one orientation of each chunk's packed weights (0 when the step does not pack).
+  std::vector<double> packed(chunks.size(), 0.0);
+  if (packs_weights(c, micro_batches))
+    for (std::size_t i = 0; i < chunks.size(); ++i)
+      packed[i] = chunk_gemm_weight_elements(c.model, chunks[i], c.parallel.tensor) *
+                  static_cast<double>(dtype_size(compute_dtype(c.train.precision)));
+  std::vector<bool> packed_forward(chunks.size(), false), packed_backward(chunks.size(), false);
+  const auto pack = [&](std::vector<bool>& done, std::size_t chunk) {
+    if (done[chunk]) return;
+    done[chunk] = true;
+    t.alloc(kPacked, packed[chunk]);
+  };
+
   double pending_sends = 0;  // sends still in flight while the next action computes
   double batched = 0;        // sends of a batch, freed when it completes (before the next compute)
   const int last = p * v - 1;
@@ -704,6 +726,7 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
       case pipeline::Op::RecvBackward:
         break;  // allocated inside chunk_backward
       case pipeline::Op::Forward: {
+        pack(packed_forward, static_cast<std::size_t>(a.chunk));
         chunk_forward(t, d, spec, rc);
         if (g != last) t.alloc(kCommunication, d.X());  // the output, until its send completes
         t.free(kCommunication, pending_sends);
@@ -711,6 +734,7 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
         break;
       }
       case pipeline::Op::Backward: {
+        pack(packed_backward, static_cast<std::size_t>(a.chunk));
         chunk_backward(t, d, spec, rc, kept[static_cast<std::size_t>(a.chunk)]);
         t.free(kCommunication, pending_sends);
         pending_sends = 0;
@@ -720,6 +744,7 @@ ScheduleWalk walk_schedule(const Config& c, const std::vector<GPTChunkSpec>& chu
       // reads, which stays until W (an estimate from the layers' saved tensors; the walk's
       // in-flight pattern is the schedule's own).
       case pipeline::Op::BackwardInput: {
+        pack(packed_backward, static_cast<std::size_t>(a.chunk));
         chunk_backward(t, d, spec, rc, kept[static_cast<std::size_t>(a.chunk)]);
         t.alloc(kActivations, chunk_weight_state(d, spec));
         t.free(kCommunication, pending_sends);
@@ -782,14 +807,7 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
 
   std::map<int, RankMemoryPlan> by_stage;  // ranks of one pipeline stage have the same plan
   for (int pp = 0; pp < c.parallel.pipeline; ++pp) {
-    const auto chunks =
-        pipeline::stage_layout({.num_layers = c.model.num_layers,
-                                .pipeline_size = c.parallel.pipeline,
-                                .virtual_stages = c.parallel.virtual_stages,
-                                .first_stage_layers = c.parallel.first_stage_layers,
-                                .last_stage_layers = c.parallel.last_stage_layers,
-                                .placement = pipeline::placement_of(c.parallel.pipeline_schedule)},
-                               pp);
+    const auto chunks = pipeline::stage_layout(pipeline::LayoutParams::of(c), pp);
     const StaticBytes s = plan_static(c, chunks);
     const ScheduleWalk walk = walk_schedule(c, chunks, pp, micro_batches);
     RankMemoryPlan r;
@@ -806,15 +824,9 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
         {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
          "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
     };
-    if (packs_weights(c, micro_batches)) {
-      double elements = 0;
-      for (const GPTChunkSpec& spec : chunks)
-        elements += chunk_gemm_weight_elements(c.model, spec, c.parallel.tensor);
+    if (packs_weights(c, micro_batches))
       r.terms.push_back(
-          {"packed_weights",
-           to_bytes(2 * elements * static_cast<double>(dtype_size(compute_dtype(c.train.precision)))),
-           static_keys + ", train.precision"});
-    }
+          {"packed_weights", to_bytes(walk.at_peak[kPacked]), static_keys + ", train.precision"});
     // A checkpoint save, between steps, may peak above training: what it needs beyond that peak.
     double trained = 0;
     for (const MemoryTerm& term : r.terms)

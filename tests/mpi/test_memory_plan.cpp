@@ -24,11 +24,10 @@ using testing::world;
 struct Layout {
   const char* label;
   std::vector<std::string> overrides;
-  // Largest relative error allowed. pp4_uneven_fp16's last rank is planned 10.5 % high: the plan
-  // adds the packed 16-bit weights (0.31 MiB there, both orientations) to the step's peak, while
-  // the measured peak falls where they are not alive; it sat at 9.4 % only while a pipeline send
-  // buffer (0.03 MiB) lingered past its transfer, which the batched send/receive pairs now free on
-  // completion. The over-estimate is the plan's packed_weights term, not the schedule walk.
+  // Largest relative error allowed. The packed 16-bit weights are walked with the schedule (each
+  // orientation from its first use) and only where the CPU's GEMM packs that dtype (fp16 has no
+  // oneDNN kernel here: it widens and packs nothing), which took pp4_uneven_fp16 from 10.5 % high
+  // to exact.
   double tolerance = 0.10;
 };
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.label; }
@@ -171,8 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.add_bias=false", "train.global_batch_size=32"}},
         Layout{"pp4_uneven_fp16",
                {"parallel.pipeline=4", "model.num_layers=6", "parallel.first_stage_layers=1",
-                "parallel.last_stage_layers=1", "train.precision=fp16", "train.global_batch_size=32"},
-               0.11},
+                "parallel.last_stage_layers=1", "train.precision=fp16", "train.global_batch_size=32"}},
         Layout{"tp2_pp2_bf16",
                {"parallel.tensor=2", "parallel.pipeline=2", "train.precision=bf16",
                 "train.global_batch_size=32"}},
