@@ -331,7 +331,7 @@ void HFTokenizer::Impl::parse_post_processor(const json& p) {
     return;
   }
   post_processor_error = fmt::format(
-      "HF tokenizer: {}: post_processor.type = {}: not implemented (TemplateProcessing, ByteLevel and a "
+      "HF tokenizer: {}: post_processor.type = {}: not supported (TemplateProcessing, ByteLevel and a "
       "Sequence of them are; preprocess_data --no-post-processor leaves it out)",
       file, json(type).dump());
 }
@@ -353,18 +353,18 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && model[key] != "")
       im.fail(
-          fmt::format("model.{} = {}: not implemented (byte-level BPE has none)", key, model[key].dump()));
+          fmt::format("model.{} = {}: not supported (byte-level BPE has none)", key, model[key].dump()));
   if (model.contains("dropout") && !model["dropout"].is_null())
-    im.fail(fmt::format("model.dropout = {}: not implemented (it makes encoding random)",
+    im.fail(fmt::format("model.dropout = {}: not supported (it makes encoding random)",
                         model["dropout"].dump()));
-  if (model.value("byte_fallback", false)) im.fail("model.byte_fallback = true: not implemented");
+  if (model.value("byte_fallback", false)) im.fail("model.byte_fallback = true: not supported");
   im.ignore_merges = model.value("ignore_merges", false);
 
   // The normalizer: none or NFC.
   const json normalizer = j.value("normalizer", json());
   if (!normalizer.is_null()) {
     if (normalizer.value("type", std::string()) != "NFC")
-      im.fail(fmt::format("normalizer.type = {}: not implemented (only null or NFC)",
+      im.fail(fmt::format("normalizer.type = {}: not supported (only null or NFC)",
                           normalizer.value("type", json()).dump()));
     im.nfc = true;
   }
@@ -394,7 +394,7 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
     else if (pattern == kGpt2Pattern)
       im.split = Split::Gpt2;
     else
-      im.fail(fmt::format("pre_tokenizer pattern {}: not implemented (GPT-2's, Llama 3's and Qwen2's are)",
+      im.fail(fmt::format("pre_tokenizer pattern {}: not supported (GPT-2's, Llama 3's and Qwen2's are)",
                           json(pattern).dump()));
     byte_level(pre["pretokenizers"][1], true);
   } else if (pre.is_object()) {
@@ -426,7 +426,7 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
       if (a.id < 0 || a.content.empty())
         im.fail(fmt::format("added token {}: needs an id and content", t.dump()));
       if (t.value("single_word", false))
-        im.fail(fmt::format("added token '{}': single_word = true is not implemented", a.content));
+        im.fail(fmt::format("added token '{}': single_word = true is not supported", a.content));
       added[a.content] = a;
     }
   if (!model.contains("vocab") || !model["vocab"].is_object()) im.fail("missing key 'model.vocab'");

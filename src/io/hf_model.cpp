@@ -178,11 +178,11 @@ ModelConfig gpt2_model(const Fields& f) {
   const std::string act = f.string("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
     f.bad("activation_function", json(act),
-          "not implemented (only the tanh GeLU: gelu_new, gelu_pytorch_tanh)");
+          "not supported (only the tanh GeLU: gelu_new, gelu_pytorch_tanh)");
   if (!f.boolean("tie_word_embeddings", true))
     f.bad("tie_word_embeddings", json(false), "untied GPT-2 heads are not supported");
   if (f.boolean("scale_attn_by_inverse_layer_idx", false))
-    f.bad("scale_attn_by_inverse_layer_idx", json(true), "not implemented");
+    f.bad("scale_attn_by_inverse_layer_idx", json(true), "not supported");
   return m;
 }
 
@@ -197,7 +197,7 @@ RopeScaling rope_scaling_from(const Fields& f) {
   RopeScaling s;
   if (type == "default") return s;
   if (type != "linear" && type != "llama3")
-    rf.bad(type_key, json(type), "not implemented (only \"default\", \"linear\" and \"llama3\")");
+    rf.bad(type_key, json(type), "not supported (only \"default\", \"linear\" and \"llama3\")");
   s.factor = rf.number("factor");
   if (s.factor <= 0) rf.bad("factor", r["factor"], "must be > 0");
   if (type == "linear") {
@@ -238,7 +238,7 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
   m.add_qkv_bias = a == Architecture::Qwen2;
 
   if (const std::string act = f.string("hidden_act", "silu"); act != "silu")
-    f.bad("hidden_act", json(act), "not implemented (only silu: SwiGLU)");
+    f.bad("hidden_act", json(act), "not supported (only silu: SwiGLU)");
   if (f.has("head_dim") && f.integer("head_dim") * m.num_attention_heads != m.hidden_size)
     f.bad("head_dim", f.raw("head_dim"),
           fmt::format("must equal hidden_size / num_attention_heads ({} / {})", m.hidden_size,
@@ -248,12 +248,12 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
     const bool attention_bias = f.boolean("attention_bias", false), mlp_bias = f.boolean("mlp_bias", false);
     if (attention_bias != mlp_bias)
       f.bad(attention_bias ? "attention_bias" : "mlp_bias", json(true),
-            "not implemented without the other (attention_bias and mlp_bias map to model.add_bias)");
+            "not supported without the other (attention_bias and mlp_bias map to model.add_bias)");
     m.add_bias = attention_bias;
   }
   int seq = std::min(m.max_position_embeddings, 4096);
   if (a == Architecture::Qwen2 && f.boolean("use_sliding_window", false))
-    f.bad("use_sliding_window", json(true), "sliding-window attention is not implemented");
+    f.bad("use_sliding_window", json(true), "sliding-window attention is not supported");
   // Full attention equals a window's as long as the sequence fits the window.
   if (a == Architecture::Mistral && f.has("sliding_window"))
     seq = std::min<int64_t>(seq, f.integer("sliding_window"));

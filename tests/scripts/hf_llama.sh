@@ -121,7 +121,7 @@ variant() {  # variant NAME SED_EXPR: a copy of the llama fixture with its confi
 variant gemma 's/"LlamaForCausalLM"/"GemmaForCausalLM"/'
 expect_error unknown_architecture 'architectures = ["GemmaForCausalLM"]: not supported' --from hf --input "$work/gemma" --output "$work/e1"
 variant yarn_rope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0}/'
-expect_error rope_scaling 'rope_scaling.rope_type = "yarn": not implemented' --from hf --input "$work/yarn_rope" --output "$work/e2"
+expect_error rope_scaling 'rope_scaling.rope_type = "yarn": not supported' --from hf --input "$work/yarn_rope" --output "$work/e2"
 variant llama3_short 's/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3", "factor": 8.0}/'
 expect_error rope_scaling_keys "missing key 'rope_scaling.low_freq_factor'" --from hf --input "$work/llama3_short" --output "$work/e2b"
 variant more_layers 's/"num_hidden_layers": 2/"num_hidden_layers": 3/'

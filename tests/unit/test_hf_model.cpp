@@ -129,11 +129,11 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
     j = fixture_config("llama");
     j["rope_scaling"] = {{"rope_type", type}, {"factor", 8.0}};
     EXPECT_THAT(config_error(j),
-                HasSubstr(fmt::format("rope_scaling.rope_type = \"{}\": not implemented", type)));
+                HasSubstr(fmt::format("rope_scaling.rope_type = \"{}\": not supported", type)));
   }
   j = fixture_config("llama");
   j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};  // the older spelling
-  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"yarn\": not implemented"));
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"yarn\": not supported"));
   j["rope_scaling"] = {{"rope_type", "default"}};
   EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "config.json"));
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
@@ -149,19 +149,19 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
 
   j = fixture_config("llama");
   j["hidden_act"] = "gelu";
-  EXPECT_THAT(config_error(j), HasSubstr("hidden_act = \"gelu\": not implemented"));
+  EXPECT_THAT(config_error(j), HasSubstr("hidden_act = \"gelu\": not supported"));
   j = fixture_config("llama");
   j["head_dim"] = 8;
   EXPECT_THAT(config_error(j), HasSubstr("head_dim = 8: must equal hidden_size / num_attention_heads"));
   j = fixture_config("llama");
   j["attention_bias"] = true;
-  EXPECT_THAT(config_error(j), HasSubstr("attention_bias = true: not implemented without the other"));
+  EXPECT_THAT(config_error(j), HasSubstr("attention_bias = true: not supported without the other"));
   j["mlp_bias"] = true;
   EXPECT_TRUE(hf::model_from_config_json(j.dump(), "config.json").model.add_bias);
   j = fixture_config("qwen2");
   j["use_sliding_window"] = true;
   EXPECT_THAT(config_error(j),
-              HasSubstr("use_sliding_window = true: sliding-window attention is not implemented"));
+              HasSubstr("use_sliding_window = true: sliding-window attention is not supported"));
 
   j = fixture_config("llama");
   j.erase("hidden_size");
@@ -177,7 +177,7 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
 
   json gpt2 = json::parse(read(fixtures_dir() + "/hf_gpt2_tiny_config.json"));
   gpt2["activation_function"] = "gelu";
-  EXPECT_THAT(config_error(gpt2), HasSubstr("activation_function = \"gelu\": not implemented"));
+  EXPECT_THAT(config_error(gpt2), HasSubstr("activation_function = \"gelu\": not supported"));
 }
 
 Tensors llama_tensors() { return hf::load_folder(fixtures_dir() + "/hf_llama_tiny"); }

@@ -221,7 +221,7 @@ TEST(HfTokenizer, TemplateProcessingBeforeAndAfterTheSequence) {
               HasSubstr("special token '<|begin_of_text|>' has no ids"));
   // Another post-processor: the tokenizer still encodes; asking for its template is the error.
   EXPECT_THAT(error_of_template({{"type", "RobertaProcessing"}}),
-              HasSubstr("post_processor.type = \"RobertaProcessing\": not implemented"));
+              HasSubstr("post_processor.type = \"RobertaProcessing\": not supported"));
 }
 
 TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
@@ -230,13 +230,13 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_THAT(error_for([](json& j) {
                 j["normalizer"] = {{"type", "NFKC"}};
               }),
-              HasSubstr("normalizer.type = \"NFKC\": not implemented"));
+              HasSubstr("normalizer.type = \"NFKC\": not supported"));
   EXPECT_THAT(error_for([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+"; }),
-              HasSubstr("pre_tokenizer pattern \"\\\\w+\": not implemented"));
+              HasSubstr("pre_tokenizer pattern \"\\\\w+\": not supported"));
   EXPECT_THAT(error_for([](json& j) { j["model"]["dropout"] = 0.1; }), HasSubstr("model.dropout = 0.1"));
   EXPECT_THAT(error_for([](json& j) { j["model"]["byte_fallback"] = true; }), HasSubstr("byte_fallback"));
   EXPECT_THAT(error_for([](json& j) { j["added_tokens"][0]["single_word"] = true; }),
-              HasSubstr("added token '<|begin_of_text|>': single_word = true is not implemented"));
+              HasSubstr("added token '<|begin_of_text|>': single_word = true is not supported"));
   EXPECT_THAT(error_for([](json& j) { j["added_tokens"][1]["special"] = false; }),
               HasSubstr("no end-of-document token"));
   EXPECT_THAT(error_for([](json& j) {
