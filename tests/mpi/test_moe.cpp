@@ -4,7 +4,8 @@
 //   - expert parallelism with real processes: ep = world (2 or 4) equals one rank for 4 and 8
 //     experts, top-1 and top-2, dropless, both dispatchers (losses and every gradient, fp32, 1e-5);
 //   - tensor parallelism inside experts: etp 2 (np 2) and etp 2 x ep 2 (np 4) equal one rank for
-//     the same cases, each rank's slices of the experts' gradients against the one-rank ones;
+//     the same cases, each rank's slices of the experts' gradients against the one-rank ones, and
+//     a layer whose experts on one etp pair receive no rows at all;
 //   - memory from the allocator: at ep x etp = p a rank holds 1/p of the expert weights.
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 #include "mpi_test.hpp"
 #include "parallel/allocator.hpp"
 #include "parallel/gpt_model.hpp"
+#include "parallel/init.hpp"
 #include "parallel/memory_plan.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/precision.hpp"
@@ -232,6 +234,68 @@ const auto kCases = ::testing::Values(
     EpCase{8, 2, MoeDispatcher::AllGather, true}, EpCase{4, 1, MoeDispatcher::AllGather, false});
 INSTANTIATE_TEST_SUITE_P(Cases, ExpertParallel, kCases);
 INSTANTIATE_TEST_SUITE_P(Cases, ExpertTensorParallel, kCases);
+
+// Every token routed to expert 0: at etp 2 x ep 2 the etp pair holding experts 2 and 3 gathers no
+// rows at all (an empty all-gather and reduce-scatter), and the layer still equals one rank's.
+TEST(ExpertTensorParallel, IdleExpertsGatherNoRows) {
+  if (world().size() != 4) GTEST_SKIP() << "needs etp 2 x ep 2";
+  const int r = world().rank();
+  auto solo = world().split(r, 0);
+  ParallelState state(world(), RankGrid::from_world(4, 1, 1, 1, 2, 2));
+  ModelConfig c = moe_config(4, 1, MoeDispatcher::AllToAll, false);
+  c.moe_aux_loss_coeff = 0.01;
+  auto make = [&](Communicator* ep, Communicator* etp) {
+    auto env = std::make_unique<model::LayerEnv>();
+    env->config = &c;
+    env->tp = solo.get();
+    env->hidden = c.hidden_size;
+    env->ffn = c.ffn_hidden_size;
+    env->ep = ep;
+    env->etp = etp;
+    return env;
+  };
+  auto env_one = make(nullptr, nullptr), env_split = make(&state.ep(), &state.etp());
+  model::MoELayer one(*env_one, 0), split(*env_split, 0);
+  for (model::MoELayer* l : {&one, &split}) {
+    for (Parameter* p : l->parameters()) init_normal(*p, 7, 0.05f);
+    // Positive inputs and a router row of +1 for expert 0, -1 for the rest: expert 0 always wins.
+    std::vector<float> router(static_cast<std::size_t>(c.num_experts * c.hidden_size), -1.0f);
+    std::fill(router.begin(), router.begin() + c.hidden_size, 1.0f);
+    l->router.value.copy_(Tensor::from_vector(router, {c.num_experts, c.hidden_size}));
+  }
+  // Rank q's tokens [4, 2, h]; one rank runs all four ranks' tokens in turn.
+  auto tokens = [&](int q) {
+    std::vector<float> x(static_cast<std::size_t>(8 * c.hidden_size));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = 0.1f + 0.01f * static_cast<float>((i * 7 + q * 13) % 17);
+    return Tensor::from_vector(x, {4, 2, c.hidden_size});
+  };
+  const Tensor dy = Tensor::full({4, 2, c.hidden_size}, 0.5, DType::F32);
+  Tensor y_one, dx_one;
+  for (int q = 0; q < 4; ++q) {
+    model::MoELayer::Context ctx;
+    Tensor y = one.forward(tokens(q), ctx, false);
+    Tensor dx = one.backward(dy, ctx);
+    if (q == r) {
+      y_one = y;
+      dx_one = dx;
+    }
+  }
+  model::MoELayer::Context ctx;
+  Tensor y = split.forward(tokens(r), ctx, false);
+  EXPECT_EQ(ctx.local_offsets.back(), state.coord().ep == 0 ? 4 * 8 : 0) << "rows at this etp pair's experts";
+  Tensor dx = split.backward(dy, ctx);
+  EXPECT_TRUE(close("y", y, y_one, 1e-5));
+  EXPECT_TRUE(close("dx", dx, dx_one, 1e-5));
+  // Expert 0's gradient slice holds every rank's tokens; the idle experts' stay zero.
+  for (std::size_t e = 0; e < split.fc2.size(); ++e) {
+    const Parameter& p = split.fc2[e];
+    const std::size_t g = static_cast<std::size_t>(state.coord().ep) * split.fc2.size() + e;
+    Tensor expected = one.fc2[g].grad.narrow(1, p.partition_offset, p.value.size(1)).contiguous();
+    EXPECT_TRUE(close(p.name, p.grad, expected, 1e-5, 1e-30));
+    EXPECT_EQ(testing::max_abs(p.grad) > 0, g == 0) << p.name;
+  }
+}
 
 // bf16 follows the precision policy (16-bit activations and parameter copy, fp32 router logits and
 // gradients): the loss stays within bf16 rounding of the fp32 model's, gradients are finite.
