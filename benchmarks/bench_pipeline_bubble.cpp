@@ -97,7 +97,7 @@ std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m, Pip
     chunks.push_back(std::make_unique<GPTModel>(c, spec, GPTModel::Options{}, state.tp()));
     ptrs.push_back(chunks.back().get());
   }
-  pipeline::GPTPipelineModel model(ptrs);
+  pipeline::ChunkPipelineModel model(ptrs);
   pipeline::PipelineExecutor executor(state.pp(),
                                       {.micro_batches = m,
                                        .virtual_stages = v,

@@ -28,7 +28,7 @@
 // (optimizer step, checkpoint save/load) calls finish_param_gather() first.
 //
 // Sharding beyond the optimizer state (optimizer.sharding, docs/optimizer.md) needs model chunks:
-// buckets then follow the chunks' units (GPTModel::units(); parameters whose gradients other
+// buckets then follow the chunks' units (ModelChunk::units(); parameters whose gradients other
 // groups still sum form their own buckets) and the unit hook drives everything:
 //   optim_grads (ZeRO-2): before a unit's backward its buckets get zeroed full-size gradients; once
 //     a bucket's gradients are final for the micro-batch it is reduce-scattered (async) and the
@@ -45,6 +45,7 @@
 // the group of k consecutive dp ranks and the shard all-reduced across the dp / k groups;
 // parameters are gathered inside the group.
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -54,8 +55,8 @@
 
 #include "parallel/communicator.hpp"
 #include "parallel/config.hpp"
-#include "parallel/gpt_model.hpp"
 #include "parallel/grad_buffer.hpp"
+#include "parallel/model_chunk.hpp"
 
 namespace parallel {
 
@@ -122,10 +123,13 @@ struct BucketShard {
 
 class DataParallel {
  public:
-  // Lays out every chunk's parameters (chunks in order, each in its registration order) and hooks
+  // Lays out every chunk's parameters (chunks in order, each in its parameters() order) and hooks
   // the chunks' backward (and, with overlap_param_gather, their forward). The chunks must outlive
   // this object; the destructor removes the hooks.
-  DataParallel(const std::vector<GPTModel*>& chunks, Communicator& dp, DataParallelOptions options);
+  DataParallel(const std::vector<ModelChunk*>& chunks, Communicator& dp, DataParallelOptions options);
+  template <std::derived_from<ModelChunk> Chunk>
+  DataParallel(const std::vector<Chunk*>& chunks, Communicator& dp, DataParallelOptions options)
+      : DataParallel(std::vector<ModelChunk*>(chunks.begin(), chunks.end()), dp, options) {}
   // Without a model: no grad-ready hooks (call on_grad_ready yourself, or do not overlap).
   DataParallel(const std::vector<Parameter*>& params, Communicator& dp, DataParallelOptions options);
   ~DataParallel();
@@ -159,8 +163,8 @@ class DataParallel {
   // Sharded parameters: frees every gathered bucket; write_shards first copies this rank's part of
   // the full values into its shard (after new values were loaded into them). Otherwise nothing.
   void reshard(bool write_shards = false);
-  // The unit hook's target (GPTModel::set_unit_hook): acts on the unit's parameters in this buffer.
-  void on_unit(GPTModel::UnitPhase phase, const std::vector<Parameter*>& params);
+  // The unit hook's target (ModelChunk::set_unit_hook): acts on the unit's parameters in this buffer.
+  void on_unit(ModelChunk::UnitPhase phase, const std::vector<Parameter*>& params);
   // Bytes of gathered (full) parameter buckets now and at most since construction (sharded
   // parameters only; the shards themselves are not counted).
   int64_t gathered_param_bytes() const { return gathered_bytes_; }
@@ -212,7 +216,7 @@ class DataParallel {
   std::unordered_map<const Parameter*, int> unit_of_;
   bool pinned_ = false;  // unshard(): nothing is released until reshard()
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
-  std::vector<GPTModel*> chunks_;
+  std::vector<ModelChunk*> chunks_;
   std::vector<Parameter*> params_;
   std::unique_ptr<ParamAndGradBuffer> buffer_;
   bool is_last_microbatch_ = true;
@@ -231,13 +235,16 @@ class DataParallel {
 // the destructor removes the hooks.
 class SharedChunkHooks {
  public:
-  SharedChunkHooks(const std::vector<GPTModel*>& chunks, std::vector<DataParallel*> replicas);
+  SharedChunkHooks(const std::vector<ModelChunk*>& chunks, std::vector<DataParallel*> replicas);
+  template <std::derived_from<ModelChunk> Chunk>
+  SharedChunkHooks(const std::vector<Chunk*>& chunks, std::vector<DataParallel*> replicas)
+      : SharedChunkHooks(std::vector<ModelChunk*>(chunks.begin(), chunks.end()), std::move(replicas)) {}
   ~SharedChunkHooks();
   SharedChunkHooks(const SharedChunkHooks&) = delete;
   SharedChunkHooks& operator=(const SharedChunkHooks&) = delete;
 
  private:
-  std::vector<GPTModel*> chunks_;
+  std::vector<ModelChunk*> chunks_;
   std::vector<DataParallel*> replicas_;
 };
 

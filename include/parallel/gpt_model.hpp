@@ -4,14 +4,16 @@
 // pipeline stage is one chunk with both ends; the pipeline builds one chunk per (stage, virtual
 // stage) and the model never learns which schedule runs it.
 //
-// Forward and backward are explicit; everything a micro-batch needs for its backward lives in its
-// own Activations object, so several micro-batches can be in flight at once.
+// It is a ModelChunk (model_chunk.hpp): data parallelism and the pipeline drive it through that
+// interface. Forward and backward are explicit; everything a micro-batch needs for its backward
+// lives in its own Activations object, so several micro-batches can be in flight at once.
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "parallel/communicator.hpp"
 #include "parallel/config.hpp"
+#include "parallel/model_chunk.hpp"
 #include "parallel/parameter.hpp"
 
 namespace parallel {
@@ -26,7 +28,7 @@ struct GPTChunkSpec {
 // The padded vocabulary: the smallest multiple of 128 * tp that holds vocab_size.
 int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size);
 
-class GPTModel {
+class GPTModel final : public ModelChunk {
  public:
   struct Options {
     bool sequence_parallel = false;
@@ -57,14 +59,11 @@ class GPTModel {
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
-  struct Activations;  // per micro-batch saved state (opaque)
-  // Opaque types need an out-of-line deleter: std::default_delete would need the complete type
-  // wherever the pointer is destroyed.
-  struct ActivationsDeleter {
-    void operator()(Activations* act) const;
-  };
-  using ActivationsPtr = std::unique_ptr<Activations, ActivationsDeleter>;
-  ActivationsPtr new_activations() const;
+  bool pre_process() const override { return spec_.pre_process; }
+  bool post_process() const override { return spec_.post_process; }
+
+  struct Saved;  // what a micro-batch keeps for its backward: this chunk's Activations (opaque)
+  ActivationsPtr new_activations() const override;
 
   // input: tokens [b, s] int32 on the first chunk (s: this rank's share under context parallelism), else
   // hidden [s(/tp), b, h] from the previous chunk. targets: [b, s] int32, used on the last chunk. Returns the
@@ -72,12 +71,13 @@ class GPTModel {
   // ([1] fp32, the same on every tp rank) on the last chunk, else the hidden output.
   // `micro_batch` only keys the dropout masks: give every micro-batch of a run its own id (the
   // trainer uses its index among all micro-batches of all global batches), else masks repeat.
-  Tensor forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch = 0);
+  Tensor forward(const Tensor& input, const Tensor& targets, Activations& act,
+                 uint64_t micro_batch = 0) override;
   // grad: on the last chunk a [1] tensor holding d(objective)/d(loss sum) (e.g. 1 / tokens in the
   // global batch), else the gradient of this chunk's output. Accumulates parameter gradients and
   // returns the gradient of the input hidden (an undefined Tensor on the first chunk). Frees the
   // micro-batch's saved activations.
-  Tensor backward(const Tensor& grad, Activations& act);
+  Tensor backward(const Tensor& grad, Activations& act) override;
   // backward() in two steps, for zero-bubble pipeline schedules. backward_input (B) takes the same
   // `grad`, returns the input gradient and leaves every parameter gradient untouched; what the
   // weight gradients need stays in `act`. backward_weight (W) accumulates this micro-batch's
@@ -86,30 +86,29 @@ class GPTModel {
   // B and W steps may run in between (gradients then accumulate in the order the W steps run).
   // Until W, `act` holds the linear layers' inputs and output gradients (the logits' gradient on
   // the last chunk): more than backward() keeps, less than the forward did.
-  Tensor backward_input(const Tensor& grad, Activations& act);
-  void backward_weight(Activations& act);
+  Tensor backward_input(const Tensor& grad, Activations& act) override;
+  void backward_weight(Activations& act) override;
 
-  std::vector<Parameter*> parameters();
+  std::vector<Parameter*> parameters() override;
   // Evaluation mode (false) turns dropout off; training is the default.
-  void set_training(bool training);
+  void set_training(bool training) override;
   // Called during backward() right after a parameter's last gradient contribution of that call
   // (its gradient is final for this micro-batch), in backward order. Lets a caller such as data
   // parallelism start reducing gradients while the rest of the backward runs. Empty: no calls.
-  void set_grad_ready_hook(std::function<void(Parameter&)> hook);
+  void set_grad_ready_hook(std::function<void(Parameter&)> hook) override;
   // Called during forward() right before a parameter's first use in that call, in forward order
   // (a layer's parameters together, before the layer runs). Lets a caller such as data parallelism
   // wait for a parameter's all-gather only when it is needed. Empty: no calls.
-  void set_param_use_hook(std::function<void(Parameter&)> hook);
+  void set_param_use_hook(std::function<void(Parameter&)> hook) override;
   // The chunk's units, in forward order: the embedding (first chunk), each transformer layer, the
   // final norm with the output layer (last chunk). Every parameter is in exactly one unit; a weight
   // tied to this chunk's embedding is in the embedding's.
-  std::vector<std::vector<Parameter*>> units();
-  enum class UnitPhase { BeforeForward, AfterForward, BeforeBackward, AfterBackward };
+  std::vector<std::vector<Parameter*>> units() override;
   // Called right before and right after each unit's forward and backward with the parameters the
   // unit reads (the output unit also lists a weight tied to this chunk's embedding). Lets a caller
   // such as fully sharded data parallelism gather a unit's parameters just before it computes and
   // free them after, without the model knowing. Empty: no calls.
-  void set_unit_hook(std::function<void(UnitPhase, const std::vector<Parameter*>&)> hook);
+  void set_unit_hook(std::function<void(UnitPhase, const std::vector<Parameter*>&)> hook) override;
   // d(objective) / d(sum of this chunk's MoE aux and z losses over the step's micro-batches on this
   // rank): the trainer sets loss scale / micro-batches, so the losses average over micro-batches
   // like the language-model loss (then over dp by the gradient averaging). Default 1.
@@ -125,7 +124,7 @@ class GPTModel {
   void reset_moe_statistics();
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
-  Device device() const;  // where the parameters and activations live (Options::device)
+  Device device() const override;  // where the parameters and activations live (Options::device)
   int64_t vocab_padded() const { return vocab_padded_; }
 
  private:

@@ -7,8 +7,10 @@
 //   PipelineExecutor   walks a Schedule, moves activations and gradients, records timings; knows
 //                      nothing about GPT
 //   PipelineModel      what the executor drives: forward/backward of (chunk, micro-batch);
-//                      GPTPipelineModel adapts GPTModel chunks (which never learn the schedule)
+//                      ChunkPipelineModel adapts this rank's ModelChunks (GPTModel or any other,
+//                      model_chunk.hpp), which never learn the schedule
 // docs/pipeline.md ("The executor") explains the message-order argument and the bubble figures.
+#include <concepts>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -16,7 +18,8 @@
 #include <vector>
 
 #include "parallel/communicator.hpp"
-#include "parallel/gpt_model.hpp"
+#include "parallel/gpt_model.hpp"  // GPTChunkSpec
+#include "parallel/model_chunk.hpp"
 #include "parallel/pipeline_schedule.hpp"
 
 namespace parallel::pipeline {
@@ -146,18 +149,24 @@ class PipelineExecutor {
   std::map<Key, Tensor> early_;
 };
 
-// ---- GPT adapter --------------------------------------------------------------------------------
+// ---- the model chunks' adapter -------------------------------------------------------------------
 
 struct MicroBatch {
-  Tensor tokens;   // [b, s] int32, read by the chunk with the embedding
-  Tensor targets;  // [b, s] int32, read by the chunk with the loss
+  Tensor tokens;   // the first chunk's input (GPT: token ids [b, s] int32)
+  Tensor targets;  // read by the last chunk (GPT: [b, s] int32)
 };
 using MicroBatchFn = std::function<MicroBatch(int micro_batch)>;
 
-class GPTPipelineModel final : public PipelineModel {
+// This rank's model chunks behind the executor's PipelineModel: owns one Activations object per
+// (chunk, micro-batch) in flight, feeds the first chunk its data and seeds the last one's backward
+// with the loss scale. Knows nothing of GPT.
+class ChunkPipelineModel final : public PipelineModel {
  public:
   // chunks[c] is this rank's chunk c (stage_layout order); not owned.
-  explicit GPTPipelineModel(std::vector<GPTModel*> chunks);
+  explicit ChunkPipelineModel(std::vector<ModelChunk*> chunks);
+  template <std::derived_from<ModelChunk> Chunk>
+  explicit ChunkPipelineModel(const std::vector<Chunk*>& chunks)
+      : ChunkPipelineModel(std::vector<ModelChunk*>(chunks.begin(), chunks.end())) {}
 
   // Before each executor run: where micro-batch data comes from, and d(objective)/d(loss sum) for
   // the last chunk's backward ([1] fp32, e.g. 1 / tokens in the global batch). Resets loss_sum().
@@ -185,20 +194,18 @@ class GPTPipelineModel final : public PipelineModel {
   std::vector<Parameter*> parameters();                     // of every chunk
 
  private:
-  std::vector<GPTModel*> chunks_;
+  using Saved = std::map<std::pair<int, int>, ModelChunk::ActivationsPtr>;  // (chunk, micro-batch)
+  std::vector<ModelChunk*> chunks_;
   MicroBatchFn data_;
   Tensor loss_scale_;
   uint64_t first_id_ = 0;
   bool forward_only_ = false;
   Tensor loss_sum_;
   int peak_live_ = 0;
-  std::map<std::pair<int, int>, GPTModel::ActivationsPtr> activations_;  // (chunk, micro-batch)
+  Saved activations_;
   // The saved activations of (chunk, micro_batch) for a backward, checked, and the gradient that
   // seeds it (the loss scale on the last chunk, else `grad`).
-  std::map<std::pair<int, int>, GPTModel::ActivationsPtr>::iterator saved_for_backward(int chunk,
-                                                                                       int micro_batch,
-                                                                                       const Tensor& grad,
-                                                                                       Tensor& seed);
+  Saved::iterator saved_for_backward(int chunk, int micro_batch, const Tensor& grad, Tensor& seed);
 };
 
 }  // namespace parallel::pipeline

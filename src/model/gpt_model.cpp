@@ -1,6 +1,7 @@
 // A GPT model chunk (docs/model.md): [embedding] -> transformer layers -> [final norm, output
 // layer, vocab-parallel cross-entropy]. Forward and backward of each stage sit side by side; the
-// per-micro-batch state lives in Activations so several micro-batches can be in flight.
+// per-micro-batch state lives in Saved (its ModelChunk::Activations) so several micro-batches can be in
+// flight.
 #include "parallel/gpt_model.hpp"
 
 #include <cmath>
@@ -21,7 +22,7 @@ int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size) {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
-struct GPTModel::Activations {
+struct GPTModel::Saved final : ModelChunk::Activations {
   uint64_t micro_batch = 0;
   int64_t seq = 0, batch = 0;  // full s and b of this micro-batch
   tp::VocabParallelEmbedding::Context embedding;
@@ -170,8 +171,18 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
 
 GPTModel::~GPTModel() = default;
 
-void GPTModel::ActivationsDeleter::operator()(Activations* act) const { delete act; }
-GPTModel::ActivationsPtr GPTModel::new_activations() const { return ActivationsPtr(new Activations()); }
+ModelChunk::ActivationsPtr GPTModel::new_activations() const { return std::make_unique<Saved>(); }
+
+namespace {
+
+// The chunk's own activations (a chunk is only ever given those it made).
+GPTModel::Saved& saved(ModelChunk::Activations& act) {
+  auto* own = dynamic_cast<GPTModel::Saved*>(&act);
+  PARALLEL_CHECK(own != nullptr, "GPTModel: given the activations of another kind of chunk");
+  return *own;
+}
+
+}  // namespace
 
 std::vector<Parameter*> GPTModel::parameters() {
   std::vector<Parameter*> out;
@@ -273,7 +284,9 @@ void positions_backward(const LayerEnv& env, const Tensor& dy, Tensor& dtable) {
 
 }  // namespace
 
-Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch) {
+Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations& activations,
+                         uint64_t micro_batch) {
+  Saved& act = saved(activations);
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
   const int p = env.tp->size();
@@ -336,7 +349,7 @@ namespace {
 
 // d(loss sum)/d(loss_i) = grad for every token: the [1] seed broadcast on the device (a bias added
 // to a zero column) so the host never reads the scale.
-Tensor per_token_loss_grad(const Tensor& grad, const GPTModel::Activations& act, const char* who) {
+Tensor per_token_loss_grad(const Tensor& grad, const GPTModel::Saved& act, const char* who) {
   PARALLEL_CHECK(grad.numel() == 1, "{}: the last chunk takes a [1] gradient, got {}", who, grad.str());
   const int64_t n = act.seq * act.batch;
   Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
@@ -346,7 +359,8 @@ Tensor per_token_loss_grad(const Tensor& grad, const GPTModel::Activations& act,
 
 }  // namespace
 
-Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
+Tensor GPTModel::backward(const Tensor& grad, Activations& activations) {
+  Saved& act = saved(activations);
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
   Tensor dx;
@@ -389,7 +403,8 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& act) {
 
 // backward() split at the weight gradients. The walk is backward()'s, with every layer's input
 // step; what their weight steps need stays in `act` until backward_weight().
-Tensor GPTModel::backward_input(const Tensor& grad, Activations& act) {
+Tensor GPTModel::backward_input(const Tensor& grad, Activations& activations) {
+  Saved& act = saved(activations);
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
   PARALLEL_CHECK(!act.weight_pending, "GPTModel::backward_input: micro-batch {} already ran its input step",
@@ -423,7 +438,8 @@ Tensor GPTModel::backward_input(const Tensor& grad, Activations& act) {
 // its contributions in the same order as there; the grad-ready hook fires as in backward().
 // The unit hooks bracket W too: it writes the gradients (which sharded data parallelism
 // materialises at BeforeBackward) and reads no parameter values.
-void GPTModel::backward_weight(Activations& act) {
+void GPTModel::backward_weight(Activations& activations) {
+  Saved& act = saved(activations);
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
   PARALLEL_CHECK(act.weight_pending, "GPTModel::backward_weight of micro-batch {} before its backward_input",

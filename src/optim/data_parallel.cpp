@@ -2,7 +2,7 @@
 // distributed optimizer's parameter all-gather.
 #include "parallel/data_parallel.hpp"
 
-#include "parallel/gpt_model.hpp"
+#include "parallel/model_chunk.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/precision.hpp"
 
@@ -14,10 +14,10 @@ bool holds(DataParallelOptions::Params which, const Parameter& p) {
   return which == P::All || (which == P::Experts) == p.expert;
 }
 
-std::vector<Parameter*> chunk_params(const std::vector<GPTModel*>& chunks,
+std::vector<Parameter*> chunk_params(const std::vector<ModelChunk*>& chunks,
                                      DataParallelOptions::Params which) {
   std::vector<Parameter*> out;
-  for (GPTModel* c : chunks)
+  for (ModelChunk* c : chunks)
     for (Parameter* p : c->parameters())
       if (holds(which, *p)) out.push_back(p);
   return out;
@@ -73,11 +73,11 @@ DataParallelOptions checked(DataParallelOptions o) {
 
 // The buffer groups of sharded gradients: each unit's parameters, those reduced after finalize
 // apart (their own buckets).
-std::vector<std::vector<Parameter*>> unit_groups(const std::vector<GPTModel*>& chunks,
+std::vector<std::vector<Parameter*>> unit_groups(const std::vector<ModelChunk*>& chunks,
                                                  DataParallelOptions::Params which) {
   std::vector<std::vector<Parameter*>> out;
   std::unordered_set<const Parameter*> seen;
-  for (GPTModel* c : chunks)
+  for (ModelChunk* c : chunks)
     for (const auto& unit : c->units()) {
       std::vector<Parameter*> now, later;
       for (Parameter* p : unit)
@@ -91,7 +91,7 @@ std::vector<std::vector<Parameter*>> unit_groups(const std::vector<GPTModel*>& c
 
 }  // namespace
 
-DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& dp,
+DataParallel::DataParallel(const std::vector<ModelChunk*>& chunks, Communicator& dp,
                            DataParallelOptions options)
     : dp_(dp), options_(checked(options)) {
   chunks_ = chunks;
@@ -104,14 +104,14 @@ DataParallel::DataParallel(const std::vector<GPTModel*>& chunks, Communicator& d
   // ZeRO-3 gathers unit by unit; ZeRO-1 and 2 all-gather after the step and may overlap that.
   gather_on_use_ = !shard_params_ && options_.overlap_param_gather && options_.distributed_optimizer;
   if (!options_.install_hooks) return;  // a SharedChunkHooks calls this replica
-  for (GPTModel* c : chunks_) c->set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
+  for (ModelChunk* c : chunks_) c->set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
   if (shard_grads_)
-    for (GPTModel* c : chunks_)
-      c->set_unit_hook([this](GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
+    for (ModelChunk* c : chunks_)
+      c->set_unit_hook([this](ModelChunk::UnitPhase phase, const std::vector<Parameter*>& params) {
         on_unit(phase, params);
       });
   if (gather_on_use_)
-    for (GPTModel* c : chunks_) c->set_param_use_hook([this](Parameter& p) { on_param_use(p); });
+    for (ModelChunk* c : chunks_) c->set_param_use_hook([this](Parameter& p) { on_param_use(p); });
 }
 
 DataParallel::DataParallel(const std::vector<Parameter*>& params, Communicator& dp,
@@ -176,7 +176,7 @@ void DataParallel::set_up_units() {
 
 DataParallel::~DataParallel() {
   if (options_.install_hooks)
-    for (GPTModel* c : chunks_) {
+    for (ModelChunk* c : chunks_) {
       c->set_grad_ready_hook(nullptr);
       c->set_param_use_hook(nullptr);
       c->set_unit_hook(nullptr);
@@ -363,8 +363,8 @@ void DataParallel::prefetch(int unit, int direction) {
   }
 }
 
-void DataParallel::on_unit(GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
-  using Phase = GPTModel::UnitPhase;
+void DataParallel::on_unit(ModelChunk::UnitPhase phase, const std::vector<Parameter*>& params) {
+  using Phase = ModelChunk::UnitPhase;
   if (!shard_grads_) return;
   // The unit's parameters in this buffer (a MoE layer's unit holds dense and expert parameters,
   // which two replicas shard; a unit of another DDP's chunk holds none of ours).
@@ -445,26 +445,27 @@ void DataParallel::on_param_use(Parameter& param) {
 
 // ---- replicas sharing chunks ------------------------------------------------------------------
 
-SharedChunkHooks::SharedChunkHooks(const std::vector<GPTModel*>& chunks, std::vector<DataParallel*> replicas)
+SharedChunkHooks::SharedChunkHooks(const std::vector<ModelChunk*>& chunks,
+                                   std::vector<DataParallel*> replicas)
     : chunks_(chunks), replicas_(std::move(replicas)) {
   for (DataParallel* d : replicas_)
     PARALLEL_CHECK(!d->options().install_hooks,
                    "SharedChunkHooks: a replica that installed its own hooks would lose them");
-  for (GPTModel* c : chunks_) {
+  for (ModelChunk* c : chunks_) {
     c->set_grad_ready_hook([this](Parameter& p) {
       for (DataParallel* d : replicas_) d->on_grad_ready(p);
     });
     c->set_param_use_hook([this](Parameter& p) {
       for (DataParallel* d : replicas_) d->on_param_use(p);
     });
-    c->set_unit_hook([this](GPTModel::UnitPhase phase, const std::vector<Parameter*>& params) {
+    c->set_unit_hook([this](ModelChunk::UnitPhase phase, const std::vector<Parameter*>& params) {
       for (DataParallel* d : replicas_) d->on_unit(phase, params);
     });
   }
 }
 
 SharedChunkHooks::~SharedChunkHooks() {
-  for (GPTModel* c : chunks_) {
+  for (ModelChunk* c : chunks_) {
     c->set_grad_ready_hook(nullptr);
     c->set_param_use_hook(nullptr);
     c->set_unit_hook(nullptr);

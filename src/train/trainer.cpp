@@ -99,7 +99,7 @@ MemoryLimit agreed_memory_limit(Communicator& world, MemoryLimit limit) {
 // expert replica alike.
 class DataParallelAwareModel final : public pipeline::PipelineModel {
  public:
-  DataParallelAwareModel(pipeline::GPTPipelineModel& inner, std::vector<DataParallel*> replicas,
+  DataParallelAwareModel(pipeline::ChunkPipelineModel& inner, std::vector<DataParallel*> replicas,
                          int micro_batches)
       : inner_(inner), replicas_(std::move(replicas)), micro_batches_(micro_batches) {}
   Tensor forward(int chunk, int micro_batch, const Tensor& input) override {
@@ -122,7 +122,7 @@ class DataParallelAwareModel final : public pipeline::PipelineModel {
   void set_last(int micro_batch) {
     for (DataParallel* d : replicas_) d->set_is_last_microbatch(micro_batch == micro_batches_ - 1);
   }
-  pipeline::GPTPipelineModel& inner_;
+  pipeline::ChunkPipelineModel& inner_;
   std::vector<DataParallel*> replicas_;
   int micro_batches_;
 };
@@ -144,7 +144,7 @@ struct Trainer::Impl {
   Device device;        // where this rank computes
   std::unique_ptr<ParallelState> state;
   std::vector<std::unique_ptr<GPTModel>> chunks;
-  std::unique_ptr<pipeline::GPTPipelineModel> model;
+  std::unique_ptr<pipeline::ChunkPipelineModel> model;
   std::unique_ptr<DataParallel> ddp;
   std::unique_ptr<DataParallel> expert_ddp;  // MoE experts (reduced over expert-dp); else null
   // MoE: the chunks' hooks, shared by ddp and expert_ddp (removed before either is destroyed).
@@ -303,7 +303,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     m.chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, m.state->tp()));
     raw.push_back(m.chunks.back().get());
   }
-  m.model = std::make_unique<pipeline::GPTPipelineModel>(raw);
+  m.model = std::make_unique<pipeline::ChunkPipelineModel>(raw);
 
   // Parameter count of the whole model: every element counted once, by the rank that would write it
   // to a checkpoint, without vocabulary padding. Before DDP: with sharded parameters the values are

@@ -29,7 +29,7 @@
 namespace parallel {
 namespace {
 
-using pipeline::GPTPipelineModel;
+using pipeline::ChunkPipelineModel;
 using pipeline::MicroBatch;
 using pipeline::PipelineExecutor;
 using testing::world;
@@ -133,7 +133,7 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
   // The V placement puts the embedding and the loss on pipeline rank 0.
   EXPECT_EQ(model_computes_loss(chunk_ptrs),
             placement == pipeline::Placement::V ? state.coord().pp == 0 : state.coord().pp == k.pp - 1);
-  GPTPipelineModel model(chunk_ptrs);
+  ChunkPipelineModel model(chunk_ptrs);
   const int64_t s_local = k.sequence_parallel ? c.seq_length / k.tp : c.seq_length;
   PipelineExecutor executor(state.pp(), {.micro_batches = k.micro_batches,
                                          .virtual_stages = k.v,
@@ -278,7 +278,7 @@ struct Measured {
 struct MeasuredSplit : Measured {
   std::size_t held = 0;  // bytes alive after the input step (what the weight step reads)
 };
-MeasuredSplit measure_one(GPTPipelineModel& model, const GPTChunkSpec& spec, const Shape& shape,
+MeasuredSplit measure_one(ChunkPipelineModel& model, const GPTChunkSpec& spec, const Shape& shape,
                           bool split = false) {
   Allocator& alloc = allocator_for(Device::cpu());
   const std::size_t base = alloc.stats().allocated;
@@ -310,7 +310,7 @@ TEST(PipelineMemory, OneFOneBKeepsAtMostPMinusRMicroBatches) {
   const ModelConfig c = make_config(k, 2 * p);
   const GPTChunkSpec spec = pipeline::stage_layout({2 * p, p, 1}, r).front();
   GPTModel chunk(c, spec, {}, state.tp());
-  GPTPipelineModel model({&chunk});
+  ChunkPipelineModel model({&chunk});
   const Shape shape{c.seq_length, kMicroBatchSize, c.hidden_size};
   const std::size_t message = static_cast<std::size_t>(shape_numel(shape)) * sizeof(float);
   const Tensor loss_scale = Tensor::full({1}, 1e-3, DType::F32);
@@ -375,7 +375,7 @@ TEST(PipelineMemory, InterleavedInFlightIsWarmupPlusOne) {
       chunks.push_back(std::make_unique<GPTModel>(c, spec, GPTModel::Options{}, state.tp()));
       ptrs.push_back(chunks.back().get());
     }
-    GPTPipelineModel model(ptrs);
+    ChunkPipelineModel model(ptrs);
     PipelineExecutor executor(state.pp(),
                               {.micro_batches = m,
                                .virtual_stages = v,
@@ -420,7 +420,7 @@ TEST(PipelineExecutorOrder, ReceivesInTheSendersOrder) {
   double losses[2];
   for (int variant = 0; variant < 2; ++variant) {
     GPTModel chunk(c, pipeline::stage_layout({2, 2, 1}, r).front(), {}, state.tp());
-    GPTPipelineModel model({&chunk});
+    ChunkPipelineModel model({&chunk});
     PipelineExecutor executor(state.pp(), {.micro_batches = m,
                                            .activation_shape = {c.seq_length, kMicroBatchSize, c.hidden_size},
                                            .schedule = variant == 0 ? pipeline::gpipe : swapped});

@@ -103,7 +103,7 @@ class LayoutRun {
     }
     local_ = kGlobalBatch / state_->dp().size();
     if (layout.pp > 1) {
-      pmodel_ = std::make_unique<pipeline::GPTPipelineModel>(chunk_ptrs_);
+      pmodel_ = std::make_unique<pipeline::ChunkPipelineModel>(chunk_ptrs_);
       executor_ = std::make_unique<pipeline::PipelineExecutor>(
           state_->pp(), pipeline::ExecutorOptions{.micro_batches = local_,
                                                   .activation_shape = {c.seq_length, 1, c.hidden_size}});
@@ -165,7 +165,7 @@ class LayoutRun {
   std::unique_ptr<ParallelState> state_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;
   std::vector<GPTModel*> chunk_ptrs_;
-  std::unique_ptr<pipeline::GPTPipelineModel> pmodel_;
+  std::unique_ptr<pipeline::ChunkPipelineModel> pmodel_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
   std::unique_ptr<DataParallel> ddp_;
   std::unique_ptr<Optimizer> opt_;
