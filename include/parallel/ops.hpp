@@ -195,6 +195,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
                         float softmax_scale, Stream stream = {});
+// Merges one block's partial attention into a running result, as ring attention (context
+// parallelism) combines the blocks of keys it sees one after another. out_acc [S, b, h, d] and
+// lse_acc [b, h, S] are fp32 accumulators; out_blk [n, b, h, d] (any activation dtype, read as
+// stored) and lse_blk [b, h, n] (fp32) are attention_forward's results for query rows
+// [q0, q0 + n) of the accumulators against one block of keys. For each of those rows:
+//   lse = log(e^lse_acc + e^lse_blk),  out_acc = e^(lse_acc - lse) out_acc + e^(lse_blk - lse) out_blk
+// in fp32 (the log-sum-exp with its maximum subtracted). -inf marks a row that has seen no key:
+// lse_acc starts at -inf (out_acc then must hold finite values, e.g. zeros: it is weighted by 0);
+// a row whose lse_blk is -inf (every key of the block masked) is left unchanged; a row whose
+// lse_acc is -inf takes the block's values and lse. Requires 0 <= q0 and q0 + n <= S.
+void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
+                     int64_t q0, Stream stream = {});
 // Which CPU attention kernel runs for `dtype` with head dim `head_dim` on this machine: "fp32",
 // "bf16 on avx512_bf16 dot products" or "widened to fp32". For logs and benchmarks.
 std::string attention_implementation(DType dtype, int64_t head_dim);

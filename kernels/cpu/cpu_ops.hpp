@@ -62,7 +62,7 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
                             const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
                             Tensor& dbias, float p, uint64_t seed, uint64_t offset, Tensor& dbranch);
 
-// ---- attention (rope.cpp; attention.cpp, attention_bf16.cpp) -------------------------------
+// ---- attention (rope.cpp; attention.cpp, attention_bf16.cpp, attention_merge.cpp) ------------
 void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope);
 void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -72,6 +72,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         float softmax_scale);
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d,
                                   bool backward, int threads);
+void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
+                     int64_t q0);
 // The bf16 kernels on AVX512-BF16 dot products, which attention_* dispatch to where supported
 // (bf16 tensors, even head dim, a CPU with AVX512-BF16): P and dS are rounded to bf16 before
 // their products, as in FlashAttention.

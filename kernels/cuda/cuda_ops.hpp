@@ -261,7 +261,7 @@ inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
   if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
-    return attention_plain_backward(dout, q, k, v, out, dq, dk, dv, causal, softmax_scale, stream);
+    return attention_plain_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream);
   const kernels::AttentionShape shape = attention_shape(q, k);
   if (use_attention_mma(q, k, {&dout, &q, &k, &v, &out, &dq, &dk, &dv})) {
     if (q.dtype() == DType::BF16)
@@ -295,6 +295,16 @@ inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor
   }
   kernels::attention_backward(cf(dout), cf(q), cf(k), cf(v), cf(out), cf(lse), f(dq), f(dk), f(dv), shape,
                               causal, softmax_scale, stream.handle);
+}
+
+// out_acc, lse_acc, lse_blk fp32; out_blk of the activation dtype, read as stored (no widened copy).
+inline void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
+                            int64_t q0, Stream stream) {
+  using namespace ops_detail;
+  DeviceGuard guard(out_acc.device().index);
+  kernels::attention_merge(f(out_acc), f(lse_acc), out_blk.data_ptr(), out_blk.dtype(), cf(lse_blk),
+                           out_acc.size(0), out_acc.size(1), out_acc.size(2), out_acc.size(3),
+                           out_blk.size(0), q0, stream.handle);
 }
 
 // ---- embedding and loss -----------------------------------------------------------------------

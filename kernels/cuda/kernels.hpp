@@ -91,6 +91,12 @@ void attention_backward(const float* dout, const float* q, const float* k, const
                         const float* lse, float* dq, float* dk, float* dv, const AttentionShape& shape,
                         bool causal, float softmax_scale, stream_t stream);
 
+// ---- attention_merge.cu ---- out_acc [S, b, h, d] and lse_acc [b, h, S] fp32, in place; out_blk
+// [n, b, h, d] of `dtype`, lse_blk [b, h, n] fp32: the block's rows are rows q0 .. q0 + n - 1 of the
+// accumulators (ops.hpp, attention_merge).
+void attention_merge(float* out_acc, float* lse_acc, const void* out_blk, DType dtype, const float* lse_blk,
+                     int64_t S, int64_t b, int64_t h, int64_t d, int64_t n, int64_t q0, stream_t stream);
+
 }  // namespace parallel::kernels
 
 namespace parallel::cuda {

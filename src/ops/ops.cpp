@@ -584,6 +584,33 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
 
+void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
+                     int64_t q0, Stream stream) {
+  const char* op = "attention_merge";
+  const Checked c = check_args(op, {{out_blk, "out_blk"},
+                                    {out_acc, "out_acc", Want::F32},
+                                    {lse_acc, "lse_acc", Want::F32},
+                                    {lse_blk, "lse_blk", Want::F32}});
+  PARALLEL_CHECK(out_acc.dim() == 4 && out_blk.dim() == 4,
+                 "ops::{}: out_acc {} and out_blk {} must be [s, b, h, d]", op, shape_str(out_acc.shape()),
+                 shape_str(out_blk.shape()));
+  const int64_t S = out_acc.size(0), b = out_acc.size(1), h = out_acc.size(2), d = out_acc.size(3);
+  const int64_t n = out_blk.size(0);
+  PARALLEL_CHECK(out_blk.size(1) == b && out_blk.size(2) == h && out_blk.size(3) == d,
+                 "ops::{}: out_blk {} does not match out_acc {} (same b, h, d)", op,
+                 shape_str(out_blk.shape()), shape_str(out_acc.shape()));
+  PARALLEL_CHECK(q0 >= 0 && q0 + n <= S, "ops::{}: rows [{}, {}) of out_blk fall outside out_acc's {} rows",
+                 op, q0, q0 + n, S);
+  PARALLEL_CHECK(lse_acc.shape() == (Shape{b, h, S}), "ops::{}: lse_acc {} must be [b, h, S] = {}", op,
+                 shape_str(lse_acc.shape()), shape_str(Shape{b, h, S}));
+  PARALLEL_CHECK(lse_blk.shape() == (Shape{b, h, n}), "ops::{}: lse_blk {} must be [b, h, n] = {}", op,
+                 shape_str(lse_blk.shape()), shape_str(Shape{b, h, n}));
+  if (c.device.is_cuda()) {
+    PARALLEL_ON_CUDA(attention_merge(out_acc, lse_acc, out_blk, lse_blk, q0, stream));
+  }
+  cpu::attention_merge(out_acc, lse_acc, out_blk, lse_blk, q0);
+}
+
 std::string attention_implementation(DType dtype, int64_t head_dim) {
   if (dtype == DType::F32) return "fp32";
   return cpu::attention_bf16_supported(dtype, head_dim) ? "bf16 on avx512_bf16 dot products"

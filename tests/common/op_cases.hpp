@@ -840,6 +840,58 @@ inline Row attention_backward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
   return row("attention_backward", dt, a.str(), "lse fp32", tol, cuda_tol, s);
 }
 
+// Ring attention's merge: rows [q0, q0 + n) of the fp32 accumulators take one block's result.
+// Every 5th accumulator lse starts at -inf (a row that has seen no key yet) and, with `masked`,
+// every 7th block lse is -inf (a row whose keys the block masks entirely): both conventions of
+// the contract, and rows where both are -inf, are covered.
+struct MergeShape {
+  int64_t S, b, h, d, n, q0;
+  bool masked;
+  std::string str() const {
+    return fmt::format("S{} b{} h{} d{} rows {}..{}{}", S, b, h, d, q0, q0 + n, masked ? " masked" : "");
+  }
+};
+
+inline Row attention_merge(DType dt, MergeShape m, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    std::vector<float> la = uniform_floats(m.b * m.h * m.S, 161, -3, 3),
+                       lb = uniform_floats(m.b * m.h * m.n, 162, -3, 3);
+    for (size_t i = 0; i < la.size(); i += 5) la[i] = -INFINITY;
+    if (m.masked)
+      for (size_t i = 3; i < lb.size(); i += 7) lb[i] = -INFINITY;
+    return Tensors{uniform({m.S, m.b, m.h, m.d}, DType::F32, 163),
+                   f32_tensor(V(la.begin(), la.end())).view({m.b, m.h, m.S}),
+                   uniform({m.n, m.b, m.h, m.d}, dt, 164),
+                   f32_tensor(V(lb.begin(), lb.end())).view({m.b, m.h, m.n})};
+  };
+  s.call = [=](Tensors& t) { ops::attention_merge(t[0], t[1], t[2], t[3], m.q0); };
+  s.read = outs({{0, "out_acc"}, {1, "lse_acc"}});
+  s.reference = [=](const Tensors& t) {
+    V out = values(t[0]), lse = values(t[1]);
+    const V blk = values(t[2]), lb = values(t[3]);
+    for (int64_t bh = 0; bh < m.b * m.h; bh++)
+      for (int64_t r = 0; r < m.n; r++) {
+        const double l_blk = lb[bh * m.n + r];
+        double& l_acc = lse[bh * m.S + m.q0 + r];
+        if (l_blk == -INFINITY) continue;
+        double wa = 0, wb = 1, l = l_blk;
+        if (l_acc != -INFINITY) {
+          l = std::max(l_acc, l_blk) + std::log1p(std::exp(-std::fabs(l_acc - l_blk)));
+          wa = std::exp(l_acc - l);
+          wb = std::exp(l_blk - l);
+        }
+        l_acc = l;
+        const int64_t bi = bh / m.h, hi = bh % m.h;
+        double* o = &out[(((m.q0 + r) * m.b + bi) * m.h + hi) * m.d];
+        const double* x = &blk[((r * m.b + bi) * m.h + hi) * m.d];
+        for (int64_t e = 0; e < m.d; e++) o[e] = wa * o[e] + wb * x[e];
+      }
+    return Outputs{rounded("out_acc", DType::F32, out), rounded("lse_acc", DType::F32, lse)};
+  };
+  return row("attention_merge", dt, m.str(), "out_acc, lse_acc, lse_blk fp32", tol, cuda_default(tol), s);
+}
+
 // ---- embedding and loss -----------------------------------------------------------------------
 
 // tokens [b, s] with ids in [0, vocab_start + rows + 7): some below and some above this rank's rows.
@@ -1210,6 +1262,14 @@ inline std::vector<Row> op_rows(bool speed = false) {
       t.push_back(attention_forward(dt, a, attn, attn_cuda));
       t.push_back(attention_backward(dt, a, dt == DType::BF16 ? attn : Tol{attn.ulps, 1e-5}, attn_cuda));
     }
+    // The merge computes in fp32 whatever the block's dtype: exp / log within a few fp32 ulps, and
+    // the weighted sum of two rows, small through cancellation in places (hence rel).
+    const std::vector<MergeShape> merge_shapes =
+        speed ? std::vector<MergeShape>{{4096, 2, 16, 128, 2048, 2048, false}}
+              : std::vector<MergeShape>{{13, 2, 3, 16, 13, 0, false},  // the whole accumulator
+                                        {24, 1, 2, 64, 12, 12, true},  // its second half, masked rows
+                                        {20, 2, 1, 33, 7, 5, true}};   // odd d (> one warp), offset rows
+    for (const MergeShape& m : merge_shapes) t.push_back(attention_merge(dt, m, Tol{4, 5e-7}));
 
     const int64_t eb = speed ? 8 : 3, es = speed ? 1024 : 5, erows = speed ? 8192 : 20, eh = speed ? 768 : 24;
     t.push_back(embedding_forward(dt, eb, es, erows, eh, dt, Tol{}));
@@ -1300,6 +1360,14 @@ inline std::vector<Rejection> rejection_rows() {
                  Tensor dq = z(s, BF16), dk = z(s, F16), dv = z(s, BF16);
                  ops::attention_backward(z(s, BF16), z(s, BF16), z(s, BF16), z(s, BF16), z(s, BF16),
                                          z({1, 2, 4}, F32), dq, dk, dv, true, 0.35f);
+               }});
+  r.push_back({"attention_merge", "out_acc", "bf16 out_acc", [=] {
+                 Tensor acc = z({4, 1, 2, 8}, BF16), lse = z({1, 2, 4}, F32);
+                 ops::attention_merge(acc, lse, z({4, 1, 2, 8}, BF16), z({1, 2, 4}, F32), 0);
+               }});
+  r.push_back({"attention_merge", "lse_blk", "bf16 lse_blk", [=] {
+                 Tensor acc = z({4, 1, 2, 8}, F32), lse = z({1, 2, 4}, F32);
+                 ops::attention_merge(acc, lse, z({4, 1, 2, 8}, F32), z({1, 2, 4}, BF16), 0);
                }});
   r.push_back({"embedding_forward", "weight", "fp16 weight with bf16 out", [=] {
                  Tensor out = z({3, 2, 8}, BF16);
