@@ -17,6 +17,10 @@ Allocator& allocator(int device);
 // finished when this returns if either side is host memory).
 void memcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
             Stream stream);
+// Copies `rows` runs of `width` bytes, run r at dst + r * dst_pitch from src + r * src_pitch
+// (pitches >= width), between any two of host / device memory; otherwise as memcpy.
+void memcpy_2d(void* dst, std::size_t dst_pitch, Device dst_device, const void* src, std::size_t src_pitch,
+               Device src_device, std::size_t width, int64_t rows, Stream stream);
 // Element-wise dtype conversion of n contiguous elements already on `device`.
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, Device device,
              Stream stream);

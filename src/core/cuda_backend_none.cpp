@@ -35,6 +35,9 @@ bool available() { return false; }
 int device_count() { return 0; }
 Allocator& allocator(int) { no_cuda(); }
 void memcpy(void*, Device, const void*, Device, std::size_t, Stream) { no_cuda(); }
+void memcpy_2d(void*, std::size_t, Device, const void*, std::size_t, Device, std::size_t, int64_t, Stream) {
+  no_cuda();
+}
 void convert(void*, DType, const void*, DType, int64_t, Device, Stream) { no_cuda(); }
 void fill(void*, DType, double, int64_t, Device, Stream) { no_cuda(); }
 void synchronize(Stream) {}

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "cuda_backend.hpp"
 #include "parallel/allocator.hpp"
@@ -31,6 +33,36 @@ Shape contiguous_strides(const Shape& shape) {
 
 void check_shape(const Shape& shape) {
   for (int64_t s : shape) PARALLEL_CHECK(s >= 0, "negative dimension in shape {}", shape_str(shape));
+}
+
+// A strided tensor as `rows` runs of `width` contiguous elements, run r starting `pitch` elements
+// after run r - 1: the form of a narrow() of a contiguous tensor along any one dimension (a column
+// block of a matrix, a head group of [s, b, heads, d], a slice of lse [b, h, s]), which a GPU copies
+// with one 2-D memcpy. False when the strides are not of that form.
+struct Pitched {
+  int64_t rows = 1, width = 1, pitch = 1;
+};
+bool as_pitched(const Shape& shape, const Shape& strides, Pitched& out) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (size, stride), size-1 dimensions dropped
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1) dims.emplace_back(shape[d], strides[d]);
+  out = Pitched{};
+  if (dims.empty()) return true;
+  size_t k = dims.size();
+  if (dims[k - 1].second != 1) return false;
+  int64_t width = 1;
+  while (k > 0 && dims[k - 1].second == width) width *= dims[--k].first;  // the contiguous inner run
+  out.width = out.pitch = width;
+  if (k == 0) return true;
+  out.pitch = dims[k - 1].second;
+  int64_t rows = 1, expected = out.pitch;
+  while (k > 0) {  // the outer dimensions must walk the runs at one pitch
+    if (dims[k - 1].second != expected) return false;
+    rows *= dims[k - 1].first;
+    expected *= dims[--k].first;
+  }
+  out.rows = rows;
+  return out.pitch >= out.width;
 }
 
 // ---- element access on the host, for conversions and the strided paths -----------------------
@@ -319,10 +351,30 @@ void Tensor::copy_(const Tensor& src, Stream stream) {
   if (numel() == 0) return;
   if (device_.is_cpu() && src.device_.is_cpu()) return copy_host(*this, src);
 
-  // Across devices or on a GPU: bytes move contiguously; conversions happen on the GPU when both
-  // sides are there, else on the host side.
-  PARALLEL_CHECK(is_contiguous() && src.is_contiguous(), "copy_ between {} and {} needs contiguous tensors",
-                 str(), src.str());
+  // Across devices or on a GPU: bytes move contiguously or as one 2-D copy (a narrowed view on
+  // either side); conversions happen on the GPU when both sides are there, else on the host side.
+  if (!is_contiguous() || !src.is_contiguous()) {
+    if (dtype_ != src.dtype_) {  // pack (same dtype), convert (contiguous), then place
+      const Tensor packed = src.contiguous();
+      if (is_contiguous()) return copy_(packed, stream);
+      Tensor converted = empty(shape_, dtype_, src.device_, stream);
+      converted.copy_(packed, stream);
+      return copy_(converted, stream);
+    }
+    Pitched d, s;
+    const bool ok = as_pitched(shape_, strides_, d) && as_pitched(src.shape_, src.strides_, s);
+    // A contiguous side takes the other side's runs.
+    if (ok && is_contiguous()) d = {s.rows, s.width, s.width};
+    if (ok && src.is_contiguous()) s = {d.rows, d.width, d.width};
+    PARALLEL_CHECK(ok && d.rows == s.rows && d.width == s.width,
+                   "copy_ between {} and {}: off the CPU, a strided side must be a narrow() of a contiguous "
+                   "tensor (rows of contiguous runs at one pitch), with the other side matching",
+                   str(), src.str());
+    const std::size_t esize = dtype_size(dtype_);
+    cuda_backend::memcpy_2d(data_ptr(), d.pitch * esize, device_, src.data_ptr(), s.pitch * esize,
+                            src.device_, d.width * esize, d.rows, stream);
+    return;
+  }
   if (device_.is_cuda() && src.device_.is_cuda()) {
     if (dtype_ == src.dtype_)
       cuda_backend::memcpy(data_ptr(), device_, src.data_ptr(), src.device_, nbytes(), stream);

@@ -107,6 +107,20 @@ void memcpy(void* dst, Device dst_device, const void* src, Device src_device, st
   if (dst_device.is_cpu() || src_device.is_cpu()) PARALLEL_CUDA_CHECK(cudaStreamSynchronize(to_cuda(stream)));
 }
 
+void memcpy_2d(void* dst, std::size_t dst_pitch, Device dst_device, const void* src, std::size_t src_pitch,
+               Device src_device, std::size_t width, int64_t rows, Stream stream) {
+  if (width == 0 || rows <= 0) return;
+  if (rows == 1 || (dst_pitch == width && src_pitch == width))
+    return memcpy(dst, dst_device, src, src_device, width * static_cast<std::size_t>(rows), stream);
+  PARALLEL_CHECK(!(dst_device.is_cpu() && src_device.is_cpu()), "memcpy_2d: host to host is the caller's");
+  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
+  check_device(gpu, "memcpy_2d");
+  cuda::DeviceGuard guard(gpu.index);
+  PARALLEL_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, static_cast<std::size_t>(rows),
+                                        cudaMemcpyDefault, to_cuda(stream)));
+  if (dst_device.is_cpu() || src_device.is_cpu()) PARALLEL_CUDA_CHECK(cudaStreamSynchronize(to_cuda(stream)));
+}
+
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n, Device device,
              Stream stream) {
   PARALLEL_CHECK(kernels::convert_supported(dst_type, src_type),

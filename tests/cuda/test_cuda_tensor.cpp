@@ -468,5 +468,50 @@ TEST(CudaTensor, FillRoundsLikeTheCpuReference) {
   }
 }
 
+// Narrowed views (what context parallelism's reorders, the qkv split and the tp gathers copy):
+// on the GPU, from and to the host, with and without a conversion, each against the CPU's own
+// strided copy of the same views.
+TEST(CudaTensor, NarrowedViewsCopyLikeTheCpu) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const Shape shape{6, 2, 8, 4};  // [s, b, heads, d]
+  const Tensor host = Tensor::from_floats(std::vector<float>(384, 0.0f), shape, DType::F32);
+  for (int64_t i = 0; i < host.numel(); ++i) host.data<float>()[i] = 0.37f * static_cast<float>(i) - 11.0f;
+  struct View {
+    int64_t dim, start, length;
+  };
+  for (const View v : {View{2, 2, 4}, View{1, 1, 1}, View{3, 1, 2}, View{0, 2, 3}}) {
+    SCOPED_TRACE("narrow(" + std::to_string(v.dim) + ", " + std::to_string(v.start) + ", " +
+                 std::to_string(v.length) + ")");
+    const Tensor want = host.narrow(v.dim, v.start, v.length).contiguous();
+    for (DType t : {DType::F32, DType::BF16}) {
+      const Tensor want_t = want.to(t);
+      // gpu strided -> gpu contiguous (and converted), gpu strided -> host
+      const Tensor src = host.to(gpu).narrow(v.dim, v.start, v.length);
+      Tensor packed = Tensor::empty(want.shape(), t, gpu);
+      packed.copy_(src);
+      EXPECT_TRUE(same_bytes(packed.to(Device::cpu()), want_t));
+      Tensor back = Tensor::empty(want.shape(), DType::F32, Device::cpu());
+      back.copy_(src);
+      EXPECT_TRUE(same_bytes(back, want));
+      // contiguous (gpu or host) -> a narrowed gpu view; the rest of the destination untouched
+      for (const Tensor& from : {want_t.to(gpu), want_t}) {
+        Tensor dst_base = Tensor::zeros(shape, t, gpu);
+        Tensor dst = dst_base.narrow(v.dim, v.start, v.length);
+        dst.copy_(from);
+        Tensor expect = Tensor::zeros(shape, t);
+        Tensor expect_view = expect.narrow(v.dim, v.start, v.length);
+        expect_view.copy_(want_t);
+        EXPECT_TRUE(same_bytes(dst_base.to(Device::cpu()), expect));
+      }
+    }
+  }
+  // Views that are not rows at one pitch on both sides are refused, not copied wrongly.
+  Tensor a = Tensor::zeros({4, 6, 8}, DType::F32, gpu);
+  Tensor b = Tensor::zeros({6, 4, 8}, DType::F32, gpu);
+  Tensor a_view = a.narrow(1, 1, 4).narrow(2, 0, 4);
+  EXPECT_THROW(a_view.copy_(b.narrow(0, 0, 4).narrow(2, 0, 4)), Error);
+}
+
 }  // namespace
 }  // namespace parallel
