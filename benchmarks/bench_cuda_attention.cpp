@@ -132,7 +132,7 @@ void BM_AttentionPlainBf16(benchmark::State& state) {
   const Device dev = Device::cuda(0);
   Tensor q = gpu_random(qs, DType::BF16), k = gpu_random(qs, DType::BF16), v = gpu_random(qs, DType::BF16);
   Tensor dout = gpu_random(qs, DType::BF16), out16 = gpu_random(qs, DType::BF16);
-  Tensor out = Tensor::empty(qs, DType::F32, dev), lse = Tensor::empty({b, heads, s}, DType::F32, dev);
+  Tensor out = Tensor::empty(qs, DType::F32, dev), lse = Tensor::zeros({b, heads, s}, DType::F32, dev);
   Tensor dq = Tensor::empty(qs, DType::F32, dev), dk = Tensor::empty(qs, DType::F32, dev),
          dv = Tensor::empty(qs, DType::F32, dev);
   const kernels::AttentionShape sh{s, b, heads, heads, d};
@@ -140,11 +140,12 @@ void BM_AttentionPlainBf16(benchmark::State& state) {
   auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
   const double sec = time_loop(state, [&] {
     if (backward)
-      kernels::attention_plain_backward(dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out16.data_ptr(),
-                                        DType::BF16, fp(dq), fp(dk), fp(dv), sh, causal, scale, nullptr);
+      kernels::attention_plain_backward(dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                        out16.data_ptr(), fp(lse), DType::BF16, fp(dq), fp(dk), fp(dv), sh,
+                                        causal, scale, nullptr);
     else
-      kernels::attention_plain_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), DType::BF16, fp(out), fp(lse), sh,
-                                       causal, scale, nullptr);
+      kernels::attention_plain_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), DType::BF16, fp(out),
+                                       fp(lse), sh, causal, scale, nullptr);
   });
   state.SetLabel("plain: cuBLAS batched GEMMs + row softmax");
   state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;

@@ -148,12 +148,24 @@ struct Rows {
 //   x_j <- exp(x_j - max) / sum for the visible keys, 0 for the masked ones;
 //   p16_j <- the same rounded to T (when p16 is not null: 16-bit inputs);
 //   lse[bh * s + i] <- max + log(sum) (when lse is not null: the forward).
+// With lse_in (the backward) the row is normalised by the given log-sum-exp instead,
+// x_j <- exp(x_j - lse_in[bh * s + i]): the saved statistic, which under ring attention is that of
+// the whole row across every block of keys, not of this block alone (ops.hpp, attention_merge).
 template <typename T>
-__global__ void softmax_rows(float* x, T* p16, float* lse, Rows rows) {
+__global__ void softmax_rows(float* x, T* p16, float* lse, const float* lse_in, Rows rows) {
   __shared__ float shared[32];
   using cuda::detail::block_reduce;
   const int64_t row = blockIdx.x, s = rows.s, n = rows.visible(row);
   float* xr = x + row * s;
+  if (lse_in) {
+    const float l = lse_in[rows.bh(row) * s + rows.i(row)];
+    for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
+      const float p = j < n ? expf(xr[j] - l) : 0.0f;
+      xr[j] = p;
+      if (p16) store(p16, row * s + j, p);
+    }
+    return;
+  }
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, xr[j]);
   mx = block_reduce(mx, shared, cuda::detail::MaxOp{}, -INFINITY);
@@ -253,21 +265,22 @@ void attention_plain_forward(const void* q, const void* k, const void* v, DType 
       with_type(dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         T* p16 = is16 ? probs16.as<T>() : nullptr;
-        softmax_rows<T><<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(S, p16, lse, rows);
+        softmax_rows<T>
+            <<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(S, p16, lse, nullptr, rows);
         if (is16) p_operand = p16;
       });
       CUDA_OPS_LAUNCHED();
       // O [s_q, d] = P V. Column-major: O^T (d x s_q, ld ldq) = V^T P^T with V^T = v as d x s_k
       // (ld ldk) and P^T = the workspace as s_k x s_q (ld s).
-      gemm(false, false, d, s, s, 1.0f, at(v, koff, dtype), ldk, d, p_operand, s, s * s, 0.0f, out + qoff, ldq,
-           g * d, nb);
+      gemm(false, false, d, s, s, 1.0f, at(v, koff, dtype), ldk, d, p_operand, s, s * s, 0.0f, out + qoff,
+           ldq, g * d, nb);
     }
   }
 }
 
 void attention_plain_backward(const void* dout, const void* q, const void* k, const void* v, const void* out,
-                              DType dtype, float* dq, float* dk, float* dv, const AttentionShape& sh, bool causal,
-                              float scale, void* stream_ptr) {
+                              const float* lse, DType dtype, float* dq, float* dk, float* dv,
+                              const AttentionShape& sh, bool causal, float scale, void* stream_ptr) {
   check_shape(sh);
   const int64_t s = sh.s, d = sh.d, g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
   const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d;
@@ -293,19 +306,20 @@ void attention_plain_backward(const void* dout, const void* q, const void* k, co
       const int64_t qoff = (bk0 * g + r) * d, koff = bk0 * d;
       const float beta_kv = r == 0 ? 0.0f : 1.0f;  // dk, dv: the group's first head writes, the rest add
       const Rows rows{s, bk0, g, r, causal};
-      // P = softmax(scale Q K^T), recomputed as in the forward.
-      gemm(true, false, s, s, d, scale, at(k, koff, dtype), ldk, d, at(q, qoff, dtype), ldq, g * d, 0.0f, P, s,
-           s * s, nb);
-      // dP [s_q, s_k] = dO V^T: the same mapping as S with (V, dO) for (K, Q).
-      gemm(true, false, s, s, d, 1.0f, at(v, koff, dtype), ldk, d, at(dout, qoff, dtype), ldq, g * d, 0.0f, dS,
+      // P = exp(scale Q K^T - lse), recomputed from the saved lse.
+      gemm(true, false, s, s, d, scale, at(k, koff, dtype), ldk, d, at(q, qoff, dtype), ldq, g * d, 0.0f, P,
            s, s * s, nb);
+      // dP [s_q, s_k] = dO V^T: the same mapping as S with (V, dO) for (K, Q).
+      gemm(true, false, s, s, d, 1.0f, at(v, koff, dtype), ldk, d, at(dout, qoff, dtype), ldq, g * d, 0.0f,
+           dS, s, s * s, nb);
       const void* p_operand = P;
       const void* ds_operand = dS;
       with_type(dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         T* p16 = is16 ? p16_buf.as<T>() : nullptr;
         T* ds16 = is16 ? ds16_buf.as<T>() : nullptr;
-        softmax_rows<T><<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(P, p16, nullptr, rows);
+        softmax_rows<T>
+            <<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(P, p16, nullptr, lse, rows);
         CUDA_OPS_LAUNCHED();
         softmax_grad_rows<T><<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(
             P, dS, ds16, static_cast<const T*>(dout), static_cast<const T*>(out), sh.b * sh.hq, d, rows);

@@ -49,8 +49,9 @@ const char* attention_path_name(AttentionPath path);  // "flash", "plain"
 
 void attention_plain_forward(const void* q, const void* k, const void* v, DType dtype, float* out, float* lse,
                              const AttentionShape& shape, bool causal, float softmax_scale, void* stream);
+// lse: the forward's [b, hq, s] (fp32); P is recomputed from it.
 void attention_plain_backward(const void* dout, const void* q, const void* k, const void* v, const void* out,
-                              DType dtype, float* dq, float* dk, float* dv, const AttentionShape& shape,
-                              bool causal, float softmax_scale, void* stream);
+                              const float* lse, DType dtype, float* dq, float* dk, float* dv,
+                              const AttentionShape& shape, bool causal, float softmax_scale, void* stream);
 
 }  // namespace parallel::kernels

@@ -79,20 +79,22 @@ inline void attention_plain_forward(const Tensor& q, const Tensor& k, const Tens
   finish(out, o32, operand_precision, stream);
 }
 
-// lse is not read: the plain backward recomputes the softmax from q and k.
+// P is recomputed from q, k and the saved lse (the whole row's statistic under ring attention).
 inline void attention_plain_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                                     float softmax_scale, Stream stream, DType operand_precision = DType::F32) {
+                                     const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                                     bool causal, float softmax_scale, Stream stream,
+                                     DType operand_precision = DType::F32) {
   using namespace plain_detail;
   DeviceGuard guard(q.device().index);
   const DType t = gemm_type(q, operand_precision);
   const Tensor dot = as_type(dout, t, stream), qt = as_type(q, t, stream), kt = as_type(k, t, stream);
   const Tensor vt = as_type(v, t, stream), ot = as_type(out, t, stream);
   Tensor dq32 = fp32_target(dq, stream), dk32 = fp32_target(dk, stream), dv32 = fp32_target(dv, stream);
-  kernels::attention_plain_backward(dot.data_ptr(), qt.data_ptr(), kt.data_ptr(), vt.data_ptr(), ot.data_ptr(),
-                                    t, static_cast<float*>(dq32.data_ptr()), static_cast<float*>(dk32.data_ptr()),
-                                    static_cast<float*>(dv32.data_ptr()), shape_of(q, k), causal, softmax_scale,
-                                    stream.handle);
+  kernels::attention_plain_backward(
+      dot.data_ptr(), qt.data_ptr(), kt.data_ptr(), vt.data_ptr(), ot.data_ptr(),
+      static_cast<const float*>(lse.data_ptr()), t, static_cast<float*>(dq32.data_ptr()),
+      static_cast<float*>(dk32.data_ptr()), static_cast<float*>(dv32.data_ptr()), shape_of(q, k), causal,
+      softmax_scale, stream.handle);
   finish(dq, dq32, operand_precision, stream);
   finish(dk, dk32, operand_precision, stream);
   finish(dv, dv32, operand_precision, stream);

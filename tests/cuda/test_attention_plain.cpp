@@ -152,7 +152,7 @@ Results run_gpu(Path path, const Case& c, DType type, const std::vector<float>& 
   Tensor dq = Tensor::empty(qs, type, dev), dk = Tensor::empty(ks, type, dev), dv = Tensor::empty(ks, type, dev);
   if (path == Path::Plain) {
     cuda::attention_plain_forward(tq, tk, tv, out, lse, c.causal, scale, Stream{});
-    cuda::attention_plain_backward(tdo, tq, tk, tv, out, dq, dk, dv, c.causal, scale, Stream{});
+    cuda::attention_plain_backward(tdo, tq, tk, tv, out, lse, dq, dk, dv, c.causal, scale, Stream{});
   } else {
     const kernels::AttentionShape sh{c.s, c.b, c.hq, c.hkv, c.d};
     auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
