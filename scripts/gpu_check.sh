@@ -110,7 +110,7 @@ cat "$deps_report"
 # Only what the checks need: the library, the CUDA tests, the trainer, the CUDA benchmarks.
 cuda_tests=()
 for f in "$src"/tests/cuda/test_*.cpp; do cuda_tests+=("$(basename "$f" .cpp)"); done
-targets=(parallel "${cuda_tests[@]}" pretrain_gpt bench_cuda_kernels bench_cuda_attention)
+targets=(parallel "${cuda_tests[@]}" test_backend_ops pretrain_gpt bench_cuda_kernels bench_cuda_attention)
 cmake_args=(-S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLEL_WITH_CUDA=ON
   "-DPARALLEL_CUDA_ARCHITECTURES=$cap" -DPARALLEL_BUILD_TESTS=ON -DPARALLEL_BUILD_BENCHMARKS=ON
   -DPARALLEL_BUILD_EXAMPLES=ON)
@@ -137,6 +137,9 @@ step ctest_cuda 150 bash -c 'cd "$0" && exec ctest "$@"' "$build" -L cuda -E '^t
   --timeout 120 --output-on-failure "${junit[@]}"
 # The op-path comparison on its own, so that its lines are in one log whatever ctest keeps.
 step op_paths 60 "$bin/test_attention_plain" --gtest_color=no
+# The op table's CUDA column: every op row (attention_merge, context parallelism's merge, included)
+# on the GPU against the CPU; the summary table at the end of the log says pass / FAIL / missing.
+step op_table 90 "$bin/test_backend_ops" --gtest_filter='OpTableCuda.*' --gtest_color=no
 source "$src/scripts/mpi_launcher.sh"  # the launcher flags for one machine, Open MPI's or MPICH's
 mapfile -t mpiexec < <(mpi_launcher_flags mpirun)
 mpiexec=(mpirun "${mpiexec[@]}")

@@ -21,7 +21,10 @@
 // ops::attention_backward per block with the merged out and lse, which is exactly the block's part
 // of the whole softmax's gradient.
 //
-// CPU only for c > 1 (the merge and reorders are host loops; validate_config refuses cuda).
+// Device-agnostic: every step is a device op (ops::attention_forward / _backward / _merge, ops::add_,
+// Tensor::copy_ of narrowed views) or a collective, so CUDA tensors work as CPU ones do. The CUDA
+// path is compiled and CPU-checked through the same op sequence but has not run on a GPU
+// (docs/gpu.md).
 #include <cstdint>
 #include <memory>
 #include <vector>

@@ -772,13 +772,6 @@ void validate_config(Config& c, int world_size) {
                       p.pipeline_schedule == PipelineSchedule::ZeroBubbleV ? "zb-v" : "dualpipe-v"));
       break;
   }
-  if (p.context > 1) {
-    rules.require(t.device == DeviceKind::CPU, p.context,
-                  fmt::format("must be 1 unless {} is cpu (context-parallel attention has no CUDA path "
-                              "yet)",
-                              rules.key(t.device)));
-  }
-
   // Real-valued knobs.
   rules.in_range(m.dropout, 0.0, 1.0, false);
   rules.require(m.init_std > 0, m.init_std, "must be > 0");

@@ -1,7 +1,5 @@
 // Context-parallel attention: the dispatch, and the block computation that ring attention (p2p) and
 // the K/V all-gather share (context_parallel.hpp has the layout and the block rule).
-#include <algorithm>
-#include <cmath>
 #include <limits>
 
 #include "parallel/context_parallel.hpp"
@@ -36,49 +34,8 @@ Tensor pack_kv(const Tensor& k, const Tensor& v) {
   return kv;
 }
 
-// acc (fp32, contiguous) += x.
-void add_into(Tensor acc, const Tensor& x) {
-  const Tensor x32 = x.dtype() == DType::F32 ? x.contiguous() : x.to(DType::F32);
-  float* a = acc.data<float>();
-  const float* p = x32.data<float>();
-  const int64_t n = acc.numel();
-  PARALLEL_CHECK(x32.numel() == n && acc.is_contiguous(), "context parallel: add of {} into {}", x.str(),
-                 acc.str());
-#pragma omp parallel for schedule(static)
-  for (int64_t e = 0; e < n; ++e) a[e] += p[e];
-}
-
-// Merges one block's result into the running output: rows [q0, q0 + n) of out_acc [S, b, h, d]
-// (fp32) and lse_acc [b, h, S] take out = e^(lse_acc - lse) out_acc + e^(lse_blk - lse) out_blk,
-// lse = log(e^lse_acc + e^lse_blk). lse_acc starts at -inf (nothing seen yet).
-void merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk, int64_t q0) {
-  const int64_t S = out_acc.size(0), b = out_acc.size(1), h = out_acc.size(2), d = out_acc.size(3);
-  const int64_t n = out_blk.size(0);
-  const Tensor o32 = out_blk.dtype() == DType::F32 ? out_blk : out_blk.to(DType::F32);
-  float* acc = out_acc.data<float>();
-  float* lacc = lse_acc.data<float>();
-  const float* ob = o32.data<float>();
-  const float* lb = lse_blk.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t hi = 0; hi < h; ++hi)
-      for (int64_t t = 0; t < n; ++t) {
-        float& la = lacc[(bi * h + hi) * S + q0 + t];
-        const float l_blk = lb[(bi * h + hi) * n + t];
-        if (l_blk == -std::numeric_limits<float>::infinity()) continue;
-        float wa = 0.0f, wb = 1.0f, l_new = l_blk;
-        if (la != -std::numeric_limits<float>::infinity()) {
-          const float m = std::max(la, l_blk);
-          l_new = m + std::log(std::exp(la - m) + std::exp(l_blk - m));
-          wa = std::exp(la - l_new);
-          wb = std::exp(l_blk - l_new);
-        }
-        la = l_new;
-        float* row = acc + (((q0 + t) * b + bi) * h + hi) * d;
-        const float* blk = ob + ((t * b + bi) * h + hi) * d;
-        for (int64_t e = 0; e < d; ++e) row[e] = wa * row[e] + wb * blk[e];
-      }
-}
+// acc (fp32, contiguous) += x, on x's device.
+void add_into(Tensor acc, const Tensor& x) { ops::add_(acc, x.to(DType::F32)); }
 
 // Forward of every call of one block, merged into the accumulators. `poll` (may be null) is given
 // a chance to progress between calls: MPI moves a transfer only inside its own calls.
@@ -91,7 +48,7 @@ void block_forward(const Tensor& q, const Tensor& kv, const std::vector<Call>& c
     Tensor l = Tensor::empty({b, hq, c.n}, DType::F32, q.device());
     ops::attention_forward(q.narrow(0, c.q0, c.n), k.narrow(0, c.k0, c.n), v.narrow(0, c.k0, c.n), o, l,
                            c.causal, scale);
-    merge(out_acc, lse_acc, o, l, c.q0);
+    ops::attention_merge(out_acc, lse_acc, o, l, c.q0);
     if (poll) poll->is_completed();
   }
 }
@@ -133,7 +90,6 @@ Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Sav
     ops::attention_forward(q, k, v, saved.out, saved.lse, /*causal=*/true, scale_);
     return saved.out;
   }
-  PARALLEL_CHECK(q.device().is_cpu(), "context-parallel attention runs on the CPU only, got {}", q.str());
   PARALLEL_CHECK(q.size(0) % 2 == 0, "context-parallel attention: {} rows are not two chunks", q.size(0));
   if (comm_ == ContextComm::A2A) return ulysses_forward(q, k, v, saved);
   return ring_forward(q, k, v, saved);
@@ -157,7 +113,8 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
   const int c = cp_->size(), i = cp_->rank();
   const int64_t L = q.size(0) / 2, b = q.size(1), hq = q.size(2);
   Tensor out_acc = Tensor::zeros(q.shape(), DType::F32, q.device());
-  Tensor lse_acc = Tensor::full({b, hq, 2 * L}, -std::numeric_limits<double>::infinity(), DType::F32);
+  Tensor lse_acc =
+      Tensor::full({b, hq, 2 * L}, -std::numeric_limits<double>::infinity(), DType::F32, q.device());
   Tensor kv = pack_kv(k, v);
   if (comm_ == ContextComm::AllGather) {
     Shape shape{c};

@@ -3,7 +3,8 @@
 # config: fp32 within 1e-4 relative per step (cuBLASLt fp32, the fp32 flash kernel and
 # the CUDA norms sum in other orders than the CPU), bf16 within 5e-3 (same rounding at every op
 # boundary, but a last-bit difference before a rounding flips a bf16 ulp, 2^-8 relative). With two
-# or more GPUs, tp2, pp2 and dp2 on GPUs (NCCL) must equal one GPU within 1e-5.
+# or more GPUs, tp2, pp2, dp2 and cp2 (each context_comm) on GPUs (NCCL) must equal one GPU within
+# 1e-5.
 #
 # Without a usable GPU the trainer must refuse train.device: cuda with one line naming the key
 # (checked here, on every machine); the comparisons are then skipped (exit 77).
@@ -58,7 +59,9 @@ grep -h "tokens/s" "$work/cuda_bf16.log" | tail -1 || true
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ $gpus -ge 2 ]]; then
-  for layout in "tp2:--set parallel.tensor=2" "pp2:--set parallel.pipeline=2" "dp2:"; do
+  for layout in "tp2:--set parallel.tensor=2" "pp2:--set parallel.pipeline=2" "dp2:" \
+    "cp2_p2p:--set parallel.context=2" "cp2_a2a:--set parallel.context=2 --set parallel.context_comm=a2a" \
+    "cp2_allgather:--set parallel.context=2 --set parallel.context_comm=allgather"; do
     name=${layout%%:*} args=${layout#*:}
     # shellcheck disable=SC2086
     run "cuda_$name" 2 --set train.device=cuda $args || { tail -20 "$work/cuda_$name.log"; exit 1; }
