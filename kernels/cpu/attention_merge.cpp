@@ -1,6 +1,6 @@
 // ops::attention_merge on the CPU: the log-sum-exp merge of one block's attention into the running
-// result (ops.hpp has the contract). One OpenMP task per (sample, head); a 16-bit block row is
-// widened into per-thread scratch (exact), so the arithmetic is the fp32 path's.
+// result (ops.hpp has the contract). OpenMP over the query rows in memory order; a 16-bit block row
+// is widened into per-thread scratch (exact), so the arithmetic is the fp32 path's.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,10 +20,11 @@ void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, co
   float* lacc = lse_acc.data<float>();
   const void* ob = out_blk.data_ptr();
   const float* lb = lse_blk.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t hi = 0; hi < h; ++hi)
-      for (int64_t t = 0; t < n; ++t) {
+  // Position-major, as the [s, b, h, d] tensors lie: consecutive iterations touch consecutive rows.
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
         float& la = lacc[(bi * h + hi) * S + q0 + t];
         const float l_blk = lb[(bi * h + hi) * n + t];
         if (l_blk == kNone) continue;  // the block masked every key of this row
