@@ -6,7 +6,7 @@
 // dropless, aux and z losses) for 4 steps with clipping active and must match one rank running the whole
 // global batch: the loss and global gradient norm of every step and every parameter at the end (fp32,
 // relative 1e-5). Memory, from the allocator: the distributed optimizer's expert state on a rank is 1/edp of
-// the unsharded optimizer's (plus bucket padding).
+// the unsharded optimizer's (plus bucket padding); the memory plan shards it alike.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +19,7 @@
 #include "parallel/allocator.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/gpt_model.hpp"
+#include "parallel/memory_plan.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
@@ -237,6 +238,28 @@ TEST(MoEShardedMemory, ExpertOptimizerStateIsOneOverExpertDataParallel) {
   if (world().rank() == 0)
     std::printf("expert optimizer state per rank: %lld bytes sharded over edp %d, %lld unsharded\n",
                 static_cast<long long>(mine), edp, static_cast<long long>(unsharded));
+}
+
+// The memory plan shards the experts' optimizer state over expert-dp: on 4 ranks, ep 2 x edp 2
+// under the distributed optimizer keeps the same expert state per rank as ep 4 x edp 1 (a quarter
+// of the experts), where without sharding ep 2 keeps twice as much.
+TEST(MoEShardedMemory, PlanShardsTheExpertState) {
+  auto optimizer_term = [](int ep, const char* sharding) {
+    const std::vector<std::string> o{"model.num_experts=8",
+                                     "model.moe_router_topk=2",
+                                     "model.moe_ffn_hidden_size=48",
+                                     "model.hidden_size=32",
+                                     "model.num_layers=2",
+                                     "parallel.expert=" + std::to_string(ep),
+                                     std::string("optimizer.sharding=") + sharding};
+    for (const MemoryTerm& t : plan_memory(parse_config("", o, 4), 4).ranks.at(0).terms)
+      if (t.name == "optimizer") return t.bytes;
+    return int64_t{-1};
+  };
+  const int64_t quarter_of_experts = 2 * 8 * (48 + 48) * 32 / 4;  // 2 MoE layers, fc1 + fc2
+  EXPECT_EQ(optimizer_term(2, "none") - optimizer_term(4, "none"), quarter_of_experts * 8);
+  for (const char* sharding : {"optim", "optim_grads", "optim_grads_params"})
+    EXPECT_EQ(optimizer_term(2, sharding), optimizer_term(4, sharding)) << sharding;
 }
 
 }  // namespace

@@ -14,7 +14,9 @@
 #     sharded data parallelism, experts sharded over expert-dp (overlap_grad_reduce on): ep2 x edp2
 #     (4 ranks) under optimizer.sharding optim, optim_grads and optim_grads_params (also against
 #     the unsharded ep2 x edp2 run), ep2 at edp 1 with optim, ep2 x tp2 (+sp) x pp2 with
-#     optim_grads_params, HSDP on 8 ranks (dense shards over 4, experts over 2 of expert-dp 4);
+#     optim_grads_params, ep2 x pp2 x edp2 with optim (the last micro-batch's backward starting
+#     both replicas' reductions), HSDP on 8 ranks (dense shards over 4, experts over 2 of
+#     expert-dp 4);
 #  2. checkpoints: 3 steps at ep2 x dp2 (4 ranks, each expert on 2 ranks, stored under its global
 #     index), then continue to step 6 on one rank and at tp2 (+sp) x ep2 (2 ranks); 3 steps at
 #     etp2 x ep2 (each rank a half of its experts, stored whole), then continue on one rank and at
@@ -79,17 +81,21 @@ run ep2_edp2_z3 4 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z3[@
 run ep2_z1 2 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z1[@]}"
 run ep2tp2pp2_z3 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
   --set parallel.sequence_parallel=true --set parallel.pipeline=2 "${z3[@]}"
+run ep2pp2_edp2_z1 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 --set parallel.pipeline=2 "${z1[@]}" \
+  --set train.micro_batch_size=1
 run ep2_hsdp_z3 8 --set train.steps=6 "${e4[@]}" --set parallel.expert=2 "${z3[@]}" \
   --set optimizer.sharding_group_size=4 --set train.micro_batch_size=1
 for r in ep2_edp2_z1 ep2_edp2_z2 ep2_edp2_z3 ep2_z1 ep2tp2pp2_z3; do
   compare ref4 $r loss
   compare ref4 $r grad_norm
 done
-# dp 8 takes one sample per micro-batch: the aux loss balances each micro-batch's tokens, so the
-# reference runs micro-batches of one sample too.
+# Micro-batches of one sample (dp 8; two per rank at pp2 x dp4): the aux loss balances each
+# micro-batch's tokens, so the reference runs micro-batches of one sample too.
 run ref4_mbs1 1 --set train.steps=6 "${e4[@]}" --set train.micro_batch_size=1
-compare ref4_mbs1 ep2_hsdp_z3 loss
-compare ref4_mbs1 ep2_hsdp_z3 grad_norm
+for r in ep2_hsdp_z3 ep2pp2_edp2_z1; do
+  compare ref4_mbs1 $r loss
+  compare ref4_mbs1 $r grad_norm
+done
 for r in ep2_edp2_z1 ep2_edp2_z2 ep2_edp2_z3; do
   compare ep2_edp2 $r loss
   compare ep2_edp2 $r grad_norm
@@ -104,6 +110,7 @@ expert_sharding ep2_edp2_z2 optim_grads 2
 expert_sharding ep2_edp2_z3 optim_grads_params 2
 expert_sharding ep2_z1 optim 1
 expert_sharding ep2tp2pp2_z3 optim_grads_params 2
+expert_sharding ep2pp2_edp2_z1 optim 2
 expert_sharding ep2_hsdp_z3 optim_grads_params 2
 grep -q "data parallel: 8 ranks, sharding optim_grads_params over 4 ranks" "$work/ep2_hsdp_z3.log" ||
   { echo "ep2_hsdp_z3: dense replica not sharded over 4 ranks"; exit 1; }
