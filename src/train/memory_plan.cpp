@@ -346,6 +346,17 @@ struct Dims {
   bool dropout = false;  // dropout > 0 writes a fresh tensor (its mask is regenerated, not kept)
   // 16-bit GEMMs without a oneDNN kernel on this CPU run widened to fp32 (kernels/cpu/gemm.cpp).
   bool widen_gemm = false;
+  // A MoE layer's MLP (src/model/moe.cpp), under balanced routing (the walk cannot know the router's
+  // choices; dropless runs move rows between ranks with the data): this rank routes its Tl tokens to
+  // N = Tl k rows, and its local experts compute R = N * etp rows (each ep rank receives, on
+  // average, as many rows as it sends; etp gathers its peers' rows).
+  bool moe = false;
+  int moe_freq = 0;  // model.moe_layer_freq when the model has experts, else 0 (every layer dense)
+  double experts = 0, local_experts = 0, N = 0, R = 0;
+  int ep = 1, etp = 1;
+  bool allgather_dispatch = false;
+  double fm = 0, fm1 = 0;  // an expert's local inner width (moe_ffn / etp) and its fc1 output width
+  double fs = 0, fs1 = 0;  // the shared expert's local width (0: none) and its fc1 output width
 
   double X() const { return Tl * h * e; }    // an activation between layers
   double full() const { return T * h * e; }  // the same, gathered along s
@@ -378,6 +389,21 @@ Dims chunk_dims(const Config& c) {
   d.f1 = m.activation == Activation::SwiGLU ? 2 * d.f : d.f;
   d.vocab = static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp;
   d.norm_stats = m.normalization == Normalization::LayerNorm ? 8 : 4;
+  if (m.num_experts > 0) {
+    const double etp = c.parallel.expert_tensor;
+    d.experts = m.num_experts;
+    d.moe_freq = m.moe_layer_freq;
+    d.ep = c.parallel.expert;
+    d.etp = c.parallel.expert_tensor;
+    d.local_experts = d.experts / d.ep;
+    d.allgather_dispatch = m.moe_token_dispatcher == MoeDispatcher::AllGather;
+    d.N = d.Tl * m.moe_router_topk;
+    d.R = d.N * etp;
+    d.fm = (m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : d.f * tp) / etp;
+    d.fm1 = m.activation == Activation::SwiGLU ? 2 * d.fm : d.fm;
+    d.fs = static_cast<double>(m.moe_shared_expert_ffn_hidden_size) / tp;
+    d.fs1 = m.activation == Activation::SwiGLU ? 2 * d.fs : d.fs;
+  }
   // The CPU kernel's own figure for one call (ops::attention_workspace_bytes: tiles, packed bf16
   // operands, row sums, fp32 copies of widened 16-bit inputs); the CUDA kernels' are not modelled.
   if (c.train.device == DeviceKind::CPU) {
@@ -417,6 +443,161 @@ void gemm(Tracker& t, const Dims& d, double a_elems, double b_elems, double c16_
   if (d.widen_gemm) t.touch(kWorkspace, 4 * (a_elems + b_elems + c16_elems));
 }
 
+// ---- MoE layers (src/model/moe.cpp), under balanced routing ----
+
+// How many of the layers [first, first + n) are MoE layers (ModelConfig::is_moe_layer).
+int moe_layers(const Dims& d, int first, int n) {
+  int count = 0;
+  for (int i = first; i < first + n; ++i) count += d.moe_freq > 0 && i % d.moe_freq == 0;
+  return count;
+}
+Dims moe_dims(const Dims& d) {
+  Dims m = d;
+  m.moe = d.moe_freq > 0;
+  return m;
+}
+
+// Rows through the ep dispatch towards the experts (MoELayer::dispatch, back = false): `rows`
+// bytes in, the same out (each rank receives as many rows as it sends), the result kept as `out`.
+void moe_dispatch_in(Tracker& t, const Dims& d, double rows, Kind out) {
+  if (d.ep == 1) return;  // the input itself goes on
+  if (d.allgather_dispatch) {
+    t.alloc(kWorkspace, rows + d.ep * rows);  // this rank's block padded, every rank's blocks
+    t.alloc(out, rows);                       // its experts' rows picked out
+    t.free(kWorkspace, rows + d.ep * rows);
+  } else {
+    t.alloc(kWorkspace, rows);  // received in rank order
+    t.alloc(out, rows);         // regrouped by local expert
+    t.free(kWorkspace, rows);
+  }
+}
+
+// The way back (back = true): the experts' `rows` in, this rank's permuted rows out.
+void moe_dispatch_back(Tracker& t, const Dims& d, double rows, Kind out) {
+  if (d.ep == 1) return;
+  if (d.allgather_dispatch) {  // fp32: every rank's rows scattered, reduce-scattered, narrowed
+    const double rows32 = rows / d.e * 4;
+    t.alloc(kWorkspace, d.ep * rows32 + 2 * rows32);
+    t.alloc(out, rows);
+    t.free(kWorkspace, d.ep * rows32 + 2 * rows32);
+  } else {
+    t.alloc(kWorkspace, rows);  // reordered by source rank
+    t.alloc(out, rows);
+    t.free(kWorkspace, rows);
+  }
+}
+
+// gather_over_etp: the etp peers' rows (`rows` each) gathered, `rows * etp` kept as `out`.
+void moe_gather_etp(Tracker& t, const Dims& d, double rows, Kind out) {
+  if (d.etp == 1) return;
+  t.alloc(kWorkspace, rows + d.etp * rows);  // own block padded, all blocks
+  t.alloc(out, d.etp * rows);
+  t.free(kWorkspace, rows + d.etp * rows);
+}
+
+// reduce_scatter_over_etp: `rows * etp` partial sums in, this rank's `rows` out.
+void moe_reduce_scatter_etp(Tracker& t, const Dims& d, double rows, Kind out) {
+  if (d.etp == 1) return;
+  t.alloc(kWorkspace, d.etp * rows);  // scattered to their padded places
+  t.alloc(out, rows);
+  t.free(kWorkspace, d.etp * rows);
+}
+
+// The shared expert (a tensor-parallel MLP beside the routed experts), forward and backward.
+void moe_shared_forward(Tracker& t, const Dims& d, Kind keep) {
+  if (d.fs == 0) return;
+  if (d.sp) t.alloc(keep, d.full());          // its input gathered along s
+  t.alloc(keep, d.T * (d.fs1 + d.fs) * d.e);  // pre-activation, activation
+  t.touch(kWorkspace, d.full() + d.X());      // its output before and after the reduction
+}
+double moe_shared_context(const Dims& d) {
+  return d.fs == 0 ? 0.0 : (d.sp ? d.full() : 0.0) + d.T * (d.fs1 + d.fs) * d.e;
+}
+
+// norm2 and the MoE MLP (MoELayer::forward) after x2; the output (one X) goes to `out_kind`.
+void moe_forward(Tracker& t, const Dims& d, Kind keep, Kind out_kind) {
+  const double row = d.h * d.e, Nr = d.N * row, Rr = d.R * row;
+  const double probs = 4 * d.Tl * d.experts;
+  t.alloc(keep, d.X());  // m: the router's and the experts' input (ctx.x), never gathered
+  t.alloc(keep, d.Tl * d.norm_stats);
+  t.alloc(kWorkspace, probs);  // fp32 logits
+  t.alloc(keep, probs);        // probabilities
+  t.free(kWorkspace, probs);
+  t.alloc(kWorkspace, Nr);  // x_perm, a local of the forward
+  // Dispatch over ep, then over etp: the experts' input is kept.
+  const Kind after_ep = d.etp > 1 ? kWorkspace : keep;
+  moe_dispatch_in(t, d, Nr, after_ep);
+  moe_gather_etp(t, d, Nr, keep);
+  if (d.etp > 1 && d.ep > 1) t.free(kWorkspace, Nr);  // the ep result, a temporary
+  t.alloc(keep, d.R * (d.fm1 + d.fm) * d.e);          // pre-activation, activation
+  gemm(t, d, d.R * d.h, d.fm1 * d.h, d.R * d.fm1);
+  gemm(t, d, d.R * d.fm, d.h * d.fm, d.R * d.h);
+  t.alloc(kWorkspace, Rr);  // expert_out, a local of the forward
+  // Back over etp, then over ep: out_perm, kept for the combine's backward.
+  moe_reduce_scatter_etp(t, d, Nr, d.ep > 1 ? kWorkspace : keep);
+  moe_dispatch_back(t, d, Nr, keep);
+  if (d.etp > 1 && d.ep > 1) t.free(kWorkspace, Nr);
+  // Combine in fp32: y32 and the fp32 copy of out_perm, then y in the activation dtype.
+  t.alloc(kWorkspace, 4 * d.Tl * d.h);
+  t.touch(kWorkspace, 4 * d.N * d.h);
+  t.alloc(out_kind, d.X());
+  moe_shared_forward(t, d, keep);
+  t.free(kWorkspace, 4 * d.Tl * d.h + Rr + Nr);  // y32, expert_out, x_perm
+  // Without ep and etp, expert_in and out_perm are x_perm and expert_out themselves: the context
+  // holds them past the forward.
+  if (d.ep == 1 && d.etp == 1) t.alloc(keep, Nr + Rr);
+  if (d.sp) t.free(kWorkspace, d.X());  // norm1's output a, a local of the forward
+}
+
+// What moe_forward keeps for the backward besides x2 and norm1's part.
+double moe_context(const Dims& d) {
+  const double row = d.h * d.e;
+  return d.X() + d.Tl * d.norm_stats + 4 * d.Tl * d.experts + d.R * row + d.R * (d.fm1 + d.fm) * d.e +
+         d.N * row + moe_shared_context(d);
+}
+
+// The MoE MLP's backward (backward_input then backward_weight) with dy live; leaves its dx (one X,
+// kWorkspace) and frees the MoE context except norm2's statistics (the caller's, with x2).
+void moe_backward(Tracker& t, const Dims& d, Kind ctx) {
+  const double row = d.h * d.e, Nr = d.N * row, Rr = d.R * row;
+  const double probs = 4 * d.Tl * d.experts, y32 = 4 * d.Tl * d.h, n32 = 4 * d.N * d.h;
+  t.alloc(kWorkspace, y32 + probs + n32);  // dy in fp32, d(probs), d(out_perm) in fp32
+  t.touch(kWorkspace, n32);                // out_perm in fp32
+  t.free(ctx, Nr);                         // out_perm
+  t.alloc(kWorkspace, Nr);                 // d(out_perm) in the activation dtype
+  const Kind after_ep = d.etp > 1 ? kWorkspace : kActivations;
+  if (d.ep > 1) moe_dispatch_in(t, d, Nr, after_ep);
+  moe_gather_etp(t, d, Nr, kActivations);  // d_expert_out (until the weight step)
+  if (d.ep > 1 && d.etp > 1) t.free(kWorkspace, Nr);
+  t.free(kWorkspace, Nr);
+  if (d.ep == 1 && d.etp == 1) t.alloc(kActivations, Rr);  // d_expert_out is the dtype copy itself
+  t.alloc(kActivations, d.R * d.fm1 * d.e);                // d_pre (until the weight step)
+  t.alloc(kWorkspace, Rr);                                 // dx_local
+  t.touch(kWorkspace, d.R / std::max(1.0, d.local_experts) * d.fm * d.e);  // du, one expert's rows
+  gemm(t, d, d.R * d.h, d.h * d.fm, d.R * d.fm);
+  gemm(t, d, d.R * d.fm1, d.fm1 * d.h, d.R * d.h);
+  t.free(ctx, d.R * d.fm1 * d.e);  // pre
+  moe_reduce_scatter_etp(t, d, Nr, kWorkspace);
+  moe_dispatch_back(t, d, Nr, kWorkspace);
+  if (d.etp > 1) t.free(kWorkspace, Nr);
+  if (d.ep > 1) t.free(kWorkspace, Nr);
+  t.alloc(kWorkspace, n32 + y32 + probs);         // dx_perm, dx32, dlogits in fp32
+  t.alloc(kActivations, d.Tl * d.experts * d.e);  // d_logits (until the weight step)
+  t.alloc(kWorkspace, d.X() + y32);               // the router's dx and its fp32 copy
+  t.alloc(kWorkspace, d.X());                     // dx in the activation dtype (stays)
+  if (d.fs > 0) {
+    t.touch(kWorkspace, d.T * (d.fs1 + d.fs) * d.e + 2 * d.full());  // the shared expert's backward
+    t.free(ctx, moe_shared_context(d));
+  }
+  t.free(kWorkspace, 2 * y32 + probs + 2 * n32 + Rr + probs + d.X() + y32);
+  // The weight step's GEMMs, then the context goes: m, probs, expert_in, act and the weight-step
+  // tensors.
+  gemm(t, d, d.R * d.h, d.R * d.fm, 0);
+  gemm(t, d, d.R * d.fm1, d.R * d.h, 0);
+  t.free(kActivations, Rr + d.R * d.fm1 * d.e + d.Tl * d.experts * d.e);
+  t.free(ctx, d.X() + probs + Rr + d.R * d.fm * d.e);
+}
+
 // One transformer layer (src/model/transformer_layer.cpp, attention.cpp, mlp.cpp, norm.cpp and the
 // tp linears), tensor by tensor. `keep` is where the tensors the backward needs go: kActivations
 // when the forward keeps them, kWorkspace when they are rebuilt (full recompute) and dropped.
@@ -448,6 +629,10 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
     t.alloc(keep, d.qkv());
     t.free(keep, d.core());
   }
+  if (d.moe) {
+    moe_forward(t, d, keep, out_kind);
+    return;
+  }
   // norm2, fc1, activation, fc2.
   t.alloc(d.sp ? kWorkspace : keep, d.X());  // m
   t.alloc(keep, d.Tl * d.norm_stats);
@@ -470,6 +655,9 @@ void layer_forward_impl(Tracker& t, const Dims& d, Kind keep, bool keep_core, Ki
 
 // What layer_forward_impl keeps for the backward (not the output).
 double layer_context(const Dims& d, bool keep_core) {
+  if (d.moe)  // x2, norm1's statistics, the qkv linear's input, the attention's part, the MoE's
+    return d.X() + d.Tl * d.norm_stats + (d.sp ? d.full() : d.X()) + (keep_core ? d.core() : d.qkv()) +
+           moe_context(d);
   double ctx = d.X() + 2 * d.Tl * d.norm_stats + d.T * (d.f1 + d.f) * d.e;  // x2, stats, pre, act
   ctx += 2 * (d.sp ? d.full() : d.X());                                     // linear inputs
   ctx += keep_core ? d.core() : d.qkv();
@@ -497,28 +685,32 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
   const Kind core_kind = rc == Recompute::None ? kActivations : kWorkspace;
   const double lin_in = d.sp ? d.full() : d.X();
   if (d.dropout) t.alloc(kWorkspace, d.X());  // dropout's gradient, live through the MLP's backward
-  // MLP: fc2 (gathers dy under SP), the activation's backward, fc1 (reduce-scatters dx under SP).
-  if (d.sp) t.alloc(kWorkspace, d.full());
-  gemm(t, d, d.T * d.h, d.T * d.f, 0);   // fc2's weight gradient (fp32)
-  t.alloc(kWorkspace, d.T * d.f * d.e);  // du
-  gemm(t, d, d.T * d.h, d.h * d.f, d.T * d.f);
-  t.free(ctx, d.T * d.f * d.e);  // fc2's saved input
-  if (d.sp) t.free(kWorkspace, d.full());
-  t.alloc(kWorkspace, d.T * d.f1 * d.e);  // dpre
-  t.free(ctx, d.T * d.f1 * d.e);          // pre
-  t.alloc(kWorkspace, d.full());          // fc1's dx
-  gemm(t, d, d.T * d.f1, d.f1 * d.h, d.T * d.h);
-  gemm(t, d, d.T * d.f1, d.T * d.h, 0);  // fc1's weight gradient
-  if (d.sp) {
-    t.alloc(kWorkspace, d.X());
-    t.free(kWorkspace, d.full());
+  if (d.moe) {
+    moe_backward(t, d, ctx);
+  } else {
+    // MLP: fc2 (gathers dy under SP), the activation's backward, fc1 (reduce-scatters dx under SP).
+    if (d.sp) t.alloc(kWorkspace, d.full());
+    gemm(t, d, d.T * d.h, d.T * d.f, 0);   // fc2's weight gradient (fp32)
+    t.alloc(kWorkspace, d.T * d.f * d.e);  // du
+    gemm(t, d, d.T * d.h, d.h * d.f, d.T * d.f);
+    t.free(ctx, d.T * d.f * d.e);  // fc2's saved input
+    if (d.sp) t.free(kWorkspace, d.full());
+    t.alloc(kWorkspace, d.T * d.f1 * d.e);  // dpre
+    t.free(ctx, d.T * d.f1 * d.e);          // pre
+    t.alloc(kWorkspace, d.full());          // fc1's dx
+    gemm(t, d, d.T * d.f1, d.f1 * d.h, d.T * d.h);
+    gemm(t, d, d.T * d.f1, d.T * d.h, 0);  // fc1's weight gradient
+    if (d.sp) {
+      t.alloc(kWorkspace, d.X());
+      t.free(kWorkspace, d.full());
+    }
+    t.free(ctx, lin_in);                           // fc1's saved input
+    t.free(kWorkspace, d.T * (d.f + d.f1) * d.e);  // du, dpre
   }
-  t.free(ctx, lin_in);                           // fc1's saved input
-  t.free(kWorkspace, d.T * (d.f + d.f1) * d.e);  // du, dpre
-  if (d.dropout) t.free(kWorkspace, d.X());      // the MLP's dropout gradient, a temporary of its call
-  t.alloc(kWorkspace, d.X());                    // norm2's fused backward: d(x2)
-  if (d.dropout) t.alloc(kWorkspace, d.X());     // and the attention branch's gradient (through dropout)
-  t.free(ctx, d.X() + d.Tl * d.norm_stats);      // x2, stats
+  if (d.dropout) t.free(kWorkspace, d.X());   // the MLP's dropout gradient, a temporary of its call
+  t.alloc(kWorkspace, d.X());                 // norm2's fused backward: d(x2)
+  if (d.dropout) t.alloc(kWorkspace, d.X());  // and the attention branch's gradient (through dropout)
+  t.free(ctx, d.X() + d.Tl * d.norm_stats);   // x2, stats
   // Attention: selective rebuilds the core from the kept qkv.
   if (rc == Recompute::Selective) {
     t.alloc(kWorkspace, d.core());
@@ -563,9 +755,21 @@ void chunk_forward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recomput
     }
     if (d.dropout) t.touch(kActivations, d.X());  // the embedding dropout's output replaces its input
   }
-  Tracker layer;
-  layer_forward(layer, d, rc);
-  t.repeat(layer, spec.num_layers);
+  // Dense and MoE layers (moe_layer_freq): each kind walked once and repeated; the kind whose
+  // transient peak rises further above what it leaves behind goes last, where the peak is.
+  const int moe = moe_layers(d, spec.first_layer, spec.num_layers);
+  const Dims dm = moe_dims(d);
+  Tracker dense_layer, moe_layer;
+  layer_forward(dense_layer, d, rc);
+  layer_forward(moe_layer, dm, rc);
+  const auto rise = [](const Tracker& x) { return x.peak - Tracker::sum(x.now); };
+  if (rise(moe_layer) >= rise(dense_layer)) {
+    t.repeat(dense_layer, spec.num_layers - moe);
+    t.repeat(moe_layer, moe);
+  } else {
+    t.repeat(moe_layer, moe);
+    t.repeat(dense_layer, spec.num_layers - moe);
+  }
   if (spec.post_process) {
     if (!spec.pre_process) t.alloc(kWorkspace, 8 * d.T);  // the data batch (tokens, targets)
     t.alloc(d.sp ? kWorkspace : kActivations, d.X());     // final norm output
@@ -619,20 +823,27 @@ void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompu
   } else {
     t.alloc(kCommunication, d.X());  // received output gradient
   }
-  const double per_layer = rc == Recompute::Full ? 0.0 : layer_context(d, rc == Recompute::None);
+  const Dims dm = moe_dims(d);
+  const auto per_layer = [&](const Dims& kind) {
+    return rc == Recompute::Full ? 0.0 : layer_context(kind, rc == Recompute::None);
+  };
   // The last layer first (it consumes the chunk's output gradient), then the others, alike.
-  auto one_layer = [&](Tracker& on, bool frees_dy) {
-    layer_backward(on, d, rc);
+  auto one_layer = [&](Tracker& on, const Dims& kind, bool frees_dy) {
+    layer_backward(on, kind, rc);
     on.free(kActivations, d.X());  // the layer's input goes with its context
     if (frees_dy) on.free(kWorkspace, d.X());
   };
   if (spec.num_layers > 0) {
+    const int moe = moe_layers(d, spec.first_layer, spec.num_layers);
+    const bool last_moe = moe_layers(d, spec.first_layer + spec.num_layers - 1, 1) == 1;
     // The received output gradient stays with the executor until the chunk's backward ends.
-    one_layer(t, spec.post_process);
-    Tracker rest;
-    one_layer(rest, true);
-    t.repeat(rest, spec.num_layers - 1);
-    freed += spec.num_layers * (per_layer + d.X());
+    one_layer(t, last_moe ? dm : d, spec.post_process);
+    Tracker dense_rest, moe_rest;
+    one_layer(dense_rest, d, true);
+    one_layer(moe_rest, dm, true);
+    t.repeat(moe_rest, moe - (last_moe ? 1 : 0));
+    t.repeat(dense_rest, spec.num_layers - moe - (last_moe ? 0 : 1));
+    freed += (spec.num_layers - moe) * (per_layer(d) + d.X()) + moe * (per_layer(dm) + d.X());
   }
   if (spec.pre_process && d.dropout) t.touch(kWorkspace, d.X());  // the embedding dropout's gradient
   if (spec.pre_process && d.sp) t.touch(kWorkspace, d.full());    // gathered gradient for the lookup
@@ -649,12 +860,18 @@ void chunk_backward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompu
 // layer's input and output gradient (the logits' gradient for the output layer), and the
 // embedding's gradient with its tokens (GPTModel::backward_input). The norms finish in B.
 double chunk_weight_state(const Dims& d, const GPTChunkSpec& spec) {
-  const double shard = d.sp ? d.X() : 0.0;                      // a row-parallel layer's own s-shard of dy
-  const double layer = (d.full() + d.qkv())                     // qkv
-                       + (d.T * d.nq * d.e + d.full() + shard)  // proj
-                       + (d.full() + d.T * d.f1 * d.e)          // fc1
-                       + (d.T * d.f * d.e + d.full() + shard);  // fc2
-  double out = spec.num_layers * layer;
+  const double shard = d.sp ? d.X() : 0.0;       // a row-parallel layer's own s-shard of dy
+  const double attention = (d.full() + d.qkv())  // qkv
+                           + (d.T * d.nq * d.e + d.full() + shard);  // proj
+  const double mlp = (d.full() + d.T * d.f1 * d.e)                   // fc1
+                     + (d.T * d.f * d.e + d.full() + shard);         // fc2
+  // A MoE layer (MoELayer::backward_input): its context stays whole until the weight step, with
+  // the experts' output gradients, d_pre and the router's logit gradients.
+  const double row = d.h * d.e;
+  const double moe = d.X() + 4 * d.Tl * d.experts + 2 * d.R * row + d.R * (d.fm + d.fm1) * d.e +
+                     d.Tl * d.experts * d.e + moe_shared_context(d);
+  const int moe_count = moe_layers(d, spec.first_layer, spec.num_layers);
+  double out = spec.num_layers * attention + (spec.num_layers - moe_count) * mlp + moe_count * moe;
   if (spec.post_process) out += (d.sp ? d.full() : d.X()) + d.T * d.vocab * d.e;
   if (spec.pre_process) out += d.X() + 4 * d.T;
   return out;
