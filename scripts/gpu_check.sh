@@ -129,7 +129,8 @@ step build 330 cmake --build "$build" -j"$(nproc)" "${build_targets[@]}" -- "${k
 bin=$build/bin
 
 # ---- tests ------------------------------------------------------------------------------------
-# Every test labelled cuda except trainer_gpu, which runs below twice (default and plain paths).
+# Every test labelled cuda except trainer_gpu, which runs below twice (default and plain paths;
+# it also compares a MoE model on the GPU with the CPU, and ep2 over NCCL with two GPUs).
 # junit (per-test results for the report) needs CMake 3.21; older ctest: the text summary is parsed.
 junit=()
 ctest --help 2>/dev/null | grep -q -- --output-junit && junit=(--output-junit "$out/ctest_cuda.xml")
@@ -137,15 +138,16 @@ step ctest_cuda 150 bash -c 'cd "$0" && exec ctest "$@"' "$build" -L cuda -E '^t
   --timeout 120 --output-on-failure "${junit[@]}"
 # The op-path comparison on its own, so that its lines are in one log whatever ctest keeps.
 step op_paths 60 "$bin/test_attention_plain" --gtest_color=no
-# The op table's CUDA column: every op row (attention_merge, context parallelism's merge, included)
-# on the GPU against the CPU; the summary table at the end of the log says pass / FAIL / missing.
+# The op table's CUDA column: every op row (attention_merge, context parallelism's merge, and the
+# MoE row ops gather_rows, gather_rows_scaled, gather_sum_rows, row_dot, included) on the GPU against
+# the CPU; the summary table at the end of the log says pass / FAIL / missing.
 step op_table 90 "$bin/test_backend_ops" --gtest_filter='OpTableCuda.*' --gtest_color=no
 source "$src/scripts/mpi_launcher.sh"  # the launcher flags for one machine, Open MPI's or MPICH's
 mapfile -t mpiexec < <(mpi_launcher_flags mpirun)
 mpiexec=(mpirun "${mpiexec[@]}")
 export OMP_NUM_THREADS=1 PARALLEL_SOURCE_DIR=$src
 while read -r var; do [[ -n $var ]] && export "${var?}"; done < <(mpi_launcher_env mpirun)
-step trainer_gpu 90 bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"
+step trainer_gpu 120 bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"
 step trainer_gpu_plain 90 env PARALLEL_ATTENTION=plain PARALLEL_GEMM=cublaslt \
   bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"
 
@@ -212,6 +214,14 @@ EOF
       echo "no output"
     echo '```'
   done
+  echo
+  echo "## Op table on CUDA against the CPU (test_backend_ops)"
+  echo
+  echo '```'
+  grep -E '^(gather_rows|gather_rows_scaled|gather_sum_rows|row_dot) ' "$logs/op_table.log" 2>/dev/null ||
+    echo "no MoE row-op rows"
+  grep -E 'FAIL, [0-9]+ CUDA rows missing' "$logs/op_table.log" 2>/dev/null || echo "no op table summary"
+  echo '```'
   echo
   echo "## Op paths: plain (library) vs own kernels"
   echo

@@ -251,6 +251,34 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                         Tensor& loss, Stream stream = {});
 
+// ---- rows by index (mixture of experts) ---------------------------------------------------------
+//
+// The passes over activation rows of a MoE layer (token permutation, dispatch buffers, the weighted
+// combine and its backward) as gathers: every output row is written by one thread from the rows its
+// index names, so there is no scatter and no float atomic, and each sum runs in a fixed order (the
+// index's). Indices are int64 on the tensors' device; a negative index stands for a zero row (the
+// padding of a dispatch buffer, a dropped assignment); the others must be < the source's rows.
+
+// out[i] = src[index[i]] (the stored bits), or a zero row where index[i] < 0. src [R, h] and
+// out [n, h] share one floating dtype; index [n].
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& out, Stream stream = {});
+// out[i] = scale[i] * src[index[i]], the product in fp32 and rounded once to out's dtype (zero where
+// index[i] < 0). scale [n] fp32; src and out share one floating dtype. (The combine's backward:
+// d(expert output) = combine weight * dy of the row's token.)
+void gather_rows_scaled(const Tensor& src, const Tensor& index, const Tensor& scale, Tensor& out,
+                        Stream stream = {});
+// out[t] = sum over j of weight[t, j] * src[index[t, j]], skipping index[t, j] < 0: accumulated in
+// fp32 from zero in the order j = 0, 1, ..., and written once in out's dtype (fp32 or src's).
+// index and weight [T, k]; weight fp32, or undefined for all ones (a plain sum, each row added as
+// is). src [N, h], out [T, h]. (The combine: each token sums its experts' outputs weighted by the
+// router probabilities; unpermuting an input gradient: each token sums its assignments' rows.)
+void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weight, Tensor& out,
+                     Stream stream = {});
+// out[i] = <a[i], b[index[i]]> over h, the products and the sum in double, rounded once to fp32.
+// a [n, h] and b [m, h] share one floating dtype; index [n] (>= 0); out [n] fp32. (The gradient
+// of a combine weight: <dy of the token, the expert's output row>.)
+void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out, Stream stream = {});
+
 // ---- reductions -------------------------------------------------------------------------------
 
 // Sum of squares of all elements, accumulated in double. Returns a host value: one host read

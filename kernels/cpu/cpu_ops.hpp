@@ -98,6 +98,13 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                         Tensor& loss);
 
+// ---- rows by index (rows.cpp) ----------------------------------------------------------------
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& out);
+void gather_rows_scaled(const Tensor& src, const Tensor& index, const Tensor& scale, Tensor& out);
+// weight may be undefined (all ones).
+void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weight, Tensor& out);
+void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out);
+
 // ---- reductions (reduce.cpp) ---------------------------------------------------------------
 double sum_of_squares(const Tensor& x);
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc);

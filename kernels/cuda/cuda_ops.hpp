@@ -358,6 +358,37 @@ inline void cross_entropy_backward(const Tensor& logits, const Tensor& targets, 
                        dlogits.dtype(), stream.handle);
 }
 
+// ---- rows by index ----------------------------------------------------------------------------
+// Gathers with int64 indices on the device (kernels/cuda/rows.cu): every output element is one
+// thread's, summed in index order, so results equal the CPU kernel's wherever the fp32 arithmetic does.
+inline const int64_t* row_index(const Tensor& t) { return static_cast<const int64_t*>(t.data_ptr()); }
+inline void gather_rows(const Tensor& src, const Tensor& index, Tensor& out, Stream stream) {
+  DeviceGuard guard(out.device().index);
+  kernels::gather_rows(src.data_ptr(), row_index(index), out.data_ptr(), out.dtype(), out.size(0),
+                       out.size(1), stream.handle);
+}
+inline void gather_rows_scaled(const Tensor& src, const Tensor& index, const Tensor& scale, Tensor& out,
+                               Stream stream) {
+  using namespace ops_detail;
+  DeviceGuard guard(out.device().index);
+  kernels::gather_rows_scaled(src.data_ptr(), row_index(index), cf(scale), out.data_ptr(), out.dtype(),
+                              out.size(0), out.size(1), stream.handle);
+}
+inline void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weight, Tensor& out,
+                            Stream stream) {
+  using namespace ops_detail;
+  DeviceGuard guard(out.device().index);
+  kernels::gather_sum_rows(src.data_ptr(), src.dtype(), row_index(index),
+                           weight.defined() ? cf(weight) : nullptr, out.data_ptr(), out.dtype(), out.size(0),
+                           index.size(1), out.size(1), stream.handle);
+}
+inline void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out, Stream stream) {
+  using namespace ops_detail;
+  DeviceGuard guard(out.device().index);
+  kernels::row_dot(a.data_ptr(), b.data_ptr(), a.dtype(), row_index(index), f(out), a.size(0), a.size(1),
+                   stream.handle);
+}
+
 // ---- reductions -------------------------------------------------------------------------------
 // Per-block partial sums in double, added in block order on the host: deterministic. Synchronises.
 inline double sum_of_squares(const Tensor& x, Stream stream) {

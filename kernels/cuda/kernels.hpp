@@ -63,6 +63,18 @@ void embedding_forward(const int32_t* tokens, const void* weight, DType w_dtype,
 void embedding_backward(const int32_t* tokens, const void* dout, DType dtype, int64_t vocab_start,
                         float* dweight, int64_t rows, int64_t b, int64_t s, int64_t h, stream_t stream);
 
+// ---- rows.cu ---- src / out / a / b of `dtype` ([rows, h]); int64 indices (negative: a zero row);
+// scale, weight (may be null: ones) and out of row_dot fp32; gather_sum_rows' out of out_dtype
+// (fp32 or dtype). Deterministic gathers, no atomics.
+void gather_rows(const void* src, const int64_t* index, void* out, DType dtype, int64_t n, int64_t h,
+                 stream_t stream);
+void gather_rows_scaled(const void* src, const int64_t* index, const float* scale, void* out, DType dtype,
+                        int64_t n, int64_t h, stream_t stream);
+void gather_sum_rows(const void* src, DType dtype, const int64_t* index, const float* weight, void* out,
+                     DType out_dtype, int64_t rows, int64_t k, int64_t h, stream_t stream);
+void row_dot(const void* a, const void* b, DType dtype, const int64_t* index, float* out, int64_t n,
+             int64_t h, stream_t stream);
+
 // ---- cross_entropy.cu ---- logits (and dlogits) [n, v] of `dtype`; columns [0, valid) are real
 // vocabulary; the per-row vectors are fp32.
 void ce_local_stats(const void* logits, DType dtype, const int32_t* targets, int64_t n, int64_t v,

@@ -199,21 +199,22 @@ struct MoEStats {
 // width of its experts (fc1 / gate / up by rows, fc2 by columns, as the dense MLP under tp): after
 // the ep dispatch the rows are all-gathered over etp, every etp rank computes its slice for all of
 // them, and the partial outputs are reduce-scattered back before the return dispatch; the
-// backward mirrors it. An optional shared expert is a tensor-parallel MLP. Runs on the CPU
-// (routing and permutation are host loops).
+// backward mirrors it. An optional shared expert is a tensor-parallel MLP. Runs on the CPU and
+// on CUDA: routing is host code on the router's logits read back, the row passes are ops (moe.cpp).
 class MoELayer {
  public:
   MoELayer(const LayerEnv& env, int layer);
   struct Context {
     int64_t tokens = 0;  // rows of this rank's input
     Tensor x;            // [T, h] input rows (router and weight steps)
-    Tensor probs;        // [T, E] fp32 router softmax
+    Tensor probs;        // [T, E] fp32 router softmax, on the host (routing is host code)
     std::vector<float> lse;
-    std::vector<int32_t> choice;     // [T * k] chosen experts
-    std::vector<int64_t> perm;       // permuted row -> assignment t * k + j (kept ones, by expert)
-    std::vector<int64_t> counts;     // [E] kept assignments per expert (this rank's tokens)
-    std::vector<double> aux_counts;  // [E] assignments before drops, over the tp group under sp
-    double aux_tokens = 0;           // tokens the aux and z losses average over
+    std::vector<int32_t> choice;      // [T * k] chosen experts
+    std::vector<int64_t> perm;        // permuted row -> assignment t * k + j (kept ones, by expert)
+    std::vector<int64_t> token_rows;  // [T, k] each token's kept permuted rows, ascending; -1 pads
+    std::vector<int64_t> counts;      // [E] kept assignments per expert (this rank's tokens)
+    std::vector<double> aux_counts;   // [E] assignments before drops, over the tp group under sp
+    double aux_tokens = 0;            // tokens the aux and z losses average over
     // Dispatch: rows received from each ep rank per local expert [ep][L].
     std::vector<int64_t> recv_counts;
     std::vector<int64_t> all_counts;  // allgather: [ep][E] every rank's counts per expert

@@ -14,8 +14,16 @@
 // counts first, then the rows with all_to_allv) and regroups what arrives by local expert;
 // allgather gathers every rank's rows and counts and picks its own experts' rows. The experts run
 // as one grouped GEMM (a loop over the local experts' contiguous rows), and the outputs go back the
-// same way. Routing, permutation and the weighted combine are host loops computing in fp32 and
-// writing the activation dtype once.
+// same way.
+//
+// Devices: the router GEMM runs where the activations are; its [T, E] fp32 logits (small) are read
+// back to the host, where routing (softmax, top-k, capacity, the losses, the permutation and the
+// counts) is host code on every device, as Megatron-Core also syncs the counts to the host. What
+// touches activation rows runs on their device as ops (ops.hpp, "rows by index"), driven by int64
+// index tensors built on the host: the permutation and the dispatch buffers are gathers, the
+// weighted combine a gather-sum in fp32 written once in the activation dtype, and its backward a
+// scaled gather (d expert output) and a row dot (d combine weight, read back for the router's
+// softmax backward). So a layer forward and its backward each read one small tensor to the host.
 //
 // Tensor parallelism inside experts (etp, Megatron-Core's expert-tensor group): each rank holds
 // rows [r F_l, (r+1) F_l) of fc1 (of gate and of up under SwiGLU, so the activation stays local)
@@ -28,7 +36,6 @@
 // composes the same way (ep gather, then etp gather), where Megatron gathers over etp x ep at once.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
 #include "layers.hpp"
@@ -38,24 +45,33 @@
 namespace parallel::model {
 namespace {
 
-// rows [R, h] -> out[i] = rows[index[i]], any dtype (bytes copied).
+// A host index (or weight) vector as a tensor of `shape` on `device`, where the op that reads it runs.
+template <typename T>
+Tensor on_device(const std::vector<T>& v, Shape shape, Device device) {
+  return Tensor::from_vector(v, shape).to(device);
+}
+
+// rows [R, h] -> out[i] = rows[index[i]] (a zero row where index[i] < 0), on rows' device.
 Tensor gather_rows(const Tensor& rows, const std::vector<int64_t>& index, int64_t h) {
-  Tensor out = Tensor::empty({static_cast<int64_t>(index.size()), h}, rows.dtype(), rows.device());
-  const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(rows.dtype());
-  const auto* src = static_cast<const char*>(rows.data_ptr());
-  auto* dst = static_cast<char*>(out.data_ptr());
-  for (std::size_t i = 0; i < index.size(); ++i)
-    std::memcpy(dst + i * row_bytes, src + static_cast<std::size_t>(index[i]) * row_bytes, row_bytes);
+  const auto n = static_cast<int64_t>(index.size());
+  Tensor out = Tensor::empty({n, h}, rows.dtype(), rows.device());
+  ops::gather_rows(rows, on_device(index, {n}, rows.device()), out);
   return out;
 }
 
-// out[index[i]] = rows[i] for every row of rows [n, h]; out's other rows are left as they are.
-void scatter_rows(const Tensor& rows, const std::vector<int64_t>& index, int64_t h, Tensor& out) {
-  const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(rows.dtype());
-  const auto* src = static_cast<const char*>(rows.data_ptr());
-  auto* dst = static_cast<char*>(out.data_ptr());
+// The gather that undoes `index` into `size` rows: out[index[i]] = rows[i], zero rows elsewhere
+// (index holds distinct rows).
+Tensor scatter_rows(const Tensor& rows, const std::vector<int64_t>& index, int64_t size, int64_t h) {
+  std::vector<int64_t> from(static_cast<std::size_t>(size), -1);
   for (std::size_t i = 0; i < index.size(); ++i)
-    std::memcpy(dst + static_cast<std::size_t>(index[i]) * row_bytes, src + i * row_bytes, row_bytes);
+    from[static_cast<std::size_t>(index[i])] = static_cast<int64_t>(i);
+  return gather_rows(rows, from, h);
+}
+
+// A device tensor's values for host code: one read (tensor.hpp, host_reads), counted on every device.
+Tensor read_to_host(const Tensor& t) {
+  count_host_read();
+  return t.to(Device::cpu());
 }
 
 int ep_size(const LayerEnv& env) { return env.ep != nullptr ? env.ep->size() : 1; }
@@ -212,14 +228,7 @@ Tensor MoELayer::dispatch(const Tensor& rows, Context& ctx, const std::vector<in
     env_.ep->all_gather(mine, all);
     return gather_rows(all, index, h);
   }
-  Tensor all = Tensor::zeros({width * p, h}, DType::F32, rows.device());
-  {
-    Tensor rows32 = rows.to(DType::F32);
-    const float* src = rows32.data<float>();
-    float* dst = all.data<float>();
-    for (std::size_t i = 0; i < index.size(); ++i)
-      std::memcpy(dst + index[i] * h, src + static_cast<int64_t>(i) * h, static_cast<std::size_t>(h) * 4);
-  }
+  Tensor all = scatter_rows(rows, index, width * p, h).to(DType::F32);
   Tensor mine = Tensor::empty({width, h}, DType::F32, rows.device());
   env_.ep->reduce_scatter(all, mine);
   return mine.narrow(0, 0, block[me]).to(rows.dtype());
@@ -239,8 +248,7 @@ Tensor MoELayer::reduce_scatter_over_etp(const Tensor& rows, const Context& ctx)
   if (etp_size(env_) == 1) return rows;
   const int64_t h = env_.hidden, t = etp_size(env_);
   // Each gathered row back at its padded place; the padding stays zero.
-  Tensor all = Tensor::zeros({ctx.etp_width * t, h}, rows.dtype(), rows.device());
-  scatter_rows(rows, ctx.etp_index, h, all);
+  Tensor all = scatter_rows(rows, ctx.etp_index, ctx.etp_width * t, h);
   Tensor mine = Tensor::empty({ctx.etp_width, h}, rows.dtype(), rows.device());
   env_.etp->reduce_scatter(all, mine);
   const auto L = static_cast<std::size_t>(local_), me = static_cast<std::size_t>(etp_rank(env_));
@@ -250,8 +258,6 @@ Tensor MoELayer::reduce_scatter_over_etp(const Tensor& rows, const Context& ctx)
 }
 
 Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
-  PARALLEL_CHECK(x_in.device().is_cpu(), "MoELayer: runs on the CPU only (routing is host code), got {}",
-                 x_in.str());
   const int64_t h = env_.hidden, E = experts_, k = topk_;
   const auto Es = static_cast<std::size_t>(E);
   Tensor x = x_in.contiguous();
@@ -264,7 +270,8 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
   // Router: fp32 logits, softmax, top-k (lower index first among equals), log-sum-exp for z.
   Tensor logits = Tensor::empty({T, E}, DType::F32, x.device());
   ops::gemm(xr, false, router.value, true, logits);
-  ctx.probs = Tensor::empty({T, E}, DType::F32, x.device());
+  logits = read_to_host(logits);
+  ctx.probs = Tensor::empty({T, E}, DType::F32);
   float* probs = ctx.probs.data<float>();
   const float* lg = logits.data<float>();
   ctx.lse.resize(static_cast<std::size_t>(T));
@@ -434,18 +441,22 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
   ctx.out_perm = dispatch(reduce_scatter_over_etp(expert_out, ctx), ctx, ctx.counts, /*back=*/true);
 
   // Combine, weighted by the router probabilities, in fp32; written once in the activation dtype.
-  Tensor y32 = Tensor::zeros({T, h}, DType::F32, x.device());
+  // Each token sums its kept assignments' rows in permuted order.
+  ctx.token_rows.assign(static_cast<std::size_t>(T * k), -1);
+  std::vector<float> weight(static_cast<std::size_t>(T * k), 0.0f);
   {
-    Tensor out32 = ctx.out_perm.to(DType::F32);
-    const float* o = out32.data<float>();
-    float* y = y32.data<float>();
+    std::vector<int64_t> used(static_cast<std::size_t>(T), 0);
     for (int64_t i = 0; i < N; ++i) {
       const int64_t a = ctx.perm[static_cast<std::size_t>(i)], t = a / k;
-      const float w = probs[t * E + ctx.choice[static_cast<std::size_t>(a)]];
-      for (int64_t c = 0; c < h; ++c) y[t * h + c] += w * o[i * h + c];
+      const auto slot = static_cast<std::size_t>(t * k + used[static_cast<std::size_t>(t)]++);
+      ctx.token_rows[slot] = i;
+      weight[slot] = probs[t * E + ctx.choice[static_cast<std::size_t>(a)]];
     }
   }
-  Tensor y = y32.to(dt).view(x.shape());
+  Tensor y = Tensor::empty({T, h}, dt, x.device());
+  ops::gather_sum_rows(ctx.out_perm, on_device(ctx.token_rows, {T, k}, x.device()),
+                       on_device(weight, {T, k}, x.device()), y);
+  y = y.view(x.shape());
   if (shared) {
     Tensor ys = shared->forward(x, ctx.shared);
     ops::add(y, ys, y);
@@ -458,43 +469,41 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   const auto L = static_cast<std::size_t>(local_);
   Tensor dy = dy_in.contiguous();
   const DType dt = dy.dtype();
-  Tensor dy32 = dy.view({T, h}).to(DType::F32);
-  const float* g = dy32.data<float>();
+  const Device dev = dy.device();
+  Tensor dyr = dy.view({T, h});
   const float* probs = ctx.probs.data<float>();
   const int64_t N = static_cast<int64_t>(ctx.perm.size());
 
-  // Combine backward: d(expert output) = w * dy, d(w) = <dy, expert output>.
+  // Combine backward: d(expert output) = w * dy, d(w) = <dy, expert output>, per permuted row.
+  std::vector<int64_t> row_token(static_cast<std::size_t>(N));
+  std::vector<float> row_weight(static_cast<std::size_t>(N));
+  for (std::size_t i = 0; i < row_token.size(); ++i) {
+    const int64_t a = ctx.perm[i], t = a / k;
+    row_token[i] = t;
+    row_weight[i] = probs[t * E + ctx.choice[static_cast<std::size_t>(a)]];
+  }
+  Tensor token = on_device(row_token, {N}, dev);
+  Tensor d_out = Tensor::empty({N, h}, dt, dev);
+  ops::gather_rows_scaled(dyr, token, on_device(row_weight, {N}, dev), d_out);
+  Tensor dots = Tensor::empty({N}, DType::F32, dev);
+  ops::row_dot(ctx.out_perm, dyr, token, dots);
+  dots = read_to_host(dots);
   Tensor dprobs = Tensor::zeros({T, E}, DType::F32);
   float* dp = dprobs.data<float>();
-  Tensor d_out32 = Tensor::empty({N, h}, DType::F32);
-  {
-    Tensor out32 = ctx.out_perm.to(DType::F32);
-    const float* o = out32.data<float>();
-    float* d = d_out32.data<float>();
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t a = ctx.perm[static_cast<std::size_t>(i)], t = a / k;
-      const int32_t e = ctx.choice[static_cast<std::size_t>(a)];
-      const float w = probs[t * E + e];
-      double dot = 0;
-      for (int64_t c = 0; c < h; ++c) {
-        dot += static_cast<double>(g[t * h + c]) * o[i * h + c];
-        d[i * h + c] = w * g[t * h + c];
-      }
-      dp[t * E + e] += static_cast<float>(dot);
-    }
-  }
+  for (std::size_t i = 0; i < row_token.size(); ++i)
+    dp[row_token[i] * E + ctx.choice[static_cast<std::size_t>(ctx.perm[i])]] += dots.data<float>()[i];
   ctx.out_perm = Tensor();
-  ctx.d_expert_out = gather_over_etp(dispatch(d_out32.to(dt), ctx, ctx.counts, /*back=*/false), ctx);
+  ctx.d_expert_out = gather_over_etp(dispatch(d_out, ctx, ctx.counts, /*back=*/false), ctx);
 
   // Experts' input step; the weight step needs d_expert_out and d_pre.
   const bool swiglu = env_.config->activation == Activation::SwiGLU;
   const int64_t n_local = ctx.local_offsets[L];
-  ctx.d_pre = Tensor::empty(ctx.pre.shape(), dt);
-  Tensor dx_local = Tensor::empty({n_local, h}, dt);
+  ctx.d_pre = Tensor::empty(ctx.pre.shape(), dt, dev);
+  Tensor dx_local = Tensor::empty({n_local, h}, dt, dev);
   for (std::size_t e = 0; e < L; ++e) {
     const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
     if (n == 0) continue;
-    Tensor du = Tensor::empty({n, ffn_local_}, dt);
+    Tensor du = Tensor::empty({n, ffn_local_}, dt, dev);
     ops::gemm(ctx.d_expert_out.narrow(0, off, n), false, fc2[e].value, false, du);
     Tensor dpre = ctx.d_pre.narrow(0, off, n);
     if (swiglu)
@@ -505,19 +514,11 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
     ops::gemm(dpre, false, fused_rows(fc1[e], &Parameter::value, "MoELayer"), false, dxe);
   }
   ctx.pre = Tensor();
-  Tensor dx_perm =
-      dispatch(reduce_scatter_over_etp(dx_local, ctx), ctx, ctx.counts, /*back=*/true).to(DType::F32);
+  Tensor dx_perm = dispatch(reduce_scatter_over_etp(dx_local, ctx), ctx, ctx.counts, /*back=*/true);
 
-  // Unpermute: each token sums its assignments' input gradients.
-  Tensor dx32 = Tensor::zeros({T, h}, DType::F32);
-  float* dx = dx32.data<float>();
-  {
-    const float* d = dx_perm.data<float>();
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t t = ctx.perm[static_cast<std::size_t>(i)] / k;
-      for (int64_t c = 0; c < h; ++c) dx[t * h + c] += d[i * h + c];
-    }
-  }
+  // Unpermute: each token sums its assignments' input gradients, in fp32, in permuted order.
+  Tensor dx32 = Tensor::empty({T, h}, DType::F32, dev);
+  ops::gather_sum_rows(dx_perm, on_device(ctx.token_rows, {T, k}, dev), Tensor(), dx32);
 
   // Router: the losses' gradients, then the softmax backward, then through the logits' GEMM.
   const ModelConfig& c = *env_.config;
@@ -538,8 +539,8 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
     const double zt = z_g * ctx.lse[static_cast<std::size_t>(t)];
     for (int64_t e = 0; e < E; ++e) dl[t * E + e] = static_cast<float>(pr[e] * (dpr[e] - inner) + zt * pr[e]);
   }
-  ctx.d_logits = dlogits.to(dt);
-  Tensor dx_router = Tensor::empty({T, h}, dt);
+  ctx.d_logits = dlogits.to(dt).to(dev);
+  Tensor dx_router = Tensor::empty({T, h}, dt, dev);
   ops::gemm(ctx.d_logits, false, router.value, false, dx_router);
   Tensor dxr32 = dx_router.to(DType::F32);
   ops::add_(dx32, dxr32);

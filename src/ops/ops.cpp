@@ -29,7 +29,8 @@ namespace {
 //   Param - a parameter value: fp32, or the op's activation dtype
 //   F32   - fp32 only (statistics, parameter gradients)
 //   I32   - int32 (token ids, targets)
-enum class Want { Act, Param, F32, I32 };
+//   I64   - int64 (row indices)
+enum class Want { Act, Param, F32, I32, I64 };
 
 struct Arg {
   const Tensor& t;
@@ -80,6 +81,9 @@ Checked check_args(const char* op, std::initializer_list<Arg> args) {
         break;
       case Want::I32:
         PARALLEL_CHECK(d == DType::I32, "ops::{}: {} is {}, expected int32", op, a.name, dtype_name(d));
+        break;
+      case Want::I64:
+        PARALLEL_CHECK(d == DType::I64, "ops::{}: {} is {}, expected int64", op, a.name, dtype_name(d));
         break;
     }
   }
@@ -762,6 +766,83 @@ void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tens
   check_same_shape(op, target_logit, "target_logit", loss, "loss");
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(cross_entropy_loss(row_max, sum_exp, target_logit, loss, stream));
   cpu::cross_entropy_loss(row_max, sum_exp, target_logit, loss);
+}
+
+// ---- rows by index ----------------------------------------------------------------------------
+
+namespace {
+void check_2d(const char* op, const Tensor& t, const char* tn) {
+  PARALLEL_CHECK(t.dim() == 2, "ops::{}: {} {} must be 2-D [rows, h]", op, tn, shape_str(t.shape()));
+}
+// index [n] for the n rows of out [n, h] gathered from src [R, h].
+void check_gather(const char* op, const Tensor& src, const Tensor& index, const Tensor& out) {
+  check_2d(op, src, "src");
+  check_2d(op, out, "out");
+  PARALLEL_CHECK(index.dim() == 1 && index.size(0) == out.size(0) && src.size(1) == out.size(1),
+                 "ops::{}: index {} must be [n] and out {} [n, h] for src {} [R, h]", op,
+                 shape_str(index.shape()), shape_str(out.shape()), shape_str(src.shape()));
+}
+}  // namespace
+
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& out, Stream stream) {
+  const char* op = "gather_rows";
+  const Checked k = check_args(op, {{src, "src"}, {index, "index", Want::I64}, {out, "out"}});
+  check_gather(op, src, index, out);
+  if (out.numel() == 0) return;
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(gather_rows(src, index, out, stream));
+  cpu::gather_rows(src, index, out);
+}
+
+void gather_rows_scaled(const Tensor& src, const Tensor& index, const Tensor& scale, Tensor& out,
+                        Stream stream) {
+  const char* op = "gather_rows_scaled";
+  const Checked k =
+      check_args(op, {{src, "src"}, {index, "index", Want::I64}, {scale, "scale", Want::F32}, {out, "out"}});
+  check_gather(op, src, index, out);
+  check_same_shape(op, scale, "scale", index, "index");
+  if (out.numel() == 0) return;
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(gather_rows_scaled(src, index, scale, out, stream));
+  cpu::gather_rows_scaled(src, index, scale, out);
+}
+
+void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weight, Tensor& out,
+                     Stream stream) {
+  const char* op = "gather_sum_rows";
+  // out is fp32 or src's dtype: checked as a statistic-like argument apart from the activations.
+  const Checked k = check_args(op, {{src, "src"}, {index, "index", Want::I64}});
+  PARALLEL_CHECK(out.defined() && out.is_contiguous() && out.device() == k.device,
+                 "ops::{}: out must be defined, contiguous and on {}", op, k.device.str());
+  PARALLEL_CHECK(out.dtype() == DType::F32 || out.dtype() == k.act,
+                 "ops::{}: out is {}, expected fp32 or {} (src's)", op, dtype_name(out.dtype()),
+                 dtype_name(k.act));
+  check_2d(op, src, "src");
+  check_2d(op, out, "out");
+  PARALLEL_CHECK(index.dim() == 2 && index.size(0) == out.size(0) && src.size(1) == out.size(1),
+                 "ops::{}: index {} must be [T, k] and out {} [T, h] for src {} [N, h]", op,
+                 shape_str(index.shape()), shape_str(out.shape()), shape_str(src.shape()));
+  if (weight.defined()) {
+    check_args(op, {{index, "index", Want::I64}, {weight, "weight", Want::F32}});
+    check_same_shape(op, weight, "weight", index, "index");
+  }
+  if (out.numel() == 0) return;
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(gather_sum_rows(src, index, weight, out, stream));
+  cpu::gather_sum_rows(src, index, weight, out);
+}
+
+void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out, Stream stream) {
+  const char* op = "row_dot";
+  const Checked k =
+      check_args(op, {{a, "a"}, {b, "b"}, {index, "index", Want::I64}, {out, "out", Want::F32}});
+  check_2d(op, a, "a");
+  check_2d(op, b, "b");
+  PARALLEL_CHECK(index.dim() == 1 && index.size(0) == a.size(0) && out.dim() == 1 &&
+                     out.size(0) == a.size(0) && b.size(1) == a.size(1),
+                 "ops::{}: index {} and out {} must be [n], b {} [m, h] for a {} [n, h]", op,
+                 shape_str(index.shape()), shape_str(out.shape()), shape_str(b.shape()),
+                 shape_str(a.shape()));
+  if (out.numel() == 0) return;
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(row_dot(a, b, index, out, stream));
+  cpu::row_dot(a, b, index, out);
 }
 
 // ---- reductions -------------------------------------------------------------------------------

@@ -945,6 +945,105 @@ inline Row embedding_backward(DType dt, int64_t b, int64_t sq, int64_t rows, int
              "tokens int32; dweight fp32", tol, cuda_default(tol), s);
 }
 
+// ---- rows by index (mixture of experts) ---------------------------------------------------------
+
+// n int64 row indices in [-1, rows) (when `zeros`) or [0, rows): repeats once n exceeds rows, and
+// every pattern the MoE layer makes (zero rows for padding, a row read many times).
+inline Tensor row_indices(Shape shape, int64_t rows, bool zeros, int64_t salt) {
+  std::vector<int64_t> v(static_cast<size_t>(shape_numel(shape)));
+  const int64_t span = rows + (zeros ? 1 : 0);
+  for (size_t i = 0; i < v.size(); i++)
+    v[i] = span == 0 ? -1 : (static_cast<int64_t>(i) * 7 + salt) % span - (zeros ? 1 : 0);
+  return Tensor::from_vector(v, shape);
+}
+inline std::vector<int64_t> longs(const Tensor& t) {
+  const Tensor c = t.to(Device::cpu());
+  return std::vector<int64_t>(c.data<int64_t>(), c.data<int64_t>() + c.numel());
+}
+
+// out [n, h] = src [rows, h] at index (zero rows at -1); with `scaled`, times scale [n] fp32.
+inline Row gather_rows(DType dt, int64_t rows, int64_t n, int64_t h, bool scaled, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    Tensors t{uniform({rows, h}, dt, 181), row_indices({n}, rows, true, 3), uniform({n, h}, dt, 182)};
+    if (scaled) t.push_back(uniform({n}, DType::F32, 183));
+    return t;
+  };
+  s.call = [=](Tensors& t) {
+    if (scaled)
+      ops::gather_rows_scaled(t[0], t[1], t[3], t[2]);
+    else
+      ops::gather_rows(t[0], t[1], t[2]);
+  };
+  s.read = outs({{2, "out"}});
+  s.reference = [=](const Tensors& t) {
+    const V src = values(t[0]);
+    const std::vector<int64_t> idx = longs(t[1]);
+    const V sc = scaled ? values(t[3]) : V(static_cast<size_t>(n), 1.0);
+    V out(static_cast<size_t>(n * h), 0.0);
+    for (int64_t i = 0; i < n; i++)
+      if (idx[i] >= 0)
+        for (int64_t c = 0; c < h; c++) out[i * h + c] = sc[i] * src[idx[i] * h + c];
+    return Outputs{rounded("out", dt, out)};
+  };
+  return row(
+      scaled ? "gather_rows_scaled" : "gather_rows", dt, fmt::format("src {}x{} -> {} rows", rows, h, n),
+      scaled ? "index int64 (-1 and repeats); scale fp32" : "index int64 (-1 and repeats)", tol, tol, s);
+}
+
+// out [T, h] (out_dt) = sum_j weight[t, j] src[index[t, j]] over index [T, k] with -1 entries and
+// repeated rows; unweighted when `weighted` is false.
+inline Row gather_sum_rows(DType dt, int64_t rows, int64_t T, int64_t k, int64_t h, DType out_dt,
+                           bool weighted, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    Tensors t{uniform({rows, h}, dt, 191), row_indices({T, k}, rows, true, 5), uniform({T, h}, out_dt, 192)};
+    if (weighted) t.push_back(uniform({T, k}, DType::F32, 193, 0.0f, 1.0f));
+    return t;
+  };
+  s.call = [=](Tensors& t) { ops::gather_sum_rows(t[0], t[1], weighted ? t[3] : Tensor(), t[2]); };
+  s.read = outs({{2, "out"}});
+  s.reference = [=](const Tensors& t) {
+    const V src = values(t[0]);
+    const std::vector<int64_t> idx = longs(t[1]);
+    const V w = weighted ? values(t[3]) : V(static_cast<size_t>(T * k), 1.0);
+    V out(static_cast<size_t>(T * h), 0.0);
+    for (int64_t r = 0; r < T; r++)
+      for (int64_t j = 0; j < k; j++) {
+        const int64_t i = idx[r * k + j];
+        if (i < 0) continue;
+        for (int64_t c = 0; c < h; c++) out[r * h + c] += w[r * k + j] * src[i * h + c];
+      }
+    return Outputs{rounded("out", out_dt, out)};
+  };
+  return row("gather_sum_rows", dt, fmt::format("src {}x{} -> {}x{} rows", rows, h, T, k),
+             fmt::format("index int64 (-1 and repeats); {}; out {}", weighted ? "weight fp32" : "no weight",
+                         dn(out_dt)),
+             tol, cuda_default(tol), s);
+}
+
+// out [n] fp32 = <a[i], b[index[i]]>, index with repeats.
+inline Row row_dot(DType dt, int64_t n, int64_t m, int64_t h, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    return Tensors{uniform({n, h}, dt, 201), uniform({m, h}, dt, 202), row_indices({n}, m, false, 1),
+                   uniform({n}, DType::F32, 203)};
+  };
+  s.call = [](Tensors& t) { ops::row_dot(t[0], t[1], t[2], t[3]); };
+  s.read = outs({{3, "out"}});
+  s.reference = [=](const Tensors& t) {
+    const V a = values(t[0]), b = values(t[1]);
+    const std::vector<int64_t> idx = longs(t[2]);
+    V out(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t c = 0; c < h; c++) out[i] += a[i * h + c] * b[idx[i] * h + c];
+    return Outputs{rounded("out", DType::F32, out)};
+  };
+  s.flops = 2.0 * n * h;
+  return row("row_dot", dt, fmt::format("{}x{} . {}x{}", n, h, m, h), "index int64 (repeats); out fp32", tol,
+             cuda_default(tol), s);
+}
+
 // Cross-entropy over logits [n, vl] of a rank whose columns are ids [vs, vs + vl); ids >= vocab are
 // padding (their logits set high, so using them would show). Targets in [0, vocab).
 struct CeShape {
@@ -1276,6 +1375,27 @@ inline std::vector<Row> op_rows(bool speed = false) {
     if (half && !speed) t.push_back(embedding_forward(dt, eb, es, erows, eh, F32, Tol{}));
     t.push_back(embedding_backward(dt, eb, es, erows, eh, Tol{1, 1e-6}));
 
+    // Rows by index (MoE): odd widths, more output rows than source rows (repeats), zero rows, an
+    // empty group (no rows at all), and fp32 sums of 16-bit rows.
+    if (speed) {
+      t.push_back(gather_rows(dt, 8192, 16384, 1024, false, Tol{}));
+      t.push_back(gather_rows(dt, 8192, 16384, 1024, true, exact));
+      t.push_back(gather_sum_rows(dt, 16384, 8192, 2, 1024, dt, true, sums));
+      t.push_back(row_dot(dt, 16384, 8192, 1024, Tol{1, 0}));
+    } else {
+      for (int64_t n : {int64_t{29}, int64_t{0}}) {
+        t.push_back(gather_rows(dt, 11, n, 37, false, Tol{}));
+        t.push_back(gather_rows(dt, 11, n, 37, true, exact));
+        t.push_back(row_dot(dt, n, 9, 37, Tol{1, 0}));
+      }
+      t.push_back(gather_rows(dt, 0, 5, 37, false, Tol{}));  // only zero rows: nothing to read
+      for (DType out : half ? std::vector<DType>{dt, F32} : std::vector<DType>{F32}) {
+        t.push_back(gather_sum_rows(dt, 13, 17, 3, 37, out, true, sums));
+        t.push_back(gather_sum_rows(dt, 13, 17, 3, 37, out, false, sums));
+      }
+      t.push_back(gather_sum_rows(dt, 0, 7, 2, 37, dt, true, sums));  // every assignment dropped
+    }
+
     const CeShape ce = speed ? CeShape{2048, 8192, 0, 8192} : CeShape{11, 37, 20, 50};
     t.push_back(cross_entropy_local_stats(dt, ce, Tol{}));
     t.push_back(cross_entropy_sum_exp(dt, ce, Tol{4, 0}));
@@ -1376,6 +1496,30 @@ inline std::vector<Rejection> rejection_rows() {
   r.push_back({"embedding_backward", "dweight", "bf16 dweight", [=] {
                  Tensor dw = z({10, 8}, BF16);
                  ops::embedding_backward(z({2, 3}, I32), z({3, 2, 8}, BF16), 0, dw);
+               }});
+  r.push_back({"gather_rows", "index", "int32 index", [=] {
+                 Tensor out = z({3, 8}, BF16);
+                 ops::gather_rows(z({4, 8}, BF16), z({3}, I32), out);
+               }});
+  r.push_back({"gather_rows", "out", "fp16 out from bf16 src", [=] {
+                 Tensor out = z({3, 8}, F16);
+                 ops::gather_rows(z({4, 8}, BF16), z({3}, DType::I64), out);
+               }});
+  r.push_back({"gather_rows_scaled", "scale", "bf16 scale", [=] {
+                 Tensor out = z({3, 8}, BF16);
+                 ops::gather_rows_scaled(z({4, 8}, BF16), z({3}, DType::I64), z({3}, BF16), out);
+               }});
+  r.push_back({"gather_sum_rows", "out", "fp16 out from bf16 src", [=] {
+                 Tensor out = z({3, 8}, F16);
+                 ops::gather_sum_rows(z({4, 8}, BF16), z({3, 2}, DType::I64), z({3, 2}, F32), out);
+               }});
+  r.push_back({"gather_sum_rows", "weight", "bf16 weight", [=] {
+                 Tensor out = z({3, 8}, F32);
+                 ops::gather_sum_rows(z({4, 8}, BF16), z({3, 2}, DType::I64), z({3, 2}, BF16), out);
+               }});
+  r.push_back({"row_dot", "out", "bf16 out", [=] {
+                 Tensor out = z({3}, BF16);
+                 ops::row_dot(z({3, 8}, BF16), z({4, 8}, BF16), z({3}, DType::I64), out);
                }});
   r.push_back({"cross_entropy_local_stats", "targets", "fp32 targets", [=] {
                  Tensor m = z({4}, F32), tl = z({4}, F32);

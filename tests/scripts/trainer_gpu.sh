@@ -5,6 +5,10 @@
 # boundary, but a last-bit difference before a rounding flips a bf16 ulp, 2^-8 relative). With two
 # or more GPUs, tp2, pp2, dp2 and cp2 (each context_comm) on GPUs (NCCL) must equal one GPU within
 # 1e-5.
+# A MoE model (4 experts, top-2, aux and z losses) is held to the same bounds on one GPU: routing is
+# host code on the router's logits read back (src/model/moe.cpp), so GPU and CPU route alike unless
+# two experts' probabilities tie within the GEMMs' rounding. With two GPUs, ep2 (the token dispatch
+# over NCCL all_to_allv, and allgather) equals one GPU within 1e-5.
 #
 # Without a usable GPU the trainer must refuse train.device: cuda with one line naming the key
 # (checked here, on every machine); the comparisons are then skipped (exit 77).
@@ -57,6 +61,17 @@ compare cpu_fp32 cuda_fp32 1e-4
 compare cpu_bf16 cuda_bf16 5e-3
 grep -h "tokens/s" "$work/cuda_bf16.log" | tail -1 || true
 
+moe=(--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=96
+  --set model.moe_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001)
+for precision in fp32 bf16; do
+  run "cpu_moe_$precision" 1 --set train.precision=$precision "${moe[@]}" ||
+    { tail -20 "$work/cpu_moe_$precision.log"; exit 1; }
+  run "cuda_moe_$precision" 1 --set train.precision=$precision --set train.device=cuda "${moe[@]}" ||
+    { tail -20 "$work/cuda_moe_$precision.log"; exit 1; }
+done
+compare cpu_moe_fp32 cuda_moe_fp32 1e-4
+compare cpu_moe_bf16 cuda_moe_bf16 5e-3
+
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ $gpus -ge 2 ]]; then
   for layout in "tp2:--set parallel.tensor=2" "pp2:--set parallel.pipeline=2" "dp2:" \
@@ -66,6 +81,11 @@ if [[ $gpus -ge 2 ]]; then
     # shellcheck disable=SC2086
     run "cuda_$name" 2 --set train.device=cuda $args || { tail -20 "$work/cuda_$name.log"; exit 1; }
     compare cuda_fp32 "cuda_$name" 1e-5
+  done
+  for dispatcher in alltoall allgather; do
+    run "cuda_moe_ep2_$dispatcher" 2 --set train.device=cuda "${moe[@]}" --set parallel.expert=2 \
+      --set model.moe_token_dispatcher=$dispatcher || { tail -20 "$work/cuda_moe_ep2_$dispatcher.log"; exit 1; }
+    compare cuda_moe_fp32 "cuda_moe_ep2_$dispatcher" 1e-5
   done
 else
   echo "one GPU: the multi-rank NCCL layouts need two (NCCL allows one rank per GPU); not run"
