@@ -110,7 +110,7 @@ cat "$deps_report"
 # Only what the checks need: the library, the CUDA tests, the trainer, the CUDA benchmarks.
 cuda_tests=()
 for f in "$src"/tests/cuda/test_*.cpp; do cuda_tests+=("$(basename "$f" .cpp)"); done
-targets=(parallel "${cuda_tests[@]}" test_backend_ops pretrain_gpt bench_cuda_kernels bench_cuda_attention)
+targets=(parallel "${cuda_tests[@]}" test_backend_ops test_moe pretrain_gpt bench_cuda_kernels bench_cuda_attention)
 cmake_args=(-S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLEL_WITH_CUDA=ON
   "-DPARALLEL_CUDA_ARCHITECTURES=$cap" -DPARALLEL_BUILD_TESTS=ON -DPARALLEL_BUILD_BENCHMARKS=ON
   -DPARALLEL_BUILD_EXAMPLES=ON)
@@ -147,6 +147,8 @@ mapfile -t mpiexec < <(mpi_launcher_flags mpirun)
 mpiexec=(mpirun "${mpiexec[@]}")
 export OMP_NUM_THREADS=1 PARALLEL_SOURCE_DIR=$src
 while read -r var; do [[ -n $var ]] && export "${var?}"; done < <(mpi_launcher_env mpirun)
+# One MoE layer on the GPU against the float64 PyTorch fixtures (an MPI test, one rank).
+step moe_layer_cuda 60 "${mpiexec[@]}" -np 1 "$bin/test_moe" --gtest_filter='MoEPyTorchReference.*' --gtest_color=no
 step trainer_gpu 120 bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"
 step trainer_gpu_plain 90 env PARALLEL_ATTENTION=plain PARALLEL_GEMM=cublaslt \
   bash "$src/tests/scripts/trainer_gpu.sh" "$src" "$bin/pretrain_gpt" "${mpiexec[@]}"

@@ -53,6 +53,12 @@ std::vector<std::vector<Parameter*>> fused_units(const std::vector<Parameter*>& 
 // error when the parts are not adjacent (a re-binding that broke them apart).
 Tensor fused_rows(const std::vector<Parameter>& parts, Tensor Parameter::*member, const char* who);
 
+// Moves every parameter's value and gradient to `device`. Tensors that shared one storage back to
+// back (a fused layer's parts: gate|up, q|k|v, a MoE expert's gate|up) share one new storage in the
+// same order, so fused_rows still spans them; tied parameters (listed twice) move once. No-op for
+// tensors already there.
+void move_parameters(const std::vector<Parameter*>& params, Device device);
+
 // Zeroes every gradient (start of an optimizer step's accumulation).
 void zero_grads(const std::vector<Parameter*>& params);
 

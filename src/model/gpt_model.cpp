@@ -162,11 +162,8 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   // the tensors here changes the model. Init ran in fp32 (layout-independent); the 16-bit copy is
   // its rounding, and the optimizer's fp32 main weights start from that copy.
   cast_parameters(parameters(), env.activation_dtype);
-  if (!options.device.is_cpu())
-    for (Parameter* param : parameters()) {
-      param->value = param->value.to(options.device);
-      param->grad = param->grad.to(options.device);
-    }
+  // Fused parts (gate|up of SwiGLU, a MoE expert's gate|up) stay back to back on the device.
+  if (!options.device.is_cpu()) move_parameters(parameters(), options.device);
 }
 
 GPTModel::~GPTModel() = default;

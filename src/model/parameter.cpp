@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace parallel {
 
@@ -43,6 +44,52 @@ Tensor fused_rows(const std::vector<Parameter>& parts, Tensor Parameter::*member
   Shape shape = first.shape();
   shape[0] = rows;
   return Tensor::from_blob(first.data_ptr(), shape, first.dtype(), first.device());
+}
+
+void move_parameters(const std::vector<Parameter*>& params, Device device) {
+  for (Tensor Parameter::*member : {&Parameter::value, &Parameter::grad}) {
+    // Runs of parts back to back in one storage, in storage order; anything else moves alone.
+    std::vector<std::vector<Parameter*>> groups;
+    std::unordered_map<const Storage*, std::size_t> group_of;
+    std::unordered_set<const Parameter*> seen;
+    for (Parameter* p : params) {
+      const Tensor& t = p->*member;
+      if (!seen.insert(p).second || !t.defined() || t.device() == device) continue;
+      const Storage* s = t.is_contiguous() ? t.storage().get() : nullptr;
+      if (s == nullptr) {
+        groups.push_back({p});
+        continue;
+      }
+      auto [it, fresh] = group_of.try_emplace(s, groups.size());
+      if (fresh) groups.emplace_back();
+      groups[it->second].push_back(p);
+    }
+    for (auto& group : groups) {
+      std::stable_sort(group.begin(), group.end(), [member](const Parameter* a, const Parameter* b) {
+        return (a->*member).storage_offset() < (b->*member).storage_offset();
+      });
+      bool adjacent = group.size() > 1;
+      for (std::size_t i = 1; i < group.size() && adjacent; ++i) {
+        const Tensor &prev = group[i - 1]->*member, &t = group[i]->*member;
+        adjacent = t.dtype() == prev.dtype() && t.storage_offset() == prev.storage_offset() + prev.numel();
+      }
+      if (!adjacent) {
+        for (Parameter* p : group) p->*member = (p->*member).to(device);
+        continue;
+      }
+      int64_t total = 0;
+      for (Parameter* p : group) total += (p->*member).numel();
+      Tensor moved = Tensor::empty({total}, (group.front()->*member).dtype(), device);
+      int64_t offset = 0;
+      for (Parameter* p : group) {
+        Tensor& t = p->*member;
+        Tensor slot = moved.narrow(0, offset, t.numel());
+        slot.copy_(t.flatten());
+        offset += t.numel();
+        t = slot.view(t.shape());
+      }
+    }
+  }
 }
 
 void zero_grads(const std::vector<Parameter*>& params) {

@@ -1,6 +1,7 @@
 // Mixture of experts (src/model/moe.cpp):
 //   - one MoE layer against the float64 PyTorch reference (tests/reference/make_moe_fixture.py):
-//     router, top-k, capacity drops, experts, combine, aux and z losses, forward and backward;
+//     router, top-k, capacity drops, experts, combine, aux and z losses, forward and backward
+//     (and the same on a GPU when one is present);
 //   - expert parallelism with real processes: ep = world (2 or 4) equals one rank for 4 and 8
 //     experts, top-1 and top-2, dropless, both dispatchers (losses and every gradient, fp32, 1e-5);
 //   - tensor parallelism inside experts: etp 2 (np 2) and etp 2 x ep 2 (np 4) equal one rank for
@@ -19,6 +20,7 @@
 #include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/allocator.hpp"
+#include "parallel/device.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/init.hpp"
 #include "parallel/memory_plan.hpp"
@@ -44,7 +46,9 @@ using testing::world;
 
 // ---- one layer against PyTorch ---------------------------------------------------------------
 
-void check_fixture(const std::string& name) {
+// device: where the layer runs (its parameters moved there as the model moves them, so SwiGLU's
+// gate|up parts stay one operand); tol: relative to the float64 reference.
+void check_fixture(const std::string& name, Device device = Device::cpu(), double tol = 1e-5) {
   auto f = safetensors::load(testing::fixtures_dir() + "/" + name + ".safetensors");
   const auto meta = safetensors::load_metadata(testing::fixtures_dir() + "/" + name + ".safetensors");
   auto solo = world().split(world().rank(), 0);
@@ -74,13 +78,14 @@ void check_fixture(const std::string& name) {
     for (std::size_t j = 0; j < layer.fc1[e].size(); ++j) layer.fc1[e][j].value.copy_(fc1_part("fc1", e, j));
     layer.fc2[e].value.copy_(f.at("fc2").select(e));
   }
+  move_parameters(layer.parameters(), device);
   model::MoELayer::Context ctx;
-  Tensor y = layer.forward(f.at("x"), ctx, /*record_stats=*/true);
-  EXPECT_TRUE(close("y", y, f.at("y"), 1e-5));
+  Tensor y = layer.forward(f.at("x").to(device), ctx, /*record_stats=*/true);
+  EXPECT_EQ(y.device(), device);
+  EXPECT_TRUE(close("y", y, f.at("y"), tol));
   const model::MoEStats& s = layer.stats();
-  EXPECT_NEAR(s.aux_loss, f.at("aux").to_float_vector()[0],
-              1e-5 * std::abs(f.at("aux").to_float_vector()[0]));
-  EXPECT_NEAR(s.z_loss, f.at("z").to_float_vector()[0], 1e-5 * std::abs(f.at("z").to_float_vector()[0]));
+  EXPECT_NEAR(s.aux_loss, f.at("aux").to_float_vector()[0], tol * std::abs(f.at("aux").to_float_vector()[0]));
+  EXPECT_NEAR(s.z_loss, f.at("z").to_float_vector()[0], tol * std::abs(f.at("z").to_float_vector()[0]));
   const std::vector<float> counts = f.at("tokens_per_expert").to_float_vector();
   int64_t assigned = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -93,18 +98,27 @@ void check_fixture(const std::string& name) {
     EXPECT_EQ(s.dropped, 0);
   }
   EXPECT_EQ(assigned, f.at("x").numel() / c.hidden_size * c.moe_router_topk);
-  Tensor dx = layer.backward(f.at("dy"), ctx);
-  EXPECT_TRUE(close("dx", dx, f.at("dx"), 1e-5));
-  EXPECT_TRUE(close("grad.router", layer.router.grad, f.at("grad.router"), 1e-5));
+  Tensor dx = layer.backward(f.at("dy").to(device), ctx);
+  EXPECT_TRUE(close("dx", dx, f.at("dx"), tol));
+  EXPECT_TRUE(close("grad.router", layer.router.grad, f.at("grad.router"), tol));
   for (int64_t e = 0; e < E; ++e) {
     for (std::size_t j = 0; j < layer.fc1[e].size(); ++j)
-      EXPECT_TRUE(close(layer.fc1[e][j].name, layer.fc1[e][j].grad, fc1_part("grad.fc1", e, j), 1e-5));
-    EXPECT_TRUE(close("grad.fc2 " + std::to_string(e), layer.fc2[e].grad, f.at("grad.fc2").select(e), 1e-5));
+      EXPECT_TRUE(close(layer.fc1[e][j].name, layer.fc1[e][j].grad, fc1_part("grad.fc1", e, j), tol));
+    EXPECT_TRUE(close("grad.fc2 " + std::to_string(e), layer.fc2[e].grad, f.at("grad.fc2").select(e), tol));
   }
 }
 
 TEST(MoEPyTorchReference, GeluTop2Dropless) { check_fixture("moe_gelu_top2"); }
 TEST(MoEPyTorchReference, SwigluTop1WithCapacity) { check_fixture("moe_swiglu_top1_capacity"); }
+// The same layer on a GPU: routing on the logits read back, the row passes as the CUDA kernels of
+// kernels/cuda/rows.cu, the experts as cuBLASLt GEMMs on row ranges. 1e-4: cuBLASLt and the CUDA
+// reductions sum in other orders than the CPU (as trainer_gpu.sh's fp32 bound). Skipped without a GPU
+// (scripts/gpu_check.sh runs it).
+TEST(MoEPyTorchReference, OnCuda) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the MoE layer on CUDA is not checked here";
+  check_fixture("moe_gelu_top2", Device::cuda(), 1e-4);
+  check_fixture("moe_swiglu_top1_capacity", Device::cuda(), 1e-4);
+}
 
 // ---- expert parallelism equals one rank ------------------------------------------------------
 
