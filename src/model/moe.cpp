@@ -494,6 +494,7 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
     dp[row_token[i] * E + ctx.choice[static_cast<std::size_t>(ctx.perm[i])]] += dots.data<float>()[i];
   ctx.out_perm = Tensor();
   ctx.d_expert_out = gather_over_etp(dispatch(d_out, ctx, ctx.counts, /*back=*/false), ctx);
+  d_out = Tensor();  // freed here unless it is d_expert_out itself (ep = etp = 1)
 
   // Experts' input step; the weight step needs d_expert_out and d_pre.
   const bool swiglu = env_.config->activation == Activation::SwiGLU;
