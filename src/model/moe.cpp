@@ -520,6 +520,7 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   // Unpermute: each token sums its assignments' input gradients, in fp32, in permuted order.
   Tensor dx32 = Tensor::empty({T, h}, DType::F32, dev);
   ops::gather_sum_rows(dx_perm, on_device(ctx.token_rows, {T, k}, dev), Tensor(), dx32);
+  dx_perm = Tensor();
 
   // Router: the losses' gradients, then the softmax backward, then through the logits' GEMM.
   const ModelConfig& c = *env_.config;

@@ -537,12 +537,12 @@ void moe_forward(Tracker& t, const Dims& d, Kind keep, Kind out_kind) {
   moe_reduce_scatter_etp(t, d, Nr, d.ep > 1 ? kWorkspace : keep);
   moe_dispatch_back(t, d, Nr, keep);
   if (d.etp > 1 && d.ep > 1) t.free(kWorkspace, Nr);
-  // Combine in fp32: y32 and the fp32 copy of out_perm, then y in the activation dtype.
-  t.alloc(kWorkspace, 4 * d.Tl * d.h);
-  t.touch(kWorkspace, 4 * d.N * d.h);
+  // Combine (ops::gather_sum_rows, fp32 inside): y in the activation dtype, then each token's rows
+  // (int64) and combine weights (fp32) for the call.
   t.alloc(out_kind, d.X());
+  t.touch(kWorkspace, 12 * d.N);
   moe_shared_forward(t, d, keep);
-  t.free(kWorkspace, 4 * d.Tl * d.h + Rr + Nr);  // y32, expert_out, x_perm
+  t.free(kWorkspace, Rr + Nr);  // expert_out, x_perm
   // Without ep and etp, expert_in and out_perm are x_perm and expert_out themselves: the context
   // holds them past the forward.
   if (d.ep == 1 && d.etp == 1) t.alloc(keep, Nr + Rr);
@@ -560,11 +560,13 @@ double moe_context(const Dims& d) {
 // kWorkspace) and frees the MoE context except norm2's statistics (the caller's, with x2).
 void moe_backward(Tracker& t, const Dims& d, Kind ctx) {
   const double row = d.h * d.e, Nr = d.N * row, Rr = d.R * row;
-  const double probs = 4 * d.Tl * d.experts, y32 = 4 * d.Tl * d.h, n32 = 4 * d.N * d.h;
-  t.alloc(kWorkspace, y32 + probs + n32);  // dy in fp32, d(probs), d(out_perm) in fp32
-  t.touch(kWorkspace, n32);                // out_perm in fp32
-  t.free(ctx, Nr);                         // out_perm
-  t.alloc(kWorkspace, Nr);                 // d(out_perm) in the activation dtype
+  const double probs = 4 * d.Tl * d.experts, y32 = 4 * d.Tl * d.h, idx = 8 * d.N, n4 = 4 * d.N;
+  // The combine's backward: each row's token (int64), d(out_perm) = weight * dy in the activation
+  // dtype (the weights fp32, for the call), d(weight) per row and d(probs), both fp32.
+  t.alloc(kWorkspace, idx + Nr);
+  t.touch(kWorkspace, n4);
+  t.alloc(kWorkspace, n4 + probs);
+  t.free(ctx, Nr);  // out_perm
   const Kind after_ep = d.etp > 1 ? kWorkspace : kActivations;
   if (d.ep > 1) moe_dispatch_in(t, d, Nr, after_ep);
   moe_gather_etp(t, d, Nr, kActivations);  // d_expert_out (until the weight step)
@@ -579,9 +581,13 @@ void moe_backward(Tracker& t, const Dims& d, Kind ctx) {
   t.free(ctx, d.R * d.fm1 * d.e);  // pre
   moe_reduce_scatter_etp(t, d, Nr, kWorkspace);
   moe_dispatch_back(t, d, Nr, kWorkspace);
-  if (d.etp > 1) t.free(kWorkspace, Nr);
-  if (d.ep > 1) t.free(kWorkspace, Nr);
-  t.alloc(kWorkspace, n32 + y32 + probs);         // dx_perm, dx32, dlogits in fp32
+  if (d.etp > 1 && d.ep > 1) t.free(kWorkspace, Nr);  // the etp result, the dispatch's input
+  // Unpermute (ops::gather_sum_rows into fp32 dx32, each token's rows as int64 for the call), then
+  // dx_perm goes (unless it is dx_local itself).
+  t.alloc(kWorkspace, y32);
+  t.touch(kWorkspace, idx);
+  if (d.etp > 1 || d.ep > 1) t.free(kWorkspace, Nr);
+  t.alloc(kWorkspace, probs);                     // dlogits in fp32
   t.alloc(kActivations, d.Tl * d.experts * d.e);  // d_logits (until the weight step)
   t.alloc(kWorkspace, d.X() + y32);               // the router's dx and its fp32 copy
   t.alloc(kWorkspace, d.X());                     // dx in the activation dtype (stays)
@@ -589,7 +595,7 @@ void moe_backward(Tracker& t, const Dims& d, Kind ctx) {
     t.touch(kWorkspace, d.T * (d.fs1 + d.fs) * d.e + 2 * d.full());  // the shared expert's backward
     t.free(ctx, moe_shared_context(d));
   }
-  t.free(kWorkspace, 2 * y32 + probs + 2 * n32 + Rr + probs + d.X() + y32);
+  t.free(kWorkspace, idx + n4 + probs + Rr + y32 + probs + d.X() + y32);
   // The weight step's GEMMs, then the context goes: m, probs, expert_in, act and the weight-step
   // tensors.
   gemm(t, d, d.R * d.h, d.R * d.fm, 0);
