@@ -252,7 +252,10 @@ TEST(MoEShardedMemory, PlanShardsTheExpertState) {
                                      "model.num_layers=2",
                                      "parallel.expert=" + std::to_string(ep),
                                      std::string("optimizer.sharding=") + sharding};
-    for (const MemoryTerm& t : plan_memory(parse_config("", o, 4), 4).ranks.at(0).terms)
+    // A named plan: a range-for over a member reached through .at() of a temporary dangles (C++20
+    // extends only the range expression's own temporary; GCC happened to survive it, Clang did not).
+    const MemoryPlan plan = plan_memory(parse_config("", o, 4), 4);
+    for (const MemoryTerm& t : plan.ranks.at(0).terms)
       if (t.name == "optimizer") return t.bytes;
     return int64_t{-1};
   };
