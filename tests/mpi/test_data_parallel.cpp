@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/gpt_model.hpp"
@@ -30,20 +31,11 @@
 namespace parallel {
 namespace {
 
+using testing::rel_err;
 using testing::world;
 constexpr double kTol = 1e-5;
 constexpr int kGlobalBatch = 8;  // sequences per step; micro-batches of one sequence
 constexpr int kSteps = 5;
-
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto va = a.contiguous().to_float_vector(), vb = b.contiguous().to_float_vector();
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(va[i]) - vb[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(vb[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 double max_abs(const Tensor& t) {
   double m = 0;
