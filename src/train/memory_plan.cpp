@@ -314,6 +314,12 @@ struct Tracker {
     alloc(k, n);
     free(k, n);
   }
+  // A call that builds `result` (kept as `out`) through `temp` bytes of workspace freed on return.
+  void through(double temp, Kind out, double result) {
+    alloc(kWorkspace, temp);
+    alloc(out, result);
+    free(kWorkspace, temp);
+  }
   // `n` more runs of what `one` recorded from empty (identical layers): the largest total is at the
   // last run when a run leaves bytes behind, else at the first. O(1) for any n.
   void repeat(const Tracker& one, int n) {
@@ -461,46 +467,31 @@ Dims moe_dims(const Dims& d) {
 // bytes in, the same out (each rank receives as many rows as it sends), the result kept as `out`.
 void moe_dispatch_in(Tracker& t, const Dims& d, double rows, Kind out) {
   if (d.ep == 1) return;  // the input itself goes on
-  if (d.allgather_dispatch) {
-    t.alloc(kWorkspace, rows + d.ep * rows);  // this rank's block padded, every rank's blocks
-    t.alloc(out, rows);                       // its experts' rows picked out
-    t.free(kWorkspace, rows + d.ep * rows);
-  } else {
-    t.alloc(kWorkspace, rows);  // received in rank order
-    t.alloc(out, rows);         // regrouped by local expert
-    t.free(kWorkspace, rows);
-  }
+  if (d.allgather_dispatch)
+    t.through(rows + d.ep * rows, out, rows);  // this rank's block padded, every rank's; its experts' rows
+  else
+    t.through(rows, out, rows);  // received in rank order; regrouped by local expert
 }
 
 // The way back (back = true): the experts' `rows` in, this rank's permuted rows out.
 void moe_dispatch_back(Tracker& t, const Dims& d, double rows, Kind out) {
   if (d.ep == 1) return;
-  if (d.allgather_dispatch) {  // fp32: every rank's rows scattered, reduce-scattered, narrowed
-    const double rows32 = rows / d.e * 4;
-    t.alloc(kWorkspace, d.ep * rows32 + 2 * rows32);
-    t.alloc(out, rows);
-    t.free(kWorkspace, d.ep * rows32 + 2 * rows32);
-  } else {
-    t.alloc(kWorkspace, rows);  // reordered by source rank
-    t.alloc(out, rows);
-    t.free(kWorkspace, rows);
-  }
+  if (d.allgather_dispatch)  // fp32: every rank's rows scattered, reduce-scattered, narrowed
+    t.through((d.ep + 2) * (rows / d.e * 4), out, rows);
+  else
+    t.through(rows, out, rows);  // reordered by source rank
 }
 
 // gather_over_etp: the etp peers' rows (`rows` each) gathered, `rows * etp` kept as `out`.
 void moe_gather_etp(Tracker& t, const Dims& d, double rows, Kind out) {
   if (d.etp == 1) return;
-  t.alloc(kWorkspace, rows + d.etp * rows);  // own block padded, all blocks
-  t.alloc(out, d.etp * rows);
-  t.free(kWorkspace, rows + d.etp * rows);
+  t.through(rows + d.etp * rows, out, d.etp * rows);  // own block padded, all blocks
 }
 
 // reduce_scatter_over_etp: `rows * etp` partial sums in, this rank's `rows` out.
 void moe_reduce_scatter_etp(Tracker& t, const Dims& d, double rows, Kind out) {
   if (d.etp == 1) return;
-  t.alloc(kWorkspace, d.etp * rows);  // scattered to their padded places
-  t.alloc(out, rows);
-  t.free(kWorkspace, d.etp * rows);
+  t.through(d.etp * rows, out, rows);  // scattered to their padded places
 }
 
 // The shared expert (a tensor-parallel MLP beside the routed experts), forward and backward.
@@ -520,10 +511,8 @@ void moe_forward(Tracker& t, const Dims& d, Kind keep, Kind out_kind) {
   const double probs = 4 * d.Tl * d.experts;
   t.alloc(keep, d.X());  // m: the router's and the experts' input (ctx.x), never gathered
   t.alloc(keep, d.Tl * d.norm_stats);
-  t.alloc(kWorkspace, probs);  // fp32 logits
-  t.alloc(keep, probs);        // probabilities
-  t.free(kWorkspace, probs);
-  t.alloc(kWorkspace, Nr);  // x_perm, a local of the forward
+  t.through(probs, keep, probs);  // fp32 logits; probabilities
+  t.alloc(kWorkspace, Nr);        // x_perm, a local of the forward
   // Dispatch over ep, then over etp: the experts' input is kept.
   const Kind after_ep = d.etp > 1 ? kWorkspace : keep;
   moe_dispatch_in(t, d, Nr, after_ep);
@@ -750,15 +739,9 @@ void layer_backward(Tracker& t, const Dims& d, Recompute rc) {
 
 void chunk_forward(Tracker& t, const Dims& d, const GPTChunkSpec& spec, Recompute rc) {
   if (spec.pre_process) {
-    t.alloc(kActivations, 4 * d.T);  // tokens (kept by the embedding)
-    t.alloc(kWorkspace, 4 * d.T);    // targets of the data batch
-    if (d.sp) {
-      t.alloc(kWorkspace, d.full());
-      t.alloc(kActivations, d.X());
-      t.free(kWorkspace, d.full());
-    } else {
-      t.alloc(kActivations, d.X());
-    }
+    t.alloc(kActivations, 4 * d.T);                         // tokens (kept by the embedding)
+    t.alloc(kWorkspace, 4 * d.T);                           // targets of the data batch
+    t.through(d.sp ? d.full() : 0.0, kActivations, d.X());  // the lookup (full-length under SP), scattered
     if (d.dropout) t.touch(kActivations, d.X());  // the embedding dropout's output replaces its input
   }
   // Dense and MoE layers (moe_layer_freq): each kind walked once and repeated; the kind whose
