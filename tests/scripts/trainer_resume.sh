@@ -60,7 +60,8 @@ done
 kill -TERM $(mpi_rank_pids "$job")
 status=0
 wait "$job" || status=$?
-[[ $status -eq 0 ]] || { echo "SIGTERM: exit status $status"; tail -20 "$work/term.log"; exit 1; }
+# On failure, the last 80 lines that are not info logs: an abort's backtrace starts above the last 20.
+[[ $status -eq 0 ]] || { echo "SIGTERM: exit status $status"; grep -v "\] \[info\]" "$work/term.log" | tail -80; exit 1; }
 grep -q "stopping at step" "$work/term.log" || { echo "SIGTERM: no stop message"; tail -5 "$work/term.log"; exit 1; }
 step=$(sed -n 's/^step_0*\([0-9][0-9]*\)$/\1/p' "$work/ckpt_term/latest")
 run term_resumed 2 --set train.steps=$((step + 2)) --set checkpoint.load="$work/ckpt_term"
