@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Loads convert_checkpoint's Hugging Face exports in transformers and checks them (run by hand when
+the fixtures or the export change; the results are recorded in docs/huggingface.md, "Tested"):
+
+  for each fixture folder: convert_checkpoint --from hf FOLDER -> --to hf EXPORT, then
+  - AutoModelForCausalLM.from_pretrained(EXPORT, output_loading_info=True): no missing, unexpected
+    or mismatched keys, and the architecture class of the original folder (Mistral stays Mistral);
+  - the export's config as transformers reads it has the original's rope parameters (theta, scaling)
+    and, for Mistral, its sliding_window;
+  - the export's logits equal the original folder's (float32, on 2 x 8 tokens of the fixture document).
+
+  PYTHONPATH=/tmp/hf5:/tmp/torch2 python3 tests/reference/check_hf_export.py build/bin   # transformers 5
+  PYTHONPATH=/tmp/hf4:/tmp/torch2 python3 tests/reference/check_hf_export.py build/bin   # transformers 4.x
+Exits 1 when a check fails.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+# folder -> the folder holding its weights (the transformers-5 Mistral and Qwen2 are configs only)
+FOLDERS = {"hf_llama_tiny": None, "hf_mistral_tiny": None, "hf_qwen2_tiny": None, "hf_llama3_tiny": None,
+           "hf_llama_t5": None, "hf_llama3_t5": None, "hf_mistral_t5": "hf_mistral_tiny",
+           "hf_qwen2_t5": "hf_qwen2_tiny"}
+# transformers 4.x cannot read the folders transformers 5 wrote (it takes rope_theta 10000 for a
+# missing top-level rope_theta: the bug this checks we do not have). Under 4.x the export of a
+# transformers-5 folder is compared with the 4.x-layout fixture of the same weights and model.
+SAME_MODEL_4X = {"hf_llama_t5": "hf_llama_tiny", "hf_llama3_t5": "hf_llama3_tiny", "hf_mistral_t5": "hf_mistral_tiny",
+                 "hf_qwen2_t5": "hf_qwen2_tiny"}
+V4 = transformers.__version__.split(".")[0] == "4"
+
+
+def rope_of(config):
+    """(theta, scaling) as this transformers version reads them."""
+    params = None if V4 else getattr(config, "rope_parameters", None)
+    if params:  # 5.x
+        p = dict(params)
+        return p.pop("rope_theta"), {k: v for k, v in sorted(p.items()) if k != "type"}
+    scaling = dict(config.rope_scaling or {"rope_type": "default"})
+    scaling.setdefault("rope_type", scaling.pop("type", "default"))
+    return config.rope_theta, dict(sorted(scaling.items()))
+
+
+def main():
+    bin_dir = sys.argv[1]
+    convert = os.path.join(bin_dir, "convert_checkpoint")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    with open(os.path.join(FIXTURES, "hf_tokens_text_document.bin"), "rb") as f:
+        document = torch.tensor(list(memoryview(f.read()).cast("H")), dtype=torch.long)
+    tokens = document[:16].view(2, 8)
+    failures = 0
+    with tempfile.TemporaryDirectory() as work:
+        for name, weights in FOLDERS.items():
+            source = os.path.join(FIXTURES, name)
+            if weights:
+                source = os.path.join(work, name + "_in")
+                os.makedirs(source)
+                os.symlink(os.path.join(FIXTURES, name, "config.json"), os.path.join(source, "config.json"))
+                os.symlink(os.path.join(FIXTURES, weights, "model.safetensors"),
+                           os.path.join(source, "model.safetensors"))
+            ckpt, export = os.path.join(work, name + "_ckpt"), os.path.join(work, name + "_export")
+            env = dict(os.environ, PARALLEL_LOG_LEVEL="warn")
+            subprocess.run([convert, "--from", "hf", "--input", source, "--output", ckpt], check=True, env=env)
+            subprocess.run([convert, "--to", "hf", "--input", ckpt, "--output", export], check=True, env=env)
+
+            reference = os.path.join(FIXTURES, SAME_MODEL_4X[name]) if V4 and name in SAME_MODEL_4X else source
+            original = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
+            model, info = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32, output_loading_info=True)
+            problems = {k: v for k, v in info.items() if v and k != "error_msgs"}
+            if info.get("error_msgs"):
+                problems["error_msgs"] = info["error_msgs"]
+            c0, c1 = AutoConfig.from_pretrained(reference), AutoConfig.from_pretrained(export)
+            if type(model) is not type(original):
+                problems["class"] = f"{type(model).__name__}, not {type(original).__name__}"
+            if rope_of(c0) != rope_of(c1):
+                problems["rope"] = f"{rope_of(c1)}, not {rope_of(c0)}"
+            if getattr(c0, "sliding_window", None) != getattr(c1, "sliding_window", None):
+                problems["sliding_window"] = f"{c1.sliding_window}, not {c0.sliding_window}"
+            with torch.no_grad():
+                a, b = original(input_ids=tokens).logits, model(input_ids=tokens).logits
+            diff = ((a - b).abs().max() / a.abs().max()).item()
+            if diff > 1e-6:
+                problems["logits"] = f"max difference {diff:.1e} of the largest"
+            status = "ok" if not problems else f"FAILED {problems}"
+            print(f"{name}: {type(model).__name__}, rope {rope_of(c1)}, sliding_window "
+                  f"{getattr(c1, 'sliding_window', None)}, logits max difference {diff:.1e}: {status}")
+            failures += bool(problems)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
