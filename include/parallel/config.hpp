@@ -73,6 +73,12 @@ struct ModelConfig {
   MoeDispatcher moe_token_dispatcher = MoeDispatcher::AllToAll;
   bool is_moe_layer(int layer) const { return num_experts > 0 && layer % moe_layer_freq == 0; }
   RopeScaling rope_scaling;  // model.rope_scaling* keys: none, linear or llama3 (parallel/rope.hpp)
+  // Attention sees only the last sliding_window positions (Mistral); 0: all. Not implemented as a
+  // window: accepted where it equals full causal attention, seq_length <= sliding_window.
+  int sliding_window = 0;
+  // The Hugging Face architecture the model came from and exports as ("MistralForCausalLM", ...;
+  // docs/huggingface.md). It does not change the model; "" lets the export choose by the model's shape.
+  std::string hf_architecture;
 };
 
 struct ParallelConfig {

@@ -116,6 +116,10 @@ void for_each_field(S& s, F&& f) {
     "llama3: wavelengths below original / this are kept");
   f("rope_original_max_position_embeddings", s.rope_scaling.original_max_position_embeddings,
     "llama3: the context length before scaling");
+  f("sliding_window", s.sliding_window,
+    "attention sees only the last this many positions (Mistral; 0: all); needs seq_length <= it");
+  f("hf_architecture", s.hf_architecture,
+    "the Hugging Face architecture convert_checkpoint --to hf writes (empty: chosen by the model)");
 }
 
 template <typename S, typename F>
@@ -777,6 +781,12 @@ void validate_config(Config& c, int world_size) {
   rules.require(m.init_std > 0, m.init_std, "must be > 0");
   rules.require(m.norm_epsilon > 0, m.norm_epsilon, "must be > 0");
   rules.require(m.rope_theta > 0, m.rope_theta, "must be > 0");
+  rules.at_least(m.sliding_window, 0);
+  if (m.sliding_window > 0)
+    rules.require(m.seq_length <= m.sliding_window, m.seq_length,
+                  fmt::format("must be <= {} ({}): sliding-window attention is not implemented, and equals "
+                              "full causal attention only for sequences within the window",
+                              rules.key(m.sliding_window), m.sliding_window));
   if (m.rope_scaling.type != RopeScalingType::None) {
     const RopeScaling& rs = m.rope_scaling;
     rules.require(m.position_embedding == PositionEmbedding::Rope, rs.type,

@@ -518,6 +518,13 @@ const RuleCase kRules[] = {
     {"InitStdPositive", {"model.init_std=0"}, 1, {"model.init_std = 0.0: must be > 0"}},
     {"NormEpsilonPositive", {"model.norm_epsilon=-1e-5"}, 1, {"model.norm_epsilon = -1.0e-05: must be > 0"}},
     {"RopeThetaPositive", {"model.rope_theta=0"}, 1, {"model.rope_theta = 0.0: must be > 0"}},
+    // Mistral's window: only where it equals full causal attention.
+    {"SeqWithinSlidingWindow",
+     {"model.sliding_window=64", "model.seq_length=128"},
+     1,
+     {"model.seq_length = 128: must be <= model.sliding_window (64): sliding-window attention is not "
+      "implemented"}},
+    {"SlidingWindowNonNegative", {"model.sliding_window=-1"}, 1, {"model.sliding_window = -1: must be >= 0"}},
     {"RopeScalingNeedsRope",
      {"model.rope_scaling=linear"},
      1,
