@@ -27,14 +27,16 @@
 // model.add_bias (Llama's attention_bias together with mlp_bias). Tied models (tie_word_embeddings)
 // have no lm_head; one in the file is accepted only if it equals the embedding.
 //
-// config.json -> ModelConfig: hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads, num_key_value_heads, vocab_size, max_position_embeddings, rms_norm_eps,
-// rope_theta, rope_scaling (null, "default", "linear" or "llama3" with their keys -> model.rope_scaling*),
-// tie_word_embeddings, initializer_range, attention_dropout; RMSNorm, SwiGLU and RoPE always. What we
-// do not implement is a one-line error naming the key: other rope_scaling types (dynamic, yarn,
-// longrope, ...), hidden_act other than silu, head_dim other than hidden_size / heads,
-// attention_bias without mlp_bias (Llama), use_sliding_window (Qwen2). Mistral's sliding_window
-// only matters for sequences longer than the window: the written config's seq_length is at most it.
+// config.json -> ModelConfig, in the layouts of transformers 4.x (rope_theta, rope_scaling,
+// torch_dtype) and 5.x (rope_parameters, dtype): hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, head_dim, vocab_size, max_position_embeddings,
+// rms_norm_eps, the rotary embedding (theta; "default", "linear" or "llama3" scaling ->
+// model.rope_scaling*), tie_word_embeddings, initializer_range, Mistral's sliding_window
+// (-> model.sliding_window), the architecture (-> model.hf_architecture); RMSNorm, SwiGLU and RoPE
+// always. Every key is in one table per family (src/io/hf_model.cpp, kKeys): read, known inert, or
+// refused in one line naming it ("KEY = VALUE: not supported: it changes the model"); nothing that
+// changes the model is ignored. Two keys that disagree (rope_theta and rope_parameters.rope_theta)
+// are refused naming both. docs/huggingface.md has the table and the rules.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -58,14 +60,16 @@ struct HfModel {
 };
 HfModel model_from_config_json(const std::string& json_text, const std::string& source);
 
-// The architecture that holds `model` (GPT-2 for LayerNorm/GeLU/learned positions; Qwen2 for the
-// Llama shape with add_qkv_bias and no other bias; Llama otherwise). Throws for a model no HF
-// architecture here represents (e.g. RMSNorm with GeLU).
+// The architecture that holds `model`: model.hf_architecture when set (the one it was imported
+// from), else by its shape (GPT-2 for LayerNorm/GeLU/learned positions; Qwen2 for the Llama shape
+// with add_qkv_bias and no other bias; Mistral with a sliding window; Llama otherwise). Throws for a
+// model no HF architecture here represents (e.g. RMSNorm with GeLU).
 Architecture architecture_for(const ModelConfig& model);
 
-// config.json text for `model`. `template_json` (a config.json, may be empty) supplies every key we
-// do not own (token ids, sliding_window, ...) and the architecture, which must agree with `model`;
-// `torch_dtype` is the tensors' dtype ("float32", "bfloat16", "float16").
+// config.json text for `model`, in transformers 5's layout (rope_parameters, dtype) plus 4.x's names
+// of the same values (rope_theta, rope_scaling, torch_dtype). `template_json` (a config.json, may be
+// empty) supplies every key we do not own (token ids, ...); `torch_dtype` is the tensors' dtype
+// ("float32", "bfloat16", "float16"). Throws when `architecture` cannot hold `model`.
 std::string config_json_for(const ModelConfig& model, Architecture architecture,
                             const std::string& torch_dtype, const std::string& template_json = "");
 

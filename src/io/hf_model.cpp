@@ -65,19 +65,195 @@ json parse_json(const std::string& text, const std::string& source) {
   }
 }
 
-// ---- config.json fields ------------------------------------------------------------------------
+// ---- config.json keys --------------------------------------------------------------------------
+
+// The one table of the top-level config.json keys each family may carry (docs/huggingface.md,
+// "config.json keys"). Nothing that changes the model is ever ignored: a key is
+//   Read     mapped into ModelConfig by the family's reader below, and checked;
+//   Inert    known not to change the model or its training (token ids, generation and output
+//            switches, the storage dtype, the file's bookkeeping);
+//   Default  inert at the value given (JSON; null counts as it too), refused at any other value;
+//   Refused  known to change the model in a way we do not implement;
+// and a key in no row for the family is refused too ("KEY = VALUE: not supported: it changes the
+// model"). The readers may only read Read keys, and must read every Read key present: both are
+// checked on every config (an internal error names a row out of step with its reader).
+enum class Use { Read, Inert, Default, Refused };
+
+constexpr unsigned kGpt2 = 1, kLlama = 2, kMistral = 4, kQwen2 = 8;
+constexpr unsigned kLlamaFamily = kLlama | kMistral | kQwen2, kAll = kGpt2 | kLlamaFamily;
+
+struct KeyRow {
+  std::string_view key;
+  unsigned families;
+  Use use;
+  std::string_view note = "";  // Default: the inert value (JSON); Refused: why
+};
+
+// clang-format off
+constexpr KeyRow kKeys[] = {
+    // Which mapping: every family.
+    {"architectures", kAll, Use::Read},
+    {"model_type", kAll, Use::Read},
+    {"vocab_size", kAll, Use::Read},
+    {"initializer_range", kAll, Use::Read},
+    {"tie_word_embeddings", kAll, Use::Read},
+    // The Llama family (LlamaConfig, MistralConfig, Qwen2Config of transformers 4.x and 5.x).
+    {"hidden_size", kLlamaFamily, Use::Read},
+    {"intermediate_size", kLlamaFamily, Use::Read},
+    {"num_hidden_layers", kLlamaFamily, Use::Read},
+    {"num_attention_heads", kLlamaFamily, Use::Read},
+    {"num_key_value_heads", kLlamaFamily, Use::Read},
+    {"head_dim", kLlamaFamily, Use::Read},
+    {"max_position_embeddings", kLlamaFamily, Use::Read},
+    {"rms_norm_eps", kLlamaFamily, Use::Read},
+    {"hidden_act", kLlamaFamily, Use::Read},
+    {"attention_dropout", kLlamaFamily, Use::Read},
+    {"rope_theta", kLlamaFamily, Use::Read},       // transformers 4.x
+    {"rope_scaling", kLlamaFamily, Use::Read},     // transformers 4.x
+    {"rope_parameters", kLlamaFamily, Use::Read},  // transformers 5.x: rope_theta and the scaling together
+    {"partial_rotary_factor", kLlamaFamily, Use::Default, "1.0"},
+    {"attention_bias", kLlama, Use::Read},
+    {"mlp_bias", kLlama, Use::Read},
+    // Llama's tensor-parallel pretraining split of its linears: the same products in another order
+    // (transformers 4.x), ignored by 5.x.
+    {"pretraining_tp", kLlama, Use::Inert},
+    {"max_sequence_length", kLlama, Use::Inert},  // Llama 1 conversions; transformers never read it
+    {"sliding_window", kMistral | kQwen2, Use::Read},
+    {"use_sliding_window", kQwen2, Use::Read},
+    {"max_window_layers", kQwen2, Use::Read},
+    {"layer_types", kQwen2, Use::Read},  // transformers 5.x
+    // GPT-2 (GPT2Config).
+    {"n_layer", kGpt2, Use::Read},
+    {"n_embd", kGpt2, Use::Read},
+    {"n_head", kGpt2, Use::Read},
+    {"n_inner", kGpt2, Use::Read},
+    {"n_positions", kGpt2, Use::Read},
+    {"n_ctx", kGpt2, Use::Read},
+    {"layer_norm_epsilon", kGpt2, Use::Read},
+    {"activation_function", kGpt2, Use::Read},
+    {"resid_pdrop", kGpt2, Use::Read},
+    {"embd_pdrop", kGpt2, Use::Read},
+    {"attn_pdrop", kGpt2, Use::Read},
+    {"scale_attn_by_inverse_layer_idx", kGpt2, Use::Read},
+    {"scale_attn_weights", kGpt2, Use::Default, "true"},
+    {"reorder_and_upcast_attn", kGpt2, Use::Inert},  // the same attention, computed in float32
+    // GPT2DoubleHeadsModel's sequence-summary head, not part of GPT2LMHeadModel.
+    {"summary_type", kGpt2, Use::Inert},
+    {"summary_use_proj", kGpt2, Use::Inert},
+    {"summary_activation", kGpt2, Use::Inert},
+    {"summary_proj_to_labels", kGpt2, Use::Inert},
+    {"summary_first_dropout", kGpt2, Use::Inert},
+    {"add_cross_attention", kAll, Use::Default, "false"},
+    // Every family: the storage dtype (tensors carry their own), tokens, generation, outputs, bookkeeping.
+    {"torch_dtype", kAll, Use::Inert},  // transformers 4.x
+    {"dtype", kAll, Use::Inert},        // transformers 5.x
+    {"transformers_version", kAll, Use::Inert},
+    {"_name_or_path", kAll, Use::Inert},
+    {"_commit_hash", kAll, Use::Inert},
+    {"_attn_implementation", kAll, Use::Inert},  // eager / sdpa / flash: the same attention
+    {"_attn_implementation_autoset", kAll, Use::Inert},
+    {"attn_implementation", kAll, Use::Inert},
+    {"bos_token_id", kAll, Use::Inert},
+    {"eos_token_id", kAll, Use::Inert},
+    {"pad_token_id", kAll, Use::Inert},
+    {"sep_token_id", kAll, Use::Inert},
+    {"decoder_start_token_id", kAll, Use::Inert},
+    {"use_cache", kAll, Use::Inert},
+    {"output_attentions", kAll, Use::Inert},
+    {"output_hidden_states", kAll, Use::Inert},
+    {"return_dict", kAll, Use::Inert},
+    {"torchscript", kAll, Use::Inert},
+    {"use_bfloat16", kAll, Use::Inert},
+    {"tf_legacy_loss", kAll, Use::Inert},
+    {"chunk_size_feed_forward", kAll, Use::Inert},  // the same feed-forward, in chunks
+    {"id2label", kAll, Use::Inert},                  // labels of classification heads
+    {"label2id", kAll, Use::Inert},
+    {"problem_type", kAll, Use::Inert},
+    {"finetuning_task", kAll, Use::Inert},
+    {"tokenizer_class", kAll, Use::Inert},
+    {"prefix", kAll, Use::Inert},
+    {"task_specific_params", kAll, Use::Inert},
+    {"is_decoder", kAll, Use::Inert},  // causal either way for these models
+    {"is_encoder_decoder", kAll, Use::Default, "false"},
+    {"tie_encoder_decoder", kAll, Use::Default, "false"},
+    {"cross_attention_hidden_size", kAll, Use::Default, "null"},
+    {"pruned_heads", kAll, Use::Default, "{}"},
+    // Generation settings of transformers 4.x configs (generation_config.json since).
+    {"max_length", kAll, Use::Inert}, {"min_length", kAll, Use::Inert}, {"do_sample", kAll, Use::Inert},
+    {"early_stopping", kAll, Use::Inert}, {"num_beams", kAll, Use::Inert}, {"num_beam_groups", kAll, Use::Inert},
+    {"diversity_penalty", kAll, Use::Inert}, {"temperature", kAll, Use::Inert}, {"top_k", kAll, Use::Inert},
+    {"top_p", kAll, Use::Inert}, {"typical_p", kAll, Use::Inert}, {"repetition_penalty", kAll, Use::Inert},
+    {"length_penalty", kAll, Use::Inert}, {"no_repeat_ngram_size", kAll, Use::Inert},
+    {"encoder_no_repeat_ngram_size", kAll, Use::Inert}, {"bad_words_ids", kAll, Use::Inert},
+    {"num_return_sequences", kAll, Use::Inert}, {"output_scores", kAll, Use::Inert},
+    {"return_dict_in_generate", kAll, Use::Inert}, {"forced_bos_token_id", kAll, Use::Inert},
+    {"forced_eos_token_id", kAll, Use::Inert}, {"remove_invalid_values", kAll, Use::Inert},
+    {"exponential_decay_length_penalty", kAll, Use::Inert}, {"suppress_tokens", kAll, Use::Inert},
+    {"begin_suppress_tokens", kAll, Use::Inert},
+    // Known, and changing the model.
+    {"quantization_config", kAll, Use::Refused, "quantized weights"},
+    {"auto_map", kAll, Use::Refused, "the folder's own modeling code (trust_remote_code)"},
+    {"use_mrope", kQwen2, Use::Default, "false"},
+};
+// clang-format on
+
+unsigned family_bit(Architecture a) {
+  switch (a) {
+    case Architecture::GPT2:
+      return kGpt2;
+    case Architecture::Llama:
+      return kLlama;
+    case Architecture::Mistral:
+      return kMistral;
+    case Architecture::Qwen2:
+      return kQwen2;
+  }
+  return 0;
+}
+
+const KeyRow* key_row(std::string_view key, Architecture a) {
+  for (const KeyRow& row : kKeys)
+    if (row.key == key && (row.families & family_bit(a)) != 0) return &row;
+  return nullptr;
+}
+
+// Before reading: every key is in the table, and Default / Refused keys allow the model.
+void check_keys(const json& j, Architecture a, const std::string& source) {
+  for (const auto& [key, value] : j.items()) {
+    const KeyRow* row = key_row(key, a);
+    if (row == nullptr)
+      fail(
+          fmt::format("{}: {} = {}: not supported: it changes the model, or may ({} keys that are read or "
+                      "known inert: docs/huggingface.md)",
+                      source, key, value.dump(), architecture_name(a)));
+    if (row->use == Use::Refused)
+      fail(fmt::format("{}: {} = {}: not supported: it changes the model ({})", source, key, value.dump(),
+                       row->note));
+    if (row->use == Use::Default && !value.is_null() && value != json::parse(row->note))
+      fail(fmt::format("{}: {} = {}: not supported: it changes the model (only {} is read)", source, key,
+                       value.dump(), row->note));
+  }
+}
 
 // A key of config.json, read with the type the model needs; absent (or null) keys take `fallback`
-// when one is given, else are an error.
+// when one is given, else are an error. Remembers every key it was asked about (top-level only).
 class Fields {
  public:
   // prefix: how the keys are named in messages ("rope_scaling." for the keys of that object).
   Fields(const json& j, std::string source, std::string prefix = "")
       : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
 
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool has(const char* key) const {
+    asked_.insert(key);
+    return j_.contains(key) && !j_[key].is_null();
+  }
   const std::string& source() const { return source_; }
-  const json& raw(const char* key) const { return j_[key]; }
+  const std::string& prefix() const { return prefix_; }
+  const json& raw(const char* key) const {
+    asked_.insert(key);
+    return j_[key];
+  }
+  const std::set<std::string>& asked() const { return asked_; }
 
   int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
     if (!has(key)) return required(key, fallback);
@@ -119,11 +295,38 @@ class Fields {
 
   const json& j_;
   std::string source_, prefix_;
+  mutable std::set<std::string> asked_;
 };
+
+// After reading: the reader asked about Read keys only, and about every Read key the config holds.
+void check_reader_against_table(const json& j, Architecture a, const Fields& f) {
+  for (const std::string& key : f.asked()) {
+    const KeyRow* row = key_row(key, a);
+    if (row == nullptr || row->use != Use::Read)
+      fail(fmt::format("internal: the {} reader reads '{}', which the key table does not mark Read",
+                       architecture_name(a), key));
+  }
+  for (const auto& [key, value] : j.items()) {
+    const KeyRow* row = key_row(key, a);
+    if (row != nullptr && row->use == Use::Read && !f.asked().count(key))
+      fail(fmt::format("internal: the key table marks '{}' Read for {}, but its reader ignores it", key,
+                       architecture_name(a)));
+  }
+}
+
+// Sizes: each must be an int, and a whole model of them must be countable. A config.json with
+// num_hidden_layers 1e9 would otherwise build 1e9 layers' worth of tensor names before any check.
+constexpr int64_t kMaxLayers = 1 << 16;
 
 int checked_int(const Fields& f, const char* key, std::optional<int64_t> fallback = std::nullopt) {
   const int64_t v = f.integer(key, fallback);
   if (v > std::numeric_limits<int>::max()) f.bad(key, json(v), "too large");
+  return static_cast<int>(v);
+}
+
+int checked_layers(const Fields& f, const char* key) {
+  const int64_t v = f.integer(key);
+  if (v > kMaxLayers) f.bad(key, json(v), fmt::format("too large (at most {} layers)", kMaxLayers));
   return static_cast<int>(v);
 }
 
@@ -137,6 +340,7 @@ Architecture architecture_from_json(const json& j, const std::string& source) {
                                                               {"mistral", Architecture::Mistral},
                                                               {"qwen2", Architecture::Qwen2}};
   const std::string supported = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+  std::optional<Architecture> named, typed;
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
     if (!a.is_array() || a.size() != 1 || !a[0].is_string())
@@ -145,26 +349,38 @@ Architecture architecture_from_json(const json& j, const std::string& source) {
     const auto it = by_name.find(a[0].get<std::string>());
     if (it == by_name.end())
       fail(fmt::format("{}: architectures = {}: not supported (supported: {})", source, a.dump(), supported));
-    return it->second;
+    named = it->second;
   }
-  if (j.contains("model_type") && j["model_type"].is_string()) {
-    const auto it = by_type.find(j["model_type"].get<std::string>());
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    const json& t = j["model_type"];
+    const auto it = t.is_string() ? by_type.find(t.get<std::string>()) : by_type.end();
     if (it == by_type.end())
-      fail(fmt::format("{}: model_type = {}: not supported (supported: {})", source, j["model_type"].dump(),
-                       supported));
-    return it->second;
+      fail(fmt::format("{}: model_type = {}: not supported (supported: {})", source, t.dump(),
+                       "gpt2, llama, mistral, qwen2"));
+    typed = it->second;
   }
+  // transformers builds the model from model_type and names it by architectures: both must agree.
+  if (named && typed && *named != *typed)
+    fail(fmt::format("{}: architectures = {} and model_type = {} disagree", source, j["architectures"].dump(),
+                     j["model_type"].dump()));
+  if (named) return *named;
+  if (typed) return *typed;
   fail(fmt::format("{}: missing key 'architectures' (one of {})", source, supported));
 }
 
 ModelConfig gpt2_model(const Fields& f) {
   ModelConfig m;
-  m.num_layers = checked_int(f, "n_layer");
+  f.has("architectures");
+  f.has("model_type");
+  m.num_layers = checked_layers(f, "n_layer");
   m.hidden_size = checked_int(f, "n_embd");
   m.num_attention_heads = checked_int(f, "n_head");
   m.ffn_hidden_size = f.has("n_inner") ? checked_int(f, "n_inner") : 4 * m.hidden_size;
   m.vocab_size = checked_int(f, "vocab_size");
   m.max_position_embeddings = checked_int(f, "n_positions", 1024);
+  // n_ctx: the older name of n_positions (transformers reads n_positions only).
+  if (f.has("n_ctx") && f.integer("n_ctx") != m.max_position_embeddings)
+    f.bad("n_ctx", f.raw("n_ctx"), fmt::format("must equal n_positions ({})", m.max_position_embeddings));
   m.seq_length = std::min(m.max_position_embeddings, 4096);
   m.normalization = Normalization::LayerNorm;
   m.activation = Activation::GeLU;
@@ -174,6 +390,11 @@ ModelConfig gpt2_model(const Fields& f) {
   m.norm_epsilon = f.number("layer_norm_epsilon", 1e-5);
   m.init_std = f.number("initializer_range", 0.02);
   m.dropout = f.number("resid_pdrop", 0.1);
+  // One model.dropout for the residual, embedding and attention dropouts.
+  for (const char* key : {"embd_pdrop", "attn_pdrop"})
+    if (const double p = f.number(key, 0.1); p != m.dropout)
+      f.bad(key, json(p),
+            fmt::format("not supported: must equal resid_pdrop ({}; one model.dropout)", m.dropout));
   // Our GeLU is the tanh approximation (transformers' "gelu_new").
   const std::string act = f.string("activation_function", "gelu_new");
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
@@ -183,40 +404,106 @@ ModelConfig gpt2_model(const Fields& f) {
     f.bad("tie_word_embeddings", json(false), "untied GPT-2 heads are not supported");
   if (f.boolean("scale_attn_by_inverse_layer_idx", false))
     f.bad("scale_attn_by_inverse_layer_idx", json(true), "not supported");
+  m.hf_architecture = "GPT2LMHeadModel";
   return m;
 }
 
-// rope_scaling: {"rope_type" (or the older "type"): "default" | "linear" | "llama3", factor, ...}.
-RopeScaling rope_scaling_from(const Fields& f) {
-  const json& r = f.raw("rope_scaling");
-  if (!r.is_object()) f.bad("rope_scaling", r, "expected null or an object");
+// One rope object: transformers 4.x's rope_scaling ({"rope_type" or the older "type": "default" |
+// "linear" | "llama3", factor, ...}) or 5.x's rope_parameters (the same, plus rope_theta; a
+// missing rope_type is "default" there). Every key of the object is read or refused.
+struct RopeObject {
+  RopeScaling scaling;
+  std::optional<double> theta;
+};
+
+RopeObject rope_object(const Fields& f, const char* name) {
+  const json& r = f.raw(name);
+  if (!r.is_object()) f.bad(name, r, "expected null or an object");
+  const std::string prefix = std::string(name) + ".";
+  const Fields rf(r, f.source(), prefix);
+  const bool v5 = std::string_view(name) == "rope_parameters";
   const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
-  const Fields rf(r, f.source(), "rope_scaling.");
-  const std::string type = rf.string(type_key, "");
-  if (type.empty()) fail(fmt::format("{}: missing key 'rope_scaling.rope_type'", f.source()));
-  RopeScaling s;
-  if (type == "default") return s;
-  if (type != "linear" && type != "llama3")
+  if (r.contains("rope_type") && r.contains("type") && r["rope_type"] != r["type"])
+    fail(fmt::format("{}: {}rope_type = {} and {}type = {} disagree", f.source(), prefix,
+                     r["rope_type"].dump(), prefix, r["type"].dump()));
+  const std::string type = rf.string(type_key, v5 ? "default" : "");
+  if (type.empty()) fail(fmt::format("{}: missing key '{}rope_type'", f.source(), prefix));
+  std::set<std::string> keys = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  RopeObject out;
+  if (rf.has("rope_theta")) out.theta = rf.number("rope_theta");
+  if (rf.has("partial_rotary_factor") && rf.number("partial_rotary_factor") != 1.0)
+    rf.bad("partial_rotary_factor", r["partial_rotary_factor"], "not supported: it changes the model");
+  if (type != "default" && type != "linear" && type != "llama3")
     rf.bad(type_key, json(type), "not supported (only \"default\", \"linear\" and \"llama3\")");
-  s.factor = rf.number("factor");
-  if (s.factor <= 0) rf.bad("factor", r["factor"], "must be > 0");
-  if (type == "linear") {
-    s.type = RopeScalingType::Linear;
-    return s;
+  if (type != "default") {
+    keys.insert("factor");
+    out.scaling.factor = rf.number("factor");
+    if (out.scaling.factor <= 0) rf.bad("factor", r["factor"], "must be > 0");
+    out.scaling.type = RopeScalingType::Linear;
   }
-  s.type = RopeScalingType::Llama3;
-  s.low_freq_factor = rf.number("low_freq_factor");
-  s.high_freq_factor = rf.number("high_freq_factor");
-  s.original_max_position_embeddings = static_cast<double>(rf.integer("original_max_position_embeddings"));
-  if (s.low_freq_factor <= 0) rf.bad("low_freq_factor", r["low_freq_factor"], "must be > 0");
-  if (s.high_freq_factor <= s.low_freq_factor)
-    rf.bad("high_freq_factor", r["high_freq_factor"], "must be > low_freq_factor");
-  return s;
+  if (type == "llama3") {
+    keys.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+    RopeScaling& s = out.scaling;
+    s.type = RopeScalingType::Llama3;
+    s.low_freq_factor = rf.number("low_freq_factor");
+    s.high_freq_factor = rf.number("high_freq_factor");
+    s.original_max_position_embeddings = static_cast<double>(rf.integer("original_max_position_embeddings"));
+    if (s.low_freq_factor <= 0) rf.bad("low_freq_factor", r["low_freq_factor"], "must be > 0");
+    if (s.high_freq_factor <= s.low_freq_factor)
+      rf.bad("high_freq_factor", r["high_freq_factor"], "must be > low_freq_factor");
+  }
+  for (const auto& [key, value] : r.items())
+    if (!keys.count(key))
+      rf.bad(key, value, fmt::format("not supported: it changes the model (rope_type {})", type));
+  return out;
+}
+
+bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
+  return a.type == b.type &&
+         (a.type == RopeScalingType::None ||
+          (a.factor == b.factor &&
+           (a.type != RopeScalingType::Llama3 ||
+            (a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+             a.original_max_position_embeddings == b.original_max_position_embeddings))));
+}
+
+// The rotary embedding of both layouts: transformers 4.x's top-level rope_theta and rope_scaling,
+// 5.x's rope_parameters. Where a config carries more than one, they must agree (transformers 5
+// takes rope_parameters' theta but rope_scaling's type, 4.x the top-level keys only: a config that
+// says two things is read differently by each version, so it is refused, naming both keys).
+void read_rope(const Fields& f, ModelConfig& m) {
+  struct Theta {
+    std::string key;
+    double value;
+  };
+  std::vector<Theta> thetas;
+  if (f.has("rope_theta")) thetas.push_back({"rope_theta", f.number("rope_theta")});
+  std::optional<RopeObject> scaling, parameters;
+  if (f.has("rope_scaling")) scaling = rope_object(f, "rope_scaling");
+  if (f.has("rope_parameters")) parameters = rope_object(f, "rope_parameters");
+  if (scaling && scaling->theta) thetas.push_back({"rope_scaling.rope_theta", *scaling->theta});
+  if (parameters && parameters->theta) thetas.push_back({"rope_parameters.rope_theta", *parameters->theta});
+  for (const Theta& t : thetas)
+    if (t.value != thetas.front().value)
+      fail(fmt::format(
+          "{}: {} = {} and {} = {} disagree: not supported (transformers 4.x and 5.x would read "
+          "different models)",
+          f.source(), thetas.front().key, json(thetas.front().value).dump(), t.key, json(t.value).dump()));
+  m.rope_theta = thetas.empty() ? 10000.0 : thetas.front().value;
+  if (scaling && parameters && !same_scaling(scaling->scaling, parameters->scaling))
+    fail(
+        fmt::format("{}: rope_scaling = {} and rope_parameters = {} disagree: not supported (transformers "
+                    "4.x and 5.x would read different models)",
+                    f.source(), f.raw("rope_scaling").dump(), f.raw("rope_parameters").dump()));
+  if (parameters) m.rope_scaling = parameters->scaling;
+  if (scaling) m.rope_scaling = scaling->scaling;
 }
 
 ModelConfig llama_model(const Fields& f, Architecture a) {
   ModelConfig m;
-  m.num_layers = checked_int(f, "num_hidden_layers");
+  f.has("architectures");
+  f.has("model_type");
+  m.num_layers = checked_layers(f, "num_hidden_layers");
   m.hidden_size = checked_int(f, "hidden_size");
   m.num_attention_heads = checked_int(f, "num_attention_heads");
   m.num_query_groups = checked_int(f, "num_key_value_heads", m.num_attention_heads);
@@ -230,10 +517,15 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
   m.activation = Activation::SwiGLU;
   m.position_embedding = PositionEmbedding::Rope;
   m.norm_epsilon = f.number("rms_norm_eps", 1e-6);
-  m.rope_theta = f.number("rope_theta", 10000.0);
+  read_rope(f, m);
   m.tie_embeddings = f.boolean("tie_word_embeddings", false);
   m.init_std = f.number("initializer_range", 0.02);
-  m.dropout = f.number("attention_dropout", 0.0);
+  // transformers drops attention probabilities only; model.dropout drops hidden states too.
+  if (const double p = f.number("attention_dropout", 0.0); p != 0.0)
+    f.bad("attention_dropout", f.raw("attention_dropout"),
+          "not supported: it changes the training (model.dropout also drops hidden states; set it after "
+          "import)");
+  m.dropout = 0.0;
   m.add_bias = false;
   m.add_qkv_bias = a == Architecture::Qwen2;
 
@@ -243,7 +535,6 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
     f.bad("head_dim", f.raw("head_dim"),
           fmt::format("must equal hidden_size / num_attention_heads ({} / {})", m.hidden_size,
                       m.num_attention_heads));
-  if (f.has("rope_scaling")) m.rope_scaling = rope_scaling_from(f);
   if (a == Architecture::Llama) {
     const bool attention_bias = f.boolean("attention_bias", false), mlp_bias = f.boolean("mlp_bias", false);
     if (attention_bias != mlp_bias)
@@ -252,12 +543,29 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
     m.add_bias = attention_bias;
   }
   int seq = std::min(m.max_position_embeddings, 4096);
-  if (a == Architecture::Qwen2 && f.boolean("use_sliding_window", false))
-    f.bad("use_sliding_window", json(true), "sliding-window attention is not supported");
-  // Full attention equals a window's as long as the sequence fits the window.
-  if (a == Architecture::Mistral && f.has("sliding_window"))
-    seq = std::min<int64_t>(seq, f.integer("sliding_window"));
+  if (a == Architecture::Qwen2) {
+    if (f.boolean("use_sliding_window", false))
+      f.bad("use_sliding_window", json(true), "sliding-window attention is not supported");
+    // Without use_sliding_window, transformers ignores these two (5.x writes sliding_window null).
+    if (f.has("sliding_window")) f.integer("sliding_window");
+    if (f.has("max_window_layers")) f.integer("max_window_layers");
+    if (f.has("layer_types")) {
+      const json& types = f.raw("layer_types");
+      if (!types.is_array() || types.size() != static_cast<std::size_t>(m.num_layers))
+        f.bad("layer_types", types,
+              fmt::format("expected a list of num_hidden_layers ({}) names", m.num_layers));
+      for (const json& t : types)
+        if (t != "full_attention")
+          f.bad("layer_types", types, "not supported: only \"full_attention\" layers");
+    }
+  }
+  // Mistral's window: model.sliding_window; our attention equals it while the sequence fits it.
+  if (a == Architecture::Mistral && f.has("sliding_window")) {
+    m.sliding_window = checked_int(f, "sliding_window");
+    seq = std::min(seq, m.sliding_window);
+  }
   m.seq_length = seq;
+  m.hf_architecture = architecture_name(a);
   return m;
 }
 
@@ -444,8 +752,10 @@ HfModel model_from_config_json(const std::string& json_text, const std::string& 
   if (!j.is_object()) fail(fmt::format("{}: expected a JSON object", source));
   HfModel out;
   out.architecture = architecture_from_json(j, source);
+  check_keys(j, out.architecture, source);
   const Fields f(j, source);
   out.model = out.architecture == Architecture::GPT2 ? gpt2_model(f) : llama_model(f, out.architecture);
+  check_reader_against_table(j, out.architecture, f);
   // The rules of our config (divisibility, ...), named by our keys.
   Config c;
   c.model = out.model;
@@ -459,13 +769,29 @@ HfModel model_from_config_json(const std::string& json_text, const std::string& 
 }
 
 Architecture architecture_for(const ModelConfig& m) {
-  if (m.normalization == Normalization::LayerNorm && m.activation == Activation::GeLU &&
-      m.position_embedding == PositionEmbedding::Learned) {
+  const bool gpt2 = m.normalization == Normalization::LayerNorm && m.activation == Activation::GeLU &&
+                    m.position_embedding == PositionEmbedding::Learned;
+  if (gpt2)
     hf_gpt2::check_config(m);
-    return Architecture::GPT2;
+  else
+    check_llama_shape(m);
+  if (!m.hf_architecture.empty()) {
+    for (const Architecture a :
+         {Architecture::GPT2, Architecture::Llama, Architecture::Mistral, Architecture::Qwen2})
+      if (m.hf_architecture == architecture_name(a)) {
+        if ((a == Architecture::GPT2) != gpt2)
+          fail(fmt::format("model.hf_architecture = {} cannot hold this model (a {}-shaped one)",
+                           m.hf_architecture, gpt2 ? "GPT-2" : "Llama"));
+        return a;
+      }
+    fail(fmt::format(
+        "model.hf_architecture = {}: not supported (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
+        "Qwen2ForCausalLM)",
+        m.hf_architecture));
   }
-  check_llama_shape(m);
-  return m.add_qkv_bias && !m.add_bias ? Architecture::Qwen2 : Architecture::Llama;
+  if (gpt2) return Architecture::GPT2;
+  if (m.add_qkv_bias && !m.add_bias) return Architecture::Qwen2;
+  return m.sliding_window > 0 ? Architecture::Mistral : Architecture::Llama;
 }
 
 static json rope_scaling_json(const RopeScaling& s) {
@@ -484,12 +810,25 @@ static json rope_scaling_json(const RopeScaling& s) {
   return nullptr;
 }
 
+// transformers 5.x's rope_parameters: rope_theta with the scaling's keys (rope_type "default" unscaled).
+static json rope_parameters_json(const ModelConfig& m) {
+  json p = rope_scaling_json(m.rope_scaling);
+  if (p.is_null()) p = {{"rope_type", "default"}};
+  p["rope_theta"] = m.rope_theta;
+  return p;
+}
+
 std::string config_json_for(const ModelConfig& m, Architecture a, const std::string& torch_dtype,
                             const std::string& template_json) {
   json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
   if (!j.is_object()) fail("the template config.json is not a JSON object");
   const int64_t positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
+  if (m.sliding_window > 0 && a != Architecture::Mistral)
+    fail(fmt::format("{} cannot hold this model: it has model.sliding_window = {} (MistralForCausalLM can)",
+                     architecture_name(a), m.sliding_window));
   j["architectures"] = json::array({architecture_name(a)});
+  // The storage dtype under both names: dtype (transformers 5.x) and torch_dtype (4.x, read by 5.x too).
+  j["dtype"] = torch_dtype;
   j["torch_dtype"] = torch_dtype;
   j["vocab_size"] = m.vocab_size;
   j["initializer_range"] = m.init_std;
@@ -505,6 +844,7 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     j["layer_norm_epsilon"] = m.norm_epsilon;
     j["activation_function"] = "gelu_new";
     j["tie_word_embeddings"] = true;
+    for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) j[key] = m.dropout;
   } else {
     check_llama_shape(m);
     if (a == Architecture::Qwen2 ? (m.add_bias || !m.add_qkv_bias) : (m.add_qkv_bias && !m.add_bias))
@@ -523,20 +863,28 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     j["intermediate_size"] = m.ffn_hidden_size;
     j["max_position_embeddings"] = positions;
     j["rms_norm_eps"] = m.norm_epsilon;
+    // transformers 5.x's rope_parameters, and the same rotary embedding in 4.x's keys (rope_theta,
+    // rope_scaling), which 4.x reads and 5.x accepts: without them 4.x would fall back to theta 10000.
+    j["rope_parameters"] = rope_parameters_json(m);
     j["rope_theta"] = m.rope_theta;
     j["rope_scaling"] = rope_scaling_json(m.rope_scaling);
     j["hidden_act"] = "silu";
     j["tie_word_embeddings"] = m.tie_embeddings;
-    j["attention_dropout"] = m.dropout;
+    // Attention-probability dropout only; model.dropout (hidden states too) is a training setting here.
+    j["attention_dropout"] = 0.0;
+    if (a != Architecture::Qwen2 || j.contains("head_dim"))
+      j["head_dim"] = m.hidden_size / m.num_attention_heads;
     if (a == Architecture::Llama) {
       j["attention_bias"] = m.add_bias;
       j["mlp_bias"] = m.add_bias;
-      j["head_dim"] = m.hidden_size / m.num_attention_heads;
-    } else if (j.contains("head_dim")) {
-      j["head_dim"] = m.hidden_size / m.num_attention_heads;
     }
-    if (a == Architecture::Mistral && !j.contains("sliding_window")) j["sliding_window"] = nullptr;
-    if (a == Architecture::Qwen2) j["use_sliding_window"] = false;
+    if (a == Architecture::Mistral)
+      j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
+    if (a == Architecture::Qwen2) {
+      j["use_sliding_window"] = false;
+      j["layer_types"] =
+          json(std::vector<std::string>(static_cast<std::size_t>(m.num_layers), "full_attention"));
+    }
   }
   return j.dump(2) + "\n";
 }
@@ -807,6 +1155,7 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   got.model = back.model;
   got.model.seq_length = expected.model.seq_length;
   got.model.dropout = expected.model.dropout;
+  got.model.hf_architecture = expected.model.hf_architecture;
   validate_config(expected, 1);
   validate_config(got, 1);
   if (config_to_yaml(expected) != config_to_yaml(got))

@@ -117,6 +117,197 @@ TEST(HfModel, ReadsTheFixturesConfigs) {
   EXPECT_EQ(gpt2.model.normalization, Normalization::LayerNorm);
 }
 
+json t5_config(const std::string& model) {
+  return json::parse(read(fixtures_dir() + "/hf_" + model + "_t5/config.json"));
+}
+
+// transformers 5 writes rope_parameters (theta and scaling together) and dtype; 4.x wrote rope_theta,
+// rope_scaling and torch_dtype. Both read as the same model.
+TEST(HfModel, ReadsTransformers5Configs) {
+  const hf::HfModel llama = hf::model_from_config_json(t5_config("llama").dump(), "llama_t5");
+  EXPECT_EQ(llama.architecture, hf::Architecture::Llama);
+  EXPECT_DOUBLE_EQ(llama.model.rope_theta, 500000.0);
+  EXPECT_EQ(llama.model.rope_scaling.type, RopeScalingType::None);
+  EXPECT_EQ(config_to_yaml(Config{.model = llama.model}),
+            config_to_yaml(
+                Config{.model = hf::model_from_config_json(fixture_config("llama").dump(), "4.x").model}));
+
+  const hf::HfModel llama3 = hf::model_from_config_json(t5_config("llama3").dump(), "llama3_t5");
+  EXPECT_DOUBLE_EQ(llama3.model.rope_theta, 10000.0);
+  EXPECT_EQ(llama3.model.rope_scaling.type, RopeScalingType::Llama3);
+  EXPECT_DOUBLE_EQ(llama3.model.rope_scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(llama3.model.rope_scaling.high_freq_factor, 32.0);
+  EXPECT_DOUBLE_EQ(llama3.model.rope_scaling.original_max_position_embeddings, 256.0);
+  EXPECT_EQ(config_to_yaml(Config{.model = llama3.model}),
+            config_to_yaml(
+                Config{.model = hf::model_from_config_json(fixture_config("llama3").dump(), "4.x").model}));
+
+  const hf::HfModel mistral = hf::model_from_config_json(t5_config("mistral").dump(), "mistral_t5");
+  EXPECT_EQ(mistral.architecture, hf::Architecture::Mistral);
+  EXPECT_DOUBLE_EQ(mistral.model.rope_theta, 1e6);
+  EXPECT_EQ(mistral.model.sliding_window, 4096);
+  EXPECT_EQ(mistral.model.hf_architecture, "MistralForCausalLM");
+
+  const hf::HfModel qwen2 = hf::model_from_config_json(t5_config("qwen2").dump(), "qwen2_t5");
+  EXPECT_EQ(qwen2.architecture, hf::Architecture::Qwen2);
+  EXPECT_DOUBLE_EQ(qwen2.model.rope_theta, 1000.0);
+  EXPECT_EQ(qwen2.model.sliding_window, 0);
+
+  // A rope_parameters without rope_type is "default" (transformers 5 fills it in); the same
+  // rotary embedding given in both layouts is accepted.
+  json j = t5_config("llama");
+  j["rope_parameters"].erase("rope_type");
+  EXPECT_DOUBLE_EQ(hf::model_from_config_json(j.dump(), "c").model.rope_theta, 500000.0);
+  j = t5_config("llama3");
+  j["rope_theta"] = 10000.0;
+  j["rope_scaling"] = j["rope_parameters"];
+  j["rope_scaling"].erase("rope_theta");
+  j["torch_dtype"] = "float32";
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "c").model.rope_scaling.type, RopeScalingType::Llama3);
+}
+
+// Two keys that say two different things: transformers 4.x reads the top-level ones, 5.x
+// rope_parameters' theta and rope_scaling's type. Refused, naming both.
+TEST(HfModel, RefusesConflictingDuplicatesNamingBothKeys) {
+  json j = t5_config("llama");
+  j["rope_theta"] = 10000.0;
+  EXPECT_THAT(config_error(j),
+              HasSubstr("rope_theta = 10000.0 and rope_parameters.rope_theta = 500000.0 disagree"));
+  j["rope_theta"] = 500000.0;
+  EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "c"));
+
+  j = t5_config("llama3");
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling = {\"factor\":8.0,\"rope_type\":\"linear\"} and "
+                                         "rope_parameters = {"));
+  j = t5_config("llama");
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 32}};
+  EXPECT_THAT(config_error(j), HasSubstr("disagree"));
+  j = t5_config("llama");
+  j["rope_parameters"]["type"] = "linear";
+  EXPECT_THAT(config_error(j), HasSubstr("rope_parameters.rope_type = \"default\" and rope_parameters.type = "
+                                         "\"linear\" disagree"));
+  j = fixture_config("llama");
+  j["architectures"] = {"MistralForCausalLM"};
+  EXPECT_THAT(config_error(j),
+              HasSubstr("architectures = [\"MistralForCausalLM\"] and model_type = \"llama\" disagree"));
+}
+
+// The key table: every key is read, known inert, or refused in one line naming it and the rule.
+TEST(HfModel, RefusesEveryKeyThatChangesTheModelAndIsNotRead) {
+  // Unknown to the table: refused.
+  for (const char* key :
+       {"attn_logit_softcapping", "final_logit_softcapping", "qk_layernorm", "no_rope_layers",
+        "attention_chunk_size", "residual_multiplier", "embedding_multiplier"}) {
+    json j = t5_config("llama");
+    j[key] = 30.0;
+    EXPECT_THAT(config_error(j),
+                HasSubstr(fmt::format("config.json: {} = 30.0: not supported: it changes the model", key)));
+  }
+  // A key of another family: Qwen2's window keys mean nothing to a Llama reader.
+  json j = t5_config("llama");
+  j["use_sliding_window"] = false;
+  EXPECT_THAT(config_error(j), HasSubstr("use_sliding_window = false: not supported: it changes the model"));
+  j = t5_config("llama");
+  j["sliding_window"] = 4096;
+  EXPECT_THAT(config_error(j), HasSubstr("sliding_window = 4096: not supported"));
+  // Known and refused.
+  j = t5_config("llama");
+  j["quantization_config"] = {{"quant_method", "fp8"}};
+  EXPECT_THAT(config_error(j),
+              HasSubstr("quantization_config = {\"quant_method\":\"fp8\"}: not supported: it "
+                        "changes the model (quantized weights)"));
+  j = t5_config("llama");
+  j["auto_map"] = {{"AutoModelForCausalLM", "modeling.Model"}};
+  EXPECT_THAT(config_error(j), HasSubstr("auto_map = "));
+  // Inert only at the default.
+  const std::pair<const char*, json> at_default[] = {{"partial_rotary_factor", 0.5},
+                                                     {"pruned_heads", {{"0", {1}}}},
+                                                     {"is_encoder_decoder", true},
+                                                     {"add_cross_attention", true}};
+  for (const auto& [key, value] : at_default) {
+    j = t5_config("llama");
+    j[key] = value;
+    EXPECT_THAT(config_error(j),
+                HasSubstr(fmt::format("{} = {}: not supported: it changes the model", key, value.dump())));
+  }
+  j = t5_config("llama");
+  j["partial_rotary_factor"] = 1.0;
+  j["pruned_heads"] = json::object();
+  EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "c"));
+  j = t5_config("llama");
+  j["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  EXPECT_THAT(config_error(j), HasSubstr("rope_parameters.partial_rotary_factor = 0.5: not supported"));
+  j = t5_config("llama");
+  j["rope_parameters"]["attention_factor"] = 1.2;
+  EXPECT_THAT(config_error(j),
+              HasSubstr("rope_parameters.attention_factor = 1.2: not supported: it changes the model"));
+  // Qwen2's windows: only full-attention layers.
+  j = t5_config("qwen2");
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_THAT(config_error(j),
+              HasSubstr("layer_types = [\"full_attention\",\"sliding_attention\"]: not supported"));
+  // Dropout that is not ours: attention-only dropout.
+  j = t5_config("llama");
+  j["attention_dropout"] = 0.1;
+  EXPECT_THAT(config_error(j), HasSubstr("attention_dropout = 0.1: not supported"));
+  json gpt2 = json::parse(read(fixtures_dir() + "/hf_gpt2_tiny_config.json"));
+  gpt2["attn_pdrop"] = 0.1;
+  EXPECT_THAT(config_error(gpt2), HasSubstr("attn_pdrop = 0.1: not supported: must equal resid_pdrop"));
+  gpt2 = json::parse(read(fixtures_dir() + "/hf_gpt2_tiny_config.json"));
+  gpt2["scale_attn_weights"] = false;
+  EXPECT_THAT(config_error(gpt2),
+              HasSubstr("scale_attn_weights = false: not supported: it changes the model"));
+
+  // Inert keys of every kind are accepted: tokens, generation, outputs, bookkeeping, dtype.
+  j = t5_config("llama");
+  for (const char* key :
+       {"_name_or_path", "output_attentions", "output_hidden_states", "return_dict", "use_cache",
+        "torchscript", "use_bfloat16", "chunk_size_feed_forward", "problem_type", "max_length", "temperature",
+        "top_p", "do_sample", "num_beams", "_attn_implementation"})
+    j[key] = nullptr;
+  j["eos_token_id"] = {128001, 128008, 128009};
+  j["torch_dtype"] = "bfloat16";  // the storage dtype, even against dtype: tensors carry their own
+  j["id2label"] = {{"0", "LABEL_0"}};
+  EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "c"));
+}
+
+// Issue 24's probe: num_hidden_layers 1e9 ran 65 s into an OOM kill; now one line, at once.
+TEST(HfModel, RefusesTooManyLayersAtOnce) {
+  json j = t5_config("llama");
+  j["num_hidden_layers"] = 1000000000;
+  EXPECT_THAT(config_error(j), HasSubstr("num_hidden_layers = 1000000000: too large (at most 65536 layers)"));
+  json gpt2 = json::parse(read(fixtures_dir() + "/hf_gpt2_tiny_config.json"));
+  gpt2["n_layer"] = 1000000000;
+  EXPECT_THAT(config_error(gpt2), HasSubstr("n_layer = 1000000000: too large"));
+  j["num_hidden_layers"] = 4294967296;
+  EXPECT_THAT(config_error(j), HasSubstr("num_hidden_layers = 4294967296: too large"));
+}
+
+// Configs as published on the Hugging Face hub (transformers 4.x writers) and as transformers 5
+// re-saves them, and the full to_dict() of each config class (tests/reference/make_hf_hub_configs.py):
+// all of them import, with their rotary embedding.
+TEST(HfModel, ReadsTheHubConfigsOfEverySupportedFamily) {
+  const json all = json::parse(read(fixtures_dir() + "/hf_hub_configs.json"));
+  ASSERT_GE(all.size(), 20u);
+  for (const auto& [name, c] : all.items()) {
+    SCOPED_TRACE(name);
+    hf::HfModel m;
+    ASSERT_NO_THROW(m = hf::model_from_config_json(c.dump(), name)) << name;
+    const double theta = c.contains("rope_parameters") ? c["rope_parameters"]["rope_theta"].get<double>()
+                                                       : c.value("rope_theta", 10000.0);
+    EXPECT_DOUBLE_EQ(m.model.rope_theta, theta);
+    const bool scaled = (c.contains("rope_parameters") && c["rope_parameters"]["rope_type"] == "llama3") ||
+                        (c.contains("rope_scaling") && c["rope_scaling"].is_object());
+    EXPECT_EQ(m.model.rope_scaling.type, scaled ? RopeScalingType::Llama3 : RopeScalingType::None);
+    EXPECT_EQ(m.model.hf_architecture, hf::architecture_name(m.architecture));
+  }
+}
+
 TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
   json j = fixture_config("llama");
   j["architectures"] = {"GemmaForCausalLM"};
@@ -312,8 +503,16 @@ TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
     EXPECT_EQ(back.architecture, in.architecture) << name;
     EXPECT_EQ(config_to_yaml(Config{.model = back.model}), config_to_yaml(Config{.model = in.model})) << name;
     EXPECT_EQ(json::parse(text)["torch_dtype"], "bfloat16");
-    EXPECT_EQ(hf::architecture_for(in.model),
-              in.architecture == hf::Architecture::Qwen2 ? hf::Architecture::Qwen2 : hf::Architecture::Llama);
+    EXPECT_EQ(hf::architecture_for(in.model), in.architecture) << name;  // model.hf_architecture
+    ModelConfig anonymous = in.model;  // without it: by the model's shape (Mistral: a sliding window)
+    anonymous.hf_architecture.clear();
+    EXPECT_EQ(hf::architecture_for(anonymous), in.architecture) << name;
+    // transformers 5's layout, with 4.x's names of the same values.
+    const json written = json::parse(text);
+    EXPECT_EQ(written["dtype"], "bfloat16");
+    EXPECT_EQ(written["rope_parameters"]["rope_theta"], in.model.rope_theta);
+    EXPECT_EQ(written["rope_parameters"]["rope_type"], "default");
+    EXPECT_EQ(written["rope_theta"], in.model.rope_theta);
   }
   // A template keeps the keys we do not own.
   json templ = fixture_config("mistral");
@@ -324,6 +523,18 @@ TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
   EXPECT_EQ(out["bos_token_id"], 7);
   EXPECT_EQ(out["sliding_window"], 4096);
   EXPECT_EQ(out["architectures"][0], "MistralForCausalLM");
+  // Without a template, Mistral stays Mistral with its window (it used to come back as Llama).
+  const json plain =
+      json::parse(hf::config_json_for(mistral.model, hf::architecture_for(mistral.model), "float32"));
+  EXPECT_EQ(plain["architectures"][0], "MistralForCausalLM");
+  EXPECT_EQ(plain["model_type"], "mistral");
+  EXPECT_EQ(plain["sliding_window"], 4096);
+  EXPECT_THAT(error_of([&] { hf::config_json_for(mistral.model, hf::Architecture::Llama, "float32"); }),
+              HasSubstr("LlamaForCausalLM cannot hold this model: it has model.sliding_window = 4096"));
+  ModelConfig wrong = mistral.model;
+  wrong.hf_architecture = "GemmaForCausalLM";
+  EXPECT_THAT(error_of([&] { hf::architecture_for(wrong); }),
+              HasSubstr("model.hf_architecture = GemmaForCausalLM: not supported"));
   // Qwen2 cannot hold a model without q/k/v biases, nor Llama one with q/k/v biases only.
   const ModelConfig llama = llama_model();
   EXPECT_THAT(error_of([&] { hf::config_json_for(llama, hf::Architecture::Qwen2, "float32"); }),
