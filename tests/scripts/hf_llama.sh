@@ -2,15 +2,19 @@
 # Hugging Face model folders through convert_checkpoint and the trainer, against the PyTorch
 # reference of tests/reference/make_hf_llama.py (Llama-, Mistral- and Qwen2-shaped tiny models: GQA,
 # rope theta != 10000, untied and tied embeddings, Qwen2's q/k/v biases, Llama 3.1's rope_scaling;
-# 3 AdamW steps):
+# 3 AdamW steps) and the folders transformers 5 saved in tests/reference/make_hf_transformers5.py
+# (config.json with rope_parameters and dtype; losses and weights computed by transformers itself):
 #  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
 #     and on tp2 x pp2 (4 ranks) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
-#     the folder's weights equal the reference's after the steps (hf_compare's tolerance);
+#     the folder's weights equal the reference's after the steps (hf_compare's tolerance), and its
+#     config.json names the architecture the model came from (Mistral keeps sliding_window);
 #  2. the bf16 sharded folder imports; exported as f32 it holds the same values; exported as bf16
 #     with --max-shard-size it is sharded again, holds the same bits and imports again;
 #  3. the GPT-2 fixture as a folder (--from hf) gives back the same tensors;
 #  4. config.json / folder errors end convert_checkpoint with exit 1 and one line naming the key or
-#     tensor (the library-level cases are in tests/unit/test_hf_model.cpp).
+#     tensor (the library-level cases are in tests/unit/test_hf_model.cpp): among them a key that
+#     changes the model and that the key table does not know, rope_theta given twice with two values,
+#     and num_hidden_layers 1e9 (refused at once, not after building 1e9 layers).
 #   hf_llama.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
 set -euo pipefail
 src=$1 convert=$2 pretrain=$3 compare=$4
@@ -36,13 +40,25 @@ quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on fai
   "$@" >"$log" 2>&1 || { echo "failed: $*"; tail -20 "$log"; exit 1; }
 }
 
-# 1. Train each model on one rank and on tp2 x pp2; export; compare.
-for model in llama mistral qwen2 llama3; do
+# 1. Train each model on one rank and on tp2 x pp2; export; compare. FOLDER:AFTER3: the folder
+# tests/reference/fixtures/hf_FOLDER and the reference hf_AFTER3_after3.safetensors. mistral_t5 and
+# qwen2_t5 are transformers 5's config.json with the make_hf_llama.py weights (copied in), trained
+# on one rank only (their layouts are those of mistral_tiny and qwen2_tiny).
+for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny llama3_tiny:llama3_tiny \
+  llama_t5:llama_t5 llama3_t5:llama3_t5 mistral_t5:mistral_tiny qwen2_t5:qwen2_tiny; do
+  model=${m%%:*} after3=$fx/hf_${m#*:}_after3.safetensors
   dir=$work/$model
   mkdir -p "$dir"
-  quiet "$dir/import.log" "$convert" --from hf --input "$fx/hf_${model}_tiny" --output "$dir/ckpt"
+  src_dir=$fx/hf_$model
+  if [[ ! -e $src_dir/model.safetensors ]]; then
+    mkdir -p "$dir/in" && cp "$src_dir/config.json" "$dir/in/" && cp "$fx/hf_${m#*:}/model.safetensors" "$dir/in/"
+    src_dir=$dir/in
+  fi
+  quiet "$dir/import.log" "$convert" --from hf --input "$src_dir" --output "$dir/ckpt"
   [[ -s $dir/ckpt.yaml ]] || { echo "$model: no ckpt.yaml"; exit 1; }
-  for layout in "1 1 1" "4 2 2"; do
+  layouts=("1 1 1" "4 2 2")
+  [[ $model == mistral_t5 || $model == qwen2_t5 ]] && layouts=("1 1 1")
+  for layout in "${layouts[@]}"; do
     read -r ranks tp pp <<<"$layout"
     run=$dir/tp${tp}pp${pp}
     quiet "$run.log" "${mpiexec[@]}" -np "$ranks" "$pretrain" --config "$dir/ckpt.yaml" \
@@ -50,24 +66,42 @@ for model in llama mistral qwen2 llama3; do
       --set parallel.tensor="$tp" --set parallel.pipeline="$pp" "${train[@]}"
     quiet "$run.export.log" "$convert" --to hf --input "$run/ckpt" --output "$run/hf"
     echo -n "$model tp$tp pp$pp: "
-    "$compare" losses "$run/metrics.jsonl" "$fx/hf_${model}_tiny_after3.safetensors"
+    "$compare" losses "$run/metrics.jsonl" "$after3"
     echo -n "$model tp$tp pp$pp: "
-    "$compare" weights "$run/hf" "$fx/hf_${model}_tiny_after3.safetensors"
+    "$compare" weights "$run/hf" "$after3"
   done
-  grep -q "\"${model^}ForCausalLM\"\|\"LlamaForCausalLM\"" "$dir/tp1pp1/hf/config.json" ||
-    { echo "$model: exported config.json names no Llama-family architecture"; exit 1; }
+  # The export (no template) names the architecture and model_type of the folder it came from.
+  for key in architectures model_type; do
+    want=$(tr -d ' \n' <"$src_dir/config.json" | grep -o "\"$key\":[^,]*" | head -1)
+    tr -d ' \n' <"$dir/tp1pp1/hf/config.json" | grep -qF -- "$want" ||
+      { echo "$model: the export lost $want"; cat "$dir/tp1pp1/hf/config.json"; exit 1; }
+  done
+  # transformers 5's layout, plus 4.x's names of the same values.
+  for key in '"dtype": "float32"' '"torch_dtype": "float32"' '"rope_parameters": {'; do
+    grep -qF -- "$key" "$dir/tp1pp1/hf/config.json" || { echo "$model: the export lacks $key"; exit 1; }
+  done
 done
-grep -q '"Qwen2ForCausalLM"' "$work/qwen2/tp1pp1/hf/config.json" || { echo "qwen2 exported as another architecture"; exit 1; }
-grep -q 'add_qkv_bias: true' "$work/qwen2/ckpt.yaml" || { echo "qwen2: ckpt.yaml lacks add_qkv_bias"; exit 1; }
-grep -q 'rope_theta: 1000000' "$work/mistral/ckpt.yaml" || { echo "mistral: ckpt.yaml lacks rope_theta"; exit 1; }
-grep -q 'rope_scaling: llama3' "$work/llama3/ckpt.yaml" && grep -q 'rope_high_freq_factor: 32' "$work/llama3/ckpt.yaml" ||
+grep -q 'add_qkv_bias: true' "$work/qwen2_tiny/ckpt.yaml" || { echo "qwen2: ckpt.yaml lacks add_qkv_bias"; exit 1; }
+grep -q 'rope_theta: 1000000' "$work/mistral_tiny/ckpt.yaml" || { echo "mistral: ckpt.yaml lacks rope_theta"; exit 1; }
+grep -q 'rope_scaling: llama3' "$work/llama3_tiny/ckpt.yaml" && grep -q 'rope_high_freq_factor: 32' "$work/llama3_tiny/ckpt.yaml" ||
   { echo "llama3: ckpt.yaml lacks rope_scaling"; exit 1; }
-grep -q '"rope_type": "llama3"' "$work/llama3/tp1pp1/hf/config.json" &&
-  grep -q '"original_max_position_embeddings": 256' "$work/llama3/tp1pp1/hf/config.json" ||
-  { echo "llama3: exported config.json lacks rope_scaling"; cat "$work/llama3/tp1pp1/hf/config.json"; exit 1; }
+grep -q '"rope_type": "llama3"' "$work/llama3_tiny/tp1pp1/hf/config.json" &&
+  grep -q '"original_max_position_embeddings": 256' "$work/llama3_tiny/tp1pp1/hf/config.json" ||
+  { echo "llama3: exported config.json lacks rope_scaling"; cat "$work/llama3_tiny/tp1pp1/hf/config.json"; exit 1; }
+# transformers 5's folders: their real rope_theta (rope_parameters), scaling and window.
+grep -q 'rope_theta: 500000' "$work/llama_t5/ckpt.yaml" || { echo "llama_t5: ckpt.yaml lacks rope_theta 500000"; exit 1; }
+grep -q 'rope_scaling: llama3' "$work/llama3_t5/ckpt.yaml" && grep -q 'rope_original_max_position_embeddings: 256' \
+  "$work/llama3_t5/ckpt.yaml" || { echo "llama3_t5: ckpt.yaml lacks rope_scaling"; exit 1; }
+# Mistral round trip without a template: MistralForCausalLM and its sliding_window are kept.
+for model in mistral_tiny mistral_t5; do
+  grep -q 'sliding_window: 4096' "$work/$model/ckpt.yaml" && grep -q 'hf_architecture: "MistralForCausalLM"' \
+    "$work/$model/ckpt.yaml" || { echo "$model: ckpt.yaml lacks sliding_window / hf_architecture"; exit 1; }
+  grep -q '"MistralForCausalLM"' "$work/$model/tp1pp1/hf/config.json" && grep -q '"sliding_window": 4096' \
+    "$work/$model/tp1pp1/hf/config.json" || { echo "$model: round trip lost Mistral"; cat "$work/$model/tp1pp1/hf/config.json"; exit 1; }
+done
 
 # With the original config.json as a template, the export keeps its architecture and other keys.
-quiet "$work/template.log" "$convert" --to hf --input "$work/mistral/tp1pp1/ckpt" --output "$work/mistral_templ" \
+quiet "$work/template.log" "$convert" --to hf --input "$work/mistral_tiny/tp1pp1/ckpt" --output "$work/mistral_templ" \
   --hf-config "$fx/hf_mistral_tiny/config.json"
 grep -q '"MistralForCausalLM"' "$work/mistral_templ/config.json" && grep -q '"sliding_window": 4096' \
   "$work/mistral_templ/config.json" || { echo "template keys lost"; cat "$work/mistral_templ/config.json"; exit 1; }
@@ -105,7 +139,8 @@ expect_error() {
   local name=$1 fragment=$2
   shift 2
   local status=0
-  "$convert" "$@" >"$work/$name.out" 2>"$work/$name.err" || status=$?
+  # Under a timeout: each refusal comes at once (num_hidden_layers 1e9 used to run 65 s into an OOM kill).
+  timeout 30 "$convert" "$@" >"$work/$name.out" 2>"$work/$name.err" || status=$?
   if [[ $status -ne 1 || $(wc -l <"$work/$name.err") -ne 1 ]] || ! grep -qF -- "$fragment" "$work/$name.err"; then
     echo "$name: expected exit 1 and one line with '$fragment', got exit $status:"
     cat "$work/$name.err"
@@ -134,5 +169,20 @@ variant tied 's/"tie_word_embeddings": false/"tie_word_embeddings": true/'
 expect_error tied_lm_head "'lm_head.weight' differs from 'model.embed_tokens.weight'" --from hf --input "$work/tied" --output "$work/e6"
 mkdir -p "$work/no_weights" && cp "$fx/hf_llama_tiny/config.json" "$work/no_weights/"
 expect_error no_weights "neither model.safetensors nor model.safetensors.index.json" --from hf --input "$work/no_weights" --output "$work/e7"
+variant softcap 's/"use_cache": true/"use_cache": true, "attn_logit_softcapping": 30.0/'
+expect_error unknown_key 'attn_logit_softcapping = 30.0: not supported: it changes the model' --from hf --input "$work/softcap" --output "$work/e8"
+variant quantized 's/"use_cache": true/"use_cache": true, "quantization_config": {"quant_method": "fp8"}/'
+expect_error quantized 'quantization_config = {"quant_method":"fp8"}: not supported: it changes the model' --from hf --input "$work/quantized" --output "$work/e9"
+variant huge 's/"num_hidden_layers": 2/"num_hidden_layers": 1000000000/'
+expect_error huge_layers 'num_hidden_layers = 1000000000: too large' --from hf --input "$work/huge" --output "$work/e10"
+variant_t5() {  # variant_t5 NAME SED_EXPR: the transformers-5 llama folder with its config.json edited
+  mkdir -p "$work/$1"
+  cp "$fx/hf_llama_t5/model.safetensors" "$work/$1/"
+  sed "$2" "$fx/hf_llama_t5/config.json" >"$work/$1/config.json"
+}
+variant_t5 two_thetas 's/"rope_parameters": {/"rope_theta": 10000.0, "rope_parameters": {/'
+expect_error two_thetas 'rope_theta = 10000.0 and rope_parameters.rope_theta = 500000.0 disagree' --from hf --input "$work/two_thetas" --output "$work/e11"
+variant_t5 t5_yarn 's/"rope_type": "default"/"rope_type": "yarn"/'
+expect_error t5_yarn 'rope_parameters.rope_type = "yarn": not supported' --from hf --input "$work/t5_yarn" --output "$work/e12"
 expect_error occupied "already holds model.safetensors" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/f32"
 echo "hf_llama: all checks passed"
