@@ -12,7 +12,9 @@
 // checkpoint at step 0 that any layout can load, plus ckpt.yaml: a whole training configuration
 // whose model section is that model (pretrain_gpt --config ckpt.yaml --set checkpoint.load=ckpt).
 // Export reads a checkpoint root or step directory; the model config comes from --config, else from
-// the config the checkpoint stored in its extras.
+// the config the checkpoint stored in its extras; it writes transformers 5's config.json layout
+// (rope_parameters, dtype) plus 4.x's names of the same values, as the architecture imported
+// (model.hf_architecture: a Mistral stays MistralForCausalLM with its sliding_window).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -52,9 +54,10 @@ int main(int argc, char** argv) {
                  "--to hf: shard the safetensors above this size (5GB, 500MB: powers of 1000; 2GiB; bytes)");
   app.add_option("--dtype", dtype, "--to hf: the tensors' dtype (f32, bf16, f16)")
       ->check(CLI::IsMember({"f32", "fp32", "float32", "bf16", "bfloat16", "f16", "fp16", "float16"}));
-  app.add_option(
-         "--hf-config", hf_config,
-         "--to hf: a config.json whose other keys (architecture, token ids, ...) the written one keeps")
+  app.add_option("--hf-config", hf_config,
+                 "--to hf: a config.json whose architecture (else model.hf_architecture's) and other keys "
+                 "(token ids, "
+                 "...) the written one keeps")
       ->check(CLI::ExistingFile);
   app.add_flag("--no-transformer-prefix", no_prefix,
                "--to hf-gpt2: name tensors wte.weight, h.0. ... instead of transformer.wte.weight, ...");
