@@ -162,7 +162,7 @@ constexpr KeyRow kKeys[] = {
     {"output_attentions", kAll, Use::Inert},
     {"output_hidden_states", kAll, Use::Inert},
     {"return_dict", kAll, Use::Inert},
-    {"torchscript", kAll, Use::Inert},
+    {"torchscript", kAll, Use::Default, "false"},  // true: tied embeddings become two copies
     {"use_bfloat16", kAll, Use::Inert},
     {"tf_legacy_loss", kAll, Use::Inert},
     {"chunk_size_feed_forward", kAll, Use::Inert},  // the same feed-forward, in chunks

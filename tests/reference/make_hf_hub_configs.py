@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/reference/fixtures/hf_hub_configs.json: the config.json of the Hugging Face models
-people fine-tune in the families convert_checkpoint reads, in every layout transformers writes, for
+people fine-tune in the families convert_checkpoint reads (GPT-2, Llama 2/3/3.1/3.2, Mistral 7B v0.1/v0.3,
+Qwen2/2.5), in every layout transformers writes, for
 tests/unit/test_hf_model.cpp (ReadsTheHubConfigsOfEverySupportedFamily): each must import, with its
 rotary embedding. The key table of src/io/hf_model.cpp refuses any key it does not know, so this is
 the check that real configs carry only known keys.
@@ -24,13 +25,21 @@ import os
 import tempfile
 
 import transformers
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf_hub_configs.json")
 
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}
 PUBLISHED = {
+    "openai-community/gpt2": {
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+        "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+        "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True, "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "vocab_size": 50257},
     "meta-llama/Llama-2-7b-hf": {
         "_name_or_path": "meta-llama/Llama-2-7b-hf", "architectures": ["LlamaForCausalLM"], "bos_token_id": 1,
         "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
@@ -102,7 +111,7 @@ PUBLISHED = {
         "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
         "use_sliding_window": False, "vocab_size": 152064},
 }
-CLASSES = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+CLASSES = {"gpt2": GPT2Config, "llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
 
 
 def plain(d):

@@ -228,7 +228,8 @@ TEST(HfModel, RefusesEveryKeyThatChangesTheModelAndIsNotRead) {
   const std::pair<const char*, json> at_default[] = {{"partial_rotary_factor", 0.5},
                                                      {"pruned_heads", {{"0", {1}}}},
                                                      {"is_encoder_decoder", true},
-                                                     {"add_cross_attention", true}};
+                                                     {"add_cross_attention", true},
+                                                     {"torchscript", true}};
   for (const auto& [key, value] : at_default) {
     j = t5_config("llama");
     j[key] = value;
