@@ -121,7 +121,7 @@ constexpr KeyRow kKeys[] = {
     {"sliding_window", kMistral | kQwen2, Use::Read},
     {"use_sliding_window", kQwen2, Use::Read},
     {"max_window_layers", kQwen2, Use::Read},
-    {"layer_types", kQwen2, Use::Read},  // transformers 5.x
+    {"layer_types", kQwen2, Use::Read},  // transformers 4.57+ and 5.x
     // GPT-2 (GPT2Config).
     {"n_layer", kGpt2, Use::Read},
     {"n_embd", kGpt2, Use::Read},
