@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu.hpp"
 #include "op_cases.hpp"
 #include "parallel/device.hpp"
 #include "parallel/error.hpp"
@@ -87,6 +88,9 @@ INSTANTIATE_TEST_SUITE_P(Rows, OpTable, ::testing::ValuesIn(row_indices()), row_
 TEST(OpTableCuda, MatchesCpu) {
   if (cuda_device_count() == 0) {
     for (size_t i = 0; i < table().size(); i++) cells()[i].cuda = "skipped (no GPU)";
+    // As REQUIRE_GPU (gpu.hpp): where a GPU is expected, a missing one is a failure, not a skip.
+    if (parallel::testing::gpu_required())
+      GTEST_FAIL() << "no CUDA device visible, but PARALLEL_REQUIRE_GPU=1 says one is expected";
     GTEST_SKIP() << "no CUDA device: the CUDA column is skipped";
   }
   for (size_t i = 0; i < table().size(); i++) {
