@@ -31,6 +31,12 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+// The stream a tensor's memory was allocated on ({} for CPU tensors and borrowed memory). The
+// copies made on a tensor's behalf (clone, contiguous, to(DType), to_float_vector) are ordered on it:
+// the legacy default stream does not wait for non-blocking streams, so a copy there could read the
+// tensor before the kernels that write it have run.
+Stream own_stream(const std::shared_ptr<Storage>& storage) { return storage ? storage->stream() : Stream{}; }
+
 void check_shape(const Shape& shape) {
   for (int64_t s : shape) PARALLEL_CHECK(s >= 0, "negative dimension in shape {}", shape_str(shape));
 }
@@ -327,8 +333,9 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t = empty(shape_, dtype_, device_, storage_ ? storage_->stream() : Stream{});
-  t.copy_(*this);
+  const Stream stream = own_stream(storage_);
+  Tensor t = empty(shape_, dtype_, device_, stream);
+  t.copy_(*this, stream);
   return t;
 }
 
@@ -341,8 +348,9 @@ Tensor Tensor::to(Device device, Stream stream) const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
-  Tensor t = empty(shape_, dtype, device_, storage_ ? storage_->stream() : Stream{});
-  t.copy_(*this);
+  const Stream stream = own_stream(storage_);
+  Tensor t = empty(shape_, dtype, device_, stream);
+  t.copy_(*this, stream);
   return t;
 }
 
@@ -355,7 +363,12 @@ void Tensor::copy_(const Tensor& src, Stream stream) {
   // either side); conversions happen on the GPU when both sides are there, else on the host side.
   if (!is_contiguous() || !src.is_contiguous()) {
     if (dtype_ != src.dtype_) {  // pack (same dtype), convert (contiguous), then place
-      const Tensor packed = src.contiguous();
+      // Packed on `stream`, not src's own: every step of this copy is ordered on the one stream.
+      Tensor packed = src;
+      if (!src.is_contiguous()) {
+        packed = empty(src.shape_, src.dtype_, src.device_, stream);
+        packed.copy_(src, stream);
+      }
       if (is_contiguous()) return copy_(packed, stream);
       Tensor converted = empty(shape_, dtype_, src.device_, stream);
       converted.copy_(packed, stream);
@@ -430,7 +443,7 @@ void count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
 
 std::vector<float> Tensor::to_float_vector() const {
   count_host_read();
-  const Tensor host = device_.is_cpu() ? *this : to(Device::cpu());
+  const Tensor host = device_.is_cpu() ? *this : to(Device::cpu(), own_stream(storage_));
   std::vector<float> out(static_cast<size_t>(numel()));
   if (out.empty()) return out;
   Tensor dst = from_blob(out.data(), shape_, DType::F32);

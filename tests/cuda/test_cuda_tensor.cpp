@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -512,6 +513,46 @@ TEST(CudaTensor, NarrowedViewsCopyLikeTheCpu) {
   Tensor b = Tensor::zeros({6, 4, 8}, DType::F32, gpu);
   Tensor a_view = a.narrow(1, 1, 4).narrow(2, 0, 4);
   EXPECT_THROW(a_view.copy_(b.narrow(0, 0, 4).narrow(2, 0, 4)), Error);
+}
+
+// clone(), contiguous(), to(DType) and to_float_vector() copy on the tensor's own stream. The source
+// is written on a non-blocking stream held back by a sleeping host callback: a copy on the legacy
+// default stream (which does not wait for non-blocking streams) would run first and read the old
+// zeros; a copy on the tensor's stream runs after the fill.
+TEST(CudaTensor, CopiesRunOnTheTensorsStream) {
+  REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  TestStream ts;
+  const Stream s = ts.get();
+  const int64_t rows = 512, cols = 1024;
+  auto hold = [&] {
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  ts.s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }, nullptr),
+              cudaSuccess);
+  };
+  auto all_equal = [](const Tensor& t, float want) {
+    for (float v : t.to_float_vector())
+      if (v != want) return false;
+    return true;
+  };
+  for (int which = 0; which < 4; which++) {
+    SCOPED_TRACE(which);
+    Tensor src = Tensor::zeros({rows, cols}, DType::F32, gpu, s);
+    ASSERT_EQ(cudaStreamSynchronize(ts.s), cudaSuccess);
+    hold();
+    src.fill_(7.0, s);
+    if (which == 3) {  // device -> host on the tensor's stream
+      EXPECT_TRUE(all_equal(src, 7.0f));
+      continue;
+    }
+    Tensor out = which == 0   ? src.clone()
+                 : which == 1 ? src.narrow(1, 8, cols / 2).contiguous()
+                              : src.to(DType::BF16);
+    ASSERT_EQ(cudaStreamSynchronize(ts.s), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(out.storage()->stream(), s);
+    EXPECT_TRUE(all_equal(out, 7.0f));
+  }
 }
 
 }  // namespace
