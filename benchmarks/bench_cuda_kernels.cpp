@@ -160,6 +160,16 @@ void BM_GemmBf16(benchmark::State& state, GemmShape g, int which) {
       std::snprintf(buf, sizeof buf, " -> %s (timed: ours %.3f ms, cublaslt %.3f ms)",
                     kernels::gemm_impl_name(choice->impl), choice->ours_ms, choice->cublaslt_ms);
       label += buf;
+    } else if (kernels::gemm_mode() == kernels::GemmMode::Auto) {
+      kernels::GemmProblem problem;
+      problem.m = g.m;
+      problem.n = g.n;
+      problem.k = g.k;
+      problem.trans_a = g.ta;
+      problem.trans_b = g.tb;
+      problem.arch = kernels::current_arch();
+      label += std::string(" -> ") + kernels::gemm_impl_name(kernels::gemm_rule(problem)) +
+               " (fixed rule; PARALLEL_GEMM=timed measures)";
     } else {
       label += " -> forced by PARALLEL_GEMM";
     }

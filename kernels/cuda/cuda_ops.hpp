@@ -62,8 +62,9 @@ inline void narrow_into(Tensor& dst, const Tensor& src32, Stream stream) {
 // 16-bit a, b (one dtype) and c fp32 or that dtype: the tensor-core GEMM on the operands where they
 // lie (no conversion), with fp32 accumulation; c fp32 is accumulated in fp32 (beta = 1: weight
 // gradients, Megatron's gradient-accumulation fusion), a 16-bit c is rounded once at the end.
-// kernels::gemm_16_auto picks our mma.sync kernel or cuBLASLt per shape (timed on first use,
-// cached; PARALLEL_GEMM=ours|cublaslt|auto).
+// kernels::gemm_16_auto picks our mma.sync kernel or cuBLASLt by a fixed rule of shape, dtypes and
+// compute capability, the same on every rank and run (kernels/gemm/gemm_rule.hpp;
+// PARALLEL_GEMM=ours|cublaslt|auto|timed).
 inline void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
                  float beta, Stream stream) {
   using namespace ops_detail;

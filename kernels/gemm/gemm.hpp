@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "gemm_rule.hpp"
 #include "parallel/dtype.hpp"
 
 namespace parallel::kernels {
@@ -31,42 +32,41 @@ void gemm_mma(DType ab_dtype, const void* a, bool trans_a, const void* b, bool t
               DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
               const GemmEpilogue& epilogue, void* stream);
 
-// ---- gemm_dispatch.cu: "ours where faster" -----------------------------------------------------
+// ---- gemm_dispatch.cu: our kernel or cuBLASLt, by a fixed rule -------------------------------
 // The same contract as gemm_bf16 / gemm_f16, computed by our kernel or by cuBLASLt
-// (parallel::cuda::gemm_cublaslt_bf16 / _f16, kernels/cuda/kernels.hpp), whichever is faster for the
-// problem:
-//   - with an epilogue (bias or gelu): ours (cuBLASLt's epilogues are not wired);
-//   - k == 0: ours (cuBLASLt rejects k = 0);
-//   - otherwise, per GemmKey: the first call with a key times both on the caller's stream and real
-//     operands (2 rounds of 2 warm-up + 5 timed runs each, CUDA events; that first call therefore
-//     synchronises the stream once) and caches the faster; every call then runs the cached winner.
-//     With beta != 0 the timing runs go into a scratch copy of c, so c is updated exactly once. A
-//     stream being captured into a CUDA graph cannot be timed: such calls run ours, uncached.
-//     Shapes our kernel does not take (a dimension over INT_MAX, m over 65535 tiles) use cuBLASLt.
-// PARALLEL_GEMM=ours|cublaslt|auto (read once, at the first call; default auto) forces the choice
-// for calls without an epilogue (k == 0 still runs ours). Results of the two differ only in fp32
-// summation order.
+// (parallel::cuda::gemm_cublaslt_bf16 / _f16, kernels/cuda/kernels.hpp). PARALLEL_GEMM (read once,
+// at the first call) picks how:
+//   auto (default)  gemm_rule (gemm_rule.hpp): a pure function of the shape, dtypes, epilogue and
+//                   the device's compute capability, so every rank and every run choose the same
+//                   (the determinism contract of cuda_ops.hpp).
+//   ours, cublaslt  that one for calls without an epilogue (an epilogue or k == 0 always runs ours).
+//   timed           measured on request: the first call with a GemmKey times both on the caller's
+//                   stream and real operands (2 rounds of 2 warm-up + 5 timed runs each, CUDA
+//                   events; that first call therefore synchronises the stream once) and caches the
+//                   faster; every call then runs the cached winner. With beta != 0 the timing runs go
+//                   into a scratch copy of c, so c is updated exactly once. A stream being captured
+//                   into a CUDA graph cannot be timed: such calls run the rule's choice, uncached.
+//                   Per process, so ranks may choose differently: the trainer refuses it on more
+//                   than one rank. For measuring what the rule should be (bench_cuda_kernels).
+// Shapes our kernel does not take (a dimension over INT_MAX, m over 65535 tiles) use cuBLASLt in
+// every mode but an epilogue's. Results of the two differ only in fp32 summation order.
 void gemm_bf16_auto(const bf16* a, bool trans_a, const bf16* b, bool trans_b, float* c, int64_t m, int64_t n,
                     int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
 void gemm_f16_auto(const f16* a, bool trans_a, const f16* b, bool trans_b, float* c, int64_t m, int64_t n,
                    int64_t k, float alpha, float beta, const GemmEpilogue& epilogue, void* stream);
-// The automatic choice for a, b of ab_dtype (BF16 or F16) and c of c_dtype (F32 or ab_dtype): what
-// ops::gemm runs on 16-bit tensors (kernels/cuda/cuda_ops.hpp), the operands read where they lie
-// (no conversion). The candidates are gemm_mma and parallel::cuda::gemm_cublaslt_16
-// (kernels/cuda/kernels.hpp), timed and cached per GemmKey (c_dtype included) as above.
+// The same for a, b of ab_dtype (BF16 or F16) and c of c_dtype (F32 or ab_dtype): what ops::gemm runs
+// on 16-bit tensors (kernels/cuda/cuda_ops.hpp), the operands read where they lie (no conversion).
+// The candidates are gemm_mma and parallel::cuda::gemm_cublaslt_16 (kernels/cuda/kernels.hpp).
 void gemm_16_auto(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
                   DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
                   const GemmEpilogue& epilogue, void* stream);
 
-enum class GemmMode : uint8_t { Auto, Ours, CublasLt };
-enum class GemmImpl : uint8_t { Ours, CublasLt };
-
-// The choice PARALLEL_GEMM asks for: parse_gemm_mode(getenv("PARALLEL_GEMM")), computed once.
+// The choice PARALLEL_GEMM asks for: parse_gemm_mode(getenv("PARALLEL_GEMM")) (gemm_rule.hpp),
+// computed once.
 GemmMode gemm_mode();
-// "ours" / "cublaslt" / "auto" -> the mode; null or "" -> Auto. Anything else throws
-// parallel::Error naming PARALLEL_GEMM and the allowed values.
-GemmMode parse_gemm_mode(const char* value);
 const char* gemm_impl_name(GemmImpl impl);  // "ours", "cublaslt"
+// The compute capability of the current device as major * 10 + minor (gemm_rule's arch).
+int current_arch();
 
 // What the automatic choice is cached under. device: the CUDA device current at the call.
 struct GemmKey {
@@ -81,7 +81,7 @@ struct GemmChoice {
   GemmImpl impl = GemmImpl::Ours;
   float ours_ms = 0.0f, cublaslt_ms = 0.0f;  // mean time of one run, as measured at the choice
 };
-// The timed choice made for `key`, or nullopt when none was made (key not seen in auto mode).
+// The timed choice made for `key`, or nullopt when none was made (key not seen in timed mode).
 std::optional<GemmChoice> gemm_choice(const GemmKey& key);
 
 }  // namespace parallel::kernels

@@ -1,18 +1,16 @@
-// "Ours where faster": gemm_bf16_auto / gemm_f16_auto pick between our mma.sync kernel
-// (gemm_mma.cu) and cuBLASLt (kernels/cuda/gemm_cublaslt.cu) per problem. See gemm.hpp for the
-// contract.
+// Our mma.sync kernel (gemm_mma.cu) or cuBLASLt (kernels/cuda/gemm_cublaslt.cu) per problem:
+// gemm_bf16_auto / gemm_f16_auto / gemm_16_auto. See gemm.hpp for the contract.
 //
-// Why time instead of a rule: which one wins depends on the shape, the transposition case and the
-// GPU (cuBLASLt has Hopper wgmma kernels, ours is the portable sm_80 design), and a training run
-// issues the same few shapes millions of times, so measuring each shape once on the real operands
-// costs nothing over a run and needs no table to maintain.
+// By default the choice is gemm_rule (gemm_rule.hpp), a pure function of the problem and the
+// device's compute capability: ranks and runs must not differ (the determinism contract of
+// cuda_ops.hpp), which a choice by timing cannot promise when the timings are close. Timing stays
+// available on request (PARALLEL_GEMM=timed) to measure what the rule should be.
 //
 // Host code only (no kernels here); a .cu file because the build compiles kernels/**/*.cu only when
 // CUDA is present, which is also when cuBLASLt is.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -41,11 +39,6 @@ struct KeyLess {
 
 std::mutex g_mutex;  // guards g_choices
 std::map<GemmKey, GemmChoice, KeyLess> g_choices;
-
-// Our kernel takes int dimensions and at most 65535 row tiles of 128 (grid.y); see gemm_mma.cu.
-bool ours_supports(int64_t m, int64_t n, int64_t k) {
-  return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m + 127) / 128 <= 65535;
-}
 
 // One problem: a, b of ab (BF16 or F16), c of c_dtype (F32 or ab).
 struct Problem {
@@ -104,15 +97,16 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// The implementation to run for `key`: the cached choice, or a new one timed now.
-GemmImpl choose(const GemmKey& key, const Problem& p, cudaStream_t stream) {
+// PARALLEL_GEMM=timed: the implementation to run for `key`, the cached choice or a new one timed
+// now. `fallback` (the rule's choice) runs where timing is impossible.
+GemmImpl choose_timed(const GemmKey& key, const Problem& p, cudaStream_t stream, GemmImpl fallback) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     const auto it = g_choices.find(key);
     if (it != g_choices.end()) return it->second.impl;
   }
   // Event timing needs a synchronisation, which a stream under graph capture forbids.
-  if (capturing(stream)) return GemmImpl::Ours;
+  if (capturing(stream)) return fallback;
 
   // The timing runs write c several times. beta == 0: c is overwritten by the real run afterwards,
   // so they may go to c itself. beta != 0: they would accumulate into c, so they go to a scratch
@@ -160,8 +154,23 @@ void gemm_auto(const Problem& p, const GemmEpilogue& epilogue, void* stream) {
     gemm_mma(p.ab, p.a, p.ta, p.b, p.tb, p.c, p.c_dtype, p.m, p.n, p.k, p.alpha, p.beta, epilogue, stream);
     return;
   }
-  if (mode == GemmMode::CublasLt || !ours_supports(p.m, p.n, p.k)) {
+  if (mode == GemmMode::CublasLt || !gemm_ours_supports(p.m, p.n, p.k)) {
     run(GemmImpl::CublasLt, p, p.c, stream);
+    return;
+  }
+  GemmProblem problem;
+  problem.m = p.m;
+  problem.n = p.n;
+  problem.k = p.k;
+  problem.trans_a = p.ta;
+  problem.trans_b = p.tb;
+  problem.dtype = p.ab;
+  problem.c_dtype = p.c_dtype;
+  problem.epilogue = false;
+  problem.arch = current_arch();
+  const GemmImpl rule = gemm_rule(problem);
+  if (mode == GemmMode::Auto) {
+    run(rule, p, p.c, stream);
     return;
   }
   GemmKey key;
@@ -175,21 +184,10 @@ void gemm_auto(const Problem& p, const GemmEpilogue& epilogue, void* stream) {
   key.dtype = p.ab;
   key.c_dtype = p.c_dtype;
   const auto s = static_cast<cudaStream_t>(stream);
-  run(choose(key, p, s), p, p.c, stream);
+  run(choose_timed(key, p, s, rule), p, p.c, stream);
 }
 
 }  // namespace
-
-GemmMode parse_gemm_mode(const char* value) {
-  if (value == nullptr || *value == '\0') return GemmMode::Auto;
-  const std::string v(value);
-  if (v == "auto") return GemmMode::Auto;
-  if (v == "ours") return GemmMode::Ours;
-  if (v == "cublaslt") return GemmMode::CublasLt;
-  throw_error(
-      __FILE__, __LINE__,
-      "PARALLEL_GEMM='" + v + "' is not a valid GEMM choice: allowed values are ours, cublaslt, auto");
-}
 
 GemmMode gemm_mode() {
   // A function-local static: read once; if parsing throws, the next call reads (and throws) again.
@@ -198,6 +196,22 @@ GemmMode gemm_mode() {
 }
 
 const char* gemm_impl_name(GemmImpl impl) { return impl == GemmImpl::Ours ? "ours" : "cublaslt"; }
+
+int current_arch() {
+  // Per device, asked once each: gemm_auto runs on every GEMM call.
+  static std::mutex mutex;
+  static std::map<int, int> arch_of;
+  const int device = cuda::detail::current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = arch_of.find(device);
+  if (it == arch_of.end()) {
+    int major = 0, minor = 0;
+    CUDA_OPS_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_OPS_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    it = arch_of.emplace(device, major * 10 + minor).first;
+  }
+  return it->second;
+}
 
 std::optional<GemmChoice> gemm_choice(const GemmKey& key) {
   std::lock_guard<std::mutex> lock(g_mutex);

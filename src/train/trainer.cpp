@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
 
+#include "gemm/gemm_rule.hpp"
 #include "parallel/allocator.hpp"
 #include "parallel/checkpoint.hpp"
 #include "parallel/context_parallel.hpp"
@@ -79,6 +81,18 @@ Device select_device(const TrainConfig& train) {
         "device "
         "visible); use train.device: cpu");
   return Device::cuda(discover_launch_from_environment().local_rank % count);
+}
+
+// PARALLEL_GEMM=timed picks each GEMM shape's implementation by timing it in this process
+// (gemm/gemm_rule.hpp): ranks could choose differently and compute differently. Refused with more
+// than one rank; the default (auto) is a fixed rule that every rank applies alike.
+void refuse_timed_gemm(Device device, int world_size) {
+  if (!device.is_cuda() || world_size <= 1) return;
+  if (kernels::parse_gemm_mode(std::getenv("PARALLEL_GEMM")) == kernels::GemmMode::Timed)
+    throw ConfigError(
+        fmt::format("PARALLEL_GEMM=timed on {} ranks: timing per process lets ranks choose different GEMM "
+                    "implementations; use auto (the default, a fixed rule), ours or cublaslt",
+                    world_size));
 }
 
 // What the largest rank may use, the same figure on every rank (the smallest any rank sees), so that
@@ -171,7 +185,9 @@ struct Trainer::Impl {
   }
 
   Impl(const Config& config, MpiCommunicator& w)
-      : cfg(config), world(w), device(select_device(config.train)) {}
+      : cfg(config), world(w), device(select_device(config.train)) {
+    refuse_timed_gemm(device, world.size());
+  }
 
   int64_t tokens_per_batch() const {
     return static_cast<int64_t>(cfg.train.global_batch_size) * cfg.model.seq_length;

@@ -217,15 +217,12 @@ void run_case(const Case& c, DType precision) {
   EXPECT_TRUE(check("attention " + name + " plain vs flash", plain, own, tol)) << "plain vs own kernel";
 }
 
-const char* gemm_mode_name(kernels::GemmMode m) {
-  return m == kernels::GemmMode::Ours ? "ours" : m == kernels::GemmMode::CublasLt ? "cublaslt" : "auto";
-}
-
 // Which path each op takes in this process, from the environment (before any override below).
 TEST(OpPaths, Selected) {
-  std::printf("[op-path] selected: attention=%s (PARALLEL_ATTENTION: flash|plain), gemm=%s (PARALLEL_GEMM: "
-              "ours|cublaslt|auto), other ops: own element-wise/norm/loss kernels (no plain alternative)\n",
-              kernels::attention_path_name(kernels::attention_path()), gemm_mode_name(kernels::gemm_mode()));
+  std::printf(
+      "[op-path] selected: attention=%s (PARALLEL_ATTENTION: flash|plain), gemm=%s (PARALLEL_GEMM: "
+      "ours|cublaslt|auto|timed), other ops: own element-wise/norm/loss kernels (no plain alternative)\n",
+      kernels::attention_path_name(kernels::attention_path()), kernels::gemm_mode_name(kernels::gemm_mode()));
   EXPECT_EQ(kernels::parse_attention_path(nullptr), kernels::AttentionPath::Flash);
   EXPECT_EQ(kernels::parse_attention_path(""), kernels::AttentionPath::Flash);
   EXPECT_EQ(kernels::parse_attention_path("flash"), kernels::AttentionPath::Flash);

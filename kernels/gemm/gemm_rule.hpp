@@ -1,0 +1,87 @@
+#pragma once
+// Which GEMM implementation runs a 16-bit problem: our mma.sync kernel (gemm_mma.cu) or cuBLASLt.
+// Plain, header-only C++ (no CUDA): the rule is a pure function, unit-tested on the CPU
+// (tests/unit/test_gemm_rule.cpp), and the trainer reads PARALLEL_GEMM in a build without CUDA too.
+//
+// Why a fixed rule and not timing: cuda_ops.hpp promises that every op is deterministic, and ranks
+// of one job must compute alike. Timing each shape on first use (what PARALLEL_GEMM=auto did) lets
+// two ranks, or two runs, pick different implementations whenever the timings are close, and the
+// two differ in fp32 summation order. The rule below depends only on the problem and the GPU's
+// compute capability, so every rank and every run choose the same. Timing is still there on request
+// (PARALLEL_GEMM=timed), for measuring what the rule should be; the trainer refuses it on more than
+// one rank, where per-rank timings could disagree.
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "parallel/dtype.hpp"
+
+namespace parallel {
+// parallel/error.hpp's, declared without its fmt-based header: .cu files include this one.
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+}  // namespace parallel
+
+namespace parallel::kernels {
+
+enum class GemmMode : uint8_t { Auto, Ours, CublasLt, Timed };
+enum class GemmImpl : uint8_t { Ours, CublasLt };
+
+// "ours" / "cublaslt" / "auto" / "timed" -> the mode; null or "" -> Auto. Anything else throws
+// parallel::Error naming PARALLEL_GEMM and the allowed values.
+inline GemmMode parse_gemm_mode(const char* value) {
+  if (value == nullptr || *value == '\0') return GemmMode::Auto;
+  const std::string v(value);
+  if (v == "auto") return GemmMode::Auto;
+  if (v == "ours") return GemmMode::Ours;
+  if (v == "cublaslt") return GemmMode::CublasLt;
+  if (v == "timed") return GemmMode::Timed;
+  throw_error(
+      __FILE__, __LINE__,
+      "PARALLEL_GEMM='" + v + "' is not a valid GEMM choice: allowed values are ours, cublaslt, auto, timed");
+}
+
+inline const char* gemm_mode_name(GemmMode mode) {
+  switch (mode) {
+    case GemmMode::Ours:
+      return "ours";
+    case GemmMode::CublasLt:
+      return "cublaslt";
+    case GemmMode::Timed:
+      return "timed";
+    case GemmMode::Auto:
+      break;
+  }
+  return "auto";
+}
+
+// Our kernel takes int dimensions and at most 65535 row tiles of 128 (grid.y); see gemm_mma.cu.
+inline bool gemm_ours_supports(int64_t m, int64_t n, int64_t k) {
+  return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m + 127) / 128 <= 65535;
+}
+
+// Everything the fixed choice may depend on: the problem and the device, never a measurement.
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  DType dtype = DType::BF16;   // of a and b: BF16 or F16
+  DType c_dtype = DType::F32;  // of c: F32 or dtype
+  bool epilogue = false;       // a bias or GeLU epilogue
+  int arch = 90;               // compute capability, major * 10 + minor (sm_90: 90)
+};
+
+// The choice of PARALLEL_GEMM=auto (the default).
+//   - an epilogue (bias, GeLU) or k == 0: ours, the only one that implements them (cuBLASLt's
+//     epilogues are not wired; it rejects k = 0);
+//   - everything else: cuBLASLt. Our kernel has never been measured against it on a GPU
+//     (docs/gpu.md); cuBLASLt has Hopper wgmma kernels where ours is the portable sm_80 design, and
+//     it also takes what ours cannot (below sm_80, a dimension over INT_MAX, m over 65535 tiles).
+//     The vendor library is the safer default until measured figures (bench_cuda_kernels,
+//     PARALLEL_GEMM=timed) show shapes and architectures where ours wins; those become rows here,
+//     keyed on the fields of GemmProblem (shape, transposition, dtypes, arch) and nothing else.
+// Same inputs, same answer: no state, no timing, no environment.
+inline GemmImpl gemm_rule(const GemmProblem& p) {
+  if (p.epilogue || p.k == 0) return GemmImpl::Ours;
+  return GemmImpl::CublasLt;
+}
+
+}  // namespace parallel::kernels
