@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "parallel/error.hpp"
+#include "parallel/local_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/nccl_communicator.hpp"
 
@@ -72,7 +73,8 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
   // On GPUs: a NCCL communicator per group, bootstrapped over (and falling back for CPU tensors
   // to) the MPI group just made, which is kept alive here. In the same order on every rank;
   // ranks outside a group (the embedding group) skip it, and NCCL creation is collective only
-  // over the group's members.
+  // over the group's members. A one-rank group gets a LocalCommunicator instead (identity
+  // collectives, no NCCL): a single-GPU run then needs no working NCCL at all.
   PARALLEL_CHECK(dynamic_cast<MpiCommunicator*>(&world) != nullptr,
                  "ParallelState on {}: the world communicator must be MPI (NCCL's bootstrap), got {}",
                  device.str(), world.backend());
@@ -82,9 +84,10 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
     auto* mpi = dynamic_cast<MpiCommunicator*>(group.get());
     PARALLEL_CHECK(mpi != nullptr, "ParallelState: an MPI split returned a {} communicator",
                    group->backend());
-    std::unique_ptr<Communicator> nccl = make_nccl_communicator(*mpi, device, {.p2p_links = p2p_links});
+    std::unique_ptr<Communicator> on_device =
+        make_device_communicator(*mpi, device, {.p2p_links = p2p_links});
     host_groups_.push_back(std::move(group));
-    group = std::move(nccl);
+    group = std::move(on_device);
   };
   to_nccl(tp_, false);
   to_nccl(cp_, false);

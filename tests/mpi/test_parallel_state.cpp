@@ -3,11 +3,15 @@
 // gives every member the full member list in group-rank order without trusting split's bookkeeping.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "mpi_test.hpp"
+#include "parallel/device.hpp"
 #include "parallel/error.hpp"
+#include "parallel/local_communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
 #include "parallel/parallel_state.hpp"
 
 namespace parallel {
@@ -118,6 +122,93 @@ TEST(ParallelState, RejectsWorldSizeMismatch) {
     EXPECT_NE(what.find("world size " + std::to_string(world.size())), std::string::npos) << what;
     EXPECT_NE(what.find("= " + std::to_string(world.size() + 1)), std::string::npos) << what;
   }
+}
+
+// ---- one-rank groups: a LocalCommunicator, no NCCL ----------------------------------------------
+
+std::unique_ptr<Communicator> self_group() {
+  auto self = testing::world().split(testing::world().rank(), 0);  // every rank alone
+  EXPECT_EQ(self->size(), 1);
+  return self;
+}
+
+// The factory ParallelState uses for GPU groups: a one-rank group gets a LocalCommunicator without
+// touching NCCL or the GPU, so this passes on a machine with neither (make_nccl_communicator would
+// throw there: no device, or no CUDA backend).
+TEST(DeviceCommunicator, OneRankGroupsNeedNoNccl) {
+  auto self = self_group();
+  auto* mpi = dynamic_cast<MpiCommunicator*>(self.get());
+  ASSERT_NE(mpi, nullptr);
+  mpi->set_name("tp");
+  std::unique_ptr<Communicator> comm;
+  ASSERT_NO_THROW(comm = make_device_communicator(*mpi, Device::cuda(0)));
+  EXPECT_EQ(comm->backend(), "local");
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->name(), "tp");
+  EXPECT_EQ(comm->world_ranks(), std::vector<int>{testing::world().rank()});
+  // More than one rank still goes to NCCL, which a machine without a GPU cannot create.
+  if (testing::world().size() > 1 && cuda_device_count() == 0)
+    EXPECT_THROW(make_device_communicator(testing::world(), Device::cuda(0)), Error);
+}
+
+std::vector<float> values(const Tensor& t) { return t.to_float_vector(); }
+
+// Collectives over one rank are the identity (here on CPU tensors; CUDA tensors take the same
+// copies, ordered on the communicator's stream).
+TEST(DeviceCommunicator, LocalCollectivesAreTheIdentity) {
+  auto self = self_group();
+  LocalCommunicator comm(*self);
+  const std::vector<float> v = {1, 2, 3, 4, 5, 6};
+  Tensor t = Tensor::from_vector(v, {6});
+  comm.all_reduce(t, ReduceOp::Sum, false);
+  EXPECT_EQ(values(t), v);
+  comm.broadcast(t, 0, false);
+  EXPECT_EQ(values(t), v);
+  EXPECT_THROW(comm.broadcast(t, 1, false), Error);
+  for (int which = 0; which < 3; which++) {
+    Tensor out = Tensor::zeros({6}, DType::F32);
+    if (which == 0) comm.reduce_scatter(t, out, ReduceOp::Sum, false);
+    if (which == 1) comm.all_gather(t, out, false);
+    if (which == 2) comm.all_to_all(t, out, false);
+    EXPECT_EQ(values(out), v) << which;
+  }
+  Tensor out = Tensor::zeros({6}, DType::F32);
+  const int64_t counts[] = {6};
+  comm.all_to_allv(t, counts, out, counts, false);
+  EXPECT_EQ(values(out), v);
+  Tensor wrong = Tensor::zeros({5}, DType::F32);
+  EXPECT_THROW(comm.all_gather(t, wrong, false), Error);
+  comm.barrier();
+  EXPECT_EQ(comm.split(-1, 0), nullptr);
+  auto sub = comm.split(3, 0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->backend(), "local");
+}
+
+TEST(DeviceCommunicator, LocalMessagesToItselfMatchByTag) {
+  auto self = self_group();
+  LocalCommunicator comm(*self);
+  Tensor a = Tensor::from_vector(std::vector<float>{1, 2}, {2});
+  Tensor b = Tensor::from_vector(std::vector<float>{3, 4}, {2});
+  Tensor ra = Tensor::zeros({2}, DType::F32), rb = Tensor::zeros({2}, DType::F32);
+  // Receives posted first, sends in the other tag order: matched by tag, not by position.
+  WorkHandle wa = comm.recv(ra, 0, /*tag=*/1);
+  WorkHandle wb = comm.recv(rb, 0, /*tag=*/2);
+  EXPECT_FALSE(wa->is_completed());
+  comm.send(b, 0, 2)->wait();
+  comm.send(a, 0, 1)->wait();
+  wa->wait();
+  wb->wait();
+  EXPECT_EQ(values(ra), (std::vector<float>{1, 2}));
+  EXPECT_EQ(values(rb), (std::vector<float>{3, 4}));
+  // A batch exchanging with itself, and a receive nothing will ever match.
+  Tensor rc = Tensor::zeros({2}, DType::F32);
+  const P2POp ops[] = {{P2POp::Kind::Recv, rc, 0, 0}, {P2POp::Kind::Send, a, 0, 0}};
+  comm.batch_p2p(ops)->wait();
+  EXPECT_EQ(values(rc), (std::vector<float>{1, 2}));
+  EXPECT_THROW(comm.recv(rc, 0, 9)->wait(), Error);
+  EXPECT_THROW(comm.send(a, 1, 0), Error);
 }
 
 }  // namespace
