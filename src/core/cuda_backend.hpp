@@ -26,5 +26,8 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
              Stream stream);
 void fill(void* dst, DType type, double value, int64_t n, Device device, Stream stream);
 void synchronize(Stream stream);
+// The caching allocator's record_stream: the block at `ptr` (a storage's data) is used on `stream`,
+// so once freed it is not reused before that stream's work queued by then has completed.
+void record_stream(void* ptr, Device device, Stream stream);
 
 }  // namespace parallel::cuda_backend

@@ -41,6 +41,7 @@ void memcpy_2d(void*, std::size_t, Device, const void*, std::size_t, Device, std
 void convert(void*, DType, const void*, DType, int64_t, Device, Stream) { no_cuda(); }
 void fill(void*, DType, double, int64_t, Device, Stream) { no_cuda(); }
 void synchronize(Stream) {}
+void record_stream(void*, Device, Stream) { no_cuda(); }
 }  // namespace cuda_backend
 }  // namespace parallel
 #endif

@@ -142,6 +142,12 @@ void fill(void* dst, DType type, double value, int64_t n, Device device, Stream 
 
 void synchronize(Stream stream) { PARALLEL_CUDA_CHECK(cudaStreamSynchronize(to_cuda(stream))); }
 
+void record_stream(void* ptr, Device device, Stream stream) {
+  check_device(device, "record_stream");
+  // allocator() hands out CudaCachingAllocators only.
+  static_cast<cuda::CudaCachingAllocator&>(allocator(device.index)).record_stream(ptr, stream);
+}
+
 }  // namespace cuda_backend
 
 bool cuda_available() { return cuda_backend::available(); }

@@ -17,7 +17,29 @@ bool CudaCachingAllocator::BlockLess::operator()(const Block* a, const Block* b)
   return std::less<void*>()(a->ptr, b->ptr);
 }
 
-CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {}
+CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {
+  // Called with the mutex held and this device current.
+  events_.record = [](void* stream) -> void* {
+    cudaEvent_t e = nullptr;
+    PARALLEL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t err = cudaEventRecord(e, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) {
+      (void)cudaEventDestroy(e);
+      detail::throw_cuda_error(__FILE__, __LINE__, "cudaEventRecord(e, stream)", err);
+    }
+    return e;
+  };
+  events_.completed = [](void* event) {
+    const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    PARALLEL_CUDA_CHECK(err);
+    return true;
+  };
+  events_.destroy = [](void* event) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
+}
 
 CudaCachingAllocator::~CudaCachingAllocator() {
   // The process-wide allocators are never destroyed (the driver reclaims everything at exit, and
@@ -25,6 +47,8 @@ CudaCachingAllocator::~CudaCachingAllocator() {
   try {
     std::lock_guard lock(mutex_);
     DeviceGuard guard(device_);
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    reclaim_held(/*all=*/true);
     release_cached(small_pool_);
     release_cached(large_pool_);
   } catch (...) {
@@ -50,6 +74,8 @@ CudaCachingAllocator::Block* CudaCachingAllocator::new_segment(std::size_t segme
   if (err == cudaErrorMemoryAllocation) {
     // Cached but unused segments may be what fills the device: give them back and try once more.
     (void)cudaGetLastError();
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    reclaim_held(/*all=*/true);  // the device is idle: every held block is free
     release_cached(small_pool_);
     release_cached(large_pool_);
     err = cudaMalloc(&ptr, segment_size);
@@ -86,6 +112,10 @@ void* CudaCachingAllocator::allocate(std::size_t bytes, Stream stream) {
   Pool& pool = small ? small_pool_ : large_pool_;
 
   std::lock_guard lock(mutex_);
+  if (held_.held() > 0) {
+    DeviceGuard guard(device_);
+    reclaim_held(/*all=*/false);
+  }
   Block* block = find_free(pool, s, size);
   if (!block) {
     DeviceGuard guard(device_);
@@ -127,7 +157,18 @@ void CudaCachingAllocator::deallocate(void* ptr, std::size_t bytes, Stream strea
   Block* block = it->second;
   live_.erase(it);
   stats_.allocated -= block->requested;
+  // Used on other streams too: held (still in_use, so no neighbour merges with it) until the work
+  // those streams have queued by now has completed.
+  if (!block->uses.empty()) {
+    DeviceGuard guard(device_);
+    if (!held_.free(block, block->uses, events_)) return;
+  }
+  return_to_pool(block);
+}
+
+void CudaCachingAllocator::return_to_pool(Block* block) {
   block->in_use = false;
+  block->uses.clear();
   // The block goes back to the stream it was allocated on, whatever the caller says: that is the
   // stream whose order makes reuse safe.
   Pool& pool = block->small ? small_pool_ : large_pool_;
@@ -170,9 +211,31 @@ void CudaCachingAllocator::release_cached(Pool& pool) {
   }
 }
 
+void CudaCachingAllocator::reclaim_held(bool all) {
+  for (Block* block : all ? held_.reclaim_all(events_) : held_.reclaim(events_)) return_to_pool(block);
+}
+
+void CudaCachingAllocator::record_stream(void* ptr, Stream stream) {
+  if (!ptr) return;
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return;  // not ours (borrowed memory): nothing to hold back
+  it->second->uses.record(it->second->stream, stream.handle);
+}
+
+std::size_t CudaCachingAllocator::held_blocks() const {
+  std::lock_guard lock(mutex_);
+  return held_.held();
+}
+
 void CudaCachingAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
   DeviceGuard guard(device_);
+  // Held blocks wait for other streams: after a device synchronisation every one is free.
+  if (held_.held() > 0) {
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    reclaim_held(/*all=*/true);
+  }
   release_cached(small_pool_);
   release_cached(large_pool_);
 }

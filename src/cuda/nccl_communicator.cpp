@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "comm/watchdog.hpp"
+#include "core/cuda_backend.hpp"
 #include "cuda_check.hpp"
 #include "parallel/device.hpp"
 
@@ -461,6 +462,13 @@ class NcclCommunicator final : public Communicator {
     return finish(std::move(keep), async, {stream_});
   }
   WorkHandle finish(std::vector<Tensor> keep, bool async, const std::vector<cudaStream_t>& streams) {
+    // The tensors were used on our streams, not (only) on the ones they were allocated on: tell the
+    // caching allocator, so that a storage freed before our work is done is not handed out again
+    // on its own stream meanwhile (whatever the caller does with the Work handle).
+    for (const Tensor& t : keep)
+      if (t.storage() != nullptr)
+        for (cudaStream_t s : streams)
+          cuda_backend::record_stream(t.storage()->data(), t.device(), Stream{s});
     std::vector<cudaEvent_t> done;
     auto release = [&done] {
       for (cudaEvent_t e : done) (void)cudaEventDestroy(e);

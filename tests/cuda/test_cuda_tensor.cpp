@@ -158,6 +158,34 @@ TEST(CudaAllocator, BlocksAreCachedPerStream) {
   a.deallocate(r, 4 * kMiB, s1.get());
 }
 
+// record_stream: a block allocated on s1 and used on s2 (held back by a sleeping host callback) is
+// not reused on s1 until s2's work queued before the free has completed.
+TEST(CudaAllocator, RecordStreamHoldsBlockUntilOtherStreamIsDone) {
+  REQUIRE_GPU();
+  TestStream s1, s2;
+  CudaCachingAllocator a(0);
+  void* p = a.allocate(4 * kMiB, s1.get());
+  a.record_stream(p, s1.get());  // its own stream: nothing to record
+  a.record_stream(p, s2.get());
+  ASSERT_EQ(cudaLaunchHostFunc(
+                s2.s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr),
+            cudaSuccess);
+  a.deallocate(p, 4 * kMiB, s1.get());
+  EXPECT_EQ(a.held_blocks(), 1u);
+  void* q = a.allocate(4 * kMiB, s1.get());
+  EXPECT_NE(q, p) << "reused while s2 may still use it";
+  ASSERT_EQ(cudaStreamSynchronize(s2.s), cudaSuccess);
+  void* r = a.allocate(4 * kMiB, s1.get());
+  EXPECT_EQ(r, p) << "s2 is done: the block is back in s1's pool";
+  EXPECT_EQ(a.held_blocks(), 0u);
+  a.deallocate(q, 4 * kMiB, s1.get());
+  a.deallocate(r, 4 * kMiB, s1.get());
+  // A block used on its own stream only goes back at once.
+  void* t = a.allocate(4 * kMiB, s1.get());
+  a.deallocate(t, 4 * kMiB, s1.get());
+  EXPECT_EQ(a.held_blocks(), 0u);
+}
+
 TEST(CudaAllocator, PeakAndEmptyCacheKeepLiveBlocks) {
   REQUIRE_GPU();
   CudaCachingAllocator a(0);
