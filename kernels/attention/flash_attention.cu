@@ -28,6 +28,7 @@
 // fp32 CUDA cores, not tensor cores: correct and simple; the bf16 tensor-core version comes later.
 #include <cmath>
 
+#include "attention/attention_launch.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
 
@@ -39,6 +40,7 @@ constexpr int kBc = 32;  // keys per tile
 
 struct Dims {
   int s, b, hq, hkv, d, group;
+  int bh0;  // the (batch, head) pair of blockIdx.y == 0: launches cover at most kMaxGridY pairs each
   int64_t q_stride, k_stride;  // between consecutive positions of one head
   bool causal;
   float scale;
@@ -112,7 +114,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* sO = sP + kBr * ldp;  // [Br, ld]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int i0 = blockIdx.x * kBr;
-  const int bi = blockIdx.y / x.hq, h = blockIdx.y % x.hq, hk = h / x.group;
+  const int bh = x.bh0 + static_cast<int>(blockIdx.y);
+  const int bi = bh / x.hq, h = bh % x.hq, hk = h / x.group;
   const float* q_head = q + (static_cast<int64_t>(bi) * x.hq + h) * x.d;
   const float* k_head = k + (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
   const float* v_head = v + (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
@@ -240,7 +243,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* sD = sL + kBr;         // [Br]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int j0 = blockIdx.x * kBc;
-  const int bi = blockIdx.y / x.hkv, hk = blockIdx.y % x.hkv;
+  const int bh = x.bh0 + static_cast<int>(blockIdx.y);
+  const int bi = bh / x.hkv, hk = bh % x.hkv;
   const int64_t kv_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
 
   load_rows(sK, ld, k + kv_off + j0 * x.k_stride, x.k_stride, kBc, min(kBc, x.s - j0), x.d);
@@ -321,7 +325,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* sD = sL + kBr;         // [Br]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int i0 = blockIdx.x * kBr;
-  const int bi = blockIdx.y / x.hq, h = blockIdx.y % x.hq, hk = h / x.group;
+  const int bh = x.bh0 + static_cast<int>(blockIdx.y);
+  const int bi = bh / x.hq, h = bh % x.hq, hk = h / x.group;
   const int64_t q_off = (static_cast<int64_t>(bi) * x.hq + h) * x.d;
   const int64_t kv_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
   const int valid_q = min(kBr, x.s - i0);
@@ -375,7 +380,10 @@ __global__ void __launch_bounds__(kAttnThreads)
 Dims make_dims(const AttentionShape& sh, bool causal, float scale) {
   CUDA_OPS_REQUIRE(sh.s < (int64_t{1} << 31) && sh.d <= 256 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
                    "attention: unsupported shape (d <= 256, hq a multiple of hkv)");
+  CUDA_OPS_REQUIRE(sh.b * sh.hq < (int64_t{1} << 31),
+                   "attention: b * hq = " + std::to_string(sh.b * sh.hq) + " (batch x heads) must be < 2^31");
   Dims x;
+  x.bh0 = 0;
   x.s = static_cast<int>(sh.s);
   x.b = static_cast<int>(sh.b);
   x.hq = static_cast<int>(sh.hq);
@@ -407,25 +415,34 @@ std::size_t dq_smem(int br, int d) {
   return sizeof(float) * (3 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1) + 2 * br);
 }
 
-// Launches kernel<4> (64-row query tiles) when its shared memory fits, else kernel<2> (32 rows).
+// Launches kernel<4> (64-row query tiles) when its shared memory fits, else kernel<2> (32 rows),
+// over `pairs` (batch, head) pairs on grid.y: one launch per chunk of at most kMaxGridY pairs
+// (grid_y_chunks), each told its first pair in x.bh0. The kernels' last argument is the Dims.
 template <typename K4, typename K2, typename Size, typename... Args>
 void launch_tiled(K4 k4, K2 k2, Size smem_of, int d, unsigned grid_x_rows_of_64, unsigned grid_x_rows_of_32,
-                  unsigned grid_y, cudaStream_t stream, Args... args) {
+                  int64_t pairs, cudaStream_t stream, Dims x, Args... args) {
   const int limit = max_smem_optin();
   const std::size_t s4 = smem_of(64, d), s2 = smem_of(32, d);
-  if (s4 <= static_cast<std::size_t>(limit)) {
+  const bool tall = s4 <= static_cast<std::size_t>(limit);
+  if (tall) {
     CUDA_OPS_CHECK(
         cudaFuncSetAttribute(k4, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s4)));
-    k4<<<dim3(grid_x_rows_of_64, grid_y), kAttnThreads, s4, stream>>>(args...);
   } else {
     CUDA_OPS_REQUIRE(s2 <= static_cast<std::size_t>(limit),
                      "attention: head dimension " + std::to_string(d) + " needs " + std::to_string(s2) +
                          " bytes of shared memory, the device allows " + std::to_string(limit));
     CUDA_OPS_CHECK(
         cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s2)));
-    k2<<<dim3(grid_x_rows_of_32, grid_y), kAttnThreads, s2, stream>>>(args...);
   }
-  CUDA_OPS_LAUNCHED();
+  for (const GridChunk& chunk : grid_y_chunks(pairs)) {
+    x.bh0 = static_cast<int>(chunk.first);
+    const auto grid_y = static_cast<unsigned>(chunk.count);
+    if (tall)
+      k4<<<dim3(grid_x_rows_of_64, grid_y), kAttnThreads, s4, stream>>>(args..., x);
+    else
+      k2<<<dim3(grid_x_rows_of_32, grid_y), kAttnThreads, s2, stream>>>(args..., x);
+    CUDA_OPS_LAUNCHED();
+  }
 }
 
 unsigned blocks_of(int s, int rows) { return static_cast<unsigned>((s + rows - 1) / rows); }
@@ -437,7 +454,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
   const Dims x = make_dims(shape, causal, softmax_scale);
   if (x.s == 0 || x.b == 0 || x.hq == 0) return;
   launch_tiled(attn_fwd_kernel<4>, attn_fwd_kernel<2>, fwd_smem, x.d, blocks_of(x.s, 64), blocks_of(x.s, 32),
-               static_cast<unsigned>(x.b * x.hq), static_cast<cudaStream_t>(stream), q, k, v, out, lse, x);
+               int64_t{x.b} * x.hq, static_cast<cudaStream_t>(stream), x, q, k, v, out, lse);
 }
 
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
@@ -452,11 +469,11 @@ void attention_backward(const float* dout, const float* q, const float* k, const
   CUDA_OPS_LAUNCHED();
   // dK, dV: one block per key tile of 32 (grid x is the same for both tile heights).
   launch_tiled(attn_bwd_dkdv_kernel<4>, attn_bwd_dkdv_kernel<2>, dkdv_smem, x.d, blocks_of(x.s, kBc),
-               blocks_of(x.s, kBc), static_cast<unsigned>(x.b * x.hkv), cs, dout, q, k, v, lse,
-               static_cast<const float*>(Dv.as<float>()), dk, dv, x);
+               blocks_of(x.s, kBc), int64_t{x.b} * x.hkv, cs, x, dout, q, k, v, lse,
+               static_cast<const float*>(Dv.as<float>()), dk, dv);
   launch_tiled(attn_bwd_dq_kernel<4>, attn_bwd_dq_kernel<2>, dq_smem, x.d, blocks_of(x.s, 64),
-               blocks_of(x.s, 32), static_cast<unsigned>(x.b * x.hq), cs, dout, q, k, v, lse,
-               static_cast<const float*>(Dv.as<float>()), dq, x);
+               blocks_of(x.s, 32), int64_t{x.b} * x.hq, cs, x, dout, q, k, v, lse,
+               static_cast<const float*>(Dv.as<float>()), dq);
 }
 
 }  // namespace parallel::kernels

@@ -24,6 +24,7 @@
 
 // Relative includes: usable from tests and benchmarks, which do not see the private include dirs.
 #include "../../src/cuda/cuda_check.hpp"
+#include "../attention/attention_launch.hpp"
 #include "../attention/attention_plain_ops.hpp"
 #include "../attention/flash_attention_mma.hpp"
 #include "../gemm/gemm.hpp"
@@ -211,16 +212,16 @@ inline kernels::AttentionShape attention_shape(const Tensor& q, const Tensor& k)
 }
 
 // 16-bit tensors go to the tensor-core FlashAttention-2 kernels (flash_attention_mma.cu) directly
-// when those take the problem: head dim 64 or 128, b * hq <= 65535, every tensor 16-byte aligned
-// (cudaMalloc'd tensors are; a view may not be). Otherwise (other head dims, odd views) the fp32
-// flash kernel runs on widened copies and the outputs are rounded back (conversion kernels, the
-// exception rather than the rule).
+// when those take the problem (kernels::attention_mma_can_implement: head dim 64 or 128,
+// b * hq <= 65535, every tensor 16-byte aligned; cudaMalloc'd tensors are, a view may not be).
+// Otherwise (other head dims, odd views, more batch x heads) the fp32 flash kernel runs on widened
+// copies and the outputs are rounded back (conversion kernels, the exception rather than the rule);
+// it covers any batch x heads in launches of at most 65535 pairs.
 inline bool use_attention_mma(const Tensor& q, const Tensor& k, std::initializer_list<const Tensor*> all) {
-  if (q.dtype() == DType::F32 || (q.size(3) != 64 && q.size(3) != 128)) return false;
-  if (q.size(1) * q.size(2) > 65535 || k.size(1) * k.size(2) > 65535) return false;
-  for (const Tensor* t : all)
-    if (!ops_detail::aligned16(*t)) return false;
-  return true;
+  bool aligned = true;
+  for (const Tensor* t : all) aligned = aligned && ops_detail::aligned16(*t);
+  const kernels::AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  return kernels::attention_mma_can_implement(shape, q.dtype(), aligned);
 }
 
 // q, k, v, out of one dtype (fp32, bf16, fp16); lse fp32. Head dimension d <= 256 in fp32; the

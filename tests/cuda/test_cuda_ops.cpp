@@ -648,6 +648,14 @@ TEST(CudaOps, AttentionHeadDim128) {
   check_attention(70, 2, 2, 1, 128, false);
 }
 
+// More (batch, head) pairs than one grid.y takes (65535): the tensor-core path declines, and the
+// fp32 kernels must cover them in several launches (kernels/attention/attention_launch.hpp).
+// b * hq = 66000 forward and dq (two launches), b * hkv = 33000 for dk / dv (one); tiny s and d.
+TEST(CudaOps, AttentionPastTheGridYLimit) {
+  REQUIRE_GPU();
+  check_attention(3, 33000, 2, 1, 8, true);
+}
+
 // The model's mixed-precision path: real 16-bit tensors (ops.hpp, "Precision"). CUDA runs the
 // tensor-core kernels on them directly (head dims 64 and 128); the CPU widens the same values and
 // computes in fp32. Tolerances as the kernels' own tests (tests/cuda/test_flash_attention_mma.cpp):
