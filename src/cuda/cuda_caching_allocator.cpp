@@ -160,8 +160,14 @@ void CudaCachingAllocator::deallocate(void* ptr, std::size_t bytes, Stream strea
   // Used on other streams too: held (still in_use, so no neighbour merges with it) until the work
   // those streams have queued by now has completed.
   if (!block->uses.empty()) {
-    DeviceGuard guard(device_);
-    if (!held_.free(block, block->uses, events_)) return;
+    try {
+      DeviceGuard guard(device_);
+      if (!held_.free(block, block->uses, events_)) return;
+    } catch (const Error&) {
+      // No event could be recorded (typically the runtime shutting down at exit, with a tensor
+      // freed from static storage): wait for the whole device instead, and the block is free.
+      if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    }
   }
   return_to_pool(block);
 }
