@@ -1,13 +1,14 @@
 // GPU kernel benchmarks (Google Benchmark), timed with CUDA events (manual time):
 //   - GEMM, bf16 inputs / fp32 accumulation and output: our mma.sync kernel (kernels/gemm), cuBLASLt
-//     and the automatic choice between them (kernels::gemm_bf16_auto) side by side, TFLOP/s =
+//     and the dispatch between them (kernels::gemm_bf16_auto) side by side, TFLOP/s =
 //     2 M N K / time. Squares 4096^3 and 8192^3, and the linear layers of GPT-2 124M (h 768, ffn
 //     3072), GPT 1.3B (h 2048, ffn 8192) and a 7B (h 4096, SwiGLU ffn 11008: the up projection
 //     computes gate and up together, 2 x 11008 outputs) over 8192 tokens, with the GPT-2 vocabulary
 //     padded to 50304 for the LM head. Each layer in its three GEMMs: forward y = x W^T (fwd), input
 //     gradient dx = dy W (dgrad), weight gradient dW += dy^T x with beta = 1 (wgrad). Names:
 //     BM_GemmBf16/<model>/<layer>/<fwd|dgrad|wgrad>/<ours|cublaslt|auto>; auto's label says which
-//     it picked and the times it measured for both.
+//     one the fixed rule (kernels::gemm_rule) picks, or under PARALLEL_GEMM=timed the one timing
+//     picked and the times it measured for both: the figures to revise the rule with.
 //   - memory-bound kernels (norms, activations, rope, cross-entropy, embedding, AdamW, rounding,
 //     sum of squares): bytes_per_second from the bytes each must move at minimum (stated per
 //     benchmark), and pct_hbm = 100 x (GB/s) / 3350, the percentage of the H100 SXM's 3.35 TB/s.

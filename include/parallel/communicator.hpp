@@ -82,7 +82,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string_view backend() const = 0;  // "mpi" or "nccl"
+  virtual std::string_view backend() const = 0;  // "mpi", "nccl" or "local" (one rank)
 
   // In-place reduction of `tensor` over every rank.
   virtual WorkHandle all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum, bool async = false) = 0;

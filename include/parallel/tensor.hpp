@@ -87,7 +87,7 @@ class Tensor {
 
   // Copies.
   Tensor contiguous() const;  // *this if already contiguous
-  Tensor clone() const;
+  Tensor clone() const;       // copies on the storage's own stream, as contiguous() and to(DType) do
   Tensor to(Device device, Stream stream = {}) const;
   Tensor to(DType dtype) const;
   // Copies src into *this (same shape); any combination of dtypes, devices and strides on the CPU,
