@@ -54,6 +54,11 @@ inline const char* gemm_mode_name(GemmMode mode) {
   return "auto";
 }
 
+// Whether a job of `ranks` processes may run with `mode`: timed lets each process choose by its own
+// measurements, so ranks could compute differently; it is for one process only. The others are the
+// same on every rank.
+inline bool gemm_mode_allowed(GemmMode mode, int ranks) { return mode != GemmMode::Timed || ranks <= 1; }
+
 // Our kernel takes int dimensions and at most 65535 row tiles of 128 (grid.y); see gemm_mma.cu.
 inline bool gemm_ours_supports(int64_t m, int64_t n, int64_t k) {
   return m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m + 127) / 128 <= 65535;

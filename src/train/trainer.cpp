@@ -87,8 +87,8 @@ Device select_device(const TrainConfig& train) {
 // (gemm/gemm_rule.hpp): ranks could choose differently and compute differently. Refused with more
 // than one rank; the default (auto) is a fixed rule that every rank applies alike.
 void refuse_timed_gemm(Device device, int world_size) {
-  if (!device.is_cuda() || world_size <= 1) return;
-  if (kernels::parse_gemm_mode(std::getenv("PARALLEL_GEMM")) == kernels::GemmMode::Timed)
+  if (!device.is_cuda()) return;
+  if (!kernels::gemm_mode_allowed(kernels::parse_gemm_mode(std::getenv("PARALLEL_GEMM")), world_size))
     throw ConfigError(
         fmt::format("PARALLEL_GEMM=timed on {} ranks: timing per process lets ranks choose different GEMM "
                     "implementations; use auto (the default, a fixed rule), ours or cublaslt",

@@ -37,6 +37,15 @@ TEST(GemmRule, ParsesTheEnvironmentVariable) {
   }
 }
 
+// Timing per process could make ranks disagree: the trainer refuses it on more than one rank.
+TEST(GemmRule, TimedIsForOneProcessOnly) {
+  for (const GemmMode m : {GemmMode::Auto, GemmMode::Ours, GemmMode::CublasLt})
+    for (const int ranks : {1, 2, 8}) EXPECT_TRUE(kernels::gemm_mode_allowed(m, ranks));
+  EXPECT_TRUE(kernels::gemm_mode_allowed(GemmMode::Timed, 1));
+  EXPECT_FALSE(kernels::gemm_mode_allowed(GemmMode::Timed, 2));
+  EXPECT_FALSE(kernels::gemm_mode_allowed(GemmMode::Timed, 8));
+}
+
 // Problems across shapes (GPT-2 layers, odd edges, past our kernel's limits), transpositions,
 // dtypes and architectures.
 std::vector<GemmProblem> problems() {
