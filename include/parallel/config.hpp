@@ -110,6 +110,7 @@ struct TrainConfig {
   int eval_interval = 0;  // 0: never
   int eval_steps = 1;
   std::string output_dir = "runs/default";
+  std::string tensorboard_dir;  // TensorBoard event files (rank 0); empty: none
   DeviceKind device = DeviceKind::CPU;
   double peak_tflops = 0.0;       // per rank, for MFU; 0: the device's known peak (CPU: measured default)
   double comm_timeout_s = 600.0;  // watchdog deadline of every blocking communication wait (NCCL's)

@@ -14,7 +14,7 @@ namespace parallel {
 // `tag` makes the probe's name unique among processes sharing the directory (e.g. the rank).
 void check_writable_dir(const std::string& key, const std::string& dir, const std::string& tag);
 
-// train.output_dir and, when set, checkpoint.dir.
+// train.output_dir and, when set, checkpoint.dir and train.tensorboard_dir.
 void check_output_dirs(const Config& config, const std::string& tag);
 
 }  // namespace parallel

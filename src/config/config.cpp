@@ -161,6 +161,8 @@ void for_each_field(S& s, F&& f) {
   f("eval_interval", s.eval_interval, "steps between evaluations (0: never)");
   f("eval_steps", s.eval_steps, "batches per evaluation");
   f("output_dir", s.output_dir, "directory for logs and metrics");
+  f("tensorboard_dir", s.tensorboard_dir,
+    "directory for TensorBoard event files of the metrics.jsonl scalars (empty: none)");
   f("device", s.device, "where to compute");
   f("peak_tflops", s.peak_tflops,
     "peak TFLOP/s per rank for MFU (0: the GPU's known or CPU's measured peak)");

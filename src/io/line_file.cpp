@@ -41,7 +41,7 @@ int write_whole_line(int fd, std::string_view line) {
   return 0;
 }
 
-LineFile::LineFile(std::string path) : path_(std::move(path)) {
+LineFile::LineFile(std::string path, std::string unit) : path_(std::move(path)), unit_(std::move(unit)) {
   const auto parent = std::filesystem::path(path_).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
@@ -58,17 +58,21 @@ bool LineFile::append(std::string_view line) {
   std::string text;
   text.reserve(line.size() + 1);
   text.append(line).push_back('\n');
-  const int err = write_whole_line(fd_, text);
+  return append_record(text);
+}
+
+bool LineFile::append_record(std::string_view bytes) {
+  const int err = write_whole_line(fd_, bytes);
   if (err != 0) {
     ++dropped_;
     // Logs must never end a run: warn once, keep training, keep trying with later lines.
     if (!failing_)
-      logger().warn("cannot write to {}: {}; training goes on, lines are dropped until writing works again",
-                    path_, std::strerror(err));
+      logger().warn("cannot write to {}: {}; training goes on, {}s are dropped until writing works again",
+                    path_, std::strerror(err), unit_);
     failing_ = true;
     return false;
   }
-  if (failing_) logger().warn("writing to {} works again; {} line(s) were dropped", path_, dropped_);
+  if (failing_) logger().warn("writing to {} works again; {} {}(s) were dropped", path_, dropped_, unit_);
   failing_ = false;
   return true;
 }

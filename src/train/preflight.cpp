@@ -52,6 +52,8 @@ void check_writable_dir(const std::string& key, const std::string& dir, const st
 void check_output_dirs(const Config& config, const std::string& tag) {
   check_writable_dir("train.output_dir", config.train.output_dir, tag);
   if (!config.checkpoint.dir.empty()) check_writable_dir("checkpoint.dir", config.checkpoint.dir, tag);
+  if (!config.train.tensorboard_dir.empty())
+    check_writable_dir("train.tensorboard_dir", config.train.tensorboard_dir, tag);
 }
 
 }  // namespace parallel

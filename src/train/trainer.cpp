@@ -29,6 +29,7 @@
 #include "parallel/preflight.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/signal_handler.hpp"
+#include "parallel/tensorboard.hpp"
 #include "parallel/train_state.hpp"
 
 namespace parallel {
@@ -168,6 +169,8 @@ struct Trainer::Impl {
   std::optional<GPTDataset> train_data, valid_data;
   std::unique_ptr<pipeline::PipelineExecutor> executor, eval_executor;
   std::unique_ptr<MetricsWriter> metrics;  // rank 0 only
+  // Rank 0, when train.tensorboard_dir is set: the same scalars as metrics, for TensorBoard.
+  std::unique_ptr<TensorBoardWriter> tensorboard;
   // Installed when start-up is over: until then SIGTERM keeps its default action and ends the
   // process at once (there is nothing to save yet), instead of waiting for the first step.
   std::optional<StopFlag> stop;
@@ -389,6 +392,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     std::ofstream(std::filesystem::path(c.train.output_dir) / "config.yaml") << config_to_yaml(c);
     m.metrics = std::make_unique<MetricsWriter>(
         (std::filesystem::path(c.train.output_dir) / "metrics.jsonl").string());
+    if (!c.train.tensorboard_dir.empty())
+      m.tensorboard = std::make_unique<TensorBoardWriter>(c.train.tensorboard_dir);
   }
 
   progress().info(
@@ -553,6 +558,7 @@ int64_t Trainer::train() {
     const bool log =
         m.step == first_step + 1 || m.step % c.train.log_interval == 0 || m.step == c.train.steps;
     if (m.metrics && log) m.metrics->write_train(s);
+    if (m.tensorboard && log) m.tensorboard->write_train(s);
     if (log) {
       const double per_step = std::chrono::duration<double>(Clock::now() - run_start).count() /
                               static_cast<double>(m.step - first_step);
@@ -565,6 +571,7 @@ int64_t Trainer::train() {
     if (c.train.eval_interval > 0 && (m.step % c.train.eval_interval == 0 || m.step == c.train.steps)) {
       const double eval_loss = evaluate();
       if (m.metrics) m.metrics->write_eval(m.step, eval_loss);
+      if (m.tensorboard) m.tensorboard->write_eval(m.step, eval_loss);
       progress().info("step {} | eval loss {:.4f} (ppl {:.2f})", m.step, eval_loss, std::exp(eval_loss));
     }
     const int stop_signal = agreed_stop_signal(*m.stop, m.world);

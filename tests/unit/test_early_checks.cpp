@@ -69,6 +69,11 @@ TEST(Preflight, AnUnwritableDirectoryNamesTheKeyThePathAndTheErrno) {
   EXPECT_THAT(message, HasSubstr("Not a directory"));
   c.train.output_dir = dir;
   EXPECT_THAT(error_of<ConfigError>([&] { check_output_dirs(c, "rank0"); }), HasSubstr("train.output_dir"));
+  c.train.output_dir = (base / "out").string();
+  c.checkpoint.dir.clear();
+  c.train.tensorboard_dir = dir;
+  EXPECT_THAT(error_of<ConfigError>([&] { check_output_dirs(c, "rank0"); }),
+              HasSubstr("config: train.tensorboard_dir = \"" + dir + "\": not writable"));
   fs::remove_all(base);
 }
 
