@@ -2,7 +2,7 @@
 # Installs what libparallel needs from Debian's packages, and nothing when it is all there already.
 # Works as root and as a user (through sudo). docs/dependencies.md says why each package is here.
 #   --with-torch   also install python3-torch (only needed to regenerate the PyTorch fixtures)
-#   --with-plots   also install python3-matplotlib (only needed by scripts/plot_metrics.py)
+#   --with-plots   also install python3-matplotlib (scripts/plot_metrics.py; scripts/test.sh asks for it)
 #   --with-fuzz    also install clang and its sanitizer/libFuzzer runtimes (only for scripts/fuzz.sh)
 set -euo pipefail
 
@@ -18,8 +18,9 @@ packages=(
 [[ "${CXX:-}" == *clang* ]] && packages+=(clang libomp-dev)
 # PyTorch from Debian calls the system BLAS: OpenBLAS, not the reference BLAS, for a fair baseline.
 [[ " $* " == *" --with-torch "* ]] && packages+=(python3-torch libopenblas0-openmp)
-# Plots of runs (scripts/plot_metrics.py): matplotlib brings ~35 packages (SciPy, Tk, fonts), so
-# it is opt-in; the test plot_metrics skips without it.
+# Plots of runs (scripts/plot_metrics.py): matplotlib brings ~47 packages (SciPy, Tk, fonts; about
+# 2 minutes to install on 2 cores), so it is opt-in for a build; scripts/test.sh opts in, so that
+# the test plot_metrics runs in CI (it skips without it when ctest is run by hand).
 [[ " $* " == *" --with-plots "* ]] && packages+=(python3-matplotlib)
 # Fuzzing (scripts/fuzz.sh): libclang-rt-14-dev holds libFuzzer and the ASan/UBSan runtimes; it is
 # only recommended by clang, and recommendations are not installed. ctest replays the corpora

@@ -3,8 +3,8 @@
 # them, plus a malformed line, nulls, a line without the step, a repeated step and an unknown
 # field): a PNG must be written (its 8-byte signature checked); a directory without metrics.jsonl
 # must fail with exit 1 and one line naming it.
-# Without python3 or matplotlib (Debian's python3-matplotlib, `install-deps.sh --with-plots`) the
-# test is skipped (exit 77).
+# Without python3 or matplotlib (Debian's python3-matplotlib, `install-deps.sh --with-plots`, which
+# scripts/test.sh runs) the test is skipped (exit 77).
 #   plot_metrics.sh SOURCE_DIR
 set -euo pipefail
 src=$1
