@@ -13,6 +13,7 @@ packages=(
   libeigen3-dev libdnnl-dev ocl-icd-opencl-dev libfmt-dev libspdlog-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   jargon-text
+  patchelf debootstrap
 )
 # A Clang build (CXX=clang++ ./scripts/test.sh) needs the compiler and its OpenMP runtime.
 [[ "${CXX:-}" == *clang* ]] && packages+=(clang libomp-dev)

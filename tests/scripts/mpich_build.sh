@@ -7,9 +7,11 @@
 # (PMI_RANK, PMI_SIZE) are MPI's, so a wrong launcher fails. Skipped (77) without MPICH
 # (Debian: libmpich-dev mpich, which scripts/install-deps.sh installs). The first run compiles the
 # library (minutes on 2 cores); ccache makes later ones take seconds.
-#   mpich_build.sh SOURCE_DIR BINARY_DIR CXX_COMPILER
+# The folder is configured with the examples and benchmarks too (only test_collectives is built
+# here): the GPU rehearsal (gpu_rehearsal_test.sh) builds its CPU bundle in the same folder.
+#   mpich_build.sh SOURCE_DIR BINARY_DIR CXX_COMPILER [configure]   (configure: configure only)
 set -euo pipefail
-src=$1 bin=$2 cxx=$3
+src=$1 bin=$2 cxx=$3 only_configure=${4:-}
 source "$src/scripts/mpi_launcher.sh"
 mpicc=$(command -v mpicc.mpich || true)
 mpiexec=$(command -v mpiexec.mpich || true)
@@ -27,7 +29,8 @@ quiet() { "$@" >>"$log" 2>&1 || { echo "failed: $*"; tail -30 "$log"; exit 1; };
 : >"$log"
 quiet cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" \
   -DMPI_C_COMPILER="$mpicc" -DMPIEXEC_EXECUTABLE="$mpiexec" -DPARALLEL_WITH_CUDA=OFF \
-  -DPARALLEL_BUILD_EXAMPLES=OFF -DPARALLEL_BUILD_BENCHMARKS=OFF "${launcher[@]}"
+  -DPARALLEL_BUILD_EXAMPLES=ON -DPARALLEL_BUILD_BENCHMARKS=ON "${launcher[@]}"
+[[ $only_configure == configure ]] && exit 0
 quiet cmake --build "$build" --target test_collectives -j"$(nproc)"
 
 lib=$(find "$build/lib" -name 'libparallel.so*' -type f | head -1)
