@@ -27,6 +27,8 @@
 # OUT_DIR gets at most 8 files: report.md, results.json, logs.tar.gz (every log), bench_gemm.json,
 # bench_attention.json, bench_memory_bound.json, gpt2_step.json. A short table is printed last.
 # Exit status: 0 when every step passed, 1 otherwise, 2 on a usage error.
+# GPU_CHECK_ONLY=step,step,... runs only those steps (and the library and load checks), for a
+# second run after a fix; GPU_CHECK_BUDGET (360) caps the seconds of the whole.
 #
 # Without a GPU it says so in one line and exits 0; it still checks that every binary loads and
 # trains the tiny config on the CPU for a few steps (cpu_train), and writes the report (every GPU
@@ -110,6 +112,10 @@ step() {
   left=$(remaining)
   ((left < lim)) && lim=$left
   local log=$logs/$name.log
+  if [[ -n ${GPU_CHECK_ONLY:-} && $name != load && ",$GPU_CHECK_ONLY," != *",$name,"* ]]; then
+    record "$name" "not run (GPU_CHECK_ONLY)" 0 0
+    return 0
+  fi
   if ((lim < 3)); then
     echo "not run: the ${budget} s budget was spent" >"$log"
     record "$name" "not run (budget spent)" 0 1
@@ -399,7 +405,9 @@ if ((gpu)); then
     [[ -z $sanitizer && -x $d/../bin/compute-sanitizer ]] && sanitizer=$(readlink -f "$d/../bin/compute-sanitizer")
     [[ -z $sanitizer && -x $d/../compute-sanitizer/compute-sanitizer ]] && sanitizer=$(readlink -f "$d/../compute-sanitizer/compute-sanitizer")
   done
-  if [[ -z $sanitizer ]]; then
+  if [[ -n ${GPU_CHECK_ONLY:-} && ",$GPU_CHECK_ONLY," != *,sanitizer,* ]]; then
+    record sanitizer "not run (GPU_CHECK_ONLY)" 0 0
+  elif [[ -z $sanitizer ]]; then
     record sanitizer "not run (compute-sanitizer not found)" 0 0
   elif (($(remaining) < 15)); then
     record sanitizer "not run (no time left)" 0 0

@@ -108,17 +108,50 @@ if ls "$root"/usr/lib/x86_64-linux-gnu/ | grep -qE '^lib(mpi|mpich|dnnl|yaml-cpp
   fail "the cached bare system $system has one of our libraries: delete it to make a fresh one"
 fi
 
+# A CUDA bundle needs the CUDA libraries the GPU machine provides (bundle.json:
+# cuda_libraries_needed): this machine's copies are mounted read-only where that machine has them,
+# NCCL where PyTorch's wheel puts it (site-packages/nvidia/nccl/lib, no Python needed to find it) and
+# the rest where the CUDA toolkit does, so that the check's search is rehearsed too.
+manifest=$(tar -xOf "$bundle" --wildcards '*/bundle.json' 2>/dev/null || true)
+[[ -n $manifest ]] || fail "$bundle holds no bundle.json"
+mounts=()
+toolkit_points=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib)
+declare -A mounted=()
+while read -r soname path; do
+  [[ -n $soname && -e $path ]] || continue
+  host_dir=$(dirname "$path")
+  [[ -n ${mounted[$host_dir]:-} ]] && continue
+  if [[ $soname == libnccl* ]]; then
+    point=/usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib
+  else
+    ((${#toolkit_points[@]})) || fail "more CUDA library folders than mount points: ${!mounted[*]} $host_dir"
+    point=${toolkit_points[0]}
+    toolkit_points=("${toolkit_points[@]:1}")
+  fi
+  mounted[$host_dir]=$point
+  mkdir -p "$root$point"
+  mounts+=("$host_dir" "$point")
+done < <(sed -n '/"cuda_libraries_needed"/s/.*{\(.*\)}.*/\1/p' <<<"$manifest" | tr ',' '\n' |
+  sed -n 's/^ *"\([^"]*\)": "\([^"]*\)".*/\1 \2/p')
+if grep -q '"cuda": "ON"' <<<"$manifest" && ((${#mounts[@]} == 0)); then
+  fail "a CUDA bundle, but this machine has none of the CUDA libraries it names (bundle.json)"
+fi
+
 # The command of docs/gpu.md, inside the chroot, in its own mount and network namespaces (the
 # mounts vanish with it; only a loopback device, down): unpack to /tmp, run the check into /out.
 cat >"$root/tmp/rehearse.sh" <<'EOF'
 #!/bin/sh
 set -e
 cd /tmp
-tar -xf /tmp/bundle.tar -C /tmp
+ls /tmp/*/gpu_check.sh >/dev/null 2>&1 || tar -xf /tmp/bundle.tar -C /tmp
 dir=$(ls -d /tmp/*/gpu_check.sh | head -1)
 exec "$dir" /out
 EOF
 chmod +x "$root/tmp/rehearse.sh"
+if [[ $bundle == *.xz && ! -x $root/usr/bin/xz ]]; then
+  echo "gpu_rehearsal: a bare $codename has no xz: unpacking the .tar.xz outside the chroot (a machine without xz: python3 -m tarfile -e BUNDLE /tmp)"
+  tar -xf "$bundle" -C "$root/tmp"
+fi
 mkdir -p "$root/out"
 echo "gpu_rehearsal: running the bundle's gpu_check.sh in the bare chroot, no network"
 set +e
@@ -128,9 +161,16 @@ unshare --mount --net --fork -- bash -c '
   mount -t proc proc "$1/proc"
   mount --rbind /dev "$1/dev"
   mount -t sysfs sysfs "$1/sys" 2>/dev/null || true
-  exec chroot "$1" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  root=$1
+  shift
+  while (($#)); do
+    mount --bind "$1" "$root$2"
+    mount -o remount,bind,ro "$root$2"
+    shift 2
+  done
+  exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/root LANG=C.UTF-8 GPU_CHECK_REHEARSAL=1 /tmp/rehearse.sh
-' _ "$root" >"$work/check.log" 2>&1
+' _ "$root" "${mounts[@]}" >"$work/check.log" 2>&1
 rc=$?
 set -e
 cat "$work/check.log"
