@@ -157,7 +157,11 @@ t0=$(date +%s)
 cuda_dirs=()
 for d in ${CUDA_HOME:-} ${CUDA_PATH:-} /usr/local/cuda /usr/local/cuda-[0-9]*; do
   [[ -n $d && -d $d ]] || continue
-  for sub in lib64 lib targets/x86_64-linux/lib; do [[ -d $d/$sub ]] && cuda_dirs+=("$d/$sub"); done
+  for sub in lib64 lib targets/x86_64-linux/lib; do
+    [[ -d $d/$sub ]] || continue
+    real=$(readlink -f "$d/$sub")
+    [[ " ${cuda_dirs[*]:-} " == *" $real "* ]] || cuda_dirs+=("$real")
+  done
 done
 site_dirs=()
 if command -v python3 >/dev/null; then
@@ -293,6 +297,14 @@ load_check() {
   return $bad
 }
 export -f load_check
+# The environment of every run, for running one program by hand: source BUNDLE/env.sh.
+{
+  echo "# written by gpu_check.sh: source it to run the bundle's programs by hand"
+  for v in LD_LIBRARY_PATH PARALLEL_SOURCE_DIR UCX_MODULE_DIR UCX_WARN_UNUSED_ENV_VARS MPIR_CVAR_ENABLE_GPU \
+    OMP_NUM_THREADS PARALLEL_REQUIRE_GPU; do
+    [[ -n ${!v:-} ]] && printf 'export %s=%q\n' "$v" "${!v}"
+  done
+} >"$here/env.sh" 2>/dev/null || true
 export here bin work logs glibc_needed glibc_here cxx_runtime
 step load bash -c load_check
 
@@ -318,7 +330,7 @@ pretrain() { # pretrain NAME ARGS...: the tiny config, 10 steps, into $work/runs
   shift
   (cd "$work" && "$bin/pretrain_gpt" --config "$here/share/configs/tiny.yaml" --set train.steps=10 \
     --set train.log_interval=1 --set train.output_dir="$work/runs/$name" "$@") >"$logs/run_$name.log" 2>&1 || {
-    echo "$name failed:"
+    echo "$name failed: $(grep -v '\[info\]' "$logs/run_$name.log" | grep . | tail -1 | cut -c1-300)"
     tail -20 "$logs/run_$name.log"
     return 1
   }
@@ -367,10 +379,23 @@ if ((gpu)); then
   step trainer_gpu_plain env PARALLEL_GEMM=cublaslt PARALLEL_ATTENTION=plain bash -c 'trainer_vs_cpu plain'
 
   # ---- 5. benchmarks ----------------------------------------------------------------------------
-  bench() { # bench NAME BINARY FILTER: --benchmark_min_time 0.05 s per case, figures to read
+  # bench NAME BINARY FILTER: --benchmark_min_time 0.05 s per case, figures to read. A run without
+  # figures, or with error rows, fails the step.
+  bench_figures() {
+    "$@" || return
+    local json=${*: -2:1}
+    json=${json#--benchmark_out=}
+    local n errors
+    n=$(grep -c '"real_time"' "$json" 2>/dev/null)
+    errors=$(grep -c '"error_occurred": true' "$json" 2>/dev/null)
+    echo "figures: ${n:-0}, error rows: ${errors:-0}"
+    ((${n:-0} > 0 && ${errors:-0} == 0))
+  }
+  export -f bench_figures
+  bench() {
     local name=$1
-    step "$name" "$2" --benchmark_filter="$3" --benchmark_min_time=0.05 --benchmark_out="$out/$name.json" \
-      --benchmark_out_format=json
+    step "$name" bash -c 'bench_figures "$@"' _ "$2" --benchmark_filter="$3" --benchmark_min_time=0.05 \
+      --benchmark_out="$out/$name.json" --benchmark_out_format=json
   }
   bench bench_gemm "$bin/bench_cuda_kernels" 'BM_GemmBf16/(square/4096|gpt2_124m|gpt_1.3b)/'
   bench bench_attention "$bin/bench_cuda_attention" \
