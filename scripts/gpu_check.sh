@@ -188,11 +188,11 @@ lib_version() { # the file's version: its name's suffix, the wheel's dist-info, 
   local f=$1 real v
   real=$(readlink -f "$f")
   v=$(basename "$real" | sed -n 's/^[^.]*\.so\.\([0-9.]*\)$/\1/p')
-  if [[ $f == */nvidia/* ]]; then
+  if [[ $f == */nvidia/* ]]; then # the wheel whose RECORD lists the file names the version
     local pkg info
-    pkg=$(echo "$f" | sed 's|/nvidia/.*||')
-    info=$(ls -d "$pkg"/nvidia_"$(echo "$f" | sed 's|.*/nvidia/\([^/]*\)/.*|\1|')"*.dist-info 2>/dev/null | head -1)
-    [[ -n $info ]] && v="$v wheel $(basename "$info" .dist-info)"
+    pkg=${f%%/nvidia/*}
+    info=$(grep -lF "${f#"$pkg"/}," "$pkg"/nvidia*.dist-info/RECORD 2>/dev/null | head -1)
+    [[ -n $info ]] && v="$v wheel $(basename "$(dirname "$info")" .dist-info)"
   fi
   if [[ $f == *libnccl* ]]; then
     local banner

@@ -188,9 +188,11 @@ grep -q 'no GPU' "$out/report.md" || fail "report.md does not say 'no GPU'"
 status_of() { grep -o "\"name\": \"$1\", \"status\": \"[^\"]*\"" "$out/results.json" | sed 's/.*"status": "//;s/"$//'; }
 [[ $(status_of load) == passed ]] || fail "not every binary loads: load step '$(status_of load)' (report.md, load section)"
 [[ $(status_of cpu_train) == passed ]] || fail "pretrain_gpt did not train on the CPU: cpu_train step '$(status_of cpu_train)'"
+limits=$(sed -n 's/^  "limits_total_s": \([0-9]*\),$/\1/p' "$out/results.json")
+[[ -n $limits && $limits -le 360 ]] || fail "the GPU steps' limits add up to ${limits:-?} s, over 360 s (6 minutes)"
 grep -q 'cpu_check losses match' "$out/results.json" ||
   fail "the CPU run's losses do not match the bundle's packed CPU reference: $(grep -o '"cpu_check[^"]*"' "$out/results.json")"
 others=$(grep -o '"name": "[^"]*", "status": "[^"]*"' "$out/results.json" |
   grep -v '"name": "\(load\|cpu_train\|cuda_libraries\)"' | grep -v '"status": "not run (no GPU)"' || true)
 [[ -z $others ]] || fail "GPU steps not run for another reason than 'no GPU': $others"
-echo "gpu_rehearsal: passed in $(($(date +%s) - start)) s: every binary loads in a bare $codename chroot without network, pretrain_gpt trains the tiny config on the CPU as one process, the report says no GPU"
+echo "gpu_rehearsal: passed in $(($(date +%s) - start)) s: GPU step limits $limits s; every binary loads in a bare $codename chroot without network, pretrain_gpt trains the tiny config on the CPU as one process, the report says no GPU"
