@@ -2,9 +2,10 @@
 # Builds here everything the GPU check runs and packs it into one archive for a bare GPU machine
 # (issue 23, item 1; docs/gpu.md says what to do with it):
 #   scripts/gpu_bundle.sh [BUILD_DIR]          # default BUILD_DIR: build-gpu-bundle
-# The last line of output is the archive's path (default dist/libparallel-gpu-bundle.tar.gz, an
-# ignored folder; at most GPU_BUNDLE_MAX_MIB = 40 MiB, else exit 1). gzip, because every machine
-# with tar has it (a bare Debian has no xz); GPU_BUNDLE_OUT=....tar.xz packs with xz instead.
+# The last line of output is the archive's path (default dist/libparallel-gpu-bundle.tar.xz, an
+# ignored folder; at most GPU_BUNDLE_MAX_MIB = 40 MiB, else exit 1). xz, because gzip does not fit
+# oneDNN, MPICH and the CUDA kernels into 40 MiB; a machine without xz unpacks it with
+# python3 -m tarfile -e. The CPU-only bundle (GPU_BUNDLE_CUDA=OFF) is a .tar.gz (quicker to pack).
 #
 # What it holds (libparallel-gpu-bundle/):
 #   gpu_check.sh     the check (scripts/gpu_check.sh), run on the device: gpu_check.sh OUT_DIR
@@ -42,7 +43,9 @@ archs=${GPU_BUNDLE_ARCHS:-90-real;80-real}
 max_mib=${GPU_BUNDLE_MAX_MIB:-40}
 name=libparallel-gpu-bundle
 [[ $cuda == OFF ]] && name=libparallel-cpu-bundle
-out=$(readlink -m "${GPU_BUNDLE_OUT:-$src/dist/$name.tar.gz}")
+ext=tar.xz
+[[ $cuda == OFF ]] && ext=tar.gz
+out=$(readlink -m "${GPU_BUNDLE_OUT:-$src/dist/$name.$ext}")
 case $out in
   *.tar.gz) compress=(gzip -9) ;;
   *.tar.xz) compress=(xz -T"$(nproc)" -9) ;;

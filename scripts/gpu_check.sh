@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, run from an unpacked bundle on the GPU machine (issue 23, item 2; docs/gpu.md):
-#   tar -xf libparallel-gpu-bundle.tar.gz -C /tmp && /tmp/libparallel-gpu-bundle/gpu_check.sh OUT_DIR
+#   tar -xf libparallel-gpu-bundle.tar.xz -C /tmp && /tmp/libparallel-gpu-bundle/gpu_check.sh OUT_DIR
 # scripts/gpu_bundle.sh builds the bundle (this script is its gpu_check.sh). Nothing is built or
 # installed here and nothing needs a network or mpirun: every run is one process (MPI singleton).
 #
