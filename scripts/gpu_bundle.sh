@@ -99,7 +99,7 @@ fi
 for t in "${programs[@]}"; do [[ -x $build/bin/$t ]] || die "$build/bin/$t is not built"; done
 libparallel=$(find "$build/lib" -maxdepth 1 -name 'libparallel.so.*' -type f | head -1)
 [[ -n $libparallel ]] || die "no shared libparallel in $build/lib (the bundle needs BUILD_SHARED_LIBS=ON)"
-ldd "$libparallel" | grep -q 'libmpich\.so' ||
+grep -q 'libmpich\.so' <<<"$(ldd "$libparallel")" ||
   die "$build links another MPI than MPICH: the bundle needs MPICH's singleton start (configure with -DMPI_C_COMPILER=mpicc.mpich, or let this script configure a fresh folder)"
 
 # ---- stage ---------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ ref_run cpu_moe_bf16 --set train.precision=bf16 "${moe[@]}"
 nvcc=$(cache_get CMAKE_CUDA_COMPILER)
 nvcc_version=$([[ -n $nvcc && -x $nvcc ]] && "$nvcc" --version | grep -o 'release [0-9.]*, V[0-9.]*' || echo none)
 commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$src" status --porcelain 2>/dev/null | grep -q . && commit="$commit (working tree modified)"
+[[ -n $(git -C "$src" status --porcelain 2>/dev/null) ]] && commit="$commit (working tree modified)"
 json_list() {
   local first=1 x
   printf '['

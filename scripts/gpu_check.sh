@@ -40,7 +40,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1; then
-  if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then gpu=1; else no_gpu_why="nvidia-smi lists no device"; fi
+  if grep -q '^GPU' <<<"$(nvidia-smi -L 2>/dev/null)"; then gpu=1; else no_gpu_why="nvidia-smi lists no device"; fi
 elif compgen -G '/dev/nvidia[0-9]*' >/dev/null; then
   gpu=1 # a driver without nvidia-smi: the programs themselves will say whether CUDA works
 else

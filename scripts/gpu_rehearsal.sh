@@ -104,7 +104,7 @@ cp "$bundle" "$root/tmp/bundle.tar"
 for path in usr/bin/mpirun usr/bin/mpiexec usr/bin/g++ usr/bin/cc usr/local/cuda usr/bin/nvidia-smi; do
   [[ ! -e $root/$path ]] || fail "the cached bare system $system has /$path: delete it to make a fresh one"
 done
-if ls "$root"/usr/lib/x86_64-linux-gnu/ | grep -qE '^lib(mpi|mpich|dnnl|yaml-cpp|fmt|spdlog|gtest|benchmark)\.so'; then
+if grep -qE '^lib(mpi|mpich|dnnl|yaml-cpp|fmt|spdlog|gtest|benchmark)\.so' <<<"$(ls "$root"/usr/lib/x86_64-linux-gnu/)"; then
   fail "the cached bare system $system has one of our libraries: delete it to make a fresh one"
 fi
 
