@@ -94,7 +94,16 @@ fi
 
 # ---- the rehearsal ----------------------------------------------------------------------------
 work=$(mktemp -d /tmp/gpu_rehearsal.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# The chroot's mounts live in the check's own mount namespace and vanish with it; never delete
+# through one that did not (a bound /dev).
+cleanup() {
+  if grep -q " $work/" /proc/mounts; then
+    echo "gpu_rehearsal: $work still has mounts: left in place" >&2
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
 root=$work/root
 mkdir -p "$root"
 tar -xzf "$system" -C "$root"
