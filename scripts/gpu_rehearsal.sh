@@ -118,32 +118,25 @@ if grep -qE '^lib(mpi|mpich|dnnl|yaml-cpp|fmt|spdlog|gtest|benchmark)\.so' <<<"$
 fi
 
 # A CUDA bundle needs the CUDA libraries the GPU machine provides (bundle.json:
-# cuda_libraries_needed): this machine's copies are mounted read-only where that machine has them,
-# NCCL where PyTorch's wheel puts it (site-packages/nvidia/nccl/lib, no Python needed to find it) and
-# the rest where the CUDA toolkit does, so that the check's search is rehearsed too.
+# cuda_libraries_needed): this machine's copies (one file each) are mounted read-only where that
+# machine has them, NCCL where PyTorch's wheel puts it (site-packages/nvidia/nccl/lib, no Python
+# needed to find it) and the rest where the CUDA toolkit does (/usr/local/cuda/lib64), so that the
+# check's search through both is rehearsed too.
 manifest=$(tar -xOf "$bundle" --wildcards '*/bundle.json' 2>/dev/null || true)
 [[ -n $manifest ]] || fail "$bundle holds no bundle.json"
 mounts=()
-toolkit_points=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib)
-declare -A mounted=()
 while read -r soname path; do
-  [[ -n $soname && -e $path ]] || continue
-  host_dir=$(dirname "$path")
-  [[ -n ${mounted[$host_dir]:-} ]] && continue
-  if [[ $soname == libnccl* ]]; then
-    point=/usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib
-  else
-    ((${#toolkit_points[@]})) || fail "more CUDA library folders than mount points: ${!mounted[*]} $host_dir"
-    point=${toolkit_points[0]}
-    toolkit_points=("${toolkit_points[@]:1}")
-  fi
-  mounted[$host_dir]=$point
-  mkdir -p "$root$point"
-  mounts+=("$host_dir" "$point")
+  [[ -n $soname ]] || continue
+  [[ -f $path ]] || fail "the CUDA library $soname the bundle was built with is gone from $path"
+  point=/usr/local/cuda/lib64/$soname
+  [[ $soname == libnccl* ]] && point=/usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib/$soname
+  mkdir -p "$(dirname "$root$point")"
+  : >"$root$point"
+  mounts+=("$path" "$point")
 done < <(sed -n '/"cuda_libraries_needed"/s/.*{\(.*\)}.*/\1/p' <<<"$manifest" | tr ',' '\n' |
   sed -n 's/^ *"\([^"]*\)": "\([^"]*\)".*/\1 \2/p')
 if grep -q '"cuda": "ON"' <<<"$manifest" && ((${#mounts[@]} == 0)); then
-  fail "a CUDA bundle, but this machine has none of the CUDA libraries it names (bundle.json)"
+  fail "a CUDA bundle that names no CUDA library (bundle.json)"
 fi
 
 # The command of docs/gpu.md, inside the chroot, in its own mount and network namespaces (the
