@@ -218,7 +218,22 @@ ref_run cpu_moe_bf16 --set train.precision=bf16 "${moe[@]}"
 
 # ---- manifest and archive ------------------------------------------------------------------
 nvcc=$(cache_get CMAKE_CUDA_COMPILER)
-nvcc_version=$([[ -n $nvcc && -x $nvcc ]] && "$nvcc" --version | grep -o 'release [0-9.]*, V[0-9.]*' || echo none)
+[[ -z $nvcc ]] && nvcc=$(grep -ho 'CMAKE_CUDA_COMPILER "[^"]*"' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null |
+  head -1 | cut -d'"' -f2)
+nvcc_version=none
+[[ $have_cuda == ON && -n $nvcc && -x $nvcc ]] && nvcc_version="$nvcc $("$nvcc" --version | grep -o 'release [0-9.]*, V[0-9.]*')"
+# The NCCL and cuBLAS headers the build compiled against.
+header_version() { # header_version FILE MAJOR_MACRO MINOR_MACRO PATCH_MACRO
+  [[ -f $1 ]] || return 0
+  local v=() m
+  for m in "$2" "$3" "$4"; do v+=("$(sed -n "s/^#define $m *\([0-9]*\).*/\1/p" "$1" | head -1)"); done
+  echo "${v[0]}.${v[1]}.${v[2]}"
+}
+nccl_headers="" cublas_headers=""
+if [[ $have_cuda == ON ]]; then
+  nccl_headers=$(header_version "$(cache_get NCCL_INCLUDE_DIR)/nccl.h" NCCL_MAJOR NCCL_MINOR NCCL_PATCH)
+  cublas_headers=$(header_version "$(dirname "$(dirname "$nvcc")")/include/cublas_api.h" CUBLAS_VER_MAJOR CUBLAS_VER_MINOR CUBLAS_VER_PATCH)
+fi
 commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 [[ -n $(git -C "$src" status --porcelain 2>/dev/null) ]] && commit="$commit (working tree modified)"
 json_list() {
@@ -240,9 +255,10 @@ cuda_json=$(for k in "${!cuda_needed[@]}"; do printf '%s\t%s\n' "$k" "${cuda_nee
   echo "  \"built\": \"$(date -u +%Y-%m-%dT%H:%MZ)\","
   echo "  \"build_os\": \"$(. /etc/os-release && echo "$PRETTY_NAME")\","
   echo "  \"cuda\": \"$have_cuda\","
-  echo "  \"cuda_architectures\": \"$([[ $have_cuda == ON ]] && cache_get CMAKE_CUDA_ARCHITECTURES)\","
+  echo "  \"cuda_architectures\": \"$([[ $have_cuda == ON ]] && cache_get PARALLEL_CUDA_ARCHITECTURES)\","
   echo "  \"nvcc\": \"$nvcc_version\","
-  echo "  \"nccl_built_against\": \"$(cache_get NCCL_VERSION)$([[ $have_cuda == ON ]] && grep -o 'NCCL_VERSION_CODE [0-9]*' "$(cache_get NCCL_INCLUDE_DIR)/nccl.h" 2>/dev/null | sed 's/NCCL_VERSION_CODE / code /')\","
+  echo "  \"nccl_built_against\": \"$nccl_headers\","
+  echo "  \"cublas_built_against\": \"$cublas_headers\","
   echo "  \"cuda_libraries_needed\": $cuda_json,"
   echo "  \"mpi\": \"$(ldd "$libparallel" | grep -o 'libmpich\.so[.0-9]*' | head -1) (MPICH $(dpkg-query -W -f='${Version}' libmpich12 2>/dev/null || echo '?'))\","
   echo "  \"glibc_needed\": \"$glibc_needed\","

@@ -198,6 +198,20 @@ lib_version() { # the file's version: its name's suffix, the wheel's dist-info, 
   local f=$1 real v
   real=$(readlink -f "$f")
   v=$(basename "$real" | sed -n 's/^[^.]*\.so\.\([0-9.]*\)$/\1/p')
+  # A toolkit's version.json names each component's version (libcublas, cuda_cudart, ...).
+  local vj key
+  vj=$(dirname "$real")/../version.json
+  case $(basename "$f") in
+    libcublas*) key=libcublas ;;
+    libcudart*) key=cuda_cudart ;;
+    libnccl*) key=libnccl ;;
+    *) key="" ;;
+  esac
+  if [[ -n $key && -f $vj ]]; then
+    local cv
+    cv=$(tr -d '\n' <"$vj" | grep -o "\"$key\" *: *{[^}]*}" | grep -o '"version" *: *"[^"]*"' | cut -d'"' -f4)
+    [[ -n $cv ]] && v="$v (toolkit $key $cv)"
+  fi
   if [[ $f == */nvidia/* ]]; then # the wheel whose RECORD lists the file names the version
     local pkg info
     pkg=${f%%/nvidia/*}
@@ -473,7 +487,7 @@ ran=$(awk -F'\t' '$2 !~ /^not run/' "$steps" | wc -l)
   echo
   echo "- device: $device"
   echo "- host: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), glibc ${glibc_here:-?}, $cores CPUs; nvcc on the machine: $nvcc_here; C++ runtime: $cxx_runtime"
-  echo "- bundle: commit $(bundle_field commit), built $(bundle_field built) on $(bundle_field build_os); CUDA $(bundle_field cuda) for $(bundle_field cuda_architectures); $(bundle_field nvcc); NCCL headers $(bundle_field nccl_built_against); MPI $(bundle_field mpi)"
+  echo "- bundle: commit $(bundle_field commit), built $(bundle_field built) on $(bundle_field build_os); CUDA $(bundle_field cuda) for $(bundle_field cuda_architectures) with $(bundle_field nvcc); headers NCCL $(bundle_field nccl_built_against), cuBLAS $(bundle_field cublas_built_against); MPI $(bundle_field mpi)"
   echo "- $ran steps run, $passed passed, in $(($(date +%s) - start)) s; step limits add up to $limits_total s (budget $budget s)"
   ((gpu)) || echo "- **no GPU**: every GPU step was not run for that reason only; the bundle's load check and a CPU run of pretrain_gpt (one process) ran instead"
   echo "- op paths: trainer_gpu on the defaults (PARALLEL_GEMM=${PARALLEL_GEMM:-auto}, PARALLEL_ATTENTION=${PARALLEL_ATTENTION:-flash}); trainer_gpu_plain with PARALLEL_GEMM=cublaslt PARALLEL_ATTENTION=plain"
