@@ -41,8 +41,8 @@ build=$(readlink -m "${1:-$src/build-gpu-bundle}")
 cuda=${GPU_BUNDLE_CUDA:-ON}
 archs=${GPU_BUNDLE_ARCHS:-90-real;80-real}
 max_mib=${GPU_BUNDLE_MAX_MIB:-40}
-name=libparallel-gpu-bundle
-[[ $cuda == OFF ]] && name=libparallel-cpu-bundle
+name="libparallel-gpu-bundle"
+[[ $cuda == OFF ]] && name="libparallel-cpu-bundle"
 ext=tar.xz
 [[ $cuda == OFF ]] && ext=tar.gz
 out=$(readlink -m "${GPU_BUNDLE_OUT:-$src/dist/$name.$ext}")
@@ -264,10 +264,12 @@ cuda_json=$(for k in "${!cuda_needed[@]}"; do printf '%s\t%s\n' "$k" "${cuda_nee
   echo "  \"glibc_needed\": \"$glibc_needed\","
   echo "  \"glibc_needed_with_fallback\": \"$glibc_needed_fallback\","
   echo "  \"libstdcxx_needed\": \"$libstdcxx_needed\","
+  # shellcheck disable=SC2046 # one word per file name (no spaces in them)
   echo "  \"fallback_libraries\": $(json_list $(cd "$dir/lib/fallback" && ls)),"
   echo "  \"cuda_tests\": $(json_list "${cuda_tests[@]}"),"
   echo "  \"programs\": $(json_list "${programs[@]}"),"
-  echo "  \"libraries\": $(json_list $(cd "$dir/lib" && ls *.so* 2>/dev/null)),"
+  # shellcheck disable=SC2046
+  echo "  \"libraries\": $(json_list $(cd "$dir/lib" && ls -- *.so* 2>/dev/null)),"
   echo "  \"unpacked_bytes\": $(du -sb "$dir" | cut -f1)"
   echo "}"
 } >"$dir/bundle.json"

@@ -20,12 +20,10 @@ command -v mpicc.mpich >/dev/null || {
   echo "SKIPPED: MPICH is not installed (the bundle's MPI; Debian: libmpich-dev mpich)"
   exit 77
 }
-for tool in patchelf; do
-  command -v $tool >/dev/null || {
-    echo "FAILED: $tool is missing (scripts/install-deps.sh installs it)"
-    exit 1
-  }
-done
+command -v patchelf >/dev/null || {
+  echo "FAILED: patchelf is missing (scripts/install-deps.sh installs it)"
+  exit 1
+}
 t0=$(date +%s)
 work=$bin/gpu_rehearsal
 rm -rf "$work"
