@@ -184,6 +184,7 @@ fi
 
 # ---- assertions -------------------------------------------------------------------------------
 [[ $rc -eq 0 ]] || fail "the bundle's gpu_check.sh exited $rc in the bare chroot (its output above)"
+[[ $(wc -l <"$work/check.log") -eq 1 ]] || fail "without a GPU the check must print one line; it printed $(wc -l <"$work/check.log")"
 [[ -s $out/results.json && -s $out/report.md ]] || fail "the check wrote no results.json / report.md"
 grep -q 'no GPU' "$out/report.md" || fail "report.md does not say 'no GPU'"
 # results.json: one step per line, "name", "status", "seconds" (gpu_check.sh writes it so).
