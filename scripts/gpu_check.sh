@@ -618,6 +618,6 @@ if ((!gpu)); then
 fi
 echo
 echo "gpu_check: $passed of $ran steps passed in $(($(date +%s) - start)) s; report $report"
-printf '%-26s %-40s %s\n' step result seconds
-while IFS=$'\t' read -r name status secs _; do printf '%-26s %-40s %s\n' "$name" "${status:0:40}" "$secs"; done <"$steps"
+printf '%-26s %-7s %s\n' step seconds result
+while IFS=$'\t' read -r name status secs _; do printf '%-26s %-7s %s\n' "$name" "$secs" "${status:0:90}"; done <"$steps"
 exit $failed
