@@ -36,6 +36,7 @@
 # BUILD_DIR already configured is used as it is (it must be an MPICH build); otherwise it is
 # configured here with MPICH's compiler wrapper, ccache when installed.
 set -euo pipefail
+trap 'echo "gpu_bundle: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=$(readlink -m "${1:-$src/build-gpu-bundle}")
 cuda=${GPU_BUNDLE_CUDA:-ON}
@@ -218,8 +219,9 @@ ref_run cpu_moe_bf16 --set train.precision=bf16 "${moe[@]}"
 
 # ---- manifest and archive ------------------------------------------------------------------
 nvcc=$(cache_get CMAKE_CUDA_COMPILER)
-[[ -z $nvcc ]] && nvcc=$(grep -ho 'CMAKE_CUDA_COMPILER "[^"]*"' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null |
-  head -1 | cut -d'"' -f2)
+for f in "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake; do
+  [[ -z $nvcc && -f $f ]] && nvcc=$(sed -n 's/^set(CMAKE_CUDA_COMPILER "\([^"]*\)").*/\1/p' "$f")
+done
 nvcc_version=none
 [[ $have_cuda == ON && -n $nvcc && -x $nvcc ]] && nvcc_version="$nvcc $("$nvcc" --version | grep -o 'release [0-9.]*, V[0-9.]*')"
 # The NCCL and cuBLAS headers the build compiled against.
