@@ -431,7 +431,8 @@ if ((gpu)); then
     step "$name" bash -c 'bench_figures "$@"' _ "$2" --benchmark_filter="$3" --benchmark_min_time=0.05 \
       --benchmark_out="$out/$name.json" --benchmark_out_format=json
   }
-  bench bench_gemm "$bin/bench_cuda_kernels" 'BM_GemmBf16/(square/4096|gpt2_124m|gpt_1.3b)/'
+  # Ours and cuBLASLt side by side (66 cases; "auto" is one of the two by a fixed rule).
+  bench bench_gemm "$bin/bench_cuda_kernels" 'BM_GemmBf16/(square/4096|gpt2_124m|gpt_1.3b)/.*/(ours|cublaslt)/'
   bench bench_attention "$bin/bench_cuda_attention" \
     'BM_FlashAttentionBf16/(1024|4096)/|BM_AttentionFp32Baseline|BM_AttentionPlainBf16'
   bench bench_memory_bound "$bin/bench_cuda_kernels" \
