@@ -140,7 +140,14 @@ struct OptimizerConfig {
 };
 
 struct DataConfig {
-  std::string path = "synthetic";  // an indexed-dataset prefix, or "synthetic"
+  // A blend (blended_dataset.hpp): one indexed-dataset prefix, "synthetic", or weight/path pairs in
+  // Megatron's flat form "0.7 a 0.3 b". YAML lists are stored in that form.
+  std::string path = "synthetic";
+  // A split's own blend (Megatron's --train-data-path ...); empty: data.path split by data.split.
+  std::string train_path;
+  std::string valid_path;
+  std::string test_path;
+  std::string cache_path;  // directory of blend index files; empty: `cache` beside the first dataset
   std::string split = "969,30,1";
   bool shuffle = true;
   std::string tokenizer = "gpt2";  // GPT2BPETokenizer | ByteLevel | gpt2 (alias)

@@ -86,6 +86,7 @@ class GPTDataset {
 
   DataSplit split() const { return split_; }
   const GPTDatasetOptions& options() const { return options_; }
+  const TokenSource& source() const { return *source_; }
   DocumentRange documents() const { return documents_; }
   int64_t num_tokens() const { return end_ - begin_; }
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
@@ -115,8 +116,10 @@ class GPTDataset {
   std::unique_ptr<PermutationCache> permutations_;
 };
 
-// data.path "synthetic" -> a synthetic source of max(2^24, 2048 * (seq_length + 1)) tokens with
-// model.vocab_size and train.seed; otherwise the indexed dataset at data.path. The options come
+// The split's dataset from the config when its blend (blended_dataset.hpp: data.SPLIT_path, else
+// data.path) is one dataset; a blend of several is refused (make_blended_dataset reads those).
+// "synthetic" -> a synthetic source of max(2^24, 2048 * (seq_length + 1)) tokens with
+// model.vocab_size and train.seed; otherwise the indexed dataset at that path. The options come
 // from model.seq_length, train.{global,micro}_batch_size, train.seed, data.{split,shuffle}.
 GPTDataset make_gpt_dataset(const Config& config, DataSplit split);
 // The seeded permutation of [0, n) for (seed, split, epoch); exposed for tests.

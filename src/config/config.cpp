@@ -24,6 +24,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "parallel/blended_dataset.hpp"
 #include "parallel/error.hpp"
 #include "parallel/layout_rules.hpp"
 #include "rules.hpp"
@@ -202,8 +203,17 @@ void for_each_field(S& s, F&& f) {
 template <typename S, typename F>
 requires std::same_as<std::remove_const_t<S>, DataConfig>
 void for_each_field(S& s, F&& f) {
-  f("path", s.path, "indexed-dataset prefix, or \"synthetic\"");
-  f("split", s.split, "train,validation,test weights, e.g. \"969,30,1\"");
+  f("path", s.path,
+    "indexed-dataset prefix, \"synthetic\", or a weighted blend: a YAML list [{weight: 0.7, path: a}, "
+    "{weight: 0.3, path: b}] or Megatron's \"0.7 a 0.3 b\" (docs/data.md)");
+  f("split", s.split, "train,validation,test weights, e.g. \"969,30,1\": each dataset of data.path is split");
+  f("train_path", s.train_path,
+    "the train split's own blend, every document of each dataset (as data.path; empty: data.path split by "
+    "data.split)");
+  f("valid_path", s.valid_path, "the validation split's own blend (as train_path)");
+  f("test_path", s.test_path, "the test split's own blend (as train_path)");
+  f("cache_path", s.cache_path,
+    "directory of blend index files (empty: `cache` beside the blend's first dataset)");
   f("shuffle", s.shuffle, "shuffle samples each epoch");
   f("tokenizer", s.tokenizer, "GPT2BPETokenizer, ByteLevel or gpt2 (alias of GPT2BPETokenizer)");
   f("vocab_file", s.vocab_file, "tokenizer vocabulary file");
@@ -498,9 +508,74 @@ void require_known_section(const std::string& section) {
   }
 }
 
+std::string scalar_or(const YAML::Node& node, std::string_view fallback) {
+  return node.IsScalar() ? node.Scalar() : std::string(fallback);
+}
+
+bool is_blend_key(const std::string& section, const std::string& key) {
+  return section == "data" &&
+         (key == "path" || key == "train_path" || key == "valid_path" || key == "test_path");
+}
+
+// A blend given as a YAML list, in Megatron's flat form "W1 P1 W2 P2 ...": items are maps
+// {weight: W, path: P}, or weights and paths alternating ([0.7, a, 0.3, b]).
+std::string blend_from_list(const std::string& name, const YAML::Node& list) {
+  if (list.size() == 0) fail(fmt::format("{} = []: an empty blend (give at least one dataset)", name));
+  std::vector<BlendEntry> entries;
+  auto weight_of = [&](const YAML::Node& node, const std::string& where) {
+    double value = 0;
+    const std::string text = node.IsScalar() && node.Tag() != "!" ? node.Scalar() : std::string();
+    if (!parse_number(text.starts_with('+') ? text.substr(1) : text, value))
+      fail(fmt::format("{}: weight {}: expected a number", where, display_raw(node)));
+    return value;
+  };
+  auto path_of = [&](const YAML::Node& node, const std::string& where) {
+    if (!node.IsScalar() || node.Scalar().empty())
+      fail(fmt::format("{}: path {}: expected a dataset prefix", where, display_raw(node)));
+    const std::string& path = node.Scalar();
+    if (path.find_first_of(" \t\r\n") != std::string::npos)
+      fail(
+          fmt::format("{}: path {}: a path in a blend cannot hold white space (the blend is stored as "
+                      "\"W1 P1 W2 P2 ...\")",
+                      where, quoted(path)));
+    return path;
+  };
+  if (list[0].IsMap()) {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string where = fmt::format("{}[{}]", name, i);
+      const YAML::Node& item = list[i];
+      if (!item.IsMap())
+        fail(fmt::format("{} = {}: expected {{weight: W, path: P}} like the items before", where,
+                         display_raw(item)));
+      for (const auto& kv : item) {
+        const std::string k = scalar_or(kv.first, "<non-scalar key>");
+        if (k != "weight" && k != "path")
+          fail(fmt::format("{}: unknown key {} (an item has weight and path)", where, quoted(k)));
+      }
+      if (!item["weight"] || !item["path"]) fail(fmt::format("{}: needs both weight and path", where));
+      entries.push_back({weight_of(item["weight"], where), path_of(item["path"], where)});
+    }
+  } else {
+    if (list.size() % 2 != 0)
+      fail(fmt::format("{}: {} items: expected weights and paths alternating [W1, P1, W2, P2, ...]", name,
+                       list.size()));
+    for (std::size_t i = 0; i < list.size(); i += 2) {
+      const std::string where = fmt::format("{}[{}]", name, i);
+      entries.push_back(
+          {weight_of(list[i], where), path_of(list[i + 1], fmt::format("{}[{}]", name, i + 1))});
+    }
+  }
+  return format_blend(entries);
+}
+
 // Sets section.key from `node`; unknown and derived keys are errors.
 void set_key(Config& c, const std::string& section, const std::string& key, const YAML::Node& node) {
   const std::string name = section + "." + key;
+  if (node.IsSequence() && is_blend_key(section, key)) {
+    YAML::Node flat(blend_from_list(name, node));
+    set_key(c, section, key, flat);
+    return;
+  }
   bool found = false;
   for_each_key(c, [&](const char* s, const char* k, auto& member, const char*) {
     if (section == s && key == k) {
@@ -513,10 +588,6 @@ void set_key(Config& c, const std::string& section, const std::string& key, cons
     if (section == s && key == k) fail(fmt::format("{}: not a configuration key: {}", name, why));
   });
   fail(fmt::format("{}: unknown key{}", name, suggest_key(section, key)));
-}
-
-std::string scalar_or(const YAML::Node& node, std::string_view fallback) {
-  return node.IsScalar() ? node.Scalar() : std::string(fallback);
 }
 
 void apply_document(Config& c, const YAML::Node& root, const std::string& file_name) {
@@ -851,7 +922,16 @@ void validate_config(Config& c, int world_size) {
                             rules.key(o.sharding)));
   rules.require(o.prefetch_units >= 0, o.prefetch_units, "must be >= 0");
 
-  // Data.
+  // Data. Blends: the weights (negative, NaN, a zero sum), pairs and "synthetic" alone. A split's own
+  // blend replaces data.path for that split.
+  for (const std::string* blend : {&c.data.path, &c.data.train_path, &c.data.valid_path, &c.data.test_path}) {
+    if (blend != &c.data.path && blend->empty()) continue;
+    try {
+      parse_blend(*blend);
+    } catch (const Error& e) {
+      rules.require(false, *blend, e.what());
+    }
+  }
   rules.require(valid_split(c.data.split), c.data.split,
                 "must be one to three comma-separated non-negative numbers (\"a,b,c\") with a positive sum");
   rules.require(

@@ -284,23 +284,4 @@ MicroBatch GPTDataset::micro_batch(int64_t global_batch, int dp_rank, int dp_siz
   return batch;
 }
 
-GPTDataset make_gpt_dataset(const Config& config, DataSplit split) {
-  GPTDatasetOptions options;
-  options.seq_length = config.model.seq_length;
-  options.global_batch_size = config.train.global_batch_size;
-  options.micro_batch_size = config.train.micro_batch_size;
-  options.shuffle = config.data.shuffle;
-  options.seed = config.train.seed;
-  options.split = config.data.split;
-  options.vocab_size = config.model.vocab_size;
-  std::shared_ptr<const TokenSource> source;
-  if (config.data.path == "synthetic") {
-    const int64_t tokens = std::max<int64_t>(int64_t{1} << 24, 2048 * (options.seq_length + 1));
-    source = make_synthetic_source(tokens, config.model.vocab_size, config.train.seed);
-  } else {
-    source = open_indexed_source(config.data.path);
-  }
-  return GPTDataset(std::move(source), split, std::move(options));
-}
-
 }  // namespace parallel

@@ -11,6 +11,7 @@
 
 #include "gemm/gemm_rule.hpp"
 #include "parallel/allocator.hpp"
+#include "parallel/blended_dataset.hpp"
 #include "parallel/checkpoint.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/data_parallel.hpp"
@@ -166,7 +167,7 @@ struct Trainer::Impl {
   std::unique_ptr<SharedChunkHooks> shared_hooks;
   std::unique_ptr<Optimizer> optimizer;
   std::optional<LrSchedule> lr;
-  std::optional<GPTDataset> train_data, valid_data;
+  std::optional<BlendedDataset> train_data, valid_data;
   std::unique_ptr<pipeline::PipelineExecutor> executor, eval_executor;
   std::unique_ptr<MetricsWriter> metrics;  // rank 0 only
   // Rank 0, when train.tensorboard_dir is set: the same scalars as metrics, for TensorBoard.
@@ -199,7 +200,7 @@ struct Trainer::Impl {
 
   // Micro-batch `mb` of global batch `batch` for this data-parallel rank, on this rank's device:
   // the cp ranks of a dp rank read the same samples and keep their own two chunks of each.
-  pipeline::MicroBatchFn data_of(const GPTDataset& data, int64_t batch) const {
+  pipeline::MicroBatchFn data_of(const BlendedDataset& data, int64_t batch) const {
     const int dp_rank = state->coord().dp, dp_size = state->grid().sizes().data;
     const int cp_rank = state->coord().cp, cp_size = state->grid().sizes().context;
     const Device dev = device;
@@ -367,8 +368,21 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
   m.lr.emplace(c.optimizer, c.train.steps);
 
-  m.train_data.emplace(make_gpt_dataset(c, DataSplit::Train));
-  if (c.train.eval_interval > 0) m.valid_data.emplace(make_gpt_dataset(c, DataSplit::Valid));
+  // Every rank builds the same blend index (or reads it from the cache); rank 0 alone writes the file.
+  m.train_data.emplace(make_blended_dataset(c, DataSplit::Train, world.rank() == 0));
+  if (c.train.eval_interval > 0)
+    m.valid_data.emplace(make_blended_dataset(c, DataSplit::Valid, world.rank() == 0));
+  for (const BlendedDataset* data : {&*m.train_data, m.valid_data ? &*m.valid_data : nullptr}) {
+    if (!data || data->num_datasets() == 1) continue;
+    std::string parts;
+    for (int64_t d = 0; d < data->num_datasets(); ++d)
+      parts +=
+          fmt::format("{}{:.4g} {}", d ? ", " : "", data->weight(d), data->dataset(d).source().describe());
+    progress().info("data: {} blend of {} datasets ({}); index of {} samples {}{}",
+                    data_split_name(data->split()), data->num_datasets(), parts, data->options().num_samples,
+                    data->cache_status(), data->cache_file().empty() ? "" : ": " + data->cache_file());
+    if (!data->cache_warning().empty()) progress().warn("data: {}", data->cache_warning());
+  }
 
   const int dp = grid.sizes().data;
   m.micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
