@@ -20,7 +20,8 @@
 // and samples, seed, sequence length, shuffling, split and num_samples. A file whose description,
 // size, structure or checksum does not match is not used: it is rebuilt (by the writer) with a
 // warning. Only the process told to write (rank 0) writes, to a temporary name renamed into
-// place; the others read the file if it is there and build the same index in memory if not.
+// place; the others read the file if it is there and build the same index in memory if not. A
+// usable file is mapped (the ranks of a node share its pages), not copied.
 // Samples past num_samples continue the same rule in memory.
 #include <cstdint>
 #include <memory>
@@ -127,7 +128,14 @@ class BlendedDataset {
   std::vector<GPTDataset> datasets_;
   std::vector<double> weights_;
   std::vector<std::string> paths_;
-  BlendIndex index_;                      // the first options_.num_samples draws
+  // Maps cache_file_ and points ids_ / samples_ into it when it is usable; else says why not.
+  std::string load(int64_t num_datasets);
+
+  // The first options_.num_samples draws: in the mapped file, or in index_ when built here.
+  BlendIndex index_;
+  std::shared_ptr<const void> mapping_;
+  const int16_t* ids_ = nullptr;
+  const int64_t* samples_ = nullptr;
   std::unique_ptr<Extension> extension_;  // draws past them, built on demand
   std::string description_;
   std::string cache_file_;

@@ -3,6 +3,8 @@
 #include "parallel/blended_dataset.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "parallel/checkpoint.hpp"  // crc32c
 #include "parallel/config.hpp"
@@ -193,24 +194,116 @@ std::string blend_index_file_name(DataSplit split, const std::string& descriptio
   return fmt::format("blend_{}_{:016x}.idx", data_split_name(split), fnv1a64(description));
 }
 
+namespace {
+
+uint64_t padded(uint64_t bytes) { return (bytes + 7) / 8 * 8; }
+
+// The file's layout for a description of `description_size` bytes and n samples: the int64 array
+// starts 8-byte aligned, so a mapped file is read in place.
+struct Layout {
+  uint64_t samples_at, datasets_at, crc_at, size;
+  Layout(uint64_t description_size, uint64_t n) {
+    samples_at = sizeof kMagic + 8 + padded(description_size) + 8;
+    datasets_at = samples_at + 8 * n;
+    crc_at = datasets_at + 2 * n;
+    size = crc_at + 4;
+  }
+};
+
+// A file mapped read-only (empty files map to nothing).
+struct Mapping {
+  const char* data = nullptr;
+  std::size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (data) ::munmap(const_cast<char*>(data), size);
+  }
+};
+
+// Maps `file`; "" on success, else why not ("missing" when it does not exist).
+std::string map_file(const std::string& file, Mapping& out) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? "missing" : fmt::format("cannot open it: {}", errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = fmt::format("cannot stat it: {}", errno_text());
+    ::close(fd);
+    return why;
+  }
+  out.size = static_cast<std::size_t>(st.st_size);
+  if (out.size > 0) {
+    void* p = ::mmap(nullptr, out.size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const std::string why = fmt::format("cannot map it: {}", errno_text());
+      ::close(fd);
+      out.size = 0;
+      return why;
+    }
+    out.data = static_cast<const char*>(p);
+  }
+  ::close(fd);
+  return "";
+}
+
+// Checks a whole file's bytes against the blend; "" and the two arrays when usable, else why not.
+std::string check_index_bytes(const char* bytes, std::size_t size, const std::string& description,
+                              int64_t num_datasets, int64_t num_samples, const int64_t** samples,
+                              const int16_t** datasets) {
+  const auto n = static_cast<uint64_t>(num_samples);
+  const Layout layout(description.size(), n);
+  if (size < sizeof kMagic || std::memcmp(bytes, kMagic, sizeof kMagic) != 0)
+    return "not a blend index (wrong magic bytes)";
+  if (size != layout.size)
+    return fmt::format("{} bytes where {} samples of this blend make {}", size, num_samples, layout.size);
+  uint64_t description_size = 0, stored_samples = 0;
+  std::memcpy(&description_size, bytes + sizeof kMagic, 8);
+  if (description_size != description.size() ||
+      std::memcmp(bytes + sizeof kMagic + 8, description.data(), description.size()) != 0)
+    return "it was made for another blend (its description differs)";
+  std::memcpy(&stored_samples, bytes + layout.samples_at - 8, 8);
+  if (stored_samples != n) return fmt::format("it holds {} samples, not {}", stored_samples, num_samples);
+  uint32_t stored_crc = 0;
+  std::memcpy(&stored_crc, bytes + layout.crc_at, 4);
+  const uint32_t crc = checkpoint::crc32c(bytes, layout.crc_at);
+  if (crc != stored_crc)
+    return fmt::format("checksum mismatch: crc32c {:08x}, the file says {:08x}: changed after it was written",
+                       crc, stored_crc);
+  const auto* s = reinterpret_cast<const int64_t*>(bytes + layout.samples_at);
+  const auto* d = reinterpret_cast<const int16_t*>(bytes + layout.datasets_at);
+  // Structure: ids in range, and each dataset's samples numbered 0, 1, 2, ... in order.
+  std::vector<int64_t> counts(static_cast<std::size_t>(num_datasets), 0);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (d[i] < 0 || d[i] >= num_datasets)
+      return fmt::format("entry {} names dataset {} of {}", i, d[i], num_datasets);
+    int64_t& count = counts[static_cast<std::size_t>(d[i])];
+    if (s[i] != count)
+      return fmt::format("entry {} is sample {} of dataset {}, expected {}", i, s[i], d[i], count);
+    ++count;
+  }
+  *samples = s;
+  *datasets = d;
+  return "";
+}
+
+}  // namespace
+
 void write_blend_index(const std::string& file, const std::string& description, const BlendIndex& index) {
   PARALLEL_CHECK(index.dataset.size() == index.sample.size(), "blend index of {} / {} entries",
                  index.dataset.size(), index.sample.size());
-  std::vector<char> bytes;
-  auto put = [&bytes](const void* data, std::size_t size) {
-    const char* p = static_cast<const char*>(data);
-    bytes.insert(bytes.end(), p, p + size);
-  };
+  const uint64_t n = index.dataset.size();
+  const Layout layout(description.size(), n);
+  std::vector<char> bytes(layout.size, 0);
   const uint64_t description_size = description.size();
-  const uint64_t num_samples = index.dataset.size();
-  put(kMagic, sizeof kMagic);
-  put(&description_size, 8);
-  put(description.data(), description.size());
-  put(&num_samples, 8);
-  put(index.dataset.data(), 2 * index.dataset.size());
-  put(index.sample.data(), 8 * index.sample.size());
-  const uint32_t crc = checkpoint::crc32c(bytes.data(), bytes.size());
-  put(&crc, 4);
+  std::memcpy(bytes.data(), kMagic, sizeof kMagic);
+  std::memcpy(bytes.data() + sizeof kMagic, &description_size, 8);
+  std::memcpy(bytes.data() + sizeof kMagic + 8, description.data(), description.size());
+  std::memcpy(bytes.data() + layout.samples_at - 8, &n, 8);
+  std::memcpy(bytes.data() + layout.samples_at, index.sample.data(), 8 * n);
+  std::memcpy(bytes.data() + layout.datasets_at, index.dataset.data(), 2 * n);
+  const uint32_t crc = checkpoint::crc32c(bytes.data(), layout.crc_at);
+  std::memcpy(bytes.data() + layout.crc_at, &crc, 4);
 
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -226,13 +319,13 @@ void write_blend_index(const std::string& file, const std::string& description, 
   const char* p = bytes.data();
   std::size_t left = bytes.size();
   while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
+    const ssize_t written = ::write(fd, p, left);
+    if (written < 0) {
       if (errno == EINTR) continue;
       fail("cannot write");
     }
-    p += n;
-    left -= static_cast<std::size_t>(n);
+    p += written;
+    left -= static_cast<std::size_t>(written);
   }
   if (::fsync(fd) != 0) fail("cannot fsync");
   if (::close(fd) != 0) {
@@ -255,49 +348,15 @@ void write_blend_index(const std::string& file, const std::string& description, 
 
 std::string read_blend_index(const std::string& file, const std::string& description, int64_t num_datasets,
                              int64_t num_samples, BlendIndex& index) {
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec) && !ec) return "missing";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return fmt::format("cannot read it: {}", errno_text());
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return fmt::format("cannot read it: {}", errno_text());
-  const auto n = static_cast<uint64_t>(num_samples);
-  const uint64_t expected = sizeof kMagic + 8 + description.size() + 8 + 10 * n + 4;
-  if (bytes.size() < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
-    return "not a blend index (wrong magic bytes)";
-  if (bytes.size() != expected)
-    return fmt::format("{} bytes where {} samples of this blend make {}", bytes.size(), num_samples,
-                       expected);
-  uint64_t description_size = 0, stored_samples = 0;
-  std::memcpy(&description_size, bytes.data() + sizeof kMagic, 8);
-  if (description_size != description.size() ||
-      std::memcmp(bytes.data() + sizeof kMagic + 8, description.data(), description.size()) != 0)
-    return "it was made for another blend (its description differs)";
-  const char* p = bytes.data() + sizeof kMagic + 8 + description.size();
-  std::memcpy(&stored_samples, p, 8);
-  if (stored_samples != n) return fmt::format("it holds {} samples, not {}", stored_samples, num_samples);
-  uint32_t stored_crc = 0;
-  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  const uint32_t crc = checkpoint::crc32c(bytes.data(), bytes.size() - 4);
-  if (crc != stored_crc)
-    return fmt::format("checksum mismatch: crc32c {:08x}, the file says {:08x}: changed after it was written",
-                       crc, stored_crc);
-  BlendIndex loaded;
-  loaded.dataset.resize(n);
-  loaded.sample.resize(n);
-  std::memcpy(loaded.dataset.data(), p + 8, 2 * n);
-  std::memcpy(loaded.sample.data(), p + 8 + 2 * n, 8 * n);
-  // Structure: ids in range, and each dataset's samples numbered 0, 1, 2, ... in order.
-  std::vector<int64_t> counts(static_cast<std::size_t>(num_datasets), 0);
-  for (uint64_t i = 0; i < n; ++i) {
-    const int64_t d = loaded.dataset[i];
-    if (d < 0 || d >= num_datasets) return fmt::format("entry {} names dataset {} of {}", i, d, num_datasets);
-    if (loaded.sample[i] != counts[static_cast<std::size_t>(d)])
-      return fmt::format("entry {} is sample {} of dataset {}, expected {}", i, loaded.sample[i], d,
-                         counts[static_cast<std::size_t>(d)]);
-    ++counts[static_cast<std::size_t>(d)];
-  }
-  index = std::move(loaded);
+  Mapping mapping;
+  if (std::string why = map_file(file, mapping); !why.empty()) return why;
+  const int64_t* samples = nullptr;
+  const int16_t* datasets = nullptr;
+  std::string why = check_index_bytes(mapping.data, mapping.size, description, num_datasets, num_samples,
+                                      &samples, &datasets);
+  if (!why.empty()) return why;
+  index.sample.assign(samples, samples + num_samples);
+  index.dataset.assign(datasets, datasets + num_samples);
   return "";
 }
 
@@ -358,13 +417,15 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenSource>> s
   if (!options_.cache_dir.empty()) {
     cache_file_ =
         (std::filesystem::path(options_.cache_dir) / blend_index_file_name(split, description_)).string();
-    reason = read_blend_index(cache_file_, description_, k, options_.num_samples, index_);
+    reason = load(k);
     if (reason.empty()) {
       cache_status_ = "loaded";
       return;
     }
   }
   index_ = build_blend_index(weights_, options_.num_samples);
+  ids_ = index_.dataset.data();
+  samples_ = index_.sample.data();
   const bool found = !cache_file_.empty() && reason != "missing";
   if (found) cache_warning_ = fmt::format("blend index {} is not usable: {}", cache_file_, reason);
   if (cache_file_.empty()) {
@@ -378,12 +439,28 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenSource>> s
       if (ec) throw Error(fmt::format("cannot create {}: {}", options_.cache_dir, ec.message()));
       write_blend_index(cache_file_, description_, index_);
       cache_status_ = found ? "rebuilt and written" : "built and written";
+      // Read from the file from now on: its pages are shared by the ranks of a node.
+      if (load(k).empty()) index_ = BlendIndex{};
     } catch (const Error& e) {
       cache_status_ = "built in memory (the file could not be written)";
       cache_warning_ +=
           fmt::format("{}blend index {} not written: {}", found ? "; " : "", cache_file_, e.what());
     }
   }
+}
+
+std::string BlendedDataset::load(int64_t num_datasets) {
+  auto mapping = std::make_shared<Mapping>();
+  if (std::string why = map_file(cache_file_, *mapping); !why.empty()) return why;
+  const int64_t* samples = nullptr;
+  const int16_t* datasets = nullptr;
+  std::string why = check_index_bytes(mapping->data, mapping->size, description_, num_datasets,
+                                      options_.num_samples, &samples, &datasets);
+  if (!why.empty()) return why;
+  mapping_ = std::move(mapping);
+  samples_ = samples;
+  ids_ = datasets;
+  return "";
 }
 
 BlendedDataset::~BlendedDataset() = default;
@@ -393,15 +470,14 @@ BlendedDataset& BlendedDataset::operator=(BlendedDataset&&) noexcept = default;
 BlendedDataset::Draw BlendedDataset::draw(int64_t n) const {
   PARALLEL_CHECK(n >= 0, "sample {}", n);
   if (datasets_.size() == 1) return {0, n};
-  const auto size = static_cast<int64_t>(index_.dataset.size());
-  if (n < size)
-    return {index_.dataset[static_cast<std::size_t>(n)], index_.sample[static_cast<std::size_t>(n)]};
+  const int64_t size = options_.num_samples;
+  if (n < size) return {ids_[n], samples_[n]};
   std::lock_guard lock(extension_->mutex);
   Extension& x = *extension_;
   if (!x.builder) {
     x.builder = std::make_unique<BlendIndexBuilder>(weights_);
     std::vector<int64_t> counts(datasets_.size(), 0);
-    for (int16_t d : index_.dataset) ++counts[static_cast<std::size_t>(d)];
+    for (int64_t i = 0; i < size; ++i) ++counts[static_cast<std::size_t>(ids_[i])];
     x.builder->resume(counts);
   }
   const int64_t have = static_cast<int64_t>(x.index.dataset.size());

@@ -76,7 +76,7 @@ run resumed 1 --set train.steps=8 --set data.path="$list" --set checkpoint.dir="
 expect_log resumed "resuming at step 4" "did not resume"
 compare ref resumed 0 4
 
-# 3. A tampered index: the last byte before the checksum (the high byte of the last sample id).
+# 3. A tampered index: the last byte before the checksum (the high byte of the last dataset id).
 cp "$cache" "$work/index.good"
 size=$(stat -c %s "$cache")
 printf '\x7f' | dd of="$cache" bs=1 seek=$((size - 5)) conv=notrunc status=none

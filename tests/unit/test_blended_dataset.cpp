@@ -284,11 +284,16 @@ TEST(BlendedDataset, CacheIsWrittenLoadedAndCheckedAgainstTheBlend) {
   for (const auto& entry : fs::directory_iterator(cache)) files += entry.is_regular_file();
   EXPECT_EQ(files, 1);
   const std::vector<char> good = read_bytes(file);
-  EXPECT_EQ(good.size(), 8 + 8 + first.description().size() + 8 + 10 * 5000 + 4);
+  EXPECT_EQ(good.size(), 8 + 8 + (first.description().size() + 7) / 8 * 8 + 8 + 10 * 5000 + 4);
 
   BlendedDataset second = make(false);
   EXPECT_EQ(second.cache_status(), "loaded");
-  for (int64_t n = 0; n < 5000; n += 7) EXPECT_EQ(second.draw(n).dataset, first.draw(n).dataset);
+  const BlendIndex expected = build_blend_index(std::vector<double>{0.7, 0.3}, 5000);
+  for (int64_t n = 0; n < 5000; n += 7) {
+    EXPECT_EQ(second.draw(n).dataset, expected.dataset[n]);
+    EXPECT_EQ(second.draw(n).sample, expected.sample[n]);
+    EXPECT_EQ(first.draw(n).dataset, expected.dataset[n]);  // the writer reads the file it wrote
+  }
 
   // Another sequence length is another blend description: another file, the first one untouched.
   BlendedDataset other = make(true, 4);
@@ -296,15 +301,16 @@ TEST(BlendedDataset, CacheIsWrittenLoadedAndCheckedAgainstTheBlend) {
   EXPECT_EQ(other.cache_status(), "built and written");
 
   // A flipped byte in the index: caught by the checksum, rebuilt by the writer with a warning,
-  // the rebuilt file identical to the original.
+  // the rebuilt file identical to the original. (Written in place here, which `first` and `second`,
+  // mapping the file, would see: they are not used again. The writer replaces files by rename.)
   std::vector<char> tampered = good;
-  tampered[good.size() - 4 - 8 * 5000 - 2 * 100] ^= 1;  // dataset id of entry 4900
+  tampered[good.size() - 4 - 2 * 100] ^= 1;  // the dataset of entry 4900
   write_bytes(file, tampered);
   {
     BlendedDataset reader = make(false);
     EXPECT_THAT(reader.cache_warning(), HasSubstr("checksum mismatch"));
     EXPECT_EQ(reader.cache_status(), "built in memory (another rank writes the file)");
-    EXPECT_EQ(reader.draw(4900).dataset, first.draw(4900).dataset);
+    EXPECT_EQ(reader.draw(4900).dataset, expected.dataset[4900]);
   }
   BlendedDataset rebuilt = make(true);
   EXPECT_THAT(rebuilt.cache_warning(),
