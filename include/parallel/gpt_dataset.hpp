@@ -14,6 +14,8 @@
 // of D takes samples [d*G/D, (d+1)*G/D) of the global batch, in micro-batches of
 // micro_batch_size, so every layout trains on the same data in the same order.
 //
+// A weighted blend of several sources (blended_dataset.hpp) draws from one GPTDataset per source.
+//
 // The permutation is Fisher-Yates driven by splitmix64, both written out here (std::shuffle and
 // uniform_int_distribution are implementation-defined), so runs, restarts and platforms agree.
 #include <array>
