@@ -14,7 +14,12 @@ namespace parallel {
 // `tag` makes the probe's name unique among processes sharing the directory (e.g. the rank).
 void check_writable_dir(const std::string& key, const std::string& dir, const std::string& tag);
 
-// train.output_dir and, when set, checkpoint.dir and train.tensorboard_dir.
+// A checkpoint root's `latest`, if it exists, must be a regular file (the saves rename a new one
+// over it): a directory or a FIFO there throws ConfigError naming `key`, the root and what it is.
+void check_checkpoint_root(const std::string& key, const std::string& dir);
+
+// train.output_dir and, when set, checkpoint.dir (writable, and check_checkpoint_root) and
+// train.tensorboard_dir.
 void check_output_dirs(const Config& config, const std::string& tag);
 
 }  // namespace parallel

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "checkpoint/internal.hpp"
+#include "io/input_file.hpp"
 #include "parallel/log.hpp"
 
 namespace parallel::checkpoint::detail {
@@ -33,14 +34,7 @@ void write_all(int fd, const std::string& path, const char* p, std::size_t n) {
 
 }  // namespace
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) PARALLEL_FAIL("checkpoint: cannot open {}: {}", path, errno_str());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) PARALLEL_FAIL("checkpoint: cannot read {}", path);
-  return ss.str();
-}
+std::string read_text_file(const std::string& path) { return io::read_regular(path, "checkpoint"); }
 
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -90,8 +84,9 @@ void remove_directory_safely(const std::string& dir) {
 }
 
 MappedFile::MappedFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) PARALLEL_FAIL("checkpoint: cannot open {}: {}", path, errno_str());
+  std::string reason;
+  const int fd = io::open_regular(path, &reason);
+  if (fd < 0) PARALLEL_FAIL("checkpoint: cannot open {}: {}", path, reason);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const std::string err = errno_str();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/internal.hpp"
+#include "io/json_unique.hpp"
 
 namespace parallel::checkpoint::detail {
 namespace {
@@ -189,7 +190,12 @@ Index read_index(const std::string& step_dir) {
   const std::string text = read_text_file(path);
   Index index;
   try {
-    const json j = json::parse(text);
+    // A key given twice (a hand-edited extras.step, say) would silently keep the last value.
+    io::DuplicateKey duplicate;
+    const json j = io::parse_unique_keys(text, &duplicate);
+    if (!duplicate.key.empty())
+      PARALLEL_FAIL("checkpoint: {}: key '{}' appears twice in one object (keys must be unique)", path,
+                    duplicate.key);
     PARALLEL_CHECK(j.at("format").get<std::string>() == kFormat, "checkpoint: {}: format is '{}', not '{}'",
                    path, j.at("format").get<std::string>(), kFormat);
     const json& version = j.at("version");

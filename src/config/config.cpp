@@ -6,6 +6,7 @@
 #include "parallel/config.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -24,6 +25,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "io/input_file.hpp"
 #include "parallel/blended_dataset.hpp"
 #include "parallel/error.hpp"
 #include "parallel/layout_rules.hpp"
@@ -1012,12 +1014,24 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
-  std::ifstream file(path);
-  if (!file) fail(fmt::format("cannot read {}: {}", quoted(path), std::strerror(errno)));
-  std::stringstream text;
-  text << file.rdbuf();
-  if (file.bad()) fail(fmt::format("cannot read {}: {}", quoted(path), std::strerror(errno)));
-  return parse_config(text.str(), overrides, world_size, path);
+  // A regular file only: every rank reads it, and a FIFO (or /dev/stdin) would block or be read by
+  // one rank alone.
+  std::string reason;
+  const int fd = io::open_regular(path, &reason);
+  if (fd < 0) fail(fmt::format("cannot read {}: {}", quoted(path), reason));
+  std::string text;
+  char buffer[1 << 14];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(fmt::format("cannot read {}: {}", quoted(path), std::strerror(err)));
+    }
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return parse_config(text, overrides, world_size, path);
 }
 
 std::string config_to_yaml(const Config& c) {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "byte_level_bpe.hpp"
+#include "io/input_file.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tokenizer.hpp"
 
@@ -359,12 +360,7 @@ namespace {
 using byte_level_bpe::byte_to_unicode;
 
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("GPT-2 tokenizer: cannot open {} '{}'", what, path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("GPT-2 tokenizer: cannot read {} '{}'", what, path));
-  return buffer.str();
+  return io::read_regular(path, fmt::format("GPT-2 tokenizer: {}", what));
 }
 
 }  // namespace

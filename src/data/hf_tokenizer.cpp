@@ -18,6 +18,8 @@
 #include <unordered_map>
 
 #include "byte_level_bpe.hpp"
+#include "io/input_file.hpp"
+#include "io/json_unique.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tokenizer.hpp"
 #include "unicode_nfc.hpp"
@@ -167,14 +169,6 @@ std::size_t match_llama(std::string_view s, std::size_t p, int max_digits) {
   return whitespace(s, p, true);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("HF tokenizer: cannot open '{}'", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 struct AddedToken {
   int32_t id;
   std::string content;
@@ -209,7 +203,8 @@ struct HFTokenizer::Impl {
   AddedTokens raw_tokens, normalized_tokens;
   int32_t eod = -1;
   Tokenizer::SequenceTemplate sequence_template;
-  std::string post_processor_error;  // set: a post-processor we do not implement (thrown on use)
+  std::string post_processor_error;     // set: a post-processor we do not implement (thrown on use)
+  void parse(const nlohmann::json& j);  // the whole tokenizer.json
   void parse_post_processor(const nlohmann::json& p);
   void parse_template(const nlohmann::json& p);
 
@@ -342,21 +337,33 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
   if (tokenizer_file.empty()) throw Error("HF tokenizer: needs a tokenizer.json (--tokenizer-file)");
   json j;
   try {
-    j = json::parse(read_file(tokenizer_file));
+    io::DuplicateKey duplicate;
+    j = io::parse_unique_keys(io::read_regular(tokenizer_file, "HF tokenizer"), &duplicate);
+    if (!duplicate.key.empty())
+      im.fail(
+          fmt::format("key '{}' appears twice in one object (at depth {})", duplicate.key, duplicate.depth));
   } catch (const json::exception& e) {
     im.fail(fmt::format("not valid JSON: {}", e.what()));
   }
+  try {
+    im.parse(j);
+  } catch (const json::exception& e) {  // a value of the wrong type where the format has one
+    im.fail(fmt::format("unexpected value: {}", e.what()));
+  }
+}
+
+void HFTokenizer::Impl::parse(const json& j) {
+  Impl& im = *this;
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) im.fail("missing key 'model'");
   const json& model = j["model"];
   if (model.value("type", std::string()) != "BPE")
     im.fail(fmt::format("model.type = {}: only BPE is implemented", model.value("type", json()).dump()));
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && model[key] != "")
-      im.fail(
-          fmt::format("model.{} = {}: not supported (byte-level BPE has none)", key, model[key].dump()));
+      im.fail(fmt::format("model.{} = {}: not supported (byte-level BPE has none)", key, model[key].dump()));
   if (model.contains("dropout") && !model["dropout"].is_null())
-    im.fail(fmt::format("model.dropout = {}: not supported (it makes encoding random)",
-                        model["dropout"].dump()));
+    im.fail(
+        fmt::format("model.dropout = {}: not supported (it makes encoding random)", model["dropout"].dump()));
   if (model.value("byte_fallback", false)) im.fail("model.byte_fallback = true: not supported");
   im.ignore_merges = model.value("ignore_merges", false);
 
@@ -418,25 +425,44 @@ HFTokenizer::HFTokenizer(const std::string& tokenizer_file) : impl_(std::make_un
     }
     return true;
   };
-  std::map<std::string, AddedToken> added;
-  if (j.contains("added_tokens") && j["added_tokens"].is_array())
-    for (const json& t : j["added_tokens"]) {
-      AddedToken a{t.value("id", -1),        t.value("content", std::string()), t.value("special", false),
-                   t.value("lstrip", false), t.value("rstrip", false),          t.value("normalized", true)};
-      if (a.id < 0 || a.content.empty())
-        im.fail(fmt::format("added token {}: needs an id and content", t.dump()));
-      if (t.value("single_word", false))
-        im.fail(fmt::format("added token '{}': single_word = true is not supported", a.content));
-      added[a.content] = a;
-    }
   if (!model.contains("vocab") || !model["vocab"].is_object()) im.fail("missing key 'model.vocab'");
-  int64_t size = 0;
-  for (const auto& [token, id] : model["vocab"].items()) {
+  // Ids index a table of every token: a real vocabulary numbers its tokens densely from 0 (the added
+  // tokens after or among them), so an id beyond twice the number of tokens is a corrupt or hostile
+  // file, never a table of billions of empty rows (an id of 2^31 - 1 was a crash, 2^40 a bare
+  // std::bad_alloc).
+  const json empty_list = json::array();
+  const json& added_list =
+      j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : empty_list;
+  const int64_t tokens = static_cast<int64_t>(model["vocab"].size() + added_list.size());
+  const int64_t id_limit = std::max<int64_t>(2 * tokens, 256);
+  const auto check_id = [&](const std::string& where, const json& id) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0)
-      im.fail(fmt::format("model.vocab['{}'] is not an id", token));
-    size = std::max(size, id.get<int64_t>() + 1);
+      im.fail(fmt::format("{} = {}: not an id (a non-negative integer)", where, id.dump()));
+    if (id.is_number_unsigned() ? id.get<uint64_t>() >= static_cast<uint64_t>(id_limit)
+                                : id.get<int64_t>() >= id_limit)
+      im.fail(fmt::format(
+          "{} = {}: out of range: ids must be < {} (twice the {} tokens of model.vocab and added_tokens)",
+          where, id.dump(), id_limit, tokens));
+    return static_cast<int32_t>(id.get<int64_t>());
+  };
+  std::map<std::string, AddedToken> added;
+  for (std::size_t i = 0; i < added_list.size(); ++i) {
+    const json& t = added_list[i];
+    const std::string where = fmt::format("added_tokens[{}]", i);
+    if (!t.is_object() || !t.contains("id") || !t.contains("content") || !t["content"].is_string() ||
+        t["content"].get<std::string>().empty())
+      im.fail(fmt::format("{} {}: needs an id and content", where, t.dump()));
+    AddedToken a{check_id(where + ".id", t["id"]), t["content"].get<std::string>(),
+                 t.value("special", false),        t.value("lstrip", false),
+                 t.value("rstrip", false),         t.value("normalized", true)};
+    if (t.value("single_word", false))
+      im.fail(fmt::format("added token '{}': single_word = true is not supported", a.content));
+    added[a.content] = a;
   }
-  for (const auto& [content, a] : added) size = std::max<int64_t>(size, a.id + 1);
+  int64_t size = 0;
+  for (const auto& [token, id] : model["vocab"].items())
+    size = std::max<int64_t>(size, check_id(fmt::format("model.vocab['{}']", token), id) + 1);
+  for (const auto& [content, a] : added) size = std::max<int64_t>(size, int64_t{a.id} + 1);
   im.id_to_bytes.resize(static_cast<std::size_t>(size));
   im.valid.assign(static_cast<std::size_t>(size), false);
   std::string bytes;

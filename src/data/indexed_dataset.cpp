@@ -18,6 +18,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "io/input_file.hpp"
+#include "io/json_unique.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tokenizer.hpp"
 
@@ -47,8 +49,9 @@ class MappedFile {
  public:
   MappedFile() = default;
   MappedFile(const std::string& path, const std::string& what) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw Error(fmt::format("indexed dataset {}: cannot open {}: {}", path, what, errno_text()));
+    std::string reason;
+    fd_ = io::open_regular(path, &reason);
+    if (fd_ < 0) throw Error(fmt::format("indexed dataset {}: cannot open {}: {}", path, what, reason));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
       const std::string reason = errno_text();
@@ -545,12 +548,17 @@ class DocumentReader {
       ++line_number_;
       if (blank(line)) continue;
       nlohmann::json value;
+      io::DuplicateKey duplicate;
       try {
-        value = nlohmann::json::parse(line);
+        value = io::parse_unique_keys(line, &duplicate);
       } catch (const nlohmann::json::exception& e) {
         throw Error(
             fmt::format("preprocess_data: {}:{}: invalid JSON: {}", options_.input, line_number_, e.what()));
       }
+      // A plain parse keeps the last of two "text" keys: which one was meant is not ours to guess.
+      if (!duplicate.key.empty())
+        throw Error(fmt::format("preprocess_data: {}:{}: key \"{}\" appears twice in one object",
+                                options_.input, line_number_, duplicate.key));
       if (!value.is_object())
         throw Error(
             fmt::format("preprocess_data: {}:{}: expected a JSON object", options_.input, line_number_));

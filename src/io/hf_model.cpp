@@ -17,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "io/input_file.hpp"
 #include "parallel/checkpoint.hpp"
 #include "parallel/error.hpp"
 #include "parallel/hf_gpt2.hpp"
@@ -35,13 +36,7 @@ constexpr const char* kConfigName = "config.json";
 constexpr const char* kSingleName = "model.safetensors";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(fmt::format("cannot read {}", path));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string read_text(const std::string& path) { return io::read_regular(path, "hf"); }
 
 // Written to a temporary name and renamed: a reader never sees half a config or index.
 void write_text(const std::string& path, const std::string& text) {

@@ -49,9 +49,25 @@ void check_writable_dir(const std::string& key, const std::string& dir, const st
   if (!failure.empty()) not_writable(key, dir, failure);
 }
 
+void check_checkpoint_root(const std::string& key, const std::string& dir) {
+  // Every save ends by renaming a new `latest` file over the old one, which fails on a directory:
+  // found at the first save, that was after save_interval steps of compute.
+  const fs::path latest = fs::path(dir) / "latest";
+  std::error_code ec;
+  const fs::file_status st = fs::status(latest, ec);
+  if (!fs::exists(st) || fs::is_regular_file(st)) return;
+  const char* kind = fs::is_directory(st) ? "a directory" : fs::is_fifo(st) ? "a FIFO" : "not a regular file";
+  throw ConfigError(fmt::format(
+      "config: {} = \"{}\": {} is {}; it must be the file naming the latest checkpoint (remove or rename it)",
+      key, dir, latest.string(), kind));
+}
+
 void check_output_dirs(const Config& config, const std::string& tag) {
   check_writable_dir("train.output_dir", config.train.output_dir, tag);
-  if (!config.checkpoint.dir.empty()) check_writable_dir("checkpoint.dir", config.checkpoint.dir, tag);
+  if (!config.checkpoint.dir.empty()) {
+    check_writable_dir("checkpoint.dir", config.checkpoint.dir, tag);
+    check_checkpoint_root("checkpoint.dir", config.checkpoint.dir);
+  }
   if (!config.train.tensorboard_dir.empty())
     check_writable_dir("train.tensorboard_dir", config.train.tensorboard_dir, tag);
 }

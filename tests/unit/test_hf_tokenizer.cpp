@@ -224,6 +224,27 @@ TEST(HfTokenizer, TemplateProcessingBeforeAndAfterTheSequence) {
               HasSubstr("post_processor.type = \"RobertaProcessing\": not supported"));
 }
 
+// Issue 24's probe: an added token with id 2^31 - 1 crashed the constructor (SIGSEGV), and vocab ids
+// of 2^31 - 1 or 2^40 were a bare std::bad_alloc naming neither file nor key. Ids index a table of
+// every token, so one far beyond the number of tokens is refused, naming the file and the key.
+TEST(HfTokenizer, RefusesIdsFarBeyondItsTokens) {
+  std::string e = error_for([](json& j) { j["added_tokens"][0]["id"] = 2147483647; });
+  EXPECT_THAT(e, HasSubstr("added_tokens[0].id = 2147483647: out of range: ids must be < "));
+  EXPECT_THAT(e, HasSubstr("HF tokenizer: "));
+  EXPECT_THAT(e, HasSubstr(".json: "));
+  e = error_for([](json& j) { j["model"]["vocab"]["!"] = 2147483647; });
+  EXPECT_THAT(e, HasSubstr("model.vocab['!'] = 2147483647: out of range: ids must be < "));
+  e = error_for([](json& j) { j["model"]["vocab"]["!"] = int64_t{1} << 40; });
+  EXPECT_THAT(e, HasSubstr("model.vocab['!'] = 1099511627776: out of range"));
+  e = error_for([](json& j) { j["added_tokens"][0]["id"] = "7"; });
+  EXPECT_THAT(e, HasSubstr("added_tokens[0].id = \"7\": not an id"));
+  e = error_for([](json& j) { j["added_tokens"][0]["content"] = 7; });
+  EXPECT_THAT(e, HasSubstr("added_tokens[0] "));
+  // A value of the wrong type anywhere else is one line naming the file, not a bare json exception.
+  e = error_for([](json& j) { j["model"]["ignore_merges"] = "yes"; });
+  EXPECT_THAT(e, HasSubstr("HF tokenizer: "));
+}
+
 TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_THAT(error_for([](json& j) { j["model"]["type"] = "Unigram"; }),
               HasSubstr("model.type = \"Unigram\": only BPE"));
