@@ -1,6 +1,7 @@
 // Training state checkpoints: parameters + optimizer state + progress over checkpoint::save/load.
 #include "parallel/train_state.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -8,6 +9,7 @@
 #include <unordered_map>
 
 #include "parallel/checkpoint.hpp"
+#include "parallel/config.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/error.hpp"
 
@@ -179,7 +181,7 @@ TrainProgress progress_from_json(const json& j, int64_t index_step, bool& main_p
 // of the wrong type or out of range (a hand-edited or corrupt index) are refused naming `where`
 // (the checkpoint's index file) and the key, instead of failing later far from the cause.
 TrainProgress progress_from(const std::string& extras, int64_t index_step, bool& main_params,
-                            const std::string& where) {
+                            const std::string& where, int saved_world_size) {
   TrainProgress p;
   try {
     p = progress_from_json(json::parse(extras.empty() ? "{}" : extras), index_step, main_params);
@@ -196,6 +198,24 @@ TrainProgress progress_from(const std::string& extras, int64_t index_step, bool&
           "must be finite and >= 0");
   require(p.loss_scale_clean_steps >= 0, "optimizer.loss_scale_clean_steps", p.loss_scale_clean_steps,
           "must be >= 0");
+  // The saved config must read back as a config of the saving job, and the data position must be
+  // where its steps put it: a hand-edited or corrupt value would otherwise pass unseen.
+  if (!p.config_yaml.empty()) {
+    Config saved;
+    try {
+      saved = parse_config(p.config_yaml, {}, std::max(saved_world_size, 1), "extras.config_yaml");
+    } catch (const ConfigError& e) {
+      PARALLEL_FAIL(
+          "checkpoint {}: extras.config_yaml is not a valid config of the saving job ({} ranks): {}", where,
+          saved_world_size, e.what());
+    }
+    const int64_t expected = p.step * saved.train.global_batch_size;
+    if (p.consumed_samples != expected)
+      PARALLEL_FAIL(
+          "checkpoint {}: extras.consumed_samples = {}: must be extras.step * train.global_batch_size of "
+          "extras.config_yaml ({} * {} = {})",
+          where, p.consumed_samples, p.step, saved.train.global_batch_size, expected);
+  }
   return p;
 }
 
@@ -282,7 +302,8 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   result.path = loaded.step_dir;
   bool saved_main = false;
   result.progress = progress_from(loaded.extras_json, loaded.step, saved_main,
-                                  (std::filesystem::path(loaded.step_dir) / "index.json").string());
+                                  (std::filesystem::path(loaded.step_dir) / "index.json").string(),
+                                  loaded.saved_world_size);
   if (optimizer == nullptr) {
     for (auto [copy, original] : named.duplicates) copy->value.copy_(original->value);
     return result;

@@ -281,7 +281,11 @@ TEST(TrainState, ReshardsAndResumes) {
   LayoutRun run(world(), saving, c, kSeed);
   TrainProgress progress;
   progress.seed = kSeed;
-  progress.config_yaml = "model:\n  num_layers: 4\n";
+  // A config of the saving job (extras are checked against it on load: consumed_samples = step * gbs).
+  progress.config_yaml = fmt::format(
+      "model:\n  num_layers: 4\nparallel:\n  tensor: 2\n  pipeline: 2\ntrain:\n  micro_batch_size: 1\n  "
+      "global_batch_size: {}\n",
+      kGlobalBatch);
   for (int s = 0; s < kSaveAt; ++s) {
     run.step(s);
     progress.step = s + 1;
