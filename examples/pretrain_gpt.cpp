@@ -11,6 +11,7 @@
 
 #include "parallel/config.hpp"
 #include "parallel/memory_plan.hpp"
+#include "parallel/preflight.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/trainer.hpp"
 
@@ -49,11 +50,18 @@ int main(int argc, char** argv) {
     const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
     const parallel::Config config = parallel::load_config(config_file, overrides, world_size);
     if (plan_only) {
+      // Every rank, so that all fail alike (one line naming train.output_dir, exit 2).
+      parallel::check_writable_dir("train.output_dir", config.train.output_dir,
+                                   "rank" + std::to_string(rt.rank()));
       const parallel::MemoryPlan plan = parallel::plan_memory(config, world_size);
       if (rt.rank() == 0) {
         const std::filesystem::path dir(config.train.output_dir);
-        std::filesystem::create_directories(dir);
-        std::ofstream(dir / "plan.json") << parallel::memory_plan_json(plan);
+        std::ofstream out(dir / "plan.json");
+        out << parallel::memory_plan_json(plan);
+        out.flush();
+        if (!out)
+          throw std::runtime_error("train.output_dir = \"" + config.train.output_dir + "\": cannot write " +
+                                   (dir / "plan.json").string());
         std::printf("%s", parallel::memory_plan_table(plan).c_str());
         // Planned for another world size: how many ranks will share a node is not known here.
         const parallel::MemoryLimit limit =

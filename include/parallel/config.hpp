@@ -41,6 +41,10 @@ enum class ContextComm { P2P, A2A, AllGather };
 // first). AllGather: every rank gathers all tokens of the ep group and runs its experts on those
 // routed to them; the outputs are reduce-scattered back.
 enum class MoeDispatcher { AllToAll, AllGather };
+// What the trainer's guard does with a step whose loss or gradient norm is not finite
+// (train.nonfinite_policy) or spikes (train.spike_policy): stop the run, skip the update, or (spikes
+// only) warn and update. docs/configuration.md#training-guards.
+enum class GuardPolicy { Stop, Skip, Warn };
 
 struct ModelConfig {
   int num_layers = 2;
@@ -114,6 +118,12 @@ struct TrainConfig {
   DeviceKind device = DeviceKind::CPU;
   double peak_tflops = 0.0;       // per rank, for MFU; 0: the device's known peak (CPU: measured default)
   double comm_timeout_s = 600.0;  // watchdog deadline of every blocking communication wait (NCCL's)
+  // Training guards (docs/configuration.md#training-guards).
+  GuardPolicy nonfinite_policy = GuardPolicy::Stop;  // stop or skip; never warn
+  double spike_factor = 0.0;  // a loss or grad norm above this times the running median spikes; 0: off
+  int spike_window = 20;      // steps in the running median
+  GuardPolicy spike_policy = GuardPolicy::Skip;
+  int max_consecutive_skips = 20;  // skipped updates in a row (any cause) that stop the run; 0: no limit
 };
 
 struct OptimizerConfig {

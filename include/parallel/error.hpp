@@ -19,6 +19,18 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A stop every rank decides alike, at the same point, from values they share (the training guard's
+// stop on a non-finite loss, training_guard.hpp): the top level prints the message once, from rank
+// 0, and every rank returns `exit_code` without aborting the job (runtime.hpp).
+class AgreedStop : public Error {
+ public:
+  AgreedStop(const std::string& message, int exit_code) : Error(message), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
 // "file:line [rank R on HOST]: message". The rank is the one set_error_context() recorded (or "?").
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 void set_error_context(int rank, const std::string& host);

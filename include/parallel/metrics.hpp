@@ -30,7 +30,11 @@ struct StepMetrics {
   double loss_scale = 0.0;           // fp16 only; 0 otherwise
   int64_t host_reads = 0;            // host reads of tensor values this step, max over ranks (tensor.hpp)
   int64_t mem_peak_bytes = 0;  // allocator high-water mark since start, max over ranks (memory_plan.hpp)
-  bool skipped = false;        // fp16 overflow: the update was skipped
+  bool skipped = false;        // the update was skipped (skip_reason says why)
+  std::string skip_reason;     // "overflow" (fp16), "nonfinite" or "spike" (training_guard.hpp)
+  // The training guard's counts so far (training_guard.hpp): updates skipped for any reason, spikes
+  // seen, steps whose loss or gradient norm was not finite.
+  int64_t skipped_steps = 0, spikes = 0, nonfinite_steps = 0;
   // MoE only (empty tokens_per_expert: a dense model, none of the three is written). The aux and z
   // loss terms as they enter the objective (coefficients applied), summed over the MoE layers and
   // averaged over the step's micro-batches; the top-k assignments each expert received (before

@@ -16,6 +16,7 @@
 // optimizer and write rounded values back to the model's 16-bit parameters (the DDP buffer's, or -
 // without DDP - the Parameter values themselves), once per step.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -44,8 +45,9 @@ struct OptimizerGroups {
 };
 
 struct StepResult {
-  bool skipped = false;    // fp16 overflow: nothing was updated
-  double grad_norm = 0.0;  // global, after unscaling, before clipping (0 when skipped)
+  bool skipped = false;    // nothing was updated: an fp16 overflow, or skip_update said so
+  bool overflow = false;   // fp16: the gradients overflowed (skipped, and the loss scale lowered)
+  double grad_norm = 0.0;  // global, after unscaling, before clipping (0 on an fp16 overflow)
   double clip_coef = 1.0;
   double loss_scale = 1.0;  // the scale this step's gradients carried
 };
@@ -53,8 +55,11 @@ struct StepResult {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update with learning rate `lr`.
-  StepResult step(double lr);
+  // One update with learning rate `lr`. `skip_update` (when given) sees the global gradient norm
+  // once it is known (not on an fp16 overflow, which skips by itself) and returning true skips the
+  // update: nothing changes but the loss scaler's count of clean steps (the trainer's guard,
+  // training_guard.hpp). It must answer alike on every rank, as the norm is alike.
+  StepResult step(double lr, const std::function<bool(double grad_norm)>& skip_update = {});
   // Updates applied so far (skipped steps do not count): PyTorch's `step` state.
   int64_t updates() const { return updates_; }
   // fp16 only (null otherwise): multiply the loss gradient by loss_scaler()->scale().

@@ -56,8 +56,9 @@ class Runtime {
 };
 
 // Runs `body` inside a Runtime. A ConfigError thrown on every rank alike prints one line (from rank
-// 0) and returns 2 on every rank; any other exception logs "rank R on HOST: message" and aborts the
-// job with MPI_Abort.
+// 0) and returns 2 on every rank; an AgreedStop thrown on every rank alike prints one line and
+// returns its exit code; any other exception logs "rank R on HOST: message" and aborts the job with
+// MPI_Abort.
 int run_main(int argc, char** argv, const std::function<int(Runtime&)>& body);
 
 // Logs `message` with rank and host, then ends the whole job. Safe to call from any rank at any time.

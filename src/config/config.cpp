@@ -49,6 +49,7 @@ constexpr std::string_view kPipelineScheduleNames[] = {"auto",  "gpipe", "1f1b",
                                                        "zb-h1", "zb-v",  "dualpipe-v"};
 constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
 constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
+constexpr std::string_view kGuardPolicyNames[] = {"stop", "skip", "warn"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -62,6 +63,7 @@ std::span<const std::string_view> names_of(Sharding) { return kShardingNames; }
 std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineScheduleNames; }
 std::span<const std::string_view> names_of(ContextComm) { return kContextCommNames; }
 std::span<const std::string_view> names_of(MoeDispatcher) { return kMoeDispatcherNames; }
+std::span<const std::string_view> names_of(GuardPolicy) { return kGuardPolicyNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -171,6 +173,15 @@ void for_each_field(S& s, F&& f) {
     "peak TFLOP/s per rank for MFU (0: the GPU's known or CPU's measured peak)");
   f("comm_timeout_s", s.comm_timeout_s,
     "seconds a rank waits for a collective or transfer before the watchdog ends the job");
+  f("nonfinite_policy", s.nonfinite_policy,
+    "a step whose loss or gradient norm is inf or NaN: stop the run (naming step and ranks) or skip its "
+    "update");
+  f("spike_factor", s.spike_factor,
+    "a loss or gradient norm above this times the median of the last spike_window steps is a spike (0: off)");
+  f("spike_window", s.spike_window, "steps whose median the spike factor applies to");
+  f("spike_policy", s.spike_policy, "a spike: stop the run, skip its update, or warn and update");
+  f("max_consecutive_skips", s.max_consecutive_skips,
+    "skipped updates in a row (non-finite, spike or fp16 overflow) after which the run stops (0: no limit)");
 }
 
 template <typename S, typename F>
@@ -694,6 +705,11 @@ namespace {
 
 using detail::Rules;
 
+constexpr int kMaxLayers = 1 << 20;
+// How many times longer (or shorter) the context may be than trained: published scalings use 2 to
+// a few hundred.
+constexpr double kMinRopeScalingFactor = 1e-3, kMaxRopeScalingFactor = 1e3;
+
 // Parses data.split: up to three comma-separated non-negative numbers; missing ones are 0.
 bool valid_split(const std::string& split) {
   std::vector<std::string> parts;
@@ -733,6 +749,10 @@ void validate_config(Config& c, int world_size) {
   }
   rules.at_least(o.bucket_size, int64_t{0});
   rules.at_least(p.expert_tensor, 1);
+  // The memory plan and the model keep a record per layer: a count near 2^31 would take tens of
+  // GiB (pretrain_gpt --plan was OOM-killed after 77 s) before any check could speak. No model is
+  // near this bound (the deepest published stacks have about a thousand layers).
+  rules.require(m.num_layers <= kMaxLayers, m.num_layers, fmt::format("must be <= {}", kMaxLayers));
 
   // 0 means "the usual default"; filling it in here keeps every consumer from re-deriving it.
   if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
@@ -855,7 +875,9 @@ void validate_config(Config& c, int world_size) {
   rules.in_range(m.dropout, 0.0, 1.0, false);
   rules.require(m.init_std > 0, m.init_std, "must be > 0");
   rules.require(m.norm_epsilon > 0, m.norm_epsilon, "must be > 0");
-  rules.require(m.rope_theta > 0, m.rope_theta, "must be > 0");
+  // Frequencies are rope_theta^(-2i/d) (<= 1 only when rope_theta >= 1) and, scaled, divided by the
+  // factor: a subnormal factor (1e-310 passed "> 0") makes them infinite and the loss NaN.
+  rules.require(m.rope_theta >= 1, m.rope_theta, "must be >= 1");
   rules.at_least(m.sliding_window, 0);
   if (m.sliding_window > 0)
     rules.require(m.seq_length <= m.sliding_window, m.seq_length,
@@ -866,7 +888,7 @@ void validate_config(Config& c, int world_size) {
     const RopeScaling& rs = m.rope_scaling;
     rules.require(m.position_embedding == PositionEmbedding::Rope, rs.type,
                   fmt::format("needs {} = rope", rules.key(m.position_embedding)));
-    rules.require(rs.factor > 0, rs.factor, "must be > 0");
+    rules.in_range(rs.factor, kMinRopeScalingFactor, kMaxRopeScalingFactor, true);
     if (rs.type == RopeScalingType::Llama3) {
       rules.require(rs.low_freq_factor > 0, rs.low_freq_factor, "must be > 0");
       rules.require(
@@ -878,6 +900,11 @@ void validate_config(Config& c, int world_size) {
   }
   rules.require(t.peak_tflops >= 0, t.peak_tflops, "must be >= 0");
   rules.require(t.comm_timeout_s > 0, t.comm_timeout_s, "must be > 0");
+  rules.require(t.nonfinite_policy != GuardPolicy::Warn, t.nonfinite_policy,
+                "must be stop or skip (an update with inf or NaN gradients ruins every weight)");
+  rules.require(t.spike_factor == 0 || t.spike_factor > 1, t.spike_factor, "must be 0 (off) or > 1");
+  rules.at_least(t.spike_window, 1);
+  rules.at_least(t.max_consecutive_skips, 0);
   rules.require(o.lr > 0, o.lr, "must be > 0");
   rules.in_range(o.min_lr, 0.0, o.lr, true, rules.key(o.lr));
   rules.in_range(o.beta1, 0.0, 1.0, false);

@@ -116,6 +116,13 @@ int run_main(int argc, char** argv, const std::function<int(Runtime&)>& body) {
       return 2;
     }
     fatal(e.what());
+  } catch (const AgreedStop& e) {
+    if (all_ranks_failed_alike()) {
+      logger().flush();
+      if (runtime->rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+      return e.exit_code();
+    }
+    fatal(e.what());
   } catch (const std::exception& e) {
     fatal(e.what());
   }

@@ -55,7 +55,7 @@ Optimizer::Slot Optimizer::make_slot(Parameter* p, Tensor grad, Tensor main, Ten
   return s;
 }
 
-StepResult Optimizer::step(double lr) {
+StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)>& skip_update) {
   StepResult r;
   before_update();
   Communicator* dp = sharded_ ? groups_.dp : nullptr;
@@ -88,9 +88,14 @@ StepResult Optimizer::step(double lr) {
     scaler_->update(overflow);
     if (overflow) {
       r.skipped = true;
+      r.overflow = true;
       r.grad_norm = 0.0;
       return r;
     }
+  }
+  if (skip_update && skip_update(r.grad_norm)) {
+    r.skipped = true;
+    return r;
   }
   r.clip_coef = clip_coefficient(r.grad_norm, config_.clip_grad);
 

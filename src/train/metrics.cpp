@@ -53,7 +53,13 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
                       {"host_reads", m.host_reads},
                       {"mem_peak_bytes", m.mem_peak_bytes}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
-  if (m.skipped) j["skipped"] = true;
+  if (m.skipped) {
+    j["skipped"] = true;
+    j["skip_reason"] = m.skip_reason;
+  }
+  j["skipped_steps"] = m.skipped_steps;
+  j["spikes"] = m.spikes;
+  j["nonfinite_steps"] = m.nonfinite_steps;
   if (!m.moe_tokens_per_expert.empty()) {
     j["moe_aux_loss"] = number(m.moe_aux_loss);
     j["moe_z_loss"] = number(m.moe_z_loss);
@@ -81,7 +87,10 @@ std::string progress_line(const StepMetrics& m, int64_t total_steps, double seco
   std::string line = fmt::format(
       "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {} tok/s | MFU {:.1f}% | ETA {}", m.step,
       width, total_steps, m.loss, m.lr, m.grad_norm, tps, 100.0 * m.mfu, format_duration(seconds_left));
-  if (m.skipped) line += fmt::format(" | skipped (loss scale {:g})", m.loss_scale);
+  if (m.skipped && (m.skip_reason == "overflow" || m.skip_reason.empty()))
+    line += fmt::format(" | skipped (loss scale {:g})", m.loss_scale);
+  else if (m.skipped)
+    line += fmt::format(" | skipped ({})", m.skip_reason == "spike" ? "spike" : "not finite");
   return line;
 }
 

@@ -103,7 +103,10 @@ std::vector<Scalar> train_scalars(const StepMetrics& m) {
                              {"host_reads", static_cast<double>(m.host_reads)},
                              {"mem_peak_bytes", static_cast<double>(m.mem_peak_bytes)}};
   if (m.loss_scale > 0) out.push_back({"loss_scale", m.loss_scale});
-  if (m.skipped) out.push_back({"skipped", 1.0});
+  if (m.skipped) out.push_back({"skipped", 1.0});  // skip_reason, a string, is metrics.jsonl's only
+  out.push_back({"skipped_steps", static_cast<double>(m.skipped_steps)});
+  out.push_back({"spikes", static_cast<double>(m.spikes)});
+  out.push_back({"nonfinite_steps", static_cast<double>(m.nonfinite_steps)});
   if (!m.moe_tokens_per_expert.empty()) {
     out.push_back({"moe_aux_loss", m.moe_aux_loss});
     out.push_back({"moe_z_loss", m.moe_z_loss});

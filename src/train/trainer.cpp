@@ -32,6 +32,7 @@
 #include "parallel/signal_handler.hpp"
 #include "parallel/tensorboard.hpp"
 #include "parallel/train_state.hpp"
+#include "parallel/training_guard.hpp"
 
 namespace parallel {
 
@@ -152,6 +153,44 @@ const char* sharding_name(DataParallel& ddp) {
                                                : "none";
 }
 
+// Fault injection for the guards' tests: PARALLEL_INJECT_LOSS_SCALE="STEP:FACTOR[:RANK]" multiplies
+// step STEP's loss (1-based, as logged) by FACTOR on rank RANK (every rank without one): its local
+// loss sum and the gradient the backward starts from, so every gradient of that rank scales too.
+// FACTOR may be nan or inf.
+struct FaultInjection {
+  int64_t step = 0;  // 0: none
+  double factor = 1.0;
+  int rank = -1;  // -1: every rank
+  double factor_at(int64_t at_step, int at_rank) const {
+    return step == at_step && (rank < 0 || rank == at_rank) ? factor : 1.0;
+  }
+  static FaultInjection from_environment() {
+    FaultInjection f;
+    const char* text = std::getenv("PARALLEL_INJECT_LOSS_SCALE");
+    if (text == nullptr || *text == '\0') return f;
+    char* end = nullptr;
+    f.step = std::strtoll(text, &end, 10);
+    bool ok = end != text && *end == ':' && f.step >= 1;
+    if (ok) {
+      const char* p = end + 1;
+      f.factor = std::strtod(p, &end);
+      ok = end != p;
+      if (ok && *end == ':') {
+        p = end + 1;
+        f.rank = static_cast<int>(std::strtol(p, &end, 10));
+        ok = end != p && f.rank >= 0;
+      }
+      ok = ok && *end == '\0';
+    }
+    if (!ok)
+      throw ConfigError(
+          fmt::format("PARALLEL_INJECT_LOSS_SCALE = \"{}\": expected STEP:FACTOR[:RANK] (STEP >= 1)", text));
+    progress().warn("fault injection: the loss of step {} is multiplied by {} on {}", f.step, f.factor,
+                    f.rank < 0 ? std::string("every rank") : fmt::format("rank {}", f.rank));
+    return f;
+  }
+};
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -180,6 +219,9 @@ struct Trainer::Impl {
   double flops_per_token = 0;
   double peak_flops = 0;  // per rank, for MFU; 0: unknown (MFU reported as 0)
   std::vector<StepMetrics> history;
+  std::optional<TrainingGuard> guard;
+  Tensor local_loss;  // this rank's loss sum of the last step, before the reduction (for messages)
+  FaultInjection fault;
   // This rank's allocator high-water mark since the trainer started. The executor resets the
   // allocator's peak at every run, so it is read before each run and after each step.
   int64_t measured_peak = 0;
@@ -239,12 +281,44 @@ struct Trainer::Impl {
   }
 
   // The global mean token loss: the last stage's sums (one tp rank each) added over the world.
-  double global_mean_loss() {
+  // `factor` multiplies this rank's sum (fault injection; 1 otherwise).
+  double global_mean_loss(double factor = 1.0) {
     const bool counts = model->computes_loss() && state->coord().tp == 0;
     Tensor sum = Tensor::zeros({1}, DType::F32);
     if (counts) sum.copy_(model->loss_sum());  // device -> host bytes; read once below
+    if (factor != 1.0) ops::scale_(sum, static_cast<float>(factor));
+    local_loss = sum.clone();  // read only when the guard stops the run
     world.all_reduce(sum);
     return sum.to_float_vector()[0] / static_cast<double>(tokens_per_batch());
+  }
+
+  // The guard stops the run at `at_step`: every rank throws the same AgreedStop (exit 3), its
+  // message naming the ranks whose own loss sum (before the reduction) or gradients are not finite.
+  [[noreturn]] void stop_run(int64_t at_step, const std::string& why) {
+    Tensor mine = Tensor::zeros({2}, DType::F32);
+    if (local_loss.defined() && !std::isfinite(local_loss.to_float_vector()[0])) mine.data<float>()[0] = 1;
+    for (DataParallel* d : optimizer->data_parallels()) {
+      Tensor& grads = d->buffer().grad_data();
+      if (!grads.defined() || grads.numel() == 0) continue;
+      Tensor sq = Tensor::zeros({1}, DType::F32, grads.device());
+      ops::sum_of_squares_accumulate(grads, sq);
+      if (!std::isfinite(sq.to_float_vector()[0])) mine.data<float>()[1] = 1;
+    }
+    Tensor all = Tensor::zeros({2 * world.size()}, DType::F32);
+    world.all_gather(mine, all);
+    std::vector<int> bad_loss, bad_grads;
+    for (int r = 0; r < world.size(); ++r) {
+      if (all.data<float>()[2 * r] != 0) bad_loss.push_back(r);
+      if (all.data<float>()[2 * r + 1] != 0) bad_grads.push_back(r);
+    }
+    const auto ranks = [](const std::vector<int>& list) {
+      return fmt::format("{} {}", list.size() == 1 ? "rank" : "ranks", fmt::join(list, ","));
+    };
+    std::string where;
+    if (!bad_loss.empty()) where += fmt::format("; the loss is not finite on {}", ranks(bad_loss));
+    if (!bad_grads.empty()) where += fmt::format("; the gradients are not finite on {}", ranks(bad_grads));
+    logger().flush();
+    throw AgreedStop(fmt::format("train: step {}: {}{}", at_step, why, where), 3);
   }
 
   // At each log line: every rank's mean busy time per step (host floats, one small all-gather over
@@ -464,6 +538,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
         "loaded {} ({}): resuming at step {}", loaded.path,
         loaded.had_optimizer_state ? "weights and optimizer state" : "weights only, fresh optimizer", m.step);
   }
+  m.guard.emplace(c.train);
+  m.fault = FaultInjection::from_environment();
   m.stop.emplace();
 }
 
@@ -520,8 +596,9 @@ int64_t Trainer::train() {
     // MoE aux and z losses: averaged over the micro-batches like the loss, then over dp x cp by DDP
     // (each cp rank's router sees a part of the tokens, as its loss gradient does: times cp).
     for (auto& chunk : m.chunks) chunk->set_moe_loss_scale(scale * c.parallel.context / m.micro_batches);
+    const double injected = m.fault.factor_at(t + 1, m.world.rank());
     m.model->start_step(m.data_of(*m.train_data, t),
-                        Tensor::full({1}, scale / local_tokens, DType::F32, m.device),
+                        Tensor::full({1}, injected * scale / local_tokens, DType::F32, m.device),
                         static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
     m.sample_peak();
     {
@@ -539,8 +616,17 @@ int64_t Trainer::train() {
     finalize_grads(m.parameters(), *m.state);
     m.ddp->finish_grad_sync();
     if (m.expert_ddp) m.expert_ddp->finish_grad_sync();
-    const StepResult result = m.optimizer->step(lr);
-    const double loss = m.global_mean_loss();
+    // The loss before the update, so that the guard can keep a poisoned step from updating
+    // anything; it sees the same loss and gradient norm on every rank, so all decide alike.
+    const double loss = m.global_mean_loss(injected);
+    GuardVerdict verdict;
+    const StepResult result = m.optimizer->step(lr, [&](double grad_norm) {
+      verdict = m.guard->check(loss, grad_norm, true);
+      return verdict.action != GuardVerdict::Action::Update;
+    });
+    // An fp16 overflow skipped the update before the guard saw the norm: the loss is still checked.
+    if (result.overflow) verdict = m.guard->check(loss, 0.0, false);
+    const std::string too_many = m.guard->record(verdict, !result.skipped, loss, result.grad_norm);
     m.sample_peak();
     // Host reads of this step and the allocator's peak so far, each the largest over the ranks.
     Tensor maxima = Tensor::zeros({2}, DType::I64);
@@ -563,16 +649,31 @@ int64_t Trainer::train() {
     s.peak_flops_per_rank = m.peak_flops;
     s.mfu = m.peak_flops > 0 ? m.flops_per_token * s.tokens_per_sec / (m.peak_flops * m.world.size()) : 0.0;
     s.skipped = result.skipped;
+    s.skip_reason = !result.skipped     ? ""
+                    : result.overflow   ? "overflow"
+                    : verdict.nonfinite ? "nonfinite"
+                                        : "spike";
+    s.skipped_steps = m.guard->skipped_steps();
+    s.spikes = m.guard->spikes();
+    s.nonfinite_steps = m.guard->nonfinite_steps();
     s.host_reads = reads;
     s.mem_peak_bytes = maxima.data<int64_t>()[1];
     s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
     if (c.model.num_experts > 0) m.moe_metrics(s, batches_per_step);
     m.history.push_back(s);
 
-    const bool log =
-        m.step == first_step + 1 || m.step % c.train.log_interval == 0 || m.step == c.train.steps;
+    const bool stop = verdict.action == GuardVerdict::Action::Stop || !too_many.empty();
+    const bool log = m.step == first_step + 1 || m.step % c.train.log_interval == 0 ||
+                     m.step == c.train.steps || stop || !verdict.what.empty();
     if (m.metrics && log) m.metrics->write_train(s);
     if (m.tensorboard && log) m.tensorboard->write_train(s);
+    if (verdict.action == GuardVerdict::Action::Stop)
+      m.stop_run(m.step, fmt::format("{}: stopping ({})", verdict.what, verdict.rule));
+    if (!verdict.what.empty())
+      progress().warn("step {}: {}: {} ({})", m.step, verdict.what,
+                      verdict.action == GuardVerdict::Action::Skip ? "update skipped" : "updated anyway",
+                      verdict.rule);
+    if (!too_many.empty()) m.stop_run(m.step, "stopping: " + too_many);
     if (log) {
       const double per_step = std::chrono::duration<double>(Clock::now() - run_start).count() /
                               static_cast<double>(m.step - first_step);

@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
         ++matched;
       };
       for (const auto& [key, value] : j.items()) {
-        if (key == "step") continue;
+        if (key == "step" || value.is_string()) continue;  // skip_reason: not a scalar
         if (value.is_array()) {
           for (std::size_t i = 0; i < value.size(); ++i) check(key + "/" + std::to_string(i), value[i]);
         } else {

@@ -1,3 +1,4 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -85,6 +86,50 @@ TEST(Metrics, JsonLinesAreWrittenAndFlushed) {
       EXPECT_TRUE(j.contains(key)) << key;
     std::getline(in, line);
     EXPECT_EQ(nlohmann::json::parse(line)["eval_loss"], 4.25);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Metrics, GuardCountsAndSkipReasonsAreWritten) {
+  const auto dir = std::filesystem::temp_directory_path() / "parallel_test_metrics_guard";
+  std::filesystem::remove_all(dir);
+  const std::string path = (dir / "metrics.jsonl").string();
+  {
+    MetricsWriter w(path);
+    StepMetrics s;
+    s.step = 6;
+    s.loss = 4.5;
+    s.skipped = true;
+    s.skip_reason = "spike";
+    s.skipped_steps = 2;
+    s.spikes = 1;
+    s.nonfinite_steps = 1;
+    w.write_train(s);
+    s.step = 7;
+    s.skipped = false;
+    s.skip_reason.clear();
+    w.write_train(s);
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["skipped"], true);
+    EXPECT_EQ(j["skip_reason"], "spike");
+    EXPECT_EQ(j["skipped_steps"], 2);
+    EXPECT_EQ(j["spikes"], 1);
+    EXPECT_EQ(j["nonfinite_steps"], 1);
+    std::getline(in, line);
+    j = nlohmann::json::parse(line);
+    EXPECT_FALSE(j.contains("skipped"));
+    EXPECT_FALSE(j.contains("skip_reason"));
+    EXPECT_EQ(j["spikes"], 1);  // counts since the start, on every line
+    StepMetrics spike;
+    spike.skipped = true;
+    spike.skip_reason = "spike";
+    EXPECT_THAT(progress_line(spike, 10, 1), testing::EndsWith(" | skipped (spike)"));
+    spike.skip_reason = "overflow";
+    spike.loss_scale = 1024;
+    EXPECT_THAT(progress_line(spike, 10, 1), testing::EndsWith(" | skipped (loss scale 1024)"));
   }
   std::filesystem::remove_all(dir);
 }
