@@ -116,6 +116,11 @@ class Communicator {
   // Collective over this communicator: ranks giving the same color form a new communicator,
   // ordered by key (then by rank). A negative color means "not a member": returns nullptr.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // The same collective where every member knows the group: `members` are this communicator's
+  // ranks in group-rank order, the same list on each member (empty: not a member, nullptr). The
+  // default is split(members.front(), position in members); a backend that cannot ask the other
+  // ranks (MetaCommunicator) builds the group from the list.
+  virtual std::unique_ptr<Communicator> split_group(const std::vector<int>& members);
 
   // Ends the whole job from this rank (MPI_Abort / ncclCommAbort): for fatal errors only.
   [[noreturn]] virtual void abort(int code) = 0;

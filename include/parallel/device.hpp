@@ -5,7 +5,9 @@
 
 namespace parallel {
 
-enum class DeviceType : uint8_t { CPU = 0, CUDA = 1 };
+// Meta: tensors with a shape and a dtype but no values (meta.hpp): ops check their contract and
+// record what they would do, the meta allocator counts the bytes; reading a value is an error.
+enum class DeviceType : uint8_t { CPU = 0, CUDA = 1, Meta = 2 };
 
 struct Device {
   DeviceType type = DeviceType::CPU;
@@ -13,10 +15,12 @@ struct Device {
 
   static Device cpu() { return {DeviceType::CPU, 0}; }
   static Device cuda(int index = 0) { return {DeviceType::CUDA, index}; }
+  static Device meta() { return {DeviceType::Meta, 0}; }
   bool is_cpu() const { return type == DeviceType::CPU; }
   bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool is_meta() const { return type == DeviceType::Meta; }
   bool operator==(const Device&) const = default;
-  std::string str() const;  // "cpu", "cuda:1"
+  std::string str() const;  // "cpu", "cuda:1", "meta"
 };
 
 // An opaque handle to a CUDA stream (cudaStream_t) so that public headers never include CUDA.

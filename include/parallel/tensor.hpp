@@ -69,9 +69,10 @@ class Tensor {
   Device device() const { return device_; }
   bool is_contiguous() const;
 
-  void* data_ptr() const;  // first element (storage + offset)
+  void* data_ptr() const;  // first element (storage + offset); nullptr on meta (meta.hpp)
   template <typename T>
   T* data() const {
+    if (device_.is_meta()) refuse_meta_read("data<T>()");
     PARALLEL_CHECK(dtype_ == dtype_of<T>::value, "tensor is {}, accessed as {}", dtype_name(dtype_),
                    dtype_name(dtype_of<T>::value));
     return static_cast<T*>(data_ptr());
@@ -101,6 +102,7 @@ class Tensor {
   std::string str() const;  // "Tensor[2, 3] bf16 cpu"
 
  private:
+  [[noreturn]] void refuse_meta_read(const char* what) const;  // meta.hpp's error
   std::shared_ptr<Storage> storage_;
   int64_t offset_ = 0;
   Shape shape_;

@@ -63,6 +63,14 @@ void check_all_to_allv(const Communicator& comm, const Tensor& in, std::span<con
       describe_group(comm), sent, received, in.numel(), out.numel());
 }
 
+std::unique_ptr<Communicator> Communicator::split_group(const std::vector<int>& members) {
+  if (members.empty()) return split(-1, 0);
+  const auto it = std::find(members.begin(), members.end(), rank());
+  PARALLEL_CHECK(it != members.end(), "split_group on {}: rank {} is not among the members",
+                 describe_group(*this), rank());
+  return split(members.front(), static_cast<int>(it - members.begin()));
+}
+
 WorkHandle Communicator::all_to_allv(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
                                      std::span<const int64_t> recv_counts, bool async) {
   check_all_to_allv(*this, in, send_counts, out, recv_counts);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuda_backend.hpp"
+#include "meta_allocator.hpp"
 #include "parallel/error.hpp"
 
 namespace parallel {
@@ -101,6 +102,7 @@ Allocator& allocator_for(Device device) {
     static CpuAllocator cpu;
     return cpu;
   }
+  if (device.is_meta()) return meta_allocator();
   return cuda_backend::allocator(device.index);
 }
 

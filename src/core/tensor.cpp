@@ -8,6 +8,7 @@
 
 #include "cuda_backend.hpp"
 #include "parallel/allocator.hpp"
+#include "parallel/meta.hpp"
 
 namespace parallel {
 
@@ -272,7 +273,7 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::data_ptr() const {
-  if (!storage_) return nullptr;
+  if (!storage_ || device_.is_meta()) return nullptr;
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
@@ -357,6 +358,7 @@ Tensor Tensor::to(DType dtype) const {
 void Tensor::copy_(const Tensor& src, Stream stream) {
   PARALLEL_CHECK(shape_ == src.shape_, "copy_: shape {} from {}", shape_str(shape_), shape_str(src.shape_));
   if (numel() == 0) return;
+  if (device_.is_meta() || src.device_.is_meta()) return meta::copy(*this, src);
   if (device_.is_cpu() && src.device_.is_cpu()) return copy_host(*this, src);
 
   // Across devices or on a GPU: bytes move contiguously or as one 2-D copy (a narrowed view on
@@ -412,6 +414,7 @@ void Tensor::copy_(const Tensor& src, Stream stream) {
 
 void Tensor::fill_(double value, Stream stream) {
   if (numel() == 0) return;
+  if (device_.is_meta()) return meta::record_op("fill_", 0.0, {}, {this});
   if (device_.is_cuda()) {
     PARALLEL_CHECK(is_contiguous(), "fill_ of a non-contiguous CUDA tensor {}", str());
     cuda_backend::fill(data_ptr(), dtype_, value, numel(), device_, stream);
@@ -441,7 +444,10 @@ std::atomic<int64_t> g_host_reads{0};
 int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }
 void count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
 
+void Tensor::refuse_meta_read(const char* what) const { meta::refuse_read(*this, what); }
+
 std::vector<float> Tensor::to_float_vector() const {
+  if (device_.is_meta()) refuse_meta_read("to_float_vector()");
   count_host_read();
   const Tensor host = device_.is_cpu() ? *this : to(Device::cpu(), own_stream(storage_));
   std::vector<float> out(static_cast<size_t>(numel()));

@@ -17,13 +17,13 @@ std::unique_ptr<Communicator> split_into(Communicator& world, const std::vector<
                                          const char* name) {
   const int me = world.rank();
   if (members.empty()) {
-    auto none = world.split(-1, 0);
+    auto none = world.split_group({});
     PARALLEL_CHECK(none == nullptr, "split with color -1 returned a {} communicator", name);
     return none;
   }
   auto it = std::find(members.begin(), members.end(), me);
   PARALLEL_CHECK(it != members.end(), "rank {} is not in its own {} group", me, name);
-  auto comm = world.split(members.front(), static_cast<int>(it - members.begin()));
+  auto comm = world.split_group(members);
   PARALLEL_CHECK(comm != nullptr, "split of the {} group returned no communicator", name);
   PARALLEL_CHECK(comm->size() == static_cast<int>(members.size()) && comm->rank() == it - members.begin(),
                  "{} group: expected rank {} of {}, communicator says {} of {}", name, it - members.begin(),
@@ -68,7 +68,7 @@ ParallelState::ParallelState(Communicator& world, const RankGrid& grid, Device d
       if (*group != nullptr) (*group)->set_name(label);
   };
   name_all();
-  if (device.is_cpu()) return;
+  if (device.is_cpu() || device.is_meta()) return;  // meta: world's own groups (meta_communicator.hpp)
 
   // On GPUs: a NCCL communicator per group, bootstrapped over (and falling back for CPU tensors
   // to) the MPI group just made, which is kept alive here. In the same order on every rank;

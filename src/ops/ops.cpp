@@ -4,6 +4,8 @@
 // device, the dtypes the op's contract allows (ops.hpp, "Precision"), with the shapes of the
 // contract. Kernels then read raw pointers.
 // CUDA tensors go to the kernels of kernels/cuda/cuda_ops.hpp: one PARALLEL_ON_CUDA line per op.
+// Meta tensors (meta.hpp) pass the same checks, then record the op's event instead of running it:
+// one meta::record_op line per op, with its FLOPs and the tensors it reads and writes.
 #include "parallel/ops.hpp"
 
 #include <omp.h>
@@ -15,6 +17,7 @@
 #include "cpu/cpu_ops.hpp"
 #include "parallel/build_config.hpp"
 #include "parallel/error.hpp"
+#include "parallel/meta.hpp"
 #if PARALLEL_HAVE_CUDA
 #include "cuda/cuda_loss_ops.hpp"
 #include "cuda/cuda_ops.hpp"
@@ -128,6 +131,15 @@ void check_1d(const char* op, const Tensor& w, const char* wn) {
 // ---- dense algebra ----------------------------------------------------------------------------
 
 namespace {
+// Meta (meta.hpp): the fp32 copies the CPU GEMM makes of 16-bit operands where oneDNN has no kernel
+// for their dtype (kernels/cpu/gemm.cpp, widened_gemm and gemm_bias): a, b, a 16-bit c and the bias.
+int64_t widened_gemm_bytes(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& bias) {
+  if (a.dtype() == DType::F32 || cpu::native_gemm(a.dtype())) return 0;
+  auto widened = [](const Tensor& t) { return t.defined() && t.dtype() != DType::F32 ? t.numel() : 0; };
+  const bool narrow_c = c.dtype() != DType::F32;  // gemm_bias widens its bias only then
+  return 4 * (widened(a) + widened(b) + widened(c) + (narrow_c ? widened(bias) : 0));
+}
+
 // a, b, c 2-D with op(a) [M, K] @ op(b) [K, N] -> c [M, N].
 void check_gemm_shapes(const char* op, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                        const Tensor& c) {
@@ -147,6 +159,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
           Stream stream) {
   const Checked k = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c", Want::Param}});
   check_gemm_shapes("gemm", a, trans_a, b, trans_b, c);
+  if (k.device.is_meta())
+    return meta::record_op(
+        "gemm", 2.0 * static_cast<double>(c.numel()) * static_cast<double>(trans_a ? a.size(0) : a.size(1)),
+        {&a, &b}, {&c}, widened_gemm_bytes(a, b, c, Tensor()));
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   }
@@ -158,6 +174,13 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
   const Checked k = check_args("gemm_bias", {{a, "a"}, {b, "b"}, {bias, "bias", Want::Param}, {c, "c"}});
   check_1d("gemm_bias", bias, "bias");
   check_last_dim("gemm_bias", c, "c", bias.numel(), "bias size");
+  if (k.device.is_meta()) {
+    check_gemm_shapes("gemm_bias", a, trans_a, b, trans_b, c);  // the CPU's check; CUDA's gemm checks
+    return meta::record_op(
+        "gemm_bias",
+        (2.0 * static_cast<double>(trans_a ? a.size(0) : a.size(1)) + 1.0) * static_cast<double>(c.numel()),
+        {&a, &b, &bias}, {&c}, widened_gemm_bytes(a, b, c, bias));
+  }
   if (k.device.is_cuda()) {
     // No fused epilogue on this path yet: the product, then the bias (both checked by their ops).
     gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, stream);
@@ -193,6 +216,8 @@ void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   const Checked k = check_args("add_bias", {{y, "y"}, {bias, "bias", Want::Param}});
   check_1d("add_bias", bias, "bias");
   check_last_dim("add_bias", y, "y", bias.numel(), "bias size");
+  if (k.device.is_meta())
+    return meta::record_op("add_bias", static_cast<double>(y.numel()), {&y, &bias}, {&y});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(add_bias(y, bias, stream));
   }
@@ -203,6 +228,8 @@ void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
   const Checked k = check_args("bias_backward", {{dy, "dy"}, {dbias, "dbias", Want::F32}});
   check_1d("bias_backward", dbias, "dbias");
   check_last_dim("bias_backward", dy, "dy", dbias.numel(), "dbias size");
+  if (k.device.is_meta())
+    return meta::record_op("bias_backward", static_cast<double>(dy.numel()), {&dy}, {&dbias});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(bias_backward(dy, dbias, stream));
   }
@@ -215,6 +242,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
   const Checked k = check_args("add", {{a, "a"}, {b, "b"}, {out, "out"}});
   check_same_shape("add", a, "a", b, "b");
   check_same_shape("add", a, "a", out, "out");
+  if (k.device.is_meta()) return meta::record_op("add", static_cast<double>(out.numel()), {&a, &b}, {&out});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(add(a, b, out, stream));
   }
@@ -224,6 +252,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
 void add_(Tensor& a, const Tensor& b, Stream stream) {
   const Checked k = check_args("add_", {{a, "a"}, {b, "b"}});
   check_same_shape("add_", a, "a", b, "b");
+  if (k.device.is_meta()) return meta::record_op("add_", static_cast<double>(a.numel()), {&a, &b}, {&a});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(add_(a, b, stream));
   }
@@ -232,6 +261,7 @@ void add_(Tensor& a, const Tensor& b, Stream stream) {
 
 void scale_(Tensor& a, float alpha, Stream stream) {
   const Checked k = check_args("scale_", {{a, "a"}});
+  if (k.device.is_meta()) return meta::record_op("scale_", static_cast<double>(a.numel()), {&a}, {&a});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(scale_(a, alpha, stream));
   }
@@ -244,6 +274,8 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream) {
                  dtype_name(precision));
   const Checked k = check_args("round_to_precision_", {{x, "x", Want::F32}});
   if (precision == DType::F32) return;
+  if (k.device.is_meta())
+    return meta::record_op("round_to_precision_", static_cast<double>(x.numel()), {&x}, {&x});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(round_to_precision_(x, precision, stream));
   if (precision == DType::BF16)
     cpu::round_to_bf16_(x);
@@ -254,6 +286,8 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream) {
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Checked k = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("gelu_forward", x, "x", y, "y");
+  if (k.device.is_meta())
+    return meta::record_op("gelu_forward", 8.0 * static_cast<double>(y.numel()), {&x}, {&y});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(gelu_forward(x, y, stream));
   }
@@ -264,6 +298,8 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream)
   const Checked k = check_args("gelu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_same_shape("gelu_backward", dy, "dy", x, "x");
   check_same_shape("gelu_backward", dx, "dx", x, "x");
+  if (k.device.is_meta())
+    return meta::record_op("gelu_backward", 12.0 * static_cast<double>(dx.numel()), {&dy, &x}, {&dx});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(gelu_backward(dy, x, dx, stream));
   }
@@ -283,6 +319,8 @@ void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* 
 void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
   const Checked k = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
   check_swiglu("swiglu_forward", x, y, "y");
+  if (k.device.is_meta())
+    return meta::record_op("swiglu_forward", 5.0 * static_cast<double>(y.numel()), {&x}, {&y});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(swiglu_forward(x, y, stream));
   }
@@ -293,6 +331,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream strea
   const Checked k = check_args("swiglu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_swiglu("swiglu_backward", x, dy, "dy");
   check_same_shape("swiglu_backward", dx, "dx", x, "x");
+  if (k.device.is_meta())
+    return meta::record_op("swiglu_backward", 5.0 * static_cast<double>(dx.numel()), {&dy, &x}, {&dx});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(swiglu_backward(dy, x, dx, stream));
   }
@@ -303,6 +343,8 @@ void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_
   const Checked k = check_args("dropout_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("dropout_forward", x, "x", y, "y");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_forward: p = {} must be in [0, 1]", p);
+  if (k.device.is_meta())
+    return meta::record_op("dropout_forward", 2.0 * static_cast<double>(y.numel()), {&x}, {&y});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(dropout_forward(x, y, p, seed, offset, stream));
   }
@@ -313,6 +355,8 @@ void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint
   const Checked k = check_args("dropout_backward", {{dy, "dy"}, {dx, "dx"}});
   check_same_shape("dropout_backward", dy, "dy", dx, "dx");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_backward: p = {} must be in [0, 1]", p);
+  if (k.device.is_meta())
+    return meta::record_op("dropout_backward", 2.0 * static_cast<double>(dx.numel()), {&dy}, {&dx});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(dropout_backward(dy, dx, p, seed, offset, stream));
   }
@@ -336,6 +380,9 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
+  if (k.device.is_meta())
+    return meta::record_op("layernorm_forward", 8.0 * static_cast<double>(x.numel()), {&x, &weight, &bias},
+                           {&y, &mean, &rstd});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(layernorm_forward(x, weight, bias, y, mean, rstd, eps, stream));
   }
@@ -361,6 +408,9 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_same_shape(op, dbias, "dbias", weight, "weight");
   check_rows(op, mean, "mean", x);
   check_rows(op, rstd, "rstd", x);
+  if (k.device.is_meta())
+    return meta::record_op("layernorm_backward", 12.0 * static_cast<double>(x.numel()),
+                           {&dy, &x, &weight, &mean, &rstd}, {&dx, &dweight, &dbias});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, stream));
   }
@@ -376,6 +426,9 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
   check_last_dim(op, x, "x", weight.numel(), "weight size");
   check_same_shape(op, y, "y", x, "x");
   check_rows(op, rstd, "rstd", x);
+  if (k.device.is_meta())
+    return meta::record_op("rmsnorm_forward", 5.0 * static_cast<double>(x.numel()), {&x, &weight},
+                           {&y, &rstd});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(rmsnorm_forward(x, weight, y, rstd, eps, stream));
   }
@@ -397,6 +450,9 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   check_same_shape(op, dx, "dx", x, "x");
   check_same_shape(op, dweight, "dweight", weight, "weight");
   check_rows(op, rstd, "rstd", x);
+  if (k.device.is_meta())
+    return meta::record_op("rmsnorm_backward", 9.0 * static_cast<double>(x.numel()),
+                           {&dy, &x, &weight, &rstd}, {&dx, &dweight});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(rmsnorm_backward(dy, x, weight, rstd, dx, dweight, stream));
   }
@@ -443,6 +499,9 @@ void residual_norm_forward(const Tensor& residual, const Tensor& branch, const D
   check_same_shape(op, y, "y", residual, "residual");
   check_rows(op, rstd, "rstd", residual);
   check_dropout(op, drop);
+  if (k.device.is_meta())
+    return meta::record_op("residual_norm_forward", 10.0 * static_cast<double>(sum.numel()),
+                           {&residual, &branch, &weight, &bias}, {&sum, &y, &mean, &rstd});
   if (k.device.is_cuda()) {
     // The unfused ops in sequence (ops.hpp): dropout and add (dropout_add's CUDA form), then the norm.
     dropout_add(branch, residual, sum, drop, stream);
@@ -490,6 +549,9 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
   check_same_shape(op, dweight, "dweight", weight, "weight");
   check_rows(op, rstd, "rstd", x);
   check_dropout(op, drop);
+  if (k.device.is_meta())
+    return meta::record_op("norm_backward_residual", 14.0 * static_cast<double>(x.numel()),
+                           {&dy, &dresidual, &x, &weight, &mean, &rstd}, {&dx, &dweight, &dbias, &dbranch});
   if (k.device.is_cuda()) {
     // The unfused ops in sequence (ops.hpp): the norm's backward, the residual add, dropout's backward.
     Tensor g = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -512,6 +574,9 @@ void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, cons
   check_same_shape(op, residual, "residual", branch, "branch");
   check_same_shape(op, out, "out", branch, "branch");
   check_dropout(op, drop);
+  if (k.device.is_meta())
+    return meta::record_op("dropout_add", 3.0 * static_cast<double>(out.numel()), {&branch, &residual},
+                           {&out});
   if (k.device.is_cuda()) {
     // Dropout into a temporary, then the add: the unfused kernels (ops.hpp).
     if (drop.p > 0.0f) {
@@ -556,11 +621,27 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   PARALLEL_CHECK(lse.shape() == (Shape{b, hq, s}), "ops::{}: lse {} must be [b, hq, s] = {}", op,
                  shape_str(lse.shape()), shape_str(Shape{b, hq, s}));
 }
+
+// Score and value products of attention over q [s, b, hq, d] and k [s_k, b, hkv, d]: 2 GEMMs of
+// 2 s s_k d per head and sample, half of them under a causal mask (meta.hpp's FLOP counting).
+// Meta: the CPU attention kernel's own figure for one call (ops::attention_workspace_bytes).
+int64_t attention_workspace(const Tensor& q, const Tensor& k, bool backward) {
+  return attention_workspace_bytes(q.dtype(), q.size(0), q.size(1), q.size(2), k.size(2), q.size(3),
+                                   backward);
+}
+
+double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
+  const double full = 4.0 * static_cast<double>(q.size(0)) * static_cast<double>(k.size(0)) *
+                      static_cast<double>(q.size(1) * q.size(2) * q.size(3));
+  return causal ? full / 2.0 : full;
+}
 }  // namespace
 
 void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream stream) {
   const Checked k = check_args("rope_forward", {{x, "x"}});
   check_rope("rope_forward", x, rope);
+  if (k.device.is_meta())
+    return meta::record_op("rope_forward", 3.0 * static_cast<double>(x.numel()), {&x}, {&x});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(rope_forward(x, position_offset, rope, stream));
   }
@@ -570,6 +651,8 @@ void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream s
 void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream stream) {
   const Checked k = check_args("rope_backward", {{dx, "dx"}});
   check_rope("rope_backward", dx, rope);
+  if (k.device.is_meta())
+    return meta::record_op("rope_backward", 3.0 * static_cast<double>(dx.numel()), {&dx}, {&dx});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(rope_backward(dx, position_offset, rope, stream));
   }
@@ -582,6 +665,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const Checked c = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse", Want::F32}});
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
+  if (c.device.is_meta())
+    return meta::record_op("attention_forward", attention_flops(q, k, causal), {&q, &k, &v}, {&out, &lse},
+                           attention_workspace(q, k, false));
   if (c.device.is_cuda()) {
     PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, stream));
   }
@@ -609,6 +695,9 @@ void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, co
                  shape_str(lse_acc.shape()), shape_str(Shape{b, h, S}));
   PARALLEL_CHECK(lse_blk.shape() == (Shape{b, h, n}), "ops::{}: lse_blk {} must be [b, h, n] = {}", op,
                  shape_str(lse_blk.shape()), shape_str(Shape{b, h, n}));
+  if (c.device.is_meta())
+    return meta::record_op("attention_merge", 6.0 * static_cast<double>(out_blk.numel()),
+                           {&out_acc, &lse_acc, &out_blk, &lse_blk}, {&out_acc, &lse_acc});
   if (c.device.is_cuda()) {
     PARALLEL_ON_CUDA(attention_merge(out_acc, lse_acc, out_blk, lse_blk, q0, stream));
   }
@@ -646,6 +735,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_same_shape(op, dq, "dq", q, "q");
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
+  if (c.device.is_meta())
+    return meta::record_op("attention_backward", 2.5 * attention_flops(q, k, causal),
+                           {&dout, &q, &k, &v, &out, &lse}, {&dq, &dk, &dv}, attention_workspace(q, k, true));
   if (c.device.is_cuda()) {
     PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream));
   }
@@ -685,6 +777,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab
   const Checked k =
       check_args(op, {{tokens, "tokens", Want::I32}, {weight, "weight", Want::Param}, {out, "out"}});
   check_embedding(op, tokens, weight, "weight", out, "out");
+  if (k.device.is_meta()) return meta::record_op("embedding_forward", 0.0, {&tokens, &weight}, {&out});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(embedding_forward(tokens, weight, vocab_start, out, stream));
   }
@@ -697,6 +790,9 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_
   const Checked k =
       check_args(op, {{tokens, "tokens", Want::I32}, {dout, "dout"}, {dweight, "dweight", Want::F32}});
   check_embedding(op, tokens, dweight, "dweight", dout, "dout");
+  if (k.device.is_meta())
+    return meta::record_op("embedding_backward", static_cast<double>(dout.numel()), {&tokens, &dout},
+                           {&dweight});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(embedding_backward(tokens, dout, vocab_start, dweight, stream));
   }
@@ -712,6 +808,9 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
                                     {target_logit, "target_logit", Want::F32}});
   check_ce(op, logits, {{targets, "targets"}, {row_max, "row_max"}, {target_logit, "target_logit"}},
            vocab_start, vocab_size);
+  if (k.device.is_meta())
+    return meta::record_op("cross_entropy_local_stats", static_cast<double>(logits.numel()),
+                           {&logits, &targets}, {&row_max, &target_logit});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(
         cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, stream));
@@ -725,6 +824,9 @@ void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t 
   const Checked k =
       check_args(op, {{logits, "logits"}, {row_max, "row_max", Want::F32}, {sum_exp, "sum_exp", Want::F32}});
   check_ce(op, logits, {{row_max, "row_max"}, {sum_exp, "sum_exp"}}, vocab_start, vocab_size);
+  if (k.device.is_meta())
+    return meta::record_op("cross_entropy_sum_exp", 3.0 * static_cast<double>(logits.numel()),
+                           {&logits, &row_max}, {&sum_exp});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp, stream));
   }
@@ -745,6 +847,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
            {{targets, "targets"}, {row_max, "row_max"}, {sum_exp, "sum_exp"}, {grad_scale, "grad_scale"}},
            vocab_start, vocab_size);
   check_same_shape(op, dlogits, "dlogits", logits, "logits");
+  if (k.device.is_meta())
+    return meta::record_op("cross_entropy_backward", 4.0 * static_cast<double>(logits.numel()),
+                           {&logits, &targets, &row_max, &sum_exp, &grad_scale}, {&dlogits});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(cross_entropy_backward(logits, targets, row_max, sum_exp, grad_scale, vocab_start,
                                             vocab_size, dlogits, stream));
@@ -764,6 +869,9 @@ void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tens
   check_same_shape(op, row_max, "row_max", loss, "loss");
   check_same_shape(op, sum_exp, "sum_exp", loss, "loss");
   check_same_shape(op, target_logit, "target_logit", loss, "loss");
+  if (k.device.is_meta())
+    return meta::record_op("cross_entropy_loss", 3.0 * static_cast<double>(loss.numel()),
+                           {&row_max, &sum_exp, &target_logit}, {&loss});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(cross_entropy_loss(row_max, sum_exp, target_logit, loss, stream));
   cpu::cross_entropy_loss(row_max, sum_exp, target_logit, loss);
 }
@@ -789,6 +897,7 @@ void gather_rows(const Tensor& src, const Tensor& index, Tensor& out, Stream str
   const Checked k = check_args(op, {{src, "src"}, {index, "index", Want::I64}, {out, "out"}});
   check_gather(op, src, index, out);
   if (out.numel() == 0) return;
+  if (k.device.is_meta()) return meta::record_op("gather_rows", 0.0, {&src, &index}, {&out});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(gather_rows(src, index, out, stream));
   cpu::gather_rows(src, index, out);
 }
@@ -801,6 +910,9 @@ void gather_rows_scaled(const Tensor& src, const Tensor& index, const Tensor& sc
   check_gather(op, src, index, out);
   check_same_shape(op, scale, "scale", index, "index");
   if (out.numel() == 0) return;
+  if (k.device.is_meta())
+    return meta::record_op("gather_rows_scaled", static_cast<double>(out.numel()), {&src, &index, &scale},
+                           {&out});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(gather_rows_scaled(src, index, scale, out, stream));
   cpu::gather_rows_scaled(src, index, scale, out);
 }
@@ -825,6 +937,10 @@ void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weigh
     check_same_shape(op, weight, "weight", index, "index");
   }
   if (out.numel() == 0) return;
+  if (k.device.is_meta())
+    return meta::record_op("gather_sum_rows",
+                           2.0 * static_cast<double>(index.numel()) * static_cast<double>(src.size(1)),
+                           {&src, &index, &weight}, {&out});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(gather_sum_rows(src, index, weight, out, stream));
   cpu::gather_sum_rows(src, index, weight, out);
 }
@@ -841,6 +957,8 @@ void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out,
                  shape_str(index.shape()), shape_str(out.shape()), shape_str(b.shape()),
                  shape_str(a.shape()));
   if (out.numel() == 0) return;
+  if (k.device.is_meta())
+    return meta::record_op("row_dot", 2.0 * static_cast<double>(a.numel()), {&a, &b, &index}, {&out});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(row_dot(a, b, index, out, stream));
   cpu::row_dot(a, b, index, out);
 }
@@ -849,6 +967,7 @@ void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out,
 
 double sum_of_squares(const Tensor& x, Stream stream) {
   const Checked k = check_args("sum_of_squares", {{x, "x"}});
+  if (k.device.is_meta()) meta::refuse_read(x, "ops::sum_of_squares (a host value)");
   count_host_read();  // the result is a host value, on any device
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(sum_of_squares(x, stream));
@@ -859,6 +978,9 @@ double sum_of_squares(const Tensor& x, Stream stream) {
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream) {
   const Checked k = check_args("sum_of_squares_accumulate", {{x, "x", Want::F32}, {acc, "acc", Want::F32}});
   PARALLEL_CHECK(acc.numel() == 1, "ops::sum_of_squares_accumulate: acc {} must have one element", acc.str());
+  if (k.device.is_meta())
+    return meta::record_op("sum_of_squares_accumulate", 2.0 * static_cast<double>(x.numel()), {&x, &acc},
+                           {&acc});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(sum_of_squares_accumulate(x, acc, stream));
   cpu::sum_of_squares_accumulate(x, acc);
 }
@@ -884,6 +1006,9 @@ Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& 
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
                    Stream stream) {
   const Checked k = check_adamw(param, grad, exp_avg, exp_avg_sq, h);
+  if (k.device.is_meta())
+    return meta::record_op("adamw_update_", 12.0 * static_cast<double>(param.numel()),
+                           {&param, &grad, &exp_avg, &exp_avg_sq}, {&param, &exp_avg, &exp_avg_sq});
   if (k.device.is_cuda()) PARALLEL_ON_CUDA(adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream));
   cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h, nullptr);
 }
@@ -898,6 +1023,10 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
                      model_copy.device() == param.device(),
                  "ops::adamw_update_: model_copy {} must be contiguous, on {}, with {} elements",
                  model_copy.str(), param.device().str(), param.numel());
+  if (k.device.is_meta())
+    return meta::record_op("adamw_update_", 13.0 * static_cast<double>(param.numel()),
+                           {&param, &grad, &exp_avg, &exp_avg_sq},
+                           {&param, &exp_avg, &exp_avg_sq, &model_copy});
   if (k.device.is_cuda()) {
     // No fused CUDA kernel yet: the update, then the rounding copy (stream-ordered).
     adamw_update_(param, grad, exp_avg, exp_avg_sq, h, stream);

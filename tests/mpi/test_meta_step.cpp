@@ -1,0 +1,277 @@
+// The meta device (meta.hpp, meta_communicator.hpp) against the real ranks: for each layout, every
+// rank first runs one training step as a meta rank - the real GPTModel chunks, pipeline schedule,
+// DataParallel and optimizer step, on Device::meta() with a MetaCommunicator standing for its rank
+// of the job and talking to no one - and then the same step for real on the CPU over MPI, through a
+// RecordingCommunicator around the world. The collectives and transfers both record (kind, bytes,
+// dtype, group and its world ranks, peers, reduce op, async) must be equal and in the same order,
+// and the meta allocator's peak is compared with the CPU allocator's.
+//
+// The step is composed here as Trainer composes it (trainer.cpp: its constructor and the body of
+// train()'s loop, without logging, metrics, the loss all-reduce, MoE statistics and weight packing).
+// Run on 2 and 4 ranks; a layout whose world size differs is skipped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mpi_test.hpp"
+#include "parallel/allocator.hpp"
+#include "parallel/comm_log.hpp"
+#include "parallel/config.hpp"
+#include "parallel/context_parallel.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/finalize_grads.hpp"
+#include "parallel/gpt_dataset.hpp"
+#include "parallel/gpt_model.hpp"
+#include "parallel/meta.hpp"
+#include "parallel/meta_communicator.hpp"
+#include "parallel/optimizer.hpp"
+#include "parallel/parallel_state.hpp"
+#include "parallel/pipeline.hpp"
+#include "parallel/precision.hpp"
+#include "parallel/recording_communicator.hpp"
+
+namespace parallel {
+namespace {
+
+using testing::world;
+
+// trainer.cpp's: only the last micro-batch's backward makes a chunk's gradients final.
+class LastMicroBatchModel final : public pipeline::PipelineModel {
+ public:
+  LastMicroBatchModel(pipeline::ChunkPipelineModel& inner, DataParallel& ddp, int micro_batches)
+      : inner_(inner), ddp_(ddp), micro_batches_(micro_batches) {}
+  Tensor forward(int chunk, int micro_batch, const Tensor& input) override {
+    return inner_.forward(chunk, micro_batch, input);
+  }
+  Tensor backward(int chunk, int micro_batch, const Tensor& grad) override {
+    ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    return inner_.backward(chunk, micro_batch, grad);
+  }
+  Tensor backward_input(int chunk, int micro_batch, const Tensor& grad) override {
+    return inner_.backward_input(chunk, micro_batch, grad);
+  }
+  void backward_weight(int chunk, int micro_batch) override {
+    ddp_.set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    inner_.backward_weight(chunk, micro_batch);
+  }
+
+ private:
+  pipeline::ChunkPipelineModel& inner_;
+  DataParallel& ddp_;
+  int micro_batches_;
+};
+
+struct StepResult {
+  // The device allocator's high-water mark above what was live before, from the construction of
+  // DataParallel on (with the parameters live) to the end of the step: the step's peak.
+  int64_t peak_bytes = 0;
+  // The same from the start, model construction included. The model is initialised on the host in
+  // fp32 and cast there (gpt_model.cpp), so under bf16 / fp16 the CPU device's allocator - the host's
+  // - also counts that transient; a meta (or CUDA) device receives the cast parameters only.
+  int64_t peak_with_construction = 0;
+  std::size_t op_events = 0;
+  double flops = 0;
+};
+
+// One training step of `c` as rank world.rank() of world.size(), on `device`.
+StepResult run_step(const Config& c, Communicator& world, Device device) {
+  Allocator& alloc = allocator_for(device);
+  const auto base = static_cast<int64_t>(alloc.stats().allocated);
+  alloc.reset_peak();
+  int64_t peak = 0;
+  auto sample = [&] { peak = std::max(peak, static_cast<int64_t>(alloc.stats().peak_allocated) - base); };
+  MetaOpRecorder ops;
+  StepResult result;
+  {
+    const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline,
+                                           c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
+    ParallelState state(world, grid, device);
+    const auto specs = pipeline::stage_layout(pipeline::LayoutParams::of(c), state.coord().pp);
+    GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
+                              .recompute = c.train.recompute,
+                              .seed = c.train.seed,
+                              .precision = c.train.precision,
+                              .device = device,
+                              .cp = &state.cp(),
+                              .context_comm = c.parallel.context_comm};
+    std::vector<std::unique_ptr<GPTModel>> chunks;
+    std::vector<GPTModel*> raw;
+    for (const GPTChunkSpec& spec : specs) {
+      chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, state.tp()));
+      raw.push_back(chunks.back().get());
+    }
+    pipeline::ChunkPipelineModel model(raw);
+    sample();
+    const int64_t construction = peak;
+    alloc.reset_peak();
+    peak = 0;
+    DataParallel ddp(raw, state.dp_cp(), DataParallelOptions::from(c.optimizer, c.train.precision));
+    const auto groups = OptimizerGroups::from(state);
+    std::unique_ptr<Optimizer> optimizer;
+    if (c.optimizer.distributed)
+      optimizer = std::make_unique<DistributedOptimizer>(ddp, c.optimizer, groups);
+    else
+      optimizer = std::make_unique<AdamW>(ddp, c.optimizer, groups);
+    const GPTDataset data = make_gpt_dataset(c, DataSplit::Train);
+
+    const int dp_size = grid.sizes().data, dp_rank = state.coord().dp;
+    const int cp_size = grid.sizes().context, cp_rank = state.coord().cp;
+    const int micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp_size);
+    const bool sp = c.parallel.sequence_parallel && c.parallel.tensor > 1;
+    pipeline::ExecutorOptions exec;
+    exec.micro_batches = micro_batches;
+    exec.virtual_stages = c.parallel.virtual_stages;
+    exec.kind = c.parallel.pipeline_schedule;
+    exec.activation_shape = {c.model.seq_length / cp_size / (sp ? c.parallel.tensor : 1),
+                             c.train.micro_batch_size, c.model.hidden_size};
+    exec.dtype = compute_dtype(c.train.precision);
+    exec.device = device;
+    pipeline::PipelineExecutor executor(state.pp(), exec);
+    LastMicroBatchModel driver(model, ddp, micro_batches);
+
+    // Synthetic tokens, made on the host and moved to the device (to meta: shapes only).
+    auto micro_batch = [&data, dp_rank, dp_size, cp_rank, cp_size, device](int mb) {
+      MicroBatch m = data.micro_batch(0, dp_rank, dp_size, mb);
+      return pipeline::MicroBatch{cp::slice_sequence(m.tokens, cp_rank, cp_size).to(device),
+                                  cp::slice_sequence(m.targets, cp_rank, cp_size).to(device)};
+    };
+    const double local_tokens =
+        static_cast<double>(micro_batches) * c.train.micro_batch_size * (c.model.seq_length / cp_size);
+    ddp.zero_grad();
+    model.start_step(micro_batch, Tensor::full({1}, 1.0 / local_tokens, DType::F32, device), 0);
+    sample();
+    executor.run(driver);
+    sample();
+    finalize_grads(model.parameters(), state);
+    ddp.finish_grad_sync();
+    optimizer->step(1e-3);
+    sample();
+    result.peak_with_construction = std::max(construction, peak);
+  }
+  result.peak_bytes = peak;
+  result.op_events = ops.events().size();
+  result.flops = ops.total_flops();
+  return result;
+}
+
+struct Layout {
+  const char* label;
+  int world_size;
+  std::vector<std::string> overrides;
+};
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.label; }
+
+const char* kModel = R"(
+model:
+  num_layers: 4
+  hidden_size: 64
+  num_attention_heads: 4
+  vocab_size: 512
+  seq_length: 64
+train:
+  micro_batch_size: 4
+  steps: 1
+optimizer:
+  warmup_steps: 0
+data:
+  path: synthetic
+)";
+
+class MetaStepTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
+  Communicator& w = world();
+  if (w.size() != GetParam().world_size) GTEST_SKIP() << "needs " << GetParam().world_size << " ranks";
+  const Config config = parse_config(kModel, GetParam().overrides, w.size());
+
+  // First the meta rank: no MPI call is made (its communicator has no one to talk to).
+  auto meta_log = std::make_shared<CommLog>();
+  StepResult meta;
+  {
+    MetaCommunicator meta_world(w.rank(), w.size(), meta_log);
+    meta = run_step(config, meta_world, Device::meta());
+  }
+  auto real_log = std::make_shared<CommLog>();
+  StepResult real;
+  {
+    RecordingCommunicator recorded(w, real_log);
+    real = run_step(config, recorded, Device::cpu());
+  }
+
+  const std::vector<CommEvent>& m = meta_log->events();
+  const std::vector<CommEvent>& r = real_log->events();
+  if (std::getenv("PARALLEL_META_STEP_LOG") != nullptr)  // every event of every rank, for reading
+    for (const CommEvent& e : m) std::printf("%s rank %d: %s\n", GetParam().label, w.rank(), e.str().c_str());
+  EXPECT_GT(r.size(), 0u);
+  EXPECT_EQ(m.size(), r.size()) << GetParam().label << " rank " << w.rank();
+  for (std::size_t i = 0; i < std::min(m.size(), r.size()); ++i) {
+    EXPECT_EQ(m[i], r[i]) << GetParam().label << " rank " << w.rank() << " event " << i << ": meta "
+                          << m[i].str() << " | real " << r[i].str();
+    if (m[i] != r[i]) break;
+  }
+
+  // The peaks, printed per rank in rank order.
+  constexpr int kFields = 5;
+  Tensor mine = Tensor::zeros({kFields}, DType::I64);
+  mine.data<int64_t>()[0] = meta.peak_bytes;
+  mine.data<int64_t>()[1] = real.peak_bytes;
+  mine.data<int64_t>()[2] = static_cast<int64_t>(r.size());
+  mine.data<int64_t>()[3] = meta.peak_with_construction;
+  mine.data<int64_t>()[4] = real.peak_with_construction;
+  Tensor all = Tensor::zeros({kFields * w.size()}, DType::I64);
+  w.all_gather(mine, all);
+  if (w.rank() == 0) {
+    for (int k = 0; k < w.size(); ++k) {
+      const int64_t* v = all.data<int64_t>() + kFields * k;
+      std::printf(
+          "%s rank %d: %lld collectives and transfers equal; step peak meta %lld B, real %lld B; with "
+          "construction meta %.3f MiB, real %.3f MiB (%+.2f %%)\n",
+          GetParam().label, k, static_cast<long long>(v[2]), static_cast<long long>(v[0]),
+          static_cast<long long>(v[1]), v[3] / 1048576.0, v[4] / 1048576.0,
+          100.0 * (static_cast<double>(v[3]) / static_cast<double>(v[4]) - 1.0));
+    }
+    std::printf("%s rank 0: %zu op events, %.3f GFLOP on meta\n", GetParam().label, meta.op_events,
+                meta.flops / 1e9);
+  }
+  EXPECT_GT(meta.op_events, 0u);
+  EXPECT_GT(meta.peak_bytes, 0);
+  // The same allocations in the same order: the step's peaks agree to the byte (the MPI backend
+  // allocates no tensors of its own). With construction, the issue's 10 % bound (see StepResult).
+  EXPECT_EQ(meta.peak_bytes, real.peak_bytes) << GetParam().label << " rank " << w.rank();
+  EXPECT_LE(std::abs(static_cast<double>(meta.peak_with_construction) /
+                         static_cast<double>(real.peak_with_construction) -
+                     1.0),
+            0.10)
+      << GetParam().label << " rank " << w.rank();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MetaStepTest,
+    ::testing::Values(
+        Layout{"tp2_sp",
+               2,
+               {"parallel.tensor=2", "parallel.sequence_parallel=true", "train.global_batch_size=8"}},
+        Layout{"dp2_distributed", 2, {"optimizer.distributed=true", "train.global_batch_size=16"}},
+        Layout{"pp2_1f1b",
+               2,
+               {"parallel.pipeline=2", "parallel.pipeline_schedule=1f1b", "train.global_batch_size=16"}},
+        Layout{"tp2_pp2", 4, {"parallel.tensor=2", "parallel.pipeline=2", "train.global_batch_size=16"}},
+        Layout{"tp2_sp_dp2_distributed_bf16",
+               4,
+               {"parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.distributed=true",
+                "train.precision=bf16", "train.global_batch_size=16"}},
+        Layout{"dp4_zero3", 4, {"optimizer.sharding=optim_grads_params", "train.global_batch_size=16"}},
+        Layout{"pp4_interleaved",
+               4,
+               {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
+                "train.global_batch_size=16"}}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.label); });
+
+}  // namespace
+}  // namespace parallel
