@@ -28,6 +28,7 @@
 #include "parallel/finalize_grads.hpp"
 #include "parallel/gpt_dataset.hpp"
 #include "parallel/gpt_model.hpp"
+#include "parallel/memory_plan.hpp"
 #include "parallel/meta.hpp"
 #include "parallel/meta_communicator.hpp"
 #include "parallel/optimizer.hpp"
@@ -217,13 +218,18 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
   }
 
   // The peaks, printed per rank in rank order.
-  constexpr int kFields = 5;
+  // For reference, the hand-written plan's figure (memory_plan.cpp) for this rank. It is the
+  // trainer's peak, which adds to this step the packed 16-bit weights, the loss read-back and the
+  // steps after the first.
+  const MemoryPlan plan = plan_memory(config, w.size());
+  constexpr int kFields = 6;
   Tensor mine = Tensor::zeros({kFields}, DType::I64);
   mine.data<int64_t>()[0] = meta.peak_bytes;
   mine.data<int64_t>()[1] = real.peak_bytes;
   mine.data<int64_t>()[2] = static_cast<int64_t>(r.size());
   mine.data<int64_t>()[3] = meta.peak_with_construction;
   mine.data<int64_t>()[4] = real.peak_with_construction;
+  mine.data<int64_t>()[5] = plan.ranks[static_cast<std::size_t>(w.rank())].allocator_bytes;
   Tensor all = Tensor::zeros({kFields * w.size()}, DType::I64);
   w.all_gather(mine, all);
   if (w.rank() == 0) {
@@ -231,10 +237,10 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
       const int64_t* v = all.data<int64_t>() + kFields * k;
       std::printf(
           "%s rank %d: %lld collectives and transfers equal; step peak meta %lld B, real %lld B; with "
-          "construction meta %.3f MiB, real %.3f MiB (%+.2f %%)\n",
+          "construction meta %.3f MiB, real %.3f MiB (%+.2f %%); memory_plan %.3f MiB\n",
           GetParam().label, k, static_cast<long long>(v[2]), static_cast<long long>(v[0]),
           static_cast<long long>(v[1]), v[3] / 1048576.0, v[4] / 1048576.0,
-          100.0 * (static_cast<double>(v[3]) / static_cast<double>(v[4]) - 1.0));
+          100.0 * (static_cast<double>(v[3]) / static_cast<double>(v[4]) - 1.0), v[5] / 1048576.0);
     }
     std::printf("%s rank 0: %zu op events, %.3f GFLOP on meta\n", GetParam().label, meta.op_events,
                 meta.flops / 1e9);
@@ -242,8 +248,17 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
   EXPECT_GT(meta.op_events, 0u);
   EXPECT_GT(meta.peak_bytes, 0);
   // The same allocations in the same order: the step's peaks agree to the byte (the MPI backend
-  // allocates no tensors of its own). With construction, the issue's 10 % bound (see StepResult).
-  EXPECT_EQ(meta.peak_bytes, real.peak_bytes) << GetParam().label << " rank " << w.rank();
+  // allocates no tensors of its own) - but for the pipeline's send buffers. The executor frees a
+  // send's buffer when it polls the send complete (executor.cpp), which on a real rank depends on
+  // when the peer receives (MPI's rendezvous above its eager limit); a meta send completes at
+  // once. So a real peak may exceed the meta one by buffers still in flight: at most the bytes this
+  // rank sends in the step.
+  int64_t sent = 0;
+  for (const CommEvent& e : r)
+    if (e.kind == "send" || e.kind == "batch_p2p") sent += e.bytes;
+  EXPECT_GE(real.peak_bytes, meta.peak_bytes) << GetParam().label << " rank " << w.rank();
+  EXPECT_LE(real.peak_bytes - meta.peak_bytes, sent) << GetParam().label << " rank " << w.rank();
+  if (sent == 0) EXPECT_EQ(meta.peak_bytes, real.peak_bytes) << GetParam().label << " rank " << w.rank();
   EXPECT_LE(std::abs(static_cast<double>(meta.peak_with_construction) /
                          static_cast<double>(real.peak_with_construction) -
                      1.0),
@@ -267,6 +282,31 @@ INSTANTIATE_TEST_SUITE_P(
                {"parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.distributed=true",
                 "train.precision=bf16", "train.global_batch_size=16"}},
         Layout{"dp4_zero3", 4, {"optimizer.sharding=optim_grads_params", "train.global_batch_size=16"}},
+        Layout{"cp2_p2p", 2, {"parallel.context=2", "train.global_batch_size=8"}},
+        Layout{"pp2_zb_h1",
+               2,
+               {"parallel.pipeline=2", "parallel.pipeline_schedule=zb-h1", "train.global_batch_size=16"}},
+        Layout{"dp2_zero2_fp16",
+               2,
+               {"optimizer.sharding=optim_grads", "train.precision=fp16", "train.global_batch_size=16"}},
+        Layout{"tp2_sp_pp2_llama",
+               4,
+               {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2",
+                "model.num_query_groups=2", "model.activation=swiglu", "model.ffn_hidden_size=176",
+                "model.normalization=rmsnorm", "model.position_embedding=rope", "model.tie_embeddings=false",
+                "model.add_bias=false", "train.global_batch_size=16"}},
+        Layout{"cp2_a2a_dp2_distributed",
+               4,
+               {"parallel.context=2", "parallel.context_comm=a2a", "optimizer.distributed=true",
+                "train.global_batch_size=16"}},
+        Layout{"tp2_pp2_full_recompute_dropout",
+               4,
+               {"parallel.tensor=2", "parallel.pipeline=2", "train.recompute=full", "model.dropout=0.1",
+                "train.global_batch_size=16"}},
+        Layout{"pp2_dp2_zero3_bf16",
+               4,
+               {"parallel.pipeline=2", "optimizer.sharding=optim_grads_params", "train.precision=bf16",
+                "train.global_batch_size=16"}},
         Layout{"pp4_interleaved",
                4,
                {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
