@@ -24,7 +24,8 @@ struct CommEvent {
   // Peers of point-to-point transfers as world ranks (send, recv: one; batch_p2p: one per op, in
   // order); the root of a broadcast.
   std::vector<int> peers;
-  // The reduce op (sum, max, min); for batch_p2p "send,recv,..." per op; else empty.
+  // The reduce op (sum, max, min); for batch_p2p each op's direction and bytes, in order
+  // ("send 65536,recv 65536"); else empty.
   std::string detail;
   bool async = false;
 

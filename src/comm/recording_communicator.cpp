@@ -51,7 +51,7 @@ CommEvent comm_event_p2p(const Communicator& comm, std::span<const P2POp> ops) {
     e.dtype = op.tensor.dtype();
     e.peers.push_back(world_rank_of(comm, op.peer));
     if (!e.detail.empty()) e.detail += ",";
-    e.detail += op.kind == P2POp::Kind::Send ? "send" : "recv";
+    e.detail += fmt::format("{} {}", op.kind == P2POp::Kind::Send ? "send" : "recv", op.tensor.nbytes());
   }
   return e;
 }

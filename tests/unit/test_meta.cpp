@@ -159,7 +159,7 @@ TEST(MetaCommunicator, RecordsWhatARecordedRealCommunicatorWould) {
   EXPECT_EQ(e[1].str(), "reduce_scatter sum 128 B bf16 on tp [4, 5, 6, 7] async");
   EXPECT_EQ(e[2].str(), "all_gather 128 B bf16 on tp [4, 5, 6, 7]");
   EXPECT_EQ(e[3].str(), "send 32 B bf16 on pp [1, 5] peers [1] async");
-  EXPECT_EQ(e[4].str(), "batch_p2p send,recv 160 B bf16 on pp [1, 5] peers [1, 1] async");
+  EXPECT_EQ(e[4].str(), "batch_p2p send 32,recv 128 160 B bf16 on pp [1, 5] peers [1, 1] async");
 
   // The contract is checked: a wrong chunk, a peer outside the group.
   Tensor wrong = Tensor::empty({15}, DType::BF16, Device::meta());
