@@ -23,6 +23,11 @@
 // while it is open (the optimizer writes them after it), which is what makes a cache keyed by
 // address correct without a version counter on the tensor. Outside a scope, and for every other
 // operand, operands are used in place, row-major, transposition expressed as strides.
+//
+// Signals: oneDNN's JIT f32 kernels move the stack pointer into a heap buffer (oneDNN issue 4845),
+// so a signal handled on a thread running one writes its frame into the heap. Every entry point
+// calls guard_signals() (include/parallel/signal_handler.hpp): the handled signals are blocked in
+// the calling thread and its OpenMP team, and delivered on the library's signal thread instead.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -39,6 +44,7 @@
 #include "cpu/cpu_ops.hpp"
 #include "cpu/widen.hpp"
 #include "parallel/error.hpp"
+#include "parallel/signal_handler.hpp"
 
 namespace parallel::cpu {
 namespace {
@@ -246,6 +252,7 @@ bool packable(const Tensor& b) {
 }  // namespace
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
+  guard_signals();  // a thread-local load after the first call in this thread
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sum: only the beta term is left (oneDNN would reject zero-sized operands)
@@ -272,6 +279,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 // pass over c that a separate add costs is gone. Where oneDNN has no kernel, the product and the
 // bias run widened to fp32 and c is still rounded once.
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c) {
+  guard_signals();
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
   if (m > 0 && n > 0 && k > 0) {
     GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(),

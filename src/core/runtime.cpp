@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "parallel/log.hpp"
+#include "parallel/signal_handler.hpp"
 
 namespace parallel {
 namespace {
@@ -55,6 +56,10 @@ void terminate_handler() {
 }  // namespace
 
 Runtime::Runtime(int* argc, char*** argv) {
+  // First, so that every thread started from here on (MPI's, OpenMP's) inherits the blocked mask
+  // and SIGTERM / SIGINT / SIGUSR1 / SIGUSR2 reach the process only on its signal thread (oneDNN
+  // issue 4845: never on a thread inside a GEMM). include/parallel/signal_handler.hpp.
+  guard_signals();
   launch_ = discover_launch_from_environment();
   int initialized = 0;
   MPI_Initialized(&initialized);
