@@ -1,4 +1,6 @@
-// StopFlag: SIGTERM / SIGINT -> an atomic flag the training loop polls (include/parallel/signal_handler.hpp).
+// StopFlag: SIGTERM / SIGUSR1 / SIGINT -> an atomic flag the training loop polls
+// (include/parallel/signal_handler.hpp). The handler runs on the library's signal thread
+// (guard_signals(), src/core/signal_guard.cpp), never on a GEMM thread.
 #include <atomic>
 #include <csignal>
 #include <string>
@@ -31,13 +33,16 @@ extern "C" void on_stop_signal(int sig) {
 StopFlag::StopFlag() {
   bool expected = false;
   PARALLEL_CHECK(g_installed.compare_exchange_strong(expected, true),
-                 "StopFlag: another StopFlag already handles SIGTERM and SIGINT in this process");
+                 "StopFlag: another StopFlag already handles SIGTERM, SIGUSR1 and SIGINT in this process");
   g_signal.store(0);
+  // Before the handlers: from their first signal on, they run on the delivery thread.
+  guard_signals();
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // blocking I/O and MPI calls carry on; the loop polls the flag
-  if (::sigaction(SIGTERM, &action, &old_term_) != 0 || ::sigaction(SIGINT, &action, &old_int_) != 0) {
+  if (::sigaction(SIGTERM, &action, &old_term_) != 0 || ::sigaction(SIGINT, &action, &old_int_) != 0 ||
+      ::sigaction(SIGUSR1, &action, &old_usr1_) != 0) {
     g_installed.store(false);
     PARALLEL_FAIL("StopFlag: cannot install signal handlers");
   }
@@ -46,6 +51,7 @@ StopFlag::StopFlag() {
 StopFlag::~StopFlag() {
   ::sigaction(SIGTERM, &old_term_, nullptr);
   ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGUSR1, &old_usr1_, nullptr);
   g_installed.store(false);
 }
 

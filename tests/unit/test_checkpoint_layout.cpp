@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -401,22 +402,55 @@ TEST(CheckpointParameter, BoxesNamesAndWriters) {
 
 // ---- stop flag --------------------------------------------------------------------------------
 
+// Signals reach a StopFlag on the library's signal thread (guard_signals()), not on the thread
+// that sent them: kill the process, then wait until the signal has been delivered (no longer
+// pending) or the flag shows it.
+bool wait_until(const std::function<bool()>& done) {
+  for (int i = 0; i < 10000; ++i) {
+    if (done()) return true;
+    ::usleep(1000);
+  }
+  return false;
+}
+bool pending(int sig) {
+  sigset_t set;
+  sigpending(&set);
+  return sigismember(&set, sig) == 1;
+}
+void deliver(int sig) {
+  ASSERT_EQ(::kill(::getpid(), sig), 0);
+  ASSERT_TRUE(wait_until([&] { return !pending(sig); })) << strsignal(sig) << " never delivered";
+}
+
 TEST(StopFlag, SigtermSetsTheFlagAndEveryRankAgrees) {
   SoloCommunicator world;
   StopFlag stop;
   EXPECT_FALSE(stop.requested());
   EXPECT_FALSE(should_stop(stop, world));
-  ASSERT_EQ(std::raise(SIGTERM), 0);  // the process survives: the handler only sets the flag
-  EXPECT_TRUE(stop.requested());
+  deliver(SIGTERM);  // the process survives: the handler only sets the flag
+  ASSERT_TRUE(wait_until([&] { return stop.requested(); }));
   EXPECT_EQ(stop.signal(), SIGTERM);
   EXPECT_TRUE(should_stop(stop, world));
-  ASSERT_EQ(std::raise(SIGTERM), 0);  // a second SIGTERM does not escalate
+  deliver(SIGTERM);  // a second SIGTERM does not escalate
   EXPECT_EQ(stop.signal(), SIGTERM);
   stop.clear();
   EXPECT_FALSE(stop.requested());
-  ASSERT_EQ(std::raise(SIGINT), 0);
+  deliver(SIGINT);
+  ASSERT_TRUE(wait_until([&] { return stop.requested(); }));
   EXPECT_EQ(stop.signal(), SIGINT);
   EXPECT_THROW(StopFlag another, Error);
+}
+
+// Slurm's early warning (sbatch --signal=USR1@120) is a stop request too, and never escalates.
+TEST(StopFlag, Sigusr1IsAStopRequest) {
+  SoloCommunicator world;
+  StopFlag stop;
+  deliver(SIGUSR1);
+  ASSERT_TRUE(wait_until([&] { return stop.requested(); }));
+  deliver(SIGUSR1);
+  EXPECT_EQ(stop.signal(), SIGUSR1);
+  EXPECT_EQ(signal_name(agreed_stop_signal(stop, world)), "SIGUSR1");
+  stop.clear();
 }
 
 TEST(StopFlag, RestoresPreviousHandlersAndRequestWorks) {
@@ -425,9 +459,11 @@ TEST(StopFlag, RestoresPreviousHandlersAndRequestWorks) {
     stop.request();
     EXPECT_EQ(stop.signal(), SIGTERM);
   }
-  struct sigaction now {};
-  ::sigaction(SIGTERM, nullptr, &now);
-  EXPECT_EQ(now.sa_handler, SIG_DFL);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) {
+    struct sigaction now {};
+    ::sigaction(sig, nullptr, &now);
+    EXPECT_EQ(now.sa_handler, SIG_DFL) << strsignal(sig);
+  }
   StopFlag again;  // the first one is gone
   EXPECT_FALSE(again.requested());
 }
@@ -437,8 +473,11 @@ TEST(StopFlagDeathTest, SecondSigintEndsTheProcess) {
   EXPECT_EXIT(
       {
         StopFlag stop;
-        std::raise(SIGINT);
-        std::raise(SIGINT);
+        ::kill(::getpid(), SIGINT);
+        // Two SIGINTs pending at once merge into one: the second goes once the first has landed.
+        if (!wait_until([&] { return stop.requested(); })) std::exit(1);
+        ::kill(::getpid(), SIGINT);
+        wait_until([] { return false; });
         std::exit(0);
       },
       ::testing::KilledBySignal(SIGINT), "");
@@ -497,7 +536,7 @@ TEST(StopFlag, TheAgreedSignalIsNamed) {
   SoloCommunicator world;
   StopFlag stop;
   EXPECT_EQ(agreed_stop_signal(stop, world), 0);
-  ASSERT_EQ(std::raise(SIGTERM), 0);
+  stop.request();  // SIGTERM's value, without a signal
   EXPECT_EQ(signal_name(agreed_stop_signal(stop, world)), "SIGTERM");
   stop.clear();
 }
