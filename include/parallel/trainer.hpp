@@ -38,8 +38,9 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Trains up to train.steps. Evaluates every train.eval_interval steps, saves every
-  // checkpoint.save_interval steps and at the end (when checkpoint.dir is set). On SIGTERM/SIGINT
-  // every rank stops at the same step boundary, saves, and returns. Returns the last step done.
+  // checkpoint.save_interval steps and at the end (when checkpoint.dir is set). On SIGTERM, SIGUSR1
+  // (Slurm's --signal=USR1@T warning) or SIGINT every rank stops at the same step boundary, saves,
+  // and returns. Returns the last step done.
   int64_t train();
   // Mean token loss over train.eval_steps global batches of the validation split (dropout off).
   double evaluate();

@@ -6,7 +6,8 @@
 #  3. a full disk under train.output_dir (a file-size limit on the rank: ulimit -f with SIGXFSZ
 #     ignored, so writes fail with EFBIG; no root needed): training finishes with one warning naming
 #     metrics.jsonl and the errno, and metrics.jsonl holds only whole lines;
-#  4. SIGTERM to rank 1 only: rank 0's stop message names SIGTERM (it said "signal 0");
+#  4. SIGUSR1 (Slurm's early warning) to rank 1 only: the job stops, and rank 0's stop message names
+#     SIGUSR1 (it said "signal 0" for SIGTERM; trainer_resume sends SIGTERM to every rank);
 #  5. SIGTERM during start-up (a model that takes long to build): the job ends at once;
 #  6. a checkpoint whose extras say step -5: the error names the checkpoint's index.json;
 #  7. preprocess_data --workers 0: the valid range, plainly.
@@ -66,7 +67,7 @@ awk '!/^\{.*"step":[0-9]+.*\}$/ { bad = 1 } END { exit bad }' "$metrics" ||
   fail "full disk: metrics.jsonl holds a partial line"
 echo "3. full disk: training went on with one warning; metrics.jsonl holds $lines whole lines"
 
-# 4. SIGTERM to rank 1 only: the ranks agree on the stop, and rank 0 names the signal.
+# 4. SIGUSR1 to rank 1 only: the ranks agree on the stop, and rank 0 names the signal.
 "${mpiexec[@]}" -np 2 "$pretrain" "${common[@]}" --set train.steps=100000 --set train.output_dir="$work/term" \
   >"$work/term.log" 2>&1 &
 job=$!
@@ -76,15 +77,15 @@ for _ in $(seq 1 300); do
 done
 signalled=0
 for pid in $(mpi_rank_pids "$job" 1); do
-  kill -TERM "$pid"
+  kill -USR1 "$pid"
   signalled=1
 done
-[[ $signalled -eq 1 ]] || { kill -TERM "$job"; fail "SIGTERM to rank 1: rank 1 not found"; }
+[[ $signalled -eq 1 ]] || { kill -TERM "$job"; fail "SIGUSR1 to rank 1: rank 1 not found"; }
 status=0
 wait "$job" || status=$?
-[[ $status -eq 0 ]] || fail "SIGTERM to rank 1: exit status $status" "$work/term.log"
-grep -q "stopping at step [0-9]* on SIGTERM" "$work/term.log" || fail "SIGTERM to rank 1: signal not named" "$work/term.log"
-echo "4. SIGTERM to rank 1: $(grep -o 'stopping at step [0-9]* on SIGTERM' "$work/term.log")"
+[[ $status -eq 0 ]] || fail "SIGUSR1 to rank 1: exit status $status" "$work/term.log"
+grep -q "stopping at step [0-9]* on SIGUSR1" "$work/term.log" || fail "SIGUSR1 to rank 1: signal not named" "$work/term.log"
+echo "4. SIGUSR1 to rank 1: $(grep -o 'stopping at step [0-9]* on SIGUSR1' "$work/term.log")"
 
 # 5. SIGTERM while the model is being built (a million layers take minutes; a memory plan may also
 #    refuse such a model at once, which is as prompt): the job must end within seconds.
