@@ -66,6 +66,9 @@
 //     issue 4845; oneDNN 3.11.2 fixed the kernels.
 //   - a thread that existed before the guard and never runs a GEMM keeps its mask and may receive
 //     these signals: harmless, its stack is an ordinary one.
+//   - a guarded signal that the thread starting the guard already blocked is left blocked on the
+//     signal thread too: a program that takes SIGTERM with sigwait() on a thread of its own keeps
+//     receiving it there.
 #include <array>
 #include <csignal>
 #include <string>

@@ -38,8 +38,15 @@ thread_local sigset_t t_blocked_here;
 
 void* delivery_thread(void*) {
   pthread_setname_np(pthread_self(), "parallel-signal");
-  const sigset_t set = guarded_set();
-  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  // The thread starts with its creator's mask from before the guard. A guarded signal blocked
+  // there already is the program's own business (a program that sigwait()s for SIGTERM on a
+  // thread of its own): it stays blocked here, so that the program's thread still receives it.
+  sigset_t inherited, take;
+  pthread_sigmask(SIG_BLOCK, nullptr, &inherited);
+  sigemptyset(&take);
+  for (int sig : kGuardedSignals)
+    if (!sigismember(&inherited, sig)) sigaddset(&take, sig);
+  pthread_sigmask(SIG_UNBLOCK, &take, nullptr);
   // Handlers (the StopFlag's, or anyone's) run here, on this thread's own stack, between pauses;
   // a default action (terminate) acts on the whole process as before.
   for (;;) ::pause();

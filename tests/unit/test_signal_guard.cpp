@@ -146,5 +146,24 @@ TEST(SignalGuardDeathTest, DefaultActionsStillEndTheProcess) {
       ::testing::KilledBySignal(SIGUSR2), "");
 }
 
+// A program that blocked SIGUSR2 itself to take it with sigwait() keeps it: the signal thread
+// does not unblock what its creator had blocked (else SIGUSR2's default action would end it).
+TEST(SignalGuardDeathTest, SignalsTheProgramBlockedStayItsOwn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        sigset_t usr2;
+        sigemptyset(&usr2);
+        sigaddset(&usr2, SIGUSR2);
+        pthread_sigmask(SIG_BLOCK, &usr2, nullptr);
+        guard_signals();
+        ::kill(::getpid(), SIGUSR2);
+        timespec wait = {};
+        wait.tv_sec = 10;
+        std::exit(::sigtimedwait(&usr2, nullptr, &wait) == SIGUSR2 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
 }  // namespace parallel
