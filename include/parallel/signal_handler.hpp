@@ -65,7 +65,12 @@
 //     must land on the threads it measures. With oneDNN < 3.11.2 such a profiler can still hit
 //     issue 4845; oneDNN 3.11.2 fixed the kernels.
 //   - a thread that existed before the guard and never runs a GEMM keeps its mask and may receive
-//     these signals: harmless, its stack is an ordinary one.
+//     these signals: harmless, its stack is an ordinary one. The one gap: OpenMP workers that a
+//     program created before the library's first call and that are idle outside the caller's
+//     current team when it is guarded (LLVM's libomp keeps such a pool; GCC's libgomp ends the
+//     workers a smaller team leaves over) keep their mask, and would compute unguarded if a later,
+//     larger team took them back. Runtime guards before any parallel region of the library's, so
+//     pretrain_gpt and programs that start with a Runtime have no such worker;
 //   - a guarded signal that the thread starting the guard already blocked is left blocked on the
 //     signal thread too: a program that takes SIGTERM with sigwait() on a thread of its own keeps
 //     receiving it there.
