@@ -98,7 +98,10 @@ class StopFlag {
   // Installs the SIGTERM, SIGINT and SIGUSR1 handlers and calls guard_signals(). Only one StopFlag
   // may exist at a time (the handlers are process-wide); a second one throws parallel::Error.
   StopFlag();
-  ~StopFlag();  // restores the previous handlers
+  // Restores the previous handlers; but once a signal has requested a stop, SIGTERM and SIGUSR1
+  // keep this handler to the end of the process, so that a launcher repeating them while the
+  // program saves and exits cannot end it with status 143 (SIGINT is restored: Ctrl-C kills).
+  ~StopFlag();
   StopFlag(const StopFlag&) = delete;
   StopFlag& operator=(const StopFlag&) = delete;
 

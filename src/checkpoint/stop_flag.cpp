@@ -14,8 +14,10 @@ namespace {
 static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_installed{false};
+std::atomic<bool> g_signalled{false};  // a signal (not request()) reached the handler
 
 extern "C" void on_stop_signal(int sig) {
+  g_signalled.store(true);
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) return;
   if (sig == SIGINT) {
@@ -35,6 +37,7 @@ StopFlag::StopFlag() {
   PARALLEL_CHECK(g_installed.compare_exchange_strong(expected, true),
                  "StopFlag: another StopFlag already handles SIGTERM, SIGUSR1 and SIGINT in this process");
   g_signal.store(0);
+  g_signalled.store(false);
   // Before the handlers: from their first signal on, they run on the delivery thread.
   guard_signals();
   struct sigaction action {};
@@ -49,9 +52,15 @@ StopFlag::StopFlag() {
 }
 
 StopFlag::~StopFlag() {
-  ::sigaction(SIGTERM, &old_term_, nullptr);
+  // After a stop signal the process is on its way out (saved, finalising MPI): a repeated SIGTERM
+  // from the launcher must not end it with status 143 now, so the handler stays for SIGTERM and
+  // SIGUSR1 (it only sets the flag; exec() resets it). A signal storm outlasting the trainer did
+  // exactly that (tests/scripts/signal_storm_trainer.sh, one thread).
+  if (!g_signalled.load()) {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+  }
   ::sigaction(SIGINT, &old_int_, nullptr);
-  ::sigaction(SIGUSR1, &old_usr1_, nullptr);
   g_installed.store(false);
 }
 

@@ -454,18 +454,40 @@ TEST(StopFlag, Sigusr1IsAStopRequest) {
 }
 
 TEST(StopFlag, RestoresPreviousHandlersAndRequestWorks) {
+  struct sigaction before[3]{};
+  const int sigs[3] = {SIGTERM, SIGINT, SIGUSR1};
+  for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], nullptr, &before[i]);
   {
     StopFlag stop;
-    stop.request();
+    stop.request();  // a stop from code: no signal
     EXPECT_EQ(stop.signal(), SIGTERM);
   }
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) {
+  for (int i = 0; i < 3; ++i) {
     struct sigaction now {};
-    ::sigaction(sig, nullptr, &now);
-    EXPECT_EQ(now.sa_handler, SIG_DFL) << strsignal(sig);
+    ::sigaction(sigs[i], nullptr, &now);
+    EXPECT_EQ(now.sa_handler, before[i].sa_handler) << strsignal(sigs[i]);
   }
   StopFlag again;  // the first one is gone
   EXPECT_FALSE(again.requested());
+}
+
+// After a stop signal the program saves and exits; a launcher repeating SIGTERM meanwhile must not
+// end it with status 143, also once the StopFlag is gone. SIGINT gets its old action back.
+TEST(StopFlag, AfterAStopSignalSigtermStaysAbsorbed) {
+  {
+    StopFlag stop;
+    deliver(SIGTERM);
+    ASSERT_TRUE(wait_until([&] { return stop.requested(); }));
+  }
+  for (int sig : {SIGTERM, SIGUSR1}) {
+    struct sigaction now {};
+    ::sigaction(sig, nullptr, &now);
+    EXPECT_NE(now.sa_handler, SIG_DFL) << strsignal(sig);
+  }
+  struct sigaction on_int {};
+  ::sigaction(SIGINT, nullptr, &on_int);
+  EXPECT_EQ(on_int.sa_handler, SIG_DFL);
+  deliver(SIGTERM);  // survives
 }
 
 TEST(StopFlagDeathTest, SecondSigintEndsTheProcess) {
