@@ -7,8 +7,8 @@
 #   - SIGUSR2 into an empty handler installed before the library starts, with plain sigaction (a
 #     profiler or a host program: no SA_ONSTACK);
 #   - the same through ops::gemm alone, no Runtime and no MPI (--bare);
-# each with one and two OpenMP threads. Before the fix, the storm of a run (--signals 1500) aborted
-# most runs with "corrupted size vs. prev_size" / "free(): invalid pointer" or SIGSEGV.
+# each with one and two OpenMP threads. Before the signal guard, RUNS=1 (8 runs) lost 4: two heap
+# aborts (glibc's "free(): invalid pointer" family) and two to SIGUSR1, which nothing handled then.
 #   signal_storm.sh SOURCE_DIR SIGNAL_STORM MPIEXEC...
 #   RUNS (default 3): runs per configuration; SIGNALS (default 1500): signals per run.
 set -euo pipefail
