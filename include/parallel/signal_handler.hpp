@@ -101,6 +101,8 @@ class StopFlag {
   // Restores the previous handlers; but once a signal has requested a stop, SIGTERM and SIGUSR1
   // keep this handler to the end of the process, so that a launcher repeating them while the
   // program saves and exits cannot end it with status 143 (SIGINT is restored: Ctrl-C kills).
+  // A stop signal still pending (sent, not yet taken by the signal thread) is waited for first,
+  // at most 1 s, so that it meets the handler and not the restored action.
   ~StopFlag();
   StopFlag(const StopFlag&) = delete;
   StopFlag& operator=(const StopFlag&) = delete;
