@@ -32,6 +32,11 @@ namespace {
 using testing::rel_err;
 using testing::world;
 constexpr double kTol = 1e-5;
+// The parameters after kSteps AdamW steps: Adam divides each gradient element by its own running
+// RMS, so an element whose gradient is near zero turns a rounding difference into a visible part
+// of an lr-sized step. Measured 1.5e-5 on a Zen 3 (AVX2: oneDNN sums in another order than on
+// AVX-512), where loss and gradient norm still agree within kTol.
+constexpr double kParamTol = 3e-5;
 constexpr int kGlobalBatch = 8;  // sequences per step; micro-batches of one sequence
 constexpr int kSteps = 4;
 constexpr int kEp = 2;
@@ -176,7 +181,8 @@ TEST_P(MoEShardedDataParallel, MatchesOneRank) {
   for (Parameter* p : model.parameters()) {
     ASSERT_TRUE(by_name.count(p->name)) << p->name;
     experts_here += p->expert;
-    EXPECT_LE(rel_err(p->value, by_name[p->name]->value), kTol) << p->name << " on rank " << world().rank();
+    EXPECT_LE(rel_err(p->value, by_name[p->name]->value), kParamTol)
+        << p->name << " on rank " << world().rank();
   }
   EXPECT_EQ(experts_here, 2 * c.num_layers * c.num_experts / kEp);
 }

@@ -81,10 +81,17 @@ MicroBatch batch_of(const ModelConfig& c, int step, int micro_batch) {
   return {make_ids(c, step, micro_batch, 0), make_ids(c, step, micro_batch, 1)};
 }
 
+// With rope the key bias's gradient is what is left of a nearly cancelling sum (the part that
+// shifts every score of a query alike cancels in the softmax; only the rotated remainder
+// survives), so its rounding error relative to its size is larger than other gradients': 1.6e-5 on
+// a Zen 3 (AVX2; oneDNN's AVX2 sgemm sums in another order than its AVX-512 one).
+constexpr double kKeyBiasTol = 5e-5;
+
 void expect_grad_matches(const Parameter& p, const Parameter& ref, int64_t vocab, bool inert, int step) {
+  const double tol = p.name.ends_with("attention.key.bias") ? kKeyBiasTol : kTol;
   testing::expect_grad_matches(
       p, ref, vocab, inert,
-      p.name + " (rank " + std::to_string(world().rank()) + ", step " + std::to_string(step) + ")", kTol);
+      p.name + " (rank " + std::to_string(world().rank()) + ", step " + std::to_string(step) + ")", tol);
 }
 
 // Plain SGD, identical on both sides (the real optimizer is tested elsewhere): w -= lr * g.
