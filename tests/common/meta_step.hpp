@@ -5,6 +5,8 @@
 // the real ranks) and test_meta_ranks (every rank of a job in one process, no MPI) share it.
 #include <algorithm>
 #include <memory>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "parallel/allocator.hpp"
@@ -21,6 +23,31 @@
 #include "parallel/precision.hpp"
 
 namespace parallel::testing {
+
+// A layout of the meta tests: a name, the ranks it needs, and the config overrides.
+struct MetaLayout {
+  const char* label;
+  int world_size;
+  std::vector<std::string> overrides;
+};
+inline void PrintTo(const MetaLayout& l, std::ostream* os) { *os << l.label; }
+
+// The model both meta tests run (small, so that 8 meta ranks in one process stay quick).
+inline constexpr const char* kMetaModel = R"(
+model:
+  num_layers: 4
+  hidden_size: 64
+  num_attention_heads: 4
+  vocab_size: 512
+  seq_length: 64
+train:
+  micro_batch_size: 4
+  steps: 1
+optimizer:
+  warmup_steps: 0
+data:
+  path: synthetic
+)";
 
 // trainer.cpp's: only the last micro-batch's backward makes a chunk's gradients final.
 class LastMicroBatchModel final : public pipeline::PipelineModel {

@@ -44,35 +44,15 @@ using testing::run_step;
 using testing::StepResult;
 using testing::world;
 
-struct Layout {
-  const char* label;
-  int world_size;
-  std::vector<std::string> overrides;
-};
-void PrintTo(const Layout& l, std::ostream* os) { *os << l.label; }
+using testing::kMetaModel;
+using testing::MetaLayout;
 
-const char* kModel = R"(
-model:
-  num_layers: 4
-  hidden_size: 64
-  num_attention_heads: 4
-  vocab_size: 512
-  seq_length: 64
-train:
-  micro_batch_size: 4
-  steps: 1
-optimizer:
-  warmup_steps: 0
-data:
-  path: synthetic
-)";
-
-class MetaStepTest : public ::testing::TestWithParam<Layout> {};
+class MetaStepTest : public ::testing::TestWithParam<MetaLayout> {};
 
 TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
   Communicator& w = world();
   if (w.size() != GetParam().world_size) GTEST_SKIP() << "needs " << GetParam().world_size << " ranks";
-  const Config config = parse_config(kModel, GetParam().overrides, w.size());
+  const Config config = parse_config(kMetaModel, GetParam().overrides, w.size());
 
   // First the meta rank: no MPI call is made (its communicator has no one to talk to).
   auto meta_log = std::make_shared<CommLog>();
@@ -152,49 +132,49 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MetaStepTest,
     ::testing::Values(
-        Layout{"tp2_sp",
-               2,
-               {"parallel.tensor=2", "parallel.sequence_parallel=true", "train.global_batch_size=8"}},
-        Layout{"dp2_distributed", 2, {"optimizer.distributed=true", "train.global_batch_size=16"}},
-        Layout{"pp2_1f1b",
-               2,
-               {"parallel.pipeline=2", "parallel.pipeline_schedule=1f1b", "train.global_batch_size=16"}},
-        Layout{"tp2_pp2", 4, {"parallel.tensor=2", "parallel.pipeline=2", "train.global_batch_size=16"}},
-        Layout{"tp2_sp_dp2_distributed_bf16",
-               4,
-               {"parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.distributed=true",
-                "train.precision=bf16", "train.global_batch_size=16"}},
-        Layout{"dp4_zero3", 4, {"optimizer.sharding=optim_grads_params", "train.global_batch_size=16"}},
-        Layout{"cp2_p2p", 2, {"parallel.context=2", "train.global_batch_size=8"}},
-        Layout{"pp2_zb_h1",
-               2,
-               {"parallel.pipeline=2", "parallel.pipeline_schedule=zb-h1", "train.global_batch_size=16"}},
-        Layout{"dp2_zero2_fp16",
-               2,
-               {"optimizer.sharding=optim_grads", "train.precision=fp16", "train.global_batch_size=16"}},
-        Layout{"tp2_sp_pp2_llama",
-               4,
-               {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2",
-                "model.num_query_groups=2", "model.activation=swiglu", "model.ffn_hidden_size=176",
-                "model.normalization=rmsnorm", "model.position_embedding=rope", "model.tie_embeddings=false",
-                "model.add_bias=false", "train.global_batch_size=16"}},
-        Layout{"cp2_a2a_dp2_distributed",
-               4,
-               {"parallel.context=2", "parallel.context_comm=a2a", "optimizer.distributed=true",
-                "train.global_batch_size=16"}},
-        Layout{"tp2_pp2_full_recompute_dropout",
-               4,
-               {"parallel.tensor=2", "parallel.pipeline=2", "train.recompute=full", "model.dropout=0.1",
-                "train.global_batch_size=16"}},
-        Layout{"pp2_dp2_zero3_bf16",
-               4,
-               {"parallel.pipeline=2", "optimizer.sharding=optim_grads_params", "train.precision=bf16",
-                "train.global_batch_size=16"}},
-        Layout{"pp4_interleaved",
-               4,
-               {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
-                "train.global_batch_size=16"}}),
-    [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.label); });
+        MetaLayout{"tp2_sp",
+                   2,
+                   {"parallel.tensor=2", "parallel.sequence_parallel=true", "train.global_batch_size=8"}},
+        MetaLayout{"dp2_distributed", 2, {"optimizer.distributed=true", "train.global_batch_size=16"}},
+        MetaLayout{"pp2_1f1b",
+                   2,
+                   {"parallel.pipeline=2", "parallel.pipeline_schedule=1f1b", "train.global_batch_size=16"}},
+        MetaLayout{"tp2_pp2", 4, {"parallel.tensor=2", "parallel.pipeline=2", "train.global_batch_size=16"}},
+        MetaLayout{"tp2_sp_dp2_distributed_bf16",
+                   4,
+                   {"parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.distributed=true",
+                    "train.precision=bf16", "train.global_batch_size=16"}},
+        MetaLayout{"dp4_zero3", 4, {"optimizer.sharding=optim_grads_params", "train.global_batch_size=16"}},
+        MetaLayout{"cp2_p2p", 2, {"parallel.context=2", "train.global_batch_size=8"}},
+        MetaLayout{"pp2_zb_h1",
+                   2,
+                   {"parallel.pipeline=2", "parallel.pipeline_schedule=zb-h1", "train.global_batch_size=16"}},
+        MetaLayout{"dp2_zero2_fp16",
+                   2,
+                   {"optimizer.sharding=optim_grads", "train.precision=fp16", "train.global_batch_size=16"}},
+        MetaLayout{"tp2_sp_pp2_llama",
+                   4,
+                   {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2",
+                    "model.num_query_groups=2", "model.activation=swiglu", "model.ffn_hidden_size=176",
+                    "model.normalization=rmsnorm", "model.position_embedding=rope",
+                    "model.tie_embeddings=false", "model.add_bias=false", "train.global_batch_size=16"}},
+        MetaLayout{"cp2_a2a_dp2_distributed",
+                   4,
+                   {"parallel.context=2", "parallel.context_comm=a2a", "optimizer.distributed=true",
+                    "train.global_batch_size=16"}},
+        MetaLayout{"tp2_pp2_full_recompute_dropout",
+                   4,
+                   {"parallel.tensor=2", "parallel.pipeline=2", "train.recompute=full", "model.dropout=0.1",
+                    "train.global_batch_size=16"}},
+        MetaLayout{"pp2_dp2_zero3_bf16",
+                   4,
+                   {"parallel.pipeline=2", "optimizer.sharding=optim_grads_params", "train.precision=bf16",
+                    "train.global_batch_size=16"}},
+        MetaLayout{"pp4_interleaved",
+                   4,
+                   {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
+                    "train.global_batch_size=16"}}),
+    [](const ::testing::TestParamInfo<MetaLayout>& info) { return std::string(info.param.label); });
 
 }  // namespace
 }  // namespace parallel

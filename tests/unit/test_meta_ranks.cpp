@@ -24,28 +24,8 @@
 namespace parallel {
 namespace {
 
-struct Layout {
-  const char* label;
-  int world_size;
-  std::vector<std::string> overrides;
-};
-void PrintTo(const Layout& l, std::ostream* os) { *os << l.label; }
-
-const char* kModel = R"(
-model:
-  num_layers: 4
-  hidden_size: 64
-  num_attention_heads: 4
-  vocab_size: 512
-  seq_length: 64
-train:
-  micro_batch_size: 4
-  steps: 1
-optimizer:
-  warmup_steps: 0
-data:
-  path: synthetic
-)";
+using testing::kMetaModel;
+using testing::MetaLayout;
 
 // "send 65536,recv 65536" -> (is_send, bytes) per op.
 std::vector<std::pair<bool, int64_t>> batch_ops(const std::string& detail) {
@@ -113,11 +93,11 @@ std::vector<std::string> mismatches(const std::vector<std::vector<CommEvent>>& l
   return out;
 }
 
-class MetaRanksTest : public ::testing::TestWithParam<Layout> {};
+class MetaRanksTest : public ::testing::TestWithParam<MetaLayout> {};
 
 TEST_P(MetaRanksTest, EveryRanksRecordFitsTogether) {
   const int n = GetParam().world_size;
-  const Config config = parse_config(kModel, GetParam().overrides, n);
+  const Config config = parse_config(kMetaModel, GetParam().overrides, n);
   std::vector<std::vector<CommEvent>> logs(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     auto log = std::make_shared<CommLog>();
@@ -161,18 +141,19 @@ TEST(MetaRanks, MismatchedRecordsAreCaught) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MetaRanksTest,
     ::testing::Values(
-        Layout{"tp2_pp2", 4, {"parallel.tensor=2", "parallel.pipeline=2", "train.global_batch_size=16"}},
-        Layout{"tp2_sp_pp2_dp2_distributed",
-               8,
-               {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2",
-                "optimizer.distributed=true", "train.global_batch_size=16"}},
-        Layout{
+        MetaLayout{"tp2_pp2", 4, {"parallel.tensor=2", "parallel.pipeline=2", "train.global_batch_size=16"}},
+        MetaLayout{"tp2_sp_pp2_dp2_distributed",
+                   8,
+                   {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2",
+                    "optimizer.distributed=true", "train.global_batch_size=16"}},
+        MetaLayout{
             "pp4_interleaved_dp2_zero3_bf16",
             8,
             {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
              "optimizer.sharding=optim_grads_params", "train.precision=bf16", "train.global_batch_size=32"}},
-        Layout{"cp2_tp2_dp2", 8, {"parallel.context=2", "parallel.tensor=2", "train.global_batch_size=16"}}),
-    [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.label); });
+        MetaLayout{
+            "cp2_tp2_dp2", 8, {"parallel.context=2", "parallel.tensor=2", "train.global_batch_size=16"}}),
+    [](const ::testing::TestParamInfo<MetaLayout>& info) { return std::string(info.param.label); });
 
 }  // namespace
 }  // namespace parallel
