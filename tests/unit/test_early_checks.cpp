@@ -13,6 +13,7 @@
 #include <limits>
 #include <string>
 
+#include "error_of.hpp"
 #include "parallel/error.hpp"
 #include "parallel/hf_gpt2.hpp"
 #include "parallel/preflight.hpp"
@@ -26,17 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <typename E = Error>
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const E& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    return message;
-  }
-  return "<no error>";
-}
+using parallel::testing::error_of;
 
 fs::path scratch(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));

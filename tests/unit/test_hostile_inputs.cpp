@@ -17,6 +17,7 @@
 #include <functional>
 #include <string>
 
+#include "error_of.hpp"
 #include "parallel/config.hpp"
 #include "parallel/error.hpp"
 #include "parallel/hf_model.hpp"
@@ -31,17 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <typename E = Error>
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const E& e) {
-    const std::string message = e.what();
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-    return message;
-  }
-  return "<no error>";
-}
+using parallel::testing::error_of;
 
 class HostileInputs : public ::testing::Test {
  protected:
