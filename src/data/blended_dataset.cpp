@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "micro_batch.hpp"
 #include "parallel/checkpoint.hpp"  // crc32c
 #include "parallel/config.hpp"
 #include "parallel/error.hpp"
@@ -503,37 +504,17 @@ int64_t BlendedDataset::num_micro_batches(int dp_size) const {
 
 MicroBatch BlendedDataset::micro_batch(int64_t global_batch, int dp_rank, int dp_size,
                                        int64_t micro_batch) const {
-  const int64_t count = num_micro_batches(dp_size);
-  PARALLEL_CHECK(global_batch >= 0, "global batch {}", global_batch);
-  PARALLEL_CHECK(dp_rank >= 0 && dp_rank < dp_size, "data rank {} of {}", dp_rank, dp_size);
-  PARALLEL_CHECK(micro_batch >= 0 && micro_batch < count, "micro-batch {} of {}", micro_batch, count);
-  const GPTDatasetOptions& o = options_.dataset;
-  const int64_t s = o.seq_length;
-  const int64_t mbs = o.micro_batch_size;
-  const int64_t g = o.global_batch_size;
-  const int64_t first = global_batch * g + dp_rank * (g / dp_size) + micro_batch * mbs;
-
-  MicroBatch batch{Tensor::empty({mbs, s}, DType::I32), Tensor::empty({mbs, s}, DType::I32)};
-  int32_t* tokens = batch.tokens.data<int32_t>();
-  int32_t* targets = batch.targets.data<int32_t>();
-  std::vector<int32_t> row(static_cast<std::size_t>(s + 1));
-  for (int64_t k = 0; k < mbs; ++k) {
-    const Draw d = draw(first + k);
-    const GPTDataset& ds = datasets_[static_cast<std::size_t>(d.dataset)];
-    ds.sample(d.sample, row.data());
-    if (o.vocab_size > 0) {
-      for (int64_t j = 0; j <= s; ++j) {
-        if (row[j] < 0 || row[j] >= o.vocab_size)
-          throw Error(fmt::format(
-              "data: {} has token {} (its sample {}, blend sample {}, position {}) outside the vocabulary "
-              "[0, {})",
-              paths_[static_cast<std::size_t>(d.dataset)], row[j], d.sample, first + k, j, o.vocab_size));
-      }
-    }
-    std::copy(row.begin(), row.begin() + s, tokens + k * s);
-    std::copy(row.begin() + 1, row.end(), targets + k * s);
-  }
-  return batch;
+  return data::cut_micro_batch(
+      options_.dataset, num_micro_batches(dp_size), global_batch, dp_rank, dp_size, micro_batch,
+      [&](int64_t n, int32_t* row) {
+        const Draw d = draw(n);
+        datasets_[static_cast<std::size_t>(d.dataset)].sample(d.sample, row);
+      },
+      [&](int64_t n) {
+        const Draw d = draw(n);
+        return std::pair{paths_[static_cast<std::size_t>(d.dataset)],
+                         fmt::format("its sample {}, blend sample {}", d.sample, n)};
+      });
 }
 
 // ---- from the config ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "micro_batch.hpp"
 #include "parallel/config.hpp"
 #include "parallel/error.hpp"
 #include "parallel/indexed_dataset.hpp"
@@ -255,33 +256,12 @@ int64_t GPTDataset::num_micro_batches(int dp_size) const {
 
 MicroBatch GPTDataset::micro_batch(int64_t global_batch, int dp_rank, int dp_size,
                                    int64_t micro_batch) const {
-  const int64_t count = num_micro_batches(dp_size);
-  PARALLEL_CHECK(global_batch >= 0, "global batch {}", global_batch);
-  PARALLEL_CHECK(dp_rank >= 0 && dp_rank < dp_size, "data rank {} of {}", dp_rank, dp_size);
-  PARALLEL_CHECK(micro_batch >= 0 && micro_batch < count, "micro-batch {} of {}", micro_batch, count);
-  const int64_t s = options_.seq_length;
-  const int64_t mbs = options_.micro_batch_size;
-  const int64_t g = options_.global_batch_size;
-  const int64_t first = global_batch * g + dp_rank * (g / dp_size) + micro_batch * mbs;
-
-  MicroBatch batch{Tensor::empty({mbs, s}, DType::I32), Tensor::empty({mbs, s}, DType::I32)};
-  int32_t* tokens = batch.tokens.data<int32_t>();
-  int32_t* targets = batch.targets.data<int32_t>();
-  std::vector<int32_t> row(static_cast<std::size_t>(s + 1));
-  for (int64_t k = 0; k < mbs; ++k) {
-    sample(first + k, row.data());
-    if (options_.vocab_size > 0) {
-      for (int64_t j = 0; j <= s; ++j) {
-        if (row[j] < 0 || row[j] >= options_.vocab_size)
-          throw Error(
-              fmt::format("data: {} has token {} (sample {}, position {}) outside the vocabulary [0, {})",
-                          source_->describe(), row[j], first + k, j, options_.vocab_size));
-      }
-    }
-    std::copy(row.begin(), row.begin() + s, tokens + k * s);
-    std::copy(row.begin() + 1, row.end(), targets + k * s);
-  }
-  return batch;
+  return data::cut_micro_batch(
+      options_, num_micro_batches(dp_size), global_batch, dp_rank, dp_size, micro_batch,
+      [&](int64_t n, int32_t* row) { sample(n, row); },
+      [&](int64_t n) {
+        return std::pair{source_->describe(), fmt::format("sample {}", n)};
+      });
 }
 
 }  // namespace parallel
