@@ -25,13 +25,14 @@ TEST(GemmRule, ParsesTheEnvironmentVariable) {
   EXPECT_EQ(kernels::parse_gemm_mode("timed"), GemmMode::Timed);
   for (const GemmMode m : {GemmMode::Auto, GemmMode::Ours, GemmMode::CublasLt, GemmMode::Timed})
     EXPECT_EQ(kernels::parse_gemm_mode(kernels::gemm_mode_name(m)), m);
-  for (const char* bad : {"cublas", "TIMED", "auto ", "1"}) {
+  for (const char* bad : {"cublas", "OURS", "TIMED", "auto ", "1"}) {
     try {
       kernels::parse_gemm_mode(bad);
       ADD_FAILURE() << "no error for '" << bad << "'";
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find("PARALLEL_GEMM"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(bad), std::string::npos) << msg;
       EXPECT_NE(msg.find("ours, cublaslt, auto, timed"), std::string::npos) << msg;
     }
   }
