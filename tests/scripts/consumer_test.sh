@@ -12,6 +12,19 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
 libdirs="$work/prefix/lib:$work/prefix/lib64"
+# The restart supervisor (docs/restart.md) is installed with the examples, and runs from the prefix
+# alone: its RUNPATH finds the installed libparallel, not the build tree's.
+if [[ -x $build_dir/bin/train_supervisor ]]; then
+  supervisor=$work/prefix/bin/train_supervisor
+  [[ -x $supervisor ]] || { echo "train_supervisor is not installed in bin/"; exit 1; }
+  if ldd "$supervisor" | grep -q 'libparallel\.so'; then  # a shared libparallel
+    env -u LD_LIBRARY_PATH ldd "$supervisor" | grep 'libparallel\.so' | grep -q "$work/prefix" || {
+      echo "the installed train_supervisor does not use the installed libparallel"
+      exit 1
+    }
+  fi
+  env -u LD_LIBRARY_PATH "$supervisor" --help | grep -q -- "--max-restarts" || { echo "train_supervisor --help failed"; exit 1; }
+fi
 case $mode in
   cmake)
     cmake -S "$source_dir/examples/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
