@@ -4,13 +4,15 @@
 #     checkpoint in the same layout, the job finishes all its steps, and every loss after the restart
 #     equals an uninterrupted run's bitwise (the failed attempt's, kept as metrics.attempt_1.jsonl,
 #     too); the restart line names the cause, the layouts and the steps lost, which match the files.
-#  2. elastic, 4 ranks -> 2: the hostfile loses two slots and a rank is killed; the supervisor
+#  2. elastic, 4 ranks -> 2: the host probe (--hosts-cmd) loses a node of 2 ranks and a rank is
+#     killed; the supervisor
 #     relaunches dp4 as dp2 with twice the micro-batches per rank, and the losses equal the
 #     uninterrupted 4-rank run's within the layout tolerance (relative 1e-5).
 #  3. a job that fails every time: --max-restarts 2 relaunches twice, after back-offs of 1 and 2 s,
 #     then gives up with one line naming the limit, the cause and the checkpoint, and its exit status.
 #  4. a requested stop: SIGTERM to the ranks, and to the supervisor (which forwards SIGUSR1), ends the
 #     job with a checkpoint and exit 0 and no relaunch.
+#  5. bad use: one line on stderr and exit 2, nothing launched.
 #   train_supervisor.sh SOURCE_DIR PRETRAIN_GPT TRAIN_SUPERVISOR MPIEXEC...
 set -euo pipefail
 src=$1 pretrain=$2 supervisor=$3
@@ -95,13 +97,14 @@ echo "kill -9: resumed from step $resumed, $n losses after the restart equal the
 steps=100
 straight straight4 4 $steps
 run=$work/elastic
-echo "localhost slots=4" >"$work/hosts"
-"$supervisor" --elastic --hostfile "$work/hosts" --min-ranks 2 --backoff 0 -- "${mpiexec[@]}" -np '{ranks}' \
+printf 'localhost\nlocalhost\n' >"$work/hosts"  # two "nodes" of 2 ranks, as a Slurm probe would list them
+"$supervisor" --elastic --hosts-cmd "cat '$work/hosts'" --ranks-per-node 2 --min-ranks 2 --backoff 0 -- \
+  "${mpiexec[@]}" -np '{ranks}' \
   "$pretrain" "${common[@]}" --set train.steps=$steps --set train.output_dir="$run" --set checkpoint.dir="$run/ckpt" \
   --set checkpoint.save_interval=10 >"$run.out" 2>&1 &
 sup_pid=$!
 wait_for_progress "$run"
-echo "localhost slots=2   # two slots gone" >"$work/hosts"
+echo "localhost   # the other node is gone" >"$work/hosts"
 victim=$(mpi_rank_pids "$sup_pid" 3)
 [[ -n $victim ]] || fail "no rank 3 under the supervisor"
 kill -KILL "$victim"
@@ -162,3 +165,21 @@ for who in ranks supervisor; do
   grep -q "stopping at step" "$run.out" || fail "stop ($who): the trainer did not stop at a step boundary"
   echo "stop ($who): $(grep -o 'stopped on request at step [0-9]*' "$run/restarts.log"), no relaunch"
 done
+
+# 5. Bad use, refused before anything is launched.
+refused() {  # refused WHAT ARGS...: exit 2 with one line naming WHAT
+  local what=$1 status=0
+  shift
+  "$supervisor" "$@" >"$work/refused.out" 2>"$work/refused.err" || status=$?
+  [[ $status -eq 2 && $(wc -l <"$work/refused.err") -eq 1 ]] && grep -qF -- "$what" "$work/refused.err" ||
+    { cat "$work/refused.out" "$work/refused.err"; fail "refused: expected exit 2 and one line naming '$what', got $status"; }
+  echo "refused: $(cat "$work/refused.err")"
+}
+job=(-- "${mpiexec[@]}" -np '{ranks}' "$pretrain" "${common[@]}" --set train.output_dir="$work/refused")
+refused "checkpoint.dir is not set" --ranks 2 "${job[@]}"
+refused "--elastic needs --hostfile or --hosts-cmd" --elastic --ranks 2 "${job[@]}" --set checkpoint.dir="$work/c"
+printf 'node1 slots=two\n' >"$work/bad_hosts"
+refused "line 1: 'two' is not a slot count" --elastic --hostfile "$work/bad_hosts" "${job[@]}" --set checkpoint.dir="$work/c"
+refused "model.num_attention_heads" --ranks 3 "${job[@]}" --set checkpoint.dir="$work/c" --set parallel.tensor=3
+refused "--elastic needs {ranks}" --elastic --hostfile "$work/hosts" -- "${mpiexec[@]}" -np 2 "$pretrain" \
+  "${common[@]}" --set checkpoint.dir="$work/c"
