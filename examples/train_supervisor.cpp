@@ -539,7 +539,8 @@ int main(int argc, char** argv) {
     const Outcome outcome = run_attempt(argv_now);
     const int code = exit_code_of(outcome.status);
     const int64_t saved = checkpoint_step(config.checkpoint.dir);
-    const int64_t reached = last_logged_step(metrics);
+    // An attempt that failed before logging a step reached its checkpoint's step, no further.
+    const int64_t reached = std::max<int64_t>(last_logged_step(metrics), std::max<int64_t>(saved, 0));
 
     if (code == 0) {
       if (saved >= config.train.steps) {

@@ -8,6 +8,7 @@
 #     killed; the supervisor
 #     relaunches dp4 as dp2 with twice the micro-batches per rank, and the losses equal the
 #     uninterrupted 4-rank run's within the layout tolerance (relative 1e-5).
+#     Below --min-ranks it gives up instead, saying why.
 #  3. a job that fails every time: --max-restarts 2 relaunches twice, after back-offs of 1 and 2 s,
 #     then gives up with one line naming the limit, the cause and the checkpoint, and its exit status.
 #  4. a requested stop: SIGTERM to the ranks, and to the supervisor (which forwards SIGUSR1), ends the
@@ -122,6 +123,26 @@ resumed=$(($(losses "$run/metrics.jsonl" | head -1 | cut -d' ' -f1) - 1))
 n=$(same_losses "$work/straight4/metrics.jsonl" "$run/metrics.jsonl" 1e-5) || fail "elastic: losses differ on dp2"
 ((n == steps - resumed)) || fail "elastic: $n steps on 2 ranks, expected $((steps - resumed))"
 echo "elastic: dp4 -> dp2 from step $resumed, $n losses equal the uninterrupted 4-rank run (relative 1e-5)"
+
+# 2b. Elastic below --min-ranks: the supervisor gives up, saying why, with the launcher's status.
+run=$work/too_few
+printf 'localhost\nlocalhost\n' >"$work/hosts"
+"$supervisor" --elastic --hosts-cmd "cat '$work/hosts'" --ranks-per-node 2 --min-ranks 4 --backoff 0 -- \
+  "${mpiexec[@]}" -np '{ranks}' "$pretrain" "${common[@]}" --set train.steps=$steps --set train.output_dir="$run" \
+  --set checkpoint.dir="$run/ckpt" --set checkpoint.save_interval=10 >"$run.out" 2>&1 &
+sup_pid=$!
+wait_for_progress "$run"
+echo "localhost" >"$work/hosts"
+kill -KILL "$(mpi_rank_pids "$sup_pid" 2)"
+status=0
+wait "$sup_pid" || status=$?
+sup_pid=
+[[ $status -ne 0 ]] || fail "too few: the supervisor exited 0"
+line=$(grep "giving up" "$run/restarts.log") || { cat "$run/restarts.log"; fail "too few: no give-up line"; }
+grep -qF "no layout fits the ranks left: 2 ranks available, fewer than the minimum 4" <<<"$line" ||
+  fail "too few: the give-up line does not say why: $line"
+(($(grep -c "attempt [0-9]: tp1" "$run/restarts.log") == 1)) || fail "too few: relaunched"
+echo "too few: gave up with exit status $status: ${line#*giving up: }" | cut -c1-200
 
 # 3. The restart limit and the back-off: the job cannot load its checkpoint.load (no such
 #    directory), every time.
