@@ -442,6 +442,11 @@ int main(int argc, char** argv) {
   if (elastic && hostfile.empty() && hosts_cmd.empty())
     usage_error("--elastic needs --hostfile or --hosts-cmd: how else would it learn which ranks are left?");
   if (!hostfile.empty() && !hosts_cmd.empty()) usage_error("give --hostfile or --hosts-cmd, not both");
+  for (const char* placeholder : {"{hosts}", "{nodes}", "{hostfile}", "{ranks_per_node}"})
+    for (const std::string& a : command)
+      if (a.find(placeholder) != std::string::npos && hostfile.empty() && hosts_cmd.empty())
+        usage_error(std::string(placeholder) +
+                    " in the command needs --hostfile or --hosts-cmd (the hosts to name)");
 
   std::optional<std::vector<Host>> hosts = probe_hosts(hostfile, hosts_cmd, ranks_per_node);
   if (ranks == 0) {
@@ -509,7 +514,8 @@ int main(int argc, char** argv) {
     bool wants_hostfile = false;
     for (const std::string& a : command) wants_hostfile |= a.find("{hostfile}") != std::string::npos;
     if (wants_hostfile) {
-      if (!hosts) usage_error("{hostfile} in the command needs --hostfile or --hosts-cmd");
+      std::error_code ec;
+      fs::create_directories(config.train.output_dir, ec);
       hostfile_path = (fs::path(config.train.output_dir) / "supervisor_hosts").string();
       std::ofstream hf(hostfile_path, std::ios::trunc);
       for (const Host& h : used) hf << h.name << " slots=" << h.slots << "\n";
