@@ -100,6 +100,9 @@ struct ParallelConfig {
   // Explicit layer counts for the first / last pipeline stage (0: split evenly).
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  // Groups that must lie inside one node, comma-separated (tp, cp, dp, pp, ep, etp, edp, shard;
+  // node_map.hpp): checked against MPI's node map at start-up, a run that breaks it is refused.
+  std::string node_local;
   int data = 0;  // derived: world / (tensor * pipeline * context); not a YAML key
 };
 

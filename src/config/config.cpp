@@ -6,6 +6,7 @@
 #include "parallel/config.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -29,6 +30,7 @@
 #include "parallel/blended_dataset.hpp"
 #include "parallel/error.hpp"
 #include "parallel/layout_rules.hpp"
+#include "parallel/node_map.hpp"
 #include "rules.hpp"
 
 namespace parallel {
@@ -151,6 +153,9 @@ void for_each_field(S& s, F&& f) {
     "expert grid (expert * expert_tensor must divide tensor * context * data)");
   f("first_stage_layers", s.first_stage_layers, "layers on the first pipeline stage (0: split evenly)");
   f("last_stage_layers", s.last_stage_layers, "layers on the last pipeline stage (0: split evenly)");
+  f("node_local", s.node_local,
+    "groups that must lie inside one node, comma-separated: tp, cp, dp, pp, ep, etp, edp, shard (the HSDP "
+    "shard group); checked against MPI's nodes at start-up (docs/multinode.md)");
 }
 
 template <typename S, typename F>
@@ -749,6 +754,12 @@ void validate_config(Config& c, int world_size) {
   }
   rules.at_least(o.bucket_size, int64_t{0});
   rules.at_least(p.expert_tensor, 1);
+  for (const std::string& group : split_group_list(p.node_local)) {
+    const auto names = node_local_group_names();
+    rules.require(
+        std::find(names.begin(), names.end(), group) != names.end(), p.node_local,
+        fmt::format("unknown group '{}' (a comma-separated list of {})", group, fmt::join(names, ", ")));
+  }
   // The memory plan and the model keep a record per layer: a count near 2^31 would take tens of
   // GiB (pretrain_gpt --plan was OOM-killed after 77 s) before any check could speak. No model is
   // near this bound (the deepest published stacks have about a thousand layers).
