@@ -22,6 +22,7 @@
 #include "parallel/log.hpp"
 #include "parallel/lr_schedule.hpp"
 #include "parallel/memory_plan.hpp"
+#include "parallel/node_map.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
@@ -100,6 +101,40 @@ void refuse_timed_gemm(Device device, int world_size) {
 
 // What the largest rank may use, the same figure on every rank (the smallest any rank sees), so that
 // all refuse or none does.
+// Where the groups lie on the nodes (node_map.hpp), from MPI's own node map: logged when the job
+// spans several nodes, and a group that parallel.node_local names but that crosses nodes refuses
+// the run on every rank alike (they share the map). A launcher whose local rank or size disagrees
+// with MPI's (the GPU choice and the memory limit's share follow the launcher's) is warned about.
+void check_nodes(const Config& c, MpiCommunicator& world, const RankGrid& grid) {
+  const LaunchInfo launch = discover_launch_from_environment();
+  const NodeMap nodes = discover_nodes(world, launch.host);
+  const auto placed = place_groups(nodes, grid, c.optimizer.sharding_group_size);
+  std::vector<std::string> inside, across;
+  for (const GroupPlacement& g : placed)
+    (g.inside_node ? inside : across).push_back(fmt::format("{} ({})", g.name, g.size));
+  if (nodes.num_nodes() > 1)
+    progress().info("nodes: {}; inside a node: {}; across nodes: {}", nodes.describe(),
+                    inside.empty() ? "none" : fmt::format("{}", fmt::join(inside, ", ")),
+                    across.empty() ? "none" : fmt::format("{}", fmt::join(across, ", ")));
+  const int local_rank = nodes.local_rank(world.rank());
+  const auto local_size = static_cast<int>(nodes.ranks_on(nodes.node_of[world.rank()]).size());
+  if (launch.source != "single process" &&
+      (launch.local_rank != local_rank || launch.local_size != local_size))
+    logger().warn(
+        "the launcher ({}) says local rank {} of {}, MPI's node map {} of {} on {}; the GPU choice and "
+        "the memory limit follow the launcher's",
+        launch.source, launch.local_rank, launch.local_size, local_rank, local_size,
+        nodes.hosts[nodes.node_of[world.rank()]]);
+  for (const std::string& name : split_group_list(c.parallel.node_local))
+    for (int r = 0; r < grid.world_size(); ++r) {
+      const auto members = group_members(grid, name, r, c.optimizer.sharding_group_size);
+      if (nodes.inside_one_node(members)) continue;
+      throw ConfigError(
+          fmt::format("config: parallel.node_local = {}: group {} (world ranks {}) spans nodes ({})",
+                      c.parallel.node_local, name, fmt::join(members, ","), nodes.describe()));
+    }
+}
+
 MemoryLimit agreed_memory_limit(Communicator& world, MemoryLimit limit) {
   Tensor t = Tensor::full({1}, 0.0, DType::I64);
   t.data<int64_t>()[0] = limit.bytes > 0 ? limit.bytes : std::numeric_limits<int64_t>::max();
@@ -377,6 +412,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   }
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline,
                                          c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
+  check_nodes(c, world, grid);
   // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
   m.state = std::make_unique<ParallelState>(world, grid, m.device);
   const int pp_rank = m.state->coord().pp;
