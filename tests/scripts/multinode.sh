@@ -14,10 +14,12 @@
 #     and from the rank grid's arithmetic: tp2 inside a node and dp across; at dp4 with ep2 and the
 #     HSDP shard group of 2 (optimizer.sharding_group_size), ep and the shard group inside a node,
 #     expert-dp and the replicas across;
-#  2. pretrain_gpt at tp2 inside each node x dp2 across the nodes (parallel.node_local=tp), and
-#     HSDP at dp4 with the shard group of 2 inside each node (parallel.node_local=shard, ZeRO-3),
-#     log the same 10 fp32 losses as one rank, within 1e-5 relative each (trainer_parity.sh's
-#     tolerance); the trainer's node line names both hosts and the groups inside and across;
+#  2. pretrain_gpt at tp2 inside each node x dp2 across the nodes (parallel.node_local=tp), HSDP
+#     at dp4 with the shard group of 2 inside each node (parallel.node_local=shard, ZeRO-3), and a
+#     MoE model (4 experts, top-2) at ep2 inside each node x expert-dp 2 across
+#     (parallel.node_local=ep) log the same 10 fp32 losses as one rank, within 1e-5 relative each
+#     (trainer_parity.sh's tolerance); the trainer's node line names both hosts and the groups
+#     inside and across;
 #  3. the bytes node 1's veth link received during the tp2 x dp2 run: at least what dp's gradient
 #     all-reduce must bring it from node 0 (10 steps x the parameters x 4 bytes);
 #  4. parallel.node_local=dp at tp2 x dp2 is refused on every rank with exit 2 and one line that
@@ -145,16 +147,22 @@ echo "2 nodes x 2 ranks, dp4 ep2, HSDP shard groups of 2: ep and shard groups {0
 # 2-4. The trainer across the nodes against one rank.
 common=(--config "$src/configs/tiny.yaml" --set train.steps=10 --set train.log_interval=1)
 losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
-compare() {  # compare NAME: the run's losses against the single-rank run, relative 1e-5 each
-  paste <(losses "$work/ref") <(losses "$work/$1") | awk -v name="$1" '
+compare() {  # compare NAME [REF]: the run's losses against the single-rank run REF (ref), relative 1e-5 each
+  paste <(losses "$work/${2:-ref}") <(losses "$work/$1") | awk -v name="$1" '
     { n++; d = $1 - $2; if (d < 0) d = -d; s = ($1 < 0 ? -$1 : $1); if (d / s > worst) worst = d / s
       if (d > 1e-5 * s) { printf "%s: step %d loss %s vs single rank %s\n", name, n, $2, $1; bad = 1 } }
     END { if (n != 10) { printf "%s: %d losses, expected 10\n", name, n; bad = 1 }
           if (bad) exit 1
           printf "%s across 2 nodes: 10 losses equal the single-rank run within 1e-5 (largest difference %.2g)\n", name, worst }'
 }
-"${mpiexec[@]}" -np 1 "$pretrain" "${common[@]}" --set train.output_dir="$work/ref" >"$work/ref.log" 2>&1 ||
-  { echo "the single-rank run failed:"; tail -20 "$work/ref.log"; exit 1; }
+moe=(--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=96
+  --set model.moe_aux_loss_coeff=0.01)
+for ref in ref ref_moe; do
+  extra=()
+  [[ $ref == ref_moe ]] && extra=("${moe[@]}")
+  "${mpiexec[@]}" -np 1 "$pretrain" "${common[@]}" "${extra[@]}" --set train.output_dir="$work/$ref" \
+    >"$work/$ref.log" 2>&1 || { echo "the single-rank run $ref failed:"; tail -20 "$work/$ref.log"; exit 1; }
+done
 train() {  # train NAME [--set ...]: pretrain_gpt on every rank of the nodes
   local name=$1
   shift
@@ -188,6 +196,11 @@ grep -qF "inside a node: shard (2); across nodes: dp (4)" "$work/hsdp.log" ||
   { echo "hsdp: the node line does not put the shard group inside a node:"; grep "nodes:" "$work/hsdp.log"; exit 1; }
 
 # PARALLEL_LOG_LEVEL=error silences the logs; mpirun's own box about the exit status may follow.
+train moe "${moe[@]}" --set parallel.expert=2 --set parallel.node_local=ep
+compare moe ref_moe
+grep -qF "inside a node: ep (2); across nodes: dp (4), edp (2), shard (4)" "$work/moe.log" ||
+  { echo "moe: the node line does not put the ep group inside a node:"; grep "nodes:" "$work/moe.log"; exit 1; }
+
 rc=0
 PARALLEL_LOG_LEVEL=error "${cluster[@]}" -x PARALLEL_LOG_LEVEL -np $ranks "$pretrain" "${common[@]}" \
   --set parallel.tensor=2 --set parallel.node_local=dp --set train.output_dir="$work/refused" \
