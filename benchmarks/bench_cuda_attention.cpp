@@ -6,7 +6,12 @@
 //     d = 128 in the same setting, as the side-by-side baseline;
 //   - the plain path (kernels/attention/attention_plain.cu: batched cuBLAS products around a
 //     row-softmax kernel, PARALLEL_ATTENTION=plain), bf16, s = 1024 and 4096, d = 128, in the same
-//     setting: what training on the plain path costs while an own kernel fails its check.
+//     setting: what training on the plain path costs while an own kernel fails its check;
+//   - masks (issue 27; BM_AttentionMasked): one sequence (b = 1) of 16 heads of d = 128, full causal
+//     against 16 packed documents of s / 16 tokens (should cost about 1/16 of it: the kernels skip
+//     the tiles between documents) and against a 1024-token sliding window at s = 2k, 4k and 8k
+//     (should grow linearly in s), bf16 tensor cores and (s = 4096) the fp32 kernel. Time per
+//     call; TFLOP/s counts only the visible (query, key) pairs.
 // TFLOP/s as FlashAttention counts them: 4 s^2 d heads b for the forward (two matmuls of 2 s^2 d),
 // halved when causal, and 2.5x the forward for the backward (five matmuls; our backward does seven
 // tile products, so its own arithmetic rate is 7/5 of the reported number). The backward's time
@@ -19,8 +24,10 @@
 #if PARALLEL_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../kernels/attention/attention_plain.hpp"
@@ -67,14 +74,15 @@ void BM_FlashAttentionBf16(benchmark::State& state) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   auto bp = [](const Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
   auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
-  kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh, causal, scale, nullptr);
+  kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh, AttentionBounds{causal},
+                                        scale, nullptr);
   const double sec = time_loop(state, [&] {
     if (backward)
       kernels::flash_attention_backward_bf16(bp(dout), bp(q), bp(k), bp(v), bp(out), fp(lse), bp(dq), bp(dk),
-                                             bp(dv), sh, causal, scale, nullptr);
+                                             bp(dv), sh, AttentionBounds{causal}, scale, nullptr);
     else
-      kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh, causal, scale,
-                                            nullptr);
+      kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh,
+                                            AttentionBounds{causal}, scale, nullptr);
   });
   state.SetLabel("bf16 mma.sync FlashAttention-2");
   state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;
@@ -103,13 +111,15 @@ void BM_AttentionFp32Baseline(benchmark::State& state) {
   const kernels::AttentionShape sh{s, b, heads, heads, d};
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
-  kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, causal, scale, nullptr);
+  kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, AttentionBounds{causal}, scale,
+                             nullptr);
   const double sec = time_loop(state, [&] {
     if (backward)
       kernels::attention_backward(fp(dout), fp(q), fp(k), fp(v), fp(out), fp(lse), fp(dq), fp(dk), fp(dv), sh,
-                                  causal, scale, nullptr);
+                                  AttentionBounds{causal}, scale, nullptr);
     else
-      kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, causal, scale, nullptr);
+      kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, AttentionBounds{causal}, scale,
+                                 nullptr);
   });
   state.SetLabel("fp32 CUDA cores (baseline)");
   state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;
@@ -142,10 +152,10 @@ void BM_AttentionPlainBf16(benchmark::State& state) {
     if (backward)
       kernels::attention_plain_backward(dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                         out16.data_ptr(), fp(lse), DType::BF16, fp(dq), fp(dk), fp(dv), sh,
-                                        causal, scale, nullptr);
+                                        AttentionBounds{causal}, scale, nullptr);
     else
       kernels::attention_plain_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), DType::BF16, fp(out),
-                                       fp(lse), sh, causal, scale, nullptr);
+                                       fp(lse), sh, AttentionBounds{causal}, scale, nullptr);
   });
   state.SetLabel("plain: cuBLAS batched GEMMs + row softmax");
   state.counters["TFLOP/s"] = sec > 0 ? attention_flops(s, d, heads, b, causal, backward) / sec / 1e12 : 0.0;
@@ -154,6 +164,73 @@ BENCHMARK(BM_AttentionPlainBf16)
     ->ArgsProduct({{1024, 4096}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// Args: mask (0 causal, 1 sixteen documents, 2 window of 1024), s, backward, kernel (0 bf16 tensor
+// cores, 1 fp32).
+void BM_AttentionMasked(benchmark::State& state) {
+  if (no_gpu(state)) return;
+  const int64_t kind = state.range(0), s = state.range(1), d = 128, heads = 16, b = 1, window = 1024;
+  const bool backward = state.range(2) == 1, fp32 = state.range(3) == 1;
+  const DType dt = fp32 ? DType::F32 : DType::BF16;
+  const Shape qs{s, b, heads, d};
+  const Device dev = Device::cuda(0);
+  Tensor q = gpu_random(qs, dt), k = gpu_random(qs, dt), v = gpu_random(qs, dt), dout = gpu_random(qs, dt);
+  Tensor out = Tensor::empty(qs, dt, dev), lse = Tensor::empty({b, heads, s}, DType::F32, dev);
+  Tensor dq = Tensor::empty(qs, dt, dev), dk = Tensor::empty(qs, dt, dev), dv = Tensor::empty(qs, dt, dev);
+  std::vector<int32_t> starts(static_cast<std::size_t>(s));
+  for (int64_t p = 0; p < s; p++) starts[p] = static_cast<int32_t>(p / (s / 16) * (s / 16));
+  const Tensor doc_start = Tensor::from_vector(starts, {b, s}).to(dev);
+  AttentionBounds mask;
+  if (kind == 1) {
+    mask.doc_start = static_cast<const int32_t*>(doc_start.data_ptr());
+    mask.doc_stride = s;
+  }
+  if (kind == 2) mask.window = window;
+  double pairs = 0;  // visible (query, key) pairs of one head
+  for (int64_t p = 0; p < s; p++)
+    pairs += static_cast<double>(p -
+                                 (kind == 1   ? starts[p]
+                                  : kind == 2 ? std::max<int64_t>(0, p - window + 1)
+                                              : 0) +
+                                 1);
+  const kernels::AttentionShape sh{s, b, heads, heads, d};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto fp = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  auto bp = [](const Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
+  auto forward = [&] {
+    if (fp32)
+      kernels::attention_forward(fp(q), fp(k), fp(v), fp(out), fp(lse), sh, mask, scale, nullptr);
+    else
+      kernels::flash_attention_forward_bf16(bp(q), bp(k), bp(v), bp(out), fp(lse), sh, mask, scale, nullptr);
+  };
+  forward();
+  const double sec = time_loop(state, [&] {
+    if (!backward)
+      forward();
+    else if (fp32)
+      kernels::attention_backward(fp(dout), fp(q), fp(k), fp(v), fp(out), fp(lse), fp(dq), fp(dk), fp(dv), sh,
+                                  mask, scale, nullptr);
+    else
+      kernels::flash_attention_backward_bf16(bp(dout), bp(q), bp(k), bp(v), bp(out), fp(lse), bp(dq), bp(dk),
+                                             bp(dv), sh, mask, scale, nullptr);
+  });
+  state.SetLabel(std::string(kind == 0   ? "full causal"
+                             : kind == 1 ? "16 documents"
+                                         : "window 1024") +
+                 (fp32 ? ", fp32 kernel" : ", bf16 mma.sync"));
+  state.counters["TFLOP/s"] =
+      sec > 0 ? 4.0 * d * heads * b * pairs * (backward ? 2.5 : 1.0) / sec / 1e12 : 0.0;
+}
+// 12 cases (the GPU check's bench step has 20 s for every attention benchmark): bf16 full causal vs
+// 16 documents at 4k, windows at 2k, 4k, 8k, forward and backward; the fp32 kernel's forward at 4k.
+void masked_args(benchmark::internal::Benchmark* bm) {
+  for (int64_t backward : {0, 1}) {
+    for (int64_t kind : {0, 1}) bm->Args({kind, 4096, backward, 0});
+    for (int64_t s : {2048, 4096, 8192}) bm->Args({2, s, backward, 0});
+  }
+  for (int64_t kind : {0, 1}) bm->Args({kind, 4096, 0, 1});
+}
+BENCHMARK(BM_AttentionMasked)->Apply(masked_args)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attention/attention_plain.hpp"
+#include "attention/attention_tiles.hpp"
 #include "cuda/common.cuh"
 
 namespace parallel::kernels {
@@ -135,13 +136,15 @@ __device__ __forceinline__ void store(__half* p, int64_t i, float v) { p[i] = __
 constexpr int kRowThreads = 256;
 
 // Local row `row` of a chunk's [rows, s] workspace is query i = row % s of head
-// bh = (bk0 + row / s) * g + r (the chunk covers (b, kv head) pairs bk0 .. and query rank r).
+// bh = (bk0 + row / s) * g + r (the chunk covers (b, kv head) pairs bk0 .. and query rank r), batch
+// element bh / hq. The row sees keys [first(row), end(row)) (attention_tiles.hpp).
 struct Rows {
-  int64_t s, bk0, g, r;
-  bool causal;
+  int64_t s, bk0, g, r, hq;
+  AttentionBounds mask;
   __device__ int64_t bh(int64_t row) const { return (bk0 + row / s) * g + r; }
   __device__ int64_t i(int64_t row) const { return row % s; }
-  __device__ int64_t visible(int64_t row) const { return causal ? i(row) + 1 : s; }  // keys 0 .. visible-1
+  __device__ int64_t first(int64_t row) const { return first_key(mask, bh(row) / hq, i(row)); }
+  __device__ int64_t end(int64_t row) const { return end_key(mask, i(row), s); }
 };
 
 // One block per row of the [rows, s] fp32 scores x (already scaled). In place:
@@ -155,30 +158,31 @@ template <typename T>
 __global__ void softmax_rows(float* x, T* p16, float* lse, const float* lse_in, Rows rows) {
   __shared__ float shared[32];
   using cuda::detail::block_reduce;
-  const int64_t row = blockIdx.x, s = rows.s, n = rows.visible(row);
+  const int64_t row = blockIdx.x, s = rows.s, j0 = rows.first(row), n = rows.end(row);
   float* xr = x + row * s;
   if (lse_in) {
     const float l = lse_in[rows.bh(row) * s + rows.i(row)];
     for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
-      const float p = j < n ? expf(xr[j] - l) : 0.0f;
+      const float p = j >= j0 && j < n ? expf(xr[j] - l) : 0.0f;
       xr[j] = p;
       if (p16) store(p16, row * s + j, p);
     }
     return;
   }
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, xr[j]);
+  for (int64_t j = j0 + threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, xr[j]);
   mx = block_reduce(mx, shared, cuda::detail::MaxOp{}, -INFINITY);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += expf(xr[j] - mx);
+  for (int64_t j = j0 + threadIdx.x; j < n; j += blockDim.x) sum += expf(xr[j] - mx);
   sum = block_reduce(sum, shared, cuda::detail::SumOp{}, 0.0f);
-  const float inv = 1.0f / sum;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that sees no key: P = 0, lse = -inf
   for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
-    const float p = j < n ? expf(xr[j] - mx) * inv : 0.0f;
+    const float p = j >= j0 && j < n ? expf(xr[j] - mx) * inv : 0.0f;
     xr[j] = p;
     if (p16) store(p16, row * s + j, p);
   }
-  if (lse && threadIdx.x == 0) lse[rows.bh(row) * s + rows.i(row)] = mx + logf(sum);
+  if (lse && threadIdx.x == 0)
+    lse[rows.bh(row) * s + rows.i(row)] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
 // One block per row. p: the row's probabilities (fp32), dp: dO V^T for the row, in place:
@@ -224,16 +228,19 @@ int64_t chunk_pairs(int64_t pairs, int64_t s, std::size_t bytes_per_score) {
   return std::clamp<int64_t>(fit, 1, std::max<int64_t>(pairs, 1));
 }
 
-void check_shape(const AttentionShape& sh) {
+void check_shape(const AttentionShape& sh, const AttentionBounds& mask) {
   CUDA_OPS_REQUIRE(sh.s >= 0 && sh.b >= 0 && sh.d >= 0 && sh.hq > 0 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
                    "plain attention: need hq % hkv == 0 and non-negative sizes");
+  const char* why = attention_bounds_error(mask);
+  if (why != nullptr) throw_error(__FILE__, __LINE__, why);
 }
 
 }  // namespace
 
 void attention_plain_forward(const void* q, const void* k, const void* v, DType dtype, float* out, float* lse,
-                             const AttentionShape& sh, bool causal, float scale, void* stream_ptr) {
-  check_shape(sh);
+                             const AttentionShape& sh, const AttentionBounds& mask, float scale,
+                             void* stream_ptr) {
+  check_shape(sh, mask);
   const int64_t s = sh.s, d = sh.d, g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
   const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d;
   if (s == 0 || pairs == 0) return;
@@ -260,7 +267,7 @@ void attention_plain_forward(const void* q, const void* k, const void* v, DType 
       else
         gemm(true, false, s, s, d, scale, at(k, koff, dtype), ldk, d, at(q, qoff, dtype), ldq, g * d, 0.0f, S, s,
              s * s, nb);
-      const Rows rows{s, bk0, g, r, causal};
+      const Rows rows{s, bk0, g, r, sh.hq, mask};
       const void* p_operand = S;
       with_type(dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
@@ -280,8 +287,9 @@ void attention_plain_forward(const void* q, const void* k, const void* v, DType 
 
 void attention_plain_backward(const void* dout, const void* q, const void* k, const void* v, const void* out,
                               const float* lse, DType dtype, float* dq, float* dk, float* dv,
-                              const AttentionShape& sh, bool causal, float scale, void* stream_ptr) {
-  check_shape(sh);
+                              const AttentionShape& sh, const AttentionBounds& mask, float scale,
+                              void* stream_ptr) {
+  check_shape(sh, mask);
   const int64_t s = sh.s, d = sh.d, g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
   const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
@@ -305,7 +313,7 @@ void attention_plain_backward(const void* dout, const void* q, const void* k, co
     for (int64_t r = 0; r < g; r++) {
       const int64_t qoff = (bk0 * g + r) * d, koff = bk0 * d;
       const float beta_kv = r == 0 ? 0.0f : 1.0f;  // dk, dv: the group's first head writes, the rest add
-      const Rows rows{s, bk0, g, r, causal};
+      const Rows rows{s, bk0, g, r, sh.hq, mask};
       // P = exp(scale Q K^T - lse), recomputed from the saved lse.
       gemm(true, false, s, s, d, scale, at(k, koff, dtype), ldk, d, at(q, qoff, dtype), ldq, g * d, 0.0f, P,
            s, s * s, nb);

@@ -8,8 +8,10 @@
 //
 // Contract (the same layouts as kernels::attention_forward, kernels.hpp, and ops.hpp):
 //   q, out, dout, dq  [s, b, hq, d]      k, v, dk, dv  [s, b, hkv, d]      lse  [b, hq, s] fp32
-// Query head h reads kv head h / (hq / hkv); causal masking is top-left aligned (key j visible to
-// query i iff j <= i). Inputs (q, k, v, and in the backward dout and out) are of `dtype`: F32, BF16
+// Query head h reads kv head h / (hq / hkv); `mask` (parallel/attention_mask.hpp, doc_start in device
+// memory) says which keys each query row sees (attention_tiles.hpp). The [s, s] products are full
+// whatever the mask: this path applies it in the softmax but skips no tile. A row that sees no key
+// gets out = 0 and lse = -inf. Inputs (q, k, v, and in the backward dout and out) are of `dtype`: F32, BF16
 // or F16; the outputs (out, lse, dq, dk, dv) are fp32, written (not accumulated); dk, dv sum over the
 // query heads that share them, in head order (deterministic).
 //
@@ -48,10 +50,12 @@ AttentionPath parse_attention_path(const char* value);
 const char* attention_path_name(AttentionPath path);  // "flash", "plain"
 
 void attention_plain_forward(const void* q, const void* k, const void* v, DType dtype, float* out, float* lse,
-                             const AttentionShape& shape, bool causal, float softmax_scale, void* stream);
+                             const AttentionShape& shape, const AttentionBounds& mask, float softmax_scale,
+                             void* stream);
 // lse: the forward's [b, hq, s] (fp32); P is recomputed from it.
 void attention_plain_backward(const void* dout, const void* q, const void* k, const void* v, const void* out,
                               const float* lse, DType dtype, float* dq, float* dk, float* dv,
-                              const AttentionShape& shape, bool causal, float softmax_scale, void* stream);
+                              const AttentionShape& shape, const AttentionBounds& mask, float softmax_scale,
+                              void* stream);
 
 }  // namespace parallel::kernels

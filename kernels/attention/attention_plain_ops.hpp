@@ -66,7 +66,7 @@ inline kernels::AttentionShape shape_of(const Tensor& q, const Tensor& k) {
 namespace parallel::cuda {
 
 inline void attention_plain_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                                    bool causal, float softmax_scale, Stream stream,
+                                    const AttentionBounds& mask, float softmax_scale, Stream stream,
                                     DType operand_precision = DType::F32) {
   using namespace plain_detail;
   DeviceGuard guard(q.device().index);
@@ -75,14 +75,14 @@ inline void attention_plain_forward(const Tensor& q, const Tensor& k, const Tens
   Tensor o32 = fp32_target(out, stream);
   kernels::attention_plain_forward(qt.data_ptr(), kt.data_ptr(), vt.data_ptr(), t,
                                    static_cast<float*>(o32.data_ptr()), static_cast<float*>(lse.data_ptr()),
-                                   shape_of(q, k), causal, softmax_scale, stream.handle);
+                                   shape_of(q, k), mask, softmax_scale, stream.handle);
   finish(out, o32, operand_precision, stream);
 }
 
 // P is recomputed from q, k and the saved lse (the whole row's statistic under ring attention).
 inline void attention_plain_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     bool causal, float softmax_scale, Stream stream,
+                                     const AttentionBounds& mask, float softmax_scale, Stream stream,
                                      DType operand_precision = DType::F32) {
   using namespace plain_detail;
   DeviceGuard guard(q.device().index);
@@ -93,7 +93,7 @@ inline void attention_plain_backward(const Tensor& dout, const Tensor& q, const 
   kernels::attention_plain_backward(
       dot.data_ptr(), qt.data_ptr(), kt.data_ptr(), vt.data_ptr(), ot.data_ptr(),
       static_cast<const float*>(lse.data_ptr()), t, static_cast<float*>(dq32.data_ptr()),
-      static_cast<float*>(dk32.data_ptr()), static_cast<float*>(dv32.data_ptr()), shape_of(q, k), causal,
+      static_cast<float*>(dk32.data_ptr()), static_cast<float*>(dv32.data_ptr()), shape_of(q, k), mask,
       softmax_scale, stream.handle);
   finish(dq, dq32, operand_precision, stream);
   finish(dk, dk32, operand_precision, stream);

@@ -25,10 +25,18 @@
 //                dQ: one block per (query block, b * hq + h) recomputing P and dS per key tile:
 //                dQ += dS K. Two more tile products than an atomicAdd dQ, but no float atomics,
 //                so the gradients are bit-identical run to run.
+//   masking      AttentionBounds (parallel/attention_mask.hpp) in row indices (attention_tiles.hpp):
+//                query row i sees key rows [first_key(i), i + diagonal] (all of them without
+//                causal). A query tile loops over key tiles from the one holding the first key its
+//                first row sees to the one holding the last key its last row sees (keys_seen); a
+//                key tile of the dK/dV pass over the query tiles of queries_seeing. Inside those
+//                tiles each element is tested against its row's first key (staged in shared
+//                memory, sLo) and the diagonal. A row that sees nothing: out 0, lse -inf.
 // fp32 CUDA cores, not tensor cores: correct and simple; the bf16 tensor-core version comes later.
 #include <cmath>
 
 #include "attention/attention_launch.hpp"
+#include "attention/attention_tiles.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
 
@@ -42,7 +50,8 @@ struct Dims {
   int s, b, hq, hkv, d, group;
   int bh0;  // the (batch, head) pair of blockIdx.y == 0: launches cover at most kMaxGridY pairs each
   int64_t q_stride, k_stride;  // between consecutive positions of one head
-  bool causal;
+  AttentionBounds mask;
+  int diag;  // causal: key j is masked for query i when j > i + diag (causal_diagonal)
   float scale;
 };
 
@@ -96,8 +105,15 @@ __device__ __forceinline__ float row8_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 4);
 }
 
-__device__ __forceinline__ bool masked(const Dims& x, int i, int j) {
-  return i >= x.s || j >= x.s || (x.causal && j > i);
+// lo: query i's first visible key (first_key; 0 without causal).
+__device__ __forceinline__ bool masked(const Dims& x, int i, int j, int lo) {
+  return i >= x.s || j >= x.s || (x.mask.causal && (j > i + x.diag || j < lo));
+}
+
+// sLo[r] = first_key of query row i0 + r for the rows of a tile (0 past s).
+__device__ __forceinline__ void load_first_keys(int* sLo, const Dims& x, int bi, int i0, int rows) {
+  for (int r = threadIdx.x; r < rows; r += blockDim.x)
+    sLo[r] = i0 + r < x.s ? static_cast<int>(first_key(x.mask, bi, i0 + r)) : 0;
 }
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -107,11 +123,12 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int kBr = 16 * kR;
   extern __shared__ float smem[];
   const int ld = x.d + 1, ldp = kBc + 1;
-  float* sQ = smem;            // [Br, ld]
-  float* sK = sQ + kBr * ld;   // [Bc, ld]
-  float* sV = sK + kBc * ld;   // [Bc, ld]
-  float* sP = sV + kBc * ld;   // [Br, Bc + 1]
-  float* sO = sP + kBr * ldp;  // [Br, ld]
+  float* sQ = smem;                                  // [Br, ld]
+  float* sK = sQ + kBr * ld;                         // [Bc, ld]
+  float* sV = sK + kBc * ld;                         // [Bc, ld]
+  float* sP = sV + kBc * ld;                         // [Br, Bc + 1]
+  float* sO = sP + kBr * ldp;                        // [Br, ld]
+  int* sLo = reinterpret_cast<int*>(sO + kBr * ld);  // [Br]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int i0 = blockIdx.x * kBr;
   const int bh = x.bh0 + static_cast<int>(blockIdx.y);
@@ -121,6 +138,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const float* v_head = v + (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
 
   load_rows(sQ, ld, q_head + i0 * x.q_stride, x.q_stride, kBr, min(kBr, x.s - i0), x.d);
+  load_first_keys(sLo, x, bi, i0, kBr);
   zero_owned<kR>(sO, ld, x.d, ty, tx);
   float m[kR], l[kR];
 #pragma unroll
@@ -129,9 +147,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     l[a] = 0.0f;
   }
 
-  // Causal: keys past the block's last query are masked for every row.
-  const int key_end = x.causal ? min(x.s, i0 + kBr) : x.s;
-  for (int j0 = 0; j0 < key_end; j0 += kBc) {
+  // Only the key tiles some row of the block sees (all of them without causal).
+  const RowRange keys = keys_seen(x.mask, bi, i0, min(x.s, i0 + kBr), x.s);
+  const int key_end = static_cast<int>(keys.end);
+  for (int j0 = static_cast<int>(keys.begin) / kBc * kBc; j0 < key_end; j0 += kBc) {
     __syncthreads();  // the previous tile's sK, sV, sP are no longer read
     const int valid = min(kBc, x.s - j0);
     load_rows(sK, ld, k_head + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
@@ -146,7 +165,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       float mx = -INFINITY;
 #pragma unroll
       for (int c = 0; c < 4; c++) {
-        s[a][c] = masked(x, i, j0 + tx + 8 * c) ? -INFINITY : s[a][c] * x.scale;
+        s[a][c] = masked(x, i, j0 + tx + 8 * c, sLo[row]) ? -INFINITY : s[a][c] * x.scale;
         mx = fmaxf(mx, s[a][c]);
       }
       const float m_new = fmaxf(m[a], row8_max(mx));
@@ -208,8 +227,8 @@ __global__ void attn_bwd_dot_kernel(const float* dout, const float* out, float* 
 template <int kR>
 __device__ __forceinline__ void probs_and_dscores(const Dims& x, const float* sQ, const float* sK,
                                                   const float* sdO, const float* sV, const float* sL,
-                                                  const float* sD, int ld, int i0, int j0, int ty, int tx,
-                                                  float (&p)[kR][4], float (&ds)[kR][4]) {
+                                                  const float* sD, const int* sLo, int ld, int i0, int j0,
+                                                  int ty, int tx, float (&p)[kR][4], float (&ds)[kR][4]) {
   tile_abt<kR>(sQ, sK, ld, x.d, ty, tx, p);
   tile_abt<kR>(sdO, sV, ld, x.d, ty, tx, ds);  // dP
 #pragma unroll
@@ -217,7 +236,7 @@ __device__ __forceinline__ void probs_and_dscores(const Dims& x, const float* sQ
     const int row = ty + 16 * a;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-      const bool mk = masked(x, i0 + row, j0 + tx + 8 * c);
+      const bool mk = masked(x, i0 + row, j0 + tx + 8 * c, sLo[row]);
       p[a][c] = mk ? 0.0f : expf(x.scale * p[a][c] - sL[row]);
       ds[a][c] = x.scale * p[a][c] * (ds[a][c] - sD[row]);
     }
@@ -231,16 +250,17 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int kBr = 16 * kR;
   extern __shared__ float smem[];
   const int ld = x.d + 1, ldp = kBc + 1;
-  float* sK = smem;             // [Bc, ld]
-  float* sV = sK + kBc * ld;    // [Bc, ld]
-  float* sdK = sV + kBc * ld;   // [Bc, ld]
-  float* sdV = sdK + kBc * ld;  // [Bc, ld]
-  float* sQ = sdV + kBc * ld;   // [Br, ld]
-  float* sdO = sQ + kBr * ld;   // [Br, ld]
-  float* sP = sdO + kBr * ld;   // [Br, Bc + 1]
-  float* sdS = sP + kBr * ldp;  // [Br, Bc + 1]
-  float* sL = sdS + kBr * ldp;  // [Br]
-  float* sD = sL + kBr;         // [Br]
+  float* sK = smem;                             // [Bc, ld]
+  float* sV = sK + kBc * ld;                    // [Bc, ld]
+  float* sdK = sV + kBc * ld;                   // [Bc, ld]
+  float* sdV = sdK + kBc * ld;                  // [Bc, ld]
+  float* sQ = sdV + kBc * ld;                   // [Br, ld]
+  float* sdO = sQ + kBr * ld;                   // [Br, ld]
+  float* sP = sdO + kBr * ld;                   // [Br, Bc + 1]
+  float* sdS = sP + kBr * ldp;                  // [Br, Bc + 1]
+  float* sL = sdS + kBr * ldp;                  // [Br]
+  float* sD = sL + kBr;                         // [Br]
+  int* sLo = reinterpret_cast<int*>(sD + kBr);  // [Br]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int j0 = blockIdx.x * kBc;
   const int bh = x.bh0 + static_cast<int>(blockIdx.y);
@@ -256,8 +276,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int64_t q_off = (static_cast<int64_t>(bi) * x.hq + h) * x.d;
     const float* lse_h = lse + (static_cast<int64_t>(bi) * x.hq + h) * x.s;
     const float* D_h = Dv + (static_cast<int64_t>(bi) * x.hq + h) * x.s;
-    // Causal: query rows before j0 see none of these keys.
-    for (int i0 = x.causal ? (j0 / kBr) * kBr : 0; i0 < x.s; i0 += kBr) {
+    // Only the query tiles with a row that sees one of these keys.
+    const RowRange rows = queries_seeing(x.mask, bi, j0, min(x.s, j0 + kBc), x.s);
+    for (int i0 = static_cast<int>(rows.begin) / kBr * kBr; i0 < static_cast<int>(rows.end); i0 += kBr) {
       __syncthreads();  // previous sQ, sdO, sP, sdS no longer read (and sK, sV loaded, first time)
       const int valid = min(kBr, x.s - i0);
       load_rows(sQ, ld, q + q_off + i0 * x.q_stride, x.q_stride, kBr, valid, x.d);
@@ -266,10 +287,11 @@ __global__ void __launch_bounds__(kAttnThreads)
         sL[r] = r < valid ? lse_h[i0 + r] : 0.0f;
         sD[r] = r < valid ? D_h[i0 + r] : 0.0f;
       }
+      load_first_keys(sLo, x, bi, i0, kBr);
       __syncthreads();
 
       float p[kR][4], ds[kR][4];
-      probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, ld, i0, j0, ty, tx, p, ds);
+      probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, sLo, ld, i0, j0, ty, tx, p, ds);
 #pragma unroll
       for (int a = 0; a < kR; a++)
 #pragma unroll
@@ -315,14 +337,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int kBr = 16 * kR;
   extern __shared__ float smem[];
   const int ld = x.d + 1, ldp = kBc + 1;
-  float* sQ = smem;             // [Br, ld]
-  float* sdO = sQ + kBr * ld;   // [Br, ld]
-  float* sdQ = sdO + kBr * ld;  // [Br, ld]
-  float* sK = sdQ + kBr * ld;   // [Bc, ld]
-  float* sV = sK + kBc * ld;    // [Bc, ld]
-  float* sdS = sV + kBc * ld;   // [Br, Bc + 1]
-  float* sL = sdS + kBr * ldp;  // [Br]
-  float* sD = sL + kBr;         // [Br]
+  float* sQ = smem;                             // [Br, ld]
+  float* sdO = sQ + kBr * ld;                   // [Br, ld]
+  float* sdQ = sdO + kBr * ld;                  // [Br, ld]
+  float* sK = sdQ + kBr * ld;                   // [Bc, ld]
+  float* sV = sK + kBc * ld;                    // [Bc, ld]
+  float* sdS = sV + kBc * ld;                   // [Br, Bc + 1]
+  float* sL = sdS + kBr * ldp;                  // [Br]
+  float* sD = sL + kBr;                         // [Br]
+  int* sLo = reinterpret_cast<int*>(sD + kBr);  // [Br]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int i0 = blockIdx.x * kBr;
   const int bh = x.bh0 + static_cast<int>(blockIdx.y);
@@ -338,9 +361,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     sD[r] = r < valid_q ? Dv[(static_cast<int64_t>(bi) * x.hq + h) * x.s + i0 + r] : 0.0f;
   }
   zero_owned<kR>(sdQ, ld, x.d, ty, tx);
+  load_first_keys(sLo, x, bi, i0, kBr);
 
-  const int key_end = x.causal ? min(x.s, i0 + kBr) : x.s;
-  for (int j0 = 0; j0 < key_end; j0 += kBc) {
+  const RowRange keys = keys_seen(x.mask, bi, i0, min(x.s, i0 + kBr), x.s);
+  const int key_end = static_cast<int>(keys.end);
+  for (int j0 = static_cast<int>(keys.begin) / kBc * kBc; j0 < key_end; j0 += kBc) {
     __syncthreads();
     const int valid = min(kBc, x.s - j0);
     load_rows(sK, ld, k + kv_off + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
@@ -348,7 +373,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
 
     float p[kR][4], ds[kR][4];
-    probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, ld, i0, j0, ty, tx, p, ds);
+    probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, sLo, ld, i0, j0, ty, tx, p, ds);
 #pragma unroll
     for (int a = 0; a < kR; a++)
 #pragma unroll
@@ -377,7 +402,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 }
 
 // ---- host side -------------------------------------------------------------------------------
-Dims make_dims(const AttentionShape& sh, bool causal, float scale) {
+Dims make_dims(const AttentionShape& sh, const AttentionBounds& mask, float scale) {
+  const char* why = attention_bounds_error(mask);
+  if (why != nullptr) throw_error(__FILE__, __LINE__, why);
   CUDA_OPS_REQUIRE(sh.s < (int64_t{1} << 31) && sh.d <= 256 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
                    "attention: unsupported shape (d <= 256, hq a multiple of hkv)");
   CUDA_OPS_REQUIRE(sh.b * sh.hq < (int64_t{1} << 31),
@@ -392,7 +419,8 @@ Dims make_dims(const AttentionShape& sh, bool causal, float scale) {
   x.group = x.hq / x.hkv;
   x.q_stride = sh.b * sh.hq * sh.d;
   x.k_stride = sh.b * sh.hkv * sh.d;
-  x.causal = causal;
+  x.mask = mask;
+  x.diag = static_cast<int>(causal_diagonal(mask, sh.s));
   x.scale = scale;
   return x;
 }
@@ -406,13 +434,13 @@ int max_smem_optin() {
 
 // Bytes of shared memory per kernel for a query tile of Br rows.
 std::size_t fwd_smem(int br, int d) {
-  return sizeof(float) * (2 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1));
+  return sizeof(float) * (2 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1) + br);
 }
 std::size_t dkdv_smem(int br, int d) {
-  return sizeof(float) * (4 * kBc * (d + 1) + 2 * br * (d + 1) + 2 * br * (kBc + 1) + 2 * br);
+  return sizeof(float) * (4 * kBc * (d + 1) + 2 * br * (d + 1) + 2 * br * (kBc + 1) + 3 * br);
 }
 std::size_t dq_smem(int br, int d) {
-  return sizeof(float) * (3 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1) + 2 * br);
+  return sizeof(float) * (3 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1) + 3 * br);
 }
 
 // Launches kernel<4> (64-row query tiles) when its shared memory fits, else kernel<2> (32 rows),
@@ -450,8 +478,9 @@ unsigned blocks_of(int s, int rows) { return static_cast<unsigned>((s + rows - 1
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
-                       const AttentionShape& shape, bool causal, float softmax_scale, stream_t stream) {
-  const Dims x = make_dims(shape, causal, softmax_scale);
+                       const AttentionShape& shape, const AttentionBounds& mask, float softmax_scale,
+                       stream_t stream) {
+  const Dims x = make_dims(shape, mask, softmax_scale);
   if (x.s == 0 || x.b == 0 || x.hq == 0) return;
   launch_tiled(attn_fwd_kernel<4>, attn_fwd_kernel<2>, fwd_smem, x.d, blocks_of(x.s, 64), blocks_of(x.s, 32),
                int64_t{x.b} * x.hq, static_cast<cudaStream_t>(stream), x, q, k, v, out, lse);
@@ -459,8 +488,8 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
 
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
                         const float* lse, float* dq, float* dk, float* dv, const AttentionShape& shape,
-                        bool causal, float softmax_scale, stream_t stream) {
-  const Dims x = make_dims(shape, causal, softmax_scale);
+                        const AttentionBounds& mask, float softmax_scale, stream_t stream) {
+  const Dims x = make_dims(shape, mask, softmax_scale);
   if (x.s == 0 || x.b == 0 || x.hq == 0) return;
   const auto cs = static_cast<cudaStream_t>(stream);
   const int64_t rows = static_cast<int64_t>(x.b) * x.hq * x.s;

@@ -57,26 +57,36 @@
 //             bit-identical from run to run and written directly in the 16-bit type.
 //
 // ---- Masking ------------------------------------------------------------------------------------
-// Tiles are zero-filled past s (cp.async src-size 0). A warp evaluates the per-element mask only
-// when its part of the tile can contain a masked element (keys past s, query rows past s, or the
-// causal diagonal); masked scores become -inf before the max (forward) or P = 0 (backward).
-// Causal is top-left aligned: key j is visible to query i iff j <= i; tiles entirely above the
-// diagonal are skipped by the loop bounds.
+// AttentionBounds (parallel/attention_mask.hpp) in row indices (attention_tiles.hpp): query row i
+// sees key rows [first_key(i), i + diag] with diag = q_pos0 - k_pos0 (every key without causal).
+// Three instantiations: no mask; causal only (kCausal); causal with a window or documents (kCausal
+// and kLo: each row's first key, in registers for the rows a thread owns, in shared memory for the
+// dK/dV pass's query columns). Loop bounds skip the tiles no row of the block sees: a query block
+// runs over the key tiles of keys_seen, a key block over the query tiles of queries_seeing, so a
+// window costs O(s * window) and packed documents the sum of their squared lengths. Tiles are
+// zero-filled past s (cp.async src-size 0). A warp evaluates the per-element mask only when its
+// part of the tile can contain a masked element (keys or query rows past s, the diagonal, or a
+// row's first key); masked scores become -inf before the max (forward) or P = 0 (backward). A row
+// that sees no key gets out = 0 and lse = -inf.
 //
-// Resources (ptxas -v, CUDA 13, identical for bf16 and fp16; 0 bytes of spills in all 56
-// instantiations, sm_80 and sm_90), registers per thread / dynamic shared memory per block:
-//   forward  d = 64: 253-255 / 32 KiB (2 blocks per SM)    d = 128: 168 / 48 KiB (3 blocks per SM)
-//   dK/dV    d = 64: 187-225 / 49 KiB (2)                  d = 128: 238-249 / 64.5 KiB (2)
-//   dQ       d = 64: 166-168 / 48 KiB (3)                  d = 128: 164-167 / 64 KiB (3)
+// Resources (ptxas -v, CUDA 13, identical for bf16 and fp16; 0 bytes of spills in all 80
+// instantiations, sm_80 and sm_90: 3 masks x 3 kernels x 2 head dims x 2 types, plus delta),
+// registers per thread / dynamic shared memory per block:
+//   forward  d = 64: 232-255 / 32 KiB (2 blocks per SM)    d = 128: 168-206 / 48 KiB (3 blocks per SM)
+//   dK/dV    d = 64: 178-226 / 49.5 KiB (2)                d = 128: 239-245 / 64.75 KiB (2)
+//   dQ       d = 64: 166-168 / 48 KiB (3)                  d = 128: 164-168 / 64 KiB (3)
 //   delta    18-19 registers, no shared memory.
 // (Blocks per SM as limited by registers, 64 K per SM. Shared memory allows as many on an H100;
 // on an A100, 164 KiB per SM, the dQ kernel at d = 128 fits 2.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
+#include "attention/attention_tiles.hpp"
 #include "attention/flash_attention_mma.hpp"
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
@@ -109,7 +119,7 @@ template <int D>
 struct DkdvCfg {
   static constexpr int kBc = kFaWarps * 16, kBrQ = D == 64 ? 64 : 32;
   static constexpr std::size_t kSmem =
-      sizeof(uint16_t) * (2 * kBc + 4 * kBrQ) * D + sizeof(float) * 4 * kBrQ;  // K, V, 2x(Q, dO), lse, D
+      sizeof(uint16_t) * (2 * kBc + 4 * kBrQ) * D + sizeof(float) * 6 * kBrQ;  // K, V, 2x(Q, dO, lse, D, lo)
 };
 // dQ: 64 query rows per block (16 per warp), key tiles of kBc double-buffered.
 template <int D>
@@ -135,8 +145,10 @@ struct Args {
   const float* delta;  // backward, dK/dV and dQ kernels
   int s, b, hq, hkv, group;
   int64_t q_stride, k_stride;  // elements between consecutive positions of one head
-  float scale;                 // softmax_scale
-  float scale_log2;            // softmax_scale * log2(e)
+  AttentionBounds mask;
+  int diag;          // causal: key j is masked for query i when j > i + diag (causal_diagonal)
+  float scale;       // softmax_scale
+  float scale_log2;  // softmax_scale * log2(e)
 };
 
 // ---- shared-memory tiles ----------------------------------------------------------------------
@@ -320,7 +332,7 @@ extern __shared__ __align__(128) unsigned char fa_smem[];
 
 // ---- forward ----------------------------------------------------------------------------------
 // Accumulators per thread: O kM * D / 2 floats, scores kM * kBc / 2, m and l 4 kM.
-template <typename T, int D, bool kCausal>
+template <typename T, int D, bool kCausal, bool kLo>
 __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
   using Cfg = FwdCfg<D>;
   constexpr int kM = Cfg::kM, kBr = Cfg::kBr, kBc = Cfg::kBc;
@@ -338,9 +350,26 @@ __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
   const T* k_head = p.k + (static_cast<int64_t>(bi) * p.hkv + hk) * D;
   const T* v_head = p.v + (static_cast<int64_t>(bi) * p.hkv + hk) * D;
 
+  // The key tiles some row of the block sees.
+  const RowRange keys = keys_seen(p.mask, bi, i0, min(p.s, i0 + kBr), p.s);
+  const int jt0 = static_cast<int>(keys.begin) / kBc;
+  const int n_tiles = (static_cast<int>(keys.end) + kBc - 1) / kBc - jt0;
   load_tile_async<kBr, D>(sQ, q_head + i0 * p.q_stride, p.q_stride, p.s - i0);
-  load_tile_async<kBc, D>(sK, k_head, p.k_stride, p.s);
+  if (n_tiles > 0) load_tile_async<kBc, D>(sK, k_head + jt0 * kBc * p.k_stride, p.k_stride, p.s - jt0 * kBc);
   mma::cp_async_commit();
+
+  // kLo: the first key of each of the thread's rows, and of the warp's last row (the largest).
+  int lo_row[kM][2] = {};
+  int warp_lo_max = 0;
+  if constexpr (kLo) {
+#pragma unroll
+    for (int mi = 0; mi < kM; mi++)
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++)
+        lo_row[mi][hf] =
+            static_cast<int>(first_key(p.mask, bi, min(p.s - 1, i0 + warp_row0 + 16 * mi + g + 8 * hf)));
+    warp_lo_max = static_cast<int>(first_key(p.mask, bi, min(p.s - 1, i0 + warp_row0 + 16 * kM - 1)));
+  }
 
   float o[kM][kD8][4];
   zero(o);
@@ -353,10 +382,8 @@ __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
       l[mi][hf] = 0.0f;
     }
 
-  const int key_end = kCausal ? min(p.s, i0 + kBr) : p.s;
-  const int n_tiles = (key_end + kBc - 1) / kBc;
-  for (int jt = 0; jt < n_tiles; jt++) {
-    const int j0 = jt * kBc;
+  for (int it = 0; it < n_tiles; it++) {
+    const int j0 = (jt0 + it) * kBc;
     mma::cp_async_wait<0>();  // K(j) (and, first time, Q) has landed for this thread...
     __syncthreads();          // ...and for all; every warp is also done with V(j - 1)
     load_tile_async<kBc, D>(sV, v_head + j0 * p.k_stride, p.k_stride, p.s - j0);
@@ -370,7 +397,8 @@ __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
     // Online softmax, log2 domain: x = scale log2(e) s, p = exp2(x - m), O and l rescaled by
     // exp2(m_old - m_new). Masked scores are -inf (p = 0). A row with nothing visible yet keeps
     // m = -inf and uses 0 as its reference so that no inf - inf appears.
-    const bool need_mask = j0 + kBc > p.s || (kCausal && j0 + kBc - 1 > i0 + warp_row0);
+    const bool need_mask =
+        j0 + kBc > p.s || (kCausal && j0 + kBc - 1 > i0 + warp_row0 + p.diag) || (kLo && j0 < warp_lo_max);
 #pragma unroll
     for (int mi = 0; mi < kM; mi++) {
 #pragma unroll
@@ -384,7 +412,8 @@ __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
             float x = sc[mi][n][2 * hf + e] * p.scale_log2;
             if (need_mask) {
               const int col = j0 + 8 * n + 2 * t + e;
-              if (col >= p.s || (kCausal && col > row)) x = -INFINITY;
+              if (col >= p.s || (kCausal && col > row + p.diag) || (kLo && col < lo_row[mi][hf]))
+                x = -INFINITY;
             }
             sc[mi][n][2 * hf + e] = x;
             mx = fmaxf(mx, x);
@@ -416,7 +445,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
 
     mma::cp_async_wait<0>();  // V(j) has landed
     __syncthreads();          // for every thread; every warp is also done reading K(j)
-    if (jt + 1 < n_tiles)
+    if (it + 1 < n_tiles)
       load_tile_async<kBc, D>(sK, k_head + (j0 + kBc) * p.k_stride, p.k_stride, p.s - j0 - kBc);
     mma::cp_async_commit();
 
@@ -440,8 +469,10 @@ __global__ void __launch_bounds__(kFaThreads) fa_fwd_kernel(const Args<T> p) {
         p.lse_out[static_cast<int64_t>(bh) * p.s + row] = lt > 0.0f ? m[mi][hf] * kLn2 + logf(lt) : -INFINITY;
     }
   // The warp's rows of sQ are read by this warp only, and it has finished its last Q K^T: reuse
-  // them to stage O for coalesced 16-byte stores.
-  __syncwarp();
+  // them to stage O for coalesced 16-byte stores (once every copy into sQ has landed: a block that
+  // sees no key ran no tile).
+  mma::cp_async_wait<0>();
+  __syncthreads();
   store_acc<T, D, kM>(sQ, warp_row0, o, lane);
   __syncwarp();
   store_rows_global<16 * kM, D>(sQ, warp_row0,
@@ -469,7 +500,7 @@ __global__ void fa_bwd_delta_kernel(const Args<T> p) {
 // Block: 64 keys (j0 ..) of kv head (bi, hk); warp: keys j0 + warp_row0 + (0..15). The transposed
 // score tile sc[0][n] holds keys (g, g + 8) x queries i0 + 8n + (2t, 2t + 1), so the lse and D a
 // lane needs are those of its query columns (from shared memory, per query tile).
-template <typename T, int D, bool kCausal>
+template <typename T, int D, bool kCausal, bool kLo>
 __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p) {
   using Cfg = DkdvCfg<D>;
   constexpr int kBc = Cfg::kBc, kBrQ = Cfg::kBrQ;
@@ -481,6 +512,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
   T* sdO = sQ + 2 * kBrQ * D;                                // [2][kBrQ][D]
   float* sL = reinterpret_cast<float*>(sdO + 2 * kBrQ * D);  // [2][kBrQ] lse * log2(e) (+inf past s)
   float* sD = sL + 2 * kBrQ;                                 // [2][kBrQ] D (0 past s)
+  int* sLo = reinterpret_cast<int*>(sD + 2 * kBrQ);          // [2][kBrQ] kLo: first key (INT_MAX past s)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16;
@@ -488,10 +520,11 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
   const int bi = blockIdx.y / p.hkv, hk = blockIdx.y % p.hkv;
   const int64_t kv_off = (static_cast<int64_t>(bi) * p.hkv + hk) * D;
 
-  // Causal: query tiles that end before j0 see none of these keys.
-  const int q_tile0 = kCausal ? j0 / kBrQ : 0;
-  const int n_q = (p.s + kBrQ - 1) / kBrQ - q_tile0;  // query tiles per head (>= 1 since j0 < s)
-  const int total = p.group * n_q;                    // over the group's query heads
+  // The query tiles with a row that sees one of these keys (none: dK = dV = 0).
+  const RowRange rows = queries_seeing(p.mask, bi, j0, min(p.s, j0 + kBc), p.s);
+  const int q_tile0 = static_cast<int>(rows.begin) / kBrQ;
+  const int n_q = (static_cast<int>(rows.end) + kBrQ - 1) / kBrQ - q_tile0;  // query tiles per head
+  const int total = n_q > 0 ? p.group * n_q : 0;                             // over the group's heads
 
   // Issues the loads of step `it` (query head, query tile) into buffer `stage`.
   auto prefetch = [&](int it, int stage) {
@@ -507,12 +540,14 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
       const int64_t r = (static_cast<int64_t>(bi) * p.hq + h) * p.s + i;
       sL[stage * kBrQ + threadIdx.x] = i < p.s ? p.lse[r] * kLog2e : INFINITY;
       sD[stage * kBrQ + threadIdx.x] = i < p.s ? p.delta[r] : 0.0f;
+      if constexpr (kLo)
+        sLo[stage * kBrQ + threadIdx.x] = i < p.s ? static_cast<int>(first_key(p.mask, bi, i)) : INT_MAX;
     }
   };
 
   load_tile_async<kBc, D>(sK, p.k + kv_off + j0 * p.k_stride, p.k_stride, p.s - j0);
   load_tile_async<kBc, D>(sV, p.v + kv_off + j0 * p.k_stride, p.k_stride, p.s - j0);
-  prefetch(0, 0);
+  if (total > 0) prefetch(0, 0);
   mma::cp_async_commit();
 
   float dk[1][kD8][4], dv[1][kD8][4];
@@ -530,6 +565,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
     const T* tdO = sdO + st * kBrQ * D;
     const float* tL = sL + st * kBrQ;
     const float* tD = sD + st * kBrQ;
+    const int* tLo = sLo + st * kBrQ;
 
     float sc[1][kN8][4], dp[1][kN8][4];
     zero(sc);
@@ -539,12 +575,15 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
 
     // P^T = exp2(scale log2e S^T - lse log2e), 0 where masked; dS^T = P^T (dP^T - D) (the
     // softmax_scale factor of dS is applied to dK at the end).
-    const bool need_mask = i0 + kBrQ > p.s || j0 + kBc > p.s || (kCausal && key_lo + 15 > i0);
+    const bool need_mask = i0 + kBrQ > p.s || j0 + kBc > p.s || (kCausal && key_lo + 15 > i0 + p.diag) ||
+                           (kLo && key_lo < tLo[kBrQ - 1]);
 #pragma unroll
     for (int n = 0; n < kN8; n++) {
       const int cq = 8 * n + 2 * t;  // query column (within the tile) of e = 0
       const float2 lq = *reinterpret_cast<const float2*>(tL + cq);
       const float2 dd = *reinterpret_cast<const float2*>(tD + cq);
+      int2 lq0 = make_int2(0, 0);
+      if constexpr (kLo) lq0 = *reinterpret_cast<const int2*>(tLo + cq);
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) {
         const int key = key_lo + g + 8 * hf;
@@ -553,7 +592,8 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
           float pv = exp2f(sc[0][n][2 * hf + e] * p.scale_log2 - (e ? lq.y : lq.x));
           if (need_mask) {
             const int i = i0 + cq + e;
-            if (i >= p.s || key >= p.s || (kCausal && key > i)) pv = 0.0f;
+            if (i >= p.s || key >= p.s || (kCausal && key > i + p.diag) || (kLo && key < (e ? lq0.y : lq0.x)))
+              pv = 0.0f;
           }
           sc[0][n][2 * hf + e] = pv;
           dp[0][n][2 * hf + e] = pv * (dp[0][n][2 * hf + e] - (e ? dd.y : dd.x));
@@ -569,6 +609,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
     __syncthreads();  // buffer st is refilled by the next step's prefetch
   }
   mma::cp_async_wait<0>();
+  __syncthreads();  // with no query tile, the K and V copies have only now landed for every thread
 
 #pragma unroll
   for (int n = 0; n < kD8; n++)
@@ -587,7 +628,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dkdv_kernel(const Args<T> p
 // ---- backward: dQ -----------------------------------------------------------------------------
 // Block: 64 query rows (i0 ..) of head (bi, h); warp: rows i0 + warp_row0 + (0..15), with lse and
 // D of its rows g, g + 8 in registers.
-template <typename T, int D, bool kCausal>
+template <typename T, int D, bool kCausal, bool kLo>
 __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) {
   using Cfg = DqCfg<D>;
   constexpr int kBr = Cfg::kBr, kBc = Cfg::kBc;
@@ -611,8 +652,21 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) 
     load_tile_async<kBc, D>(sK + stage * kBc * D, p.k + kv_off + j0 * p.k_stride, p.k_stride, p.s - j0);
     load_tile_async<kBc, D>(sV + stage * kBc * D, p.v + kv_off + j0 * p.k_stride, p.k_stride, p.s - j0);
   };
-  prefetch(0, 0);
+  // The key tiles some row of the block sees.
+  const RowRange keys = keys_seen(p.mask, bi, i0, min(p.s, i0 + kBr), p.s);
+  const int jt0 = static_cast<int>(keys.begin) / kBc;
+  const int n_tiles = (static_cast<int>(keys.end) + kBc - 1) / kBc - jt0;
+  if (n_tiles > 0) prefetch(jt0, 0);
   mma::cp_async_commit();
+
+  int lo_row[2] = {0, 0};  // kLo: the first key of rows g, g + 8, and of the warp's last row
+  int warp_lo_max = 0;
+  if constexpr (kLo) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+      lo_row[hf] = static_cast<int>(first_key(p.mask, bi, min(p.s - 1, i0 + warp_row0 + g + 8 * hf)));
+    warp_lo_max = static_cast<int>(first_key(p.mask, bi, min(p.s - 1, i0 + warp_row0 + 15)));
+  }
 
   float lse2[2], dlt[2];  // rows g, g + 8: lse log2(e) (+inf past s: P = 0) and D
 #pragma unroll
@@ -624,11 +678,9 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) 
 
   float dqa[1][kD8][4];
   zero(dqa);
-  const int key_end = kCausal ? min(p.s, i0 + kBr) : p.s;
-  const int n_tiles = (key_end + kBc - 1) / kBc;
-  for (int jt = 0; jt < n_tiles; jt++) {
-    const int st = jt & 1, j0 = jt * kBc;
-    if (jt + 1 < n_tiles) prefetch(jt + 1, st ^ 1);
+  for (int it = 0; it < n_tiles; it++) {
+    const int st = it & 1, j0 = (jt0 + it) * kBc;
+    if (it + 1 < n_tiles) prefetch(jt0 + it + 1, st ^ 1);
     mma::cp_async_commit();
     mma::cp_async_wait<1>();
     __syncthreads();
@@ -641,7 +693,8 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) 
     warp_gemm_nt<T, D, 1, kN8>(sc, sQ, warp_row0, tK, 0, lane);   // S = Q K^T
     warp_gemm_nt<T, D, 1, kN8>(dp, sdO, warp_row0, tV, 0, lane);  // dP = dO V^T
 
-    const bool need_mask = j0 + kBc > p.s || (kCausal && j0 + kBc - 1 > i0 + warp_row0);
+    const bool need_mask =
+        j0 + kBc > p.s || (kCausal && j0 + kBc - 1 > i0 + warp_row0 + p.diag) || (kLo && j0 < warp_lo_max);
 #pragma unroll
     for (int n = 0; n < kN8; n++)
 #pragma unroll
@@ -652,7 +705,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) 
           float pv = exp2f(sc[0][n][2 * hf + e] * p.scale_log2 - lse2[hf]);
           if (need_mask) {
             const int col = j0 + 8 * n + 2 * t + e;
-            if (col >= p.s || (kCausal && col > row)) pv = 0.0f;
+            if (col >= p.s || (kCausal && col > row + p.diag) || (kLo && col < lo_row[hf])) pv = 0.0f;
           }
           dp[0][n][2 * hf + e] = pv * (dp[0][n][2 * hf + e] - dlt[hf]);  // dS (unscaled)
         }
@@ -664,6 +717,7 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) 
     __syncthreads();  // buffer st is refilled by the next step's prefetch
   }
   mma::cp_async_wait<0>();
+  __syncthreads();  // with no key tile, the Q and dO copies have only now landed for every thread
 
 #pragma unroll
   for (int n = 0; n < kD8; n++)
@@ -680,8 +734,9 @@ __global__ void __launch_bounds__(kFaThreads) fa_bwd_dq_kernel(const Args<T> p) 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 template <typename T>
-Args<T> make_args(const AttentionShape& sh, bool causal, float scale) {
-  (void)causal;
+Args<T> make_args(const AttentionShape& sh, const AttentionBounds& mask, float scale) {
+  const char* why = attention_bounds_error(mask);
+  if (why != nullptr) throw_error(__FILE__, __LINE__, why);
   CUDA_OPS_REQUIRE(
       sh.d == 64 || sh.d == 128,
       "flash_attention (tensor cores): head dimension must be 64 or 128, got " + std::to_string(sh.d));
@@ -697,6 +752,8 @@ Args<T> make_args(const AttentionShape& sh, bool causal, float scale) {
   a.group = a.hq / a.hkv;
   a.q_stride = sh.b * sh.hq * sh.d;
   a.k_stride = sh.b * sh.hkv * sh.d;
+  a.mask = mask;
+  a.diag = static_cast<int>(causal_diagonal(mask, sh.s));
   a.scale = scale;
   a.scale_log2 = scale * kLog2e;
   return a;
@@ -723,14 +780,14 @@ void launch(Kernel kernel, dim3 grid, std::size_t smem, cudaStream_t stream, con
 
 unsigned blocks_of(int s, int rows) { return static_cast<unsigned>((s + rows - 1) / rows); }
 
-template <typename T, int D, bool kCausal>
+template <typename T, int D, bool kCausal, bool kLo>
 void forward_d(const Args<T>& a, cudaStream_t stream) {
   using Cfg = FwdCfg<D>;
-  launch(fa_fwd_kernel<T, D, kCausal>, dim3(blocks_of(a.s, Cfg::kBr), static_cast<unsigned>(a.b * a.hq)),
+  launch(fa_fwd_kernel<T, D, kCausal, kLo>, dim3(blocks_of(a.s, Cfg::kBr), static_cast<unsigned>(a.b * a.hq)),
          Cfg::kSmem, stream, a);
 }
 
-template <typename T, int D, bool kCausal>
+template <typename T, int D, bool kCausal, bool kLo>
 void backward_d(Args<T> a, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.b) * a.hq * a.s;
   cuda::detail::Scratch delta(static_cast<std::size_t>(rows) * sizeof(float), stream);
@@ -738,17 +795,36 @@ void backward_d(Args<T> a, cudaStream_t stream) {
   a.delta = delta.as<float>();
   fa_bwd_delta_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(a);
   CUDA_OPS_LAUNCHED();
-  launch(fa_bwd_dkdv_kernel<T, D, kCausal>,
+  launch(fa_bwd_dkdv_kernel<T, D, kCausal, kLo>,
          dim3(blocks_of(a.s, DkdvCfg<D>::kBc), static_cast<unsigned>(a.b * a.hkv)), DkdvCfg<D>::kSmem, stream,
          a);
-  launch(fa_bwd_dq_kernel<T, D, kCausal>,
+  launch(fa_bwd_dq_kernel<T, D, kCausal, kLo>,
          dim3(blocks_of(a.s, DqCfg<D>::kBr), static_cast<unsigned>(a.b * a.hq)), DqCfg<D>::kSmem, stream, a);
 }
 
+// Calls f(D, kCausal, kLo) with the instantiation for the head dim and the mask: no mask, causal
+// only, or causal with a window or documents.
+template <int D, typename F>
+void with_mask_kind(const AttentionBounds& mask, F&& f) {
+  if (!mask.causal)
+    f(std::integral_constant<int, D>{}, std::false_type{}, std::false_type{});
+  else if (mask.plain())
+    f(std::integral_constant<int, D>{}, std::true_type{}, std::false_type{});
+  else
+    f(std::integral_constant<int, D>{}, std::true_type{}, std::true_type{});
+}
+template <typename F>
+void with_instance(int64_t d, const AttentionBounds& mask, F&& f) {
+  if (d == 64)
+    with_mask_kind<64>(mask, f);
+  else
+    with_mask_kind<128>(mask, f);
+}
+
 template <typename T>
-void forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionShape& shape, bool causal,
-             float softmax_scale, void* stream) {
-  Args<T> a = make_args<T>(shape, causal, softmax_scale);
+void forward(const T* q, const T* k, const T* v, T* out, float* lse, const AttentionShape& shape,
+             const AttentionBounds& mask, float softmax_scale, void* stream) {
+  Args<T> a = make_args<T>(shape, mask, softmax_scale);
   require_aligned({q, k, v, out});
   if (a.s == 0 || a.b == 0 || a.hq == 0) return;
   a.q = q;
@@ -757,16 +833,16 @@ void forward(const T* q, const T* k, const T* v, T* out, float* lse, const Atten
   a.o = out;
   a.lse_out = lse;
   const auto cs = static_cast<cudaStream_t>(stream);
-  if (shape.d == 64)
-    causal ? forward_d<T, 64, true>(a, cs) : forward_d<T, 64, false>(a, cs);
-  else
-    causal ? forward_d<T, 128, true>(a, cs) : forward_d<T, 128, false>(a, cs);
+  with_instance(shape.d, mask, [&](auto d, auto causal, auto lo) {
+    forward_d<T, decltype(d)::value, decltype(causal)::value, decltype(lo)::value>(a, cs);
+  });
 }
 
 template <typename T>
 void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse, T* dq, T* dk,
-              T* dv, const AttentionShape& shape, bool causal, float softmax_scale, void* stream) {
-  Args<T> a = make_args<T>(shape, causal, softmax_scale);
+              T* dv, const AttentionShape& shape, const AttentionBounds& mask, float softmax_scale,
+              void* stream) {
+  Args<T> a = make_args<T>(shape, mask, softmax_scale);
   require_aligned({dout, q, k, v, out, dq, dk, dv});
   if (a.s == 0 || a.b == 0 || a.hq == 0) return;
   a.q = q;
@@ -779,10 +855,9 @@ void backward(const T* dout, const T* q, const T* k, const T* v, const T* out, c
   a.dk = dk;
   a.dv = dv;
   const auto cs = static_cast<cudaStream_t>(stream);
-  if (shape.d == 64)
-    causal ? backward_d<T, 64, true>(a, cs) : backward_d<T, 64, false>(a, cs);
-  else
-    causal ? backward_d<T, 128, true>(a, cs) : backward_d<T, 128, false>(a, cs);
+  with_instance(shape.d, mask, [&](auto d, auto causal, auto lo) {
+    backward_d<T, decltype(d)::value, decltype(causal)::value, decltype(lo)::value>(a, cs);
+  });
 }
 
 template <typename To, typename From>
@@ -799,34 +874,34 @@ To* as(From* p) {
 static_assert(sizeof(bf16) == sizeof(__nv_bfloat16) && sizeof(f16) == sizeof(__half), "16-bit storage types");
 
 void flash_attention_forward_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                                  const AttentionShape& shape, bool causal, float softmax_scale,
-                                  void* stream) {
+                                  const AttentionShape& shape, const AttentionBounds& mask,
+                                  float softmax_scale, void* stream) {
   forward<__nv_bfloat16>(as<__nv_bfloat16>(q), as<__nv_bfloat16>(k), as<__nv_bfloat16>(v),
-                         as<__nv_bfloat16>(out), lse, shape, causal, softmax_scale, stream);
+                         as<__nv_bfloat16>(out), lse, shape, mask, softmax_scale, stream);
 }
 
 void flash_attention_forward_f16(const f16* q, const f16* k, const f16* v, f16* out, float* lse,
-                                 const AttentionShape& shape, bool causal, float softmax_scale,
-                                 void* stream) {
-  forward<__half>(as<__half>(q), as<__half>(k), as<__half>(v), as<__half>(out), lse, shape, causal,
+                                 const AttentionShape& shape, const AttentionBounds& mask,
+                                 float softmax_scale, void* stream) {
+  forward<__half>(as<__half>(q), as<__half>(k), as<__half>(v), as<__half>(out), lse, shape, mask,
                   softmax_scale, stream);
 }
 
 void flash_attention_backward_bf16(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                                    const bf16* out, const float* lse, bf16* dq, bf16* dk, bf16* dv,
-                                   const AttentionShape& shape, bool causal, float softmax_scale,
-                                   void* stream) {
+                                   const AttentionShape& shape, const AttentionBounds& mask,
+                                   float softmax_scale, void* stream) {
   using B = __nv_bfloat16;
   backward<B>(as<B>(dout), as<B>(q), as<B>(k), as<B>(v), as<B>(out), lse, as<B>(dq), as<B>(dk), as<B>(dv),
-              shape, causal, softmax_scale, stream);
+              shape, mask, softmax_scale, stream);
 }
 
 void flash_attention_backward_f16(const f16* dout, const f16* q, const f16* k, const f16* v, const f16* out,
                                   const float* lse, f16* dq, f16* dk, f16* dv, const AttentionShape& shape,
-                                  bool causal, float softmax_scale, void* stream) {
+                                  const AttentionBounds& mask, float softmax_scale, void* stream) {
   using H = __half;
   backward<H>(as<H>(dout), as<H>(q), as<H>(k), as<H>(v), as<H>(out), lse, as<H>(dq), as<H>(dk), as<H>(dv),
-              shape, causal, softmax_scale, stream);
+              shape, mask, softmax_scale, stream);
 }
 
 }  // namespace parallel::kernels

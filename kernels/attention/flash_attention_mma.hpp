@@ -7,7 +7,10 @@
 //   q, out, dout, dq  [s, b, hq, d]      k, v, dk, dv  [s, b, hkv, d]      lse  [b, hq, s] fp32
 // Query head h reads kv head h / (hq / hkv) (grouped-query attention; hq % hkv == 0). lse is the
 // natural log-sum-exp of each query row's scaled scores softmax_scale * q.k, saved by the forward
-// for the backward. Causal masking is top-left aligned (key j is visible to query i iff j <= i).
+// for the backward. `mask` (parallel/attention_mask.hpp, doc_start in device memory) says which
+// keys each query row sees: one contiguous range per row (attention_tiles.hpp); key tiles outside a
+// query tile's ranges are skipped, and so are query tiles that see none of a key tile in the dK/dV
+// pass. A row that sees no key gets out = 0 and lse = -inf.
 // out, dq, dk, dv are written (not accumulated) in the input's 16-bit type, from fp32
 // accumulators; dk, dv sum over the query heads that share them.
 //
@@ -25,18 +28,19 @@
 namespace parallel::kernels {
 
 void flash_attention_forward_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                                  const AttentionShape& shape, bool causal, float softmax_scale,
-                                  void* stream);
+                                  const AttentionShape& shape, const AttentionBounds& mask,
+                                  float softmax_scale, void* stream);
 void flash_attention_forward_f16(const f16* q, const f16* k, const f16* v, f16* out, float* lse,
-                                 const AttentionShape& shape, bool causal, float softmax_scale, void* stream);
+                                 const AttentionShape& shape, const AttentionBounds& mask,
+                                 float softmax_scale, void* stream);
 
-// out and lse are the forward's outputs for the same q, k, v, causal and softmax_scale.
+// out and lse are the forward's outputs for the same q, k, v, mask and softmax_scale.
 void flash_attention_backward_bf16(const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                                    const bf16* out, const float* lse, bf16* dq, bf16* dk, bf16* dv,
-                                   const AttentionShape& shape, bool causal, float softmax_scale,
-                                   void* stream);
+                                   const AttentionShape& shape, const AttentionBounds& mask,
+                                   float softmax_scale, void* stream);
 void flash_attention_backward_f16(const f16* dout, const f16* q, const f16* k, const f16* v, const f16* out,
                                   const float* lse, f16* dq, f16* dk, f16* dv, const AttentionShape& shape,
-                                  bool causal, float softmax_scale, void* stream);
+                                  const AttentionBounds& mask, float softmax_scale, void* stream);
 
 }  // namespace parallel::kernels

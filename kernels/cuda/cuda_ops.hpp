@@ -26,6 +26,7 @@
 #include "../../src/cuda/cuda_check.hpp"
 #include "../attention/attention_launch.hpp"
 #include "../attention/attention_plain_ops.hpp"
+#include "../attention/attention_tiles.hpp"
 #include "../attention/flash_attention_mma.hpp"
 #include "../gemm/gemm.hpp"
 #include "convert.hpp"
@@ -225,45 +226,52 @@ inline bool use_attention_mma(const Tensor& q, const Tensor& k, std::initializer
 }
 
 // q, k, v, out of one dtype (fp32, bf16, fp16); lse fp32. Head dimension d <= 256 in fp32; the
-// backward's shared-memory tiles need d <= 128 on sm_80.
+// backward's shared-memory tiles need d <= 128 on sm_80. `mask` (parallel/attention_mask.hpp) says
+// which keys each query row sees; its doc_start, when set, is int32 memory on q's GPU. Every path
+// applies it (a row that sees no key: out 0, lse -inf); the flash kernels skip the tiles it empties.
+inline void check_attention_mask(const AttentionBounds& mask) {
+  const char* why = kernels::attention_bounds_error(mask);
+  PARALLEL_CHECK(why == nullptr, "CUDA attention: {}", why ? why : "");
+}
 inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                              bool causal, float softmax_scale, Stream stream) {
+                              const AttentionBounds& mask, float softmax_scale, Stream stream) {
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
+  check_attention_mask(mask);
   if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
-    return attention_plain_forward(q, k, v, out, lse, causal, softmax_scale, stream);
+    return attention_plain_forward(q, k, v, out, lse, mask, softmax_scale, stream);
   const kernels::AttentionShape shape = attention_shape(q, k);
   if (use_attention_mma(q, k, {&q, &k, &v, &out})) {
     if (q.dtype() == DType::BF16)
       kernels::flash_attention_forward_bf16(
           static_cast<const bf16*>(q.data_ptr()), static_cast<const bf16*>(k.data_ptr()),
-          static_cast<const bf16*>(v.data_ptr()), static_cast<bf16*>(out.data_ptr()), f(lse), shape, causal,
+          static_cast<const bf16*>(v.data_ptr()), static_cast<bf16*>(out.data_ptr()), f(lse), shape, mask,
           softmax_scale, stream.handle);
     else
       kernels::flash_attention_forward_f16(
           static_cast<const f16*>(q.data_ptr()), static_cast<const f16*>(k.data_ptr()),
-          static_cast<const f16*>(v.data_ptr()), static_cast<f16*>(out.data_ptr()), f(lse), shape, causal,
+          static_cast<const f16*>(v.data_ptr()), static_cast<f16*>(out.data_ptr()), f(lse), shape, mask,
           softmax_scale, stream.handle);
     return;
   }
   if (q.dtype() != DType::F32) {  // 16-bit, but not a problem the tensor-core kernel takes
     const Tensor q32 = widened(q, stream), k32 = widened(k, stream), v32 = widened(v, stream);
     Tensor o32 = Tensor::empty(out.shape(), DType::F32, out.device(), stream);
-    kernels::attention_forward(cf(q32), cf(k32), cf(v32), f(o32), f(lse), shape, causal, softmax_scale,
+    kernels::attention_forward(cf(q32), cf(k32), cf(v32), f(o32), f(lse), shape, mask, softmax_scale,
                                stream.handle);
     narrow_into(out, o32, stream);
     return;
   }
-  kernels::attention_forward(cf(q), cf(k), cf(v), f(out), f(lse), shape, causal, softmax_scale,
-                             stream.handle);
+  kernels::attention_forward(cf(q), cf(k), cf(v), f(out), f(lse), shape, mask, softmax_scale, stream.handle);
 }
 inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
-                               bool causal, float softmax_scale, Stream stream) {
+                               const AttentionBounds& mask, float softmax_scale, Stream stream) {
   using namespace ops_detail;
   DeviceGuard guard(q.device().index);
+  check_attention_mask(mask);
   if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
-    return attention_plain_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream);
+    return attention_plain_backward(dout, q, k, v, out, lse, dq, dk, dv, mask, softmax_scale, stream);
   const kernels::AttentionShape shape = attention_shape(q, k);
   if (use_attention_mma(q, k, {&dout, &q, &k, &v, &out, &dq, &dk, &dv})) {
     if (q.dtype() == DType::BF16)
@@ -271,14 +279,14 @@ inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor
           static_cast<const bf16*>(dout.data_ptr()), static_cast<const bf16*>(q.data_ptr()),
           static_cast<const bf16*>(k.data_ptr()), static_cast<const bf16*>(v.data_ptr()),
           static_cast<const bf16*>(out.data_ptr()), cf(lse), static_cast<bf16*>(dq.data_ptr()),
-          static_cast<bf16*>(dk.data_ptr()), static_cast<bf16*>(dv.data_ptr()), shape, causal, softmax_scale,
+          static_cast<bf16*>(dk.data_ptr()), static_cast<bf16*>(dv.data_ptr()), shape, mask, softmax_scale,
           stream.handle);
     else
       kernels::flash_attention_backward_f16(
           static_cast<const f16*>(dout.data_ptr()), static_cast<const f16*>(q.data_ptr()),
           static_cast<const f16*>(k.data_ptr()), static_cast<const f16*>(v.data_ptr()),
           static_cast<const f16*>(out.data_ptr()), cf(lse), static_cast<f16*>(dq.data_ptr()),
-          static_cast<f16*>(dk.data_ptr()), static_cast<f16*>(dv.data_ptr()), shape, causal, softmax_scale,
+          static_cast<f16*>(dk.data_ptr()), static_cast<f16*>(dv.data_ptr()), shape, mask, softmax_scale,
           stream.handle);
     return;
   }
@@ -289,14 +297,14 @@ inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor
     Tensor dk32 = Tensor::empty(dk.shape(), DType::F32, dk.device(), stream);
     Tensor dv32 = Tensor::empty(dv.shape(), DType::F32, dv.device(), stream);
     kernels::attention_backward(cf(do32), cf(q32), cf(k32), cf(v32), cf(o32), cf(lse), f(dq32), f(dk32),
-                                f(dv32), shape, causal, softmax_scale, stream.handle);
+                                f(dv32), shape, mask, softmax_scale, stream.handle);
     narrow_into(dq, dq32, stream);
     narrow_into(dk, dk32, stream);
     narrow_into(dv, dv32, stream);
     return;
   }
   kernels::attention_backward(cf(dout), cf(q), cf(k), cf(v), cf(out), cf(lse), f(dq), f(dk), f(dv), shape,
-                              causal, softmax_scale, stream.handle);
+                              mask, softmax_scale, stream.handle);
 }
 
 // out_acc, lse_acc, lse_blk fp32; out_blk of the activation dtype, read as stored (no widened copy).

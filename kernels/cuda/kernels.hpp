@@ -7,6 +7,7 @@
 // cuda_ops.hpp); launchers assume them.
 #include <cstdint>
 
+#include "parallel/attention_mask.hpp"
 #include "parallel/dtype.hpp"
 #include "parallel/rope.hpp"
 
@@ -93,15 +94,19 @@ void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float*
               int64_t k, float alpha, float beta, stream_t stream);
 
 // ---- attention/flash_attention.cu ---- q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d];
-// lse [b, hq, s]. d <= 256.
+// lse [b, hq, s]. d <= 256. `mask` (parallel/attention_mask.hpp; doc_start in device memory) says
+// which keys each query row sees; key tiles no row of a query tile sees are skipped (and query
+// tiles none of a key tile's keys are seen by, in the backward's dK/dV pass). A row that sees no
+// key gets out = 0 and lse = -inf.
 struct AttentionShape {
   int64_t s, b, hq, hkv, d;
 };
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
-                       const AttentionShape& shape, bool causal, float softmax_scale, stream_t stream);
+                       const AttentionShape& shape, const AttentionBounds& mask, float softmax_scale,
+                       stream_t stream);
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
                         const float* lse, float* dq, float* dk, float* dv, const AttentionShape& shape,
-                        bool causal, float softmax_scale, stream_t stream);
+                        const AttentionBounds& mask, float softmax_scale, stream_t stream);
 
 // ---- attention_merge.cu ---- out_acc [S, b, h, d] and lse_acc [b, h, S] fp32, in place; out_blk
 // [n, b, h, d] of `dtype`, lse_blk [b, h, n] fp32: the block's rows are rows q0 .. q0 + n - 1 of the

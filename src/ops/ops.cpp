@@ -669,7 +669,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     return meta::record_op("attention_forward", attention_flops(q, k, causal), {&q, &k, &v}, {&out, &lse},
                            attention_workspace(q, k, false));
   if (c.device.is_cuda()) {
-    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, causal, softmax_scale, stream));
+    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, AttentionBounds{causal}, softmax_scale, stream));
   }
   cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
 }
@@ -739,7 +739,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     return meta::record_op("attention_backward", 2.5 * attention_flops(q, k, causal),
                            {&dout, &q, &k, &v, &out, &lse}, {&dq, &dk, &dv}, attention_workspace(q, k, true));
   if (c.device.is_cuda()) {
-    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, stream));
+    PARALLEL_ON_CUDA(
+        attention_backward(dout, q, k, v, out, lse, dq, dk, dv, AttentionBounds{causal}, softmax_scale, stream));
   }
   cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
 }

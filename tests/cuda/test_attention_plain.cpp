@@ -151,20 +151,22 @@ Results run_gpu(Path path, const Case& c, DType type, const std::vector<float>& 
   Tensor out = Tensor::empty(qs, type, dev), lse = Tensor::empty({c.b, c.hq, c.s}, DType::F32, dev);
   Tensor dq = Tensor::empty(qs, type, dev), dk = Tensor::empty(ks, type, dev), dv = Tensor::empty(ks, type, dev);
   if (path == Path::Plain) {
-    cuda::attention_plain_forward(tq, tk, tv, out, lse, c.causal, scale, Stream{});
-    cuda::attention_plain_backward(tdo, tq, tk, tv, out, lse, dq, dk, dv, c.causal, scale, Stream{});
+    cuda::attention_plain_forward(tq, tk, tv, out, lse, AttentionBounds{c.causal}, scale, Stream{});
+    cuda::attention_plain_backward(tdo, tq, tk, tv, out, lse, dq, dk, dv, AttentionBounds{c.causal}, scale,
+                                   Stream{});
   } else {
     const kernels::AttentionShape sh{c.s, c.b, c.hq, c.hkv, c.d};
     auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
     auto h = [](const Tensor& t) { return static_cast<bf16*>(t.data_ptr()); };
     if (type == DType::F32) {
-      kernels::attention_forward(f(tq), f(tk), f(tv), f(out), f(lse), sh, c.causal, scale, nullptr);
-      kernels::attention_backward(f(tdo), f(tq), f(tk), f(tv), f(out), f(lse), f(dq), f(dk), f(dv), sh, c.causal,
-                                  scale, nullptr);
+      kernels::attention_forward(f(tq), f(tk), f(tv), f(out), f(lse), sh, AttentionBounds{c.causal}, scale, nullptr);
+      kernels::attention_backward(f(tdo), f(tq), f(tk), f(tv), f(out), f(lse), f(dq), f(dk), f(dv), sh,
+                                  AttentionBounds{c.causal}, scale, nullptr);
     } else {
-      kernels::flash_attention_forward_bf16(h(tq), h(tk), h(tv), h(out), f(lse), sh, c.causal, scale, nullptr);
+      kernels::flash_attention_forward_bf16(h(tq), h(tk), h(tv), h(out), f(lse), sh, AttentionBounds{c.causal},
+                                            scale, nullptr);
       kernels::flash_attention_backward_bf16(h(tdo), h(tq), h(tk), h(tv), h(out), f(lse), h(dq), h(dk), h(dv), sh,
-                                             c.causal, scale, nullptr);
+                                             AttentionBounds{c.causal}, scale, nullptr);
     }
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

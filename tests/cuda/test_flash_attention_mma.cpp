@@ -148,11 +148,13 @@ void fa_forward(DType type, const Tensor& q, const Tensor& k, const Tensor& v, T
   if (type == DType::BF16)
     kernels::flash_attention_forward_bf16(static_cast<const bf16*>(ptr(q)), static_cast<const bf16*>(ptr(k)),
                                           static_cast<const bf16*>(ptr(v)), static_cast<bf16*>(ptr(out)),
-                                          static_cast<float*>(ptr(lse)), sh, causal, scale, nullptr);
+                                          static_cast<float*>(ptr(lse)), sh, AttentionBounds{causal}, scale,
+                                          nullptr);
   else
     kernels::flash_attention_forward_f16(static_cast<const f16*>(ptr(q)), static_cast<const f16*>(ptr(k)),
                                          static_cast<const f16*>(ptr(v)), static_cast<f16*>(ptr(out)),
-                                         static_cast<float*>(ptr(lse)), sh, causal, scale, nullptr);
+                                         static_cast<float*>(ptr(lse)), sh, AttentionBounds{causal}, scale,
+                                         nullptr);
 }
 
 void fa_backward(DType type, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -163,13 +165,14 @@ void fa_backward(DType type, const Tensor& dout, const Tensor& q, const Tensor& 
         static_cast<const bf16*>(ptr(dout)), static_cast<const bf16*>(ptr(q)),
         static_cast<const bf16*>(ptr(k)), static_cast<const bf16*>(ptr(v)),
         static_cast<const bf16*>(ptr(out)), static_cast<const float*>(ptr(lse)), static_cast<bf16*>(ptr(dq)),
-        static_cast<bf16*>(ptr(dk)), static_cast<bf16*>(ptr(dv)), sh, causal, scale, nullptr);
+        static_cast<bf16*>(ptr(dk)), static_cast<bf16*>(ptr(dv)), sh, AttentionBounds{causal}, scale,
+        nullptr);
   else
     kernels::flash_attention_backward_f16(
         static_cast<const f16*>(ptr(dout)), static_cast<const f16*>(ptr(q)), static_cast<const f16*>(ptr(k)),
         static_cast<const f16*>(ptr(v)), static_cast<const f16*>(ptr(out)),
         static_cast<const float*>(ptr(lse)), static_cast<f16*>(ptr(dq)), static_cast<f16*>(ptr(dk)),
-        static_cast<f16*>(ptr(dv)), sh, causal, scale, nullptr);
+        static_cast<f16*>(ptr(dv)), sh, AttentionBounds{causal}, scale, nullptr);
 }
 
 std::vector<float> host(const Tensor& t) { return t.to(Device::cpu()).to_float_vector(); }
@@ -218,9 +221,10 @@ void run_case(const Case& c, DType type) {
   Tensor dq32 = Tensor::empty(qs, DType::F32, dev), dk32 = Tensor::empty(ks, DType::F32, dev),
          dv32 = Tensor::empty(ks, DType::F32, dev);
   auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
-  kernels::attention_forward(f(q32), f(k32), f(v32), f(out32), f(lse32), sh, c.causal, scale, nullptr);
+  kernels::attention_forward(f(q32), f(k32), f(v32), f(out32), f(lse32), sh, AttentionBounds{c.causal}, scale,
+                             nullptr);
   kernels::attention_backward(f(do32), f(q32), f(k32), f(v32), f(out32), f(lse32), f(dq32), f(dk32), f(dv32),
-                              sh, c.causal, scale, nullptr);
+                              sh, AttentionBounds{c.causal}, scale, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   expect_close("out vs fp32 kernel", compare(got_out, host(out32)), tol.out_max, tol.out_rms);
   EXPECT_LT(compare(got_lse, host(lse32)).max_abs, tol.lse_abs) << "lse vs fp32 kernel";
@@ -290,25 +294,25 @@ TEST(FlashAttentionMma, BackwardIsDeterministic) {
 // Validation happens before any CUDA call, so this runs without a GPU too.
 TEST(FlashAttentionMma, RejectsUnsupportedShapes) {
   const float scale = 0.1f;
-  EXPECT_THROW(
-      kernels::flash_attention_forward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr,
-                                            kernels::AttentionShape{64, 1, 2, 2, 96}, false, scale, nullptr),
-      Error);
-  EXPECT_THROW(
-      kernels::flash_attention_forward_f16(nullptr, nullptr, nullptr, nullptr, nullptr,
-                                           kernels::AttentionShape{64, 1, 2, 2, 256}, true, scale, nullptr),
-      Error);
+  EXPECT_THROW(kernels::flash_attention_forward_bf16(nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                     kernels::AttentionShape{64, 1, 2, 2, 96},
+                                                     AttentionBounds{false}, scale, nullptr),
+               Error);
+  EXPECT_THROW(kernels::flash_attention_forward_f16(nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                    kernels::AttentionShape{64, 1, 2, 2, 256},
+                                                    AttentionBounds{}, scale, nullptr),
+               Error);
   EXPECT_THROW(kernels::flash_attention_backward_bf16(
                    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                   kernels::AttentionShape{64, 1, 3, 2, 64}, false, scale, nullptr),
+                   kernels::AttentionShape{64, 1, 3, 2, 64}, AttentionBounds{false}, scale, nullptr),
                Error);
   // A misaligned pointer (cp.async and the 16-byte stores need 16-byte alignment).
   alignas(16) static uint16_t dummy[16];
   const auto* odd = reinterpret_cast<const bf16*>(dummy + 1);
-  EXPECT_THROW(
-      kernels::flash_attention_forward_bf16(odd, odd, odd, nullptr, nullptr,
-                                            kernels::AttentionShape{64, 1, 2, 2, 64}, false, scale, nullptr),
-      Error);
+  EXPECT_THROW(kernels::flash_attention_forward_bf16(odd, odd, odd, nullptr, nullptr,
+                                                     kernels::AttentionShape{64, 1, 2, 2, 64},
+                                                     AttentionBounds{false}, scale, nullptr),
+               Error);
 }
 
 }  // namespace
