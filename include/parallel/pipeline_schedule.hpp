@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "parallel/config.hpp"  // PipelineSchedule
@@ -104,6 +105,9 @@ Schedule forward_only(const ScheduleParams& s);
 Schedule make_schedule(const ScheduleParams& s);
 // "auto", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v": the config's spelling.
 const char* schedule_name(PipelineSchedule kind);
+// The inverse, for programs that pick the schedule by name from their own flags (the trainer reads
+// it from parallel.pipeline_schedule). Throws parallel::ConfigError naming the accepted spellings.
+PipelineSchedule schedule_from_name(std::string_view name);
 
 // Megatron's warm-up counts: 1F1B min(p - r - 1, m); interleaved min((p - r - 1) * 2 + (v - 1) * p,
 // m * v), and all m * v when m == p.

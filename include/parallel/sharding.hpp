@@ -13,10 +13,18 @@
 // weights 4 under low precision. Bucket padding (at most lcm(d, 128) elements per bucket) and the
 // gathered or unsharded working buffers of a step in progress are not included: this is the
 // steady state between steps. Memory planners call this; test_optimizer_memory measures it.
+#include <string_view>
+
 #include "parallel/config.hpp"
 #include "parallel/dtype.hpp"
 
 namespace parallel {
+
+// "none", "optim", "optim_grads", "optim_grads_params": optimizer.sharding's spelling.
+const char* sharding_name(Sharding sharding);
+// The inverse, for programs that take the mode from their own flags. Throws parallel::ConfigError
+// naming the accepted spellings.
+Sharding sharding_from_name(std::string_view name);
 
 constexpr double zero_bytes_per_parameter(Sharding sharding, Precision precision, int shard_ranks) {
   const double d = shard_ranks < 1 ? 1.0 : static_cast<double>(shard_ranks);

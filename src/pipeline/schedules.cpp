@@ -382,6 +382,20 @@ const char* schedule_name(PipelineSchedule kind) {
   return "?";
 }
 
+PipelineSchedule schedule_from_name(std::string_view name) {
+  constexpr PipelineSchedule kAll[] = {PipelineSchedule::Auto,         PipelineSchedule::GPipe,
+                                       PipelineSchedule::OneFOneB,     PipelineSchedule::Interleaved,
+                                       PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV,
+                                       PipelineSchedule::DualPipeV};
+  std::string names;
+  for (PipelineSchedule kind : kAll) {
+    if (name == schedule_name(kind)) return kind;
+    names += names.empty() ? "" : ", ";
+    names += schedule_name(kind);
+  }
+  throw ConfigError(fmt::format("unknown pipeline schedule '{}' (expected one of {})", name, names));
+}
+
 int warmup_steps(const ScheduleParams& s) {
   if (s.virtual_stages > 1) {
     check_interleaved(s);

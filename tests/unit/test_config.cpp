@@ -15,6 +15,8 @@
 
 #include "parallel/config.hpp"
 #include "parallel/error.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "parallel/sharding.hpp"
 #include "paths.hpp"
 
 namespace parallel {
@@ -889,6 +891,47 @@ TEST(ConfigErrors, DerivedSizesThatOverflowAreRefused) {
                       "parallel.last_stage_layers=2147483647"},
                      3),
       HasSubstr("the remaining layers (-4294967293) must split evenly over the other stages (1)"));
+}
+
+// The names programs take from their own flags (schedule_from_name, sharding_from_name) are the
+// config's spellings, every one of them, and the inverse of the name functions.
+TEST(ConfigNames, ScheduleAndShardingNamesAreTheConfigs) {
+  for (PipelineSchedule kind : {PipelineSchedule::Auto, PipelineSchedule::GPipe, PipelineSchedule::OneFOneB,
+                                PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1,
+                                PipelineSchedule::ZeroBubbleV, PipelineSchedule::DualPipeV}) {
+    const std::string name = pipeline::schedule_name(kind);
+    EXPECT_EQ(pipeline::schedule_from_name(name), kind) << name;
+    // Interleaving and the V schedules need two stages per rank: give them a layout that fits.
+    const bool v = kind == PipelineSchedule::Interleaved || kind == PipelineSchedule::ZeroBubbleV ||
+                   kind == PipelineSchedule::DualPipeV;
+    const std::string yaml = "parallel:\n  pipeline_schedule: " + name + "\n" +
+                             (v ? "  pipeline: 2\n  virtual_stages: 2\nmodel:\n  num_layers: 4\n" : "");
+    Config c;
+    EXPECT_NO_THROW(c = parse_config(yaml, {}, v ? 2 : 1)) << name;
+    EXPECT_EQ(c.parallel.pipeline_schedule, kind) << name;
+  }
+  for (Sharding mode : {Sharding::None, Sharding::Optim, Sharding::OptimGrads, Sharding::OptimGradsParams}) {
+    const std::string name = sharding_name(mode);
+    EXPECT_EQ(sharding_from_name(name), mode) << name;
+    EXPECT_EQ(parse_config("optimizer:\n  sharding: " + name + "\n", {}, 1).optimizer.sharding, mode) << name;
+  }
+  try {
+    pipeline::schedule_from_name("1F1B");
+    ADD_FAILURE() << "schedule_from_name accepted 1F1B";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "unknown pipeline schedule '1F1B' (expected one of auto, gpipe, 1f1b, interleaved, zb-h1, zb-v, "
+        "dualpipe-v)");
+  }
+  try {
+    sharding_from_name("zero3");
+    ADD_FAILURE() << "sharding_from_name accepted zero3";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "unknown sharding mode 'zero3' (expected one of none, optim, optim_grads, optim_grads_params)");
+  }
 }
 
 }  // namespace
