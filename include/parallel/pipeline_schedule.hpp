@@ -2,7 +2,7 @@
 // Pipeline schedules as data.
 //
 // A schedule is a pure function of (pipeline size p, rank r, micro-batches m, virtual stages v)
-// returning the ordered actions of one rank. The executor (pipeline_executor.hpp) runs the list;
+// returning the ordered actions of one rank. The executor (pipeline.hpp) runs the list;
 // tests simulate the lists of all ranks together to prove them deadlock-free. A new schedule
 // (zero-bubble, DualPipe) is a new function here, nothing else.
 //
