@@ -45,6 +45,13 @@ enum class MoeDispatcher { AllToAll, AllGather };
 // (train.nonfinite_policy) or spikes (train.spike_policy): stop the run, skip the update, or (spikes
 // only) warn and update. docs/configuration.md#training-guards.
 enum class GuardPolicy { Stop, Skip, Warn };
+// optimizer.type: AdamW for every parameter, or Muon for the 2-D hidden weights (attention,
+// MLP, router and expert matrices) with AdamW for the rest (docs/optimizer.md#muon).
+enum class OptimizerType { AdamW, Muon };
+// optimizer.muon_scale: how Muon's orthogonalised update of an [A, B] matrix is scaled before the
+// learning rate: MatchRmsAdamW 0.2 * sqrt(max(A, B)) (Moonlight: the update's RMS matches AdamW's,
+// so AdamW's lr and weight decay carry over), Original sqrt(max(1, A / B)) (Keller Jordan's).
+enum class MuonScale { MatchRmsAdamW, Original };
 
 struct ModelConfig {
   int num_layers = 2;
@@ -130,6 +137,7 @@ struct TrainConfig {
 };
 
 struct OptimizerConfig {
+  OptimizerType type = OptimizerType::AdamW;
   double lr = 3e-4;
   double min_lr = 0.0;
   int warmup_steps = 0;
@@ -150,6 +158,11 @@ struct OptimizerConfig {
   int64_t bucket_size = 0;              // elements; 0: Megatron's default max(40M, 1M * dp)
   double initial_loss_scale = 65536.0;  // fp16 only
   int loss_scale_window = 1000;         // fp16 only
+  // Muon (type muon): torch.optim.Muon's defaults, the scale Moonlight's.
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int muon_ns_steps = 5;
+  MuonScale muon_scale = MuonScale::MatchRmsAdamW;
 };
 
 struct DataConfig {

@@ -287,6 +287,10 @@ double sum_of_squares(const Tensor& x, Stream stream = {});
 // acc[0] += sum of squares of x (x fp32, acc an fp32 [1] tensor on x's device; each tensor's sum is
 // formed in double): the global gradient norm without a host read per tensor.
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream = {});
+// x /= max(||x||_F, eps) in place (x fp32): the Frobenius norm's sum formed in double, rounded to
+// float, then each element divided by it (torch's x.div_(x.norm().clamp(min=eps))). Muon's
+// Newton-Schulz starts from it; no host read, so it runs on a GPU without a sync and on meta.
+void normalize_(Tensor& x, float eps, Stream stream = {});
 
 // ---- optimizer --------------------------------------------------------------------------------
 

@@ -12,6 +12,13 @@
 // Both apply decoupled weight decay only to parameters with >= 2 dimensions (biases and norms
 // are not decayed) and count each gradient element once in the global norm (grad_norm.hpp).
 //
+// optimizer.type muon (either class, any sharding): the parameters muon_parameter() selects get
+// torch.optim.Muon's update instead of AdamW's (docs/optimizer.md#muon), with one fp32 momentum
+// buffer as their state (sharded like AdamW's moments); the others keep AdamW. Newton-Schulz needs
+// the whole matrix: each step, per Muon parameter, the ranks holding pieces of its update (the
+// dp shards, then the tp slices) assemble it, every one of them orthogonalises the whole matrix
+// in fp32, and each keeps its own piece.
+//
 // Precision: fp32 updates the parameters in place. bf16/fp16 keep fp32 main weights in the
 // optimizer and write rounded values back to the model's 16-bit parameters (the DDP buffer's, or -
 // without DDP - the Parameter values themselves), once per step.
@@ -41,6 +48,10 @@ struct OptimizerGroups {
   Communicator* expert_dp = nullptr;
   int tp_rank = 0;
   bool first_pipeline_stage = true;
+  // Muon: the ranks holding the tensor-parallel slices of a dense (tp) or expert (etp) matrix,
+  // gathered before the orthogonalisation. Null: the parameters are whole on this rank.
+  Communicator* tp = nullptr;
+  Communicator* expert_tp = nullptr;
   static OptimizerGroups from(ParallelState& state);
 };
 
@@ -65,25 +76,31 @@ class Optimizer {
   // fp16 only (null otherwise): multiply the loss gradient by loss_scaler()->scale().
   DynamicLossScaler* loss_scaler() { return scaler_.get(); }
   // Bytes of optimizer state this object allocated: fp32 main params (low precision only),
-  // exp_avg and exp_avg_sq.
+  // exp_avg and exp_avg_sq (AdamW's parameters), momentum (Muon's).
   std::size_t state_bytes() const;
   const Tensor& exp_avg() const { return exp_avg_; }
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  const Tensor& main_params() const { return main_; }  // undefined for fp32 (params updated in place)
+  const Tensor& momentum() const { return momentum_; }  // undefined without Muon parameters
+  const Tensor& main_params() const { return main_; }   // undefined for fp32 (params updated in place)
 
   // ---- checkpointing (train_state.hpp) ----
   // One contiguous piece of a parameter's state: elements [param_offset, param_offset + n) of the
   // flattened parameter. The tensors are views into the optimizer's state (writable); `main` is
-  // the parameter itself for fp32.
+  // the parameter itself for fp32. An AdamW parameter has exp_avg and exp_avg_sq, a Muon one
+  // momentum (the others undefined).
   struct StateSlice {
     Parameter* param = nullptr;
     int64_t param_offset = 0;
-    Tensor main, exp_avg, exp_avg_sq;
+    Tensor main, exp_avg, exp_avg_sq, momentum;
+    int64_t numel() const { return main.numel(); }
   };
   std::vector<StateSlice> state_slices() const;
   // The DDPs whose buffers this optimizer updates: the dense replica, then the MoE experts' when
   // there is one; empty for AdamW over plain Parameters.
   virtual std::vector<DataParallel*> data_parallels() { return {}; }
+  // Whether state_slices() may hold Muon momentum: optimizer.type is muon (alike on every rank,
+  // so checkpoint collectives agree even where a rank's shards hold no Muon element).
+  bool uses_muon() const { return config_.type == OptimizerType::Muon; }
   // A resumed run continues the bias correction where it stopped.
   void set_updates(int64_t updates) { updates_ = updates; }
   // Low precision: re-reads the fp32 main params from the low-precision parameters (after new
@@ -95,17 +112,39 @@ class Optimizer {
   // lies in this rank's shard (DistributedOptimizer).
   struct Slot {
     Parameter* param = nullptr;
-    Tensor grad;    // fp32 [n]
-    Tensor main;    // fp32 [n], updated in place (the parameters themselves for fp32)
-    Tensor target;  // [n] low-precision parameters to write back to; undefined: none
-    Tensor exp_avg, exp_avg_sq;
+    Tensor grad;                 // fp32 [n]
+    Tensor main;                 // fp32 [n], updated in place (the parameters themselves for fp32)
+    Tensor target;               // [n] low-precision parameters to write back to; undefined: none
+    Tensor exp_avg, exp_avg_sq;  // AdamW
+    Tensor momentum;             // Muon
+    bool muon = false;
     float weight_decay = 0.0f;
     int64_t param_offset = 0;  // where the range starts in the flattened parameter
   };
+  // A Muon matrix of this optimizer's replicas, whether or not this rank holds a piece of it: the
+  // ranks that do assemble it together, so every rank of `shard` and `tp` takes part.
+  struct MuonMatrix {
+    Parameter* param = nullptr;
+    int64_t local_numel = 0;        // this tp rank's slice, all of it
+    Communicator* shard = nullptr;  // dp ranks holding the slice's pieces; null: one holds it all
+    Communicator* tp = nullptr;     // tp ranks holding the slices; null: the slice is the matrix
+    int slot = -1;                  // this rank's piece (slots_), or -1
+    Device device;
+  };
   Optimizer(const OptimizerConfig& config, Precision precision, OptimizerGroups groups, bool sharded);
-  // Allocates main (if needed), exp_avg and exp_avg_sq of `numel` elements.
-  void allocate_state(int64_t numel, bool need_main, Device device);  // on the parameters' device
-  Slot make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target, int64_t state_offset);
+  // Allocates the fp32 main params (if needed) of `numel` elements on the parameters' device.
+  void allocate_state(int64_t numel, bool need_main, Device device);
+  // A slot without its moments; bind_state() gives them once every slot exists.
+  Slot make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target);
+  // Allocates exp_avg and exp_avg_sq for the AdamW slots and momentum for the Muon ones (one flat
+  // tensor each, slot after slot) and points the slots at their ranges.
+  void bind_state(Device device);
+  // Muon: lists the Muon matrices of `params` (in that order, which must be alike on the ranks
+  // of `shard` and of the tp groups) and links them to this rank's slots.
+  void add_muon_matrices(const std::vector<Parameter*>& params,
+                         const std::function<int64_t(Parameter*)>& numel, Communicator* shard, Device device);
+  // Muon's update of every Muon matrix (muon.cpp); collective over each matrix's shard and tp.
+  void muon_update(double lr, float grad_scale);
   // Before anything reads the gradients or writes the parameters (e.g. finish an all-gather still
   // filling the parameter buffer).
   virtual void before_update() {}
@@ -120,10 +159,17 @@ class Optimizer {
   // reduction, also one whose shards hold no expert element.
   bool has_experts_ = false;
   std::vector<Slot> slots_;
-  Tensor main_, exp_avg_, exp_avg_sq_;
+  std::vector<MuonMatrix> muon_;
+  Tensor main_, exp_avg_, exp_avg_sq_, momentum_;
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t updates_ = 0;
 };
+
+// Whether optimizer.type muon updates `p` with Muon: a 2-D hidden weight (attention query, key,
+// value and proj, MLP fc1 / gate / up / fc2, router, each expert's matrices), i.e. 2-D and neither
+// an embedding ("embedding.*"), the output layer ("output.*") nor vocabulary-padded. Everything
+// else (embeddings, output layer, norms, biases) gets AdamW, as in Moonlight and torch.optim.Muon.
+bool muon_parameter(const Parameter& p);
 
 class AdamW : public Optimizer {
  public:

@@ -108,6 +108,7 @@ void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out)
 // ---- reductions (reduce.cpp) ---------------------------------------------------------------
 double sum_of_squares(const Tensor& x);
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc);
+void normalize_(Tensor& x, float eps);
 
 // ---- optimizer (adamw.cpp) -----------------------------------------------------------------
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

@@ -1,5 +1,7 @@
 // Reductions. sum_of_squares feeds the global gradient norm (clip_grad_norm): accumulated in
 // double because a float sum over ~1e8 parameters loses the small contributions entirely.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "cpu/cpu_ops.hpp"
@@ -27,6 +29,15 @@ double sum_of_squares(const Tensor& x) {
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc) {
   float* a = acc.data<float>();
   a[0] = static_cast<float>(static_cast<double>(a[0]) + sum_of_squares(x));
+}
+
+// Muon's Newton-Schulz input: the norm in double (as above), then one division per element.
+void normalize_(Tensor& x, float eps) {
+  const float norm = std::max(static_cast<float>(std::sqrt(sum_of_squares(x))), eps);
+  float* X = x.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; i++) X[i] /= norm;
 }
 
 }  // namespace parallel::cpu

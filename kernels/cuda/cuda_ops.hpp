@@ -406,6 +406,11 @@ inline double sum_of_squares(const Tensor& x, Stream stream) {
   return kernels::sum_of_squares(x.data_ptr(), x.dtype(), x.numel(), stream.handle);
 }
 
+inline void normalize_(Tensor& x, float eps, Stream stream) {
+  DeviceGuard guard(x.device().index);
+  kernels::normalize(static_cast<float*>(x.data_ptr()), x.numel(), eps, stream.handle);
+}
+
 // adamw_step and gemm_cublaslt_bf16 / _f16 / _16 (raw device buffers) are declared in kernels.hpp, and
 // the bf16 / fp16 GEMMs (ours, and the automatic choice) in gemm/gemm.hpp, both included above.
 

@@ -89,6 +89,9 @@ void ce_backward(const void* logits, const int32_t* targets, const float* row_ma
 // ---- reduce.cu ---- synchronises the stream.
 double sum_of_squares(const void* x, DType dtype, int64_t n, stream_t stream);
 
+// ---- normalize.cu ---- x /= max(||x||_F, eps), fp32, no host read.
+void normalize(float* x, int64_t n, float eps, stream_t stream);
+
 // ---- gemm_cublaslt.cu ---- row-major fp32 c[m, n] = alpha op(a) op(b) + beta c, no TF32.
 void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n,
               int64_t k, float alpha, float beta, stream_t stream);

@@ -52,6 +52,8 @@ constexpr std::string_view kPipelineScheduleNames[] = {"auto",  "gpipe", "1f1b",
 constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
 constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
 constexpr std::string_view kGuardPolicyNames[] = {"stop", "skip", "warn"};
+constexpr std::string_view kOptimizerTypeNames[] = {"adamw", "muon"};
+constexpr std::string_view kMuonScaleNames[] = {"match_rms_adamw", "original"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -66,6 +68,8 @@ std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineS
 std::span<const std::string_view> names_of(ContextComm) { return kContextCommNames; }
 std::span<const std::string_view> names_of(MoeDispatcher) { return kMoeDispatcherNames; }
 std::span<const std::string_view> names_of(GuardPolicy) { return kGuardPolicyNames; }
+std::span<const std::string_view> names_of(OptimizerType) { return kOptimizerTypeNames; }
+std::span<const std::string_view> names_of(MuonScale) { return kMuonScaleNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -192,6 +196,8 @@ void for_each_field(S& s, F&& f) {
 template <typename S, typename F>
 requires std::same_as<std::remove_const_t<S>, OptimizerConfig>
 void for_each_field(S& s, F&& f) {
+  f("type", s.type,
+    "adamw, or muon: Muon for 2-D hidden weights, AdamW for embeddings, output layer, norms and biases");
   f("lr", s.lr, "peak learning rate");
   f("min_lr", s.min_lr, "learning rate at the end of the decay");
   f("warmup_steps", s.warmup_steps, "steps of linear warmup from 0 to lr");
@@ -216,6 +222,11 @@ void for_each_field(S& s, F&& f) {
   f("initial_loss_scale", s.initial_loss_scale, "initial dynamic loss scale (fp16 only)");
   f("loss_scale_window", s.loss_scale_window,
     "steps without overflow before the loss scale grows (fp16 only)");
+  f("muon_momentum", s.muon_momentum, "Muon momentum (the buffer's EMA decay, torch.optim.Muon's)");
+  f("muon_nesterov", s.muon_nesterov, "Muon: orthogonalise the Nesterov look-ahead, not the buffer");
+  f("muon_ns_steps", s.muon_ns_steps, "Muon: Newton-Schulz iterations (quintic 3.4445, -4.7750, 2.0315)");
+  f("muon_scale", s.muon_scale,
+    "Muon update scale of an [A, B] matrix: match_rms_adamw 0.2*sqrt(max(A,B)), original sqrt(max(1,A/B))");
 }
 
 template <typename S, typename F>
@@ -924,6 +935,9 @@ void validate_config(Config& c, int world_size) {
   rules.require(o.weight_decay >= 0, o.weight_decay, "must be >= 0");
   rules.require(o.clip_grad >= 0, o.clip_grad, "must be >= 0");
   rules.require(o.initial_loss_scale > 0, o.initial_loss_scale, "must be > 0");
+  rules.in_range(o.muon_momentum, 0.0, 1.0, false);
+  rules.require(o.muon_ns_steps >= 1 && o.muon_ns_steps < 100, o.muon_ns_steps,
+                "must be in [1, 100) (torch.optim.Muon's bound)");
   rules.require(o.warmup_steps <= t.steps, o.warmup_steps,
                 fmt::format("must be <= {} ({})", rules.key(t.steps), t.steps));
   // `distributed: true` is the old spelling of `sharding: optim`; afterwards it says whether

@@ -986,6 +986,15 @@ void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream) {
   cpu::sum_of_squares_accumulate(x, acc);
 }
 
+void normalize_(Tensor& x, float eps, Stream stream) {
+  const Checked k = check_args("normalize_", {{x, "x", Want::F32}});
+  PARALLEL_CHECK(eps > 0.0f, "ops::normalize_: eps {} must be > 0", eps);
+  if (k.device.is_meta())
+    return meta::record_op("normalize_", 3.0 * static_cast<double>(x.numel()), {&x}, {&x});
+  if (k.device.is_cuda()) PARALLEL_ON_CUDA(normalize_(x, eps, stream));
+  cpu::normalize_(x, eps);
+}
+
 // ---- optimizer --------------------------------------------------------------------------------
 
 namespace {

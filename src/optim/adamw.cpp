@@ -1,6 +1,7 @@
 // The optimizer step shared by AdamW and the distributed optimizer (unscale / overflow check, global
 // norm, clip, PyTorch's AdamW update, write-back), and AdamW's set-up over all parameters.
 #include <cmath>
+#include <unordered_map>
 
 #include "parallel/grad_norm.hpp"
 #include "parallel/ops.hpp"
@@ -18,6 +19,8 @@ OptimizerGroups OptimizerGroups::from(ParallelState& state) {
   g.expert_model = &state.expert_model();
   g.expert_dp = &state.edp();
   g.tp_rank = state.coord().tp;
+  g.tp = &state.tp();
+  g.expert_tp = &state.etp();
   g.first_pipeline_stage = state.is_first_stage();
   return g;
 }
@@ -30,29 +33,79 @@ Optimizer::Optimizer(const OptimizerConfig& config, Precision precision, Optimiz
 
 void Optimizer::allocate_state(int64_t numel, bool need_main, Device device) {
   if (need_main) main_ = Tensor::zeros({numel}, DType::F32, device);
-  exp_avg_ = Tensor::zeros({numel}, DType::F32, device);
-  exp_avg_sq_ = Tensor::zeros({numel}, DType::F32, device);
 }
 
 std::size_t Optimizer::state_bytes() const {
-  std::size_t bytes = exp_avg_.nbytes() + exp_avg_sq_.nbytes();
-  if (main_.defined()) bytes += main_.nbytes();
+  std::size_t bytes = 0;
+  for (const Tensor* t : {&main_, &exp_avg_, &exp_avg_sq_, &momentum_})
+    if (t->defined()) bytes += t->nbytes();
   return bytes;
 }
 
-Optimizer::Slot Optimizer::make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target,
-                                     int64_t state_offset) {
+bool muon_parameter(const Parameter& p) {
+  return p.global_shape.size() == 2 && p.unpadded_rows < 0 && !p.name.starts_with("embedding.") &&
+         !p.name.starts_with("output.");
+}
+
+Optimizer::Slot Optimizer::make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target) {
   Slot s;
-  const int64_t n = grad.numel();
   s.param = p;
   s.grad = grad;
   s.main = main;
   s.target = target;
-  s.exp_avg = exp_avg_.narrow(0, state_offset, n);
-  s.exp_avg_sq = exp_avg_sq_.narrow(0, state_offset, n);
+  s.muon = config_.type == OptimizerType::Muon && muon_parameter(*p);
   // Megatron (and GPT practice): no decay for biases and norm weights, i.e. anything 1-D.
   s.weight_decay = p->global_shape.size() >= 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
   return s;
+}
+
+void Optimizer::bind_state(Device device) {
+  int64_t adam = 0, muon = 0;
+  for (const Slot& s : slots_) (s.muon ? muon : adam) += s.grad.numel();
+  // Through the library allocator on the parameters' device (a meta run counts these bytes).
+  exp_avg_ = Tensor::zeros({adam}, DType::F32, device);
+  exp_avg_sq_ = Tensor::zeros({adam}, DType::F32, device);
+  if (config_.type == OptimizerType::Muon) momentum_ = Tensor::zeros({muon}, DType::F32, device);
+  adam = muon = 0;
+  for (Slot& s : slots_) {
+    const int64_t n = s.grad.numel();
+    if (s.muon) {
+      s.momentum = momentum_.narrow(0, muon, n);
+      muon += n;
+    } else {
+      s.exp_avg = exp_avg_.narrow(0, adam, n);
+      s.exp_avg_sq = exp_avg_sq_.narrow(0, adam, n);
+      adam += n;
+    }
+  }
+}
+
+void Optimizer::add_muon_matrices(const std::vector<Parameter*>& params,
+                                  const std::function<int64_t(Parameter*)>& numel, Communicator* shard,
+                                  Device device) {
+  if (config_.type != OptimizerType::Muon) return;
+  std::unordered_map<const Parameter*, int> slot_of;
+  for (std::size_t i = 0; i < slots_.size(); ++i) slot_of.emplace(slots_[i].param, static_cast<int>(i));
+  for (Parameter* p : params) {
+    if (!muon_parameter(*p)) continue;
+    MuonMatrix m;
+    m.param = p;
+    m.device = device;
+    m.local_numel = numel(p);
+    m.shard = shard != nullptr && shard->size() > 1 ? shard : nullptr;
+    Communicator* tp = p->expert ? groups_.expert_tp : groups_.tp;
+    const int64_t whole = p->global_shape[0] * p->global_shape[1];
+    if (p->partition_dim >= 0 && m.local_numel != whole) {
+      PARALLEL_CHECK(tp != nullptr && tp->size() > 1 && m.local_numel * tp->size() == whole,
+                     "Muon: {} holds {} of its {} elements here; it needs the tensor-parallel group its "
+                     "slices are split over (OptimizerGroups::{})",
+                     p->name, m.local_numel, whole, p->expert ? "expert_tp" : "tp");
+      m.tp = tp;
+    }
+    auto it = slot_of.find(p);
+    m.slot = it == slot_of.end() ? -1 : it->second;
+    muon_.push_back(m);
+  }
 }
 
 StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)>& skip_update) {
@@ -108,6 +161,7 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
   h.step = updates_;
   h.grad_scale = static_cast<float>(r.clip_coef);
   for (Slot& s : slots_) {
+    if (s.muon) continue;
     h.weight_decay = s.weight_decay;
     // Low precision: the model's 16-bit copy is written from the fp32 main weights in the same pass.
     if (s.target.defined())
@@ -115,6 +169,7 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
     else
       ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
   }
+  if (!muon_.empty()) muon_update(lr, h.grad_scale);
   after_update();
   return r;
 }
@@ -122,7 +177,8 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
 std::vector<Optimizer::StateSlice> Optimizer::state_slices() const {
   std::vector<StateSlice> out;
   out.reserve(slots_.size());
-  for (const Slot& s : slots_) out.push_back({s.param, s.param_offset, s.main, s.exp_avg, s.exp_avg_sq});
+  for (const Slot& s : slots_)
+    out.push_back({s.param, s.param_offset, s.main, s.exp_avg, s.exp_avg_sq, s.momentum});
   return out;
 }
 
@@ -156,13 +212,17 @@ AdamW::AdamW(const std::vector<Parameter*>& params, const OptimizerConfig& confi
       // Main weights start from the model's 16-bit values, so both sides agree from step 0.
       Tensor main = main_.narrow(0, offset, n);
       main.copy_(value);
-      s = make_slot(p, p->grad.flatten(), main, value, offset);
+      s = make_slot(p, p->grad.flatten(), main, value);
     } else {
-      s = make_slot(p, p->grad.flatten(), value, Tensor(), offset);
+      s = make_slot(p, p->grad.flatten(), value, Tensor());
     }
     slots_.push_back(std::move(s));
     offset += n;
   }
+  const Device device = params.empty() ? Device::cpu() : params.front()->value.device();
+  bind_state(device);
+  add_muon_matrices(
+      params, [](Parameter* p) { return p->numel(); }, nullptr, device);
 }
 
 AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups groups, DataParallel* experts)
@@ -187,14 +247,20 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
       const int64_t off = buf.offset_of(p), n = p->numel();
       Tensor grad = buf.grad_data().narrow(0, off, n);
       if (low) {
-        slots_.push_back(make_slot(p, grad, main_.narrow(0, base + off, n),
-                                   buf.param_data().narrow(0, off, n), base + off));
+        slots_.push_back(
+            make_slot(p, grad, main_.narrow(0, base + off, n), buf.param_data().narrow(0, off, n)));
       } else {
-        slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor(), base + off));
+        slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor()));
       }
     }
     base += buf.numel();
   }
+  bind_state(first.grad_data().device());
+  // Gradients are all-reduced: every rank holds each matrix's whole tp slice.
+  for (DataParallel* d : replicas)
+    add_muon_matrices(
+        d->buffer().params(), [d](Parameter* p) { return d->buffer().numel_of(p); }, nullptr,
+        first.grad_data().device());
 }
 
 std::vector<DataParallel*> AdamW::data_parallels() {

@@ -26,8 +26,9 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
   int64_t total = 0;
   for (DataParallel* d : data_parallels())
     for (const Bucket& b : d->buffer().buckets()) total += d->shard(b).count;
-  // The shards are laid out in the state tensors bucket after bucket (the dense replica's, then the
-  // experts'), padding included: at most lcm(shard ranks, 128) / shard ranks elements per bucket.
+  // The main params are laid out bucket after bucket (the dense replica's, then the experts'),
+  // padding included: at most lcm(shard ranks, 128) / shard ranks elements per bucket; the moments
+  // hold the parameters' elements only (bind_state).
   allocate_state(total, low, ddp.buffer().device());
   int64_t state_base = 0;
   for (DataParallel* d : data_parallels()) {
@@ -46,15 +47,21 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
         if (low) {
           Tensor main = main_.narrow(0, state_off, n);
           main.copy_(params);  // widened from the 16-bit values
-          slots_.push_back(make_slot(p, grad, main, params, state_off));
+          slots_.push_back(make_slot(p, grad, main, params));
         } else {
-          slots_.push_back(make_slot(p, grad, params, Tensor(), state_off));
+          slots_.push_back(make_slot(p, grad, params, Tensor()));
         }
         slots_.back().param_offset = s_lo - p_lo;
       }
       state_base += sh.count;
     }
   }
+  bind_state(ddp.buffer().device());
+  // A matrix's pieces lie in the shards of its sharding group (HSDP: the other groups hold the same).
+  for (DataParallel* d : data_parallels())
+    add_muon_matrices(
+        d->buffer().params(), [d](Parameter* p) { return d->buffer().numel_of(p); }, &d->shard_group(),
+        ddp.buffer().device());
 }
 
 std::vector<DataParallel*> DistributedOptimizer::data_parallels() {

@@ -21,6 +21,7 @@ using nlohmann::json;
 constexpr const char* kExpAvg = "exp_avg";
 constexpr const char* kExpAvgSq = "exp_avg_sq";
 constexpr const char* kMainParam = "main_param";
+constexpr const char* kMomentum = "momentum_buffer";  // Muon's (torch.optim.Muon's state key)
 
 // The parameters by name, first occurrence first. A rank may hold two Parameter objects with one
 // name (the tied embedding on the first and last virtual stage of one rank); the checkpoint has
@@ -66,29 +67,60 @@ bool is_sharded(Optimizer& optimizer) {
 
 // One parameter's full local state, shaped like the parameter.
 struct ParamState {
-  Tensor exp_avg, exp_avg_sq, main;  // main undefined for fp32
+  Tensor exp_avg, exp_avg_sq;  // AdamW's parameters
+  Tensor momentum;             // Muon's
+  Tensor main;                 // undefined for fp32
 };
+
+// One kind of per-element optimizer state: its name in the checkpoint and where it sits in a
+// slice and in a ParamState.
+struct StateKind {
+  const char* name;
+  Tensor Optimizer::StateSlice::*slice;
+  Tensor ParamState::*full;
+};
+
+// The kinds this optimizer keeps, alike on every rank (the gathers below are collective): Adam's
+// moments, Muon's momentum (optimizer.type muon), the fp32 main params (low precision).
+std::vector<StateKind> state_kinds(const Optimizer& optimizer) {
+  using S = Optimizer::StateSlice;
+  std::vector<StateKind> kinds{{kExpAvg, &S::exp_avg, &ParamState::exp_avg},
+                               {kExpAvgSq, &S::exp_avg_sq, &ParamState::exp_avg_sq}};
+  if (optimizer.uses_muon()) kinds.push_back({kMomentum, &S::momentum, &ParamState::momentum});
+  if (has_main_params(optimizer)) kinds.push_back({kMainParam, &S::main, &ParamState::main});
+  return kinds;
+}
+
+// Whether `p`'s state is Muon's momentum (else Adam's moments).
+bool muon_state(const Optimizer& optimizer, const Parameter& p) {
+  return optimizer.uses_muon() && muon_parameter(p);
+}
 
 // Distributed optimizer: every rank of a replica's sharding group owns a contiguous shard of each
 // of its buckets. Each rank scatters its slices into a zeroed buffer-shaped tensor at the
 // parameters' buffer offsets, then every bucket is all-gathered from the owners' shards: all ranks
 // of the group end up with the state of every parameter laid out exactly like the parameter
 // buffer. Only the slices and the shard rule are used, not the optimizer's internal flat layout.
-std::vector<Tensor> gather_over_dp(Optimizer& optimizer, DataParallel& ddp, int states) {
+// A kind a parameter does not have (Muon's momentum for an AdamW one, or the reverse) stays 0.
+std::vector<Tensor> gather_over_dp(Optimizer& optimizer, DataParallel& ddp,
+                                   const std::vector<StateKind>& kinds) {
   ParamAndGradBuffer& buf = ddp.buffer();
+  const std::size_t states = kinds.size();
   std::vector<Tensor> full;
-  for (int k = 0; k < states; ++k) full.push_back(Tensor::zeros({buf.numel()}, DType::F32));
+  for (std::size_t k = 0; k < states; ++k) full.push_back(Tensor::zeros({buf.numel()}, DType::F32));
   for (const Optimizer::StateSlice& s : optimizer.state_slices()) {
     if (!buf.contains(s.param)) continue;  // the other replica's
-    const int64_t at = buf.offset_of(s.param) + s.param_offset, n = s.exp_avg.numel();
-    const Tensor* src[3] = {&s.exp_avg, &s.exp_avg_sq, &s.main};
-    for (int k = 0; k < states; ++k) full[k].narrow(0, at, n).copy_(*src[k]);
+    const int64_t at = buf.offset_of(s.param) + s.param_offset, n = s.numel();
+    for (std::size_t k = 0; k < states; ++k) {
+      const Tensor& src = s.*kinds[k].slice;
+      if (src.defined()) full[k].narrow(0, at, n).copy_(src);
+    }
   }
   Communicator& dp = ddp.shard_group();  // HSDP: the other groups hold the same shards
   if (dp.size() == 1) return full;
   for (const Bucket& b : buf.buckets()) {
     const BucketShard sh = ddp.shard(b);
-    for (int k = 0; k < states; ++k) {
+    for (std::size_t k = 0; k < states; ++k) {
       // The shard already sits in its slot of the bucket: an in-place all-gather, as DDP's.
       const Tensor mine = full[k].narrow(0, b.offset + sh.offset, sh.count).clone();
       Tensor bucket = full[k].narrow(0, b.offset, b.numel);
@@ -101,13 +133,12 @@ std::vector<Tensor> gather_over_dp(Optimizer& optimizer, DataParallel& ddp, int 
 // Every parameter's full state (collective over each replica's sharding group for the
 // distributed optimizer).
 std::map<std::string, ParamState> full_state(Optimizer& optimizer, const std::vector<Parameter*>& params) {
-  const bool main = has_main_params(optimizer);
-  const int states = main ? 3 : 2;
+  const std::vector<StateKind> kinds = state_kinds(optimizer);
   std::map<std::string, ParamState> out;
   if (is_sharded(optimizer)) {
     const std::vector<DataParallel*> replicas = optimizer.data_parallels();
     std::vector<std::vector<Tensor>> full;
-    for (DataParallel* d : replicas) full.push_back(gather_over_dp(optimizer, *d, states));
+    for (DataParallel* d : replicas) full.push_back(gather_over_dp(optimizer, *d, kinds));
     for (Parameter* p : params) {
       std::size_t r = 0;
       while (r < replicas.size() && !replicas[r]->buffer().contains(p)) ++r;
@@ -115,9 +146,8 @@ std::map<std::string, ParamState> full_state(Optimizer& optimizer, const std::ve
                      "save_train_state: parameter '{}' is not in the optimizer's DDP buffers", p->name);
       const int64_t at = replicas[r]->buffer().offset_of(p), n = p->numel();
       ParamState s;
-      s.exp_avg = full[r][0].narrow(0, at, n).view(p->value.shape());
-      s.exp_avg_sq = full[r][1].narrow(0, at, n).view(p->value.shape());
-      if (main) s.main = full[r][2].narrow(0, at, n).view(p->value.shape());
+      for (std::size_t k = 0; k < kinds.size(); ++k)
+        s.*kinds[k].full = full[r][k].narrow(0, at, n).view(p->value.shape());
       out[p->name] = s;
     }
     return out;
@@ -129,12 +159,13 @@ std::map<std::string, ParamState> full_state(Optimizer& optimizer, const std::ve
                    p->name);
     // AdamW: one slice spans the whole parameter (of the copy it updates).
     const Optimizer::StateSlice& s = it->second.front();
-    PARALLEL_CHECK(s.param_offset == 0 && s.exp_avg.numel() == p->numel(),
+    PARALLEL_CHECK(s.param_offset == 0 && s.numel() == p->numel(),
                    "save_train_state: the optimizer holds only part of '{}'", p->name);
     ParamState st;
-    st.exp_avg = s.exp_avg.view(p->value.shape());
-    st.exp_avg_sq = s.exp_avg_sq.view(p->value.shape());
-    if (main) st.main = s.main.view(p->value.shape());
+    for (const StateKind& k : kinds) {
+      const Tensor& src = s.*k.slice;
+      if (src.defined()) st.*k.full = src.view(p->value.shape());
+    }
     out[p->name] = st;
   }
   return out;
@@ -165,6 +196,7 @@ std::string extras_json(const TrainProgress& progress, Optimizer* optimizer) {
         {"loss_scale", scaler != nullptr ? scaler->scale() : 0.0},
         {"loss_scale_clean_steps", scaler != nullptr ? scaler->clean_steps() : 0},
         {"main_params", has_main_params(*optimizer)},
+        {"type", optimizer->uses_muon() ? "muon" : "adamw"},
     };
   } else {
     j["optimizer"] = {{"updates", progress.optimizer_updates},
@@ -270,8 +302,12 @@ std::string save_train_state(const std::string& root, const TrainProgress& progr
       const ParamState& s = states.at(p->name);
       // Every dp rank holds the same (gathered) state: the parameter's writer rule applies as is.
       const bool writer = checkpoint::is_replica_writer(*p, coord);
-      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvg, s.exp_avg, writer));
-      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvgSq, s.exp_avg_sq, writer));
+      if (muon_state(*optimizer, *p)) {
+        tensors.push_back(checkpoint::optimizer_state(*p, kMomentum, s.momentum, writer));
+      } else {
+        tensors.push_back(checkpoint::optimizer_state(*p, kExpAvg, s.exp_avg, writer));
+        tensors.push_back(checkpoint::optimizer_state(*p, kExpAvgSq, s.exp_avg_sq, writer));
+      }
       if (s.main.defined()) tensors.push_back(checkpoint::optimizer_state(*p, kMainParam, s.main, writer));
     }
   }
@@ -312,16 +348,31 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   const bool opt_main = has_main_params(*optimizer);
   std::map<std::string, ParamState> states;
   if (loaded.has_optimizer_state) {
+    // Adam's moments and Muon's momentum are different state: resuming across types is refused.
+    const json extras = json::parse(loaded.extras_json, nullptr, /*allow_exceptions=*/false);
+    std::string saved_type = "adamw";  // checkpoints from before optimizer.type
+    if (extras.is_object() && extras.contains("optimizer") && extras["optimizer"].contains("type"))
+      saved_type = extras["optimizer"]["type"].get<std::string>();
+    const std::string type = optimizer->uses_muon() ? "muon" : "adamw";
+    PARALLEL_CHECK(saved_type == type,
+                   "load_train_state: {} holds {} optimizer state and this run's optimizer.type is {}; "
+                   "resume with optimizer.type: {}",
+                   loaded.step_dir, saved_type, type, saved_type);
     // Each parameter's full local box of state, filled from whatever boxes were saved. Padded
     // vocabulary rows are not in the checkpoint: their moments stay 0 (they never get a gradient)
     // and their main params follow the loaded weights.
     std::vector<checkpoint::ShardedTensor> tensors;
     for (Parameter* p : named.unique) {
       ParamState& s = states[p->name];
-      s.exp_avg = Tensor::zeros(p->value.shape(), DType::F32);
-      s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::F32);
-      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvg, s.exp_avg, true));
-      tensors.push_back(checkpoint::optimizer_state(*p, kExpAvgSq, s.exp_avg_sq, true));
+      if (muon_state(*optimizer, *p)) {
+        s.momentum = Tensor::zeros(p->value.shape(), DType::F32);
+        tensors.push_back(checkpoint::optimizer_state(*p, kMomentum, s.momentum, true));
+      } else {
+        s.exp_avg = Tensor::zeros(p->value.shape(), DType::F32);
+        s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::F32);
+        tensors.push_back(checkpoint::optimizer_state(*p, kExpAvg, s.exp_avg, true));
+        tensors.push_back(checkpoint::optimizer_state(*p, kExpAvgSq, s.exp_avg_sq, true));
+      }
       if (!saved_main) continue;
       if (opt_main) {
         s.main = p->value.to(DType::F32).contiguous().clone();
@@ -348,10 +399,9 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   if (!loaded.has_optimizer_state) {
     // A weights-only checkpoint: start a new run from these weights with a fresh optimizer.
     for (auto& [name, list] : slices)
-      for (Optimizer::StateSlice& s : list) {
-        s.exp_avg.zero_();
-        s.exp_avg_sq.zero_();
-      }
+      for (Optimizer::StateSlice& s : list)
+        for (Tensor* t : {&s.exp_avg, &s.exp_avg_sq, &s.momentum})
+          if (t->defined()) t->zero_();
     optimizer->set_updates(0);
     result.progress.step = 0;
     result.progress.consumed_samples = 0;
@@ -369,11 +419,14 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
     PARALLEL_CHECK(it != states.end(),
                    "load_train_state: the optimizer updates '{}', which is not in `params`", name);
     const ParamState& st = it->second;
-    const Tensor m = st.exp_avg.flatten(), v = st.exp_avg_sq.flatten();
     for (Optimizer::StateSlice& s : list) {
-      const int64_t n = s.exp_avg.numel();
-      s.exp_avg.copy_(m.narrow(0, s.param_offset, n));
-      s.exp_avg_sq.copy_(v.narrow(0, s.param_offset, n));
+      const int64_t n = s.numel();
+      // Each kind the slice keeps comes from the same kind in the checkpoint (muon_state decided
+      // both alike for the parameter).
+      const std::pair<Tensor*, const Tensor*> kinds[] = {
+          {&s.exp_avg, &st.exp_avg}, {&s.exp_avg_sq, &st.exp_avg_sq}, {&s.momentum, &st.momentum}};
+      for (auto [dst, src] : kinds)
+        if (dst->defined()) dst->copy_(src->flatten().narrow(0, s.param_offset, n));
       if (opt_main && st.main.defined()) s.main.copy_(st.main.flatten().narrow(0, s.param_offset, n));
     }
   }
