@@ -476,6 +476,11 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
   else
     m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
+  if (m.optimizer->uses_muon())
+    progress().info(
+        "optimizer: muon for the 2-D hidden weights ({} momentum elements here), adamw for the "
+        "rest ({} elements here)",
+        m.optimizer->momentum().numel(), m.optimizer->exp_avg().numel());
   m.lr.emplace(c.optimizer, c.train.steps);
 
   // Every rank builds the same blend index (or reads it from the cache); rank 0 alone writes the file.
