@@ -170,6 +170,16 @@ INSTANTIATE_TEST_SUITE_P(
                    4,
                    {"parallel.pipeline=2", "optimizer.sharding=optim_grads_params", "train.precision=bf16",
                     "train.global_batch_size=16"}},
+        // Muon: the momentum, the matrices assembled over dp shards and tp slices, Newton-Schulz's
+        // GEMMs and temporaries, all through the allocator and the communicators alike.
+        MetaLayout{"tp2_dp2_zero3_muon",
+                   4,
+                   {"parallel.tensor=2", "optimizer.sharding=optim_grads_params", "optimizer.type=muon",
+                    "train.global_batch_size=16"}},
+        MetaLayout{"tp2_sp_muon_bf16",
+                   2,
+                   {"parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.type=muon",
+                    "train.precision=bf16", "train.global_batch_size=8"}},
         MetaLayout{"pp4_interleaved",
                    4,
                    {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
