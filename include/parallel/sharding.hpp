@@ -44,4 +44,14 @@ constexpr double zero_bytes_per_parameter(Sharding sharding, Precision precision
   return 0.0;
 }
 
+// optimizer.type muon (docs/optimizer.md#muon): the fraction `muon_fraction` of the elements that
+// are Muon matrices keep one fp32 momentum instead of Adam's two moments, 4 bytes less state each,
+// sharded like the rest (over shard_ranks in every mode but none). Muon's working buffers during a
+// step (one matrix at a time, gathered whole) are not included, as above.
+constexpr double zero_bytes_per_parameter(Sharding sharding, Precision precision, int shard_ranks,
+                                          double muon_fraction) {
+  const double d = shard_ranks < 1 || sharding == Sharding::None ? 1.0 : static_cast<double>(shard_ranks);
+  return zero_bytes_per_parameter(sharding, precision, shard_ranks) - 4.0 * muon_fraction / d;
+}
+
 }  // namespace parallel
