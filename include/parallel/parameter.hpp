@@ -59,6 +59,24 @@ Tensor fused_rows(const std::vector<Parameter>& parts, Tensor Parameter::*member
 // tensors already there.
 void move_parameters(const std::vector<Parameter*>& params, Device device);
 
+// The device that layers create new parameters (value and gradient) on: the CPU unless a
+// ParameterDeviceScope is live. GPTModel opens one for Device::meta(), so a meta model's parameters
+// are born on the meta allocator - no host memory, no values - and a model far bigger than the host
+// can be planned. Real devices keep creating on the host, where the layout-independent init
+// (init.hpp) fills them before they move (bitwise the same weights on every layout).
+// Process-wide and nesting, one thread at a time, like MetaOpRecorder.
+Device parameter_device();
+class ParameterDeviceScope {
+ public:
+  explicit ParameterDeviceScope(Device device);
+  ~ParameterDeviceScope();
+  ParameterDeviceScope(const ParameterDeviceScope&) = delete;
+  ParameterDeviceScope& operator=(const ParameterDeviceScope&) = delete;
+
+ private:
+  Device outer_;
+};
+
 // Zeroes every gradient (start of an optimizer step's accumulation).
 void zero_grads(const std::vector<Parameter*>& params);
 

@@ -76,6 +76,10 @@ struct GPTModel::Impl {
 
 GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp)
     : impl_(std::make_unique<Impl>()), config_(config), spec_(spec) {
+  // On meta the parameters are born on the meta allocator and init skips them (no values): the host
+  // pays nothing, so a model bigger than the host can be planned. Elsewhere they start on the host.
+  std::optional<ParameterDeviceScope> on_meta;
+  if (options.device.is_meta()) on_meta.emplace(Device::meta());
   const int p = tp.size();
   LayerEnv& env = impl_->env;
   env.config = &config_;
@@ -114,8 +118,8 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
           config.max_position_embeddings > 0 ? config.max_position_embeddings : config.seq_length;
       Parameter& pos = impl_->position.emplace();
       pos.name = "embedding.position.weight";
-      pos.value = Tensor::zeros({max_pos, env.hidden}, DType::F32);
-      pos.grad = Tensor::zeros({max_pos, env.hidden}, DType::F32);
+      pos.value = Tensor::zeros({max_pos, env.hidden}, DType::F32, parameter_device());
+      pos.grad = Tensor::zeros({max_pos, env.hidden}, DType::F32, parameter_device());
       pos.global_shape = {max_pos, env.hidden};
       pos.sequence_parallel_grad = env.sequence_parallel;  // each rank adds only its s-shard's rows
       init_normal(pos, options.seed, std);
@@ -143,8 +147,8 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       const int64_t rows = vocab_padded_ / p;
       Parameter& w = impl_->output_weight.emplace();
       w.name = tied ? "embedding.word.weight" : "output.weight";
-      w.value = Tensor::zeros({rows, env.hidden}, DType::F32);
-      w.grad = Tensor::zeros({rows, env.hidden}, DType::F32);
+      w.value = Tensor::zeros({rows, env.hidden}, DType::F32, parameter_device());
+      w.grad = Tensor::zeros({rows, env.hidden}, DType::F32, parameter_device());
       w.global_shape = {vocab_padded_, env.hidden};
       w.partition_dim = 0;
       w.partition_offset = tp.rank() * rows;

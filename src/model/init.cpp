@@ -64,7 +64,8 @@ uint64_t name_hash(const std::string& name) {
 void init_normal(Parameter& param, uint64_t seed, float std) {
   const Shape& local = param.value.shape();
   const int64_t n = param.value.numel();
-  if (n == 0) return;
+  // A meta parameter has no values to draw (parameter.hpp: meta models are born on meta).
+  if (n == 0 || param.value.device().is_meta()) return;
   const Shape global = param.global_shape.empty() ? local : param.global_shape;
   PARALLEL_CHECK(global.size() == local.size(), "init_normal({}): local {} and global {} differ in rank",
                  param.name, shape_str(local), shape_str(global));
@@ -106,7 +107,7 @@ void init_normal(Parameter& param, uint64_t seed, float std) {
 }
 
 void init_constant(Parameter& param, float value) {
-  if (param.value.numel() > 0) param.value.fill_(value);
+  if (param.value.numel() > 0 && !param.value.device().is_meta()) param.value.fill_(value);
 }
 
 }  // namespace parallel

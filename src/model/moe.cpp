@@ -108,8 +108,8 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : env_(env) {
   ffn_local_ = ffn_ / etp_size(env);
   const std::string prefix = fmt::format("layers.{}.mlp", layer);
   router.name = prefix + ".router.weight";
-  router.value = Tensor::zeros({experts_, env.hidden}, DType::F32);
-  router.grad = Tensor::zeros({experts_, env.hidden}, DType::F32);
+  router.value = Tensor::zeros({experts_, env.hidden}, DType::F32, parameter_device());
+  router.grad = Tensor::zeros({experts_, env.hidden}, DType::F32, parameter_device());
   router.global_shape = {experts_, env.hidden};
   router.sequence_parallel_grad = env.sequence_parallel;  // each tp rank routes its own s-shard
   // SwiGLU's gate and up are separate parameters split alike (as the dense MLP's under tp), so a
@@ -120,13 +120,15 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : env_(env) {
   const int64_t h = env.hidden, fl = ffn_local_, np = static_cast<int64_t>(parts.size());
   for (int64_t i = 0; i < local_; ++i) {
     const int64_t global = ep_rank(env) * local_ + i;
-    Tensor w1 = Tensor::zeros({np * fl, h}, DType::F32), g1 = Tensor::zeros({np * fl, h}, DType::F32);
+    Tensor w1 = Tensor::zeros({np * fl, h}, DType::F32, parameter_device()),
+           g1 = Tensor::zeros({np * fl, h}, DType::F32, parameter_device());
     std::vector<Parameter>& f1 = fc1.emplace_back();
     for (int64_t j = 0; j < np; ++j)
       f1.push_back(expert_weight(fmt::format("{}.experts.{}.{}.weight", prefix, global, parts[j]), {ffn_, h},
                                  0, env, w1.narrow(0, j * fl, fl), g1.narrow(0, j * fl, fl)));
     fc2.push_back(expert_weight(fmt::format("{}.experts.{}.fc2.weight", prefix, global), {h, ffn_}, 1, env,
-                                Tensor::zeros({h, fl}, DType::F32), Tensor::zeros({h, fl}, DType::F32)));
+                                Tensor::zeros({h, fl}, DType::F32, parameter_device()),
+                                Tensor::zeros({h, fl}, DType::F32, parameter_device())));
   }
   // An expert's gradient here sums the tokens of this rank's etp x ep block only (under sequence
   // parallelism each rank routes just its shard): the expert-dp reduction adds the others'.

@@ -10,8 +10,8 @@ namespace {
 Parameter replicated(const std::string& name, int64_t n, float value, bool sp_grad) {
   Parameter p;
   p.name = name;
-  p.value = Tensor::full({n}, value, DType::F32);
-  p.grad = Tensor::zeros({n}, DType::F32);
+  p.value = Tensor::full({n}, value, DType::F32, parameter_device());
+  p.grad = Tensor::zeros({n}, DType::F32, parameter_device());
   p.global_shape = {n};
   p.partition_dim = -1;
   p.sequence_parallel_grad = sp_grad;

@@ -92,6 +92,16 @@ void move_parameters(const std::vector<Parameter*>& params, Device device) {
   }
 }
 
+namespace {
+Device g_parameter_device = Device::cpu();
+}  // namespace
+
+Device parameter_device() { return g_parameter_device; }
+ParameterDeviceScope::ParameterDeviceScope(Device device) : outer_(g_parameter_device) {
+  g_parameter_device = device;
+}
+ParameterDeviceScope::~ParameterDeviceScope() { g_parameter_device = outer_; }
+
 void zero_grads(const std::vector<Parameter*>& params) {
   for (Parameter* p : params)
     if (p->grad.defined() && p->grad.numel() > 0) p->grad.zero_();

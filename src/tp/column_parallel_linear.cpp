@@ -26,12 +26,12 @@ ColumnParallelLinear::ColumnParallelLinear(std::vector<Part> parts, int64_t in_f
   // One fused buffer per tensor so a single GEMM serves every part; the parts' Parameters are row
   // views into it (rows of a row-major matrix are contiguous, so the views are too). Only the views
   // are kept: fused() rebuilds the spanning view on use, so re-bound Parameters stay in effect.
-  Tensor weight = Tensor::zeros({out_local_, in_}, DType::F32);
-  Tensor weight_grad = Tensor::zeros({out_local_, in_}, DType::F32);
+  Tensor weight = Tensor::zeros({out_local_, in_}, DType::F32, parameter_device());
+  Tensor weight_grad = Tensor::zeros({out_local_, in_}, DType::F32, parameter_device());
   Tensor bias, bias_grad;
   if (options_.bias) {
-    bias = Tensor::zeros({out_local_}, DType::F32);
-    bias_grad = Tensor::zeros({out_local_}, DType::F32);
+    bias = Tensor::zeros({out_local_}, DType::F32, parameter_device());
+    bias_grad = Tensor::zeros({out_local_}, DType::F32, parameter_device());
   }
   int64_t row = 0;
   for (const Part& part : parts) {

@@ -19,15 +19,15 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_global, int64_
                  in_global, p);
   const int64_t in_local = in_global / p;
   weight.name = name + ".weight";
-  weight.value = Tensor::zeros({out_features, in_local}, DType::F32);
-  weight.grad = Tensor::zeros({out_features, in_local}, DType::F32);
+  weight.value = Tensor::zeros({out_features, in_local}, DType::F32, parameter_device());
+  weight.grad = Tensor::zeros({out_features, in_local}, DType::F32, parameter_device());
   weight.global_shape = {out_features, in_global};
   weight.partition_dim = 1;
   weight.partition_offset = tp.rank() * in_local;
   if (options_.bias) {
     bias.name = name + ".bias";
-    bias.value = Tensor::zeros({out_features}, DType::F32);
-    bias.grad = Tensor::zeros({out_features}, DType::F32);
+    bias.value = Tensor::zeros({out_features}, DType::F32, parameter_device());
+    bias.grad = Tensor::zeros({out_features}, DType::F32, parameter_device());
     bias.global_shape = {out_features};
     bias.partition_dim = -1;
     // Under sequence parallelism each rank's dy is only its s-shard: its bias gradient is partial.
