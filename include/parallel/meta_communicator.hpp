@@ -5,6 +5,8 @@
 // range), records the call into its CommLog exactly as RecordingCommunicator describes a real one
 // (comm_event), and does nothing to any data: meta tensors have none, and a CPU tensor passed to it
 // keeps its values (there are no other ranks' values to combine). Every call completes at once.
+// Under a live MetaTimeline (meta_timeline.hpp) each call and each wait on an asynchronous call's
+// handle also go there, in issue order with the ops.
 //
 // Groups: split_group(members) - ParallelState's form, with members from the real RankGrid - gives
 // the group of those world ranks. split(color, key) needs every rank's color and is refused (HSDP's
@@ -47,6 +49,9 @@ class MetaCommunicator final : public Communicator {
 
  private:
   MetaCommunicator(std::vector<int> members, int rank, std::shared_ptr<CommLog> log);
+  // Logs `e`, and puts it on the live MetaTimeline (meta_timeline.hpp) with a handle whose wait()
+  // is recorded there when the call is asynchronous.
+  WorkHandle record(CommEvent e);
   std::vector<int> members_;  // world ranks, in group-rank order
   int rank_ = 0;              // this rank's position in members_
   std::shared_ptr<CommLog> log_;

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "parallel/error.hpp"
+#include "parallel/meta_timeline.hpp"
 #include "parallel/recording_communicator.hpp"
 
 namespace parallel {
@@ -24,7 +25,32 @@ void check_peer(const Communicator& comm, int peer, int tag, const char* op) {
                  describe_group(comm), peer, comm.size());
   PARALLEL_CHECK(tag >= 0, "MetaCommunicator::{}: negative tag {}", op, tag);
 }
+// An asynchronous meta call's handle: complete at once; its first wait() marks on the live timeline
+// the point where this rank needs the call done (meta_timeline.hpp).
+class MetaWork final : public Work {
+ public:
+  MetaWork(MetaTimeline* timeline, int64_t call) : timeline_(timeline), call_(call) {}
+  void wait() override {
+    if (timeline_ != nullptr && !waited_ && meta::live_timeline() == timeline_) timeline_->add_wait(call_);
+    waited_ = true;
+  }
+  bool is_completed() override { return true; }
+
+ private:
+  MetaTimeline* timeline_;
+  int64_t call_;
+  bool waited_ = false;
+};
 }  // namespace
+
+WorkHandle MetaCommunicator::record(CommEvent e) {
+  const bool async = e.async;
+  MetaTimeline* timeline = meta::live_timeline();
+  const int64_t call = timeline != nullptr ? timeline->add_comm(e) : -1;
+  log_->add(std::move(e));
+  if (!async || timeline == nullptr) return completed_work();
+  return std::make_shared<MetaWork>(timeline, call);
+}
 
 MetaCommunicator::MetaCommunicator(int rank, int world_size, std::shared_ptr<CommLog> log)
     : log_(std::move(log)) {
@@ -42,8 +68,7 @@ MetaCommunicator::MetaCommunicator(std::vector<int> members, int rank, std::shar
 
 WorkHandle MetaCommunicator::all_reduce(Tensor& tensor, ReduceOp op, bool async) {
   check_tensor(*this, tensor, "tensor", "all_reduce");
-  log_->add(comm_event(*this, "all_reduce", tensor, async, std::string(reduce_op_name(op))));
-  return completed_work();
+  return record(comm_event(*this, "all_reduce", tensor, async, std::string(reduce_op_name(op))));
 }
 
 WorkHandle MetaCommunicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) {
@@ -54,8 +79,7 @@ WorkHandle MetaCommunicator::reduce_scatter(const Tensor& in, Tensor& out, Reduc
   PARALLEL_CHECK(out.numel() == c.count,
                  "MetaCommunicator::reduce_scatter on {}: out has {} elements, rank {}'s chunk of {} is {}",
                  describe_group(*this), out.numel(), rank_, in.numel(), c.count);
-  log_->add(comm_event(*this, "reduce_scatter", in, async, std::string(reduce_op_name(op))));
-  return completed_work();
+  return record(comm_event(*this, "reduce_scatter", in, async, std::string(reduce_op_name(op))));
 }
 
 WorkHandle MetaCommunicator::all_gather(const Tensor& in, Tensor& out, bool async) {
@@ -66,16 +90,14 @@ WorkHandle MetaCommunicator::all_gather(const Tensor& in, Tensor& out, bool asyn
   PARALLEL_CHECK(in.numel() == c.count,
                  "MetaCommunicator::all_gather on {}: in has {} elements, rank {}'s chunk of {} is {}",
                  describe_group(*this), in.numel(), rank_, out.numel(), c.count);
-  log_->add(comm_event(*this, "all_gather", out, async));
-  return completed_work();
+  return record(comm_event(*this, "all_gather", out, async));
 }
 
 WorkHandle MetaCommunicator::broadcast(Tensor& tensor, int root, bool async) {
   check_tensor(*this, tensor, "tensor", "broadcast");
   PARALLEL_CHECK(root >= 0 && root < size(), "MetaCommunicator::broadcast on {}: root {} outside [0, {})",
                  describe_group(*this), root, size());
-  log_->add(comm_event(*this, "broadcast", tensor, async, {}, {root}));
-  return completed_work();
+  return record(comm_event(*this, "broadcast", tensor, async, {}, {root}));
 }
 
 WorkHandle MetaCommunicator::all_to_all(const Tensor& in, Tensor& out, bool async) {
@@ -87,29 +109,25 @@ WorkHandle MetaCommunicator::all_to_all(const Tensor& in, Tensor& out, bool asyn
       "MetaCommunicator::all_to_all on {}: in has {} and out {} elements; both must be equal and a "
       "multiple of {}",
       describe_group(*this), in.numel(), out.numel(), size());
-  log_->add(comm_event(*this, "all_to_all", in, async));
-  return completed_work();
+  return record(comm_event(*this, "all_to_all", in, async));
 }
 
 WorkHandle MetaCommunicator::all_to_allv(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
                                          std::span<const int64_t> recv_counts, bool async) {
   check_all_to_allv(*this, in, send_counts, out, recv_counts);
-  log_->add(comm_event(*this, "all_to_allv", in, async));
-  return completed_work();
+  return record(comm_event(*this, "all_to_allv", in, async));
 }
 
 WorkHandle MetaCommunicator::send(const Tensor& tensor, int peer, int tag) {
   check_tensor(*this, tensor, "tensor", "send");
   check_peer(*this, peer, tag, "send");
-  log_->add(comm_event(*this, "send", tensor, true, {}, {peer}));
-  return completed_work();
+  return record(comm_event(*this, "send", tensor, true, {}, {peer}));
 }
 
 WorkHandle MetaCommunicator::recv(Tensor& tensor, int peer, int tag) {
   check_tensor(*this, tensor, "tensor", "recv");
   check_peer(*this, peer, tag, "recv");
-  log_->add(comm_event(*this, "recv", tensor, true, {}, {peer}));
-  return completed_work();
+  return record(comm_event(*this, "recv", tensor, true, {}, {peer}));
 }
 
 WorkHandle MetaCommunicator::batch_p2p(std::span<const P2POp> ops) {
@@ -117,11 +135,10 @@ WorkHandle MetaCommunicator::batch_p2p(std::span<const P2POp> ops) {
     check_tensor(*this, op.tensor, "tensor", "batch_p2p");
     check_peer(*this, op.peer, op.tag, "batch_p2p");
   }
-  log_->add(comm_event_p2p(*this, ops));
-  return completed_work();
+  return record(comm_event_p2p(*this, ops));
 }
 
-void MetaCommunicator::barrier() { log_->add(comm_event(*this, "barrier", Tensor(), false)); }
+void MetaCommunicator::barrier() { record(comm_event(*this, "barrier", Tensor(), false)); }
 
 std::unique_ptr<Communicator> MetaCommunicator::split(int color, int key) {
   PARALLEL_FAIL(

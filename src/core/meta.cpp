@@ -3,6 +3,8 @@
 
 #include <numeric>
 
+#include "parallel/meta_timeline.hpp"
+
 namespace parallel {
 namespace {
 MetaOpRecorder* g_recorder = nullptr;  // the innermost live recorder
@@ -29,7 +31,8 @@ void record_op(const char* op, double flops, std::initializer_list<const Tensor*
                std::initializer_list<const Tensor*> writes, int64_t workspace) {
   // The workspace is taken and given back whether or not anyone records: the peak sees it.
   if (workspace > 0) (void)Tensor::empty({workspace}, DType::U8, Device::meta());
-  if (g_recorder == nullptr) return;
+  MetaTimeline* timeline = live_timeline();
+  if (g_recorder == nullptr && timeline == nullptr) return;
   OpEvent e;
   e.workspace_bytes = workspace;
   e.op = op;
@@ -46,7 +49,8 @@ void record_op(const char* op, double flops, std::initializer_list<const Tensor*
     e.dtypes.push_back(t->dtype());
     e.bytes_written += static_cast<int64_t>(t->nbytes());
   }
-  g_recorder->add(std::move(e));
+  if (timeline != nullptr) timeline->add_op(e);
+  if (g_recorder != nullptr) g_recorder->add(std::move(e));
 }
 
 void copy(const Tensor& dst, const Tensor& src) {
