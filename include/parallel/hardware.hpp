@@ -1,0 +1,71 @@
+#pragma once
+// A machine for the planner's cost model (plan/cost_model.hpp): one description per machine, read
+// from YAML under configs/hardware/, with no per-model or per-layout constants.
+//
+//   name: dgx_a100_80gb
+//   device:                          # one accelerator (a CPU: one core, see below)
+//     matmul_tflops: {bf16: 312, fp16: 312, fp32: 156}   # dense peak per dtype
+//     matmul_efficiency: [[128, 0.2], [1024, 0.6], [8192, 0.8]]
+//         # fraction of that peak a GEMM reaches, by its size: the geometric mean (m n k)^(1/3)
+//         # of the GEMM (attention: of its per-head products); log-linear between the points,
+//         # constant beyond the ends
+//     vector_tflops: 19.5            # everything that is not a matmul (element-wise, norms)
+//     memory_bandwidth_GBps: 1600    # achievable, one direction summed over read + write
+//     op_overhead_us: 4              # per op: launch / dispatch
+//     memory_GiB: 80
+//   node:
+//     devices: 8                     # devices per node (a CPU: its cores)
+//   links:
+//     node:    {bandwidth_GBps: 240, latency_us: 3, shared_by: 1}    # between devices of a node
+//     cluster: {bandwidth_GBps: 23, latency_us: 6, shared_by: 1}     # across nodes
+//
+// A link's bandwidth is one direction, per link; `shared_by` devices share one link, so each gets
+// bandwidth / shared_by when all send at once (a collective's ranks all do).
+//
+// Ranks and devices: a job places ranks_per_node ranks on each node, one device each. When that
+// exceeds node.devices, the devices are time-shared: a rank gets devices / ranks_per_node of one
+// device's compute and memory bandwidth (the cost model's share). A CPU's device is one core, and
+// its ranks run one OpenMP thread each (calibrate_machine): four ranks on two cores get half a core
+// each.
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/dtype.hpp"
+
+namespace parallel {
+
+struct LinkLevel {
+  double bandwidth_GBps = 0;  // one direction, one link (10^9 bytes / s)
+  double latency_us = 0;      // per message (per ring / tree step)
+  int shared_by = 1;          // devices sharing one such link
+};
+
+struct HardwareDescription {
+  std::string name;
+  std::string file;  // where it was read from ("" when built in code)
+  std::map<DType, double> matmul_tflops;
+  std::vector<std::pair<double, double>> matmul_efficiency;  // (GEMM size, fraction), increasing size
+  double vector_tflops = 0;
+  double memory_bandwidth_GBps = 0;
+  double op_overhead_us = 0;
+  double memory_GiB = 0;
+  int devices_per_node = 1;
+  LinkLevel node_link;     // within a node
+  LinkLevel cluster_link;  // across nodes
+
+  // The fraction of matmul peak for a GEMM of geometric-mean size `size` (the curve above).
+  double matmul_efficiency_at(double size) const;
+  // Peak matmul FLOP/s for `dtype`: its entry, else fp32's (integer and fp8 fall back to it).
+  double matmul_flops(DType dtype) const;
+};
+
+// Parses and validates a description; errors name the file, the key and the rule
+// ("dgx.yaml: device.memory_bandwidth_GBps must be a number > 0, got -3").
+HardwareDescription parse_hardware(const std::string& yaml_text, const std::string& file_name);
+HardwareDescription load_hardware(const std::string& path);
+// The description's YAML (what the calibration tool writes; parse_hardware reads it back).
+std::string hardware_yaml(const HardwareDescription& hw, const std::string& comment = {});
+
+}  // namespace parallel
