@@ -1,0 +1,161 @@
+#pragma once
+// The planner's cost model and step simulation (issue 26, docs/planner.md "Time").
+//
+// Input: the timelines (meta_timeline.hpp) of one rank per symmetry class, recorded by running the
+// real training step on meta (trace_step), and a machine (hardware.hpp).
+//
+// Symmetry rule: ranks that differ only in their tp, cp, dp (and so ep, etp, edp) coordinates run
+// the same program on the same shapes - tensor, context and data parallelism split every shape
+// evenly, and MoE routing is assumed balanced - so one rank per pipeline stage stands for all:
+// the rank with tp = cp = dp = 0 at stage s. A group whose members all lie in one stage is then
+// symmetric: its members issue each call at the same time, so a collective starts when this rank
+// issues it. A group that spans stages (embedding, model, expert_model) has a representative on
+// each stage it touches; its k-th call starts when the last of them issues it. Pipeline messages go
+// between representatives (a stage's neighbour with the same tp, cp, dp is the next stage's
+// representative); the k-th send from a to b meets the k-th receive at b from a.
+//
+// Streams: each rank has one compute stream (ops, one after another) and one communication stream
+// per group (calls on one group run in order; calls on different groups overlap). A synchronous
+// collective blocks the compute stream until it is done; an asynchronous one runs beside the ops
+// until the timeline's wait for it. Point-to-point messages start when both sides have posted them.
+// Time the compute stream spends blocked is "exposed": per dimension (group name -> dimension:
+// tp, etp -> tp; cp -> cp; dp, dp_cp, edp -> dp; pp, embedding, model, expert_model -> pp; ep -> ep).
+// A pipeline receive's blocked time beyond its own transfer time is the bubble (waiting for the
+// neighbour to compute), not exposed communication.
+//
+// Cost of one op at a rank's share of its device (hardware.hpp: ranks per node vs devices):
+//   matmul ops (gemm, gemm_bias, attention_*):
+//       overhead + max(flops / (peak(dtype) * efficiency(size) * share), bytes / (bandwidth * share))
+//       size = (m n k)^(1/3) of a GEMM, (s s_k d)^(1/3) of attention's per-head products
+//   everything else: overhead + max(flops / (vector rate * share), bytes / (bandwidth * share))
+// Collectives on n ranks over the slowest link level the group spans (NCCL's formulas; B the full
+// tensor's bytes, bw = link bandwidth / shared_by, a = latency):
+//   all_reduce      min(ring 2(n-1)/n B/bw + 2(n-1) a,  tree 2 B/bw + 2 log2(n) a)
+//   reduce_scatter, all_gather, all_to_all(v):  (n-1)/n B/bw + (n-1) a
+//   broadcast       B/bw + (n-1) a;   barrier  2 log2(n) a;   one rank  0
+//   send / recv     a + B/bw over the link between the two ranks
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parallel/comm_log.hpp"
+#include "parallel/config.hpp"
+#include "parallel/hardware.hpp"
+#include "parallel/meta.hpp"
+#include "parallel/meta_timeline.hpp"
+
+namespace parallel::plan {
+
+// Collective formulas (seconds), for bytes B over n ranks at bandwidth bw (bytes/s), latency a (s).
+double ring_all_reduce_seconds(double bytes, int n, double bw, double latency);
+double tree_all_reduce_seconds(double bytes, int n, double bw, double latency);
+double all_reduce_seconds(double bytes, int n, double bw, double latency);   // min of the two
+double ring_gather_seconds(double bytes, int n, double bw, double latency);  // reduce_scatter, all_gather
+
+class CostModel {
+ public:
+  // ranks_per_node <= 0: nodes filled with min(world_size, devices per node) ranks each.
+  CostModel(HardwareDescription hw, int world_size, int ranks_per_node = 0);
+  const HardwareDescription& hardware() const { return hw_; }
+  int ranks_per_node() const { return ranks_per_node_; }
+  // The fraction of one device's compute and memory bandwidth a rank gets: min(1, devices /
+  // ranks_per_node) (hardware.hpp: more ranks than devices time-share them).
+  double share() const { return share_; }
+  bool oversubscribed() const { return ranks_per_node_ > hw_.devices_per_node; }
+
+  double op_seconds(const OpEvent& e) const;
+  bool is_matmul(const OpEvent& e) const;
+  // The link level a set of world ranks spans (cluster when they sit on more than one node).
+  const LinkLevel& level(const std::vector<int>& ranks) const;
+  double collective_seconds(const CommEvent& e) const;
+  double p2p_seconds(int64_t bytes, int a, int b) const;
+
+ private:
+  HardwareDescription hw_;
+  int world_size_;
+  int ranks_per_node_;
+  double share_;
+};
+
+// The parallel dimensions exposed communication is reported in.
+inline constexpr std::array<const char*, 5> kDimensions{"tp", "cp", "dp", "pp", "ep"};
+// A group name's dimension (the mapping above); throws for an unknown name.
+std::string dimension_of(const std::string& group);
+
+struct RankTime {
+  int rank = 0;
+  double end_s = 0;      // when its compute stream finished the step
+  double compute_s = 0;  // busy with ops
+  double bubble_s = 0;
+  std::map<std::string, double> exposed_s;  // per dimension
+};
+
+struct SimulationResult {
+  double step_time_s = 0;
+  std::vector<RankTime> ranks;              // one per representative, in the order given
+  double bubble_fraction = 0;               // mean bubble / step time over the representatives
+  std::map<std::string, double> exposed_s;  // per dimension: mean over the representatives
+};
+
+// A timeline costed for the simulator: consecutive ops merged into one span of compute seconds
+// (a large job's timelines hold millions of ops; their shapes are not needed once costed).
+struct SimEntry {
+  TimelineEntry::Kind kind = TimelineEntry::Kind::Op;
+  double seconds = 0;  // Kind::Op: the span's compute time
+  CommEvent comm;      // Kind::Comm
+  int64_t call = -1;   // as TimelineEntry::call
+};
+std::vector<SimEntry> cost_timeline(const std::vector<TimelineEntry>& timeline, const CostModel& cost);
+
+// Replays the representatives' timelines together (rank -> timeline). Throws when a message has
+// no partner among them or the timelines deadlock.
+SimulationResult simulate(const std::map<int, std::vector<SimEntry>>& timelines, const CostModel& cost);
+SimulationResult simulate(const std::map<int, std::vector<TimelineEntry>>& timelines, const CostModel& cost);
+
+// ---- The step of a layout ----------------------------------------------------------------------
+
+// The representatives of the symmetry classes: the rank with tp = cp = dp = 0 on each stage.
+std::vector<int> representative_ranks(const Config& c, int world_size);
+
+// One rank's training step on meta: its timeline and its allocator peak.
+struct RankTrace {
+  int rank = 0;
+  std::vector<TimelineEntry> timeline;  // plan_step keeps it costed (SimEntry) and empties this
+  int64_t peak_bytes = 0;               // meta allocator's peak, model construction included
+  double flops = 0;                     // all ops' FLOPs (recompute included: hardware FLOPs)
+};
+// THE ONE PLACE the planner composes the step: rank `rank` of a `world_size`-rank job running one
+// training step of `c` on Device::meta() over a MetaCommunicator. It composes the step as
+// tests/common/meta_step.hpp does (Trainer's constructor and loop body); it is to become the shared
+// TrainStep once that exists.
+RankTrace trace_step(const Config& c, int world_size, int rank);
+
+// Model FLOPs of one step (the whole job), counted from the config: 2 x each matmul weight's
+// elements per token forward (attention projections, MLP or the top-k experts and the router, the
+// output layer) plus causal attention's 2 s h per token per layer, times 3 for forward and
+// backward. Recompute is not model work: it appears in the hardware FLOPs (the trace) only.
+double model_flops_per_step(const Config& c);
+
+struct StepPlan {
+  int world_size = 0;
+  std::size_t timeline_entries = 0;  // ops, calls and waits traced over the representatives
+  SimulationResult sim;
+  std::vector<RankTrace> traces;  // the representatives'
+  double tokens_per_step = 0;
+  double tokens_per_s = 0;
+  double model_flops = 0;     // per step, whole job
+  double hardware_flops = 0;  // per step, whole job: the traced ops' FLOPs, recompute included
+  double model_tflops_per_device = 0;
+  double mfu = 0;  // model FLOP/s per device / the device's matmul peak for the compute dtype
+  bool oversubscribed = false;
+  int ranks_per_node = 0;
+  double share = 1;
+};
+StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node = 0);
+// plan.json's time fields as one JSON object (step_time_s, tokens_per_s, mfu, ...).
+std::string step_plan_json(const StepPlan& p);
+std::string step_plan_table(const StepPlan& p);
+
+}  // namespace parallel::plan

@@ -1,0 +1,279 @@
+// The discrete-event replay of the representatives' timelines (step_cost.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <sstream>
+#include <tuple>
+
+#include "parallel/error.hpp"
+#include "parallel/step_cost.hpp"
+
+namespace parallel::plan {
+namespace {
+
+constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+
+struct Call {
+  double end = kUnknown;  // completion; NaN until every partner has issued its side
+  int pending = 0;        // point-to-point ops not yet matched
+  double max_end = 0;
+  double transfer = 0;  // the longest point-to-point transfer of the call (its own time on the wire)
+  std::string dim;
+  bool p2p = false;
+};
+
+struct RankSim {
+  int rank = 0;
+  const std::vector<SimEntry>* timeline = nullptr;
+  std::size_t pc = 0;
+  bool issued = false;
+  double clock = 0;
+  std::map<int64_t, Call> calls;
+  std::map<std::string, double> stream_free;  // per group
+  RankTime out;
+};
+
+struct Arrival {
+  std::size_t sim;
+  int64_t call;
+  double time;
+};
+
+// "send 65536,recv 65536" -> (is_send, bytes) per op.
+std::vector<std::pair<bool, int64_t>> batch_ops(const std::string& detail) {
+  std::vector<std::pair<bool, int64_t>> out;
+  std::stringstream ss(detail);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto space = item.find(' ');
+    out.emplace_back(item.substr(0, space) == "send", std::stoll(item.substr(space + 1)));
+  }
+  return out;
+}
+
+class Simulator {
+ public:
+  Simulator(const std::map<int, std::vector<SimEntry>>& timelines, const CostModel& cost) : cost_(cost) {
+    for (const auto& [rank, tl] : timelines) {
+      index_[rank] = sims_.size();
+      RankSim s;
+      s.rank = rank;
+      s.timeline = &tl;
+      s.out.rank = rank;
+      for (const char* d : kDimensions) s.out.exposed_s[d] = 0;
+      sims_.push_back(std::move(s));
+    }
+  }
+
+  SimulationResult run() {
+    for (;;) {
+      bool progress = false, done = true;
+      for (std::size_t i = 0; i < sims_.size(); ++i) {
+        RankSim& s = sims_[i];
+        while (s.pc < s.timeline->size() && step(i)) progress = true;
+        if (s.pc < s.timeline->size()) done = false;
+      }
+      if (done) break;
+      if (!progress) {
+        std::string where;
+        for (const RankSim& s : sims_)
+          if (s.pc < s.timeline->size()) {
+            const SimEntry& e = (*s.timeline)[s.pc];
+            where += fmt::format(
+                "{}rank {} at entry {} ({})", where.empty() ? "" : "; ", s.rank, s.pc,
+                e.kind == TimelineEntry::Kind::Wait ? fmt::format("wait for call {}", e.call) : e.comm.str());
+          }
+        PARALLEL_FAIL("step simulation: the timelines deadlock: {}", where);
+      }
+    }
+    SimulationResult r;
+    for (RankSim& s : sims_) {
+      double end = s.clock;
+      for (const auto& [id, c] : s.calls)
+        if (!std::isnan(c.end)) end = std::max(end, c.end);
+      s.out.end_s = end;
+      r.step_time_s = std::max(r.step_time_s, end);
+    }
+    for (const char* d : kDimensions) r.exposed_s[d] = 0;
+    for (RankSim& s : sims_) {
+      r.ranks.push_back(s.out);
+      for (const auto& [d, t] : s.out.exposed_s) r.exposed_s[d] += t / static_cast<double>(sims_.size());
+      if (r.step_time_s > 0)
+        r.bubble_fraction += s.out.bubble_s / r.step_time_s / static_cast<double>(sims_.size());
+    }
+    return r;
+  }
+
+ private:
+  // Advances rank i by one entry; false when it must wait for another rank.
+  bool step(std::size_t i) {
+    RankSim& s = sims_[i];
+    const SimEntry& e = (*s.timeline)[s.pc];
+    switch (e.kind) {
+      case TimelineEntry::Kind::Op: {
+        s.clock += e.seconds;
+        s.out.compute_s += e.seconds;
+        ++s.pc;
+        return true;
+      }
+      case TimelineEntry::Kind::Comm: {
+        if (!s.issued) {
+          issue(i, e);
+          s.issued = true;
+        }
+        if (e.comm.async) {
+          s.issued = false;
+          ++s.pc;
+          return true;
+        }
+        if (!block_on(s, e.call)) return false;
+        s.issued = false;
+        ++s.pc;
+        return true;
+      }
+      case TimelineEntry::Kind::Wait:
+        if (!block_on(s, e.call)) return false;
+        ++s.pc;
+        return true;
+    }
+    return false;
+  }
+
+  // The compute stream waits for call `id`; false while its completion is unknown.
+  bool block_on(RankSim& s, int64_t id) {
+    const auto it = s.calls.find(id);
+    PARALLEL_CHECK(it != s.calls.end(), "step simulation: rank {} waits for call {}, never issued", s.rank,
+                   id);
+    const Call& c = it->second;
+    if (std::isnan(c.end)) return false;
+    const double blocked = std::max(0.0, c.end - s.clock);
+    if (c.p2p && c.dim == "pp") {
+      const double wire = std::min(blocked, c.transfer);
+      s.out.exposed_s["pp"] += wire;
+      s.out.bubble_s += blocked - wire;
+    } else {
+      s.out.exposed_s[c.dim] += blocked;
+    }
+    s.clock = std::max(s.clock, c.end);
+    return true;
+  }
+
+  void issue(std::size_t i, const SimEntry& e) {
+    RankSim& s = sims_[i];
+    Call& call = s.calls[e.call];
+    call.dim = dimension_of(e.comm.group);
+    const std::string& kind = e.comm.kind;
+    if (kind == "send" || kind == "recv" || kind == "batch_p2p") {
+      call.p2p = true;
+      std::vector<std::pair<bool, int64_t>> ops;
+      if (kind == "batch_p2p")
+        ops = batch_ops(e.comm.detail);
+      else
+        ops = {{kind == "send", e.comm.bytes}};
+      PARALLEL_CHECK(ops.size() == e.comm.peers.size(), "step simulation: malformed {}", e.comm.str());
+      call.pending = static_cast<int>(ops.size());
+      if (ops.empty()) call.end = s.clock;
+      for (std::size_t k = 0; k < ops.size(); ++k) {
+        const int peer = e.comm.peers[k];
+        PARALLEL_CHECK(index_.count(peer),
+                       "step simulation: rank {} exchanges with rank {}, which represents no symmetry class "
+                       "(the rule: one rank per pipeline stage, tp = cp = dp = 0)",
+                       s.rank, peer);
+        const bool send = ops[k].first;
+        const std::pair<int, int> key = send ? std::pair{s.rank, peer} : std::pair{peer, s.rank};
+        (send ? sends_ : recvs_)[key].push_back({i, e.call, s.clock, ops[k].second});
+        match(key);
+      }
+      return;
+    }
+    // A collective: its members among the representatives must all issue it.
+    int reps = 0;
+    for (int r : e.comm.ranks) reps += static_cast<int>(index_.count(r));
+    const double cost = cost_.collective_seconds(e.comm);
+    if (reps <= 1) {
+      const double start = std::max(s.clock, s.stream_free[e.comm.group]);
+      call.end = start + cost;
+      s.stream_free[e.comm.group] = call.end;
+      return;
+    }
+    auto& seq = sequence_[{s.rank, e.comm.group, e.comm.ranks}];
+    auto& arrivals = arrivals_[{e.comm.group, e.comm.ranks, seq++}];
+    arrivals.push_back({i, e.call, s.clock});
+    if (static_cast<int>(arrivals.size()) < reps) return;
+    double start = 0;
+    for (const Arrival& a : arrivals)
+      start = std::max({start, a.time, sims_[a.sim].stream_free[e.comm.group]});
+    for (const Arrival& a : arrivals) {
+      sims_[a.sim].calls[a.call].end = start + cost;
+      sims_[a.sim].stream_free[e.comm.group] = start + cost;
+    }
+  }
+
+  struct P2P {
+    std::size_t sim;
+    int64_t call;
+    double time;
+    int64_t bytes;
+  };
+
+  void match(const std::pair<int, int>& key) {
+    auto& sq = sends_[key];
+    auto& rq = recvs_[key];
+    while (!sq.empty() && !rq.empty()) {
+      const P2P snd = sq.front(), rcv = rq.front();
+      sq.pop_front();
+      rq.pop_front();
+      PARALLEL_CHECK(snd.bytes == rcv.bytes,
+                     "step simulation: rank {} sends {} bytes to rank {}, which receives {}", key.first,
+                     snd.bytes, key.second, rcv.bytes);
+      const double wire = cost_.p2p_seconds(snd.bytes, key.first, key.second);
+      const double end = std::max(snd.time, rcv.time) + wire;
+      for (const P2P& side : {snd, rcv}) {
+        Call& c = sims_[side.sim].calls[side.call];
+        c.max_end = std::max(c.max_end, end);
+        c.transfer = std::max(c.transfer, wire);
+        if (--c.pending == 0) c.end = c.max_end;
+      }
+    }
+  }
+
+  const CostModel& cost_;
+  std::vector<RankSim> sims_;
+  std::map<int, std::size_t> index_;
+  std::map<std::pair<int, int>, std::deque<P2P>> sends_, recvs_;
+  std::map<std::tuple<int, std::string, std::vector<int>>, int64_t> sequence_;
+  std::map<std::tuple<std::string, std::vector<int>, int64_t>, std::vector<Arrival>> arrivals_;
+};
+
+}  // namespace
+
+std::vector<SimEntry> cost_timeline(const std::vector<TimelineEntry>& timeline, const CostModel& cost) {
+  std::vector<SimEntry> out;
+  for (const TimelineEntry& e : timeline) {
+    if (e.kind == TimelineEntry::Kind::Op) {
+      const double t = cost.op_seconds(e.op);
+      if (!out.empty() && out.back().kind == TimelineEntry::Kind::Op)
+        out.back().seconds += t;
+      else
+        out.push_back(SimEntry{.kind = e.kind, .seconds = t});
+      continue;
+    }
+    out.push_back(SimEntry{.kind = e.kind, .seconds = 0, .comm = e.comm, .call = e.call});
+  }
+  return out;
+}
+
+SimulationResult simulate(const std::map<int, std::vector<SimEntry>>& timelines, const CostModel& cost) {
+  return Simulator(timelines, cost).run();
+}
+
+SimulationResult simulate(const std::map<int, std::vector<TimelineEntry>>& timelines, const CostModel& cost) {
+  std::map<int, std::vector<SimEntry>> costed;
+  for (const auto& [rank, tl] : timelines) costed[rank] = cost_timeline(tl, cost);
+  return simulate(costed, cost);
+}
+
+}  // namespace parallel::plan

@@ -1,0 +1,124 @@
+// plan_step: trace the representatives, replay them, report (step_cost.hpp).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "parallel/error.hpp"
+#include "parallel/parallel_state.hpp"
+#include "parallel/precision.hpp"
+#include "parallel/step_cost.hpp"
+
+namespace parallel::plan {
+
+std::vector<int> representative_ranks(const Config& c, int world_size) {
+  const auto grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
+                                         c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
+  std::vector<int> out;
+  for (int s = 0; s < grid.sizes().pipeline; ++s)
+    out.push_back(grid.rank(Coord{.tp = 0, .cp = 0, .dp = 0, .pp = s}));
+  return out;
+}
+
+double model_flops_per_step(const Config& c) {
+  const ModelConfig& m = c.model;
+  const double h = m.hidden_size, s = m.seq_length, L = m.num_layers;
+  const double heads = m.num_attention_heads;
+  const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const double kv = h / heads * groups;
+  const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+  const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
+  const double attention_weights = h * (h + 2 * kv) + h * h;
+  const double dense_mlp = gated * h * ffn + ffn * h;
+  double layers = 0;
+  for (int i = 0; i < m.num_layers; ++i) {
+    double mlp = dense_mlp;
+    if (m.num_experts > 0 && i % m.moe_layer_freq == 0) {
+      const double eff = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : ffn;
+      mlp = m.moe_router_topk * (gated * h * eff + eff * h) + h * m.num_experts;
+      if (m.moe_shared_expert_ffn_hidden_size > 0)
+        mlp += (gated + 1) * h * m.moe_shared_expert_ffn_hidden_size;
+    }
+    layers += attention_weights + mlp;
+  }
+  // Per token forward: 2 FLOPs per weight element, causal attention 2 s h per layer (half of the
+  // 4 s h of the full score and value products); the output layer V h.
+  const double forward_per_token = 2 * (layers + static_cast<double>(m.vocab_size) * h) + 2 * s * h * L;
+  const double tokens = static_cast<double>(c.train.global_batch_size) * s;
+  return 3 * forward_per_token * tokens;
+}
+
+StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node) {
+  StepPlan p;
+  p.world_size = world_size;
+  const CostModel cost(hw, world_size, ranks_per_node);
+  p.ranks_per_node = cost.ranks_per_node();
+  p.share = cost.share();
+  p.oversubscribed = cost.oversubscribed();
+  std::map<int, std::vector<SimEntry>> timelines;
+  const int stage_width = world_size / c.parallel.pipeline;  // ranks a representative stands for
+  for (int r : representative_ranks(c, world_size)) {
+    RankTrace t = trace_step(c, world_size, r);
+    p.hardware_flops += t.flops * stage_width;
+    p.timeline_entries += t.timeline.size();
+    timelines[r] = cost_timeline(t.timeline, cost);
+    t.timeline = {};
+    p.traces.push_back(std::move(t));
+  }
+  p.sim = simulate(timelines, cost);
+  p.tokens_per_step = static_cast<double>(c.train.global_batch_size) * c.model.seq_length;
+  p.model_flops = model_flops_per_step(c);
+  const double t = p.sim.step_time_s;
+  p.tokens_per_s = t > 0 ? p.tokens_per_step / t : 0;
+  const double per_device = t > 0 ? p.model_flops / t / world_size : 0;
+  p.model_tflops_per_device = per_device / 1e12;
+  // A rank's peak is its share of a device (a CPU rank on 2 cores alone: both).
+  const double peak = hw.matmul_flops(compute_dtype(c.train.precision)) * p.share;
+  p.mfu = peak > 0 ? per_device / peak : 0;
+  return p;
+}
+
+std::string step_plan_json(const StepPlan& p) {
+  std::string exposed;
+  for (const char* d : kDimensions)
+    exposed += fmt::format("{}\"{}\": {:.6g}", exposed.empty() ? "" : ", ", d, p.sim.exposed_s.at(d));
+  std::string ranks;
+  for (const RankTime& r : p.sim.ranks) {
+    std::string ex;
+    for (const auto& [d, v] : r.exposed_s)
+      ex += fmt::format("{}\"{}\": {:.6g}", ex.empty() ? "" : ", ", d, v);
+    ranks += fmt::format(
+        "{}    {{\"rank\": {}, \"end_s\": {:.6g}, \"compute_s\": {:.6g}, \"bubble_s\": {:.6g}, "
+        "\"exposed_communication_s\": {{{}}}}}",
+        ranks.empty() ? "" : ",\n", r.rank, r.end_s, r.compute_s, r.bubble_s, ex);
+  }
+  return fmt::format(
+      "{{\n  \"step_time_s\": {:.6g},\n  \"tokens_per_s\": {:.6g},\n  \"mfu\": {:.6g},\n  "
+      "\"bubble_fraction\": "
+      "{:.6g},\n  \"model_tflops_per_device\": {:.6g},\n  \"model_flops_per_step\": {:.6g},\n  "
+      "\"hardware_flops_per_step\": {:.6g},\n  \"exposed_communication_s\": {{{}}},\n  \"ranks_per_node\": "
+      "{},\n  "
+      "\"oversubscribed\": {},\n  \"time_per_stage\": [\n{}\n  ]\n}}\n",
+      p.sim.step_time_s, p.tokens_per_s, p.mfu, p.sim.bubble_fraction, p.model_tflops_per_device,
+      p.model_flops, p.hardware_flops, exposed, p.ranks_per_node, p.oversubscribed ? "true" : "false", ranks);
+}
+
+std::string step_plan_table(const StepPlan& p) {
+  std::string out = fmt::format(
+      "step time {:.4g} s, {:.4g} tokens/s, MFU {:.1f} %, {:.3g} model TFLOP/s per device, bubble {:.1f} %\n",
+      p.sim.step_time_s, p.tokens_per_s, 100 * p.mfu, p.model_tflops_per_device, 100 * p.sim.bubble_fraction);
+  if (p.oversubscribed)
+    out += fmt::format("oversubscribed: {} ranks per node share its devices; each rank gets {:.3g} of one\n",
+                       p.ranks_per_node, p.share);
+  out += "exposed communication (s):";
+  for (const char* d : kDimensions) out += fmt::format(" {} {:.4g}", d, p.sim.exposed_s.at(d));
+  out += "\n stage rank   end (s)  compute (s)  bubble (s)\n";
+  for (std::size_t i = 0; i < p.sim.ranks.size(); ++i) {
+    const RankTime& r = p.sim.ranks[i];
+    out += fmt::format("{:>6} {:>4} {:>9.4g} {:>12.4g} {:>11.4g}\n", i, r.rank, r.end_s, r.compute_s,
+                       r.bubble_s);
+  }
+  return out;
+}
+
+}  // namespace parallel::plan

@@ -1,0 +1,311 @@
+// The planner's cost model and step simulation (step_cost.hpp) on cases checked by hand, the
+// hardware descriptions (hardware.hpp), and the step traced on meta (trace_step).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "parallel/allocator.hpp"
+#include "parallel/error.hpp"
+#include "parallel/gpt_model.hpp"
+#include "parallel/meta_communicator.hpp"
+#include "parallel/parallel_state.hpp"
+#include "parallel/step_cost.hpp"
+
+namespace parallel::plan {
+namespace {
+
+// A machine whose numbers make times easy: 1 TFLOP/s for everything (an op of 1e12 FLOPs takes
+// 1 s), no overhead, links of 1 GB/s with no latency.
+HardwareDescription simple_machine() {
+  return parse_hardware(R"(
+name: simple
+device:
+  matmul_tflops: {fp32: 1}
+  vector_tflops: 1
+  memory_bandwidth_GBps: 1000000
+  op_overhead_us: 0
+node:
+  devices: 8
+links:
+  node: {bandwidth_GBps: 1, latency_us: 0}
+  cluster: {bandwidth_GBps: 0.5, latency_us: 0}
+)",
+                        "simple.yaml");
+}
+
+TimelineEntry op(double seconds) {
+  TimelineEntry e;
+  e.kind = TimelineEntry::Kind::Op;
+  e.op.op = "add";
+  e.op.flops = seconds * 1e12;
+  return e;
+}
+
+TimelineEntry comm(int64_t call, std::string kind, std::string group, std::vector<int> ranks, int64_t bytes,
+                   bool async, std::vector<int> peers = {}) {
+  TimelineEntry e;
+  e.kind = TimelineEntry::Kind::Comm;
+  e.call = call;
+  e.comm.kind = std::move(kind);
+  e.comm.group = std::move(group);
+  e.comm.ranks = std::move(ranks);
+  e.comm.bytes = bytes;
+  e.comm.async = async;
+  e.comm.peers = std::move(peers);
+  return e;
+}
+
+TimelineEntry wait(int64_t call) {
+  TimelineEntry e;
+  e.kind = TimelineEntry::Kind::Wait;
+  e.call = call;
+  return e;
+}
+
+TEST(CollectiveCost, RingAllReduceIsTwoNMinusOneOverN) {
+  // 2 (n-1)/n B / bw + 2 (n-1) a: every rank sends and receives 2 (n-1) chunks of B / n.
+  EXPECT_DOUBLE_EQ(ring_all_reduce_seconds(8e9, 8, 1e9, 0), 2.0 * 7 / 8 * 8);
+  EXPECT_DOUBLE_EQ(ring_all_reduce_seconds(8e9, 2, 1e9, 0), 8.0);
+  EXPECT_DOUBLE_EQ(ring_all_reduce_seconds(0, 4, 1e9, 1e-6), 6e-6);
+  EXPECT_DOUBLE_EQ(ring_all_reduce_seconds(1e9, 1, 1e9, 1e-6), 0.0);
+  EXPECT_DOUBLE_EQ(ring_gather_seconds(8e9, 4, 1e9, 0), 6.0);
+  // Small messages at scale: the tree's 2 log2(n) latency beats the ring's 2 (n-1).
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(8, 1024, 1e9, 1e-5), tree_all_reduce_seconds(8, 1024, 1e9, 1e-5));
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(8e9, 8, 1e9, 1e-5), ring_all_reduce_seconds(8e9, 8, 1e9, 1e-5));
+}
+
+TEST(CollectiveCost, GroupOnOneNodeUsesTheNodeLinkElseTheCluster) {
+  const CostModel cost(simple_machine(), 16);  // 8 ranks per node
+  CommEvent e;
+  e.kind = "all_reduce";
+  e.bytes = 1'000'000'000;
+  e.ranks = {0, 1};
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 1.0);  // 2 (1/2) 1 GB / 1 GB/s
+  e.ranks = {0, 8};
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 2.0);  // across nodes at 0.5 GB/s
+  EXPECT_DOUBLE_EQ(cost.p2p_seconds(500'000'000, 7, 8), 1.0);
+}
+
+TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
+  HardwareDescription hw = simple_machine();
+  hw.matmul_efficiency = {{100, 0.25}, {10000, 1.0}};
+  hw.op_overhead_us = 10;
+  hw.memory_bandwidth_GBps = 1;
+  const CostModel cost(hw, 8);
+  OpEvent g;
+  g.op = "gemm";
+  g.dtypes = {DType::F32};
+  g.flops = 2.0 * 1000 * 1000 * 1000;  // m = n = k = 1000: half way on the log scale -> 0.625
+  EXPECT_NEAR(hw.matmul_efficiency_at(1000), 0.625, 1e-12);
+  EXPECT_NEAR(cost.op_seconds(g), 1e-5 + 2e9 / (1e12 * 0.625), 1e-12);
+  g.bytes_read = 1'000'000'000;  // 1 s at 1 GB/s: memory-bound now
+  EXPECT_NEAR(cost.op_seconds(g), 1e-5 + 1.0, 1e-12);
+  // Four ranks on a node of two devices: each rank gets half a device; two ranks a whole one each.
+  HardwareDescription two = simple_machine();
+  two.devices_per_node = 2;
+  const CostModel shared(two, 4, 4);
+  EXPECT_TRUE(shared.oversubscribed());
+  EXPECT_DOUBLE_EQ(shared.share(), 0.5);
+  EXPECT_DOUBLE_EQ(shared.op_seconds(op(1).op), 2.0);
+  EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).share(), 1.0);
+}
+
+TEST(Simulate, TwoStagePipelineBubble) {
+  // Two stages, two micro-batches, forward only, 1 s each; messages cost nothing.
+  // Stage 0: F0 [0,1] F1 [1,2]; stage 1 receives at 1 and 2: F0 [1,2] F1 [2,3]. Stage 1 idles
+  // 1 s first: step 3 s, bubble (0 + 1) / 2 / 3.
+  std::map<int, std::vector<TimelineEntry>> t;
+  t[0] = {op(1), comm(0, "send", "pp", {0, 1}, 0, true, {1}), op(1),
+          comm(1, "send", "pp", {0, 1}, 0, true, {1})};
+  t[1] = {comm(0, "recv", "pp", {0, 1}, 0, true, {0}), wait(0), op(1),
+          comm(1, "recv", "pp", {0, 1}, 0, true, {0}), wait(1), op(1)};
+  const SimulationResult r = simulate(t, CostModel(simple_machine(), 2));
+  EXPECT_DOUBLE_EQ(r.step_time_s, 3.0);
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.ranks[0].end_s, 2.0);
+  EXPECT_DOUBLE_EQ(r.ranks[1].bubble_s, 1.0);
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 1.0 / 6.0);
+  EXPECT_DOUBLE_EQ(r.exposed_s.at("pp"), 0.0);
+  // Messages of 0.25 s. A transfer starts when both sides have posted it (as NCCL's send/recv):
+  // the first at 1 (stage 1 posted at 0), arriving 1.25 - 1 s of bubble, 0.25 s on the wire; F0
+  // [1.25, 2.25]; the second was sent at 2 but is received only from 2.25: arrives 2.5 (0.25 s on
+  // the wire again); F1 [2.5, 3.5].
+  t[0][1].comm.bytes = t[0][3].comm.bytes = t[1][0].comm.bytes = t[1][3].comm.bytes = 250'000'000;
+  const SimulationResult w = simulate(t, CostModel(simple_machine(), 2));
+  EXPECT_DOUBLE_EQ(w.step_time_s, 3.5);
+  EXPECT_DOUBLE_EQ(w.ranks[1].bubble_s, 1.0);
+  EXPECT_DOUBLE_EQ(w.ranks[1].exposed_s.at("pp"), 0.5);
+}
+
+TEST(Simulate, AsyncAllReduceOverlapsCompute) {
+  // A dp all-reduce of 0.5 s (ring, 2 ranks, 0.5 GB at 1 GB/s) beside a 1 s op: hidden.
+  auto run = [](int64_t bytes, bool async) {
+    std::map<int, std::vector<TimelineEntry>> t;
+    t[0] = {comm(0, "all_reduce", "dp", {0, 1}, bytes, async), op(1)};
+    if (async) t[0].push_back(wait(0));
+    return simulate(t, CostModel(simple_machine(), 2));
+  };
+  const SimulationResult hidden = run(500'000'000, true);
+  EXPECT_DOUBLE_EQ(hidden.step_time_s, 1.0);
+  EXPECT_DOUBLE_EQ(hidden.exposed_s.at("dp"), 0.0);
+  const SimulationResult longer = run(1'500'000'000, true);  // 1.5 s: 0.5 s exposed
+  EXPECT_DOUBLE_EQ(longer.step_time_s, 1.5);
+  EXPECT_DOUBLE_EQ(longer.exposed_s.at("dp"), 0.5);
+  const SimulationResult sync = run(500'000'000, false);  // synchronous: in series
+  EXPECT_DOUBLE_EQ(sync.step_time_s, 1.5);
+  EXPECT_DOUBLE_EQ(sync.exposed_s.at("dp"), 0.5);
+}
+
+TEST(Simulate, CallsOnOneGroupRunInOrderAndGroupsSpanningStagesMeet) {
+  // Two async all-reduces on one group queue behind each other: 0.5 + 0.5 s.
+  std::map<int, std::vector<TimelineEntry>> t;
+  t[0] = {comm(0, "all_reduce", "dp", {0, 1}, 500'000'000, true),
+          comm(1, "all_reduce", "dp", {0, 1}, 500'000'000, true), wait(1)};
+  EXPECT_DOUBLE_EQ(simulate(t, CostModel(simple_machine(), 2)).step_time_s, 1.0);
+  // The model group spans both representatives: rank 0 issues at 0, rank 1 after 2 s of work,
+  // so the (0.5 s) all-reduce ends at 2.5 on both and rank 0 waits 2.5 s.
+  std::map<int, std::vector<TimelineEntry>> m;
+  m[0] = {comm(0, "all_reduce", "model", {0, 1}, 500'000'000, false)};
+  m[1] = {op(2), comm(0, "all_reduce", "model", {0, 1}, 500'000'000, false)};
+  const SimulationResult r = simulate(m, CostModel(simple_machine(), 2));
+  EXPECT_DOUBLE_EQ(r.ranks[0].end_s, 2.5);
+  EXPECT_DOUBLE_EQ(r.ranks[1].end_s, 2.5);
+}
+
+TEST(Simulate, DeadlockAndUnknownPeerAreErrors) {
+  std::map<int, std::vector<TimelineEntry>> t;
+  t[0] = {comm(0, "recv", "pp", {0, 1}, 8, true, {1}), wait(0)};
+  t[1] = {comm(0, "recv", "pp", {0, 1}, 8, true, {0}), wait(0)};
+  EXPECT_THROW(
+      {
+        try {
+          simulate(t, CostModel(simple_machine(), 2));
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  std::map<int, std::vector<TimelineEntry>> u;
+  u[0] = {comm(0, "send", "pp", {0, 3}, 8, true, {3})};
+  EXPECT_THROW(simulate(u, CostModel(simple_machine(), 4)), Error);
+}
+
+std::string source_dir() {
+  const char* dir = std::getenv("PARALLEL_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";  // ctest sets it
+}
+
+TEST(Hardware, EveryShippedDescriptionParses) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(source_dir() + "/configs/hardware")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const HardwareDescription hw = load_hardware(entry.path().string());
+    EXPECT_FALSE(hw.name.empty()) << entry.path();
+    EXPECT_GT(hw.matmul_flops(DType::F32), 0) << entry.path();
+    EXPECT_EQ(parse_hardware(hardware_yaml(hw), "round trip").name, hw.name);  // writes what it reads
+    ++count;
+  }
+  EXPECT_GE(count, 3);
+}
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_hardware(yaml, "bad.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hardware, BadDescriptionsNameTheKey) {
+  const std::string good = hardware_yaml(simple_machine());
+  EXPECT_EQ(error_of(good), "");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const auto at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  EXPECT_NE(error_of(with("memory_bandwidth_GBps: 1e+06", "memory_bandwidth_GBps: -3"))
+                .find("bad.yaml: device.memory_bandwidth_GBps must be a number > 0, got -3"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("vector_tflops", "vector_tflop")).find("device.vector_tflop is not a known key"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("fp32: 1", "fp33: 1")).find("device.matmul_tflops.fp33 is not a dtype"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("devices: 8", "devices: 1.5")).find("node.devices must be a whole number"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("cluster: {bandwidth_GBps: 0.5, ", "cluster: {"))
+                .find("links.cluster.bandwidth_GBps is missing"),
+            std::string::npos);
+}
+
+TEST(MetaModel, ParametersAreBornOnMetaWithoutHostMemory) {
+  // One rank of a 1T-parameter GPT (128 layers, hidden 25600, tp8 pp64: 2 layers, ~2.5e9
+  // parameters here): construction takes no host memory and no init time.
+  ModelConfig m;
+  m.num_layers = 128;
+  m.hidden_size = 25600;
+  m.num_attention_heads = 160;
+  m.vocab_size = 51200;
+  m.seq_length = 2048;
+  auto log = std::make_shared<CommLog>();
+  MetaCommunicator tp(0, 8, log);
+  const auto host_before = allocator_for(Device::cpu()).stats().allocated;
+  const auto meta_before = allocator_for(Device::meta()).stats().allocated;
+  GPTChunkSpec spec;
+  spec.first_layer = 2;
+  spec.num_layers = 2;
+  spec.pre_process = false;
+  spec.post_process = false;
+  GPTModel::Options options;
+  options.device = Device::meta();
+  options.precision = Precision::BF16;
+  GPTModel model(m, spec, options, tp);
+  int64_t params = 0;
+  for (Parameter* p : model.parameters()) {
+    params += p->numel();
+    EXPECT_TRUE(p->value.device().is_meta()) << p->name;
+  }
+  // 2 layers x 12 h^2 / 8 (plus biases and norms).
+  EXPECT_NEAR(static_cast<double>(params), 2 * 12.0 * 25600.0 * 25600.0 / 8, 2e6);
+  EXPECT_EQ(allocator_for(Device::cpu()).stats().allocated, host_before);
+  // bf16 values and fp32 gradients: 6 bytes per parameter on the meta allocator.
+  EXPECT_EQ(static_cast<int64_t>(allocator_for(Device::meta()).stats().allocated - meta_before), 6 * params);
+}
+
+TEST(StepPlan, TracesAPipelineAndFindsItsBubble) {
+  const Config c = parse_config(R"(
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, vocab_size: 512, seq_length: 64}
+train: {micro_batch_size: 2, global_batch_size: 8, steps: 1}
+parallel: {pipeline: 2, tensor: 2}
+data: {path: synthetic}
+)",
+                                {}, 8);
+  EXPECT_EQ(representative_ranks(c, 8), (std::vector<int>{0, 4}));
+  const StepPlan p = plan_step(c, 8, simple_machine());
+  ASSERT_EQ(p.traces.size(), 2u);
+  EXPECT_GT(p.sim.step_time_s, 0);
+  EXPECT_GT(p.sim.bubble_fraction, 0);
+  EXPECT_LT(p.sim.bubble_fraction, 0.5);
+  EXPECT_GT(p.sim.exposed_s.at("tp"), 0);  // tensor-parallel all-reduces are synchronous
+  EXPECT_GT(p.hardware_flops, p.model_flops * 0.9);
+  EXPECT_NEAR(p.tokens_per_s * p.sim.step_time_s, 8 * 64, 1e-6);
+  EXPECT_GT(p.timeline_entries, 0u);
+  // Stage 1's timeline: a wait for each micro-batch's activations, after its receive.
+  const RankTrace t = trace_step(c, 8, 4);
+  int receives = 0, waits = 0;
+  for (const TimelineEntry& e : t.timeline) {
+    if (e.kind == TimelineEntry::Kind::Comm && (e.comm.kind == "recv" || e.comm.kind == "batch_p2p"))
+      ++receives;
+    waits += e.kind == TimelineEntry::Kind::Wait;
+  }
+  EXPECT_GE(receives, 2);  // 2 micro-batches (8 sequences, micro-batch 2, dp 2)
+  EXPECT_GE(waits, receives);
+}
+
+}  // namespace
+}  // namespace parallel::plan
