@@ -10,9 +10,11 @@
 #include <fstream>
 
 #include "parallel/config.hpp"
+#include "parallel/hardware.hpp"
 #include "parallel/memory_plan.hpp"
 #include "parallel/preflight.hpp"
 #include "parallel/runtime.hpp"
+#include "parallel/step_cost.hpp"
 #include "parallel/trainer.hpp"
 
 int main(int argc, char** argv) {
@@ -31,6 +33,17 @@ int main(int argc, char** argv) {
                  "with --plan: plan a job of this many ranks (default: the ranks launched), so a large job "
                  "can be planned from one process")
       ->check(CLI::Range(1, 1 << 16));
+  std::string hardware_file;
+  app.add_option("--hardware", hardware_file,
+                 "with --plan: also predict the step time on this machine (configs/hardware/*.yaml; "
+                 "docs/planner.md): time per stage, step time, tokens/s, MFU, bubble and exposed "
+                 "communication, added to plan.json")
+      ->check(CLI::ExistingFile);
+  int ranks_per_node = 0;
+  app.add_option("--ranks-per-node", ranks_per_node,
+                 "with --hardware: ranks placed on each node (default: the machine's devices per node); "
+                 "more than its devices time-shares them")
+      ->check(CLI::Range(1, 1 << 16));
   app.add_flag("--no-memory-check", no_memory_check,
                "train even when the memory plan says the largest rank does not fit");
   app.footer("Config keys:\n" + parallel::config_reference());
@@ -47,6 +60,10 @@ int main(int argc, char** argv) {
     if (plan_world_size > 0 && !plan_only)
       throw parallel::ConfigError(
           "pretrain_gpt: --world-size is for --plan only (training uses the ranks launched)");
+    if ((!hardware_file.empty() || ranks_per_node > 0) && !plan_only)
+      throw parallel::ConfigError("pretrain_gpt: --hardware and --ranks-per-node are for --plan only");
+    if (ranks_per_node > 0 && hardware_file.empty())
+      throw parallel::ConfigError("pretrain_gpt: --ranks-per-node needs --hardware FILE");
     const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
     const parallel::Config config = parallel::load_config(config_file, overrides, world_size);
     if (plan_only) {
@@ -56,8 +73,20 @@ int main(int argc, char** argv) {
       const parallel::MemoryPlan plan = parallel::plan_memory(config, world_size);
       if (rt.rank() == 0) {
         const std::filesystem::path dir(config.train.output_dir);
+        std::string json = parallel::memory_plan_json(plan);
+        if (!hardware_file.empty()) {
+          const parallel::HardwareDescription hw = parallel::load_hardware(hardware_file);
+          const parallel::plan::StepPlan time =
+              parallel::plan::plan_step(config, world_size, hw, ranks_per_node);
+          std::printf("time on %s (%s):\n%s", hw.name.c_str(), hardware_file.c_str(),
+                      parallel::plan::step_plan_table(time).c_str());
+          // One object: the time fields first, then the memory plan's.
+          std::string fields = parallel::plan::step_plan_json(time);
+          fields.erase(fields.find_last_of('}'));
+          json = fields + ",\n" + json.substr(json.find('{') + 1);
+        }
         std::ofstream out(dir / "plan.json");
-        out << parallel::memory_plan_json(plan);
+        out << json;
         out.flush();
         if (!out)
           throw std::runtime_error("train.output_dir = \"" + config.train.output_dir + "\": cannot write " +
