@@ -12,7 +12,8 @@
 // issues it. A group that spans stages (embedding, model, expert_model) has a representative on
 // each stage it touches; its k-th call starts when the last of them issues it. Pipeline messages go
 // between representatives (a stage's neighbour with the same tp, cp, dp is the next stage's
-// representative); the k-th send from a to b meets the k-th receive at b from a.
+// representative); the k-th send from a to b meets the k-th receive at b from a. A message to a peer
+// of the same stage (context parallelism's ring) is symmetric: the peer posts its side at once.
 //
 // Streams: each rank has one compute stream (ops, one after another) and one communication stream
 // per group (calls on one group run in order; calls on different groups overlap). A synchronous

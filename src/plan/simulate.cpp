@@ -178,10 +178,20 @@ class Simulator {
       if (ops.empty()) call.end = s.clock;
       for (std::size_t k = 0; k < ops.size(); ++k) {
         const int peer = e.comm.peers[k];
-        PARALLEL_CHECK(index_.count(peer),
-                       "step simulation: rank {} exchanges with rank {}, which represents no symmetry class "
-                       "(the rule: one rank per pipeline stage, tp = cp = dp = 0)",
-                       s.rank, peer);
+        if (!index_.count(peer)) {
+          // A peer in this rank's own stage (context parallelism's ring): it is symmetric with this
+          // rank, so it posts the matching op now, and the transfer starts at once.
+          PARALLEL_CHECK(
+              call.dim != "pp",
+              "step simulation: rank {} exchanges with rank {} over {}, which represents no symmetry "
+              "class (the rule: one rank per pipeline stage, tp = cp = dp = 0)",
+              s.rank, peer, e.comm.group);
+          const double wire = cost_.p2p_seconds(ops[k].second, s.rank, peer);
+          call.max_end = std::max(call.max_end, s.clock + wire);
+          call.transfer = std::max(call.transfer, wire);
+          if (--call.pending == 0) call.end = call.max_end;
+          continue;
+        }
         const bool send = ops[k].first;
         const std::pair<int, int> key = send ? std::pair{s.rank, peer} : std::pair{peer, s.rank};
         (send ? sends_ : recvs_)[key].push_back({i, e.call, s.clock, ops[k].second});

@@ -174,7 +174,7 @@ TEST(Simulate, CallsOnOneGroupRunInOrderAndGroupsSpanningStagesMeet) {
   EXPECT_DOUBLE_EQ(r.ranks[1].end_s, 2.5);
 }
 
-TEST(Simulate, DeadlockAndUnknownPeerAreErrors) {
+TEST(Simulate, SameStagePeersAreSymmetricADeadlockOrAStrayPipelinePeerIsAnError) {
   std::map<int, std::vector<TimelineEntry>> t;
   t[0] = {comm(0, "recv", "pp", {0, 1}, 8, true, {1}), wait(0)};
   t[1] = {comm(0, "recv", "pp", {0, 1}, 8, true, {0}), wait(0)};
@@ -188,6 +188,14 @@ TEST(Simulate, DeadlockAndUnknownPeerAreErrors) {
         }
       },
       Error);
+  // A peer in the same stage (cp's ring) is symmetric: its side is posted at once.
+  std::map<int, std::vector<TimelineEntry>> cp;
+  cp[0] = {comm(0, "batch_p2p", "cp", {0, 1}, 1'000'000'000, true, {1, 1}), op(1), wait(0)};
+  cp[0][0].comm.detail = "send 500000000,recv 500000000";
+  const SimulationResult ring = simulate(cp, CostModel(simple_machine(), 2));
+  EXPECT_DOUBLE_EQ(ring.step_time_s, 1.0);  // 0.5 s on the wire, hidden behind the op
+  cp[0][1] = op(0.25);
+  EXPECT_DOUBLE_EQ(simulate(cp, CostModel(simple_machine(), 2)).exposed_s.at("cp"), 0.25);
   std::map<int, std::vector<TimelineEntry>> u;
   u[0] = {comm(0, "send", "pp", {0, 3}, 8, true, {3})};
   EXPECT_THROW(simulate(u, CostModel(simple_machine(), 4)), Error);
