@@ -9,6 +9,7 @@
 // ---------------------------------------------------------------------------------------------------
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "parallel/allocator.hpp"
 #include "parallel/data_parallel.hpp"
@@ -62,7 +63,9 @@ RankTrace trace_step(const Config& c, int world_size, int rank) {
   trace.rank = rank;
   auto log = std::make_shared<CommLog>();
   MetaCommunicator world(rank, world_size, log);
-  MetaTimeline timeline;
+  // Opened when the step starts: construction (the parameters' cast, the optimizer's copies, DDP's
+  // buffers) happens once per run, not per step, and stays off the timeline.
+  std::optional<MetaTimeline> timeline;
   {
     const auto grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
                                            c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
@@ -115,6 +118,7 @@ RankTrace trace_step(const Config& c, int world_size, int rank) {
                                   Tensor::empty({c.train.micro_batch_size, local_seq}, DType::I32, device)};
     };
     const double local_tokens = static_cast<double>(micro_batches) * c.train.micro_batch_size * local_seq;
+    timeline.emplace();
     ddp.zero_grad();
     model.start_step(micro_batch, Tensor::full({1}, 1.0 / local_tokens, DType::F32, device), 0);
     executor.run(driver);
@@ -123,7 +127,7 @@ RankTrace trace_step(const Config& c, int world_size, int rank) {
     optimizer->step(1e-3);
     trace.peak_bytes = static_cast<int64_t>(alloc.stats().peak_allocated) - base;
   }
-  trace.timeline = timeline.entries();
+  trace.timeline = timeline->entries();
   for (const TimelineEntry& e : trace.timeline)
     if (e.kind == TimelineEntry::Kind::Op) trace.flops += e.op.flops;
   return trace;
