@@ -33,6 +33,7 @@
 #include "parallel/signal_handler.hpp"
 #include "parallel/tensorboard.hpp"
 #include "parallel/train_state.hpp"
+#include "parallel/train_step.hpp"
 #include "parallel/training_guard.hpp"
 
 namespace parallel {
@@ -146,39 +147,6 @@ MemoryLimit agreed_memory_limit(Communicator& world, MemoryLimit limit) {
   return limit;
 }
 
-// The DDP bookkeeping the executor must not know about: only the last micro-batch's backward of a
-// chunk makes its gradients final (and may start their bucket's reduction). MoE: the dense and the
-// expert replica alike.
-class DataParallelAwareModel final : public pipeline::PipelineModel {
- public:
-  DataParallelAwareModel(pipeline::ChunkPipelineModel& inner, std::vector<DataParallel*> replicas,
-                         int micro_batches)
-      : inner_(inner), replicas_(std::move(replicas)), micro_batches_(micro_batches) {}
-  Tensor forward(int chunk, int micro_batch, const Tensor& input) override {
-    return inner_.forward(chunk, micro_batch, input);
-  }
-  Tensor backward(int chunk, int micro_batch, const Tensor& grad) override {
-    set_last(micro_batch);
-    return inner_.backward(chunk, micro_batch, grad);
-  }
-  // Split backward: gradients are written, and grad-ready hooks fire, in the weight step only.
-  Tensor backward_input(int chunk, int micro_batch, const Tensor& grad) override {
-    return inner_.backward_input(chunk, micro_batch, grad);
-  }
-  void backward_weight(int chunk, int micro_batch) override {
-    set_last(micro_batch);
-    inner_.backward_weight(chunk, micro_batch);
-  }
-
- private:
-  void set_last(int micro_batch) {
-    for (DataParallel* d : replicas_) d->set_is_last_microbatch(micro_batch == micro_batches_ - 1);
-  }
-  pipeline::ChunkPipelineModel& inner_;
-  std::vector<DataParallel*> replicas_;
-  int micro_batches_;
-};
-
 // What a DDP actually shards (tests read the log lines), not what the config asked for.
 const char* sharding_name(DataParallel& ddp) {
   const ParamAndGradBuffer& buf = ddp.buffer();
@@ -232,17 +200,11 @@ struct Trainer::Impl {
   Config cfg;
   Communicator& world;  // the base interface: its calls carry the default arguments
   Device device;        // where this rank computes
-  std::unique_ptr<ParallelState> state;
-  std::vector<std::unique_ptr<GPTModel>> chunks;
-  std::unique_ptr<pipeline::ChunkPipelineModel> model;
-  std::unique_ptr<DataParallel> ddp;
-  std::unique_ptr<DataParallel> expert_ddp;  // MoE experts (reduced over expert-dp); else null
-  // MoE: the chunks' hooks, shared by ddp and expert_ddp (removed before either is destroyed).
-  std::unique_ptr<SharedChunkHooks> shared_hooks;
-  std::unique_ptr<Optimizer> optimizer;
+  // The step: groups, model chunks, DDP, optimizer and executors (train_step.hpp).
+  std::unique_ptr<TrainStep> train_step;
+  ParallelState* state = nullptr;  // train_step's
   std::optional<LrSchedule> lr;
   std::optional<BlendedDataset> train_data, valid_data;
-  std::unique_ptr<pipeline::PipelineExecutor> executor, eval_executor;
   std::unique_ptr<MetricsWriter> metrics;  // rank 0 only
   // Rank 0, when train.tensorboard_dir is set: the same scalars as metrics, for TensorBoard.
   std::unique_ptr<TensorBoardWriter> tensorboard;
@@ -250,19 +212,16 @@ struct Trainer::Impl {
   // process at once (there is nothing to save yet), instead of waiting for the first step.
   std::optional<StopFlag> stop;
   int64_t step = 0;
-  int micro_batches = 1;  // per data-parallel rank and step
   double flops_per_token = 0;
   double peak_flops = 0;  // per rank, for MFU; 0: unknown (MFU reported as 0)
   std::vector<StepMetrics> history;
   std::optional<TrainingGuard> guard;
-  Tensor local_loss;  // this rank's loss sum of the last step, before the reduction (for messages)
   FaultInjection fault;
-  // This rank's allocator high-water mark since the trainer started. The executor resets the
-  // allocator's peak at every run, so it is read before each run and after each step.
-  int64_t measured_peak = 0;
-  void sample_peak() {
-    measured_peak =
-        std::max(measured_peak, static_cast<int64_t>(allocator_for(device).stats().peak_allocated));
+  // This rank's allocator high-water mark since the trainer started: the model's construction and
+  // everything after (TrainStep samples it before each pipeline run, which resets the allocator's
+  // peak, and after each step).
+  int64_t measured_peak() const {
+    return std::max(train_step->construction_peak_bytes(), train_step->peak_bytes());
   }
 
   Impl(const Config& config, MpiCommunicator& w)
@@ -273,7 +232,7 @@ struct Trainer::Impl {
   int64_t tokens_per_batch() const {
     return static_cast<int64_t>(cfg.train.global_batch_size) * cfg.model.seq_length;
   }
-  std::vector<Parameter*> parameters() const { return model->parameters(); }
+  std::vector<Parameter*> parameters() const { return train_step->parameters(); }
 
   // Micro-batch `mb` of global batch `batch` for this data-parallel rank, on this rank's device:
   // the cp ranks of a dp rank read the same samples and keep their own two chunks of each.
@@ -293,7 +252,7 @@ struct Trainer::Impl {
   // add) but computed the aux and z losses from the same all-reduced statistics (counted once).
   void moe_metrics(StepMetrics& s, int64_t global_micro_batches) {
     std::vector<float> local(2, 0.0f);
-    for (auto& chunk : chunks) {
+    for (const auto& chunk : train_step->chunks()) {
       const GPTModel::MoEStatistics st = chunk->moe_statistics();
       chunk->reset_moe_statistics();
       if (st.tokens_per_expert.empty()) continue;
@@ -315,24 +274,13 @@ struct Trainer::Impl {
     for (std::size_t e = 0; e + 2 < local.size(); ++e) s.moe_tokens_per_expert[e] = std::llround(v[2 + e]);
   }
 
-  // The global mean token loss: the last stage's sums (one tp rank each) added over the world.
-  // `factor` multiplies this rank's sum (fault injection; 1 otherwise).
-  double global_mean_loss(double factor = 1.0) {
-    const bool counts = model->computes_loss() && state->coord().tp == 0;
-    Tensor sum = Tensor::zeros({1}, DType::F32);
-    if (counts) sum.copy_(model->loss_sum());  // device -> host bytes; read once below
-    if (factor != 1.0) ops::scale_(sum, static_cast<float>(factor));
-    local_loss = sum.clone();  // read only when the guard stops the run
-    world.all_reduce(sum);
-    return sum.to_float_vector()[0] / static_cast<double>(tokens_per_batch());
-  }
-
   // The guard stops the run at `at_step`: every rank throws the same AgreedStop (exit 3), its
   // message naming the ranks whose own loss sum (before the reduction) or gradients are not finite.
   [[noreturn]] void stop_run(int64_t at_step, const std::string& why) {
     Tensor mine = Tensor::zeros({2}, DType::F32);
+    const Tensor& local_loss = train_step->local_loss();
     if (local_loss.defined() && !std::isfinite(local_loss.to_float_vector()[0])) mine.data<float>()[0] = 1;
-    for (DataParallel* d : optimizer->data_parallels()) {
+    for (DataParallel* d : train_step->optimizer().data_parallels()) {
       Tensor& grads = d->buffer().grad_data();
       if (!grads.defined() || grads.numel() == 0) continue;
       Tensor sq = Tensor::zeros({1}, DType::F32, grads.device());
@@ -378,8 +326,8 @@ struct Trainer::Impl {
     progress.consumed_samples = at_step * cfg.train.global_batch_size;
     progress.seed = cfg.train.seed;
     progress.config_yaml = config_to_yaml(cfg);
-    const std::string dir = save_train_state(cfg.checkpoint.dir, progress, parameters(), optimizer.get(),
-                                             *state, cfg.checkpoint.keep_last);
+    const std::string dir = save_train_state(cfg.checkpoint.dir, progress, parameters(),
+                                             &train_step->optimizer(), *state, cfg.checkpoint.keep_last);
     parallel::progress().info("saved checkpoint {}", dir);
   }
 };
@@ -413,74 +361,27 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline,
                                          c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
   check_nodes(c, world, grid);
-  // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
-  m.state = std::make_unique<ParallelState>(world, grid, m.device);
-  const int pp_rank = m.state->coord().pp;
-
-  // This rank's model chunks (one per virtual pipeline stage).
-  const auto specs = pipeline::stage_layout(pipeline::LayoutParams::of(c), pp_rank);
-  GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
-                            .recompute = c.train.recompute,
-                            .seed = c.train.seed,
-                            .precision = c.train.precision,
-                            .device = m.device,
-                            .expert = c.model.num_experts > 0 ? &m.state->ep() : nullptr,
-                            .expert_tensor = c.model.num_experts > 0 ? &m.state->etp() : nullptr,
-                            .cp = &m.state->cp(),
-                            .context_comm = c.parallel.context_comm};
-  std::vector<GPTModel*> raw;
-  for (const GPTChunkSpec& spec : specs) {
-    m.chunks.push_back(std::make_unique<GPTModel>(c.model, spec, options, m.state->tp()));
-    raw.push_back(m.chunks.back().get());
-  }
-  m.model = std::make_unique<pipeline::ChunkPipelineModel>(raw);
-
-  // Parameter count of the whole model: every element counted once, by the rank that would write it
-  // to a checkpoint, without vocabulary padding. Before DDP: with sharded parameters the values are
-  // gathered only while a unit computes.
-  int64_t local = 0;
-  for (Parameter* p : m.parameters())
-    if (checkpoint::is_replica_writer(*p, m.state->coord()))
-      local += checkpoint::from_parameter(*p, true).local.numel();
-  Tensor count = Tensor::full({1}, static_cast<double>(local), DType::F32);
-  m.world.all_reduce(count);
-
-  // Data parallelism owns the parameter and gradient buffers; the optimizer works on them. Dense
-  // parameters are replicated over dp x cp (the cp ranks see other tokens of the same samples).
-  DataParallelOptions ddp_options = DataParallelOptions::from(c.optimizer, c.train.precision);
-  if (c.model.num_experts > 0) {
-    // MoE: dense parameters over dp x cp, experts over expert-dp (averaged over dp x cp too), each
-    // sharded as optimizer.sharding says over its own group; one hook per chunk serves both.
-    DataParallelOptions experts = ddp_options.for_experts(m.state->dp_cp().size(), m.state->edp().size());
-    experts.install_hooks = false;
-    ddp_options.params = DataParallelOptions::Params::Dense;
-    ddp_options.install_hooks = false;
-    m.expert_ddp = std::make_unique<DataParallel>(raw, m.state->edp(), experts);
+  // The groups, this rank's model chunks, DDP, the optimizer and the executors: the step, composed
+  // once for the trainer and the planner (train_step.hpp).
+  m.train_step = std::make_unique<TrainStep>(c, m.world, m.device);
+  m.state = &m.train_step->state();
+  if (DataParallel* experts = m.train_step->expert_ddp())
     progress().info(
         "experts: {} per MoE layer, top-{}, {} dispatch; expert parallel {} ({} experts per rank), "
         "expert tensor parallel {}, expert data parallel {}, sharding {} over {} ranks, {} buckets",
         c.model.num_experts, c.model.moe_router_topk,
         c.model.moe_token_dispatcher == MoeDispatcher::AllToAll ? "alltoall" : "allgather",
         m.state->ep().size(), c.model.num_experts / m.state->ep().size(), m.state->etp().size(),
-        m.state->edp().size(), sharding_name(*m.expert_ddp), m.expert_ddp->shard_group().size(),
-        m.expert_ddp->buffer().buckets().size());
-  }
-  m.ddp = std::make_unique<DataParallel>(raw, m.state->dp_cp(), ddp_options);
-  if (m.expert_ddp)
-    m.shared_hooks =
-        std::make_unique<SharedChunkHooks>(raw, std::vector<DataParallel*>{m.ddp.get(), m.expert_ddp.get()});
-  progress().info("data parallel: {} ranks, sharding {} over {} ranks, {} buckets", m.ddp->dp().size(),
-                  sharding_name(*m.ddp), m.ddp->shard_group().size(), m.ddp->buffer().buckets().size());
-  const auto groups = OptimizerGroups::from(*m.state);
-  if (c.optimizer.distributed)
-    m.optimizer = std::make_unique<DistributedOptimizer>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
-  else
-    m.optimizer = std::make_unique<AdamW>(*m.ddp, c.optimizer, groups, m.expert_ddp.get());
-  if (m.optimizer->uses_muon())
+        m.state->edp().size(), sharding_name(*experts), experts->shard_group().size(),
+        experts->buffer().buckets().size());
+  DataParallel& ddp = m.train_step->ddp();
+  progress().info("data parallel: {} ranks, sharding {} over {} ranks, {} buckets", ddp.dp().size(),
+                  sharding_name(ddp), ddp.shard_group().size(), ddp.buffer().buckets().size());
+  if (m.train_step->optimizer().uses_muon())
     progress().info(
         "optimizer: muon for the 2-D hidden weights ({} momentum elements here), adamw for the "
         "rest ({} elements here)",
-        m.optimizer->momentum().numel(), m.optimizer->exp_avg().numel());
+        m.train_step->optimizer().momentum().numel(), m.train_step->optimizer().exp_avg().numel());
   m.lr.emplace(c.optimizer, c.train.steps);
 
   // Every rank builds the same blend index (or reads it from the cache); rank 0 alone writes the file.
@@ -499,22 +400,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     if (!data->cache_warning().empty()) progress().warn("data: {}", data->cache_warning());
   }
 
-  const int dp = grid.sizes().data;
-  m.micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
-  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor > 1;
-  pipeline::ExecutorOptions exec;
-  exec.micro_batches = m.micro_batches;
-  exec.virtual_stages = c.parallel.virtual_stages;
-  exec.kind = c.parallel.pipeline_schedule;
-  // A stage sends this rank's tokens: its cp share of the sequence, and of that its tp shard under sp.
-  exec.activation_shape = {c.model.seq_length / c.parallel.context / (sp ? c.parallel.tensor : 1),
-                           c.train.micro_batch_size, c.model.hidden_size};
-  exec.dtype = compute_dtype(c.train.precision);  // stages pass 16-bit activations under bf16/fp16
-  exec.device = m.device;
-  m.executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
-  exec.schedule = pipeline::forward_only;
-  m.eval_executor = std::make_unique<pipeline::PipelineExecutor>(m.state->pp(), exec);
-
+  const int dp = m.state->grid().sizes().data;
   m.flops_per_token = model_flops_per_token(c.model);
   if (world.rank() == 0) {
     std::filesystem::create_directories(c.train.output_dir);
@@ -528,15 +414,15 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   progress().info(
       "GPT: {:.2f}M parameters, {} layers, hidden {}, {} heads; tensor {} x context {} x pipeline {} (x{} "
       "virtual) x data {}; {} micro-batches of {} per rank and step",
-      count.to_float_vector()[0] / 1e6, c.model.num_layers, c.model.hidden_size, c.model.num_attention_heads,
-      c.parallel.tensor, c.parallel.context, c.parallel.pipeline, c.parallel.virtual_stages, dp,
-      m.micro_batches, c.train.micro_batch_size);
+      static_cast<double>(m.train_step->parameter_count()) / 1e6, c.model.num_layers, c.model.hidden_size,
+      c.model.num_attention_heads, c.parallel.tensor, c.parallel.context, c.parallel.pipeline,
+      c.parallel.virtual_stages, dp, m.train_step->micro_batches(), c.train.micro_batch_size);
   if (c.parallel.pipeline > 1) {
     // What the executor runs: the configured schedule, resolved (auto) and counted on this rank.
     int weight_steps = 0;
-    for (const pipeline::Action& a : m.executor->schedule())
+    for (const pipeline::Action& a : m.train_step->executor().schedule())
       weight_steps += a.op == pipeline::Op::BackwardWeight;
-    const pipeline::Schedule& s = m.executor->schedule();
+    const pipeline::Schedule& s = m.train_step->executor().schedule();
     const bool interleaved = c.parallel.virtual_stages > 1;
     const char* name = c.parallel.pipeline_schedule != PipelineSchedule::Auto
                            ? pipeline::schedule_name(c.parallel.pipeline_schedule)
@@ -572,8 +458,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
     }
   }
   if (load) {
-    const LoadResult loaded =
-        load_train_state(c.checkpoint.load, c.checkpoint.dir, m.parameters(), m.optimizer.get(), *m.state);
+    const LoadResult loaded = load_train_state(c.checkpoint.load, c.checkpoint.dir, m.parameters(),
+                                               &m.train_step->optimizer(), *m.state);
     m.step = loaded.progress.step;
     progress().info(
         "loaded {} ({}): resuming at step {}", loaded.path,
@@ -588,8 +474,8 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
 int64_t Trainer::measured_peak_bytes() const {
-  impl_->sample_peak();
-  return impl_->measured_peak;
+  impl_->train_step->sample_peak();
+  return impl_->measured_peak();
 }
 const std::vector<StepMetrics>& Trainer::history() const { return impl_->history; }
 
@@ -599,10 +485,10 @@ double Trainer::evaluate() {
                  "evaluate: train.eval_interval is 0, so no validation data was opened");
   double total = 0;
   for (int i = 0; i < m.cfg.train.eval_steps; ++i) {
-    m.model->start_forward_only(m.data_of(*m.valid_data, i));
-    m.sample_peak();
-    m.eval_executor->run(*m.model);
-    total += m.global_mean_loss();
+    m.train_step->model().start_forward_only(m.data_of(*m.valid_data, i));
+    m.train_step->sample_peak();  // the executor resets the allocator's peak
+    m.train_step->eval_executor().run(m.train_step->model());
+    total += m.train_step->global_mean_loss();
   }
   return total / m.cfg.train.eval_steps;
 }
@@ -610,12 +496,10 @@ double Trainer::evaluate() {
 int64_t Trainer::train() {
   Impl& m = *impl_;
   const Config& c = m.cfg;
-  const int dp_rank = m.state->coord().dp;
   const int64_t batches_per_step =
       c.train.global_batch_size / c.train.micro_batch_size;  // global micro-batches
   const auto run_start = Clock::now();
   const int64_t first_step = m.step;
-  DataParallelAwareModel driver(*m.model, m.optimizer->data_parallels(), m.micro_batches);
 
   // Straggler detection: each rank's time outside communication waits, summed between log lines.
   double busy_since_log = 0;
@@ -626,53 +510,23 @@ int64_t Trainer::train() {
     const double waited_before = comm_wait_seconds();
     const int64_t reads_before = host_reads();
     const int64_t t = m.step;  // 0-based index of this step's global batch
-    m.ddp->zero_grad();
-    if (m.expert_ddp) m.expert_ddp->zero_grad();
     const double lr = m.lr->lr(static_cast<int>(t));
-    // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp x cp,
-    // and each cp rank holds seq_length / cp tokens of every sample), times the fp16 loss scale.
-    const double scale = m.optimizer->loss_scaler() ? m.optimizer->loss_scaler()->scale() : 1.0;
-    const double local_tokens = static_cast<double>(m.micro_batches) * c.train.micro_batch_size *
-                                (c.model.seq_length / c.parallel.context);
-    // MoE aux and z losses: averaged over the micro-batches like the loss, then over dp x cp by DDP
-    // (each cp rank's router sees a part of the tokens, as its loss gradient does: times cp).
-    for (auto& chunk : m.chunks) chunk->set_moe_loss_scale(scale * c.parallel.context / m.micro_batches);
     const double injected = m.fault.factor_at(t + 1, m.world.rank());
-    m.model->start_step(m.data_of(*m.train_data, t),
-                        Tensor::full({1}, injected * scale / local_tokens, DType::F32, m.device),
-                        static_cast<uint64_t>(t * batches_per_step + dp_rank * m.micro_batches));
-    m.sample_peak();
-    {
-      // With several micro-batches every weight is packed once for all of them (ops.hpp's
-      // WeightPackingScope); the optimizer writes the weights after the scope. The memory plan
-      // counts the packed copies (packs_weights in memory_plan.cpp decides the same way). Under
-      // ZeRO-3 param_data() is undefined (gathered weights come and go inside the step): no packing.
-      std::optional<ops::WeightPackingScope> packing;
-      if (m.micro_batches > 1 && m.device.is_cpu() && ops::WeightPackingScope::enabled())
-        packing.emplace(m.expert_ddp ? std::vector<Tensor>{m.ddp->buffer().param_data(),
-                                                           m.expert_ddp->buffer().param_data()}
-                                     : std::vector<Tensor>{m.ddp->buffer().param_data()});
-      m.executor->run(driver);
-    }
-    finalize_grads(m.parameters(), *m.state);
-    m.ddp->finish_grad_sync();
-    if (m.expert_ddp) m.expert_ddp->finish_grad_sync();
-    // The loss before the update, so that the guard can keep a poisoned step from updating
-    // anything; it sees the same loss and gradient norm on every rank, so all decide alike.
-    const double loss = m.global_mean_loss(injected);
     GuardVerdict verdict;
-    const StepResult result = m.optimizer->step(lr, [&](double grad_norm) {
-      verdict = m.guard->check(loss, grad_norm, true);
-      return verdict.action != GuardVerdict::Action::Update;
-    });
+    const StepOutcome outcome =
+        m.train_step->run(t, m.data_of(*m.train_data, t), lr, injected, [&](double loss, double grad_norm) {
+          verdict = m.guard->check(loss, grad_norm, true);
+          return verdict.action != GuardVerdict::Action::Update;
+        });
+    const double loss = outcome.loss;
+    const StepResult& result = outcome.update;
     // An fp16 overflow skipped the update before the guard saw the norm: the loss is still checked.
     if (result.overflow) verdict = m.guard->check(loss, 0.0, false);
     const std::string too_many = m.guard->record(verdict, !result.skipped, loss, result.grad_norm);
-    m.sample_peak();
     // Host reads of this step and the allocator's peak so far, each the largest over the ranks.
     Tensor maxima = Tensor::zeros({2}, DType::I64);
     maxima.data<int64_t>()[0] = host_reads() - reads_before;
-    maxima.data<int64_t>()[1] = m.measured_peak;
+    maxima.data<int64_t>()[1] = m.measured_peak();
     m.world.all_reduce(maxima, ReduceOp::Max);
     const int64_t reads = maxima.data<int64_t>()[0];
     ++m.step;
@@ -699,7 +553,7 @@ int64_t Trainer::train() {
     s.nonfinite_steps = m.guard->nonfinite_steps();
     s.host_reads = reads;
     s.mem_peak_bytes = maxima.data<int64_t>()[1];
-    s.loss_scale = m.optimizer->loss_scaler() ? result.loss_scale : 0.0;
+    s.loss_scale = m.train_step->optimizer().loss_scaler() ? result.loss_scale : 0.0;
     if (c.model.num_experts > 0) m.moe_metrics(s, batches_per_step);
     m.history.push_back(s);
 

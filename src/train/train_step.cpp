@@ -1,0 +1,196 @@
+#include "parallel/train_step.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "parallel/allocator.hpp"
+#include "parallel/checkpoint.hpp"
+#include "parallel/finalize_grads.hpp"
+#include "parallel/ops.hpp"
+#include "parallel/precision.hpp"
+
+namespace parallel {
+
+namespace {
+
+// The DDP bookkeeping the executor must not know about: only the last micro-batch's backward of a
+// chunk makes its gradients final (and may start their bucket's reduction). MoE: the dense and the
+// expert replica alike.
+class DataParallelAwareModel final : public pipeline::PipelineModel {
+ public:
+  DataParallelAwareModel(pipeline::ChunkPipelineModel& inner, std::vector<DataParallel*> replicas,
+                         int micro_batches)
+      : inner_(inner), replicas_(std::move(replicas)), micro_batches_(micro_batches) {}
+  Tensor forward(int chunk, int micro_batch, const Tensor& input) override {
+    return inner_.forward(chunk, micro_batch, input);
+  }
+  Tensor backward(int chunk, int micro_batch, const Tensor& grad) override {
+    set_last(micro_batch);
+    return inner_.backward(chunk, micro_batch, grad);
+  }
+  // Split backward: gradients are written, and grad-ready hooks fire, in the weight step only.
+  Tensor backward_input(int chunk, int micro_batch, const Tensor& grad) override {
+    return inner_.backward_input(chunk, micro_batch, grad);
+  }
+  void backward_weight(int chunk, int micro_batch) override {
+    set_last(micro_batch);
+    inner_.backward_weight(chunk, micro_batch);
+  }
+
+ private:
+  void set_last(int micro_batch) {
+    for (DataParallel* d : replicas_) d->set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+  }
+  pipeline::ChunkPipelineModel& inner_;
+  std::vector<DataParallel*> replicas_;
+  int micro_batches_;
+};
+
+}  // namespace
+
+TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
+    : cfg_(config), world_(world), device_(device) {
+  const Config& c = cfg_;
+  Allocator& alloc = allocator_for(device_);
+  alloc.reset_peak();
+  const auto grid = RankGrid::from_world(world.size(), c.parallel.tensor, c.parallel.pipeline,
+                                         c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
+  // On GPUs every group is a NCCL communicator on this rank's device (ParallelState).
+  state_ = std::make_unique<ParallelState>(world, grid, device_);
+
+  // This rank's model chunks (one per virtual pipeline stage).
+  const auto specs = pipeline::stage_layout(pipeline::LayoutParams::of(c), state_->coord().pp);
+  const bool moe = c.model.num_experts > 0;
+  GPTModel::Options options{.sequence_parallel = c.parallel.sequence_parallel,
+                            .recompute = c.train.recompute,
+                            .seed = c.train.seed,
+                            .precision = c.train.precision,
+                            .device = device_,
+                            .expert = moe ? &state_->ep() : nullptr,
+                            .expert_tensor = moe ? &state_->etp() : nullptr,
+                            .cp = &state_->cp(),
+                            .context_comm = c.parallel.context_comm};
+  std::vector<GPTModel*> raw;
+  for (const GPTChunkSpec& spec : specs) {
+    chunks_.push_back(std::make_unique<GPTModel>(c.model, spec, options, state_->tp()));
+    raw.push_back(chunks_.back().get());
+  }
+  model_ = std::make_unique<pipeline::ChunkPipelineModel>(raw);
+  sample_peak();
+  construction_peak_ = peak_;
+  peak_ = 0;
+  alloc.reset_peak();
+
+  // Parameter count of the whole model: every element counted once, by the rank that would write it
+  // to a checkpoint, without vocabulary padding. Before DDP: with sharded parameters the values are
+  // gathered only while a unit computes. Shapes only: the same on meta.
+  int64_t local = 0;
+  for (Parameter* p : parameters())
+    if (checkpoint::is_replica_writer(*p, state_->coord()))
+      local += checkpoint::from_parameter(*p, true).local.numel();
+  Tensor count = Tensor::full({1}, static_cast<double>(local), DType::F32);
+  world_.all_reduce(count);
+  parameter_count_ = static_cast<int64_t>(count.to_float_vector()[0]);
+
+  // Data parallelism owns the parameter and gradient buffers; the optimizer works on them. Dense
+  // parameters are replicated over dp x cp (the cp ranks see other tokens of the same samples).
+  DataParallelOptions ddp_options = DataParallelOptions::from(c.optimizer, c.train.precision);
+  if (moe) {
+    // MoE: dense parameters over dp x cp, experts over expert-dp (averaged over dp x cp too), each
+    // sharded as optimizer.sharding says over its own group; one hook per chunk serves both.
+    DataParallelOptions experts = ddp_options.for_experts(state_->dp_cp().size(), state_->edp().size());
+    experts.install_hooks = false;
+    ddp_options.params = DataParallelOptions::Params::Dense;
+    ddp_options.install_hooks = false;
+    expert_ddp_ = std::make_unique<DataParallel>(raw, state_->edp(), experts);
+  }
+  ddp_ = std::make_unique<DataParallel>(raw, state_->dp_cp(), ddp_options);
+  if (expert_ddp_)
+    shared_hooks_ =
+        std::make_unique<SharedChunkHooks>(raw, std::vector<DataParallel*>{ddp_.get(), expert_ddp_.get()});
+  const auto groups = OptimizerGroups::from(*state_);
+  if (c.optimizer.distributed)
+    optimizer_ = std::make_unique<DistributedOptimizer>(*ddp_, c.optimizer, groups, expert_ddp_.get());
+  else
+    optimizer_ = std::make_unique<AdamW>(*ddp_, c.optimizer, groups, expert_ddp_.get());
+
+  micro_batches_ = c.train.global_batch_size / (c.train.micro_batch_size * grid.sizes().data);
+  const bool sp = c.parallel.sequence_parallel && c.parallel.tensor > 1;
+  pipeline::ExecutorOptions exec;
+  exec.micro_batches = micro_batches_;
+  exec.virtual_stages = c.parallel.virtual_stages;
+  exec.kind = c.parallel.pipeline_schedule;
+  // A stage sends this rank's tokens: its cp share of the sequence, and of that its tp shard under sp.
+  exec.activation_shape = {c.model.seq_length / c.parallel.context / (sp ? c.parallel.tensor : 1),
+                           c.train.micro_batch_size, c.model.hidden_size};
+  exec.dtype = compute_dtype(c.train.precision);  // stages pass 16-bit activations under bf16/fp16
+  exec.device = device_;
+  executor_ = std::make_unique<pipeline::PipelineExecutor>(state_->pp(), exec);
+  exec.schedule = pipeline::forward_only;
+  eval_executor_ = std::make_unique<pipeline::PipelineExecutor>(state_->pp(), exec);
+  driver_ = std::make_unique<DataParallelAwareModel>(*model_, optimizer_->data_parallels(), micro_batches_);
+}
+
+TrainStep::~TrainStep() = default;
+
+int64_t TrainStep::peak_bytes() const {
+  return std::max(peak_, static_cast<int64_t>(allocator_for(device_).stats().peak_allocated));
+}
+
+void TrainStep::sample_peak() { peak_ = peak_bytes(); }
+
+double TrainStep::global_mean_loss(double factor) {
+  const bool counts = model_->computes_loss() && state_->coord().tp == 0;
+  Tensor sum = Tensor::zeros({1}, DType::F32);
+  // device -> host bytes; read once below. On meta there are no values: the sum stays 0.
+  if (counts && !device_.is_meta()) sum.copy_(model_->loss_sum());
+  if (factor != 1.0) ops::scale_(sum, static_cast<float>(factor));
+  local_loss_ = sum.clone();  // read only when the trainer's guard stops the run
+  world_.all_reduce(sum);
+  const double tokens = static_cast<double>(cfg_.train.global_batch_size) * cfg_.model.seq_length;
+  return sum.to_float_vector()[0] / tokens;
+}
+
+StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, double lr, double loss_factor,
+                           const SkipUpdate& skip_update) {
+  const Config& c = cfg_;
+  ddp_->zero_grad();
+  if (expert_ddp_) expert_ddp_->zero_grad();
+  // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp x cp,
+  // and each cp rank holds seq_length / cp tokens of every sample), times the fp16 loss scale.
+  const double scale = optimizer_->loss_scaler() ? optimizer_->loss_scaler()->scale() : 1.0;
+  const double local_tokens = static_cast<double>(micro_batches_) * c.train.micro_batch_size *
+                              (c.model.seq_length / c.parallel.context);
+  // MoE aux and z losses: averaged over the micro-batches like the loss, then over dp x cp by DDP
+  // (each cp rank's router sees a part of the tokens, as its loss gradient does: times cp).
+  for (auto& chunk : chunks_) chunk->set_moe_loss_scale(scale * c.parallel.context / micro_batches_);
+  const int64_t batches_per_step = c.train.global_batch_size / c.train.micro_batch_size;  // global
+  model_->start_step(data, Tensor::full({1}, loss_factor * scale / local_tokens, DType::F32, device_),
+                     static_cast<uint64_t>(step * batches_per_step + state_->coord().dp * micro_batches_));
+  sample_peak();  // the executor resets the allocator's peak
+  {
+    // With several micro-batches every weight is packed once for all of them (ops.hpp's
+    // WeightPackingScope); the optimizer writes the weights after the scope. Under ZeRO-3
+    // param_data() is undefined (gathered weights come and go inside the step): no packing.
+    std::optional<ops::WeightPackingScope> packing;
+    if (micro_batches_ > 1 && device_.is_cpu() && ops::WeightPackingScope::enabled())
+      packing.emplace(
+          expert_ddp_ ? std::vector<Tensor>{ddp_->buffer().param_data(), expert_ddp_->buffer().param_data()}
+                      : std::vector<Tensor>{ddp_->buffer().param_data()});
+    executor_->run(*driver_);
+  }
+  finalize_grads(parameters(), *state_);
+  ddp_->finish_grad_sync();
+  if (expert_ddp_) expert_ddp_->finish_grad_sync();
+  // The loss before the update, so that the guard can keep a poisoned step from updating
+  // anything; it sees the same loss and gradient norm on every rank, so all decide alike.
+  StepOutcome out;
+  out.loss = global_mean_loss(loss_factor);
+  std::function<bool(double)> skip;
+  if (skip_update) skip = [&](double grad_norm) { return skip_update(out.loss, grad_norm); };
+  out.update = optimizer_->step(lr, skip);
+  sample_peak();
+  return out;
+}
+
+}  // namespace parallel
