@@ -74,6 +74,19 @@ Tensor read_to_host(const Tensor& t) {
   return t.to(Device::cpu());
 }
 
+// A meta run (meta.hpp) has no logits to read back. Its stated assumption is balanced routing:
+// token t's j-th choice is expert (t k + j) mod E, so each expert receives T k / E of this rank's
+// T k assignments (the first (T k) mod E experts, in this order, one more), and as every rank of a
+// layer sees the same number of tokens, every rank routes alike: what a rank receives from a peer
+// is what it sends it. The logits are 1 for the chosen experts and 0 elsewhere (top-k keeps them).
+Tensor balanced_router_logits(int64_t T, int64_t E, int64_t k) {
+  Tensor logits = Tensor::zeros({T, E}, DType::F32);
+  float* l = logits.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) l[t * E + (t * k + j) % E] = 1.0f;
+  return logits;
+}
+
 int ep_size(const LayerEnv& env) { return env.ep != nullptr ? env.ep->size() : 1; }
 int ep_rank(const LayerEnv& env) { return env.ep != nullptr ? env.ep->rank() : 0; }
 int etp_size(const LayerEnv& env) { return env.etp != nullptr ? env.etp->size() : 1; }
@@ -272,7 +285,8 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
   // Router: fp32 logits, softmax, top-k (lower index first among equals), log-sum-exp for z.
   Tensor logits = Tensor::empty({T, E}, DType::F32, x.device());
   ops::gemm(xr, false, router.value, true, logits);
-  logits = read_to_host(logits);
+  const bool meta = x.device().is_meta();  // balanced routing, nothing read (above)
+  logits = meta ? balanced_router_logits(T, E, k) : read_to_host(logits);
   ctx.probs = Tensor::empty({T, E}, DType::F32);
   float* probs = ctx.probs.data<float>();
   const float* lg = logits.data<float>();
@@ -372,12 +386,20 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
     env_.ep->all_to_all(send, recv);
     const int64_t* r = recv.data<int64_t>();
     ctx.recv_counts.assign(r, r + E);
+    if (meta)  // every rank routes alike: rank i sends this rank what this rank sends i
+      for (std::size_t i = 0; i < P; ++i)
+        for (std::size_t e = 0; e < L; ++e)
+          ctx.recv_counts[i * L + e] = ctx.counts[static_cast<std::size_t>(ep_rank(env_)) * L + e];
   } else {
     Tensor send = Tensor::from_vector(std::vector<int64_t>(ctx.counts), {E});
     Tensor all = Tensor::empty({E * p}, DType::I64);
     env_.ep->all_gather(send, all);
     const int64_t* a = all.data<int64_t>();
     ctx.all_counts.assign(a, a + E * p);
+    if (meta)  // every rank routes alike
+      for (std::size_t r = 0; r < P; ++r)
+        std::copy(ctx.counts.begin(), ctx.counts.end(),
+                  ctx.all_counts.begin() + static_cast<std::ptrdiff_t>(r * Es));
     ctx.recv_counts.assign(P * L, 0);
     const std::size_t me = static_cast<std::size_t>(ep_rank(env_));
     for (std::size_t r = 0; r < P; ++r)
@@ -397,6 +419,9 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
     env_.etp->all_gather(send, all);
     const int64_t* a = all.data<int64_t>();
     ctx.etp_counts.assign(a, a + local_ * static_cast<int64_t>(Tp));
+    if (meta)  // every rank routes alike
+      for (std::size_t q = 0; q < Tp; ++q)
+        std::copy(mine.begin(), mine.end(), ctx.etp_counts.begin() + static_cast<std::ptrdiff_t>(q * L));
   }
   ctx.local_offsets.assign(L + 1, 0);
   for (std::size_t e = 0; e < L; ++e) {
@@ -489,7 +514,8 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   ops::gather_rows_scaled(dyr, token, on_device(row_weight, {N}, dev), d_out);
   Tensor dots = Tensor::empty({N}, DType::F32, dev);
   ops::row_dot(ctx.out_perm, dyr, token, dots);
-  dots = read_to_host(dots);
+  // Meta: no values; the router's gradient is shapes only (its values are never read).
+  dots = dev.is_meta() ? Tensor::zeros({N}, DType::F32) : read_to_host(dots);
   Tensor dprobs = Tensor::zeros({T, E}, DType::F32);
   float* dp = dprobs.data<float>();
   for (std::size_t i = 0; i < row_token.size(); ++i)

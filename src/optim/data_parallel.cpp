@@ -136,8 +136,13 @@ void DataParallel::build(const std::vector<Parameter*>& params, std::vector<std:
   if (k == dp_.size()) {
     shard_ = &dp_;
   } else {
-    shard_owned_ = dp_.split(dp_.rank() / k, dp_.rank() % k);
-    replica_owned_ = dp_.split(dp_.rank() % k, dp_.rank() / k);
+    // Every rank knows both groups' members: split_group, which a meta rank can build too.
+    const int r = dp_.rank(), n = dp_.size();
+    std::vector<int> shard_members, replica_members;
+    for (int i = 0; i < k; ++i) shard_members.push_back(r / k * k + i);
+    for (int j = 0; j < n / k; ++j) replica_members.push_back(r % k + j * k);
+    shard_owned_ = dp_.split_group(shard_members);
+    replica_owned_ = dp_.split_group(replica_members);
     shard_ = shard_owned_.get();
     replica_ = replica_owned_.get();
   }
