@@ -61,6 +61,19 @@ struct MemoryPlan {
 // schedule walk is capped: the in-flight pattern repeats after the warm-up).
 MemoryPlan plan_memory(const Config& config, int world_size);
 
+// The same plan from the meta device (meta.hpp, train_step.hpp; docs/planner.md): each pipeline
+// stage's first rank runs the trainer's first two steps (TrainStep on Device::meta() over a
+// MetaCommunicator standing for that rank), and the meta allocator's high-water mark, model
+// construction included, is the rank's allocator peak; the other ranks of a stage are taken to be
+// equal (they hold equal shares). Terms read at phase boundaries: parameters and gradients (live
+// after construction), optimizer (what the first step leaves), activations (the step's peak above
+// that: activations, pipeline messages and workspaces are one term here); schedule and checkpoint
+// from the same arithmetic as plan_memory. Assumptions of the meta run: balanced MoE routing,
+// finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's). The model is
+// built as the trainer builds it (initialised on the host, then moved), so this costs the host the
+// model's memory and time: not yet the trainer's preflight.
+MemoryPlan plan_memory_on_meta(const Config& config, int world_size);
+
 // The plan as JSON: {"world_size": N, "largest_rank": r, "ranks": [{"rank": 0, "tp": .., "pp": ..,
 // "dp": .., "parameters": bytes, ..., "peak_bytes": bytes}, ...]}.
 std::string memory_plan_json(const MemoryPlan& plan);

@@ -9,15 +9,20 @@
 #include <map>
 #include <set>
 
+#include "parallel/allocator.hpp"
+#include "parallel/comm_log.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/error.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/grad_buffer.hpp"
+#include "parallel/meta.hpp"
+#include "parallel/meta_communicator.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/precision.hpp"
+#include "parallel/train_step.hpp"
 
 namespace parallel {
 namespace {
@@ -1045,6 +1050,87 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
       if (term.name != "schedule") r.allocator_bytes += term.bytes;
     }
     by_stage[pp] = std::move(r);
+  }
+  MemoryPlan plan;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const Coord coord = grid.coord(rank);
+    RankMemoryPlan r = by_stage.at(coord.pp);
+    r.rank = rank;
+    r.tp = coord.tp;
+    r.cp = coord.cp;
+    r.dp = coord.dp;
+    plan.ranks.push_back(std::move(r));
+  }
+  return plan;
+}
+
+MemoryPlan plan_memory_on_meta(const Config& c, int world_size) {
+  const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
+                                             c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
+  const int dp = grid.sizes().data;
+  const int micro_batches = c.train.global_batch_size / (c.train.micro_batch_size * dp);
+  const std::string static_keys =
+      "model.num_layers, model.hidden_size, model.vocab_size, parallel.tensor, "
+      "parallel.pipeline";
+  const std::string activation_keys =
+      c.parallel.pipeline > 1
+          ? "model.num_layers, model.seq_length, train.micro_batch_size, model.hidden_size, "
+            "parallel.pipeline, train.recompute"
+          : "model.num_layers, model.seq_length, train.micro_batch_size, model.hidden_size, train.recompute";
+  Allocator& alloc = allocator_for(Device::meta());
+  const auto live = [&alloc] { return static_cast<int64_t>(alloc.stats().allocated); };
+  std::map<int, RankMemoryPlan> by_stage;
+  for (int rank = 0; rank < world_size; ++rank) {
+    // One run per pipeline stage: its first rank. The other ranks of a stage hold equal shares of
+    // equal tensors (tp, cp, dp and ep positions differ in which share, not its size).
+    const Coord coord = grid.coord(rank);
+    if (by_stage.count(coord.pp) != 0) continue;
+    const int64_t base = live();
+    int64_t built = 0, after_first = 0, steady = 0, peak = 0, grads = 0;
+    {
+      MetaCommunicator world(rank, world_size, std::make_shared<CommLog>());
+      TrainStep step(c, world, Device::meta());
+      built = live() - base;
+      for (DataParallel* d : step.optimizer().data_parallels())
+        if (d->buffer().grad_data().defined())
+          grads += static_cast<int64_t>(d->buffer().grad_data().nbytes());
+      // Synthetic micro-batches: this rank's cp share of the sequence (shapes only).
+      const int64_t b = c.train.micro_batch_size, s = c.model.seq_length / c.parallel.context;
+      const auto data = [b, s](int) {
+        return pipeline::MicroBatch{Tensor::empty({b, s}, DType::I32, Device::meta()),
+                                    Tensor::empty({b, s}, DType::I32, Device::meta())};
+      };
+      // The trainer's first two steps: the optimizer state appears in the first, and the second
+      // runs with it live.
+      step.run(0, data, c.optimizer.lr);
+      after_first = live() - base;
+      step.run(1, data, c.optimizer.lr);
+      steady = live() - base;
+      peak = std::max(step.construction_peak_bytes(), step.peak_bytes()) - base;
+    }
+    const auto chunks = pipeline::stage_layout(pipeline::LayoutParams::of(c), coord.pp);
+    const StaticBytes st = plan_static(c, chunks);
+    RankMemoryPlan r;
+    r.pp = coord.pp;
+    r.terms = {
+        {"parameters", built - grads, static_keys + ", train.precision"},
+        {"gradients", grads, static_keys},
+        {"optimizer", std::max<int64_t>(0, after_first - built),
+         static_keys + ", optimizer.distributed, train.precision"},
+        // Everything a step holds above the buffers and the optimizer state: activations, pipeline
+        // messages, kernels' workspaces, gathered ZeRO-3 units (one term on meta).
+        {"activations", std::max<int64_t>(0, peak - std::max(steady, after_first)), activation_keys},
+        {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
+         "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
+    };
+    // The save's gathered state: still the layout arithmetic (plan_static), not a meta run.
+    const double save =
+        c.checkpoint.dir.empty() ? 0.0 : std::max(0.0, st.steady + st.save - static_cast<double>(peak));
+    r.terms.push_back(
+        {"checkpoint", to_bytes(save), "checkpoint.dir, optimizer.distributed, optimizer.sharding"});
+    r.allocator_bytes = peak + to_bytes(save);
+    r.peak_bytes = r.allocator_bytes + r.terms[4].bytes;
+    by_stage[coord.pp] = std::move(r);
   }
   MemoryPlan plan;
   for (int rank = 0; rank < world_size; ++rank) {

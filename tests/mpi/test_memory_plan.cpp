@@ -63,6 +63,9 @@ TEST_P(MemoryPlanTest, PlannedPeakWithinTenPercentOfMeasuredOnEveryRank) {
   const Config config = parse_config(kModel, overrides, w.size());
   const MemoryPlan plan = plan_memory(config, w.size());
   ASSERT_EQ(plan.ranks.size(), static_cast<std::size_t>(w.size()));
+  // The meta device's plan: the trainer's step run as each stage's first rank (no MPI call).
+  const MemoryPlan meta_plan = plan_memory_on_meta(config, w.size());
+  ASSERT_EQ(meta_plan.ranks.size(), static_cast<std::size_t>(w.size()));
 
   int64_t measured = 0;
   {
@@ -71,28 +74,41 @@ TEST_P(MemoryPlanTest, PlannedPeakWithinTenPercentOfMeasuredOnEveryRank) {
     measured = trainer.measured_peak_bytes();
   }
   const int64_t planned = plan.ranks[static_cast<std::size_t>(w.rank())].allocator_bytes;
+  const int64_t on_meta = meta_plan.ranks[static_cast<std::size_t>(w.rank())].allocator_bytes;
 
-  Tensor mine = Tensor::zeros({2}, DType::I64);
+  Tensor mine = Tensor::zeros({3}, DType::I64);
   mine.data<int64_t>()[0] = planned;
   mine.data<int64_t>()[1] = measured;
-  Tensor all = Tensor::zeros({2 * w.size()}, DType::I64);
+  mine.data<int64_t>()[2] = on_meta;
+  Tensor all = Tensor::zeros({3 * w.size()}, DType::I64);
   w.all_gather(mine, all);
   if (w.rank() == 0) {
     const int64_t* v = all.data<int64_t>();
+    const auto pct = [](int64_t a, int64_t b) {
+      return 100.0 * (static_cast<double>(a) / static_cast<double>(b) - 1.0);
+    };
     for (int r = 0; r < w.size(); ++r) {
       const RankMemoryPlan& p = plan.ranks[static_cast<std::size_t>(r)];
       std::string terms;
       for (const MemoryTerm& t : p.terms) terms += fmt::format(" {}={:.3f}", t.name, t.bytes / 1048576.0);
-      std::printf("%s rank %d (tp %d pp %d dp %d): planned %.3f MiB, measured %.3f MiB (%+.1f %%);%s\n",
-                  GetParam().label, r, p.tp, p.pp, p.dp, v[2 * r] / 1048576.0, v[2 * r + 1] / 1048576.0,
-                  100.0 * (static_cast<double>(v[2 * r]) / static_cast<double>(v[2 * r + 1]) - 1.0),
-                  terms.c_str());
+      std::string meta_terms;
+      for (const MemoryTerm& t : meta_plan.ranks[static_cast<std::size_t>(r)].terms)
+        meta_terms += fmt::format(" {}={:.3f}", t.name, t.bytes / 1048576.0);
+      std::printf(
+          "%s rank %d (tp %d pp %d dp %d): planned %.3f MiB, measured %.3f MiB (%+.1f %%), on meta %.3f MiB "
+          "(%+.1f %%);%s | meta:%s\n",
+          GetParam().label, r, p.tp, p.pp, p.dp, v[3 * r] / 1048576.0, v[3 * r + 1] / 1048576.0,
+          pct(v[3 * r], v[3 * r + 1]), v[3 * r + 2] / 1048576.0, pct(v[3 * r + 2], v[3 * r + 1]),
+          terms.c_str(), meta_terms.c_str());
     }
   }
   EXPECT_GT(measured, 0);
   const double error = std::abs(static_cast<double>(planned) / static_cast<double>(measured) - 1.0);
   EXPECT_LE(error, GetParam().tolerance) << GetParam().label << " rank " << w.rank() << ": planned "
                                          << planned << " bytes, measured " << measured;
+  const double meta_error = std::abs(static_cast<double>(on_meta) / static_cast<double>(measured) - 1.0);
+  EXPECT_LE(meta_error, 0.10) << GetParam().label << " rank " << w.rank() << ": on meta " << on_meta
+                              << " bytes, measured " << measured;
   w.barrier();
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }
