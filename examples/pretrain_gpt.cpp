@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
                  "with --hardware: ranks placed on each node (default: the machine's devices per node); "
                  "more than its devices time-shares them")
       ->check(CLI::Range(1, 1 << 16));
+  bool plan_on_meta = false;
+  app.add_flag("--meta", plan_on_meta,
+               "with --plan: plan by running the trainer's first two steps on the meta device, once per "
+               "pipeline stage (docs/planner.md), instead of the layer walk");
   app.add_flag("--no-memory-check", no_memory_check,
                "train even when the memory plan says the largest rank does not fit");
   app.footer("Config keys:\n" + parallel::config_reference());
@@ -57,6 +61,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
+    if (plan_on_meta && !plan_only) throw parallel::ConfigError("pretrain_gpt: --meta is for --plan only");
     if (plan_world_size > 0 && !plan_only)
       throw parallel::ConfigError(
           "pretrain_gpt: --world-size is for --plan only (training uses the ranks launched)");
@@ -70,7 +75,8 @@ int main(int argc, char** argv) {
       // Every rank, so that all fail alike (one line naming train.output_dir, exit 2).
       parallel::check_writable_dir("train.output_dir", config.train.output_dir,
                                    "rank" + std::to_string(rt.rank()));
-      const parallel::MemoryPlan plan = parallel::plan_memory(config, world_size);
+      const parallel::MemoryPlan plan = plan_on_meta ? parallel::plan_memory_on_meta(config, world_size)
+                                                     : parallel::plan_memory(config, world_size);
       if (rt.rank() == 0) {
         const std::filesystem::path dir(config.train.output_dir);
         std::string json = parallel::memory_plan_json(plan);

@@ -1086,14 +1086,21 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size) {
     const Coord coord = grid.coord(rank);
     if (by_stage.count(coord.pp) != 0) continue;
     const int64_t base = live();
-    int64_t built = 0, after_first = 0, steady = 0, peak = 0, grads = 0;
+    int64_t built = 0, after_first = 0, steady = 0, peak = 0, params = 0, grads = 0;
     {
       MetaCommunicator world(rank, world_size, std::make_shared<CommLog>());
       TrainStep step(c, world, Device::meta());
       built = live() - base;
-      for (DataParallel* d : step.optimizer().data_parallels())
-        if (d->buffer().grad_data().defined())
-          grads += static_cast<int64_t>(d->buffer().grad_data().nbytes());
+      // The buffers as DataParallel holds them between steps: full, or this rank's shards.
+      for (DataParallel* d : step.optimizer().data_parallels()) {
+        ParamAndGradBuffer& buf = d->buffer();
+        for (const Bucket& bucket : buf.buckets()) {
+          if (buf.params_sharded()) params += static_cast<int64_t>(bucket.param_shard.nbytes());
+          if (buf.grads_sharded()) grads += static_cast<int64_t>(bucket.grad_shard.nbytes());
+        }
+        if (!buf.params_sharded()) params += static_cast<int64_t>(buf.param_data().nbytes());
+        if (!buf.grads_sharded()) grads += static_cast<int64_t>(buf.grad_data().nbytes());
+      }
       // Synthetic micro-batches: this rank's cp share of the sequence (shapes only).
       const int64_t b = c.train.micro_batch_size, s = c.model.seq_length / c.parallel.context;
       const auto data = [b, s](int) {
@@ -1108,18 +1115,20 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size) {
       steady = live() - base;
       peak = std::max(step.construction_peak_bytes(), step.peak_bytes()) - base;
     }
+    const int64_t held = std::max({built, after_first, steady});
     const auto chunks = pipeline::stage_layout(pipeline::LayoutParams::of(c), coord.pp);
     const StaticBytes st = plan_static(c, chunks);
     RankMemoryPlan r;
     r.pp = coord.pp;
     r.terms = {
-        {"parameters", built - grads, static_keys + ", train.precision"},
+        {"parameters", params, static_keys + ", train.precision"},
         {"gradients", grads, static_keys},
-        {"optimizer", std::max<int64_t>(0, after_first - built),
+        // What else lives between steps: the optimizer's state (and the fp32 main weights).
+        {"optimizer", std::max<int64_t>(0, held - params - grads),
          static_keys + ", optimizer.distributed, train.precision"},
-        // Everything a step holds above the buffers and the optimizer state: activations, pipeline
-        // messages, kernels' workspaces, gathered ZeRO-3 units (one term on meta).
-        {"activations", std::max<int64_t>(0, peak - std::max(steady, after_first)), activation_keys},
+        // Everything a step holds above that: activations, pipeline messages, kernels' workspaces,
+        // gathered ZeRO-3 units (one term on meta).
+        {"activations", std::max<int64_t>(0, peak - std::max(held, params + grads)), activation_keys},
         {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
          "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
     };
