@@ -71,8 +71,10 @@ MemoryPlan plan_memory(const Config& config, int world_size);
 // from the same arithmetic as plan_memory. Assumptions of the meta run: balanced MoE routing,
 // finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's). The model is
 // built as the trainer builds it (initialised on the host, then moved), so this costs the host the
-// model's memory and time: not yet the trainer's preflight.
-MemoryPlan plan_memory_on_meta(const Config& config, int world_size);
+// model's memory and time: not yet the trainer's preflight. The run takes at most
+// `max_micro_batches` micro-batches per step (0: 4 * pipeline, past the warm-up of every
+// schedule, where the in-flight pattern repeats); the schedule term counts the configured ones.
+MemoryPlan plan_memory_on_meta(const Config& config, int world_size, int max_micro_batches = 0);
 
 // The plan as JSON: {"world_size": N, "largest_rank": r, "ranks": [{"rank": 0, "tp": .., "pp": ..,
 // "dp": .., "parameters": bytes, ..., "peak_bytes": bytes}, ...]}.

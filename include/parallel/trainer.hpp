@@ -10,6 +10,10 @@
 //   GPTDataset         the layout-independent sample stream
 //   train_state        resharding checkpoints; metrics: metrics.jsonl and the progress line
 //
+// The step itself - groups, chunks, DDP, optimizer, executors and the step body - is TrainStep
+// (train_step.hpp), which the planner runs on the meta device; the trainer adds data, the guard,
+// metrics, evaluation and checkpoints.
+//
 // Data, initial weights and losses do not depend on the parallel layout.
 #include <cstdint>
 #include <memory>

@@ -1064,7 +1064,7 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
   return plan;
 }
 
-MemoryPlan plan_memory_on_meta(const Config& c, int world_size) {
+MemoryPlan plan_memory_on_meta(const Config& c, int world_size, int max_micro_batches) {
   const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
                                              c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
   const int dp = grid.sizes().data;
@@ -1077,6 +1077,12 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size) {
           ? "model.num_layers, model.seq_length, train.micro_batch_size, model.hidden_size, "
             "parallel.pipeline, train.recompute"
           : "model.num_layers, model.seq_length, train.micro_batch_size, model.hidden_size, train.recompute";
+  // The run's micro-batches: past the warm-up the in-flight pattern repeats, so a step of
+  // 4 * pipeline micro-batches (a multiple of pipeline, and at least the 2 * pipeline zb-v and
+  // dualpipe-v need) peaks as the configured one does. The schedule term keeps the configured count.
+  Config run = c;
+  const int cap = max_micro_batches > 0 ? max_micro_batches : 4 * c.parallel.pipeline;
+  if (micro_batches > cap) run.train.global_batch_size = cap * c.train.micro_batch_size * dp;
   Allocator& alloc = allocator_for(Device::meta());
   const auto live = [&alloc] { return static_cast<int64_t>(alloc.stats().allocated); };
   std::map<int, RankMemoryPlan> by_stage;
@@ -1089,7 +1095,7 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size) {
     int64_t built = 0, after_first = 0, steady = 0, peak = 0, params = 0, grads = 0;
     {
       MetaCommunicator world(rank, world_size, std::make_shared<CommLog>());
-      TrainStep step(c, world, Device::meta());
+      TrainStep step(run, world, Device::meta());
       built = live() - base;
       // The buffers as DataParallel holds them between steps: full, or this rank's shards.
       for (DataParallel* d : step.optimizer().data_parallels()) {

@@ -170,7 +170,8 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
   sample_peak();  // the executor resets the allocator's peak
   {
     // With several micro-batches every weight is packed once for all of them (ops.hpp's
-    // WeightPackingScope); the optimizer writes the weights after the scope. Under ZeRO-3
+    // WeightPackingScope); the optimizer writes the weights after the scope. The memory plan's
+    // walk counts the packed copies (packs_weights in memory_plan.cpp decides the same way). Under ZeRO-3
     // param_data() is undefined (gathered weights come and go inside the step): no packing.
     std::optional<ops::WeightPackingScope> packing;
     if (micro_batches_ > 1 && device_.is_cpu() && ops::WeightPackingScope::enabled())
