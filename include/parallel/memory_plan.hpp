@@ -71,10 +71,17 @@ MemoryPlan plan_memory(const Config& config, int world_size);
 // from the same arithmetic as plan_memory. Assumptions of the meta run: balanced MoE routing,
 // finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's). The model is
 // built as the trainer builds it (initialised on the host, then moved), so this costs the host the
-// model's memory and time: not yet the trainer's preflight. The run takes at most
-// `max_micro_batches` micro-batches per step (0: 4 * pipeline, past the warm-up of every
-// schedule, where the in-flight pattern repeats); the schedule term counts the configured ones.
-MemoryPlan plan_memory_on_meta(const Config& config, int world_size, int max_micro_batches = 0);
+// model's memory and time: not yet the trainer's preflight.
+struct MetaPlanOptions {
+  // Micro-batches per step of the run (0: 4 * pipeline, past the warm-up of every schedule, where
+  // the in-flight pattern repeats); the schedule term counts the configured ones.
+  int max_micro_batches = 0;
+  // Chunks of more identical layers than this (no first/last_stage_layers) are run twice with
+  // 2 and 4 layers (periods of the MoE pattern) and every figure is extrapolated linearly to the
+  // configured count (0: always run every layer).
+  int max_layers = 16;
+};
+MemoryPlan plan_memory_on_meta(const Config& config, int world_size, const MetaPlanOptions& options = {});
 
 // The plan as JSON: {"world_size": N, "largest_rank": r, "ranks": [{"rank": 0, "tp": .., "pp": ..,
 // "dp": .., "parameters": bytes, ..., "peak_bytes": bytes}, ...]}.

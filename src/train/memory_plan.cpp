@@ -1064,7 +1064,60 @@ MemoryPlan plan_memory(const Config& c, int world_size) {
   return plan;
 }
 
-MemoryPlan plan_memory_on_meta(const Config& c, int world_size, int max_micro_batches) {
+namespace {
+
+// What one meta run of the trainer's first two steps leaves on the meta allocator, as one rank.
+struct MetaRun {
+  double params = 0, grads = 0;  // the buffers DataParallel holds between steps
+  double held = 0;               // everything live between steps (and after construction)
+  double peak = 0;               // the high-water mark, model construction included
+};
+
+MetaRun run_on_meta(const Config& c, int rank, int world_size) {
+  Allocator& alloc = allocator_for(Device::meta());
+  const auto live = [&alloc] { return static_cast<int64_t>(alloc.stats().allocated); };
+  const int64_t base = live();
+  MetaRun m;
+  MetaCommunicator world(rank, world_size, std::make_shared<CommLog>());
+  TrainStep step(c, world, Device::meta());
+  int64_t held = live() - base;
+  // The buffers as DataParallel holds them between steps: full, or this rank's shards.
+  for (DataParallel* d : step.optimizer().data_parallels()) {
+    ParamAndGradBuffer& buf = d->buffer();
+    for (const Bucket& bucket : buf.buckets()) {
+      if (buf.params_sharded()) m.params += static_cast<double>(bucket.param_shard.nbytes());
+      if (buf.grads_sharded()) m.grads += static_cast<double>(bucket.grad_shard.nbytes());
+    }
+    if (!buf.params_sharded()) m.params += static_cast<double>(buf.param_data().nbytes());
+    if (!buf.grads_sharded()) m.grads += static_cast<double>(buf.grad_data().nbytes());
+  }
+  // Synthetic micro-batches: this rank's cp share of the sequence (shapes only).
+  const int64_t b = c.train.micro_batch_size, s = c.model.seq_length / c.parallel.context;
+  const auto data = [b, s](int) {
+    return pipeline::MicroBatch{Tensor::empty({b, s}, DType::I32, Device::meta()),
+                                Tensor::empty({b, s}, DType::I32, Device::meta())};
+  };
+  // The trainer's first two steps: the second runs with the first's optimizer state live.
+  for (int t = 0; t < 2; ++t) {
+    step.run(t, data, c.optimizer.lr);
+    held = std::max(held, live() - base);
+  }
+  m.held = static_cast<double>(held);
+  m.peak = static_cast<double>(std::max(step.construction_peak_bytes(), step.peak_bytes()) - base);
+  return m;
+}
+
+// Layers per model chunk where every chunk has the same number (no first_stage_layers /
+// last_stage_layers); 0 otherwise.
+int uniform_chunk_layers(const Config& c) {
+  const int chunks = c.parallel.pipeline * c.parallel.virtual_stages;
+  if (c.parallel.first_stage_layers > 0 || c.parallel.last_stage_layers > 0) return 0;
+  return c.model.num_layers % chunks == 0 ? c.model.num_layers / chunks : 0;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory_on_meta(const Config& c, int world_size, const MetaPlanOptions& options) {
   const RankGrid grid = RankGrid::from_world(world_size, c.parallel.tensor, c.parallel.pipeline,
                                              c.parallel.context, c.parallel.expert, c.parallel.expert_tensor);
   const int dp = grid.sizes().data;
@@ -1081,70 +1134,61 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size, int max_micro_ba
   // 4 * pipeline micro-batches (a multiple of pipeline, and at least the 2 * pipeline zb-v and
   // dualpipe-v need) peaks as the configured one does. The schedule term keeps the configured count.
   Config run = c;
-  const int cap = max_micro_batches > 0 ? max_micro_batches : 4 * c.parallel.pipeline;
+  const int cap = options.max_micro_batches > 0 ? options.max_micro_batches : 4 * c.parallel.pipeline;
   if (micro_batches > cap) run.train.global_batch_size = cap * c.train.micro_batch_size * dp;
-  Allocator& alloc = allocator_for(Device::meta());
-  const auto live = [&alloc] { return static_cast<int64_t>(alloc.stats().allocated); };
+  // Chunks of many identical layers: every figure of the run is affine in the layers per chunk
+  // (each layer adds its parameters, gradients, state and kept activations; the peak moment's
+  // place in the schedule does not move), so two runs with few layers - whole periods of the MoE
+  // pattern - give the line, read at the configured count.
+  const int layers = uniform_chunk_layers(c);
+  const int period = c.model.num_experts > 0 ? std::max(1, c.model.moe_layer_freq) : 1;
+  const int chunks = c.parallel.pipeline * c.parallel.virtual_stages;
+  const bool extrapolate = options.max_layers > 0 && layers > options.max_layers && 4 * period < layers;
   std::map<int, RankMemoryPlan> by_stage;
   for (int rank = 0; rank < world_size; ++rank) {
     // One run per pipeline stage: its first rank. The other ranks of a stage hold equal shares of
     // equal tensors (tp, cp, dp and ep positions differ in which share, not its size).
     const Coord coord = grid.coord(rank);
     if (by_stage.count(coord.pp) != 0) continue;
-    const int64_t base = live();
-    int64_t built = 0, after_first = 0, steady = 0, peak = 0, params = 0, grads = 0;
-    {
-      MetaCommunicator world(rank, world_size, std::make_shared<CommLog>());
-      TrainStep step(run, world, Device::meta());
-      built = live() - base;
-      // The buffers as DataParallel holds them between steps: full, or this rank's shards.
-      for (DataParallel* d : step.optimizer().data_parallels()) {
-        ParamAndGradBuffer& buf = d->buffer();
-        for (const Bucket& bucket : buf.buckets()) {
-          if (buf.params_sharded()) params += static_cast<int64_t>(bucket.param_shard.nbytes());
-          if (buf.grads_sharded()) grads += static_cast<int64_t>(bucket.grad_shard.nbytes());
-        }
-        if (!buf.params_sharded()) params += static_cast<int64_t>(buf.param_data().nbytes());
-        if (!buf.grads_sharded()) grads += static_cast<int64_t>(buf.grad_data().nbytes());
-      }
-      // Synthetic micro-batches: this rank's cp share of the sequence (shapes only).
-      const int64_t b = c.train.micro_batch_size, s = c.model.seq_length / c.parallel.context;
-      const auto data = [b, s](int) {
-        return pipeline::MicroBatch{Tensor::empty({b, s}, DType::I32, Device::meta()),
-                                    Tensor::empty({b, s}, DType::I32, Device::meta())};
-      };
-      // The trainer's first two steps: the optimizer state appears in the first, and the second
-      // runs with it live.
-      step.run(0, data, c.optimizer.lr);
-      after_first = live() - base;
-      step.run(1, data, c.optimizer.lr);
-      steady = live() - base;
-      peak = std::max(step.construction_peak_bytes(), step.peak_bytes()) - base;
+    MetaRun m;
+    if (!extrapolate) {
+      m = run_on_meta(run, rank, world_size);
+    } else {
+      const int l1 = 2 * period, l2 = 4 * period;
+      Config small = run;
+      small.model.num_layers = chunks * l1;
+      const MetaRun a = run_on_meta(small, rank, world_size);
+      small.model.num_layers = chunks * l2;
+      const MetaRun b = run_on_meta(small, rank, world_size);
+      const double at = static_cast<double>(layers - l1) / static_cast<double>(l2 - l1);
+      const auto line = [at](double x, double y) { return x + (y - x) * at; };
+      m = {line(a.params, b.params), line(a.grads, b.grads), line(a.held, b.held), line(a.peak, b.peak)};
     }
-    const int64_t held = std::max({built, after_first, steady});
-    const auto chunks = pipeline::stage_layout(pipeline::LayoutParams::of(c), coord.pp);
-    const StaticBytes st = plan_static(c, chunks);
+    const auto chunks_of_stage = pipeline::stage_layout(pipeline::LayoutParams::of(c), coord.pp);
+    const StaticBytes st = plan_static(c, chunks_of_stage);
     RankMemoryPlan r;
     r.pp = coord.pp;
+    const double between = std::max(m.held, m.params + m.grads);
     r.terms = {
-        {"parameters", params, static_keys + ", train.precision"},
-        {"gradients", grads, static_keys},
+        {"parameters", to_bytes(m.params), static_keys + ", train.precision"},
+        {"gradients", to_bytes(m.grads), static_keys},
         // What else lives between steps: the optimizer's state (and the fp32 main weights).
-        {"optimizer", std::max<int64_t>(0, held - params - grads),
+        {"optimizer", to_bytes(between - m.params - m.grads),
          static_keys + ", optimizer.distributed, train.precision"},
         // Everything a step holds above that: activations, pipeline messages, kernels' workspaces,
         // gathered ZeRO-3 units (one term on meta).
-        {"activations", std::max<int64_t>(0, peak - std::max(held, params + grads)), activation_keys},
+        {"activations", to_bytes(std::max(0.0, m.peak - between)), activation_keys},
         {"schedule", to_bytes(schedule_bytes(c, micro_batches)),
          "train.global_batch_size, train.micro_batch_size, parallel.virtual_stages"},
     };
     // The save's gathered state: still the layout arithmetic (plan_static), not a meta run.
-    const double save =
-        c.checkpoint.dir.empty() ? 0.0 : std::max(0.0, st.steady + st.save - static_cast<double>(peak));
+    const double save = c.checkpoint.dir.empty() ? 0.0 : std::max(0.0, st.steady + st.save - m.peak);
     r.terms.push_back(
         {"checkpoint", to_bytes(save), "checkpoint.dir, optimizer.distributed, optimizer.sharding"});
-    r.allocator_bytes = peak + to_bytes(save);
-    r.peak_bytes = r.allocator_bytes + r.terms[4].bytes;
+    for (const MemoryTerm& term : r.terms) {
+      r.peak_bytes += term.bytes;
+      if (term.name != "schedule") r.allocator_bytes += term.bytes;
+    }
     by_stage[coord.pp] = std::move(r);
   }
   MemoryPlan plan;
