@@ -5,7 +5,9 @@
 #     micro-batches of 2: the memory plan, for the schedule's size) ends within 5 s with exit 2 and one
 #     line naming the total, the limit, the biggest term and the key that drives it;
 #  2. --plan writes plan.json (every rank's terms and peak_bytes), prints the table, trains nothing;
-#  3. a short run records mem_peak_bytes in metrics.jsonl, within 10 % of the largest planned peak.
+#  3. a short run records mem_peak_bytes in metrics.jsonl, within 10 % of the largest planned peak;
+#  4. --plan --meta (the trainer's step run on the meta device) plans the same run within 10 % too,
+#     and a million layers within 5 s (two short runs, extrapolated); --meta without --plan: refused.
 #   memory_plan.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
 set -euo pipefail
 src=$1 pretrain=$2
@@ -85,3 +87,27 @@ planned=$(grep -o '"peak_bytes": [0-9]*' "$plan" | cut -d' ' -f2 | sort -n | tai
 awk -v p="$planned" -v m="$measured" 'BEGIN { e = p / m - 1; if (e < 0) e = -e; exit !(e <= 0.10) }' ||
   fail "mem_peak_bytes $measured is not within 10 % of the largest planned peak $planned"
 echo "3. mem_peak_bytes $measured, largest planned peak $planned"
+
+# 4. --plan --meta: the same run planned by running its step on the meta device.
+"$pretrain" "${tiny[@]}" --set train.output_dir="$work/meta" --plan --world-size 4 --meta >"$work/meta.out" 2>&1 ||
+  fail "--plan --meta failed" "$work/meta.out"
+meta_plan=$work/meta/plan.json
+[[ $(grep -c '"peak_bytes"' "$meta_plan") -eq 4 ]] || fail "--meta plan.json: not 4 ranks" "$meta_plan"
+for term in parameters gradients optimizer activations schedule; do
+  [[ $(grep -c "\"$term\": [0-9]" "$meta_plan") -eq 4 ]] || fail "--meta plan.json: no $term on every rank" "$meta_plan"
+done
+on_meta=$(grep -o '"peak_bytes": [0-9]*' "$meta_plan" | cut -d' ' -f2 | sort -n | tail -1)
+awk -v p="$on_meta" -v m="$measured" 'BEGIN { e = p / m - 1; if (e < 0) e = -e; exit !(e <= 0.10) }' ||
+  fail "mem_peak_bytes $measured is not within 10 % of the largest peak planned on meta $on_meta"
+start=$(date +%s.%N)
+"$pretrain" --config "$src/configs/quickstart.yaml" --set model.num_layers=1000000 \
+  --set train.output_dir="$work/meta_layers" --plan --world-size 4 --meta >"$work/meta_layers.out" 2>&1 ||
+  fail "--plan --meta with a million layers failed" "$work/meta_layers.out"
+seconds=$(echo "$(date +%s.%N) - $start" | bc)
+(($(echo "$seconds < 5" | bc))) || fail "--plan --meta with a million layers took $seconds s, expected < 5 s"
+status=0
+"$pretrain" --config "$src/configs/tiny.yaml" --set train.output_dir="$work/ms" --meta >"$work/ms.out" 2>&1 ||
+  status=$?
+[[ $status -eq 2 ]] && grep -q "^pretrain_gpt: --meta is for --plan only" "$work/ms.out" ||
+  fail "--meta without --plan: exit $status" "$work/ms.out"
+echo "4. --plan --meta: largest peak $on_meta; a million layers in ${seconds:0:4} s; without --plan: refused"
