@@ -96,10 +96,10 @@ TEST_P(MemoryPlanTest, PlannedPeakWithinTenPercentOfMeasuredOnEveryRank) {
         meta_terms += fmt::format(" {}={:.3f}", t.name, t.bytes / 1048576.0);
       std::printf(
           "%s rank %d (tp %d pp %d dp %d): planned %.3f MiB, measured %.3f MiB (%+.1f %%), on meta %.3f MiB "
-          "(%+.1f %%);%s | meta:%s\n",
+          "(%+.1f %%, %+lld B);%s | meta:%s\n",
           GetParam().label, r, p.tp, p.pp, p.dp, v[3 * r] / 1048576.0, v[3 * r + 1] / 1048576.0,
           pct(v[3 * r], v[3 * r + 1]), v[3 * r + 2] / 1048576.0, pct(v[3 * r + 2], v[3 * r + 1]),
-          terms.c_str(), meta_terms.c_str());
+          static_cast<long long>(v[3 * r + 2] - v[3 * r + 1]), terms.c_str(), meta_terms.c_str());
     }
   }
   EXPECT_GT(measured, 0);
