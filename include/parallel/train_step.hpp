@@ -81,7 +81,8 @@ class TrainStep {
   pipeline::PipelineExecutor& executor() const { return *executor_; }
   pipeline::PipelineExecutor& eval_executor() const { return *eval_executor_; }
   int micro_batches() const { return micro_batches_; }  // per data-parallel rank and step
-  // The model's parameter count: every element once, without vocabulary padding.
+  // The model's parameter count: every element once, without vocabulary padding. On meta, this
+  // rank's own share (the all-reduce moves nothing).
   int64_t parameter_count() const { return parameter_count_; }
 
   // The device allocator's high-water mark (absolute bytes) while the groups and the model chunks
