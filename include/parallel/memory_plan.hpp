@@ -69,9 +69,8 @@ MemoryPlan plan_memory(const Config& config, int world_size);
 // after construction), optimizer (what the first step leaves), activations (the step's peak above
 // that: activations, pipeline messages and workspaces are one term here); schedule and checkpoint
 // from the same arithmetic as plan_memory. Assumptions of the meta run: balanced MoE routing,
-// finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's). The model is
-// built as the trainer builds it (initialised on the host, then moved), so this costs the host the
-// model's memory and time: not yet the trainer's preflight.
+// finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's). Not yet the
+// trainer's preflight (docs/planner.md, "What is left").
 struct MetaPlanOptions {
   // Micro-batches per step of the run (0: 4 * pipeline, past the warm-up of every schedule, where
   // the in-flight pattern repeats); the schedule term counts the configured ones.
