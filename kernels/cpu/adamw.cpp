@@ -1,29 +1,84 @@
 // AdamW over flat fp32 buffers (contract in include/parallel/ops.hpp). The scalars come from
 // adamw_scalars.hpp, shared with kernels/cuda/adamw.cu: both devices do the same float operations.
+//
+// One pass per element: the loop reads the fp32 gradient, m, v and the fp32 (main) weight once and
+// writes m, v, the weight and, for a bf16 model copy, the rounded 16-bit weight in the same
+// iteration. The loop is cloned for AVX-512 / AVX2 / baseline (chosen at load time); the clones
+// perform exactly the scalar code's operations in the same order (IEEE sqrt and division are
+// correctly rounded in every width, and no multiply-add is contracted: see the pragma below), so
+// every clone is bitwise equal to the scalar reference (test_adamw_fused). fp16 model copies are
+// narrowed with F16C from the L1-resident block just written (widen.hpp): no pass over memory.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "adamw_scalars.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/widen.hpp"
 
+// Built with -ffp-contract=off -fno-math-errno (CMakeLists.txt): bitwise equality with the unfused
+// scalar update needs separate roundings of each product and sum (GCC contracts C++ by default, and
+// the avx512f clone has FMA), and the square root must not call libm for errno or it stays scalar.
+
+#define PARALLEL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
 namespace parallel::cpu {
 
 namespace {
 
-void update_block(const kernels::AdamWScalars& k, const float* g, float* p, float* m, float* v, int64_t lo,
-                  int64_t hi) {
-  for (int64_t i = lo; i < hi; ++i) {
-    const float gi = k.clip == 1.0f ? g[i] : g[i] * k.clip;
-    float pi = p[i] * k.decay;
-    const float mi = m[i] * k.b1 + gi * k.a1;
-    const float vi = v[i] * k.b2 + gi * gi * k.a2;
-    const float denom = std::sqrt(vi) / k.bc2s + k.eps;
-    pi += -k.step_size * (mi / denom);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-  }
+// The element update, shared by every loop below. `kClip`: the gradient is multiplied by k.clip
+// (the clip coefficient); without it the gradient is used as is (a multiply by 1 would be exact
+// too, but this keeps the arithmetic literally the reference's).
+template <bool kClip>
+inline float update_one(const kernels::AdamWScalars& k, float g, float& p, float& m, float& v) {
+  const float gi = kClip ? g * k.clip : g;
+  float pi = p * k.decay;
+  const float mi = m * k.b1 + gi * k.a1;
+  const float vi = v * k.b2 + gi * gi * k.a2;
+  const float denom = std::sqrt(vi) / k.bc2s + k.eps;
+  pi += -k.step_size * (mi / denom);
+  p = pi;
+  m = mi;
+  v = vi;
+  return pi;
+}
+
+template <bool kClip>
+inline void update_loop(const kernels::AdamWScalars& k, const float* g, float* p, float* m, float* v,
+                        int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) update_one<kClip>(k, g[i], p[i], m[i], v[i]);
+}
+
+// bf16 round to nearest even on the bit pattern, NaN quietened: float_to_bf16 (dtype.hpp) exactly.
+inline uint16_t to_bf16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+template <bool kClip>
+inline void update_loop_bf16(const kernels::AdamWScalars& k, const float* g, float* p, float* m, float* v,
+                             uint16_t* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_bits(update_one<kClip>(k, g[i], p[i], m[i], v[i]));
+}
+
+PARALLEL_CLONES void update_block(kernels::AdamWScalars k, const float* g, float* p, float* m, float* v,
+                                  int64_t n) {
+  if (k.clip == 1.0f)
+    update_loop<false>(k, g, p, m, v, n);
+  else
+    update_loop<true>(k, g, p, m, v, n);
+}
+
+PARALLEL_CLONES void update_block_bf16(kernels::AdamWScalars k, const float* g, float* p, float* m, float* v,
+                                       uint16_t* out, int64_t n) {
+  if (k.clip == 1.0f)
+    update_loop_bf16<false>(k, g, p, m, v, out, n);
+  else
+    update_loop_bf16<true>(k, g, p, m, v, out, n);
 }
 
 }  // namespace
@@ -37,17 +92,21 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
   const int64_t n = param.numel();
-  // Blocks small enough that the fresh fp32 values are still in L1 when the 16-bit model copy is
-  // written from them: the write-back costs no extra pass over memory.
+  const DType copy_dt = model_copy != nullptr ? model_copy->dtype() : DType::F32;
+  void* copy = model_copy != nullptr ? model_copy->data_ptr() : nullptr;
+  // Blocks small enough that the fresh fp32 values are still in L1 when an fp16 model copy is
+  // narrowed from them; bf16 copies are written inside the update loop itself.
   constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-    update_block(k, g, p, m, v, lo, hi);
-    if (model_copy != nullptr)
-      convert_block_from_f32(p + lo, model_copy->dtype(),
-                             offset_ptr(model_copy->data_ptr(), model_copy->dtype(), lo), hi - lo);
+    if (copy != nullptr && copy_dt == DType::BF16) {
+      update_block_bf16(k, g + lo, p + lo, m + lo, v + lo, static_cast<uint16_t*>(copy) + lo, hi - lo);
+    } else {
+      update_block(k, g + lo, p + lo, m + lo, v + lo, hi - lo);
+      if (copy != nullptr) convert_block_from_f32(p + lo, copy_dt, offset_ptr(copy, copy_dt, lo), hi - lo);
+    }
   }
 }
 
