@@ -16,6 +16,10 @@ float philox_normal(uint64_t seed, uint64_t stream, uint64_t index);
 float philox_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 uint64_t name_hash(const std::string& name);  // FNV-1a, stable across runs and platforms
 
+// out[i] = std_dev * philox_normal(seed, stream, first + i) for i < n, bit for bit, vectorised
+// (src/model/philox_normals.cpp): init_normal fills each run of consecutive global indices with it.
+void philox_normals(uint64_t seed, uint64_t stream, uint64_t first, float std_dev, float* out, int64_t n);
+
 // Fills param.value (this rank's slice, located by global_shape / partition_dim /
 // partition_offset) with normal(0, std) values of the global tensor.
 void init_normal(Parameter& param, uint64_t seed, float std);

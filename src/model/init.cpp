@@ -1,6 +1,7 @@
 // Layout-independent initialisation: Philox-4x32-10 keyed by the seed, counter (index, stream).
 #include "parallel/init.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -93,15 +94,23 @@ void init_normal(Parameter& param, uint64_t seed, float std) {
       param.value.device().is_cpu() && param.value.dtype() == DType::F32 && param.value.is_contiguous();
   Tensor host = direct ? param.value : Tensor::empty(local, DType::F32);
   float* out = host.data<float>();
+  // For each outer index the local elements (j, k) sit at consecutive global indices
+  // (outer * global_len + offset) * inner + j * inner + k: runs of local_len * inner elements (the
+  // whole tensor when replicated), each filled by the vectorised generator. Chunks of the flat
+  // range go to the OpenMP threads.
+  const int64_t run = pd >= 0 ? local_len * inner : n;
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t g = i;
-    if (pd >= 0) {
-      const int64_t k = i % inner, rest = i / inner;
-      const int64_t j = rest % local_len, outer = rest / local_len;
-      g = (outer * global_len + offset + j) * inner + k;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end;) {
+      const int64_t outer = i / run, rem = i % run;
+      const int64_t len = std::min(end - i, run - rem);
+      const int64_t g = pd >= 0 ? (outer * global_len + offset) * inner + rem : i;
+      philox_normals(seed, stream, static_cast<uint64_t>(g), std, out + i, len);
+      i += len;
     }
-    out[i] = std * philox_normal(seed, stream, static_cast<uint64_t>(g));
   }
   if (!direct) param.value.copy_(host);
 }
