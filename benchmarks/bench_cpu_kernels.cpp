@@ -2,8 +2,10 @@
 //
 //   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=N] [benchmark flags]
 //
-// gemm reports GFLOP/s and "% of peak", the peak being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS,
-// else this CPU's fp32 FMA peak measured at start on all OpenMP threads (hardware_peak.hpp); the
+// gemm reports GFLOP/s and "% of peak" per dtype (BM_Gemm fp32, BM_GemmBf16 bf16 operands), the peak
+// being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS, else this CPU's peak for that precision
+// measured at start on all OpenMP threads (hardware_peak.hpp: fp32 FMA; bf16 AMX / AVX512-BF16 or,
+// without them, fp32 FMA); the
 // header prints the ISA and every measured peak (context keys cpu_isa, cpu_peak). Memory-bound ops
 // report GB/s of the bytes they must move at minimum (stated per benchmark), also as Google
 // Benchmark's bytes_per_second. Rates are computed here from wall-clock time of the timed loop (the
@@ -24,6 +26,7 @@
 
 #include "parallel/config.hpp"
 #include "parallel/hardware_peak.hpp"
+#include "parallel/init.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parameter.hpp"
@@ -33,7 +36,8 @@ using namespace parallel;
 
 namespace {
 
-double g_peak_gflops = 0.0;  // set in main: the flag, else cpu_peak_flops(fp32)
+double g_peak_gflops = 0.0;       // set in main: the flag, else cpu_peak_flops(fp32)
+double g_peak_gflops_bf16 = 0.0;  // set in main: the flag, else cpu_peak_flops(bf16)
 
 Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 gen(seed);
@@ -92,20 +96,26 @@ const GemmCase kGemmCases[] = {
     {"mlp_down_wgrad", H, 4 * H, T, true, false, 1.0f},
 };
 
-void BM_Gemm(benchmark::State& state, GemmCase c) {
-  Tensor a = random_tensor(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, 1);
-  Tensor b = random_tensor(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, 2);
+// `dt`: the operands' dtype (the product is written in fp32). "%peak" is against the measured peak
+// of that precision (hardware_peak.hpp: bf16 -> AMX or AVX512-BF16 where the CPU has them, else the
+// fp32 FMA peak, as the bf16 GEMM then widens to fp32), so each dtype's GEMM says how close it runs
+// to what this CPU can do for it.
+void BM_Gemm(benchmark::State& state, GemmCase c, DType dt) {
+  Tensor a = random_tensor(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, 1).to(dt);
+  Tensor b = random_tensor(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, 2).to(dt);
   Tensor out = Tensor::zeros({c.m, c.n}, DType::F32);
   const Timing t = timed_loop(state, [&] { ops::gemm(a, c.ta, b, c.tb, out, 1.0f, c.beta); });
+  const double peak = dt == DType::F32 ? g_peak_gflops : g_peak_gflops_bf16;
   const double flop = 2.0 * static_cast<double>(c.m) * static_cast<double>(c.n) * static_cast<double>(c.k);
   const double gflops = flop * static_cast<double>(state.iterations()) / t.total / 1e9,
                best = flop / t.best / 1e9;
   state.counters["GFLOP/s"] = benchmark::Counter(gflops);
-  state.counters["%peak"] = benchmark::Counter(100.0 * gflops / g_peak_gflops);
+  state.counters["%peak"] = benchmark::Counter(100.0 * gflops / peak);
   state.counters["best_GFLOP/s"] = benchmark::Counter(best);
-  state.counters["best_%peak"] = benchmark::Counter(100.0 * best / g_peak_gflops);
-  state.SetLabel(std::to_string(c.m) + "x" + std::to_string(c.k) + (c.ta ? "^T" : "") + " @ " +
-                 std::to_string(c.k) + "x" + std::to_string(c.n) + (c.tb ? "^T" : ""));
+  state.counters["best_%peak"] = benchmark::Counter(100.0 * best / peak);
+  state.SetLabel(std::string(dtype_name(dt)) + " " + std::to_string(c.m) + "x" + std::to_string(c.k) +
+                 (c.ta ? "^T" : "") + " @ " + std::to_string(c.k) + "x" + std::to_string(c.n) +
+                 (c.tb ? "^T" : ""));
 }
 
 // The baseline run side by side with ours: the same product through Eigen (multithreaded with
@@ -227,20 +237,37 @@ void BM_RopeForward(benchmark::State& state) {
   report_bytes(state, s, 2.0 * static_cast<double>(x.numel()) * sizeof(float));
 }
 
-// One AdamW step (parallel::AdamW, fp32, clipping on) over a flat 16M-element parameter: the global
-// norm reads the gradient once, the update reads param, grad, exp_avg, exp_avg_sq and writes param,
-// exp_avg, exp_avg_sq: 8 x 4 bytes per element.
+// One AdamW step (parallel::AdamW, clipping on) over a flat 16M-element parameter. Arg 0: fp32, the
+// global norm reads the gradient once, the update reads param, grad, exp_avg, exp_avg_sq and writes
+// param, exp_avg, exp_avg_sq: 8 x 4 bytes per element. Arg 1: bf16, the same on the fp32 main
+// weights plus the bf16 model copy written: 8 x 4 + 2 bytes per element.
 void BM_AdamWStep(benchmark::State& state) {
   constexpr int64_t rows = 4096, cols = 4096;
+  const bool bf16 = state.range(0) == 1;
   Parameter p;
   p.name = "flat.weight";
   p.value = random_tensor({rows, cols}, 10);
+  if (bf16) p.value = p.value.to(DType::BF16);
   p.grad = random_tensor({rows, cols}, 11, -1e-3f, 1e-3f);
   p.global_shape = {rows, cols};  // 2-D: decayed, as a weight matrix
   OptimizerConfig config;
-  AdamW opt({&p}, config, Precision::FP32);
+  AdamW opt({&p}, config, bf16 ? Precision::BF16 : Precision::FP32);
   const Timing s = timed_loop(state, [&] { opt.step(1e-4); });
-  report_bytes(state, s, 8.0 * rows * cols * sizeof(float));
+  report_bytes(state, s, (8.0 * sizeof(float) + (bf16 ? 2.0 : 0.0)) * rows * cols);
+  state.SetLabel(bf16 ? "bf16" : "fp32");
+}
+
+// init_normal of a GPT-2 MLP weight [3072, 768] (2.4M Philox normals, fp32): start-up time of a
+// model is this per element times its parameters (124M for GPT-2 small). Reported as M elements/s.
+void BM_InitNormal(benchmark::State& state) {
+  Parameter p;
+  p.name = "layers.0.mlp.fc1.weight";
+  p.value = Tensor::zeros({3072, 768}, DType::F32);
+  p.global_shape = {3072, 768};
+  const Timing s = timed_loop(state, [&] { init_normal(p, 1234, 0.02f); });
+  const double n = static_cast<double>(p.value.numel());
+  state.counters["Melem/s"] = benchmark::Counter(n * static_cast<double>(state.iterations()) / s.total / 1e6);
+  state.counters["best_Melem/s"] = benchmark::Counter(n / s.best / 1e6);
 }
 
 // round_to_precision_ over the MLP activation [T, 4H], in place (read and write). Arg: 0 bf16, 1 fp16.
@@ -289,7 +316,8 @@ BENCHMARK(BM_RmsNormBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RopeForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_AdamWStep)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamWStep)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_InitNormal)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RoundToPrecision)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EmbeddingForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EmbeddingBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -309,10 +337,16 @@ int main(int argc, char** argv) {
   if (g_peak_gflops <= 0) {
     g_peak_gflops = cpu_peak_flops(Precision::FP32) / 1e9;
     peak_source = cpu_peak_source(Precision::FP32);
+    g_peak_gflops_bf16 = cpu_peak_flops(Precision::BF16) / 1e9;
+  } else {
+    g_peak_gflops_bf16 = g_peak_gflops;  // one figure given for every precision
   }
   // Ours and the Eigen baseline alternate, so both see the same machine load.
   for (const GemmCase& c : kGemmCases) {
-    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + c.name).c_str(), BM_Gemm, c)
+    benchmark::RegisterBenchmark((std::string("BM_Gemm/") + c.name).c_str(), BM_Gemm, c, DType::F32)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("BM_GemmBf16/") + c.name).c_str(), BM_Gemm, c, DType::BF16)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("BM_GemmEigen/") + c.name).c_str(), BM_GemmEigen, c)
@@ -322,6 +356,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("peak_gflops", fmt::format("{:.1f} (fp32, {})", g_peak_gflops, peak_source));
+  benchmark::AddCustomContext("peak_gflops_bf16",
+                              fmt::format("{:.1f} (bf16, BM_GemmBf16's %peak)", g_peak_gflops_bf16));
   benchmark::AddCustomContext("cpu_isa", measured_cpu_peak().isa);
   benchmark::AddCustomContext("cpu_peak", describe(measured_cpu_peak()));
   benchmark::RunSpecifiedBenchmarks();
