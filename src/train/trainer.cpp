@@ -61,6 +61,35 @@ struct RankPeak {
   std::string source;
 };
 
+// The run's dominant GEMM timed once at start-up on a CPU: the MLP's first product over one
+// micro-batch, [micro_batch * seq, h] @ [ffn, h]^T (unsplit, as one rank would run it without tensor
+// parallelism) in the compute dtype, the fastest of three calls after a warm-up (oneDNN's primitive
+// creation). Its fraction of the rank's peak for that precision says how close the step's main
+// kernel runs to what this CPU can do, per dtype (issue 28); a few tens of ms at GPT-2 size.
+struct GemmProbe {
+  int64_t m = 0, n = 0, k = 0;
+  double flops = 0.0;  // per second
+};
+
+GemmProbe probe_cpu_gemm(const ModelConfig& model, int micro_batch, Precision precision) {
+  GemmProbe p;
+  p.m = static_cast<int64_t>(micro_batch) * model.seq_length;
+  p.k = model.hidden_size;
+  p.n = model.ffn_hidden_size > 0 ? model.ffn_hidden_size : 4 * p.k;
+  const DType dt = compute_dtype(precision);
+  const Tensor a = Tensor::full({p.m, p.k}, 0.5, dt), b = Tensor::full({p.n, p.k}, 0.25, dt);
+  Tensor out = Tensor::zeros({p.m, p.n}, dt);
+  ops::gemm(a, false, b, true, out);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = Clock::now();
+    ops::gemm(a, false, b, true, out);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  p.flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) / best;
+  return p;
+}
+
 RankPeak peak_flops_per_rank(const TrainConfig& train, Device device) {
   if (train.peak_tflops > 0) return {train.peak_tflops * 1e12, "train.peak_tflops"};
   if (device.is_cuda()) {
@@ -441,8 +470,13 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   progress().info("MFU peak: {:.1f} GFLOP/s per rank ({} from {})", peak.flops / 1e9, precision, peak.source);
   if (!m.device.is_cuda() && c.train.peak_tflops <= 0 && !cpu_peak_overridden())
     progress().info("CPU peak: {}", describe(measured_cpu_peak()));
-  if (!m.device.is_cuda())
+  if (!m.device.is_cuda()) {
     progress().info("CPU GEMM: {}", ops::gemm_implementation(compute_dtype(c.train.precision)));
+    const GemmProbe g = probe_cpu_gemm(c.model, c.train.micro_batch_size, c.train.precision);
+    progress().info("CPU GEMM [{}x{}] @ [{}x{}]^T {}: {:.1f} GFLOP/s, {:.1f}% of the rank's {} peak", g.m,
+                    g.k, g.n, g.k, precision, g.flops / 1e9,
+                    peak.flops > 0 ? 100.0 * g.flops / peak.flops : 0.0, precision);
+  }
 
   // `latest` with no checkpoint yet is a first run, as in Megatron: a warning, then step 0. The
   // ranks agree (any rank seeing a checkpoint makes all load) so that none skips a collective load.
