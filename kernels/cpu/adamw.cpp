@@ -5,7 +5,7 @@
 // writes m, v, the weight and, for a bf16 model copy, the rounded 16-bit weight in the same
 // iteration. The loop is cloned for AVX-512 / AVX2 / baseline (chosen at load time); the clones
 // perform exactly the scalar code's operations in the same order (IEEE sqrt and division are
-// correctly rounded in every width, and no multiply-add is contracted: see the pragma below), so
+// correctly rounded in every width, and no multiply-add is contracted: see the build flags below), so
 // every clone is bitwise equal to the scalar reference (test_adamw_fused). fp16 model copies are
 // narrowed with F16C from the L1-resident block just written (widen.hpp): no pass over memory.
 #include <algorithm>
