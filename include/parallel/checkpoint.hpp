@@ -14,6 +14,7 @@
 // A step directory only ever appears complete: it is written as <root>/.tmp_step_00001200 and
 // renamed once every file and the index are on disk.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,60 @@ struct SaveOptions {
 // visible. `world` must accept CPU tensors (an MpiCommunicator).
 std::string save(const std::string& root, int64_t step, const std::vector<ShardedTensor>& tensors,
                  const std::string& extras_json, Communicator& world, const SaveOptions& options = {});
+
+// ---- asynchronous save ------------------------------------------------------------------------
+
+// A save whose writing overlaps training (docs/checkpoints.md, "Asynchronous saves"). start()
+// copies this rank's written boxes into host memory and returns; a background thread then writes
+// and fsyncs the rank's file. The thread touches no communicator (MPI is initialised
+// MPI_THREAD_FUNNELED: only the main thread may call it), so the agreement that every rank's file
+// is durable, and the publication (index, rename, `latest`), happen in finish(), which the main
+// thread calls at a step boundary: when all_written() says every rank is done, or at the next save
+// or the end of training, where it waits. Until then `latest` names the previous checkpoint, and a
+// crash leaves only a hidden staging directory that the next save removes.
+//
+// At most one save is in flight: start() requires !pending(). Not thread-safe itself: one thread
+// (the one that calls the communicator) uses it.
+class AsyncSave {
+ public:
+  AsyncSave();
+  // Waits for the background write (not collective: nothing is published); the staging directory
+  // stays for the next save to remove.
+  ~AsyncSave();
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+
+  // Collective over `world`, with the arguments of save(). Checks the boxes, copies every box this
+  // rank writes into a host buffer (a GPU tensor by a device-to-host copy on its own stream), has
+  // rank 0 prepare the staging directory, and starts the background write. Any rank's failure here
+  // throws on every rank, as save() does. The tensors may change as soon as it returns.
+  //
+  // Fault injection for tests (read here): PARALLEL_INJECT_CHECKPOINT_FAIL=STEP[:RANK] makes the
+  // background write of step STEP fail on RANK (every rank without one) as a full disk would;
+  // PARALLEL_INJECT_CHECKPOINT_DELAY_MS=MS makes every background write sleep MS first.
+  void start(const std::string& root, int64_t step, const std::vector<ShardedTensor>& tensors,
+             const std::string& extras_json, Communicator& world, const SaveOptions& options = {});
+
+  bool pending() const;  // started and not finished (the same on every rank)
+  int64_t step() const;  // the pending save's step
+  // Whether this rank's background write has ended (written or failed). Not collective.
+  bool written() const;
+  // Collective (one all-reduce): whether every rank's background write has ended.
+  bool all_written(Communicator& world);
+  // Collective. Waits for this rank's write, then: if every rank wrote its file, rank 0 publishes
+  // the step (index, rename, `latest`, keep_last) and the step directory is returned; if any
+  // failed, the staging directory is removed, `latest` is left as it was, and parallel::Error is
+  // thrown on every rank naming the rank and its error. Either way the save is no longer pending
+  // and its host buffers are freed.
+  std::string finish(Communicator& world);
+  // This rank only: waits for the background write and drops the save without publishing it
+  // (an error path where the ranks cannot agree any more). Not collective.
+  void abandon();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // ---- load -------------------------------------------------------------------------------------
 

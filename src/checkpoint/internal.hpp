@@ -103,6 +103,29 @@ DType parse_dtype(const std::string& s, const std::string& where);
 // mapped. Throws parallel::Error naming the file.
 std::unique_ptr<MappedFile> open_verified(const std::string& path, const FileEntry& entry);
 
+// ---- the phases of a save (save.cpp), shared by save() and AsyncSave (async_save.cpp) ----------
+
+// Rank 0, before anyone writes: creates the root, removes leftovers of crashed saves and
+// interrupted removals, creates the empty staging directory.
+void prepare_root(const std::string& root, const std::string& staging);
+// This rank's part of a save, checked (valid boxes, each name once): the pieces it writes and the
+// names it holds while another rank writes them.
+struct RankPieces {
+  std::vector<ShardedTensor> written;
+  std::vector<std::string> replicas;
+};
+RankPieces rank_pieces(const std::vector<ShardedTensor>& tensors, int rank);
+// Writes (and fsyncs) this rank's file of `pieces` into `staging`, reads it back for its size and
+// CRC32C. Touches no communicator: AsyncSave runs it on its background thread.
+RankManifest write_rank_file(const std::string& staging, int rank, const RankPieces& pieces);
+// Rank 0, after every rank's file is durable: builds and checks the index from every rank's
+// manifest, writes it, renames the staging directory to `final_name` and replaces `latest`.
+void publish(const std::string& root, const std::string& staging, const std::string& final_name, int64_t step,
+             int world_size, const std::vector<std::string>& manifests, const std::string& extras_json,
+             const std::string& layout_json);
+// Rank 0: removes the oldest complete steps beyond keep_last, never `step`.
+void prune(const std::string& root, int64_t step, int keep_last);
+
 // ---- collectives (collective.cpp) ---------------------------------------------------------------
 
 // Runs `body` on every rank, then exchanges the results: when any rank's body threw, every rank

@@ -8,66 +8,12 @@
 #include "parallel/log.hpp"
 #include "parallel/safetensors.hpp"
 
-namespace parallel::checkpoint {
+namespace parallel::checkpoint::detail {
 namespace {
 
 namespace fs = std::filesystem;
-using detail::RankManifest;
 
 std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
-
-// Rank 0, before anyone writes: the root exists, leftovers of crashed saves and interrupted
-// removals are gone, and an empty staging directory for this step is in place.
-void prepare_root(const fs::path& root, const fs::path& staging) {
-  fs::create_directories(root);
-  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && (name.starts_with(".tmp_step_") || name.starts_with(".trash_"))) {
-      logger().info("checkpoint: removing {} left by an interrupted save", e.path().string());
-      fs::remove_all(e.path());
-    }
-  }
-  fs::create_directory(staging);
-  detail::fsync_directory(root.string());
-}
-
-// This rank's file of the pieces it writes, read back for its size and CRC32C.
-RankManifest write_rank_file(const fs::path& staging, int rank, const std::vector<ShardedTensor>& tensors) {
-  RankManifest manifest;
-  manifest.entry.rank = rank;
-  std::map<std::string, Tensor> data;
-  std::map<std::string, std::string> metadata;
-  std::set<std::string> seen;
-  const std::string file = rank_file_name(rank);
-  for (const ShardedTensor& t : tensors) {
-    const Box box = detail::box_of(t, "save");
-    PARALLEL_CHECK(seen.insert(t.name).second,
-                   "checkpoint save: tensor '{}' is given twice on rank {} (a rank holds one box per tensor; "
-                   "with tied embeddings on one rank pass only one copy)",
-                   t.name, rank);
-    if (!t.replica_writer) {
-      manifest.replicas.push_back(t.name);
-      continue;
-    }
-    data[t.name] = t.local;
-    // The file describes itself too, so that a single rank file is usable without the index.
-    metadata[t.name] =
-        nlohmann::json{{"global_shape", t.global_shape}, {"global_offset", t.global_offset}}.dump();
-    detail::TensorEntry entry;
-    entry.global_shape = t.global_shape;
-    entry.shards.push_back({file, t.local.dtype(), box});
-    manifest.tensors.emplace_back(t.name, std::move(entry));
-  }
-  if (data.empty()) return manifest;  // nothing to write: no file
-
-  const std::string path = (staging / file).string();
-  safetensors::save(path, data, metadata);  // fsyncs the file and the staging directory
-  detail::MappedFile written(path);
-  manifest.file = file;
-  manifest.entry.bytes = written.size();
-  manifest.entry.crc32c = crc32c(written.data(), written.size());
-  return manifest;
-}
 
 detail::Index build_index(int64_t step, int world_size, const std::vector<std::string>& manifests,
                           const std::string& extras_json, const std::string& layout_json) {
@@ -100,10 +46,72 @@ detail::Index build_index(int64_t step, int world_size, const std::vector<std::s
   return index;
 }
 
-// Rank 0, after every rank's file is durable: the index, then the one rename that publishes the step,
-// then `latest`.
-void publish(const fs::path& root, const fs::path& staging, const fs::path& final_dir,
-             const detail::Index& index) {
+}  // namespace
+
+void prepare_root(const std::string& root_dir, const std::string& staging) {
+  const fs::path root(root_dir);
+  fs::create_directories(root);
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && (name.starts_with(".tmp_step_") || name.starts_with(".trash_"))) {
+      logger().info("checkpoint: removing {} left by an interrupted save", e.path().string());
+      fs::remove_all(e.path());
+    }
+  }
+  fs::create_directory(staging);
+  detail::fsync_directory(root.string());
+}
+
+RankPieces rank_pieces(const std::vector<ShardedTensor>& tensors, int rank) {
+  RankPieces pieces;
+  std::set<std::string> seen;
+  for (const ShardedTensor& t : tensors) {
+    detail::box_of(t, "save");
+    PARALLEL_CHECK(seen.insert(t.name).second,
+                   "checkpoint save: tensor '{}' is given twice on rank {} (a rank holds one box per tensor; "
+                   "with tied embeddings on one rank pass only one copy)",
+                   t.name, rank);
+    if (t.replica_writer)
+      pieces.written.push_back(t);
+    else
+      pieces.replicas.push_back(t.name);
+  }
+  return pieces;
+}
+
+RankManifest write_rank_file(const std::string& staging, int rank, const RankPieces& pieces) {
+  RankManifest manifest;
+  manifest.entry.rank = rank;
+  manifest.replicas = pieces.replicas;
+  std::map<std::string, Tensor> data;
+  std::map<std::string, std::string> metadata;
+  const std::string file = rank_file_name(rank);
+  for (const ShardedTensor& t : pieces.written) {
+    data[t.name] = t.local;
+    // The file describes itself too, so that a single rank file is usable without the index.
+    metadata[t.name] =
+        nlohmann::json{{"global_shape", t.global_shape}, {"global_offset", t.global_offset}}.dump();
+    detail::TensorEntry entry;
+    entry.global_shape = t.global_shape;
+    entry.shards.push_back({file, t.local.dtype(), Box{t.global_offset, t.local.shape()}});
+    manifest.tensors.emplace_back(t.name, std::move(entry));
+  }
+  if (data.empty()) return manifest;  // nothing to write: no file
+
+  const std::string path = (fs::path(staging) / file).string();
+  safetensors::save(path, data, metadata);  // fsyncs the file and the staging directory
+  detail::MappedFile written(path);
+  manifest.file = file;
+  manifest.entry.bytes = written.size();
+  manifest.entry.crc32c = crc32c(written.data(), written.size());
+  return manifest;
+}
+
+void publish(const std::string& root_dir, const std::string& staging_dir, const std::string& final_name,
+             int64_t step, int world_size, const std::vector<std::string>& manifests,
+             const std::string& extras_json, const std::string& layout_json) {
+  const fs::path root(root_dir), staging(staging_dir), final_dir = fs::path(root_dir) / final_name;
+  const detail::Index index = build_index(step, world_size, manifests, extras_json, layout_json);
   detail::validate_index(index, "save of " + final_dir.string());
   detail::write_file_atomic((staging / detail::kIndexFile).string(), detail::index_to_json(index));
   detail::fsync_directory(staging.string());
@@ -116,11 +124,10 @@ void publish(const fs::path& root, const fs::path& staging, const fs::path& fina
   detail::write_file_atomic((root / detail::kLatestFile).string(), final_dir.filename().string() + "\n");
 }
 
-// Rank 0: the oldest complete steps beyond keep_last, never the one just written.
-void prune(const fs::path& root, int64_t step, int keep_last) {
+void prune(const std::string& root, int64_t step, int keep_last) {
   if (keep_last <= 0) return;
   std::vector<StepDir> others;
-  for (const StepDir& s : list_steps(root.string()))
+  for (const StepDir& s : list_steps(root))
     if (s.step != step) others.push_back(s);
   const std::size_t keep_others = static_cast<std::size_t>(keep_last - 1);
   if (others.size() <= keep_others) return;
@@ -130,7 +137,11 @@ void prune(const fs::path& root, int64_t step, int keep_last) {
   }
 }
 
-}  // namespace
+}  // namespace parallel::checkpoint::detail
+
+namespace parallel::checkpoint {
+
+namespace fs = std::filesystem;
 
 std::string save(const std::string& root_dir, int64_t step, const std::vector<ShardedTensor>& tensors,
                  const std::string& extras_json, Communicator& world, const SaveOptions& options) {
@@ -142,17 +153,18 @@ std::string save(const std::string& root_dir, int64_t step, const std::vector<Sh
   try {
     detail::run_collectively(world, "checkpoint save (prepare " + staging.string() + ")", [&] {
       PARALLEL_CHECK(!root_dir.empty(), "checkpoint save: empty checkpoint root");
-      if (leader) prepare_root(root, staging);
+      if (leader) detail::prepare_root(root_dir, staging.string());
       return std::string();
     });
-    const std::vector<std::string> manifests = detail::run_collectively(
-        world, "checkpoint save (write " + staging.string() + ")",
-        [&] { return detail::manifest_to_json(write_rank_file(staging, world.rank(), tensors)); });
+    const std::vector<std::string> manifests =
+        detail::run_collectively(world, "checkpoint save (write " + staging.string() + ")", [&] {
+          return detail::manifest_to_json(detail::write_rank_file(
+              staging.string(), world.rank(), detail::rank_pieces(tensors, world.rank())));
+        });
     detail::run_collectively(world, "checkpoint save (publish " + final_dir.string() + ")", [&] {
-      if (leader) {
-        publish(root, staging, final_dir,
-                build_index(step, world.size(), manifests, extras_json, options.layout_json));
-      }
+      if (leader)
+        detail::publish(root_dir, staging.string(), name, step, world.size(), manifests, extras_json,
+                        options.layout_json);
       return std::string();
     });
   } catch (...) {
@@ -164,7 +176,7 @@ std::string save(const std::string& root_dir, int64_t step, const std::vector<Sh
     }
     throw;
   }
-  if (leader) prune(root, step, options.keep_last);
+  if (leader) detail::prune(root_dir, step, options.keep_last);
   logger().debug("checkpoint: saved step {} to {}", step, final_dir.string());
   return final_dir.string();
 }

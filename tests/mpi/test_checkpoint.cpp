@@ -239,6 +239,74 @@ TEST_F(CheckpointMpi, CorruptFileOrMissingTensorFailsOnEveryRank) {
   }
 }
 
+// checkpoint.async's building block: the files hold the tensors as they were at start(), though
+// they change right after; nothing is visible before finish(); the bytes are a synchronous save's.
+TEST_F(CheckpointMpi, AsyncSaveWritesTheStateAtStartAndPublishesOnFinish) {
+  const std::vector<ShardedTensor> tensors = save_set(layouts()[2]);  // tp2xdp: writers and replicas
+  checkpoint::save(root_ + "/sync", 5, tensors, R"({"k": 1})", world());
+  checkpoint::AsyncSave saving;
+  EXPECT_FALSE(saving.pending());
+  saving.start(root_, 5, tensors, R"({"k": 1})", world());
+  EXPECT_TRUE(saving.pending());
+  EXPECT_EQ(saving.step(), 5);
+  for (const ShardedTensor& t : tensors) Tensor(t.local).fill_(-1.0);  // training goes on
+  EXPECT_TRUE(checkpoint::list_steps(root_).empty());                  // not published yet
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "latest"));
+  while (!saving.all_written(world())) ::usleep(1000);
+  const std::string dir = saving.finish(world());
+  EXPECT_FALSE(saving.pending());
+  EXPECT_EQ(checkpoint::resolve(root_), dir);
+  std::vector<ShardedTensor> want;
+  for (const GlobalTensor& g : globals())
+    want.push_back(
+        {g.name, Tensor::zeros(g.shape, DType::F32), g.shape, std::vector<int64_t>(g.shape.size(), 0)});
+  checkpoint::load(dir, want, world());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(want[i].local.to_float_vector(), global_value(globals()[i]).to_float_vector())
+        << globals()[i].name;
+  world().barrier();
+  if (world().rank() == 0)
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      const auto bytes = [](const fs::path& p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      };
+      EXPECT_EQ(bytes(e.path()),
+                bytes(fs::path(root_) / "sync" / checkpoint::step_dir_name(5) / e.path().filename()))
+          << e.path().filename();
+    }
+}
+
+// A failed background write (injected on the last rank) throws on every rank naming it, publishes
+// nothing and leaves `latest` alone; the next save works.
+TEST_F(CheckpointMpi, AsyncSaveFailureKeepsLatest) {
+  const int n = world().size();
+  const std::vector<ShardedTensor> tensors = save_set(layouts()[0]);
+  checkpoint::save(root_, 1, tensors, "", world());
+  checkpoint::AsyncSave saving;
+  ::setenv("PARALLEL_INJECT_CHECKPOINT_FAIL", fmt::format("2:{}", n - 1).c_str(), 1);
+  saving.start(root_, 2, tensors, "", world());
+  ::unsetenv("PARALLEL_INJECT_CHECKPOINT_FAIL");
+  try {
+    saving.finish(world());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(fmt::format("the background write of step 2 failed on rank {}: ", n - 1)),
+        std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(saving.pending());
+  world().barrier();
+  EXPECT_EQ(checkpoint::read_info(root_).step, 1);
+  EXPECT_FALSE(fs::exists(fs::path(root_) / ".tmp_step_00000002"));
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "step_00000002"));
+  saving.start(root_, 3, tensors, "", world());
+  EXPECT_EQ(saving.finish(world()), (fs::path(root_) / "step_00000003").string());
+  EXPECT_EQ(checkpoint::read_info(root_).step, 3);
+}
+
 TEST(CheckpointStop, ShouldStopAgreesAcrossRanks) {
   StopFlag stop;
   EXPECT_FALSE(should_stop(stop, world()));
