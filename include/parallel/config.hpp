@@ -134,6 +134,10 @@ struct TrainConfig {
   int spike_window = 20;      // steps in the running median
   GuardPolicy spike_policy = GuardPolicy::Skip;
   int max_consecutive_skips = 20;  // skipped updates in a row (any cause) that stop the run; 0: no limit
+  // Silent data corruption check: every this many steps the step's forward and backward run twice
+  // from the same state and each rank compares its two results bitwise; 0: off.
+  int sdc_check_interval = 0;
+  GuardPolicy sdc_policy = GuardPolicy::Stop;  // a rank whose two runs differ: stop or warn
 };
 
 struct OptimizerConfig {
@@ -186,6 +190,9 @@ struct CheckpointConfig {
   int save_interval = 0;  // 0: only at the end (if dir is set)
   std::string load;       // empty, "latest", a checkpoint root, or one step's directory
   int keep_last = 0;      // 0: keep all
+  // Copy the state to host buffers and write it on a background thread while training goes on
+  // (docs/checkpoints.md, "Asynchronous saves").
+  bool async = false;
 };
 
 struct Config {

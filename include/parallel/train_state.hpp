@@ -27,6 +27,10 @@
 
 namespace parallel {
 
+namespace checkpoint {
+class AsyncSave;  // checkpoint.hpp
+}
+
 struct TrainProgress {
   int64_t step = 0;              // optimizer steps taken (iterations, skipped fp16 steps included)
   int64_t consumed_samples = 0;  // the data position: samples of the global stream used so far
@@ -48,6 +52,15 @@ struct TrainProgress {
 std::string save_train_state(const std::string& root, const TrainProgress& progress,
                              const std::vector<Parameter*>& params, Optimizer* optimizer,
                              ParallelState& state, int keep_last = 0);
+
+// The same save, written in the background (checkpoint::AsyncSave): collective over state.world()
+// like save_train_state up to the copy into host buffers (and, for the distributed optimizer, the
+// gather of its state); the parameters and the optimizer may change as soon as it returns. `save`
+// must not be pending; save.finish(state.world()) publishes it (docs/checkpoints.md,
+// "Asynchronous saves").
+void start_save_train_state(checkpoint::AsyncSave& save, const std::string& root,
+                            const TrainProgress& progress, const std::vector<Parameter*>& params,
+                            Optimizer* optimizer, ParallelState& state, int keep_last = 0);
 
 struct LoadResult {
   TrainProgress progress;

@@ -42,6 +42,24 @@ struct StepOutcome {
   StepResult update;
 };
 
+// What the silent-data-corruption check compares between the two runs of a step on one rank:
+// CRC-32C of the rank's loss sum and of its gradient buffers before any reduction over ranks (a
+// CRC sees every single-bit change).
+struct RunFingerprint {
+  uint32_t loss = 0, grads = 0;
+};
+
+// train.sdc_check_interval (docs/configuration.md#training-guards): when `enabled`, the step's
+// forward and backward run twice from the same state, with the data-parallel reduction held back
+// until both are done, and `compare` (collective) gets the rank's fingerprint of each run before
+// the reduction and the update, which use the second run. `flip_first` (fault injection,
+// PARALLEL_INJECT_BITFLIP) flips one mantissa bit of one gradient element after the first run.
+struct RerunCheck {
+  bool enabled = false;
+  bool flip_first = false;
+  std::function<void(const RunFingerprint& first, const RunFingerprint& second)> compare;
+};
+
 class TrainStep {
  public:
   // Builds this rank's part of the job described by `config` (validated for world.size() ranks)
@@ -59,7 +77,7 @@ class TrainStep {
   // micro-batches, on its device). `loss_factor` multiplies this rank's loss sum and the gradient
   // its backward starts from (fault injection; 1 otherwise).
   StepOutcome run(int64_t step, const pipeline::MicroBatchFn& data, double lr, double loss_factor = 1.0,
-                  const SkipUpdate& skip_update = {});
+                  const SkipUpdate& skip_update = {}, const RerunCheck& rerun = {});
 
   // The global mean token loss of the last pipeline run (the last stage's sums, one tp rank each,
   // added over the world: one all-reduce). `factor` multiplies this rank's sum. On meta: 0, the

@@ -191,6 +191,10 @@ void for_each_field(S& s, F&& f) {
   f("spike_policy", s.spike_policy, "a spike: stop the run, skip its update, or warn and update");
   f("max_consecutive_skips", s.max_consecutive_skips,
     "skipped updates in a row (non-finite, spike or fp16 overflow) after which the run stops (0: no limit)");
+  f("sdc_check_interval", s.sdc_check_interval,
+    "every this many steps, run the step's forward and backward twice from the same state and compare each "
+    "rank's results bitwise, to catch silent data corruption (0: off)");
+  f("sdc_policy", s.sdc_policy, "a rank whose two runs differ: stop the run (naming step and rank) or warn");
 }
 
 template <typename S, typename F>
@@ -257,6 +261,8 @@ void for_each_field(S& s, F&& f) {
   f("load", s.load,
     "checkpoint to resume from: empty, \"latest\", a checkpoint root or one step's directory");
   f("keep_last", s.keep_last, "checkpoints to keep (0: all)");
+  f("async", s.async,
+    "copy the state to host memory and write it on a background thread while training goes on");
 }
 
 // C is Config or const Config; f(section name, section struct).
@@ -927,6 +933,10 @@ void validate_config(Config& c, int world_size) {
   rules.require(t.spike_factor == 0 || t.spike_factor > 1, t.spike_factor, "must be 0 (off) or > 1");
   rules.at_least(t.spike_window, 1);
   rules.at_least(t.max_consecutive_skips, 0);
+  rules.at_least(t.sdc_check_interval, 0);
+  rules.require(
+      t.sdc_policy != GuardPolicy::Skip, t.sdc_policy,
+      "must be stop or warn (the two runs came from the same state: which one is wrong is unknown)");
   rules.require(o.lr > 0, o.lr, "must be > 0");
   rules.in_range(o.min_lr, 0.0, o.lr, true, rules.key(o.lr));
   rules.in_range(o.beta1, 0.0, 1.0, false);
@@ -975,6 +985,13 @@ void validate_config(Config& c, int world_size) {
                             "parameters per unit)",
                             rules.key(o.sharding)));
   rules.require(o.prefetch_units >= 0, o.prefetch_units, "must be >= 0");
+  // The check compares each rank's own gradients before they are reduced over data parallelism;
+  // sharded gradients are reduce-scattered micro-batch by micro-batch during the backward.
+  rules.require(t.sdc_check_interval == 0 || o.sharding == Sharding::None || o.sharding == Sharding::Optim,
+                t.sdc_check_interval,
+                fmt::format("needs {} = none or optim (optim_grads and optim_grads_params reduce gradients "
+                            "during the backward, before a rank's own can be compared)",
+                            rules.key(o.sharding)));
 
   // Data. Blends: the weights (negative, NaN, a zero sum), pairs and "synthetic" alone. A split's own
   // blend replaces data.path for that split.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -283,9 +284,16 @@ void release_params(Optimizer* optimizer, bool loaded) {
 
 }  // namespace
 
-std::string save_train_state(const std::string& root, const TrainProgress& progress,
-                             const std::vector<Parameter*>& params, Optimizer* optimizer,
-                             ParallelState& state, int keep_last) {
+namespace {
+
+// Builds the save's tensors (collective over dp for the distributed optimizer, which gathers its
+// state) and hands them to `write`, which saves or starts an asynchronous save; the gathered
+// state lives until it returns.
+using WriteFn = std::function<std::string(const std::vector<checkpoint::ShardedTensor>&, const std::string&,
+                                          const checkpoint::SaveOptions&)>;
+
+std::string save_with(const TrainProgress& progress, const std::vector<Parameter*>& params,
+                      Optimizer* optimizer, ParallelState& state, int keep_last, const WriteFn& write) {
   // With overlap_param_gather the last step's all-gather may still be filling the parameters.
   finish_pending_gather(optimizer);
   const NamedParams named = by_name(params);
@@ -314,11 +322,33 @@ std::string save_train_state(const std::string& root, const TrainProgress& progr
   checkpoint::SaveOptions options;
   options.keep_last = keep_last;
   options.layout_json = layout_json(state, optimizer);
-  std::string dir = checkpoint::save(root, progress.step, tensors, extras_json(progress, optimizer),
-                                     state.world(), options);
+  std::string dir = write(tensors, extras_json(progress, optimizer), options);
   tensors.clear();
   release_params(optimizer, /*loaded=*/false);
   return dir;
+}
+
+}  // namespace
+
+std::string save_train_state(const std::string& root, const TrainProgress& progress,
+                             const std::vector<Parameter*>& params, Optimizer* optimizer,
+                             ParallelState& state, int keep_last) {
+  return save_with(progress, params, optimizer, state, keep_last,
+                   [&](const std::vector<checkpoint::ShardedTensor>& tensors, const std::string& extras,
+                       const checkpoint::SaveOptions& options) {
+                     return checkpoint::save(root, progress.step, tensors, extras, state.world(), options);
+                   });
+}
+
+void start_save_train_state(checkpoint::AsyncSave& save, const std::string& root,
+                            const TrainProgress& progress, const std::vector<Parameter*>& params,
+                            Optimizer* optimizer, ParallelState& state, int keep_last) {
+  save_with(progress, params, optimizer, state, keep_last,
+            [&](const std::vector<checkpoint::ShardedTensor>& tensors, const std::string& extras,
+                const checkpoint::SaveOptions& options) {
+              save.start(root, progress.step, tensors, extras, state.world(), options);
+              return std::string();
+            });
 }
 
 LoadResult load_train_state(const std::string& path, const std::string& default_root,

@@ -36,11 +36,16 @@ class DataParallelAwareModel final : public pipeline::PipelineModel {
     set_last(micro_batch);
     inner_.backward_weight(chunk, micro_batch);
   }
+  // The silent-data-corruption check compares each rank's own gradients, so while it holds no
+  // bucket starts its reduction during the backward: finish_grad_sync() launches them all after.
+  // The same buckets are reduced by the same operation, so the result is bitwise the same.
+  void hold_reduction(bool hold) { hold_ = hold; }
 
  private:
   void set_last(int micro_batch) {
-    for (DataParallel* d : replicas_) d->set_is_last_microbatch(micro_batch == micro_batches_ - 1);
+    for (DataParallel* d : replicas_) d->set_is_last_microbatch(!hold_ && micro_batch == micro_batches_ - 1);
   }
+  bool hold_ = false;
   pipeline::ChunkPipelineModel& inner_;
   std::vector<DataParallel*> replicas_;
   int micro_batches_;
@@ -151,11 +156,19 @@ double TrainStep::global_mean_loss(double factor) {
   return sum.to_float_vector()[0] / tokens;
 }
 
+namespace {
+
+uint32_t crc_of(const Tensor& t, uint32_t crc) {
+  if (!t.defined() || t.numel() == 0 || t.device().is_meta()) return crc;
+  const Tensor host = t.to(Device::cpu()).contiguous();
+  return checkpoint::crc32c(host.data_ptr(), host.nbytes(), crc);
+}
+
+}  // namespace
+
 StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, double lr, double loss_factor,
-                           const SkipUpdate& skip_update) {
+                           const SkipUpdate& skip_update, const RerunCheck& rerun) {
   const Config& c = cfg_;
-  ddp_->zero_grad();
-  if (expert_ddp_) expert_ddp_->zero_grad();
   // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp x cp,
   // and each cp rank holds seq_length / cp tokens of every sample), times the fp16 loss scale.
   const double scale = optimizer_->loss_scaler() ? optimizer_->loss_scaler()->scale() : 1.0;
@@ -165,10 +178,14 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
   // (each cp rank's router sees a part of the tokens, as its loss gradient does: times cp).
   for (auto& chunk : chunks_) chunk->set_moe_loss_scale(scale * c.parallel.context / micro_batches_);
   const int64_t batches_per_step = c.train.global_batch_size / c.train.micro_batch_size;  // global
-  model_->start_step(data, Tensor::full({1}, loss_factor * scale / local_tokens, DType::F32, device_),
-                     static_cast<uint64_t>(step * batches_per_step + state_->coord().dp * micro_batches_));
-  sample_peak();  // the executor resets the allocator's peak
-  {
+  // Forward and backward from the parameters and the data alone (the dropout draws are keyed by the
+  // seed, step and micro-batch), so that a second run must give the same bits.
+  const auto forward_backward = [&] {
+    ddp_->zero_grad();
+    if (expert_ddp_) expert_ddp_->zero_grad();
+    model_->start_step(data, Tensor::full({1}, loss_factor * scale / local_tokens, DType::F32, device_),
+                       static_cast<uint64_t>(step * batches_per_step + state_->coord().dp * micro_batches_));
+    sample_peak();  // the executor resets the allocator's peak
     // With several micro-batches every weight is packed once for all of them (ops.hpp's
     // WeightPackingScope); the optimizer writes the weights after the scope. The memory plan's
     // walk counts the packed copies (packs_weights in memory_plan.cpp decides the same way). Under ZeRO-3
@@ -179,6 +196,31 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
           expert_ddp_ ? std::vector<Tensor>{ddp_->buffer().param_data(), expert_ddp_->buffer().param_data()}
                       : std::vector<Tensor>{ddp_->buffer().param_data()});
     executor_->run(*driver_);
+  };
+  const auto fingerprint = [&] {
+    RunFingerprint f;
+    if (model_->computes_loss() && model_->loss_sum().defined()) f.loss = crc_of(model_->loss_sum(), 0);
+    for (DataParallel* d : optimizer_->data_parallels()) f.grads = crc_of(d->buffer().grad_data(), f.grads);
+    return f;
+  };
+  static_cast<DataParallelAwareModel&>(*driver_).hold_reduction(rerun.enabled);
+  forward_backward();
+  if (rerun.flip_first) {
+    Tensor& grads = ddp_->buffer().grad_data();
+    if (grads.defined() && grads.numel() > 0) {
+      Tensor element = grads.narrow(0, grads.numel() / 2, 1);
+      Tensor host = element.to(Device::cpu()).clone();
+      const int bit = static_cast<int>(dtype_size(host.dtype())) * 8 - 12;  // a mantissa bit
+      static_cast<unsigned char*>(host.data_ptr())[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+      element.copy_(host);
+    }
+  }
+  if (rerun.enabled) {
+    const RunFingerprint first = fingerprint();
+    for (auto& chunk : chunks_) chunk->reset_moe_statistics();  // counted once, from the re-run
+    forward_backward();
+    static_cast<DataParallelAwareModel&>(*driver_).hold_reduction(false);
+    if (rerun.compare) rerun.compare(first, fingerprint());
   }
   finalize_grads(parameters(), *state_);
   ddp_->finish_grad_sync();

@@ -223,6 +223,33 @@ struct FaultInjection {
   }
 };
 
+// Fault injection for the silent-data-corruption check's tests: PARALLEL_INJECT_BITFLIP="STEP:RANK"
+// flips one mantissa bit of one element of rank RANK's gradients (before any reduction) in the first
+// of the two runs of step STEP (1-based; the only run when the step is not checked).
+struct BitFlipInjection {
+  int64_t step = 0;  // 0: none
+  int rank = 0;
+  static BitFlipInjection from_environment() {
+    BitFlipInjection f;
+    const char* text = std::getenv("PARALLEL_INJECT_BITFLIP");
+    if (text == nullptr || *text == '\0') return f;
+    char* end = nullptr;
+    f.step = std::strtoll(text, &end, 10);
+    bool ok = end != text && *end == ':' && f.step >= 1;
+    if (ok) {
+      const char* p = end + 1;
+      f.rank = static_cast<int>(std::strtol(p, &end, 10));
+      ok = end != p && *end == '\0' && f.rank >= 0;
+    }
+    if (!ok)
+      throw ConfigError(
+          fmt::format("PARALLEL_INJECT_BITFLIP = \"{}\": expected STEP:RANK (STEP >= 1)", text));
+    progress().warn("fault injection: one bit of rank {}'s gradients is flipped in the first run of step {}",
+                    f.rank, f.step);
+    return f;
+  }
+};
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -246,6 +273,9 @@ struct Trainer::Impl {
   std::vector<StepMetrics> history;
   std::optional<TrainingGuard> guard;
   FaultInjection fault;
+  BitFlipInjection bitflip;
+  // checkpoint.async: the save whose background write is in flight (at most one).
+  checkpoint::AsyncSave async_save;
   // This rank's allocator high-water mark since the trainer started: the model's construction and
   // everything after (TrainStep samples it before each pipeline run, which resets the allocator's
   // peak, and after each step).
@@ -329,6 +359,7 @@ struct Trainer::Impl {
     std::string where;
     if (!bad_loss.empty()) where += fmt::format("; the loss is not finite on {}", ranks(bad_loss));
     if (!bad_grads.empty()) where += fmt::format("; the gradients are not finite on {}", ranks(bad_grads));
+    finish_async_save("the run stops anyway");
     logger().flush();
     throw AgreedStop(fmt::format("train: step {}: {}{}", at_step, why, where), 3);
   }
@@ -355,9 +386,100 @@ struct Trainer::Impl {
     progress.consumed_samples = at_step * cfg.train.global_batch_size;
     progress.seed = cfg.train.seed;
     progress.config_yaml = config_to_yaml(cfg);
-    const std::string dir = save_train_state(cfg.checkpoint.dir, progress, parameters(),
-                                             &train_step->optimizer(), *state, cfg.checkpoint.keep_last);
-    parallel::progress().info("saved checkpoint {}", dir);
+    if (!cfg.checkpoint.async) {
+      const auto start = Clock::now();
+      const std::string dir = save_train_state(cfg.checkpoint.dir, progress, parameters(),
+                                               &train_step->optimizer(), *state, cfg.checkpoint.keep_last);
+      parallel::progress().info("saved checkpoint {} in {:.0f} ms", dir, milliseconds_since(start));
+      return;
+    }
+    finish_async_save("training goes on");  // at most one save in flight
+    const auto start = Clock::now();
+    start_save_train_state(async_save, cfg.checkpoint.dir, progress, parameters(), &train_step->optimizer(),
+                           *state, cfg.checkpoint.keep_last);
+    parallel::progress().info(
+        "checkpoint of step {}: copied to host memory in {:.0f} ms, writing in the background", at_step,
+        milliseconds_since(start));
+  }
+
+  static double milliseconds_since(Clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  }
+
+  // What `latest` names now (for the message of a failed save).
+  std::string latest_name() const {
+    std::ifstream in(std::filesystem::path(cfg.checkpoint.dir) / "latest");
+    std::string name;
+    if (!(in >> name)) return "no checkpoint (there is none yet)";
+    return name;
+  }
+
+  // Collective: publishes the pending asynchronous save (waiting for this rank's write). A failed
+  // background write is logged on every rank and `latest` stays where it was; `then` says what
+  // happens next ("training goes on"), or is null where nothing can make up for the lost save any
+  // more (the end of training): then the failure ends the run.
+  void finish_async_save(const char* then) {
+    if (!async_save.pending()) return;
+    const int64_t saved = async_save.step();
+    const auto start = Clock::now();
+    try {
+      const std::string dir = async_save.finish(world);
+      const std::string during = step == saved + 1 ? fmt::format(" while step {} ran", step)
+                                 : step > saved    ? fmt::format(" while steps {}-{} ran", saved + 1, step)
+                                                   : std::string();
+      parallel::progress().info("saved checkpoint {} (written in the background{}; waited {:.0f} ms)", dir,
+                                during, milliseconds_since(start));
+    } catch (const Error& e) {
+      const std::string message =
+          fmt::format("{}; {}/latest still names {}", e.what(), cfg.checkpoint.dir, latest_name());
+      if (then == nullptr) throw Error(message);
+      logger().error("{}; {}", message, then);
+    }
+  }
+
+  // The pending asynchronous save is published at the first step boundary where every rank's
+  // write has ended (one all-reduce per step while one is pending).
+  void poll_async_save() {
+    if (async_save.pending() && async_save.all_written(world)) finish_async_save("training goes on");
+  }
+
+  // ---- the silent-data-corruption check (docs/configuration.md#training-guards) ----
+
+  // Collective: every rank says whether its two runs of step `at_step` agreed; the ranks whose did
+  // not are named, and train.sdc_policy applies.
+  void compare_runs(int64_t at_step, const RunFingerprint& first, const RunFingerprint& second) {
+    const int n = world.size();
+    Tensor mine = Tensor::zeros({2}, DType::I32);
+    mine.data<int32_t>()[0] = first.loss != second.loss;
+    mine.data<int32_t>()[1] = first.grads != second.grads;
+    Tensor all = Tensor::zeros({2 * n}, DType::I32);
+    world.all_gather(mine, all);
+    std::vector<int> loss, grads, suspects;
+    for (int r = 0; r < n; ++r) {
+      const bool l = all.data<int32_t>()[2 * r] != 0, g = all.data<int32_t>()[2 * r + 1] != 0;
+      if (l) loss.push_back(r);
+      if (g) grads.push_back(r);
+      if (l || g) suspects.push_back(r);
+    }
+    if (suspects.empty()) return;
+    const auto ranks = [](const std::vector<int>& list) {
+      return fmt::format("{} {}", list.size() == 1 ? "rank" : "ranks", fmt::join(list, ","));
+    };
+    std::vector<std::string> what;
+    if (!grads.empty()) what.push_back("other gradients on " + ranks(grads));
+    if (!loss.empty()) what.push_back("another loss on " + ranks(loss));
+    const bool stop = cfg.train.sdc_policy == GuardPolicy::Stop;
+    const std::string message = fmt::format(
+        "step {}: silent data corruption suspected on {}: the step re-run from the same state gave {} "
+        "(train.sdc_policy = {})",
+        at_step, ranks(suspects), fmt::join(what, " and "), stop ? "stop" : "warn");
+    if (!stop) {
+      progress().warn("{}; training goes on with the re-run's results", message);
+      return;
+    }
+    finish_async_save("the run stops anyway");
+    logger().flush();
+    throw AgreedStop("train: " + message, 3);
   }
 };
 
@@ -501,6 +623,12 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   }
   m.guard.emplace(c.train);
   m.fault = FaultInjection::from_environment();
+  m.bitflip = BitFlipInjection::from_environment();
+  if (c.train.sdc_check_interval > 0)
+    progress().info(
+        "silent data corruption check: every {} steps the forward and backward run twice from the same state "
+        "and each rank compares its loss and gradients bitwise (train.sdc_policy = {})",
+        c.train.sdc_check_interval, c.train.sdc_policy == GuardPolicy::Stop ? "stop" : "warn");
   m.stop.emplace();
 }
 
@@ -546,12 +674,22 @@ int64_t Trainer::train() {
     const int64_t t = m.step;  // 0-based index of this step's global batch
     const double lr = m.lr->lr(static_cast<int>(t));
     const double injected = m.fault.factor_at(t + 1, m.world.rank());
+    // Every sdc_check_interval steps the step's forward and backward run twice and each rank
+    // compares its own results (TrainStep::run; docs/configuration.md#training-guards).
+    RerunCheck rerun;
+    rerun.enabled = c.train.sdc_check_interval > 0 && (t + 1) % c.train.sdc_check_interval == 0;
+    rerun.flip_first = m.bitflip.step == t + 1 && m.bitflip.rank == m.world.rank();
+    rerun.compare = [&](const RunFingerprint& first, const RunFingerprint& second) {
+      m.compare_runs(t + 1, first, second);
+    };
     GuardVerdict verdict;
-    const StepOutcome outcome =
-        m.train_step->run(t, m.data_of(*m.train_data, t), lr, injected, [&](double loss, double grad_norm) {
+    const StepOutcome outcome = m.train_step->run(
+        t, m.data_of(*m.train_data, t), lr, injected,
+        [&](double loss, double grad_norm) {
           verdict = m.guard->check(loss, grad_norm, true);
           return verdict.action != GuardVerdict::Action::Update;
-        });
+        },
+        rerun);
     const double loss = outcome.loss;
     const StepResult& result = outcome.update;
     // An fp16 overflow skipped the update before the guard saw the norm: the loss is still checked.
@@ -618,6 +756,7 @@ int64_t Trainer::train() {
       if (m.tensorboard) m.tensorboard->write_eval(m.step, eval_loss);
       progress().info("step {} | eval loss {:.4f} (ppl {:.2f})", m.step, eval_loss, std::exp(eval_loss));
     }
+    m.poll_async_save();
     const int stop_signal = agreed_stop_signal(*m.stop, m.world);
     const bool stopping = stop_signal != 0;
     const bool periodic = c.checkpoint.save_interval > 0 && m.step % c.checkpoint.save_interval == 0;
@@ -627,6 +766,8 @@ int64_t Trainer::train() {
       break;
     }
   }
+  // The end of training (or a stop) waits for the last asynchronous save and publishes it.
+  m.finish_async_save(nullptr);
   return m.step;
 }
 
