@@ -86,10 +86,10 @@ struct AsyncSave::State {
     try {
       if (injection.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(injection.delay_ms));
       if (injection.fail)
-        PARALLEL_FAIL(
-            "checkpoint: write to {}/rank_{:05d}.safetensors failed: No space left on device "
-            "(injected: PARALLEL_INJECT_CHECKPOINT_FAIL)",
-            staging, rank);
+        throw Error(
+            fmt::format("checkpoint: write to {}/rank_{:05d}.safetensors failed: No space left on "
+                        "device (injected: PARALLEL_INJECT_CHECKPOINT_FAIL)",
+                        staging, rank));
       manifest_json = detail::manifest_to_json(detail::write_rank_file(staging, rank, pieces));
     } catch (const std::exception& e) {
       error = e.what();
@@ -175,9 +175,10 @@ std::string AsyncSave::finish(Communicator& world) {
     for (int r = 0; r < world.size(); ++r)
       if (manifests[static_cast<std::size_t>(r)].starts_with("-")) failed.push_back(r);
     if (!failed.empty())
-      PARALLEL_FAIL("checkpoint: the background write of step {} failed on {} {}: {}", s->step,
-                    failed.size() == 1 ? "rank" : "ranks", fmt::join(failed, ","),
-                    manifests[static_cast<std::size_t>(failed.front())].substr(1));
+      // A plain Error: the message is logged, and names the rank itself (no source location).
+      throw Error(fmt::format("checkpoint: the background write of step {} failed on {} {}: {}", s->step,
+                              failed.size() == 1 ? "rank" : "ranks", fmt::join(failed, ","),
+                              manifests[static_cast<std::size_t>(failed.front())].substr(1)));
     for (std::string& m : manifests) m.erase(0, 1);
     detail::run_collectively(world, "checkpoint save (publish " + final_dir.string() + ")", [&] {
       if (leader)
