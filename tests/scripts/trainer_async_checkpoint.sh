@@ -19,7 +19,9 @@ shift 2
 mpiexec=("$@")
 source "$src/scripts/mpi_launcher.sh"  # mpi_rank_pids
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+job=""
+# A failure while a long job runs (parts 3 and 5) must not leave it training on.
+trap '[[ -n $job ]] && kill "$job" 2>/dev/null; rm -rf "$work"' EXIT
 common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
   --set optimizer.warmup_steps=0 --set model.num_layers=4 --set optimizer.distributed=true)
 fail() {
@@ -100,6 +102,7 @@ for i in $(seq 1 8); do
   kill -9 $victim
   status=0
   wait "$job" || status=$?
+  job=""
   [[ $status -ne 0 ]] || fail "kill $i: the job exited 0 after kill -9" "$log"
   [[ -f $kill_ckpt/latest ]] || fail "kill $i: no latest" "$log"
   step=$(latest_step "$kill_ckpt")
@@ -151,6 +154,7 @@ done
 kill -TERM $(mpi_rank_pids "$job")
 status=0
 wait "$job" || status=$?
+job=""
 [[ $status -eq 0 ]] || fail "SIGTERM: exit status $status" "$work/term.log"
 stop=$(grep -o "stopping at step [0-9]*" "$work/term.log" | grep -o "[0-9]*$")
 [[ $(latest_step "$work/ckpt_term") -eq $stop ]] || fail "SIGTERM: latest is not the stop step $stop" "$work/term.log"
