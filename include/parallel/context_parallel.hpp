@@ -31,6 +31,7 @@
 
 #include "parallel/communicator.hpp"
 #include "parallel/config.hpp"
+#include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel::cp {
@@ -52,6 +53,13 @@ std::vector<Segment> segments(int64_t local_seq, int rank, int cp_size, int64_t 
 // sample, in that order. cp_size 1: the input itself.
 Tensor slice_sequence(const Tensor& samples, int rank, int cp_size);
 
+// Beyond plain causal (ops::AttentionMask with a window or documents; its positions are ignored:
+// each call gets its block's), p2p and allgather cut every block into the L x L calls of the
+// rank's chunk pairs at their global positions and skip the pairs where no query sees a key
+// (under documents or a window most of them on a long sequence); doc_start covers the whole
+// sequence [b, s] (not sliced), and is read on the host to decide which pairs to skip. a2a runs
+// the mask over the whole sequence as it is.
+//
 // Exact causal self-attention over the whole sequence from this rank's two chunks. One object per
 // attention layer; it keeps no per-micro-batch state (that is in Saved).
 class Attention {
@@ -63,11 +71,15 @@ class Attention {
   // a2a: the head-sharded whole-sequence q, k, v, out and lse. Empty after backward().
   struct Saved {
     Tensor q, k, v, out, lse;
+    ops::AttentionMask mask;
+    Tensor doc_start_host;  // p2p / allgather under documents: the mask's doc_start on the host
     bool defined() const { return out.defined() && out.numel() > 0; }
   };
   // q [2L, b, hq, d], k, v [2L, b, hkv, d] (contiguous, positions already applied): this rank's
-  // chunks. Returns out [2L, b, hq, d] in q's dtype.
-  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved) const;
+  // chunks. Returns out [2L, b, hq, d] in q's dtype. mask: causal (required), plus an optional
+  // window and documents over the whole sequence (see above).
+  Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
+                 const ops::AttentionMask& mask = {}) const;
   // dq, dk, dv: written, shaped as q, k, v. Frees `saved`.
   void backward(const Tensor& dout, Saved& saved, Tensor& dq, Tensor& dk, Tensor& dv) const;
 

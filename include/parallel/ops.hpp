@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/attention_mask.hpp"
 #include "parallel/rope.hpp"
 #include "parallel/tensor.hpp"
 
@@ -189,12 +190,49 @@ void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream
 // inputs on CUDA's tensor-core kernels (head dims 64 and 128), multiply 16-bit operands and round
 // the probabilities and dS to 16 bits before their products, as FlashAttention does; elsewhere
 // 16-bit inputs are widened and computed in fp32 (attention_implementation says which).
+//
+// The mask (attention_mask.hpp has the rule): causal, a sliding window, documents (doc_start) and
+// the positions of the first query and key row (context parallelism's blocks). Every query row
+// sees one contiguous range of keys, and the kernels skip every tile outside it, so a packed
+// sequence costs the sum of its documents' squared lengths and a window is linear in s. A row that
+// sees no key (a block of context parallelism) gets a zero output and lse = -inf.
+struct AttentionMask {
+  bool causal = true;
+  int64_t window = 0;  // > 0: a query sees itself and the window - 1 keys before it
+  int64_t q_pos0 = 0;  // position of q's row 0
+  int64_t k_pos0 = 0;  // position of k's row 0
+  // int32 [b, S] on q's device, or undefined: the position where the document of the token at
+  // position p starts (S covers every position of q and k: the whole sequence). Its values are
+  // not checked (device memory); a start past p leaves that row with no key.
+  Tensor doc_start;
+  static AttentionMask plain(bool causal) {
+    AttentionMask m;
+    m.causal = causal;
+    return m;
+  }
+  bool has_documents() const { return doc_start.defined(); }
+};
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale, Stream stream = {});
+                       const AttentionMask& mask, float softmax_scale, Stream stream = {});
+inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                              bool causal, float softmax_scale, Stream stream = {}) {
+  attention_forward(q, k, v, out, lse, AttentionMask::plain(causal), softmax_scale, stream);
+}
 // dq, dk, dv are written (not accumulated); dk, dv sum over the query heads that share them.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale, Stream stream = {});
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionMask& mask, float softmax_scale, Stream stream = {});
+inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                               bool causal, float softmax_scale, Stream stream = {}) {
+  attention_backward(dout, q, k, v, out, lse, dq, dk, dv, AttentionMask::plain(causal), softmax_scale,
+                     stream);
+}
+// Number of (query, key) pairs that causal and the window leave visible in a call of sq query rows
+// against sk keys, per batch element and head: what the meta device counts FLOPs over. Documents
+// are not counted: their boundaries are values, which a meta tensor has none of, so the count
+// assumes one document per sequence (an upper bound on the work of a packed sequence).
+double attention_visible_pairs(const AttentionMask& mask, int64_t sq, int64_t sk);
 // Merges one block's partial attention into a running result, as ring attention (context
 // parallelism) combines the blocks of keys it sees one after another. out_acc [S, b, h, d] and
 // lse_acc [b, h, S] are fp32 accumulators; out_blk [n, b, h, d] (any activation dtype, read as

@@ -27,20 +27,23 @@ namespace attention_tiles {
 
 #define PARALLEL_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
 
-PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols, float scale, float shift) {
-  for (int64_t j = 0; j < valid; j++) s[j] = clamp_exp_arg(scale * s[j] - shift);
+PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t start, int64_t end, int64_t cols, float scale,
+                                float shift) {
+  end = std::max(end, start);
+  for (int64_t j = 0; j < start; j++) s[j] = 0.0f;
+  for (int64_t j = start; j < end; j++) s[j] = clamp_exp_arg(scale * s[j] - shift);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < valid; j++) {
+  for (int64_t j = start; j < end; j++) {
     s[j] = exp_clamped(s[j]);
     sum += s[j];
   }
-  for (int64_t j = valid; j < cols; j++) s[j] = 0.0f;
+  for (int64_t j = end; j < cols; j++) s[j] = 0.0f;
   return sum;
 }
 
-PARALLEL_HOT float scaled_row_max(const float* __restrict s, int64_t valid, float scale) {
-  return lane_max(valid, [&](int64_t j) { return scale * s[j]; });
+PARALLEL_HOT float scaled_row_max(const float* __restrict s, int64_t start, int64_t end, float scale) {
+  return lane_max(std::max<int64_t>(end - start, 0), [&](int64_t j) { return scale * s[start + j]; });
 }
 
 PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale,
@@ -48,13 +51,17 @@ PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict 
   for (int64_t j = 0; j < cols; j++) dp[j] = scale * p[j] * (dp[j] - D);
 }
 
-void online_softmax_tile(float* S, int64_t rows, int64_t cols, bool causal, int64_t i0, int64_t j0,
-                         float scale, float* m, float* l, float* acc, int64_t d) {
+void online_softmax_tile(float* S, int64_t rows, int64_t cols, const BlockRanges& r, int64_t j0, float scale,
+                         float* m, float* l, float* acc, int64_t d) {
   for (int64_t i = 0; i < rows; i++) {
     float* s_row = S + i * kBc;
-    const int64_t valid = visible_keys(causal, i0 + i, j0, cols);
-    const float m_new = std::max(m[i], scaled_row_max(s_row, valid, scale));
-    const float sum = exp_tile_row(s_row, valid, cols, scale, m_new);
+    const int64_t start = r.start(i, j0), end = r.end(i, j0, cols);
+    if (end <= start) {  // the row sees none of this tile: P = 0, m and l unchanged
+      std::fill(s_row, s_row + cols, 0.0f);
+      continue;
+    }
+    const float m_new = std::max(m[i], scaled_row_max(s_row, start, end, scale));
+    const float sum = exp_tile_row(s_row, start, end, cols, scale, m_new);
     if (m_new != m[i]) {
       const float c = std::exp(m[i] - m_new);  // 0 on the first tile (m = -inf)
       float* a = acc + i * d;
@@ -82,7 +89,7 @@ Dims attention_dims(const Tensor& q, const Tensor& k) {
 Workspace fp32_workspace(const Dims& x, bool backward) {
   const int64_t d = x.d;
   if (!backward) return {0, d * kBc + kBr * kBc + kBr * d + 2 * kBr};
-  return {x.B * x.hq * x.sq, 2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d};
+  return {x.B * x.hq * x.sq, ranges_offset(2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d) + ranges_words(x)};
 }
 
 }  // namespace attention_tiles
@@ -171,15 +178,15 @@ void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale) {
+                       const AttentionBounds& mask, float softmax_scale) {
   if (attention_bf16_supported(q.dtype(), q.size(3)))
-    return attention_forward_bf16(q, k, v, out, lse, causal, softmax_scale);
+    return attention_forward_bf16(q, k, v, out, lse, mask, softmax_scale);
   if (q.dtype() != DType::F32) {
     // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): widened whole, computed in fp32, the output
     // narrowed once. The tiles are what a fused 16-bit kernel would widen; doing it up front costs one fp32
     // copy of q, k, v per call (docs/benchmarks.md lists it among the known costs).
     Tensor o32 = Tensor::empty(out.shape(), DType::F32);
-    attention_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), o32, lse, causal, softmax_scale);
+    attention_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), o32, lse, mask, softmax_scale);
     out.copy_(o32);
     return;
   }
@@ -208,6 +215,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     float* acc = S + kBr * kBc;                                    // [Br, d] unnormalised output
     float* m = acc + kBr * d;                                      // [Br] running max
     float* l = m + kBr;                                            // [Br] running sum
+    BlockRanges ranges;
 
     // (b, head, query block) tasks write disjoint rows of out and lse. Under a causal mask later
     // blocks see more keys, so they are handed out first for a balanced dynamic schedule.
@@ -226,19 +234,23 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
           std::fill(l, l + rows, 0.0f);
 
-          // Causal: keys beyond the block's last query are masked for every row; skip them.
-          const int64_t key_end = causal ? std::min(x.sk, i0 + rows) : x.sk;
-          for (int64_t j0 = 0; j0 < key_end; j0 += kBc) {
+          // Only the key tiles that meet some row's visible range (attention_mask.hpp): under a causal
+          // mask none past the block's last query, under documents or a window none before the
+          // block's first visible key. Tiles stay aligned to kBc.
+          block_ranges(mask, b, i0, rows, x.sk, ranges);
+          const int64_t key_end = ranges.empty() ? 0 : ranges.hi;
+          for (int64_t j0 = ranges.empty() ? 0 : ranges.lo / kBc * kBc; j0 < key_end; j0 += kBc) {
             const int64_t cols = std::min(kBc, key_end - j0);
             transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
             for (int64_t i = 0; i < rows; i++) std::fill(S + i * kBc, S + i * kBc + cols, 0.0f);
             matmul_acc(S, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
-            online_softmax_tile(S, rows, cols, causal, i0, j0, softmax_scale, m, l, acc, d);
+            online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, d);
             matmul_acc(acc, d, S, kBc, 1, v_head + j0 * ldk, ldk, rows, d, cols);  // acc += P V_blk
           }
 
           for (int64_t i = 0; i < rows; i++) {
-            // l > 0 always for self-attention (a causal row sees at least its own key).
+            // l == 0: the row saw no key (possible for a block of context parallelism): zero
+            // output, lse = -inf, which attention_merge and the backward read as "nothing here".
             const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
             float* o = O + ((i0 + i) * x.B + b) * x.hq * d + h * d;
             const float* a = acc + i * d;
@@ -253,15 +265,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale) {
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionBounds& mask, float softmax_scale) {
   if (attention_bf16_supported(q.dtype(), q.size(3)))
-    return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
+    return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, mask, softmax_scale);
   if (q.dtype() != DType::F32) {
     Tensor dq32 = Tensor::empty(dq.shape(), DType::F32), dk32 = Tensor::empty(dk.shape(), DType::F32),
            dv32 = Tensor::empty(dv.shape(), DType::F32);
     attention_backward(dout.to(DType::F32), q.to(DType::F32), k.to(DType::F32), v.to(DType::F32),
-                       out.to(DType::F32), lse, dq32, dk32, dv32, causal, softmax_scale);
+                       out.to(DType::F32), lse, dq32, dk32, dv32, mask, softmax_scale);
     dq.copy_(dq32);
     dk.copy_(dk32);
     dv.copy_(dv32);
@@ -313,6 +325,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     float* dS = P + kBr * kBc;                                     // [Br, Bc] dP, then dS
     float* dk_acc = dS + kBr * kBc;                                // [Bc, d]
     float* dv_acc = dk_acc + kBc * d;                              // [Bc, d]
+    const int64_t nqb = (x.sq + kBr - 1) / kBr;
+    // Of b's query blocks, after the tiles (an aggregate: the scratch words hold it as they are).
+    BlockRanges* ranges =
+        reinterpret_cast<BlockRanges*>(scratch_base + omp_get_thread_num() * per_thread +
+                                       ranges_offset(2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d));
 
     // A (b, kv head) task owns dK and dV of that kv head and dQ of exactly the query heads of its
     // group, so no two threads ever write the same gradient row: no atomics, no reduction.
@@ -324,6 +341,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
           float* g = dQ + (i * x.B + b) * x.hq * d + h_first * d;
           std::fill(g, g + x.group * d, 0.0f);
         }
+        for (int64_t qb = 0; qb < nqb; qb++)
+          block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
         const float* k_head = K + b * x.hkv * d + hk * d;
         const float* v_head = V + b * x.hkv * d + hk * d;
 
@@ -335,9 +354,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
           std::fill(dv_acc, dv_acc + cols * d, 0.0f);
 
           for (int64_t h = h_first; h < h_first + x.group; h++) {
-            // Causal: query rows before j0 see none of these keys; start at the block holding j0.
-            const int64_t i_start = causal ? (j0 / kBr) * kBr : 0;
-            for (int64_t i0 = i_start; i0 < x.sq; i0 += kBr) {
+            // Only the query blocks some row of which sees a key of this tile (attention_mask.hpp).
+            for (int64_t i0 = 0; i0 < x.sq; i0 += kBr) {
+              const BlockRanges& r = ranges[i0 / kBr];
+              if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t rows = std::min(kBr, x.sq - i0);
               const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
               const float* do_blk = dO + (i0 * x.B + b) * x.hq * d + h * d;
@@ -349,7 +369,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
               for (int64_t i = 0; i < rows; i++) std::fill(P + i * kBc, P + i * kBc + cols, 0.0f);
               matmul_acc(P, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);
               for (int64_t i = 0; i < rows; i++)
-                exp_tile_row(P + i * kBc, visible_keys(causal, i0 + i, j0, cols), cols, softmax_scale,
+                exp_tile_row(P + i * kBc, r.start(i, j0), r.end(i, j0, cols), cols, softmax_scale,
                              lse_blk[i]);
               matmul_acc(dv_acc, d, P, 1, kBc, do_blk, ldq, cols, d, rows);  // dV += P^T dO
 

@@ -216,25 +216,30 @@ bool attention_bf16_supported(DType dtype, int64_t head_dim) {
 
 namespace attention_tiles {
 
+// The backward's tiles per thread, in words; the query blocks' ranges follow them.
+int64_t backward_tiles(const Dims& x) {
+  const int64_t d = x.d, half_d = d / 2, dd = round_up(d, 16);
+  return 2 * half_d * kBc + kBc / 2 * dd + 2 * (kBr / 2) * dd + 2 * kBr * kBc + 2 * (kBr / 2) * kBc +
+         kBr * kBc / 2 + 2 * kBc * dd + x.group * x.sq * d + 16;
+}
+
 // Forward: kp and vp of every (b, kv head), sk * d words each, shared; per thread S [Br, Bc] fp32,
 // P [Br, Bc] bf16, acc [Br, d] fp32 (rows padded to 16), m and l [Br]. Backward: D [b, hq, sq]
 // shared; per thread kp, vp [d/2, Bc]; kc [Bc/2, d]; qi, doi [Br/2, d]; P, dS [Br, Bc] fp32;
 // pi, dsi [Br/2, Bc]; dSb [Br, Bc] bf16; dk_acc, dv_acc [Bc, d] fp32; dq_acc [group, sq, d] fp32
-// (dQ of the task's query heads, summed over all key blocks).
+// (dQ of the task's query heads, summed over all key blocks); then the query blocks' ranges.
 Workspace bf16_workspace(const Dims& x, bool backward) {
   const int64_t d = x.d, half_d = d / 2, dd = round_up(d, 16);
   if (!backward)
     return {x.B * x.hkv * (half_d * x.sk + (x.sk + 1) / 2 * d),
             kBr * kBc + kBr * kBc / 2 + kBr * dd + 2 * kBr + 16};
-  return {x.B * x.hq * x.sq, 2 * half_d * kBc + kBc / 2 * dd + 2 * (kBr / 2) * dd + 2 * kBr * kBc +
-                                 2 * (kBr / 2) * kBc + kBr * kBc / 2 + 2 * kBc * dd + x.group * x.sq * d +
-                                 16};
+  return {x.B * x.hq * x.sq, ranges_offset(backward_tiles(x)) + ranges_words(x)};
 }
 
 }  // namespace attention_tiles
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                            bool causal, float softmax_scale) {
+                            const AttentionBounds& mask, float softmax_scale) {
   const Dims x = attention_dims(q, k);
   if (x.sq == 0 || x.B == 0 || x.hq == 0) return;
   const u16* Q = bits(q);
@@ -271,6 +276,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
     float* acc = S + kBr * kBc + kBr * kBc / 2;
     float* m = acc + kBr * round_up(d, 16);
     float* l = m + kBr;
+    BlockRanges ranges;
 
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < x.B; b++) {
@@ -287,11 +293,13 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
           std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
           std::fill(l, l + rows, 0.0f);
 
-          const int64_t key_end = causal ? std::min(x.sk, i0 + rows) : x.sk;
-          for (int64_t j0 = 0; j0 < key_end; j0 += kBc) {
+          // The key tiles that meet some row's visible range, aligned to kBc (so j0 is even for vp).
+          block_ranges(mask, b, i0, rows, x.sk, ranges);
+          const int64_t key_end = ranges.empty() ? 0 : ranges.hi;
+          for (int64_t j0 = ranges.empty() ? 0 : ranges.lo / kBc * kBc; j0 < key_end; j0 += kBc) {
             const int64_t cols = std::min(kBc, key_end - j0);
             dot_pairs(S, kBc, false, q_blk, ldq / 2, 1, kp + j0, x.sk, rows, cols, half_d);  // S = Q K^T
-            online_softmax_tile(S, rows, cols, causal, i0, j0, softmax_scale, m, l, acc, d);
+            online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, d);
             round_rows(Pb, kBc, S, kBc, rows, cols);
             dot_pairs(acc, d, true, words(Pb), kBc / 2, 1, vp + j0 / 2 * d, d, rows, d,
                       (cols + 1) / 2);  // += P V
@@ -313,7 +321,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
 
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
-                             bool causal, float softmax_scale) {
+                             const AttentionBounds& mask, float softmax_scale) {
   const Dims x = attention_dims(q, k);
   if (x.B == 0 || x.hq == 0) return;
   const u16* dO = bits(dout);
@@ -360,6 +368,10 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
     float* dk_acc = reinterpret_cast<float*>(dSb + kBr * kBc);
     float* dv_acc = dk_acc + kBc * dd;
     float* dq_acc = dv_acc + kBc * dd;
+    const int64_t nqb = (x.sq + kBr - 1) / kBr;
+    BlockRanges* ranges =
+        reinterpret_cast<BlockRanges*>(scratch_base + omp_get_thread_num() * per_thread +
+                                       ranges_offset(backward_tiles(x)));  // b's query blocks
 
     // A (b, kv head) task owns dK, dV of that kv head and dQ of the query heads of its group.
 #pragma omp for collapse(2) schedule(dynamic)
@@ -367,6 +379,8 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
       for (int64_t hk = 0; hk < x.hkv; hk++) {
         const int64_t h_first = hk * x.group;
         std::fill(dq_acc, dq_acc + x.group * x.sq * d, 0.0f);
+        for (int64_t qb = 0; qb < nqb; qb++)
+          block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
         const u16* k_head = K + b * x.hkv * d + hk * d;
         const u16* v_head = V + b * x.hkv * d + hk * d;
 
@@ -379,8 +393,9 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
           std::fill(dv_acc, dv_acc + cols * d, 0.0f);
 
           for (int64_t h = h_first; h < h_first + x.group; h++) {
-            const int64_t i_start = causal ? (j0 / kBr) * kBr : 0;
-            for (int64_t i0 = i_start; i0 < x.sq; i0 += kBr) {
+            for (int64_t i0 = 0; i0 < x.sq; i0 += kBr) {
+              const BlockRanges& r = ranges[i0 / kBr];
+              if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t rows = std::min(kBr, x.sq - i0), row_pairs = (rows + 1) / 2;
               const u16* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
               const u16* do_blk = dO + (i0 * x.B + b) * x.hq * d + h * d;
@@ -392,7 +407,7 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
               // P = exp(scale * Q K^T - lse), recomputed rather than stored by the forward.
               dot_pairs(P, kBc, false, words(q_blk), ldq / 2, 1, kp, kBc, rows, cols, half_d);
               for (int64_t i = 0; i < rows; i++)
-                exp_tile_row(P + i * kBc, visible_keys(causal, i0 + i, j0, cols), cols, softmax_scale,
+                exp_tile_row(P + i * kBc, r.start(i, j0), r.end(i, j0, cols), cols, softmax_scale,
                              lse_blk[i]);
               pair_rows_f32(pi, kBc, P, kBc, rows, cols);
               dot_pairs(dv_acc, d, true, pi, 1, kBc, doi, d, cols, d, row_pairs);  // dV += P^T dO

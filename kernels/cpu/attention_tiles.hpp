@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "parallel/attention_mask.hpp"
 #include "parallel/tensor.hpp"
 
 namespace parallel::cpu::attention_tiles {
@@ -31,26 +32,65 @@ struct Workspace {
 Workspace fp32_workspace(const Dims& x, bool backward);  // attention.cpp
 Workspace bf16_workspace(const Dims& x, bool backward);  // attention_bf16.cpp
 
-// Number of keys [j0, j0 + cols) that query row qi may attend to; causal attention is a prefix.
-inline int64_t visible_keys(bool causal, int64_t qi, int64_t j0, int64_t cols) {
-  if (!causal) return cols;
-  return std::clamp<int64_t>(qi - j0 + 1, 0, cols);
+// Key rows [lo, hi) that query row i of batch element b sees (attention_mask.hpp): one
+// contiguous range, empty (lo == hi) for a row that sees no key of this call.
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+};
+inline KeyRange visible_range(const AttentionBounds& m, int64_t b, int64_t i, int64_t sk) {
+  if (!m.causal) return {0, sk};
+  const int64_t p = m.q_pos0 + i;
+  const int64_t hi = std::clamp<int64_t>(p - m.k_pos0 + 1, 0, sk);
+  const int64_t lo = m.plain() ? 0 : std::clamp<int64_t>(m.lo(b, p) - m.k_pos0, 0, hi);
+  return {lo, hi};
 }
 
-// s[j] = exp(scale * s[j] - shift) for j < valid, 0 for valid <= j < cols; returns the sum.
+// The ranges of the rows of one query block [i0, i0 + rows) and their union [lo, hi) (empty when
+// no row sees a key): the kernels visit only the key tiles that meet the union and, within a
+// tile, compute each row over its own range.
+struct BlockRanges {
+  KeyRange row[kBr];
+  int64_t lo = 0, hi = 0;
+  bool empty() const { return lo >= hi; }
+  // Tile [j0, j0 + cols) as [start, end) in tile columns for row i (end <= start: nothing).
+  int64_t start(int64_t i, int64_t j0) const { return std::max<int64_t>(row[i].lo - j0, 0); }
+  int64_t end(int64_t i, int64_t j0, int64_t cols) const { return std::min<int64_t>(row[i].hi - j0, cols); }
+};
+// The backward's per-thread table of every query block's ranges, in 4-byte words, placed at word
+// `at` (even, for the 8-byte fields) of a thread's scratch: `ranges_offset(words)` rounds up.
+inline int64_t ranges_words(const Dims& x) {
+  return (x.sq + kBr - 1) / kBr * static_cast<int64_t>(sizeof(BlockRanges) / 4);
+}
+inline int64_t ranges_offset(int64_t words) { return (words + 1) / 2 * 2; }
+
+inline void block_ranges(const AttentionBounds& m, int64_t b, int64_t i0, int64_t rows, int64_t sk,
+                         BlockRanges& out) {
+  out.lo = sk;
+  out.hi = 0;
+  for (int64_t i = 0; i < rows; i++) {
+    out.row[i] = visible_range(m, b, i0 + i, sk);
+    if (out.row[i].lo < out.row[i].hi) {
+      out.lo = std::min(out.lo, out.row[i].lo);
+      out.hi = std::max(out.hi, out.row[i].hi);
+    }
+  }
+}
+
+// s[j] = exp(scale * s[j] - shift) for start <= j < end, 0 for the other j < cols; returns the sum.
 // Forward: shift is the running max (unnormalised probabilities); backward: shift is the row's
 // lse (the probabilities themselves).
-float exp_tile_row(float* __restrict s, int64_t valid, int64_t cols, float scale, float shift);
+float exp_tile_row(float* __restrict s, int64_t start, int64_t end, int64_t cols, float scale, float shift);
 
-// Max of scale * s[j] over j < valid (-inf when valid == 0).
-float scaled_row_max(const float* __restrict s, int64_t valid, float scale);
+// Max of scale * s[j] over start <= j < end (-inf when the range is empty).
+float scaled_row_max(const float* __restrict s, int64_t start, int64_t end, float scale);
 
 // The forward's online softmax over one [rows, cols] score tile S (row stride kBc) of query rows
 // i0.. against keys j0..: S becomes the unnormalised probabilities exp(scale * S - m_new), and what
 // acc ([rows, d]) and the running sums l accumulated under the old running maxima m is rescaled to
 // the new ones (FlashAttention-2's update; the caller then adds P V to acc).
-void online_softmax_tile(float* S, int64_t rows, int64_t cols, bool causal, int64_t i0, int64_t j0,
-                         float scale, float* m, float* l, float* acc, int64_t d);
+// Row i computes over its own visible range (r), rows that see none of the tile are left as they were.
+void online_softmax_tile(float* S, int64_t rows, int64_t cols, const BlockRanges& r, int64_t j0, float scale,
+                         float* m, float* l, float* acc, int64_t d);
 
 // Backward: dS = scale * P * (dP - D), in place in dp. Masked entries have P = 0, hence dS = 0.
 // The softmax scale is folded in here once instead of into both dK and dQ.

@@ -65,11 +65,12 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
 // ---- attention (rope.cpp; attention.cpp, attention_bf16.cpp, attention_merge.cpp) ------------
 void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope);
 void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope);
+// The mask's doc_start (if any) is host memory here. Rows that see no key: zero output, lse -inf.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale);
+                       const AttentionBounds& mask, float softmax_scale);
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale);
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionBounds& mask, float softmax_scale);
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d,
                                   bool backward, int threads);
 void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
@@ -79,10 +80,10 @@ void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, co
 // their products, as in FlashAttention.
 bool attention_bf16_supported(DType dtype, int64_t head_dim);
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                            bool causal, float softmax_scale);
+                            const AttentionBounds& mask, float softmax_scale);
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
-                             bool causal, float softmax_scale);
+                             const AttentionBounds& mask, float softmax_scale);
 
 // ---- embedding and loss (embedding.cpp, cross_entropy.cpp) ---------------------------------
 void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out);

@@ -1,5 +1,6 @@
 // Context-parallel attention: the dispatch, and the block computation that ring attention (p2p) and
 // the K/V all-gather share (context_parallel.hpp has the layout and the block rule).
+#include <algorithm>
 #include <limits>
 
 #include "parallel/context_parallel.hpp"
@@ -10,17 +11,55 @@ namespace parallel::cp {
 namespace {
 
 // One ops::attention call of a block: query rows [q0, q0 + n) against K/V rows [k0, k0 + n) of the
-// block's K/V (equal lengths, as the kernels take them).
+// block's K/V (equal lengths, as the kernels take them), under `mask`.
 struct Call {
   int64_t q0, k0, n;
-  bool causal;
+  ops::AttentionMask mask;
 };
 
-// Rank i's queries against the K/V of rank j (context_parallel.hpp's block rule).
-std::vector<Call> block_calls(int i, int j, int64_t L) {
-  if (j == i) return {{0, 0, 2 * L, true}};
-  if (j < i) return {{0, 0, L, false}, {L, 0, L, false}};
-  return {{L, 0, L, false}, {L, L, L, false}};
+Call plain_call(int64_t q0, int64_t k0, int64_t n, bool causal) {
+  return {q0, k0, n, ops::AttentionMask::plain(causal)};
+}
+
+// True when some query at positions [qp, qp + n) sees some key at [kp, kp + n) (attention_mask.hpp),
+// doc_start (host, [b, S] contiguous) or null.
+bool any_visible(const ops::AttentionMask& m, const int32_t* doc_start, int64_t b, int64_t S, int64_t qp,
+                 int64_t kp, int64_t n) {
+  if (kp > qp + n - 1) return false;  // causal: every key after every query
+  AttentionBounds bounds;
+  bounds.window = m.window;
+  bounds.doc_start = doc_start;
+  bounds.doc_stride = S;
+  for (int64_t e = 0; e < b; ++e)
+    for (int64_t p = std::max(qp, kp); p < qp + n; ++p)
+      if (bounds.lo(e, p) <= kp + n - 1) return true;
+  return false;
+}
+
+// Rank i's queries against the K/V of rank j (context_parallel.hpp's block rule). Under a window
+// or documents: the four chunk pairs at their global positions, those with no visible pair left out.
+std::vector<Call> block_calls(int i, int j, int c, int64_t L, const ops::AttentionMask& mask,
+                              const Tensor& doc_start_host) {
+  if (mask.window == 0 && !mask.has_documents()) {
+    if (j == i) return {plain_call(0, 0, 2 * L, true)};
+    if (j < i) return {plain_call(0, 0, L, false), plain_call(L, 0, L, false)};
+    return {plain_call(L, 0, L, false), plain_call(L, L, L, false)};
+  }
+  const int32_t* ds = doc_start_host.defined() ? doc_start_host.data<int32_t>() : nullptr;
+  const int64_t b = ds != nullptr ? doc_start_host.size(0) : 0,
+                S = ds != nullptr ? doc_start_host.size(1) : 0;
+  const int64_t q_pos[2] = {i * L, (2 * c - 1 - i) * L}, k_pos[2] = {j * L, (2 * c - 1 - j) * L};
+  std::vector<Call> calls;
+  for (int a = 0; a < 2; ++a)
+    for (int e = 0; e < 2; ++e) {
+      if (!any_visible(mask, ds, std::max<int64_t>(b, 1), S, q_pos[a], k_pos[e], L)) continue;
+      Call call{a * L, e * L, L, mask};
+      call.mask.causal = true;
+      call.mask.q_pos0 = q_pos[a];
+      call.mask.k_pos0 = k_pos[e];
+      calls.push_back(call);
+    }
+  return calls;
 }
 
 // K and V of one rank in one buffer [2, 2L, b, hkv, d]: one message per ring step.
@@ -47,7 +86,7 @@ void block_forward(const Tensor& q, const Tensor& kv, const std::vector<Call>& c
     Tensor o = Tensor::empty({c.n, b, hq, d}, q.dtype(), q.device());
     Tensor l = Tensor::empty({b, hq, c.n}, DType::F32, q.device());
     ops::attention_forward(q.narrow(0, c.q0, c.n), k.narrow(0, c.k0, c.n), v.narrow(0, c.k0, c.n), o, l,
-                           c.causal, scale);
+                           c.mask, scale);
     ops::attention_merge(out_acc, lse_acc, o, l, c.q0);
     if (poll) poll->is_completed();
   }
@@ -66,7 +105,7 @@ void block_backward(const Tensor& dout, const Tensor& q, const Tensor& out, cons
     Tensor dv = Tensor::empty(kc.shape(), k.dtype(), k.device());
     ops::attention_backward(dout.narrow(0, c.q0, c.n), qc, kc, v.narrow(0, c.k0, c.n),
                             out.narrow(0, c.q0, c.n), lse.narrow(2, c.q0, c.n).contiguous(), dq, dk, dv,
-                            c.causal, scale);
+                            c.mask, scale);
     add_into(dq_acc.narrow(0, c.q0, c.n), dq);
     add_into(dkv.select(0).narrow(0, c.k0, c.n), dk);
     add_into(dkv.select(1).narrow(0, c.k0, c.n), dv);
@@ -79,7 +118,11 @@ void block_backward(const Tensor& dout, const Tensor& q, const Tensor& out, cons
 Attention::Attention(Communicator* cp, ContextComm comm, float softmax_scale)
     : cp_(cp != nullptr && cp->size() > 1 ? cp : nullptr), comm_(comm), scale_(softmax_scale) {}
 
-Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved) const {
+Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
+                          const ops::AttentionMask& mask) const {
+  PARALLEL_CHECK(mask.causal, "context-parallel attention: the mask must be causal");
+  saved.mask = mask;
+  saved.mask.q_pos0 = saved.mask.k_pos0 = 0;
   if (cp_ == nullptr) {
     const int64_t s = q.size(0), b = q.size(1), hq = q.size(2);
     saved.q = q;
@@ -87,9 +130,12 @@ Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Sav
     saved.v = v;
     saved.out = Tensor::empty(q.shape(), q.dtype(), q.device());
     saved.lse = Tensor::empty({b, hq, s}, DType::F32, q.device());
-    ops::attention_forward(q, k, v, saved.out, saved.lse, /*causal=*/true, scale_);
+    ops::attention_forward(q, k, v, saved.out, saved.lse, saved.mask, scale_);
     return saved.out;
   }
+  if (mask.has_documents() && comm_ != ContextComm::A2A && !q.device().is_meta())
+    saved.doc_start_host = mask.doc_start.device().is_cpu() ? mask.doc_start.contiguous()
+                                                            : mask.doc_start.to(Device::cpu()).contiguous();
   PARALLEL_CHECK(q.size(0) % 2 == 0, "context-parallel attention: {} rows are not two chunks", q.size(0));
   if (comm_ == ContextComm::A2A) return ulysses_forward(q, k, v, saved);
   return ring_forward(q, k, v, saved);
@@ -97,8 +143,8 @@ Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Sav
 
 void Attention::backward(const Tensor& dout, Saved& saved, Tensor& dq, Tensor& dk, Tensor& dv) const {
   if (cp_ == nullptr) {
-    ops::attention_backward(dout, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
-                            /*causal=*/true, scale_);
+    ops::attention_backward(dout, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv, saved.mask,
+                            scale_);
   } else if (comm_ == ContextComm::A2A) {
     ulysses_backward(dout, saved, dq, dk, dv);
   } else {
@@ -122,7 +168,8 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
     Tensor all = Tensor::empty(shape, kv.dtype(), kv.device());
     cp_->all_gather(kv, all);
     for (int j = 0; j < c; ++j)
-      block_forward(q, all.select(j), block_calls(i, j, L), scale_, out_acc, lse_acc, {});
+      block_forward(q, all.select(j), block_calls(i, j, c, L, saved.mask, saved.doc_start_host), scale_,
+                    out_acc, lse_acc, {});
   } else {
     const int next = (i + 1) % c, prev = (i + c - 1) % c;
     for (int t = 0; t < c; ++t) {
@@ -135,7 +182,8 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
         transfer = cp_->batch_p2p(ops);
         if (!overlap_) transfer->wait();
       }
-      block_forward(q, kv, block_calls(i, src, L), scale_, out_acc, lse_acc, transfer);
+      block_forward(q, kv, block_calls(i, src, c, L, saved.mask, saved.doc_start_host), scale_, out_acc,
+                    lse_acc, transfer);
       if (transfer) {
         transfer->wait();
         kv = incoming;
@@ -165,8 +213,8 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
     Tensor dkv_all = Tensor::zeros(shape, DType::F32, kv.device());
     for (int j = 0; j < c; ++j) {
       Tensor dkv_j = dkv_all.select(j);
-      block_backward(dout, q, saved.out, saved.lse, all.select(j), block_calls(i, j, L), scale_, dq_acc,
-                     dkv_j, {});
+      block_backward(dout, q, saved.out, saved.lse, all.select(j),
+                     block_calls(i, j, c, L, saved.mask, saved.doc_start_host), scale_, dq_acc, dkv_j, {});
     }
     own = Tensor::empty(kv.shape(), DType::F32, kv.device());
     cp_->reduce_scatter(dkv_all, own);
@@ -188,7 +236,8 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
         if (!overlap_) transfer->wait();
       }
       Tensor dkv = Tensor::zeros(kv.shape(), DType::F32, kv.device());
-      block_backward(dout, q, saved.out, saved.lse, kv, block_calls(i, src, L), scale_, dq_acc, dkv,
+      block_backward(dout, q, saved.out, saved.lse, kv,
+                     block_calls(i, src, c, L, saved.mask, saved.doc_start_host), scale_, dq_acc, dkv,
                      transfer ? transfer : grads_transfer);
       if (grads_transfer) {  // the previous ranks' part for this block
         grads_transfer->wait();

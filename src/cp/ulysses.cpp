@@ -62,7 +62,7 @@ Tensor Attention::ulysses_forward(const Tensor& q, const Tensor& k, const Tensor
   const int64_t s = saved.q.size(0), b = saved.q.size(1), h = saved.q.size(2);
   saved.out = Tensor::empty(saved.q.shape(), q.dtype(), q.device());
   saved.lse = Tensor::empty({b, h, s}, DType::F32, q.device());
-  ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, /*causal=*/true, scale_);
+  ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, saved.mask, scale_);
   return heads_to_seq(*cp_, saved.out);
 }
 
@@ -72,7 +72,7 @@ void Attention::ulysses_backward(const Tensor& dout, Saved& saved, Tensor& dq, T
   Tensor dk_h = Tensor::empty(saved.k.shape(), dout.dtype(), dout.device());
   Tensor dv_h = Tensor::empty(saved.v.shape(), dout.dtype(), dout.device());
   ops::attention_backward(dout_h, saved.q, saved.k, saved.v, saved.out, saved.lse, dq_h, dk_h, dv_h,
-                          /*causal=*/true, scale_);
+                          saved.mask, scale_);
   dq.copy_(heads_to_seq(*cp_, dq_h));
   dk.copy_(heads_to_seq(*cp_, dk_h));
   dv.copy_(heads_to_seq(*cp_, dv_h));

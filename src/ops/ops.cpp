@@ -630,10 +630,43 @@ int64_t attention_workspace(const Tensor& q, const Tensor& k, bool backward) {
                                    backward);
 }
 
-double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
+double attention_flops(const Tensor& q, const Tensor& k, const AttentionMask& mask) {
   const double full = 4.0 * static_cast<double>(q.size(0)) * static_cast<double>(k.size(0)) *
                       static_cast<double>(q.size(1) * q.size(2) * q.size(3));
-  return causal ? full / 2.0 : full;
+  if (mask.window == 0 && mask.q_pos0 == mask.k_pos0) return mask.causal ? full / 2.0 : full;
+  return 4.0 * attention_visible_pairs(mask, q.size(0), k.size(0)) *
+         static_cast<double>(q.size(1) * q.size(2) * q.size(3));
+}
+
+// The mask's checks (the rule of attention_mask.hpp), then the kernels' view of it. doc_start
+// must be int32 [b, S] on q's device with S past every row's position.
+AttentionBounds attention_bounds(const char* op, const Tensor& q, const Tensor& k,
+                                 const AttentionMask& mask) {
+  PARALLEL_CHECK(mask.window >= 0, "ops::{}: window = {} must be >= 0 (0: none)", op, mask.window);
+  PARALLEL_CHECK(mask.q_pos0 >= 0 && mask.k_pos0 >= 0, "ops::{}: q_pos0 = {} and k_pos0 = {} must be >= 0",
+                 op, mask.q_pos0, mask.k_pos0);
+  PARALLEL_CHECK(mask.causal || (mask.window == 0 && !mask.has_documents()),
+                 "ops::{}: a window or documents need a causal mask", op);
+  AttentionBounds bounds;
+  bounds.causal = mask.causal;
+  bounds.window = mask.window;
+  bounds.q_pos0 = mask.q_pos0;
+  bounds.k_pos0 = mask.k_pos0;
+  if (mask.has_documents()) {
+    const Tensor& ds = mask.doc_start;
+    const int64_t end = std::max(mask.q_pos0 + q.size(0), mask.k_pos0 + k.size(0));
+    PARALLEL_CHECK(ds.dtype() == DType::I32 && ds.dim() == 2 && ds.size(0) == q.size(1) && ds.size(1) >= end,
+                   "ops::{}: doc_start {} {} must be int32 [b = {}, S >= {}]", op, dtype_name(ds.dtype()),
+                   shape_str(ds.shape()), q.size(1), end);
+    PARALLEL_CHECK(ds.device() == q.device(), "ops::{}: doc_start is on {}, q on {}", op, ds.device().str(),
+                   q.device().str());
+    PARALLEL_CHECK(ds.strides()[1] == 1, "ops::{}: doc_start's rows must be contiguous", op);
+    if (!ds.device().is_meta()) {
+      bounds.doc_start = static_cast<const int32_t*>(ds.data_ptr());
+      bounds.doc_stride = ds.strides()[0];
+    }
+  }
+  return bounds;
 }
 }  // namespace
 
@@ -660,18 +693,19 @@ void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                       bool causal, float softmax_scale, Stream stream) {
+                       const AttentionMask& mask, float softmax_scale, Stream stream) {
   const char* op = "attention_forward";
   const Checked c = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse", Want::F32}});
   check_attention(op, q, k, v, lse);
   check_same_shape(op, out, "out", q, "q");
+  const AttentionBounds bounds = attention_bounds(op, q, k, mask);
   if (c.device.is_meta())
-    return meta::record_op("attention_forward", attention_flops(q, k, causal), {&q, &k, &v}, {&out, &lse},
+    return meta::record_op("attention_forward", attention_flops(q, k, mask), {&q, &k, &v}, {&out, &lse},
                            attention_workspace(q, k, false));
   if (c.device.is_cuda()) {
-    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, AttentionBounds{causal}, softmax_scale, stream));
+    PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, bounds, softmax_scale, stream));
   }
-  cpu::attention_forward(q, k, v, out, lse, causal, softmax_scale);
+  cpu::attention_forward(q, k, v, out, lse, bounds, softmax_scale);
 }
 
 void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
@@ -704,6 +738,18 @@ void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, co
   cpu::attention_merge(out_acc, lse_acc, out_blk, lse_blk, q0);
 }
 
+double attention_visible_pairs(const AttentionMask& mask, int64_t sq, int64_t sk) {
+  if (!mask.causal) return static_cast<double>(sq) * static_cast<double>(sk);
+  double pairs = 0.0;
+  for (int64_t i = 0; i < sq; ++i) {
+    const int64_t p = mask.q_pos0 + i;
+    const int64_t hi = std::clamp<int64_t>(p - mask.k_pos0 + 1, 0, sk);
+    const int64_t lo = mask.window > 0 ? std::clamp<int64_t>(p - mask.window + 1 - mask.k_pos0, 0, hi) : 0;
+    pairs += static_cast<double>(hi - lo);
+  }
+  return pairs;
+}
+
 std::string attention_implementation(DType dtype, int64_t head_dim) {
   if (dtype == DType::F32) return "fp32";
   return cpu::attention_bf16_supported(dtype, head_dim) ? "bf16 on avx512_bf16 dot products"
@@ -717,8 +763,8 @@ int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq,
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv, bool causal,
-                        float softmax_scale, Stream stream) {
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionMask& mask, float softmax_scale, Stream stream) {
   const char* op = "attention_backward";
   const Checked c = check_args(op, {{dout, "dout"},
                                     {q, "q"},
@@ -735,14 +781,14 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   check_same_shape(op, dq, "dq", q, "q");
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
+  const AttentionBounds bounds = attention_bounds(op, q, k, mask);
   if (c.device.is_meta())
-    return meta::record_op("attention_backward", 2.5 * attention_flops(q, k, causal),
+    return meta::record_op("attention_backward", 2.5 * attention_flops(q, k, mask),
                            {&dout, &q, &k, &v, &out, &lse}, {&dq, &dk, &dv}, attention_workspace(q, k, true));
   if (c.device.is_cuda()) {
-    PARALLEL_ON_CUDA(
-        attention_backward(dout, q, k, v, out, lse, dq, dk, dv, AttentionBounds{causal}, softmax_scale, stream));
+    PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, bounds, softmax_scale, stream));
   }
-  cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, causal, softmax_scale);
+  cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, bounds, softmax_scale);
 }
 
 // ---- embedding and loss -----------------------------------------------------------------------

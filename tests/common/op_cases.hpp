@@ -21,6 +21,8 @@
 //   rel            results of sums (GEMM, norms, softmax, attention, parameter gradients), relative
 //                  to the largest reference value of that output: fp32 accumulation error
 //                  ~ sqrt(K) * 6e-8; small values that come from cancellation get no ulp bound.
+#include <fmt/ranges.h>
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -726,24 +728,98 @@ inline Row rope(DType dt, Shape shape, int64_t offset, bool backward, Tol tol) {
 struct AttnShape {
   int64_t s, b, hq, hkv, d;
   bool causal;
+  // The mask beyond causal (attention_mask.hpp): a window, documents and block offsets. docs: the
+  // document lengths, repeated along the sequence; batch element bb starts bb * 5 tokens into the
+  // pattern, so its boundaries differ from the others'.
+  int64_t window = 0;
+  std::vector<int64_t> docs = {};
+  int64_t q_pos0 = 0, k_pos0 = 0;
+  bool masked() const { return window > 0 || !docs.empty() || q_pos0 != 0 || k_pos0 != 0; }
+  int64_t positions() const { return std::max(q_pos0, k_pos0) + s; }
   std::string str() const {
-    return fmt::format("s{} b{} hq{} hkv{} d{}{}", s, b, hq, hkv, d, causal ? " causal" : "");
+    std::string out = fmt::format("s{} b{} hq{} hkv{} d{}{}", s, b, hq, hkv, d, causal ? " causal" : "");
+    if (window > 0) out += fmt::format(" window{}", window);
+    if (!docs.empty()) out += fmt::format(" docs{}", fmt::join(docs, "+"));
+    if (q_pos0 != 0 || k_pos0 != 0) out += fmt::format(" at q{} k{}", q_pos0, k_pos0);
+    return out;
+  }
+  // doc_start [b, positions()] (empty without documents).
+  std::vector<int32_t> doc_start() const {
+    std::vector<int32_t> out;
+    if (docs.empty()) return out;
+    const int64_t S = positions();
+    for (int64_t bb = 0; bb < b; bb++) {
+      int64_t start = 0, shift = bb * 5, k = 0;
+      // Walk the pattern from `shift` tokens in: the first document is cut short.
+      int64_t left = docs[0];
+      while (shift >= left) {
+        shift -= left;
+        k = (k + 1) % static_cast<int64_t>(docs.size());
+        left = docs[k];
+      }
+      left -= shift;
+      for (int64_t p = 0; p < S; p++) {
+        if (left == 0) {
+          k = (k + 1) % static_cast<int64_t>(docs.size());
+          left = docs[k];
+          start = p;
+        }
+        out.push_back(static_cast<int32_t>(start));
+        left--;
+      }
+    }
+    return out;
+  }
+  // The visible key rows [lo, hi) of query row i of batch element bb, from the rule itself.
+  std::pair<int64_t, int64_t> visible(int64_t bb, int64_t i, const std::vector<int32_t>& ds) const {
+    const int64_t p = q_pos0 + i;
+    int64_t lo = s, hi = 0;
+    for (int64_t j = 0; j < s; j++) {
+      const int64_t t = k_pos0 + j;
+      bool see = !causal || t <= p;
+      if (window > 0) see = see && t > p - window;
+      if (!ds.empty()) see = see && t >= ds[static_cast<size_t>(bb * positions() + p)];
+      if (see) {
+        lo = std::min(lo, j);
+        hi = j + 1;
+      }
+    }
+    return {std::min(lo, hi), hi};
+  }
+  ops::AttentionMask mask(const Tensor& ds) const {
+    ops::AttentionMask m = ops::AttentionMask::plain(causal);
+    m.window = window;
+    m.q_pos0 = q_pos0;
+    m.k_pos0 = k_pos0;
+    if (!docs.empty()) m.doc_start = ds;
+    return m;
+  }
+  Tensor doc_start_tensor() const {
+    std::vector<int32_t> ds = doc_start();
+    if (ds.empty()) return Tensor::zeros({1}, DType::I32);  // a placeholder the mask leaves out
+    return Tensor::from_vector(ds, {b, positions()});
   }
 };
 
-// The exact forward: out [s, b, hq, d] and lse [b, hq, s] from q, k, v as stored.
+// The exact forward: out [s, b, hq, d] and lse [b, hq, s] from q, k, v as stored; a row that sees
+// no key has out 0 and lse -inf.
 inline std::pair<V, V> attention_exact(const AttnShape& a, const V& q, const V& k, const V& v) {
   const double scale = static_cast<double>(1.0f / std::sqrt(static_cast<float>(a.d)));
   V out(q.size(), 0.0), lse(static_cast<size_t>(a.b * a.hq * a.s));
   V p(static_cast<size_t>(a.s));
   const int64_t g = a.hq / a.hkv;
+  const std::vector<int32_t> ds = a.doc_start();
   for (int64_t bb = 0; bb < a.b; bb++)
     for (int64_t h = 0; h < a.hq; h++)
       for (int64_t i = 0; i < a.s; i++) {
         const double* qi = &q[((i * a.b + bb) * a.hq + h) * a.d];
-        const int64_t last = a.causal ? i : a.s - 1;
+        const auto [first, end] = a.visible(bb, i, ds);
+        if (first >= end) {
+          lse[(bb * a.hq + h) * a.s + i] = -INFINITY;
+          continue;
+        }
         double m = -INFINITY;
-        for (int64_t j = 0; j <= last; j++) {
+        for (int64_t j = first; j < end; j++) {
           const double* kj = &k[((j * a.b + bb) * a.hkv + h / g) * a.d];
           double dot = 0;
           for (int64_t e = 0; e < a.d; e++) dot += qi[e] * kj[e];
@@ -751,10 +827,10 @@ inline std::pair<V, V> attention_exact(const AttnShape& a, const V& q, const V& 
           m = std::max(m, p[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= last; j++) sum += p[j] = std::exp(p[j] - m);
+        for (int64_t j = first; j < end; j++) sum += p[j] = std::exp(p[j] - m);
         lse[(bb * a.hq + h) * a.s + i] = m + std::log(sum);
         double* oi = &out[((i * a.b + bb) * a.hq + h) * a.d];
-        for (int64_t j = 0; j <= last; j++) {
+        for (int64_t j = first; j < end; j++) {
           const double* vj = &v[((j * a.b + bb) * a.hkv + h / g) * a.d];
           for (int64_t e = 0; e < a.d; e++) oi[e] += p[j] / sum * vj[e];
         }
@@ -763,18 +839,29 @@ inline std::pair<V, V> attention_exact(const AttnShape& a, const V& q, const V& 
 }
 
 inline float attn_scale(const AttnShape& a) { return 1.0f / std::sqrt(static_cast<float>(a.d)); }
-inline double attn_flops(const AttnShape& a) {  // q k^T and p v, halved when causal
-  return 4.0 * a.b * a.hq * a.s * a.s * a.d * (a.causal ? 0.5 : 1.0);
+inline double attn_flops(const AttnShape& a) {  // q k^T and p v over the visible pairs
+  if (!a.masked()) return 4.0 * a.b * a.hq * a.s * a.s * a.d * (a.causal ? 0.5 : 1.0);
+  const std::vector<int32_t> ds = a.doc_start();
+  double pairs = 0;
+  for (int64_t bb = 0; bb < a.b; bb++)
+    for (int64_t i = 0; i < a.s; i++) {
+      const auto [first, end] = a.visible(bb, i, ds);
+      pairs += static_cast<double>(end - first);
+    }
+  return 4.0 * a.hq * a.d * pairs;
 }
 
 inline Row attention_forward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
   Spec s;
   s.make = [=] {
-    return Tensors{uniform({a.s, a.b, a.hq, a.d}, dt, 141, -2, 2),
-                   uniform({a.s, a.b, a.hkv, a.d}, dt, 142, -2, 2), uniform({a.s, a.b, a.hkv, a.d}, dt, 143),
-                   uniform({a.s, a.b, a.hq, a.d}, dt, 144), uniform({a.b, a.hq, a.s}, DType::F32, 145)};
+    return Tensors{
+        uniform({a.s, a.b, a.hq, a.d}, dt, 141, -2, 2), uniform({a.s, a.b, a.hkv, a.d}, dt, 142, -2, 2),
+        uniform({a.s, a.b, a.hkv, a.d}, dt, 143),       uniform({a.s, a.b, a.hq, a.d}, dt, 144),
+        uniform({a.b, a.hq, a.s}, DType::F32, 145),     a.doc_start_tensor()};
   };
-  s.call = [=](Tensors& t) { ops::attention_forward(t[0], t[1], t[2], t[3], t[4], a.causal, attn_scale(a)); };
+  s.call = [=](Tensors& t) {
+    ops::attention_forward(t[0], t[1], t[2], t[3], t[4], a.mask(t[5]), attn_scale(a));
+  };
   s.read = outs({{3, "out"}, {4, "lse"}});
   s.reference = [=](const Tensors& t) {
     const auto [out, lse] = attention_exact(a, values(t[0]), values(t[1]), values(t[2]));
@@ -801,10 +888,12 @@ inline Row attention_backward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
                    lse_t,
                    uniform(q.shape(), dt, 155),
                    uniform(k.shape(), dt, 156),
-                   uniform(v.shape(), dt, 157)};
+                   uniform(v.shape(), dt, 157),
+                   a.doc_start_tensor()};
   };
   s.call = [=](Tensors& t) {
-    ops::attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], a.causal, attn_scale(a));
+    ops::attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], a.mask(t[9]),
+                            attn_scale(a));
   };
   s.read = outs({{6, "dq"}, {7, "dk"}, {8, "dv"}});
   s.reference = [=](const Tensors& t) {
@@ -812,6 +901,7 @@ inline Row attention_backward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
             lse = values(t[5]);
     const double scale = attn_scale(a);
     const int64_t g = a.hq / a.hkv, d = a.d;
+    const std::vector<int32_t> ds = a.doc_start();
     V dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
     for (int64_t bb = 0; bb < a.b; bb++)
       for (int64_t h = 0; h < a.hq; h++)
@@ -819,7 +909,8 @@ inline Row attention_backward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
           const int64_t qo = ((i * a.b + bb) * a.hq + h) * d;
           double D = 0;
           for (int64_t e = 0; e < d; e++) D += dout[qo + e] * out[qo + e];
-          for (int64_t j = 0; j <= (a.causal ? i : a.s - 1); j++) {
+          const auto [first, end] = a.visible(bb, i, ds);
+          for (int64_t j = first; j < end; j++) {
             const int64_t ko = ((j * a.b + bb) * a.hkv + h / g) * d;
             double dot = 0, dp = 0;
             for (int64_t e = 0; e < d; e++) {
@@ -1353,10 +1444,21 @@ inline std::vector<Row> op_rows(bool speed = false) {
     const Tol attn_cuda = half ? Tol{2, 2e-2} : Tol{4, 1e-5};
     const std::vector<AttnShape> attn_shapes =
         speed ? std::vector<AttnShape>{{512, 2, 8, 8, 64, true}}
-              : std::vector<AttnShape>{{13, 2, 4, 2, 16, true},     // GQA
-                                       {13, 2, 4, 4, 16, false},    // MHA, not causal
-                                       {70, 1, 2, 1, 64, true},     // MQA, crosses a 64-row tile
-                                       {131, 1, 4, 2, 128, true}};  // 3 tiles, odd rows, d 128
+              : std::vector<AttnShape>{{13, 2, 4, 2, 16, true},    // GQA
+                                       {13, 2, 4, 4, 16, false},   // MHA, not causal
+                                       {70, 1, 2, 1, 64, true},    // MQA, crosses a 64-row tile
+                                       {131, 1, 4, 2, 128, true},  // 3 tiles, odd rows, d 128
+                                       // Varlen (packed documents), windows and context-parallel
+                                       // blocks (attention_mask.hpp), each tile skip exercised:
+                                       {150, 2, 4, 2, 16, true, 0, {40, 7, 1, 90}},  // docs across tiles
+                                       {200, 1, 2, 1, 64, true, 0, {64, 64, 72}},    // on tile edges
+                                       {131, 1, 2, 2, 128, true, 0, {17, 100, 30}},  // d 128
+                                       {150, 2, 4, 2, 16, true, 37},                 // window < tile
+                                       {200, 1, 2, 1, 64, true, 100},                // window > tile
+                                       {140, 1, 2, 1, 32, true, 50, {30, 95, 15}},   // window + docs
+                                       // a cp block: queries after the keys, rows without a key
+                                       {100, 2, 2, 1, 16, true, 60, {45, 80}, 130, 20},
+                                       {70, 1, 2, 2, 16, true, 0, {30, 50}, 70, 0}};
     for (const AttnShape& a : attn_shapes) {
       t.push_back(attention_forward(dt, a, attn, attn_cuda));
       t.push_back(attention_backward(dt, a, dt == DType::BF16 ? attn : Tol{attn.ulps, 1e-5}, attn_cuda));
