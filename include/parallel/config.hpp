@@ -84,9 +84,20 @@ struct ModelConfig {
   MoeDispatcher moe_token_dispatcher = MoeDispatcher::AllToAll;
   bool is_moe_layer(int layer) const { return num_experts > 0 && layer % moe_layer_freq == 0; }
   RopeScaling rope_scaling;  // model.rope_scaling* keys: none, linear or llama3 (parallel/rope.hpp)
-  // Attention sees only the last sliding_window positions (Mistral); 0: all. Not implemented as a
-  // window: accepted where it equals full causal attention, seq_length <= sliding_window.
+  // Sliding-window attention (Mistral's sliding_window): a query sees itself and the
+  // sliding_window - 1 positions before it; 0: all. Which layers are windowed:
+  //   sliding_window_pattern = n > 0: every n-th layer (layers n-1, 2n-1, ...) is global, the rest
+  //                                    windowed (Gemma-2/3's pattern); 0: every layer windowed;
+  //   max_window_layers = m: layers below m are global (Qwen2's max_window_layers); 0: none.
   int sliding_window = 0;
+  int sliding_window_pattern = 0;
+  int max_window_layers = 0;
+  // The window of layer `layer` (0-based, global index): 0 for a global layer.
+  int64_t layer_window(int layer) const {
+    if (sliding_window <= 0 || layer < max_window_layers) return 0;
+    if (sliding_window_pattern > 0 && (layer + 1) % sliding_window_pattern == 0) return 0;
+    return sliding_window;
+  }
   // The Hugging Face architecture the model came from and exports as ("MistralForCausalLM", ...;
   // docs/huggingface.md). It does not change the model; "" lets the export choose by the model's shape.
   std::string hf_architecture;
@@ -183,6 +194,13 @@ struct DataConfig {
   std::string tokenizer = "gpt2";  // GPT2BPETokenizer | ByteLevel | gpt2 (alias)
   std::string vocab_file;
   std::string merge_file;
+  // Documents packed into a sequence (Megatron's keys and semantics; docs/data.md): positions
+  // restart after each end-of-document token, attention does not cross documents, and the loss
+  // on end-of-document targets is masked out.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  int eod_token = -1;  // the end-of-document id for the three above; -1: the tokenizer's
 };
 
 struct CheckpointConfig {

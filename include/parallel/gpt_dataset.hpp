@@ -70,13 +70,29 @@ struct GPTDatasetOptions {
   // > 0: micro_batch() checks that every token is below it (a dataset tokenised with another
   // vocabulary would otherwise index past the embedding table).
   int64_t vocab_size = 0;
+  // Documents (data.reset_position_ids, data.reset_attention_mask, data.eod_mask_loss), split at
+  // the end-of-document token `eod`, as Megatron's get_ltor_masks_and_position_ids does: a document
+  // ends with (and includes) its eod token.
+  int32_t eod = -1;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  bool packs_documents() const { return reset_position_ids || reset_attention_mask || eod_mask_loss; }
 };
 
 // One rank's micro-batch: CPU int32 tensors of shape [micro_batch_size, seq_length].
 struct MicroBatch {
   Tensor tokens;
   Tensor targets;  // tokens shifted by one: targets[i][j] is the token after tokens[i][j]
+  // Only when the options pack documents (else undefined), [micro_batch_size, seq_length] each:
+  Tensor positions;  // int32: reset_position_ids: the distance from the token's document start; else j
+  Tensor doc_start;  // int32: reset_attention_mask: where the token's document starts; else 0
+  Tensor loss_mask;  // fp32: eod_mask_loss: 0 where the input token is eod (its target starts the
+                     // next document), else 1
 };
+
+// Fills positions, doc_start and loss_mask of `batch` from its tokens (Megatron's semantics).
+void document_masks(const GPTDatasetOptions& options, MicroBatch& batch);
 
 class GPTDataset {
  public:

@@ -73,6 +73,11 @@ class GPTModel final : public ModelChunk {
   // trainer uses its index among all micro-batches of all global batches), else masks repeat.
   Tensor forward(const Tensor& input, const Tensor& targets, Activations& act,
                  uint64_t micro_batch = 0) override;
+  // A packed micro-batch (model_chunk.hpp): positions for RoPE / learned positions, documents
+  // for every layer's attention, and the loss mask: the loss sum is then over the tokens whose
+  // mask is 1 (the others' losses are multiplied by 0, and so are their gradients).
+  Tensor forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch,
+                 const PackedSequence& packed) override;
   // grad: on the last chunk a [1] tensor holding d(objective)/d(loss sum) (e.g. 1 / tokens in the
   // global batch), else the gradient of this chunk's output. Accumulates parameter gradients and
   // returns the gradient of the input hidden (an undefined Tensor on the first chunk). Frees the

@@ -22,6 +22,22 @@
 
 namespace parallel {
 
+// How a micro-batch's sequences are packed from documents (data.reset_position_ids,
+// data.reset_attention_mask, data.eod_mask_loss; docs/data.md). Every chunk needs it (each layer's
+// attention), not only the first. Undefined tensors mean the plain case: positions are the
+// tokens' places in the sequence, one document, every token's loss counts.
+struct PackedSequence {
+  // int32 [b, s_local] on the host: the position of each token this rank holds (its cp chunks),
+  // for RoPE and learned position embeddings.
+  Tensor positions;
+  // int32 [b, S] on the model's device, S the whole sequence (not sliced by cp): the position
+  // where the document of the token at position p starts (attention_mask.hpp).
+  Tensor doc_start;
+  // fp32 [b, s_local] on the model's device: each token's loss weight (0 or 1).
+  Tensor loss_mask;
+  bool empty() const { return !positions.defined() && !doc_start.defined() && !loss_mask.defined(); }
+};
+
 class ModelChunk {
  public:
   virtual ~ModelChunk() = default;
@@ -42,6 +58,10 @@ class ModelChunk {
   // `micro_batch` keys anything random (dropout): every micro-batch of a run gets its own id.
   virtual Tensor forward(const Tensor& input, const Tensor& targets, Activations& act,
                          uint64_t micro_batch) = 0;
+  // The same for a packed micro-batch. The default refuses a non-empty `packed`: a chunk that
+  // cannot mask documents must not silently train across them.
+  virtual Tensor forward(const Tensor& input, const Tensor& targets, Activations& act, uint64_t micro_batch,
+                         const PackedSequence& packed);
   // grad: on the last chunk a [1] tensor d(objective)/d(loss sum), else the gradient of the
   // output. Accumulates (+=) the parameter gradients, calls the grad-ready hook for each parameter
   // once its contribution is final, and returns the gradient of the input (an undefined Tensor on

@@ -154,6 +154,9 @@ class PipelineExecutor {
 struct MicroBatch {
   Tensor tokens;   // the first chunk's input (GPT: token ids [b, s] int32)
   Tensor targets;  // read by the last chunk (GPT: [b, s] int32)
+  // Documents (model_chunk.hpp): given to every chunk; empty for a plain micro-batch. When the
+  // data has them, every pipeline stage reads its micro-batches (not only the first and last).
+  PackedSequence packed;
 };
 using MicroBatchFn = std::function<MicroBatch(int micro_batch)>;
 

@@ -76,13 +76,15 @@ class TrainStep {
   // Step `step` (0-based index of its global batch) with learning rate `lr` on `data` (this rank's
   // micro-batches, on its device). `loss_factor` multiplies this rank's loss sum and the gradient
   // its backward starts from (fault injection; 1 otherwise).
+  // `loss_tokens` > 0: the number of tokens whose loss counts in the global batch (data.eod_mask_loss;
+  // the loss is then the mean over those); 0: every token.
   StepOutcome run(int64_t step, const pipeline::MicroBatchFn& data, double lr, double loss_factor = 1.0,
-                  const SkipUpdate& skip_update = {}, const RerunCheck& rerun = {});
+                  const SkipUpdate& skip_update = {}, const RerunCheck& rerun = {}, double loss_tokens = 0);
 
   // The global mean token loss of the last pipeline run (the last stage's sums, one tp rank each,
   // added over the world: one all-reduce). `factor` multiplies this rank's sum. On meta: 0, the
   // all-reduce still issued.
-  double global_mean_loss(double factor = 1.0);
+  double global_mean_loss(double factor = 1.0, double loss_tokens = 0);
   // This rank's loss sum behind the last global_mean_loss, before the reduction (host, [1]).
   const Tensor& local_loss() const { return local_loss_; }
 

@@ -128,7 +128,10 @@ void for_each_field(S& s, F&& f) {
   f("rope_original_max_position_embeddings", s.rope_scaling.original_max_position_embeddings,
     "llama3: the context length before scaling");
   f("sliding_window", s.sliding_window,
-    "attention sees only the last this many positions (Mistral; 0: all); needs seq_length <= it");
+    "a query sees itself and this many - 1 positions before it (Mistral; 0: all)");
+  f("sliding_window_pattern", s.sliding_window_pattern,
+    "every this-th layer is global, the others windowed (Gemma; 0: all windowed)");
+  f("max_window_layers", s.max_window_layers, "layers below this one are global (Qwen2; 0: none)");
   f("hf_architecture", s.hf_architecture,
     "the Hugging Face architecture convert_checkpoint --to hf writes (empty: chosen by the model)");
 }
@@ -251,6 +254,15 @@ void for_each_field(S& s, F&& f) {
   f("tokenizer", s.tokenizer, "GPT2BPETokenizer, ByteLevel or gpt2 (alias of GPT2BPETokenizer)");
   f("vocab_file", s.vocab_file, "tokenizer vocabulary file");
   f("merge_file", s.merge_file, "tokenizer BPE merges file");
+  f("reset_position_ids", s.reset_position_ids,
+    "positions restart at 0 after each end-of-document token (Megatron's; docs/data.md)");
+  f("reset_attention_mask", s.reset_attention_mask,
+    "a token attends only to its own document: none across an end-of-document token (Megatron's)");
+  f("eod_mask_loss", s.eod_mask_loss,
+    "no loss where the input token is end-of-document, i.e. on predicting the next document's first token "
+    "(Megatron's)");
+  f("eod_token", s.eod_token,
+    "the end-of-document id the three keys above split at (-1: the tokenizer's, from data.vocab_file)");
 }
 
 template <typename S, typename F>
@@ -907,11 +919,14 @@ void validate_config(Config& c, int world_size) {
   // factor: a subnormal factor (1e-310 passed "> 0") makes them infinite and the loss NaN.
   rules.require(m.rope_theta >= 1, m.rope_theta, "must be >= 1");
   rules.at_least(m.sliding_window, 0);
-  if (m.sliding_window > 0)
-    rules.require(m.seq_length <= m.sliding_window, m.seq_length,
-                  fmt::format("must be <= {} ({}): sliding-window attention is not implemented, and equals "
-                              "full causal attention only for sequences within the window",
-                              rules.key(m.sliding_window), m.sliding_window));
+  rules.at_least(m.sliding_window_pattern, 0);
+  rules.at_least(m.max_window_layers, 0);
+  if (m.sliding_window == 0) {
+    rules.require(m.sliding_window_pattern == 0, m.sliding_window_pattern,
+                  fmt::format("needs {} > 0", rules.key(m.sliding_window)));
+    rules.require(m.max_window_layers == 0, m.max_window_layers,
+                  fmt::format("needs {} > 0", rules.key(m.sliding_window)));
+  }
   if (m.rope_scaling.type != RopeScalingType::None) {
     const RopeScaling& rs = m.rope_scaling;
     rules.require(m.position_embedding == PositionEmbedding::Rope, rs.type,
@@ -1003,6 +1018,16 @@ void validate_config(Config& c, int world_size) {
       rules.require(false, *blend, e.what());
     }
   }
+  rules.at_least(c.data.eod_token, -1);
+  if (c.data.eod_token >= 0 && c.model.vocab_size > 0)
+    rules.require(c.data.eod_token < c.model.vocab_size, c.data.eod_token,
+                  fmt::format("must be below {} ({})", rules.key(c.model.vocab_size), c.model.vocab_size));
+  if ((c.data.reset_position_ids || c.data.reset_attention_mask || c.data.eod_mask_loss) &&
+      c.data.eod_token < 0 && c.data.tokenizer != "ByteLevel")
+    rules.require(!c.data.vocab_file.empty(), c.data.eod_token,
+                  fmt::format("is needed (or {}) to find documents for {}, {} and {}",
+                              rules.key(c.data.vocab_file), rules.key(c.data.reset_position_ids),
+                              rules.key(c.data.reset_attention_mask), rules.key(c.data.eod_mask_loss)));
   rules.require(valid_split(c.data.split), c.data.split,
                 "must be one to three comma-separated non-negative numbers (\"a,b,c\") with a positive sum");
   rules.require(

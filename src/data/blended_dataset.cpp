@@ -18,6 +18,7 @@
 #include "parallel/checkpoint.hpp"  // crc32c
 #include "parallel/config.hpp"
 #include "parallel/error.hpp"
+#include "parallel/tokenizer.hpp"
 
 namespace parallel {
 namespace {
@@ -543,6 +544,15 @@ GPTDatasetOptions dataset_options(const Config& config, DataSplit split, const s
   o.shuffle = config.data.shuffle;
   o.seed = config.train.seed;
   o.vocab_size = config.model.vocab_size;
+  o.reset_position_ids = config.data.reset_position_ids;
+  o.reset_attention_mask = config.data.reset_attention_mask;
+  o.eod_mask_loss = config.data.eod_mask_loss;
+  if (o.packs_documents()) {
+    o.eod = config.data.eod_token >= 0 ? config.data.eod_token
+            : config.data.tokenizer == "ByteLevel"
+                ? ByteLevelTokenizer::kEod
+                : GPT2Tokenizer(config.data.vocab_file, config.data.merge_file).eod();
+  }
   // A split's own blend uses every document of its datasets (Megatron's --train-data-path).
   o.split = key == "data.path"          ? config.data.split
             : split == DataSplit::Train ? "1,0,0"

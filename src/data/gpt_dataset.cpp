@@ -264,4 +264,30 @@ MicroBatch GPTDataset::micro_batch(int64_t global_batch, int dp_rank, int dp_siz
       });
 }
 
+// Megatron's get_ltor_masks_and_position_ids on the input tokens: for every eod at index i, the
+// tokens after it neither see [0, i] (reset_attention_mask) nor continue its positions
+// (reset_position_ids); the eod belongs to the document it ends. eod_mask_loss zeroes the loss where
+// the input is eod, i.e. the prediction of the next document's first token from the previous one.
+void document_masks(const GPTDatasetOptions& o, MicroBatch& batch) {
+  PARALLEL_CHECK(o.eod >= 0, "data: documents need the end-of-document token (data.eod_token)");
+  const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1);
+  batch.positions = Tensor::empty({b, s}, DType::I32);
+  batch.doc_start = Tensor::empty({b, s}, DType::I32);
+  batch.loss_mask = Tensor::empty({b, s}, DType::F32);
+  const int32_t* tokens = batch.tokens.data<int32_t>();
+  int32_t* positions = batch.positions.data<int32_t>();
+  int32_t* doc_start = batch.doc_start.data<int32_t>();
+  float* loss_mask = batch.loss_mask.data<float>();
+  for (int64_t k = 0; k < b; ++k) {
+    int32_t start = 0;  // the current document's first index
+    for (int64_t j = 0; j < s; ++j) {
+      const int64_t at = k * s + j;
+      positions[at] = static_cast<int32_t>(o.reset_position_ids ? j - start : j);
+      doc_start[at] = o.reset_attention_mask ? start : 0;
+      loss_mask[at] = o.eod_mask_loss && tokens[at] == o.eod ? 0.0f : 1.0f;
+      if (tokens[at] == o.eod) start = static_cast<int32_t>(j + 1);
+    }
+  }
+}
+
 }  // namespace parallel

@@ -30,7 +30,9 @@ MicroBatch cut_micro_batch(const GPTDatasetOptions& o, int64_t count, int64_t gl
   const int64_t g = o.global_batch_size;
   const int64_t first = global_batch * g + dp_rank * (g / dp_size) + micro_batch * mbs;
 
-  MicroBatch batch{Tensor::empty({mbs, s}, DType::I32), Tensor::empty({mbs, s}, DType::I32)};
+  MicroBatch batch;
+  batch.tokens = Tensor::empty({mbs, s}, DType::I32);
+  batch.targets = Tensor::empty({mbs, s}, DType::I32);
   int32_t* tokens = batch.tokens.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
   std::vector<int32_t> row(static_cast<std::size_t>(s + 1));
@@ -48,6 +50,7 @@ MicroBatch cut_micro_batch(const GPTDatasetOptions& o, int64_t count, int64_t gl
     std::copy(row.begin(), row.begin() + s, tokens + k * s);
     std::copy(row.begin() + 1, row.end(), targets + k * s);
   }
+  if (o.packs_documents()) document_masks(o, batch);
   return batch;
 }
 

@@ -25,6 +25,8 @@ int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size) {
 struct GPTModel::Saved final : ModelChunk::Activations {
   uint64_t micro_batch = 0;
   int64_t seq = 0, batch = 0;  // full s and b of this micro-batch
+  Tensor loss_mask;            // [s * b] fp32 in the activations' order, or undefined
+  Tensor positions;            // packed documents' positions [b, s_local] (host), or undefined
   tp::VocabParallelEmbedding::Context embedding;
   std::vector<model::TransformerLayer::Context> layers;
   model::Norm::Context final_norm;
@@ -275,6 +277,48 @@ void add_positions(const LayerEnv& env, Tensor& x, const Tensor& table) {
       ops::add_bias(row, table.select(seg.position + i));
     }
 }
+// Packed documents: row r of x [s_local(/tp), b, h], batch entry e, takes the table row of its own
+// position positions[e, r'] (r' its row among this rank's cp share: offset by the sp shard).
+int64_t packed_row0(const LayerEnv& env, int64_t s_local) {
+  const bool sharded = env.sequence_parallel && env.tp->size() > 1;
+  return sharded ? env.tp->rank() * s_local : 0;
+}
+void add_packed_positions(const LayerEnv& env, Tensor& x, const Tensor& positions, const Tensor& table) {
+  const int64_t s = x.size(0), b = x.size(1), row0 = packed_row0(env, s);
+  const Tensor pos_c = positions.contiguous();
+  const int32_t* pos = pos_c.data<int32_t>();
+  const int64_t stride = positions.size(1);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t e = 0; e < b; ++e) {
+      Tensor row = x.select(r).narrow(0, e, 1);
+      ops::add_bias(row, table.select(pos[e * stride + row0 + r]));
+    }
+}
+void packed_positions_backward(const LayerEnv& env, const Tensor& dy, const Tensor& positions,
+                               Tensor& dtable) {
+  const int64_t s = dy.size(0), b = dy.size(1), row0 = packed_row0(env, s);
+  const Tensor pos_c = positions.contiguous();
+  const int32_t* pos = pos_c.data<int32_t>();
+  const int64_t stride = positions.size(1);
+  for (int64_t r = 0; r < s; ++r)
+    for (int64_t e = 0; e < b; ++e) {
+      Tensor drow = dtable.select(pos[e * stride + row0 + r]);
+      ops::bias_backward(dy.select(r).narrow(0, e, 1), drow);
+    }
+}
+
+// [b, s] fp32 -> [s * b] in the activations' (s, b) order.
+Tensor mask_sb(const Tensor& mask) {
+  const int64_t b = mask.size(0), s = mask.size(1);
+  Tensor t = mask.contiguous();
+  Tensor out = Tensor::empty({s, b}, DType::F32, mask.device());
+  for (int64_t i = 0; i < b; ++i) {
+    Tensor column = out.narrow(1, i, 1);
+    column.copy_(t.select(i).view({s, 1}));
+  }
+  return out.view({s * b});
+}
+
 void positions_backward(const LayerEnv& env, const Tensor& dy, Tensor& dtable) {
   for (const cp::Segment& seg : env.positions(dy.size(0)))
     for (int64_t i = 0; i < seg.rows; ++i) {
@@ -287,11 +331,17 @@ void positions_backward(const LayerEnv& env, const Tensor& dy, Tensor& dtable) {
 
 Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations& activations,
                          uint64_t micro_batch) {
+  return forward(input, targets, activations, micro_batch, PackedSequence{});
+}
+
+Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations& activations,
+                         uint64_t micro_batch, const PackedSequence& packed) {
   Saved& act = saved(activations);
   Impl& m = *impl_;
   const LayerEnv& env = m.env;
   const int p = env.tp->size();
   act.micro_batch = micro_batch;
+  act.positions = packed.positions;
   Tensor x;
   if (spec_.pre_process) {
     PARALLEL_CHECK(input.dim() == 2 && input.dtype() == DType::I32,
@@ -307,7 +357,10 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                      m.position->value.size(0));
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
       m.use(*m.position);
-      add_positions(env, x, m.position->value);
+      if (packed.positions.defined())
+        add_packed_positions(env, x, packed.positions, m.position->value);
+      else
+        add_positions(env, x, m.position->value);
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
@@ -322,6 +375,8 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
     const auto params = [&] { return m.layers[i]->parameters(); };
     m.unit(UnitPhase::BeforeForward, params);
     for (Parameter* p : m.layers[i]->parameters()) m.use(*p);
+    act.layers[i].positions = packed.positions;
+    act.layers[i].doc_start = packed.doc_start;
     x = m.layers[i]->forward(x, act.layers[i], micro_batch);
     m.unit(UnitPhase::AfterForward, params);
   }
@@ -341,7 +396,18 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                                                    env.tp->rank() * v_local, config_.vocab_size, act.loss);
   // The sum over tokens as a column sum of [n, 1]: stays on the device, no extra op needed.
   Tensor total = Tensor::zeros({1}, DType::F32, losses.device());
-  ops::bias_backward(losses.view({n, 1}), total);
+  if (packed.loss_mask.defined()) {
+    // data.eod_mask_loss: sum_i mask_i loss_i as a [1, n] x [n, 1] product.
+    PARALLEL_CHECK(packed.loss_mask.dim() == 2 && packed.loss_mask.size(0) == act.batch &&
+                       packed.loss_mask.size(1) == act.seq && packed.loss_mask.dtype() == DType::F32,
+                   "GPTModel: loss mask {} must be fp32 [b, s] = [{}, {}]", packed.loss_mask.str(), act.batch,
+                   act.seq);
+    act.loss_mask = mask_sb(packed.loss_mask);
+    Tensor out = total.view({1, 1});
+    ops::gemm(losses.view({1, n}), false, act.loss_mask.view({n, 1}), false, out);
+  } else {
+    ops::bias_backward(losses.view({n, 1}), total);
+  }
   m.unit(UnitPhase::AfterForward, output_params);
   return total;
 }
@@ -354,6 +420,10 @@ Tensor per_token_loss_grad(const Tensor& grad, const GPTModel::Saved& act, const
   PARALLEL_CHECK(grad.numel() == 1, "{}: the last chunk takes a [1] gradient, got {}", who, grad.str());
   const int64_t n = act.seq * act.batch;
   Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
+  if (act.loss_mask.defined()) {  // d(sum_i mask_i loss_i)/d(loss_i) = mask_i
+    ops::gemm(act.loss_mask.view({n, 1}), false, grad.view({1, 1}), false, grad_loss);
+    return grad_loss.view({n});
+  }
   ops::add_bias(grad_loss, grad.view({1}));
   return grad_loss.view({n});
 }
@@ -393,7 +463,10 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& activations) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
   if (m.position) {
-    positions_backward(env, dx, m.position->grad);
+    if (act.positions.defined())
+      packed_positions_backward(env, dx, act.positions, m.position->grad);
+    else
+      positions_backward(env, dx, m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);
@@ -467,7 +540,10 @@ void GPTModel::backward_weight(Activations& activations) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   Tensor dx = std::move(act.embedding_grad);
   if (m.position) {
-    positions_backward(env, dx, m.position->grad);
+    if (act.positions.defined())
+      packed_positions_backward(env, dx, act.positions, m.position->grad);
+    else
+      positions_backward(env, dx, m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);

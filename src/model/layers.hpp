@@ -131,6 +131,9 @@ class SelfAttention {
  public:
   SelfAttention(const LayerEnv& env, int layer);
   struct Context {
+    // The micro-batch's documents (model_chunk.hpp's PackedSequence): positions [b, s_local] on
+    // the host, doc_start [b, S] on the device; undefined: plain positions, one document.
+    Tensor positions, doc_start;
     tp::LinearContext qkv_ctx, proj_ctx;
     Tensor qkv;                 // projection output, kept instead of the core's state (selective)
     Tensor out;                 // the core's output (proj's input)
@@ -153,6 +156,7 @@ class SelfAttention {
   void restore_core(Context& ctx);  // selective recompute
   const LayerEnv& env_;             // the chunk's, so set_training() reaches every layer
   int64_t heads_local_, groups_local_;
+  int64_t window_;      // this layer's sliding window (ModelConfig::layer_window); 0: none
   cp::Attention core_;  // exact over the whole sequence under context parallelism
 };
 
@@ -265,7 +269,8 @@ class TransformerLayer {
   TransformerLayer(const LayerEnv& env, int layer, Recompute recompute);
   struct Context {
     uint64_t micro_batch = 0;
-    Tensor x;  // the layer input (all that full recompute keeps)
+    Tensor positions, doc_start;  // the micro-batch's documents (SelfAttention::Context)
+    Tensor x;                     // the layer input (all that full recompute keeps)
     Norm::Context norm1, norm2;
     SelfAttention::Context attn;
     MLP::Context mlp;

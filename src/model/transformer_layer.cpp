@@ -51,6 +51,8 @@ void TransformerLayer::ffn_backward_weight(Context& ctx) {
 // record_stats: false when full recompute reruns the forward (the MoE statistics count once).
 Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats) {
   const uint64_t mb = ctx.micro_batch;
+  ctx.attn.positions = ctx.positions;
+  ctx.attn.doc_start = ctx.doc_start;
   Tensor a = norm1_.forward(x, ctx.norm1);
   // o and y below are fresh tensors (the row-parallel outputs), so the sums reuse their storage.
   Tensor o = attention_.forward(a, ctx.attn, keep_core);
@@ -68,6 +70,8 @@ Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, uint64_t micro_b
   // Full recompute: run the layer for its output and forget everything but the input.
   Context scratch;
   scratch.micro_batch = micro_batch;
+  scratch.positions = ctx.positions;
+  scratch.doc_start = ctx.doc_start;
   Tensor y = forward_impl(x, scratch, /*keep_core=*/true, true);
   ctx.x = x;
   return y;

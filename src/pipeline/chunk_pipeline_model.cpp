@@ -36,14 +36,12 @@ Tensor ChunkPipelineModel::forward(int chunk, int micro_batch, const Tensor& inp
   PARALLEL_CHECK(chunk >= 0 && chunk < static_cast<int>(chunks_.size()), "ChunkPipelineModel: no chunk {}",
                  chunk);
   ModelChunk& model = *chunks_[static_cast<std::size_t>(chunk)];
-  MicroBatch batch;
-  if (model.pre_process() || model.post_process()) {
-    PARALLEL_CHECK(data_ != nullptr, "ChunkPipelineModel: start_step() was not called");
-    batch = data_(micro_batch);
-  }
+  PARALLEL_CHECK(data_ != nullptr, "ChunkPipelineModel: start_step() was not called");
+  // Every chunk reads the micro-batch: a middle one for its documents (MicroBatch::packed).
+  const MicroBatch batch = data_(micro_batch);
   auto act = model.new_activations();
   Tensor out = model.forward(model.pre_process() ? batch.tokens : input, batch.targets, *act,
-                             first_id_ + static_cast<uint64_t>(micro_batch));
+                             first_id_ + static_cast<uint64_t>(micro_batch), batch.packed);
   if (model.post_process()) ops::add_(loss_sum_, out);
   if (forward_only_) return out;  // no backward will come: let the saved activations go now
   const bool fresh = activations_.emplace(std::pair{chunk, micro_batch}, std::move(act)).second;

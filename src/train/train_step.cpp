@@ -144,7 +144,7 @@ int64_t TrainStep::peak_bytes() const {
 
 void TrainStep::sample_peak() { peak_ = peak_bytes(); }
 
-double TrainStep::global_mean_loss(double factor) {
+double TrainStep::global_mean_loss(double factor, double loss_tokens) {
   const bool counts = model_->computes_loss() && state_->coord().tp == 0;
   Tensor sum = Tensor::zeros({1}, DType::F32);
   // device -> host bytes; read once below. On meta there are no values: the sum stays 0.
@@ -152,7 +152,9 @@ double TrainStep::global_mean_loss(double factor) {
   if (factor != 1.0) ops::scale_(sum, static_cast<float>(factor));
   local_loss_ = sum.clone();  // read only when the trainer's guard stops the run
   world_.all_reduce(sum);
-  const double tokens = static_cast<double>(cfg_.train.global_batch_size) * cfg_.model.seq_length;
+  const double tokens = loss_tokens > 0
+                            ? loss_tokens
+                            : static_cast<double>(cfg_.train.global_batch_size) * cfg_.model.seq_length;
   return sum.to_float_vector()[0] / tokens;
 }
 
@@ -167,13 +169,17 @@ uint32_t crc_of(const Tensor& t, uint32_t crc) {
 }  // namespace
 
 StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, double lr, double loss_factor,
-                           const SkipUpdate& skip_update, const RerunCheck& rerun) {
+                           const SkipUpdate& skip_update, const RerunCheck& rerun, double loss_tokens) {
   const Config& c = cfg_;
   // d(objective)/d(local loss sum): the mean over this rank's tokens (DDP averages over dp x cp,
   // and each cp rank holds seq_length / cp tokens of every sample), times the fp16 loss scale.
   const double scale = optimizer_->loss_scaler() ? optimizer_->loss_scaler()->scale() : 1.0;
-  const double local_tokens = static_cast<double>(micro_batches_) * c.train.micro_batch_size *
-                              (c.model.seq_length / c.parallel.context);
+  // data.eod_mask_loss: the mean over the counted tokens of the global batch (loss_tokens), which
+  // DDP's average over dp x cp turns into this per-rank figure.
+  const double local_tokens =
+      loss_tokens > 0 ? loss_tokens / static_cast<double>(state_->grid().sizes().data * c.parallel.context)
+                      : static_cast<double>(micro_batches_) * c.train.micro_batch_size *
+                            (c.model.seq_length / c.parallel.context);
   // MoE aux and z losses: averaged over the micro-batches like the loss, then over dp x cp by DDP
   // (each cp rank's router sees a part of the tokens, as its loss gradient does: times cp).
   for (auto& chunk : chunks_) chunk->set_moe_loss_scale(scale * c.parallel.context / micro_batches_);
@@ -228,7 +234,7 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
   // The loss before the update, so that the guard can keep a poisoned step from updating
   // anything; it sees the same loss and gradient norm on every rank, so all decide alike.
   StepOutcome out;
-  out.loss = global_mean_loss(loss_factor);
+  out.loss = global_mean_loss(loss_factor, loss_tokens);
   std::function<bool(double)> skip;
   if (skip_update) skip = [&](double grad_norm) { return skip_update(out.loss, grad_norm); };
   out.update = optimizer_->step(lr, skip);

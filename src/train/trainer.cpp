@@ -301,8 +301,19 @@ struct Trainer::Impl {
     const Device dev = device;
     return [&data, batch, dp_rank, dp_size, cp_rank, cp_size, dev](int mb) {
       MicroBatch m = data.micro_batch(batch, dp_rank, dp_size, mb);
-      return pipeline::MicroBatch{cp::slice_sequence(m.tokens, cp_rank, cp_size).to(dev),
-                                  cp::slice_sequence(m.targets, cp_rank, cp_size).to(dev)};
+      pipeline::MicroBatch out;
+      out.tokens = cp::slice_sequence(m.tokens, cp_rank, cp_size).to(dev);
+      out.targets = cp::slice_sequence(m.targets, cp_rank, cp_size).to(dev);
+      // Documents (data.reset_*, data.eod_mask_loss): positions stay on the host (they pick rope
+      // runs and position rows), doc_start covers the whole sequence (attention's blocks index it
+      // by global position), the loss mask is sliced like the targets.
+      if (m.positions.defined() && data.options().dataset.reset_position_ids)
+        out.packed.positions = cp::slice_sequence(m.positions, cp_rank, cp_size);
+      if (m.doc_start.defined() && data.options().dataset.reset_attention_mask)
+        out.packed.doc_start = m.doc_start.to(dev);
+      if (m.loss_mask.defined() && data.options().dataset.eod_mask_loss)
+        out.packed.loss_mask = cp::slice_sequence(m.loss_mask, cp_rank, cp_size).to(dev);
+      return out;
     };
   }
 
@@ -331,6 +342,24 @@ struct Trainer::Impl {
     s.moe_z_loss = v[1] / static_cast<double>(global_micro_batches);
     s.moe_tokens_per_expert.assign(local.size() - 2, 0);
     for (std::size_t e = 0; e + 2 < local.size(); ++e) s.moe_tokens_per_expert[e] = std::llround(v[2 + e]);
+  }
+
+  // data.eod_mask_loss: the number of tokens whose loss counts in the global batch `batch` of
+  // `data`. Every rank that computes a loss (last stage, tp rank 0; every dp and cp rank) counts its
+  // own micro-batches' masks (read again from the data, which is cheap and deterministic), summed
+  // over the world. Otherwise every token: tokens_per_batch().
+  double loss_tokens(const BlendedDataset& data, int64_t batch, int64_t micro_batches) {
+    if (!cfg.data.eod_mask_loss) return static_cast<double>(tokens_per_batch());
+    Tensor count = Tensor::zeros({1}, DType::F32);
+    if (train_step->model().computes_loss() && state->coord().tp == 0) {
+      const pipeline::MicroBatchFn fn = data_of(data, batch);
+      double local = 0;
+      for (int64_t mb = 0; mb < micro_batches; ++mb)
+        for (float x : fn(static_cast<int>(mb)).packed.loss_mask.to_float_vector()) local += x;
+      count.fill_(local);
+    }
+    world.all_reduce(count);
+    return std::max(1.0, static_cast<double>(count.to_float_vector()[0]));
   }
 
   // The guard stops the run at `at_step`: every rank throws the same AgreedStop (exit 3), its
@@ -647,10 +676,12 @@ double Trainer::evaluate() {
                  "evaluate: train.eval_interval is 0, so no validation data was opened");
   double total = 0;
   for (int i = 0; i < m.cfg.train.eval_steps; ++i) {
+    const double tokens =
+        m.cfg.data.eod_mask_loss ? m.loss_tokens(*m.valid_data, i, m.train_step->micro_batches()) : 0.0;
     m.train_step->model().start_forward_only(m.data_of(*m.valid_data, i));
     m.train_step->sample_peak();  // the executor resets the allocator's peak
     m.train_step->eval_executor().run(m.train_step->model());
-    total += m.train_step->global_mean_loss();
+    total += m.train_step->global_mean_loss(1.0, tokens);
   }
   return total / m.cfg.train.eval_steps;
 }
@@ -682,6 +713,8 @@ int64_t Trainer::train() {
     rerun.compare = [&](const RunFingerprint& first, const RunFingerprint& second) {
       m.compare_runs(t + 1, first, second);
     };
+    const double step_tokens =
+        c.data.eod_mask_loss ? m.loss_tokens(*m.train_data, t, m.train_step->micro_batches()) : 0.0;
     GuardVerdict verdict;
     const StepOutcome outcome = m.train_step->run(
         t, m.data_of(*m.train_data, t), lr, injected,
@@ -689,7 +722,7 @@ int64_t Trainer::train() {
           verdict = m.guard->check(loss, grad_norm, true);
           return verdict.action != GuardVerdict::Action::Update;
         },
-        rerun);
+        rerun, step_tokens);
     const double loss = outcome.loss;
     const StepResult& result = outcome.update;
     // An fp16 overflow skipped the update before the guard saw the norm: the loss is still checked.

@@ -161,6 +161,43 @@ TEST(GPTDataset, MicroBatchTargetsAreTokensShiftedByOne) {
   EXPECT_EQ(as_vector(mb.targets), targets);
 }
 
+// Megatron's get_ltor_masks_and_position_ids on the input tokens: an eod belongs to the document it
+// ends; the positions restart after it, the tokens after it do not see it, and the loss is masked
+// where the input is eod (predicting the next document's first token), not where the target is.
+TEST(DocumentMasks, MegatronsSemantics) {
+  MicroBatch mb;
+  mb.tokens = Tensor::from_vector(std::vector<int32_t>{5, 9, 7, 8, 9, 6, 9, 9, 4, 3}, {2, 5});
+  GPTDatasetOptions o;
+  o.eod = 9;
+  o.reset_position_ids = o.reset_attention_mask = o.eod_mask_loss = true;
+  document_masks(o, mb);
+  EXPECT_EQ(as_vector(mb.positions), (std::vector<int32_t>{0, 1, 0, 1, 2, 0, 1, 0, 0, 1}));
+  EXPECT_EQ(as_vector(mb.doc_start), (std::vector<int32_t>{0, 0, 2, 2, 2, 0, 0, 2, 3, 3}));
+  EXPECT_EQ(mb.loss_mask.to_float_vector(), (std::vector<float>{1, 0, 1, 1, 0, 1, 0, 0, 1, 1}));
+  // Each key alone leaves the others plain.
+  o.reset_attention_mask = o.eod_mask_loss = false;
+  document_masks(o, mb);
+  EXPECT_EQ(as_vector(mb.positions), (std::vector<int32_t>{0, 1, 0, 1, 2, 0, 1, 0, 0, 1}));
+  EXPECT_EQ(as_vector(mb.doc_start), std::vector<int32_t>(10, 0));
+  EXPECT_EQ(mb.loss_mask.to_float_vector(), std::vector<float>(10, 1.0f));
+  o.reset_position_ids = false;
+  o.reset_attention_mask = true;
+  document_masks(o, mb);
+  EXPECT_EQ(as_vector(mb.positions), (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(as_vector(mb.doc_start), (std::vector<int32_t>{0, 0, 2, 2, 2, 0, 0, 2, 3, 3}));
+}
+
+TEST(DocumentMasks, MicroBatchesCarryThemWhenAsked) {
+  GPTDatasetOptions o = options(6, 4, 2, false);
+  GPTDataset plain(counting({100}), DataSplit::Train, o);
+  EXPECT_FALSE(plain.micro_batch(0, 0, 1, 0).positions.defined());
+  o.eod = 1003;  // the token at position 3 of the concatenation
+  o.eod_mask_loss = true;
+  GPTDataset ds(counting({100}), DataSplit::Train, o);
+  const MicroBatch mb = ds.micro_batch(0, 0, 1, 0);  // samples 0 and 1: tokens 1000..1005, 1006..1011
+  EXPECT_EQ(mb.loss_mask.to_float_vector(), (std::vector<float>{1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1}));
+}
+
 TEST(GPTDataset, ShufflePermutesEachEpochAnew) {
   GPTDataset ds(counting({50, 60, 70, 80}), DataSplit::Train, options(4, 8, 1, true));
   const int64_t e = ds.samples_per_epoch();
