@@ -539,26 +539,37 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
   }
   int seq = std::min(m.max_position_embeddings, 4096);
   if (a == Architecture::Qwen2) {
-    if (f.boolean("use_sliding_window", false))
-      f.bad("use_sliding_window", json(true), "sliding-window attention is not supported");
-    // Without use_sliding_window, transformers ignores these two (5.x writes sliding_window null).
-    if (f.has("sliding_window")) f.integer("sliding_window");
-    if (f.has("max_window_layers")) f.integer("max_window_layers");
+    // Qwen2: with use_sliding_window, layers from max_window_layers on are windowed (transformers'
+    // layer_types); without it, transformers ignores both (5.x writes sliding_window null).
+    const bool windowed = f.boolean("use_sliding_window", false);
+    if (windowed) {
+      m.sliding_window = checked_int(f, "sliding_window");
+      if (m.sliding_window <= 0)
+        f.bad("sliding_window", f.raw("sliding_window"), "must be > 0 with use_sliding_window");
+      m.max_window_layers = f.has("max_window_layers") ? checked_int(f, "max_window_layers") : 0;
+    } else {
+      if (f.has("sliding_window")) f.integer("sliding_window");
+      if (f.has("max_window_layers")) f.integer("max_window_layers");
+    }
     if (f.has("layer_types")) {
       const json& types = f.raw("layer_types");
       if (!types.is_array() || types.size() != static_cast<std::size_t>(m.num_layers))
         f.bad("layer_types", types,
               fmt::format("expected a list of num_hidden_layers ({}) names", m.num_layers));
-      for (const json& t : types)
-        if (t != "full_attention")
-          f.bad("layer_types", types, "not supported: only \"full_attention\" layers");
+      for (int i = 0; i < m.num_layers; ++i) {
+        const char* want = m.layer_window(i) > 0 ? "sliding_attention" : "full_attention";
+        if (types[static_cast<std::size_t>(i)] != want)
+          f.bad(
+              "layer_types", types,
+              fmt::format("layer {} must be \"{}\" (use_sliding_window, sliding_window and max_window_layers "
+                          "say so)",
+                          i, want));
+      }
     }
   }
-  // Mistral's window: model.sliding_window; our attention equals it while the sequence fits it.
-  if (a == Architecture::Mistral && f.has("sliding_window")) {
+  // Mistral's window: model.sliding_window, on every layer.
+  if (a == Architecture::Mistral && f.has("sliding_window"))
     m.sliding_window = checked_int(f, "sliding_window");
-    seq = std::min(seq, m.sliding_window);
-  }
   m.seq_length = seq;
   m.hf_architecture = architecture_name(a);
   return m;
@@ -818,9 +829,21 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
   json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
   if (!j.is_object()) fail("the template config.json is not a JSON object");
   const int64_t positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
-  if (m.sliding_window > 0 && a != Architecture::Mistral)
-    fail(fmt::format("{} cannot hold this model: it has model.sliding_window = {} (MistralForCausalLM can)",
-                     architecture_name(a), m.sliding_window));
+  if (m.sliding_window > 0 && a != Architecture::Mistral && a != Architecture::Qwen2)
+    fail(
+        fmt::format("{} cannot hold this model: it has model.sliding_window = {} (MistralForCausalLM and "
+                    "Qwen2ForCausalLM can)",
+                    architecture_name(a), m.sliding_window));
+  if (a == Architecture::Mistral && (m.sliding_window_pattern > 0 || m.max_window_layers > 0))
+    fail(
+        fmt::format("MistralForCausalLM cannot hold this model: it windows every layer, the model has "
+                    "model.sliding_window_pattern = {} and model.max_window_layers = {}",
+                    m.sliding_window_pattern, m.max_window_layers));
+  if (a == Architecture::Qwen2 && m.sliding_window_pattern > 0)
+    fail(
+        fmt::format("Qwen2ForCausalLM cannot hold this model: model.sliding_window_pattern = {} (Qwen2 has "
+                    "only max_window_layers)",
+                    m.sliding_window_pattern));
   j["architectures"] = json::array({architecture_name(a)});
   // The storage dtype under both names: dtype (transformers 5.x) and torch_dtype (4.x, read by 5.x too).
   j["dtype"] = torch_dtype;
@@ -876,9 +899,15 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     if (a == Architecture::Mistral)
       j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
     if (a == Architecture::Qwen2) {
-      j["use_sliding_window"] = false;
-      j["layer_types"] =
-          json(std::vector<std::string>(static_cast<std::size_t>(m.num_layers), "full_attention"));
+      j["use_sliding_window"] = m.sliding_window > 0;
+      if (m.sliding_window > 0) {
+        j["sliding_window"] = m.sliding_window;
+        j["max_window_layers"] = m.max_window_layers;
+      }
+      std::vector<std::string> types;
+      for (int i = 0; i < m.num_layers; ++i)
+        types.push_back(m.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = json(types);
     }
   }
   return j.dump(2) + "\n";

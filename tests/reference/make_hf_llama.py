@@ -52,6 +52,14 @@ is samples 2t and 2t+1 of one 49-token document cut into 8-token windows with th
 target: exactly what our GPTDataset draws from hf_tokens_text_document (unshuffled, split 1,0,0,
 seq_length 8, global batch 2).
 
+Two more models have sliding windows smaller than the 8-token sequence, as issue 27 asks: "mistral_window"
+(the mistral shape, sliding_window 3 on every layer) and "qwen2_window" (the qwen2 shape,
+use_sliding_window with sliding_window 3 and max_window_layers 1: layer 0 global, layer 1 windowed, as
+transformers' layer_types say). A query at position i sees keys j with i - window < j <= i. When
+transformers is importable (PYTHONPATH=/tmp/hf5:/tmp/torch2), the script checks that transformers' own
+model (eager attention) gives the same loss on the initial weights, and that the window matters.
+`make_hf_llama.py mistral_window qwen2_window` writes only those (the others are left as committed).
+
 Files (tests/reference/fixtures/):
   hf_tokens_text_document.{bin,idx}  the document (Megatron indexed dataset, uint16 tokens)
   hf_{llama,mistral,qwen2,llama3}_tiny/  the initial model as an HF folder: config.json, model.safetensors
@@ -96,7 +104,21 @@ MODELS = {
                    theta=10000.0, eps=1e-5, tied=False, qkv_bias=False, seed=404,
                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 32.0, "original_max_position_embeddings": 256}),
+    "mistral_window": dict(arch="MistralForCausalLM", model_type="mistral", layers=2, hidden=24, heads=6, kv=2,
+                           ffn=40, theta=1000000.0, eps=1e-6, tied=False, qkv_bias=False, seed=505, window=3),
+    # Its seed is one whose key biases are well conditioned (see Conditioning): a key bias's
+    # gradient is nearly a constant shift of a row's scores, more so under a 3-token window.
+    "qwen2_window": dict(arch="Qwen2ForCausalLM", model_type="qwen2", layers=2, hidden=24, heads=4, kv=2, ffn=32,
+                         theta=1000.0, eps=1e-6, tied=True, qkv_bias=True, seed=609, window=3,
+                         max_window_layers=1),
 }
+
+
+def layer_window(m, i):
+    """The layer's window (0: global), as transformers' layer_types."""
+    if not m.get("window") or i < m.get("max_window_layers", 0):
+        return 0
+    return m["window"]
 
 
 def f32(t):
@@ -185,7 +207,7 @@ def x_dtype(p):
     return p["model.norm.weight"].dtype
 
 
-def forward(m, p, tokens, targets, interleaved=False, unscaled=False):
+def forward(m, p, tokens, targets, interleaved=False, unscaled=False, no_window=False):
     """Mean token cross-entropy of the HF model on explicit targets."""
     b, s = tokens.shape
     h, hq, hkv = m["hidden"], m["heads"], m["kv"]
@@ -211,7 +233,12 @@ def forward(m, p, tokens, targets, interleaved=False, unscaled=False):
         k = torch.repeat_interleave(k, hq // hkv, dim=1)  # repeat_kv
         v = torch.repeat_interleave(v, hq // hkv, dim=1)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
-        scores = scores.masked_fill(~causal, float("-inf"))
+        window = 0 if no_window else layer_window(m, i)
+        mask = causal
+        if window > 0:  # key j is seen by query i iff i - window < j <= i
+            idx = torch.arange(s)
+            mask = causal & (idx[None, :] > idx[:, None] - window)
+        scores = scores.masked_fill(~mask, float("-inf"))
         o = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, hq * d)
         x = x + torch.nn.functional.linear(o, p[pre + "self_attn.o_proj.weight"])
         mm = rms_norm(x, p[pre + "post_attention_layernorm.weight"], m["eps"])
@@ -268,10 +295,32 @@ def hf_config(m, dtype="float32"):
         c.update({"attention_bias": False, "mlp_bias": False, "head_dim": m["hidden"] // m["heads"],
                   "pretraining_tp": 1})
     elif m["model_type"] == "mistral":
-        c.update({"sliding_window": 4096})
+        c.update({"sliding_window": m.get("window", 4096)})
+    elif m.get("window"):
+        c.update({"use_sliding_window": True, "sliding_window": m["window"],
+                  "max_window_layers": m["max_window_layers"],
+                  "layer_types": ["sliding_attention" if layer_window(m, i) else "full_attention"
+                                  for i in range(m["layers"])]})
     else:
         c.update({"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 2})
     return c
+
+
+def check_with_transformers(folder, m, p, tokens, targets):
+    """transformers' own model on the folder gives our loss (skipped when transformers is missing)."""
+    try:
+        import transformers
+    except ImportError:
+        print("transformers not importable: the window fixtures are not checked against it")
+        return
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
+                                                              torch_dtype=torch.float64)
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits
+        theirs = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1).long()).item()
+        ours = forward(m, p, tokens, targets).item()
+    print(f"{m['arch']} window: transformers {transformers.__version__} loss {theirs:.9f}, ours {ours:.9f}")
+    assert abs(theirs - ours) <= 1e-6 * abs(ours), "our reference must be transformers' model"
 
 
 def write_config(folder, config):
@@ -300,13 +349,17 @@ def write_indexed_dataset(prefix, tokens):
 def main():
     gen = torch.Generator().manual_seed(11)
     document = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=gen)
-    write_indexed_dataset(os.path.join(OUT_DIR, "hf_tokens_text_document"), document.tolist())
+    only = sys.argv[1:]
+    if not only:
+        write_indexed_dataset(os.path.join(OUT_DIR, "hf_tokens_text_document"), document.tolist())
     # Sample n = tokens [n*SEQ, n*SEQ + SEQ + 1); step t takes samples 2t, 2t+1.
     windows = torch.stack([document[n * SEQ:n * SEQ + SEQ + 1] for n in range(STEPS * BATCH)])
     windows = windows.view(STEPS, BATCH, SEQ + 1)
     tokens, targets = windows[:, :, :-1].contiguous(), windows[:, :, 1:].contiguous()
 
     for name, m in MODELS.items():
+        if only and name not in only:
+            continue
         p = init_params(m)
         initial = {k: v.detach().clone() for k, v in p.items()}
         folder = os.path.join(OUT_DIR, f"hf_{name}_tiny")
@@ -317,6 +370,12 @@ def main():
             half = forward(m, p, tokens[0], targets[0]).item()
             pairs = forward(m, p, tokens[0], targets[0], interleaved=True).item()
         print(f"{name}: loss {half:.6f} with half-split rotary, {pairs:.6f} with interleaved pairs")
+        if m.get("window"):
+            with torch.no_grad():
+                full = forward(m, p, tokens[0], targets[0], no_window=True).item()
+            print(f"{name}: loss {full:.6f} without the window")
+            assert abs(half - full) > 1e-3 * abs(half), "the window must matter for this fixture"
+            check_with_transformers(folder, m, p, tokens[0], targets[0])
         assert abs(half - pairs) > 1e-3 * abs(half), "the rotary layout must matter for this fixture"
         if m.get("rope_scaling"):
             with torch.no_grad():

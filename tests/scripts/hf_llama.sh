@@ -45,7 +45,8 @@ quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on fai
 # qwen2_t5 are transformers 5's config.json with the make_hf_llama.py weights (copied in), trained
 # on one rank only (their layouts are those of mistral_tiny and qwen2_tiny).
 for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny llama3_tiny:llama3_tiny \
-  llama_t5:llama_t5 llama3_t5:llama3_t5 mistral_t5:mistral_tiny qwen2_t5:qwen2_tiny; do
+  llama_t5:llama_t5 llama3_t5:llama3_t5 mistral_t5:mistral_tiny qwen2_t5:qwen2_tiny \
+  mistral_window_tiny:mistral_window_tiny qwen2_window_tiny:qwen2_window_tiny; do
   model=${m%%:*} after3=$fx/hf_${m#*:}_after3.safetensors
   dir=$work/$model
   mkdir -p "$dir"
@@ -58,16 +59,21 @@ for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny l
   [[ -s $dir/ckpt.yaml ]] || { echo "$model: no ckpt.yaml"; exit 1; }
   layouts=("1 1 1" "4 2 2")
   [[ $model == mistral_t5 || $model == qwen2_t5 ]] && layouts=("1 1 1")
+  # Sliding windows smaller than the sequence: one rank and tp2 x cp2 (the ring skips the blocks
+  # outside the window).
+  [[ $model == *_window_tiny ]] && layouts=("1 1 1" "4 2 1 2")
   for layout in "${layouts[@]}"; do
-    read -r ranks tp pp <<<"$layout"
+    read -r ranks tp pp cp <<<"$layout"
+    cp=${cp:-1}
     run=$dir/tp${tp}pp${pp}
+    [[ $cp == 1 ]] || run=$dir/tp${tp}cp${cp}
     quiet "$run.log" "${mpiexec[@]}" -np "$ranks" "$pretrain" --config "$dir/ckpt.yaml" \
       --set checkpoint.load="$dir/ckpt" --set checkpoint.dir="$run/ckpt" --set train.output_dir="$run" \
-      --set parallel.tensor="$tp" --set parallel.pipeline="$pp" "${train[@]}"
+      --set parallel.tensor="$tp" --set parallel.pipeline="$pp" --set parallel.context="$cp" "${train[@]}"
     quiet "$run.export.log" "$convert" --to hf --input "$run/ckpt" --output "$run/hf"
-    echo -n "$model tp$tp pp$pp: "
+    echo -n "$model tp$tp pp$pp cp$cp: "
     "$compare" losses "$run/metrics.jsonl" "$after3"
-    echo -n "$model tp$tp pp$pp: "
+    echo -n "$model tp$tp pp$pp cp$cp: "
     "$compare" weights "$run/hf" "$after3"
   done
   # The export (no template) names the architecture and model_type of the folder it came from.
@@ -92,6 +98,14 @@ grep -q '"rope_type": "llama3"' "$work/llama3_tiny/tp1pp1/hf/config.json" &&
 grep -q 'rope_theta: 500000' "$work/llama_t5/ckpt.yaml" || { echo "llama_t5: ckpt.yaml lacks rope_theta 500000"; exit 1; }
 grep -q 'rope_scaling: llama3' "$work/llama3_t5/ckpt.yaml" && grep -q 'rope_original_max_position_embeddings: 256' \
   "$work/llama3_t5/ckpt.yaml" || { echo "llama3_t5: ckpt.yaml lacks rope_scaling"; exit 1; }
+# The windows: imported as model.sliding_window (Qwen2: with max_window_layers), exported back.
+grep -q 'sliding_window: 3' "$work/mistral_window_tiny/ckpt.yaml" &&
+  grep -q '"sliding_window": 3' "$work/mistral_window_tiny/tp1pp1/hf/config.json" ||
+  { echo "mistral_window: the window did not round-trip"; exit 1; }
+grep -q 'sliding_window: 3' "$work/qwen2_window_tiny/ckpt.yaml" && grep -q 'max_window_layers: 1' "$work/qwen2_window_tiny/ckpt.yaml" &&
+  grep -q '"use_sliding_window": true' "$work/qwen2_window_tiny/tp1pp1/hf/config.json" &&
+  grep -q '"sliding_attention"' "$work/qwen2_window_tiny/tp1pp1/hf/config.json" ||
+  { echo "qwen2_window: the window did not round-trip"; cat "$work/qwen2_window_tiny/tp1pp1/hf/config.json"; exit 1; }
 # Mistral round trip without a template: MistralForCausalLM and its sliding_window are kept.
 for model in mistral_tiny mistral_t5; do
   grep -q 'sliding_window: 4096' "$work/$model/ckpt.yaml" && grep -q 'hf_architecture: "MistralForCausalLM"' \

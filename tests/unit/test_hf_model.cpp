@@ -100,13 +100,14 @@ TEST(HfModel, ReadsTheFixturesConfigs) {
   EXPECT_FALSE(qwen2.model.add_bias);
   EXPECT_TRUE(qwen2.model.tie_embeddings);
 
-  // Mistral: the sequence stays within the sliding window (there full attention equals it).
+  // Mistral: the window is the model's, no cap on the sequence (sliding-window attention).
   json mistral = fixture_config("mistral");
   mistral["max_position_embeddings"] = 32768;
   mistral["sliding_window"] = 1024;
   const hf::HfModel mis = hf::model_from_config_json(mistral.dump(), "mistral");
   EXPECT_EQ(mis.architecture, hf::Architecture::Mistral);
-  EXPECT_EQ(mis.model.seq_length, 1024);
+  EXPECT_EQ(mis.model.sliding_window, 1024);
+  EXPECT_EQ(mis.model.seq_length, 4096);
   EXPECT_EQ(mis.model.num_attention_heads, 6);
 
   const hf::HfModel gpt2 =
@@ -247,11 +248,10 @@ TEST(HfModel, RefusesEveryKeyThatChangesTheModelAndIsNotRead) {
   j["rope_parameters"]["attention_factor"] = 1.2;
   EXPECT_THAT(config_error(j),
               HasSubstr("rope_parameters.attention_factor = 1.2: not supported: it changes the model"));
-  // Qwen2's windows: only full-attention layers.
+  // Qwen2's windows: layer_types must say what use_sliding_window and max_window_layers say.
   j = t5_config("qwen2");
   j["layer_types"] = {"full_attention", "sliding_attention"};
-  EXPECT_THAT(config_error(j),
-              HasSubstr("layer_types = [\"full_attention\",\"sliding_attention\"]: not supported"));
+  EXPECT_THAT(config_error(j), HasSubstr("layer 1 must be \"full_attention\""));
   // Dropout that is not ours: attention-only dropout.
   j = t5_config("llama");
   j["attention_dropout"] = 0.1;
@@ -352,8 +352,16 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
   EXPECT_TRUE(hf::model_from_config_json(j.dump(), "config.json").model.add_bias);
   j = fixture_config("qwen2");
   j["use_sliding_window"] = true;
-  EXPECT_THAT(config_error(j),
-              HasSubstr("use_sliding_window = true: sliding-window attention is not supported"));
+  j["sliding_window"] = 16;
+  j["max_window_layers"] = 1;
+  j.erase("layer_types");
+  {
+    const ModelConfig q = hf::model_from_config_json(j.dump(), "config.json").model;
+    EXPECT_EQ(q.sliding_window, 16);
+    EXPECT_EQ(q.max_window_layers, 1);
+    EXPECT_EQ(q.layer_window(0), 0);
+    EXPECT_EQ(q.layer_window(1), 16);
+  }
 
   j = fixture_config("llama");
   j.erase("hidden_size");
