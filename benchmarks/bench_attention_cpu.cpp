@@ -3,6 +3,11 @@
 // argument: 0 fp32, 1 bf16; bf16 runs on AVX512-BF16 dot products where the CPU has them, else
 // widened to fp32, and the label says which).
 //
+// BM_Masked*: the same kernels under a mask (attention_mask.hpp), fp32, b = 1: {s, mask} with mask
+// 0 full causal, 1 sixteen equal documents (reset_attention_mask), 2 a 512-token sliding window.
+// Their figure is time per call: a packed sequence should cost about 1/16 of full causal (the sum
+// of the documents' squared lengths), a window linear in s.
+//
 //   OMP_NUM_THREADS=2 ./bench_attention_cpu [benchmark flags]
 //
 // GFLOP/s are counted as FlashAttention counts them: the forward is two [s, s, d] matmuls per head,
@@ -96,7 +101,62 @@ void BM_AttentionBackward(benchmark::State& state) {
   label(state, s, b, x.q);
 }
 
+ops::AttentionMask masked(int64_t s, int64_t mode) {
+  ops::AttentionMask m;
+  if (mode == 2) m.window = 512;
+  if (mode == 1) {
+    std::vector<int32_t> starts(static_cast<size_t>(s));
+    const int64_t doc = s / 16;
+    for (int64_t p = 0; p < s; ++p) starts[static_cast<size_t>(p)] = static_cast<int32_t>(p / doc * doc);
+    m.doc_start = Tensor::from_vector(starts, {1, s});
+  }
+  return m;
+}
+
+void mask_label(benchmark::State& state, int64_t s, int64_t mode) {
+  static const char* names[] = {"full causal", "16 documents", "window 512"};
+  state.SetLabel("s=" + std::to_string(s) + " b=1 hq=" + std::to_string(kHeads) +
+                 " d=" + std::to_string(kHeadDim) + " fp32 " + names[mode]);
+}
+
+void BM_MaskedForward(benchmark::State& state) {
+  const int64_t s = state.range(0), mode = state.range(1);
+  Inputs x(s, 1, DType::F32);
+  const ops::AttentionMask m = masked(s, mode);
+  timed_loop(state, [&] { ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, m, x.scale); });
+  mask_label(state, s, mode);
+}
+
+void BM_MaskedBackward(benchmark::State& state) {
+  const int64_t s = state.range(0), mode = state.range(1);
+  Inputs x(s, 1, DType::F32);
+  const ops::AttentionMask m = masked(s, mode);
+  ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, m, x.scale);
+  timed_loop(state, [&] {
+    ops::attention_backward(x.dout, x.q, x.k, x.v, x.out, x.lse, x.dq, x.dk, x.dv, m, x.scale);
+  });
+  mask_label(state, s, mode);
+}
+
 }  // namespace
+
+// {s, mask}: full causal against 16 documents at 4096 tokens; a window at 2k, 4k, 8k.
+BENCHMARK(BM_MaskedForward)
+    ->Args({4096, 0})
+    ->Args({4096, 1})
+    ->Args({2048, 2})
+    ->Args({4096, 2})
+    ->Args({8192, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MaskedBackward)
+    ->Args({4096, 0})
+    ->Args({4096, 1})
+    ->Args({2048, 2})
+    ->Args({4096, 2})
+    ->Args({8192, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // {s, b, bf16}: 1024 tokens either way.
 BENCHMARK(BM_AttentionForward)
