@@ -85,10 +85,11 @@ struct MicroBatch {
   Tensor tokens;
   Tensor targets;  // tokens shifted by one: targets[i][j] is the token after tokens[i][j]
   // Only when the options pack documents (else undefined), [micro_batch_size, seq_length] each:
-  Tensor positions;  // int32: reset_position_ids: the distance from the token's document start; else j
-  Tensor doc_start;  // int32: reset_attention_mask: where the token's document starts; else 0
-  Tensor loss_mask;  // fp32: eod_mask_loss: 0 where the input token is eod (its target starts the
-                     // next document), else 1
+  // (Default initialisers: MicroBatch{tokens, targets} stays warning-free.)
+  Tensor positions = {};  // int32: reset_position_ids: the distance from the token's document start; else j
+  Tensor doc_start = {};  // int32: reset_attention_mask: where the token's document starts; else 0
+  Tensor loss_mask = {};  // fp32: eod_mask_loss: 0 where the input token is eod (its target starts
+                          // the next document), else 1
 };
 
 // Fills positions, doc_start and loss_mask of `batch` from its tokens (Megatron's semantics).

@@ -156,7 +156,7 @@ struct MicroBatch {
   Tensor targets;  // read by the last chunk (GPT: [b, s] int32)
   // Documents (model_chunk.hpp): given to every chunk; empty for a plain micro-batch. When the
   // data has them, every pipeline stage reads its micro-batches (not only the first and last).
-  PackedSequence packed;
+  PackedSequence packed = {};  // (a default initialiser: MicroBatch{tokens, targets} stays warning-free)
 };
 using MicroBatchFn = std::function<MicroBatch(int micro_batch)>;
 
