@@ -267,44 +267,43 @@ Tensor targets_sb(const Tensor& targets) {
   return out.view({s * b});
 }
 
-// The position table's rows at each row's global position (LayerEnv::positions) added to (or
-// reduced from) every batch entry of x [s_local, b, h]; one bias op per sequence position keeps it
-// on the ops layer.
-void add_positions(const LayerEnv& env, Tensor& x, const Tensor& table) {
-  for (const cp::Segment& seg : env.positions(x.size(0)))
-    for (int64_t i = 0; i < seg.rows; ++i) {
-      Tensor row = x.select(seg.row + i);
-      ops::add_bias(row, table.select(seg.position + i));
-    }
-}
-// Packed documents: row r of x [s_local(/tp), b, h], batch entry e, takes the table row of its own
-// position positions[e, r'] (r' its row among this rank's cp share: offset by the sp shard).
+// Row r of x [s_local(/tp), b, h], batch entry e, of a packed micro-batch has its own position
+// positions[e, row0 + r] (row0: the sp shard's first row of this rank's cp share).
 int64_t packed_row0(const LayerEnv& env, int64_t s_local) {
   const bool sharded = env.sequence_parallel && env.tp->size() > 1;
   return sharded ? env.tp->rank() * s_local : 0;
 }
-void add_packed_positions(const LayerEnv& env, Tensor& x, const Tensor& positions, const Tensor& table) {
-  const int64_t s = x.size(0), b = x.size(1), row0 = packed_row0(env, s);
-  const Tensor pos_c = positions.contiguous();
-  const int32_t* pos = pos_c.data<int32_t>();
-  const int64_t stride = positions.size(1);
-  for (int64_t r = 0; r < s; ++r)
-    for (int64_t e = 0; e < b; ++e) {
-      Tensor row = x.select(r).narrow(0, e, 1);
-      ops::add_bias(row, table.select(pos[e * stride + row0 + r]));
-    }
+// The position ids [b, s_local] int32 of x's rows, on `device`: each row's global position
+// (LayerEnv::positions), or with packed documents each token's own (reset) position. The learned
+// table is then an embedding looked up by these ids, as Megatron does with its position_ids: two
+// ops per micro-batch whatever the sequence length (one op per row would make a meta run, and the
+// memory plan with it, grow with the sequence). On meta the ids have a shape and no values.
+Tensor position_ids(const LayerEnv& env, int64_t s, int64_t b, const Tensor& packed, Device device) {
+  if (device.is_meta()) return Tensor::empty({b, s}, DType::I32, device);
+  Tensor ids = Tensor::empty({b, s}, DType::I32, Device::cpu());
+  int32_t* out = ids.data<int32_t>();
+  if (packed.defined()) {
+    const int64_t row0 = packed_row0(env, s), stride = packed.size(1);
+    const Tensor host = packed.device().is_cpu() ? packed.contiguous() : packed.to(Device::cpu());
+    const int32_t* pos = host.data<int32_t>();
+    for (int64_t e = 0; e < b; ++e)
+      for (int64_t r = 0; r < s; ++r) out[e * s + r] = pos[e * stride + row0 + r];
+  } else {
+    for (const cp::Segment& seg : env.positions(s))
+      for (int64_t i = 0; i < seg.rows; ++i)
+        for (int64_t e = 0; e < b; ++e) out[e * s + seg.row + i] = static_cast<int32_t>(seg.position + i);
+  }
+  return device.is_cpu() ? ids : ids.to(device);
 }
-void packed_positions_backward(const LayerEnv& env, const Tensor& dy, const Tensor& positions,
-                               Tensor& dtable) {
-  const int64_t s = dy.size(0), b = dy.size(1), row0 = packed_row0(env, s);
-  const Tensor pos_c = positions.contiguous();
-  const int32_t* pos = pos_c.data<int32_t>();
-  const int64_t stride = positions.size(1);
-  for (int64_t r = 0; r < s; ++r)
-    for (int64_t e = 0; e < b; ++e) {
-      Tensor drow = dtable.select(pos[e * stride + row0 + r]);
-      ops::bias_backward(dy.select(r).narrow(0, e, 1), drow);
-    }
+// x [s_local, b, h] += table[ids]; the backward adds dy's rows into dtable's (embedding_backward
+// accumulates).
+void add_positions(const Tensor& ids, Tensor& x, const Tensor& table) {
+  Tensor rows = Tensor::empty(x.shape(), x.dtype(), x.device());
+  ops::embedding_forward(ids, table, 0, rows);
+  ops::add_(x, rows);
+}
+void positions_backward(const Tensor& ids, const Tensor& dy, Tensor& dtable) {
+  ops::embedding_backward(ids, dy, 0, dtable);
 }
 
 // [b, s] fp32 -> [s * b] in the activations' (s, b) order.
@@ -317,14 +316,6 @@ Tensor mask_sb(const Tensor& mask) {
     column.copy_(t.select(i).view({s, 1}));
   }
   return out.view({s * b});
-}
-
-void positions_backward(const LayerEnv& env, const Tensor& dy, Tensor& dtable) {
-  for (const cp::Segment& seg : env.positions(dy.size(0)))
-    for (int64_t i = 0; i < seg.rows; ++i) {
-      Tensor drow = dtable.select(seg.position + i);
-      ops::bias_backward(dy.select(seg.row + i), drow);
-    }
 }
 
 }  // namespace
@@ -357,10 +348,8 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                      m.position->value.size(0));
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
       m.use(*m.position);
-      if (packed.positions.defined())
-        add_packed_positions(env, x, packed.positions, m.position->value);
-      else
-        add_positions(env, x, m.position->value);
+      add_positions(position_ids(env, x.size(0), x.size(1), packed.positions, x.device()), x,
+                    m.position->value);
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
@@ -463,10 +452,8 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& activations) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
   if (m.position) {
-    if (act.positions.defined())
-      packed_positions_backward(env, dx, act.positions, m.position->grad);
-    else
-      positions_backward(env, dx, m.position->grad);
+    positions_backward(position_ids(env, dx.size(0), dx.size(1), act.positions, dx.device()), dx,
+                       m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);
@@ -540,10 +527,8 @@ void GPTModel::backward_weight(Activations& activations) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   Tensor dx = std::move(act.embedding_grad);
   if (m.position) {
-    if (act.positions.defined())
-      packed_positions_backward(env, dx, act.positions, m.position->grad);
-    else
-      positions_backward(env, dx, m.position->grad);
+    positions_backward(position_ids(env, dx.size(0), dx.size(1), act.positions, dx.device()), dx,
+                       m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);
