@@ -1,29 +1,26 @@
 #pragma once
-// The memory plan: every rank's peak bytes, from the configuration and the layout alone, before
-// anything is allocated (docs/memory.md).
+// The memory plan: every rank's peak bytes, before anything is allocated (docs/memory.md), read
+// off the meta device: the trainer's own step (TrainStep) runs as that rank on Device::meta() over a
+// MetaCommunicator, so every layer's allocations are counted by running it, not by a copy of it.
 //
 // A rank's peak is the sum of
-//   parameters     the DDP parameter buffer (fp32, or the 16-bit copy under bf16/fp16), padded as
-//                  ParamAndGradBuffer pads it (layout_buffer, grad_buffer.hpp)
-//   gradients      the fp32 gradient buffer
-//   optimizer      exp_avg, exp_avg_sq (+ fp32 main weights under bf16/fp16): the whole buffer, or
-//                  this rank's shard of every bucket with the distributed optimizer
-//   activations    what the micro-batches in flight keep for their backward at the peak moment,
-//                  walking this rank's real schedule (make_schedule: 1F1B, interleaved) with the
-//                  recompute policy, precision and sequence-parallel split of the model's layers
-//   communication  pipeline receive buffers and sends still in flight
-//   workspace      the transient tensors of the forward or backward running at the peak moment
-//                  (logits gradient, attention scratch, gathered sequences, ...)
-//   schedule       the executors' action lists and message orders (host memory, outside the
-//                  tensor allocator; grows with the number of micro-batches)
-//   checkpoint     what a checkpoint save (checkpoint.dir set) needs beyond the training peak: a
-//                  sharded optimizer gathers the full fp32 state on every rank, ZeRO-3 every
-//                  parameter; 0 when the save fits under the training peak
-// where the peak moment is the action of the schedule at which the sum is largest.
+//   parameters      the DDP parameter buffer (fp32, or the 16-bit copy under bf16/fp16), padded as
+//                   ParamAndGradBuffer pads it, or this rank's shards (ZeRO-3)
+//   gradients       the fp32 gradient buffer, or its shards
+//   optimizer       what else lives between steps: exp_avg, exp_avg_sq (+ fp32 main weights under
+//                   bf16/fp16), or Muon's momentum, whole or sharded
+//   activations     the step's peak above that: what the micro-batches in flight keep for their
+//                   backward, pipeline messages and the kernels' workspaces, at the peak moment
+//   packed_weights  CPU, 16-bit, several micro-batches: the WeightPackingScope copies (an upper
+//                   bound, from the layout arithmetic: the meta run does not pack)
+//   schedule        the executors' action lists and message orders (host memory, outside the
+//                   tensor allocator; grows with the number of micro-batches)
+//   checkpoint      what a checkpoint save (checkpoint.dir set) needs beyond the training peak: a
+//                   sharded optimizer gathers the full fp32 state on every rank, ZeRO-3 every
+//                   parameter (layout arithmetic); 0 when the save fits under the training peak
 //
-// The plan follows the layers' allocation pattern (src/model, src/tp); the test memory_plan checks
-// it against the allocator's measured peak on every rank of tp, pp, interleaved, dp with the
-// distributed optimizer, recompute none/selective/full and bf16 layouts (within 10 %).
+// The test memory_plan checks it against the allocator's measured peak on every rank of tp, pp,
+// interleaved, dp with each sharding mode, cp, MoE, recompute and bf16 layouts (within 10 %).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -57,8 +54,8 @@ struct MemoryPlan {
 };
 
 // The plan of every rank of a job of `world_size` ranks; `config` must be validated for it.
-// Pure arithmetic: no tensor is allocated, and it is fast for any config that validates (the
-// schedule walk is capped: the in-flight pattern repeats after the warm-up).
+// plan_memory_on_meta with its default options: no real tensor is allocated, and it is fast for
+// any config that validates (at most 4 * pipeline micro-batches, long chunks extrapolated).
 MemoryPlan plan_memory(const Config& config, int world_size);
 
 // The same plan from the meta device (meta.hpp, train_step.hpp; docs/planner.md): each pipeline
@@ -68,9 +65,8 @@ MemoryPlan plan_memory(const Config& config, int world_size);
 // equal (they hold equal shares). Terms read at phase boundaries: parameters and gradients (live
 // after construction), optimizer (what the first step leaves), activations (the step's peak above
 // that: activations, pipeline messages and workspaces are one term here); schedule and checkpoint
-// from the same arithmetic as plan_memory. Assumptions of the meta run: balanced MoE routing,
-// finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's). Not yet the
-// trainer's preflight (docs/planner.md, "What is left").
+// from the layout arithmetic. Assumptions of the meta run: balanced MoE routing,
+// finite gradients, no packed 16-bit weights (WeightPackingScope is a CPU kernel's).
 struct MetaPlanOptions {
   // Micro-batches per step of the run (0: 4 * pipeline, past the warm-up of every schedule, where
   // the in-flight pattern repeats); the schedule term counts the configured ones.

@@ -168,6 +168,13 @@ INSTANTIATE_TEST_SUITE_P(
             {"model.num_experts=8", "model.moe_router_topk=1", "parallel.expert=4", "model.activation=swiglu",
              "model.normalization=rmsnorm", "optimizer.sharding=optim_grads", "train.global_batch_size=64"}},
         Layout{"dp4_distributed", {"optimizer.distributed=true", "train.global_batch_size=64"}},
+        // Muon: one momentum buffer per matrix, and its per-matrix working set during the step.
+        Layout{"tp2_dp2_muon_zero1",
+               {"optimizer.type=muon", "parallel.tensor=2", "optimizer.distributed=true",
+                "train.global_batch_size=64"}},
+        Layout{
+            "dp4_muon_zero3",
+            {"optimizer.type=muon", "optimizer.sharding=optim_grads_params", "train.global_batch_size=64"}},
         Layout{"dp4_zero2", {"optimizer.sharding=optim_grads", "train.global_batch_size=64"}},
         Layout{"dp4_zero3", {"optimizer.sharding=optim_grads_params", "train.global_batch_size=64"}},
         Layout{

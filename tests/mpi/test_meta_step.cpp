@@ -95,9 +95,8 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
                 w.rank(), static_cast<long long>(meta_dispatch), static_cast<long long>(real_dispatch));
 
   // The peaks, printed per rank in rank order.
-  // For reference, the hand-written plan's figure (memory_plan.cpp) for this rank. It is the
-  // trainer's peak, which adds to this step the packed 16-bit weights, the loss read-back and the
-  // steps after the first.
+  // For reference, the memory plan's figure (memory_plan.cpp: the trainer's first two steps on
+  // meta) for this rank, which adds the packed 16-bit weights and the steps after the first.
   const MemoryPlan plan = plan_memory(config, w.size());
   constexpr int kFields = 6;
   Tensor mine = Tensor::zeros({kFields}, DType::I64);
