@@ -25,14 +25,18 @@
 #  4. parallel.node_local=dp at tp2 x dp2 is refused on every rank with exit 2 and one line that
 #     names the key, the group's ranks and both nodes;
 #  5. a lost node: after the first logged step every rank of node 1 is killed (kill -9); the job
-#     ends within 60 s, not 0, and the launcher's message names a lost rank (2 or 3) and node 1.
+#     ends within 60 s, not 0, and the launcher's message names a lost rank (2 or 3) and node 1;
+#  6. the same loss under train_supervisor --elastic (docs/restart.md): node 1's ranks are killed
+#     and the host probe stops listing node 1, as a scheduler would; the supervisor relaunches on
+#     node 0 alone at dp2 (twice the micro-batches) from the latest checkpoint, and the job
+#     finishes every step with one rank's losses (relative 1e-5) before and after the restart.
 #
 # Skipped (exit 77, one line) without Open MPI's launcher, without root or CAP_NET_ADMIN and
 # CAP_SYS_ADMIN, without ip(8) and unshare(1), or where the kernel refuses namespaces or veth links.
-#   multinode.sh SOURCE_DIR PRETRAIN_GPT NODE_GROUPS MPIEXEC...
+#   multinode.sh SOURCE_DIR PRETRAIN_GPT NODE_GROUPS TRAIN_SUPERVISOR MPIEXEC...
 set -euo pipefail
-src=$1 pretrain=$2 node_groups=$3
-shift 3
+src=$1 pretrain=$2 node_groups=$3 supervisor=$4
+shift 4
 mpiexec=("$@")
 source "$src/scripts/mpi_launcher.sh"
 skip() {
@@ -53,6 +57,7 @@ work=$(mktemp -d)
 job=
 cleanup() {
   [[ -n $job ]] && kill -9 "$job" 2>/dev/null || true
+  [[ -n ${sup_pid:-} ]] && kill -9 "$sup_pid" 2>/dev/null || true
   for ns in "${id}sw" $(seq -f "${id}n%g" 0 $((nodes - 1))); do
     # Whatever still runs inside (a daemon of a failed job) goes with its node.
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
@@ -249,3 +254,53 @@ took=$((SECONDS - start))
 grep -qE "process rank [23] .*on node 10\.77\.0\.2" "$work/lost.log" ||
   { echo "lost node: no message naming a rank of node 1:"; grep -v "step " "$work/lost.log" | tail -20; exit 1; }
 echo "lost node: killing node 1's ranks ended the job in ${took} s (exit $rc): $(grep -oE "process rank [23] .*on node [^ ]*" "$work/lost.log")"
+
+# 6. The supervisor survives the lost node: it relaunches on the node it still has.
+steps=30
+"${mpiexec[@]}" -np 1 "$pretrain" "${common[@]}" --set train.steps=$steps --set train.output_dir="$work/ref30" \
+  >"$work/ref30.log" 2>&1 || { echo "the single-rank run ref30 failed:"; tail -20 "$work/ref30.log"; exit 1; }
+printf '10.77.0.1 slots=2\n10.77.0.2 slots=2\n' >"$work/alive"
+sup_cluster=("${cluster[@]}")
+for i in "${!sup_cluster[@]}"; do [[ ${sup_cluster[$i]} == "$work/hostfile" ]] && sup_cluster[$i]='{hostfile}'; done
+run=$work/supervised
+"$supervisor" --elastic --hosts-cmd "cat '$work/alive'" --ranks-per-node 2 --min-ranks 2 --backoff 0 -- \
+  "${sup_cluster[@]}" -np '{ranks}' "$pretrain" "${common[@]}" --set train.steps=$steps \
+  --set train.output_dir="$run" --set checkpoint.dir="$run/ckpt" --set checkpoint.save_interval=2 \
+  >"$run.out" 2>&1 &
+sup_pid=$!
+for _ in $(seq 1 1200); do
+  [[ -f $run/ckpt/latest && -f $run/metrics.jsonl ]] && (($(wc -l <"$run/metrics.jsonl") >= 4)) && break
+  kill -0 $sup_pid 2>/dev/null || { echo "supervised: ended before its first checkpoint:"; tail -20 "$run.out"; exit 1; }
+  sleep 0.05
+done
+echo "10.77.0.1 slots=2   # node 1 is gone" >"$work/alive"
+lost=()
+for pid in $(ip netns pids "${id}n1"); do
+  grep -qz '^OMPI_COMM_WORLD_RANK=' "/proc/$pid/environ" 2>/dev/null && lost+=("$pid")
+done
+((${#lost[@]} == per_node)) || { echo "supervised: found ${#lost[@]} ranks in node 1, expected $per_node"; exit 1; }
+kill -9 "${lost[@]}"
+status=0
+for _ in $(seq 1 240); do kill -0 $sup_pid 2>/dev/null || break; sleep 0.5; done
+kill -0 $sup_pid 2>/dev/null && { echo "supervised: still running 120 s after the node was lost:"; tail -20 "$run.out"; exit 1; }
+wait $sup_pid || status=$?
+sup_pid=
+((status == 0)) || { echo "supervised: the supervisor exited $status:"; tail -30 "$run.out"; exit 1; }
+grep -q "restart 1 of" "$run/restarts.log" || { echo "supervised: no restart logged:"; cat "$run/restarts.log"; exit 1; }
+grep -q "finished: step $steps of $steps" "$run/restarts.log" ||
+  { echo "supervised: did not finish:"; cat "$run/restarts.log"; exit 1; }
+grep -q "launch: 2 rank(s)" "$run.out" || { echo "supervised: the relaunch did not run on 2 ranks"; exit 1; }
+step_losses() {
+  awk 'match($0, /"loss":[^,}]*/) { l = substr($0, RSTART + 7, RLENGTH - 7)
+       if (match($0, /"step":[0-9]+/)) print substr($0, RSTART + 7, RLENGTH - 7), l }' "$1"
+}
+checked=0
+for m in "$run"/metrics.attempt_*.jsonl "$run/metrics.jsonl"; do
+  n=$(join <(step_losses "$work/ref30/metrics.jsonl" | sort -k1,1) <(step_losses "$m" | sort -k1,1) | awk -v m="$m" '
+    { n++; d = $2 - $3; if (d < 0) d = -d; s = $2 < 0 ? -$2 : $2
+      if (d > 1e-5 * s) { printf "%s: step %d loss %s vs one rank %s\n", m, $1, $3, $2; bad = 1 } }
+    END { if (bad) exit 1; print n }') || { echo "$n"; exit 1; }
+  checked=$((checked + n))
+done
+after=$(step_losses "$run/metrics.jsonl" | wc -l)
+echo "supervised: node 1 lost; relaunched on node 0 at dp2 for the last $after of $steps steps; $checked losses equal one rank's (relative 1e-5): $(grep "restart 1 of" "$run/restarts.log")"
