@@ -27,6 +27,7 @@ struct GPTModel::Saved final : ModelChunk::Activations {
   int64_t seq = 0, batch = 0;  // full s and b of this micro-batch
   Tensor loss_mask;            // [s * b] fp32 in the activations' order, or undefined
   Tensor positions;            // packed documents' positions [b, s_local] (host), or undefined
+  Tensor position_ids;         // learned positions: the ids the forward looked up, for the backward
   tp::VocabParallelEmbedding::Context embedding;
   std::vector<model::TransformerLayer::Context> layers;
   model::Norm::Context final_norm;
@@ -348,8 +349,8 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                      m.position->value.size(0));
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
       m.use(*m.position);
-      add_positions(position_ids(env, x.size(0), x.size(1), packed.positions, x.device()), x,
-                    m.position->value);
+      act.position_ids = position_ids(env, x.size(0), x.size(1), packed.positions, x.device());
+      add_positions(act.position_ids, x, m.position->value);
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
     x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
@@ -452,8 +453,7 @@ Tensor GPTModel::backward(const Tensor& grad, Activations& activations) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
   if (m.position) {
-    positions_backward(position_ids(env, dx.size(0), dx.size(1), act.positions, dx.device()), dx,
-                       m.position->grad);
+    positions_backward(act.position_ids, dx, m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);
@@ -502,7 +502,6 @@ Tensor GPTModel::backward_input(const Tensor& grad, Activations& activations) {
 void GPTModel::backward_weight(Activations& activations) {
   Saved& act = saved(activations);
   Impl& m = *impl_;
-  const LayerEnv& env = m.env;
   PARALLEL_CHECK(act.weight_pending, "GPTModel::backward_weight of micro-batch {} before its backward_input",
                  act.micro_batch);
   act.weight_pending = false;
@@ -527,8 +526,7 @@ void GPTModel::backward_weight(Activations& activations) {
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
   Tensor dx = std::move(act.embedding_grad);
   if (m.position) {
-    positions_backward(position_ids(env, dx.size(0), dx.size(1), act.positions, dx.device()), dx,
-                       m.position->grad);
+    positions_backward(act.position_ids, dx, m.position->grad);
     m.ready(*m.position);
   }
   m.word->backward(dx, act.embedding);
