@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   jargon-text
   patchelf debootstrap
+  bc iproute2
 )
 # A Clang build (CXX=clang++ ./scripts/test.sh) needs the compiler and its OpenMP runtime.
 [[ "${CXX:-}" == *clang* ]] && packages+=(clang libomp-dev)
