@@ -3,9 +3,9 @@
 // linears talk to the other ranks.
 #include <cmath>
 
-#include "layers.hpp"
 #include "parallel/error.hpp"
 #include "parallel/ops.hpp"
+#include "self_attention.hpp"
 
 namespace parallel::model {
 namespace {

@@ -1,7 +1,8 @@
 // Dropout sites of the GPT model. The mask of element (s, b, h) depends only on the run's seed, the
 // site, the micro-batch and that element's GLOBAL position, so tp and sequence-parallel layouts, and
 // recomputation in the backward, all draw the same mask.
-#include "layers.hpp"
+#include "dropout.hpp"
+
 #include "parallel/ops.hpp"
 
 namespace parallel::model {

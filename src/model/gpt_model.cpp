@@ -7,11 +7,14 @@
 #include <cmath>
 #include <optional>
 
-#include "layers.hpp"
+#include "dropout.hpp"
+#include "norm.hpp"
+#include "output_layer.hpp"
 #include "parallel/init.hpp"
 #include "parallel/layout_rules.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/precision.hpp"
+#include "transformer_layer.hpp"
 
 namespace parallel {
 

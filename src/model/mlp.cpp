@@ -1,6 +1,7 @@
 // The MLP of one layer: fc1 (GeLU) or fused gate|up (SwiGLU) column-parallel, so the activation is
 // local to each rank's slice of f; fc2 row-parallel sums the slices.
-#include "layers.hpp"
+#include "mlp.hpp"
+
 #include "parallel/ops.hpp"
 
 namespace parallel::model {

@@ -1,4 +1,4 @@
-// A mixture-of-experts layer (layers.hpp, MoELayer; docs/model.md "Mixture of experts").
+// A mixture-of-experts layer (moe_layer.hpp, MoELayer; docs/model.md "Mixture of experts").
 //
 //   logits = x R^T (fp32)           p = softmax(logits)          top-k of p, ties to the lower index
 //   y[t]   = sum_j p[t, e_j] * expert_{e_j}(x[t])  (+ shared_expert(x)[t])
@@ -38,7 +38,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "layers.hpp"
+#include "moe_layer.hpp"
 #include "parallel/layout_rules.hpp"
 #include "parallel/ops.hpp"
 

@@ -1,7 +1,8 @@
 // LayerNorm / RMSNorm over the hidden dimension. The parameters are replicated over tp; under
 // sequence parallelism each rank normalises only its s-shard, so its gradient is partial and is
 // all-reduced over tp before the optimizer step (sequence_parallel_grad).
-#include "layers.hpp"
+#include "norm.hpp"
+
 #include "parallel/ops.hpp"
 
 namespace parallel::model {

@@ -2,7 +2,8 @@
 // column-parallel linear without bias. It is its own class (not ColumnParallelLinear) because with
 // tied embeddings the weight belongs to the word embedding: this layer only borrows the Parameter
 // and accumulates into its gradient.
-#include "layers.hpp"
+#include "output_layer.hpp"
+
 #include "parallel/ops.hpp"
 
 namespace parallel::model {

@@ -3,7 +3,8 @@
 //   out = x2 + dropout(mlp(norm2(x2)))
 // and its recompute policies: selective drops the core attention's state (rebuilt from the saved
 // qkv projection), full keeps only x and reruns the whole forward at the start of the backward.
-#include "layers.hpp"
+#include "transformer_layer.hpp"
+
 #include "parallel/ops.hpp"
 
 namespace parallel::model {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../../src/model/layers.hpp"
+#include "../../src/model/moe_layer.hpp"
 #include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/allocator.hpp"

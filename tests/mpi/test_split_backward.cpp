@@ -14,7 +14,8 @@
 #include <set>
 #include <vector>
 
-#include "../../src/model/layers.hpp"
+#include "../../src/model/output_layer.hpp"
+#include "../../src/model/transformer_layer.hpp"
 #include "mpi_test.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/init.hpp"
@@ -145,7 +146,7 @@ TEST(SplitBackward, RowParallelLinear) {
   }
 }
 
-// ---- the model's layers (src/model/layers.hpp) -----------------------------------------------
+// ---- the model's layers (src/model/*.hpp) -----------------------------------------------------
 
 struct ModelLayerCase {
   const char* label;

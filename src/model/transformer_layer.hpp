@@ -1,0 +1,52 @@
+#pragma once
+// One transformer layer (transformer_layer.cpp).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "layer_env.hpp"
+#include "mlp.hpp"
+#include "moe_layer.hpp"
+#include "norm.hpp"
+#include "parallel/config.hpp"
+#include "self_attention.hpp"
+
+namespace parallel::model {
+
+// Pre-norm transformer layer with its recompute policy.
+class TransformerLayer {
+ public:
+  TransformerLayer(const LayerEnv& env, int layer, Recompute recompute);
+  struct Context {
+    uint64_t micro_batch = 0;
+    Tensor positions, doc_start;  // the micro-batch's documents (SelfAttention::Context)
+    Tensor x;                     // the layer input (all that full recompute keeps)
+    Norm::Context norm1, norm2;
+    SelfAttention::Context attn;
+    MLP::Context mlp;
+    MoELayer::Context moe;
+  };
+  Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
+  Tensor backward(const Tensor& dy, Context& ctx);        // frees ctx
+  Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps the linears' state
+  void backward_weight(Context& ctx);                     // frees ctx
+  std::vector<Parameter*> parameters();
+  MoELayer* moe() { return moe_.get(); }  // null for a dense layer
+
+ private:
+  Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats);
+  Tensor ffn_forward(const Tensor& x, Context& ctx, bool record_stats);
+  Tensor ffn_backward(const Tensor& dy, Context& ctx);
+  Tensor ffn_backward_input(const Tensor& dy, Context& ctx);
+  void ffn_backward_weight(Context& ctx);
+  const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
+  int layer_;
+  Recompute recompute_;
+  Norm norm1_;
+  SelfAttention attention_;
+  Norm norm2_;
+  std::unique_ptr<MLP> mlp_;       // dense layers
+  std::unique_ptr<MoELayer> moe_;  // MoE layers (ModelConfig::is_moe_layer)
+};
+
+}  // namespace parallel::model
