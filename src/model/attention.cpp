@@ -156,16 +156,18 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
   return dqkv;
 }
 
-Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
+Tensor SelfAttention::walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode) {
   restore_core(ctx);
-  Tensor dqkv = core_backward(proj.backward(dy, ctx.proj_ctx), ctx);
-  return qkv.backward(dqkv, ctx.qkv_ctx);
+  Tensor dqkv = core_backward(backward_step(proj, dy, ctx.proj_ctx, mode), ctx);
+  return backward_step(qkv, dqkv, ctx.qkv_ctx, mode);
+}
+
+Tensor SelfAttention::backward(const Tensor& dy, Context& ctx) {
+  return walk_backward(dy, ctx, BackwardMode::Fused);
 }
 
 Tensor SelfAttention::backward_input(const Tensor& dy, Context& ctx) {
-  restore_core(ctx);
-  Tensor dqkv = core_backward(proj.backward_input(dy, ctx.proj_ctx), ctx);
-  return qkv.backward_input(dqkv, ctx.qkv_ctx);
+  return walk_backward(dy, ctx, BackwardMode::InputOnly);
 }
 
 void SelfAttention::backward_weight(Context& ctx) {

@@ -78,6 +78,11 @@ struct GPTModel::Impl {
   void use(Parameter& p) const {
     if (param_use) param_use(p);
   }
+  // backward() and backward_input(): one walk over the chunk's units from the loss back to the
+  // embedding (first: this chunk holds the embedding, last: the output layer and loss).
+  Tensor walk_backward(const Tensor& grad, Saved& act, bool first, bool last, model::BackwardMode mode);
+  // The embedding's backward from the gradient of its output (after its dropout): all weight step.
+  void embedding_backward(Saved& act, const Tensor& dx);
 };
 
 GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp)
@@ -423,79 +428,74 @@ Tensor per_token_loss_grad(const Tensor& grad, const GPTModel::Saved& act, const
 
 }  // namespace
 
-Tensor GPTModel::backward(const Tensor& grad, Activations& activations) {
-  Saved& act = saved(activations);
-  Impl& m = *impl_;
-  const LayerEnv& env = m.env;
+// Fused (backward()): every unit's B and W; the grad-ready hook fires after each unit's last
+// contribution. InputOnly (backward_input()): every unit's B; what their W steps need stays in
+// `act`, with the embedding's whole backward, until backward_weight().
+Tensor GPTModel::Impl::walk_backward(const Tensor& grad, Saved& act, bool first, bool last,
+                                     model::BackwardMode mode) {
+  const bool fused = mode == model::BackwardMode::Fused;
   Tensor dx;
-  if (spec_.post_process) {
-    const Tensor grad_loss = per_token_loss_grad(grad, act, "GPTModel::backward");
-    const auto output_params = [&] { return m.output_params(); };
-    m.unit(UnitPhase::BeforeBackward, output_params);
+  if (last) {
+    const Tensor grad_loss =
+        per_token_loss_grad(grad, act, fused ? "GPTModel::backward" : "GPTModel::backward_input");
+    const auto params = [&] { return output_params(); };
+    unit(UnitPhase::BeforeBackward, params);
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
     // The loss is computed in fp32 from the bf16 logits; the gradient goes back as bf16 logits' grad.
-    dx = m.output->backward(dlogits, act.output);
+    dx = model::backward_step(*output, dlogits, act.output, mode);
     // A weight tied to this chunk's own embedding gets its last contribution there, below.
-    if (m.output_weight) m.ready(*m.output_weight);
-    dx = m.final_norm->backward(dx, act.final_norm);
-    for (Parameter* p : m.final_norm->parameters()) m.ready(*p);
-    m.unit(UnitPhase::AfterBackward, output_params);
+    if (fused && output_weight) ready(*output_weight);
+    dx = model::backward_step(*final_norm, dx, act.final_norm, mode);
+    if (fused)
+      for (Parameter* p : final_norm->parameters()) ready(*p);
+    unit(UnitPhase::AfterBackward, params);
   } else {
     dx = grad;
   }
-  for (std::size_t i = m.layers.size(); i-- > 0;) {
-    const auto params = [&] { return m.layers[i]->parameters(); };
-    m.unit(UnitPhase::BeforeBackward, params);
-    dx = m.layers[i]->backward(dx, act.layers[i]);
-    for (Parameter* p : m.layers[i]->parameters()) m.ready(*p);
-    m.unit(UnitPhase::AfterBackward, params);
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    const auto params = [&] { return layers[i]->parameters(); };
+    unit(UnitPhase::BeforeBackward, params);
+    dx = model::backward_step(*layers[i], dx, act.layers[i], mode);
+    if (fused)
+      for (Parameter* p : layers[i]->parameters()) ready(*p);
+    unit(UnitPhase::AfterBackward, params);
   }
-  act.layers.clear();
-  if (!spec_.pre_process) return dx;
-
-  m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
+  if (fused) act.layers.clear();
+  if (!first) return dx;
+  if (!fused) {
+    // The embedding has no input gradient: everything from here on is its weight step.
+    act.embedding_grad = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
+    return Tensor();
+  }
+  unit(UnitPhase::BeforeBackward, [&] { return embedding_params(); });
   dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
-  if (m.position) {
-    positions_backward(act.position_ids, dx, m.position->grad);
-    m.ready(*m.position);
-  }
-  m.word->backward(dx, act.embedding);
-  m.ready(m.word->weight);
-  m.unit(UnitPhase::AfterBackward, [&] { return m.embedding_params(); });
+  embedding_backward(act, dx);
+  unit(UnitPhase::AfterBackward, [&] { return embedding_params(); });
   return Tensor();
 }
 
-// backward() split at the weight gradients. The walk is backward()'s, with every layer's input
-// step; what their weight steps need stays in `act` until backward_weight().
+void GPTModel::Impl::embedding_backward(Saved& act, const Tensor& dx) {
+  if (position) {
+    positions_backward(act.position_ids, dx, position->grad);
+    ready(*position);
+  }
+  word->backward(dx, act.embedding);
+  ready(word->weight);
+}
+
+Tensor GPTModel::backward(const Tensor& grad, Activations& activations) {
+  return impl_->walk_backward(grad, saved(activations), spec_.pre_process, spec_.post_process,
+                              model::BackwardMode::Fused);
+}
+
+// backward() split at the weight gradients.
 Tensor GPTModel::backward_input(const Tensor& grad, Activations& activations) {
   Saved& act = saved(activations);
-  Impl& m = *impl_;
-  const LayerEnv& env = m.env;
   PARALLEL_CHECK(!act.weight_pending, "GPTModel::backward_input: micro-batch {} already ran its input step",
                  act.micro_batch);
   act.weight_pending = true;
-  Tensor dx;
-  if (spec_.post_process) {
-    const Tensor grad_loss = per_token_loss_grad(grad, act, "GPTModel::backward_input");
-    const auto output_params = [&] { return m.output_params(); };
-    m.unit(UnitPhase::BeforeBackward, output_params);
-    Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
-    dx = m.output->backward_input(dlogits, act.output);
-    dx = m.final_norm->backward_input(dx, act.final_norm);
-    m.unit(UnitPhase::AfterBackward, output_params);
-  } else {
-    dx = grad;
-  }
-  for (std::size_t i = m.layers.size(); i-- > 0;) {
-    const auto params = [&] { return m.layers[i]->parameters(); };
-    m.unit(UnitPhase::BeforeBackward, params);
-    dx = m.layers[i]->backward_input(dx, act.layers[i]);
-    m.unit(UnitPhase::AfterBackward, params);
-  }
-  if (!spec_.pre_process) return dx;
-  // The embedding has no input gradient: everything from here on is its weight step.
-  act.embedding_grad = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
-  return Tensor();
+  return impl_->walk_backward(grad, act, spec_.pre_process, spec_.post_process,
+                              model::BackwardMode::InputOnly);
 }
 
 // Each unit's weight step in backward()'s order, so a weight tied to this chunk's embedding gets
@@ -527,13 +527,8 @@ void GPTModel::backward_weight(Activations& activations) {
   act.layers.clear();
   if (!spec_.pre_process) return;
   m.unit(UnitPhase::BeforeBackward, [&] { return m.embedding_params(); });
-  Tensor dx = std::move(act.embedding_grad);
-  if (m.position) {
-    positions_backward(act.position_ids, dx, m.position->grad);
-    m.ready(*m.position);
-  }
-  m.word->backward(dx, act.embedding);
-  m.ready(m.word->weight);
+  const Tensor dx = std::move(act.embedding_grad);
+  m.embedding_backward(act, dx);
   m.unit(UnitPhase::AfterBackward, [&] { return m.embedding_params(); });
 }
 

@@ -1,12 +1,7 @@
 #pragma once
 // The GPT model's internal building blocks (not part of the public API) live one per header in
 // src/model; this one holds what every layer of a model chunk shares. Names, shapes and init
-// follow docs/model.md.
-//
-// Every layer with parameters also splits its backward (tensor_parallel.hpp): backward_input (B)
-// returns the input gradient and keeps what backward_weight (W) needs in the Context; W
-// accumulates the parameter gradients and frees the Context. B then W is bit for bit backward().
-// The norms are the exception: their weight gradients come out of B's kernel pass (see Norm).
+// follow docs/model.md; what every layer is, in layer.hpp.
 #include <cstdint>
 #include <vector>
 

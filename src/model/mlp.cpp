@@ -60,16 +60,16 @@ Tensor activation_backward(Activation activation, const Tensor& du, MLP::Context
 
 }  // namespace
 
-Tensor MLP::backward(const Tensor& dy, Context& ctx) {
-  Tensor du = fc2.backward(dy, ctx.fc2_ctx);
+Tensor MLP::walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode) {
+  Tensor du = backward_step(fc2, dy, ctx.fc2_ctx, mode);
   Tensor dpre = activation_backward(activation_, du, ctx);
-  return fc1.backward(dpre, ctx.fc1_ctx);
+  return backward_step(fc1, dpre, ctx.fc1_ctx, mode);
 }
 
+Tensor MLP::backward(const Tensor& dy, Context& ctx) { return walk_backward(dy, ctx, BackwardMode::Fused); }
+
 Tensor MLP::backward_input(const Tensor& dy, Context& ctx) {
-  Tensor du = fc2.backward_input(dy, ctx.fc2_ctx);
-  Tensor dpre = activation_backward(activation_, du, ctx);
-  return fc1.backward_input(dpre, ctx.fc1_ctx);
+  return walk_backward(dy, ctx, BackwardMode::InputOnly);
 }
 
 void MLP::backward_weight(Context& ctx) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "layer.hpp"
 #include "layer_env.hpp"
 #include "parallel/config.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -29,7 +30,9 @@ class MLP {
   tp::RowParallelLinear fc2;
 
  private:
+  Tensor walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
   Activation activation_;
 };
+static_assert(Layer<MLP>);
 
 }  // namespace parallel::model

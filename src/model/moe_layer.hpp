@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "layer.hpp"
 #include "layer_env.hpp"
 #include "mlp.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -90,5 +91,6 @@ class MoELayer {
   int64_t experts_, local_, topk_, ffn_, ffn_local_;
   MoEStats stats_;
 };
+static_assert(Layer<MoELayer, bool>);  // forward(x, ctx, record_stats)
 
 }  // namespace parallel::model

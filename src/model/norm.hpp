@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dropout.hpp"
+#include "layer.hpp"
 #include "layer_env.hpp"
 #include "parallel/config.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -45,5 +46,6 @@ class Norm {
   Normalization kind_;
   float eps_;
 };
+static_assert(Layer<Norm>);
 
 }  // namespace parallel::model

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "layer.hpp"
 #include "layer_env.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -34,6 +35,7 @@ class SelfAttention {
   tp::RowParallelLinear proj;
 
  private:
+  Tensor walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
   void core_forward(const Tensor& qkv_out, Context& ctx);
   // The attention core's backward between the two linears: proj's dx -> qkv's dy.
   Tensor core_backward(const Tensor& dout, Context& ctx);
@@ -43,5 +45,6 @@ class SelfAttention {
   int64_t window_;      // this layer's sliding window (ModelConfig::layer_window); 0: none
   cp::Attention core_;  // exact over the whole sequence under context parallelism
 };
+static_assert(Layer<SelfAttention, bool>);  // forward(x, ctx, keep_core)
 
 }  // namespace parallel::model

@@ -34,11 +34,8 @@ std::vector<Parameter*> TransformerLayer::parameters() {
 Tensor TransformerLayer::ffn_forward(const Tensor& x, Context& ctx, bool record_stats) {
   return mlp_ ? mlp_->forward(x, ctx.mlp) : moe_->forward(x, ctx.moe, record_stats);
 }
-Tensor TransformerLayer::ffn_backward(const Tensor& dy, Context& ctx) {
-  return mlp_ ? mlp_->backward(dy, ctx.mlp) : moe_->backward(dy, ctx.moe);
-}
-Tensor TransformerLayer::ffn_backward_input(const Tensor& dy, Context& ctx) {
-  return mlp_ ? mlp_->backward_input(dy, ctx.mlp) : moe_->backward_input(dy, ctx.moe);
+Tensor TransformerLayer::ffn_backward(const Tensor& dy, Context& ctx, BackwardMode mode) {
+  return mlp_ ? backward_step(*mlp_, dy, ctx.mlp, mode) : backward_step(*moe_, dy, ctx.moe, mode);
 }
 void TransformerLayer::ffn_backward_weight(Context& ctx) {
   if (mlp_)
@@ -78,7 +75,10 @@ Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, uint64_t micro_b
   return y;
 }
 
-Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
+// Fused: each part's whole backward, then ctx is freed. InputOnly: each part's input step; their
+// contexts keep what backward_weight() needs. The norms' residual steps are the same in both modes
+// (their weight gradients come out of the one kernel pass, see Norm).
+Tensor TransformerLayer::walk_backward(const Tensor& dy_in, Context& ctx, BackwardMode mode) {
   if (recompute_ == Recompute::Full) {
     // Same inputs, same seeds, same kernels: the recomputed state is bitwise the original's.
     Tensor x = ctx.x;
@@ -88,30 +88,22 @@ Tensor TransformerLayer::backward(const Tensor& dy_in, Context& ctx) {
   const uint64_t mb = ctx.micro_batch;
   Tensor dy = dy_in.contiguous();
   // out = x2 + dropout(mlp(norm2(x2))): dy flows to x2 directly and through the MLP branch.
-  Tensor dm = ffn_backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx);
+  Tensor dm = ffn_backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx, mode);
   // x2 = x + dropout(o): norm2's backward adds dy and hands o its gradient through the dropout.
   Norm::ResidualGrads g2 =
       norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb), ctx.norm2);
-  Tensor da = attention_.backward(g2.dbranch, ctx.attn);
+  Tensor da = backward_step(attention_, g2.dbranch, ctx.attn, mode);
   Tensor dx = norm1_.backward_residual(da, g2.dsum, {}, ctx.norm1).dsum;
-  ctx = Context{};
+  if (mode == BackwardMode::Fused) ctx = Context{};
   return dx;
 }
 
-// The same walk as backward() with each sub-layer's input step; their contexts keep what W needs.
-Tensor TransformerLayer::backward_input(const Tensor& dy_in, Context& ctx) {
-  if (recompute_ == Recompute::Full) {
-    Tensor x = ctx.x;
-    ctx.x = Tensor();
-    (void)forward_impl(x, ctx, /*keep_core=*/true, false);
-  }
-  const uint64_t mb = ctx.micro_batch;
-  Tensor dy = dy_in.contiguous();
-  Tensor dm = ffn_backward_input(dropout_backward(env_, dy, {layer_, 2}, mb), ctx);
-  Norm::ResidualGrads g2 =
-      norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb), ctx.norm2);
-  Tensor da = attention_.backward_input(g2.dbranch, ctx.attn);
-  return norm1_.backward_residual(da, g2.dsum, {}, ctx.norm1).dsum;
+Tensor TransformerLayer::backward(const Tensor& dy, Context& ctx) {
+  return walk_backward(dy, ctx, BackwardMode::Fused);
+}
+
+Tensor TransformerLayer::backward_input(const Tensor& dy, Context& ctx) {
+  return walk_backward(dy, ctx, BackwardMode::InputOnly);
 }
 
 void TransformerLayer::backward_weight(Context& ctx) {

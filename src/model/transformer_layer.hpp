@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "layer.hpp"
 #include "layer_env.hpp"
 #include "mlp.hpp"
 #include "moe_layer.hpp"
@@ -34,10 +35,11 @@ class TransformerLayer {
   MoELayer* moe() { return moe_.get(); }  // null for a dense layer
 
  private:
+  // backward() and backward_input(): one walk over the parts.
+  Tensor walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
   Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats);
   Tensor ffn_forward(const Tensor& x, Context& ctx, bool record_stats);
-  Tensor ffn_backward(const Tensor& dy, Context& ctx);
-  Tensor ffn_backward_input(const Tensor& dy, Context& ctx);
+  Tensor ffn_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
   void ffn_backward_weight(Context& ctx);
   const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
   int layer_;
@@ -48,5 +50,6 @@ class TransformerLayer {
   std::unique_ptr<MLP> mlp_;       // dense layers
   std::unique_ptr<MoELayer> moe_;  // MoE layers (ModelConfig::is_moe_layer)
 };
+static_assert(Layer<TransformerLayer, uint64_t>);  // forward(x, ctx, micro_batch)
 
 }  // namespace parallel::model
