@@ -43,20 +43,23 @@ void rope_at_positions(Tensor& x, const Tensor& positions, const Rope& rope, boo
 }  // namespace
 
 SelfAttention::SelfAttention(const LayerEnv& env, int layer)
-    : qkv({{fmt::format("layers.{}.attention.query", layer), env.heads * env.head_dim},
-           {fmt::format("layers.{}.attention.key", layer), env.groups * env.head_dim},
-           {fmt::format("layers.{}.attention.value", layer), env.groups * env.head_dim}},
+    : SelfAttention(env, layer_spec(*env.config, layer)) {}
+
+SelfAttention::SelfAttention(const LayerEnv& env, const LayerSpec& spec)
+    : qkv({{fmt::format("layers.{}.attention.query", spec.layer), env.heads * env.head_dim},
+           {fmt::format("layers.{}.attention.key", spec.layer), env.groups * env.head_dim},
+           {fmt::format("layers.{}.attention.value", spec.layer), env.groups * env.head_dim}},
           env.hidden,
           {.bias = env.config->add_bias || env.config->add_qkv_bias,
            .gather_output = false,
            .sequence_parallel = env.sequence_parallel},
           *env.tp),
-      proj(fmt::format("layers.{}.attention.proj", layer), env.heads * env.head_dim, env.hidden,
+      proj(fmt::format("layers.{}.attention.proj", spec.layer), env.heads * env.head_dim, env.hidden,
            {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
       env_(env),
       heads_local_(env.heads / env.tp->size()),
       groups_local_(env.groups / env.tp->size()),
-      window_(env.config->layer_window(layer)),
+      window_(spec.window),
       core_(env.cp, env.context_comm, 1.0f / std::sqrt(static_cast<float>(env.head_dim))) {}
 
 std::vector<Parameter*> SelfAttention::parameters() {

@@ -137,7 +137,8 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
     }
   }
   for (int i = 0; i < spec.num_layers; ++i) {
-    auto layer = std::make_unique<model::TransformerLayer>(env, spec.first_layer + i, options.recompute);
+    auto layer = std::make_unique<model::TransformerLayer>(
+        env, model::layer_spec(config_, spec.first_layer + i), options.recompute);
     for (Parameter* param : layer->parameters()) {
       const bool is_weight =
           param->name.ends_with(".weight") && param->name.find("norm") == std::string::npos;

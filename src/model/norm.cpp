@@ -21,8 +21,10 @@ Parameter replicated(const std::string& name, int64_t n, float value, bool sp_gr
 
 }  // namespace
 
-Norm::Norm(const LayerEnv& env, const std::string& name)
-    : kind_(env.config->normalization), eps_(static_cast<float>(env.config->norm_epsilon)) {
+Norm::Norm(const LayerEnv& env, const std::string& name) : Norm(env, name, env.config->normalization) {}
+
+Norm::Norm(const LayerEnv& env, const std::string& name, Normalization kind)
+    : kind_(kind), eps_(static_cast<float>(env.config->norm_epsilon)) {
   const bool sp_grad = env.sequence_parallel && env.tp->size() > 1;
   weight = replicated(name + ".weight", env.hidden, 1.0f, sp_grad);
   if (kind_ == Normalization::LayerNorm) bias = replicated(name + ".bias", env.hidden, 0.0f, sp_grad);

@@ -14,7 +14,8 @@ namespace parallel::model {
 // LayerNorm or RMSNorm over h; weight/bias replicated, partial gradients under sequence parallelism.
 class Norm {
  public:
-  Norm(const LayerEnv& env, const std::string& name);
+  Norm(const LayerEnv& env, const std::string& name, Normalization kind);
+  Norm(const LayerEnv& env, const std::string& name);  // of the config's kind (the final norm)
   struct Context {
     Tensor x, mean, rstd;
   };

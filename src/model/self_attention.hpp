@@ -5,6 +5,7 @@
 
 #include "layer.hpp"
 #include "layer_env.hpp"
+#include "layer_spec.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
 
@@ -14,7 +15,8 @@ namespace parallel::model {
 // rank's heads, row-parallel output projection.
 class SelfAttention {
  public:
-  SelfAttention(const LayerEnv& env, int layer);
+  SelfAttention(const LayerEnv& env, const LayerSpec& spec);
+  SelfAttention(const LayerEnv& env, int layer);  // layer_spec(*env.config, layer)
   struct Context {
     // The micro-batch's documents (model_chunk.hpp's PackedSequence): positions [b, s_local] on
     // the host, doc_start [b, S] on the device; undefined: plain positions, one document.
@@ -42,7 +44,7 @@ class SelfAttention {
   void restore_core(Context& ctx);  // selective recompute
   const LayerEnv& env_;             // the chunk's, so set_training() reaches every layer
   int64_t heads_local_, groups_local_;
-  int64_t window_;      // this layer's sliding window (ModelConfig::layer_window); 0: none
+  int64_t window_;      // this layer's sliding window (LayerSpec::window); 0: none
   cp::Attention core_;  // exact over the whole sequence under context parallelism
 };
 static_assert(Layer<SelfAttention, bool>);  // forward(x, ctx, keep_core)

@@ -9,39 +9,25 @@
 
 namespace parallel::model {
 
-TransformerLayer::TransformerLayer(const LayerEnv& env, int layer, Recompute recompute)
+TransformerLayer::TransformerLayer(const LayerEnv& env, const LayerSpec& spec, Recompute recompute)
     : env_(env),
-      layer_(layer),
+      layer_(spec.layer),
       recompute_(recompute),
-      norm1_(env, fmt::format("layers.{}.input_norm", layer)),
-      attention_(env, layer),
-      norm2_(env, fmt::format("layers.{}.post_attention_norm", layer)) {
-  if (env.config->is_moe_layer(layer))
-    moe_ = std::make_unique<MoELayer>(env, layer);
-  else
-    mlp_ = std::make_unique<MLP>(env, layer);
-}
+      norm1_(env, fmt::format("layers.{}.input_norm", spec.layer), spec.norm),
+      attention_(env, spec),
+      norm2_(env, fmt::format("layers.{}.post_attention_norm", spec.layer), spec.norm),
+      ffn_(env, spec) {}
+
+TransformerLayer::TransformerLayer(const LayerEnv& env, int layer, Recompute recompute)
+    : TransformerLayer(env, layer_spec(*env.config, layer), recompute) {}
 
 std::vector<Parameter*> TransformerLayer::parameters() {
   std::vector<Parameter*> out;
   for (Parameter* p : norm1_.parameters()) out.push_back(p);
   for (Parameter* p : attention_.parameters()) out.push_back(p);
   for (Parameter* p : norm2_.parameters()) out.push_back(p);
-  for (Parameter* p : mlp_ ? mlp_->parameters() : moe_->parameters()) out.push_back(p);
+  for (Parameter* p : ffn_.parameters()) out.push_back(p);
   return out;
-}
-
-Tensor TransformerLayer::ffn_forward(const Tensor& x, Context& ctx, bool record_stats) {
-  return mlp_ ? mlp_->forward(x, ctx.mlp) : moe_->forward(x, ctx.moe, record_stats);
-}
-Tensor TransformerLayer::ffn_backward(const Tensor& dy, Context& ctx, BackwardMode mode) {
-  return mlp_ ? backward_step(*mlp_, dy, ctx.mlp, mode) : backward_step(*moe_, dy, ctx.moe, mode);
-}
-void TransformerLayer::ffn_backward_weight(Context& ctx) {
-  if (mlp_)
-    mlp_->backward_weight(ctx.mlp);
-  else
-    moe_->backward_weight(ctx.moe);
 }
 
 // The residual stream goes through two fused ops (ops.hpp): norm2's forward_residual forms
@@ -56,7 +42,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_c
   Tensor o = attention_.forward(a, ctx.attn, keep_core);
   Tensor x2 = o;
   Tensor m = norm2_.forward_residual(x, o, dropout_runs(env_, o, {layer_, 1}, mb), x2, ctx.norm2);
-  Tensor y = ffn_forward(m, ctx, record_stats);
+  Tensor y = ffn_.forward(m, ctx.ffn, record_stats);
   dropout_add(env_, y, x2, y, {layer_, 2}, mb);
   return y;
 }
@@ -88,7 +74,7 @@ Tensor TransformerLayer::walk_backward(const Tensor& dy_in, Context& ctx, Backwa
   const uint64_t mb = ctx.micro_batch;
   Tensor dy = dy_in.contiguous();
   // out = x2 + dropout(mlp(norm2(x2))): dy flows to x2 directly and through the MLP branch.
-  Tensor dm = ffn_backward(dropout_backward(env_, dy, {layer_, 2}, mb), ctx, mode);
+  Tensor dm = backward_step(ffn_, dropout_backward(env_, dy, {layer_, 2}, mb), ctx.ffn, mode);
   // x2 = x + dropout(o): norm2's backward adds dy and hands o its gradient through the dropout.
   Norm::ResidualGrads g2 =
       norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb), ctx.norm2);
@@ -107,7 +93,7 @@ Tensor TransformerLayer::backward_input(const Tensor& dy, Context& ctx) {
 }
 
 void TransformerLayer::backward_weight(Context& ctx) {
-  ffn_backward_weight(ctx);
+  ffn_.backward_weight(ctx.ffn);
   norm2_.backward_weight(ctx.norm2);
   attention_.backward_weight(ctx.attn);
   norm1_.backward_weight(ctx.norm1);

@@ -1,12 +1,12 @@
 #pragma once
 // One transformer layer (transformer_layer.cpp).
 #include <cstdint>
-#include <memory>
 #include <vector>
 
+#include "feed_forward.hpp"
 #include "layer.hpp"
 #include "layer_env.hpp"
-#include "mlp.hpp"
+#include "layer_spec.hpp"
 #include "moe_layer.hpp"
 #include "norm.hpp"
 #include "parallel/config.hpp"
@@ -14,9 +14,11 @@
 
 namespace parallel::model {
 
-// Pre-norm transformer layer with its recompute policy.
+// Pre-norm transformer layer with its recompute policy, made of the parts its LayerSpec names.
 class TransformerLayer {
  public:
+  TransformerLayer(const LayerEnv& env, const LayerSpec& spec, Recompute recompute);
+  // layer_spec(*env.config, layer).
   TransformerLayer(const LayerEnv& env, int layer, Recompute recompute);
   struct Context {
     uint64_t micro_batch = 0;
@@ -24,31 +26,27 @@ class TransformerLayer {
     Tensor x;                     // the layer input (all that full recompute keeps)
     Norm::Context norm1, norm2;
     SelfAttention::Context attn;
-    MLP::Context mlp;
-    MoELayer::Context moe;
+    FeedForward::Context ffn;
   };
   Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
   Tensor backward(const Tensor& dy, Context& ctx);        // frees ctx
   Tensor backward_input(const Tensor& dy, Context& ctx);  // keeps the linears' state
   void backward_weight(Context& ctx);                     // frees ctx
   std::vector<Parameter*> parameters();
-  MoELayer* moe() { return moe_.get(); }  // null for a dense layer
+  MoELayer* moe() { return ffn_.moe(); }  // null for a dense layer
 
  private:
   // backward() and backward_input(): one walk over the parts.
   Tensor walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
   Tensor forward_impl(const Tensor& x, Context& ctx, bool keep_core, bool record_stats);
-  Tensor ffn_forward(const Tensor& x, Context& ctx, bool record_stats);
-  Tensor ffn_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
-  void ffn_backward_weight(Context& ctx);
   const LayerEnv& env_;  // the chunk's, so set_training() reaches every layer
   int layer_;
   Recompute recompute_;
   Norm norm1_;
+  // AttentionKind::Self, the only kind so far; a second kind makes this a part like FeedForward.
   SelfAttention attention_;
   Norm norm2_;
-  std::unique_ptr<MLP> mlp_;       // dense layers
-  std::unique_ptr<MoELayer> moe_;  // MoE layers (ModelConfig::is_moe_layer)
+  FeedForward ffn_;  // dense MLP or MoE (LayerSpec::ffn)
 };
 static_assert(Layer<TransformerLayer, uint64_t>);  // forward(x, ctx, micro_batch)
 
