@@ -1,5 +1,7 @@
 // preprocess_data: text or JSON lines -> a Megatron indexed dataset (OUTPUT_PREFIX_text_document.bin
-// / .idx), with Megatron's tools/preprocess_data.py flags. docs/data.md has the details.
+// / .idx), with Megatron's tools/preprocess_data.py flags. docs/data.md has the details. With
+// --prompt-key/--response-key or --messages-key, fine-tuning samples: the tokens and beside them
+// OUTPUT_PREFIX_loss_mask_document (1 on the response tokens).
 //
 //   preprocess_data --input corpus.jsonl --output-prefix data/corpus --tokenizer-type GPT2BPETokenizer \
 //       --vocab-file gpt2/encoder.json --merge-file gpt2/vocab.bpe --append-eod --workers 4
@@ -28,6 +30,13 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer-file", options.tokenizer_file, "HuggingFace: the tokenizer.json");
   app.add_flag("--append-eod", options.append_eod,
                "append the end-of-document token to every non-empty document");
+  app.add_option("--prompt-key", options.prompt_key,
+                 "fine-tuning: the JSON key of each line's prompt (with --response-key; docs/data.md)");
+  app.add_option("--response-key", options.response_key,
+                 "fine-tuning: the JSON key of each line's response (loss on it and the closing eod only)");
+  app.add_option("--messages-key", options.messages_key,
+                 "fine-tuning: the JSON key of each line's list of {role, content} messages (system, user, "
+                 "assistant; loss on the assistant's)");
   bool no_post_processor = false;
   app.add_flag("--no-post-processor", no_post_processor,
                "HuggingFace: leave out the special tokens the tokenizer.json's post_processor puts around "

@@ -201,6 +201,13 @@ struct DataConfig {
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
   int eod_token = -1;  // the end-of-document id for the three above; -1: the tokenizer's
+  // "gpt": windows over the concatenated documents. "sft": fine-tuning (docs/data.md, "Fine-tuning
+  // data"): each document is a sample with a loss mask, samples are packed whole into sequences
+  // that keep them apart, and the loss is the mean over the masked-in tokens of the global batch.
+  std::string format = "gpt";
+  // sft: the loss mask dataset of data.path (one dataset). Empty: each dataset's PREFIX_text_document
+  // reads PREFIX_loss_mask_document.
+  std::string loss_mask_path;
 };
 
 struct CheckpointConfig {

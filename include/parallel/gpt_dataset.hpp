@@ -51,10 +51,20 @@ class TokenSource {
   virtual int64_t document_offset(int64_t d) const = 0;
   virtual void read(int64_t position, int64_t count, int32_t* out) const = 0;
   virtual std::string describe() const = 0;  // for messages: the path, or "synthetic(...)"
+  // Fine-tuning sources (open_sft_source) carry a loss mask per token, 0 or 1, addressed like the
+  // tokens; the others have none (read_loss_mask throws).
+  virtual bool has_loss_mask() const { return false; }
+  virtual void read_loss_mask(int64_t position, int64_t count, uint8_t* out) const;
 };
 
 // PREFIX.bin / PREFIX.idx (indexed_dataset.hpp); documents are the index's documents.
 std::shared_ptr<const TokenSource> open_indexed_source(const std::string& prefix);
+// Tokens at TEXT_PREFIX with the loss mask dataset at MASK_PREFIX (preprocess_data's
+// PREFIX_loss_mask_document: uint8, one 0/1 per token). The mask dataset must have the dtype uint8,
+// the same number of documents and the same length for every document as the tokens; anything
+// else is refused with one line naming both files. A value other than 0 or 1 fails when read.
+std::shared_ptr<const TokenSource> open_sft_source(const std::string& text_prefix,
+                                                   const std::string& mask_prefix);
 // num_tokens tokens in documents of document_length (the last may be shorter); token j is a hash
 // of (seed, j) reduced to [0, vocab_size): computed on demand, nothing is stored.
 std::shared_ptr<const TokenSource> make_synthetic_source(int64_t num_tokens, int64_t vocab_size,
@@ -77,7 +87,18 @@ struct GPTDatasetOptions {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
-  bool packs_documents() const { return reset_position_ids || reset_attention_mask || eod_mask_loss; }
+  // Fine-tuning (data.format: sft; docs/data.md, "Fine-tuning data"): the split's documents are
+  // whole samples, packed greedily (first fit, in document order) into sequences of seq_length + 1
+  // tokens; a sample longer than that is truncated to it. Each sample is its own document (positions
+  // restart, attention stays inside it), the rest of a sequence is padding (token 0, a document of
+  // its own, loss 0), and the loss of a target is the source's mask of that token, 0 across a sample
+  // boundary. Needs a source with a loss mask; eod and the three keys above are not used.
+  bool sft = false;
+  bool packs_documents() const { return sft || reset_position_ids || reset_attention_mask || eod_mask_loss; }
+  // What a micro-batch carries (MicroBatch): document positions, document starts, a loss mask.
+  bool resets_positions() const { return sft || reset_position_ids; }
+  bool masks_attention() const { return sft || reset_attention_mask; }
+  bool masks_loss() const { return sft || eod_mask_loss; }
 };
 
 // One rank's micro-batch: CPU int32 tensors of shape [micro_batch_size, seq_length].
@@ -89,7 +110,7 @@ struct MicroBatch {
   Tensor positions = {};  // int32: reset_position_ids: the distance from the token's document start; else j
   Tensor doc_start = {};  // int32: reset_attention_mask: where the token's document starts; else 0
   Tensor loss_mask = {};  // fp32: eod_mask_loss: 0 where the input token is eod (its target starts
-                          // the next document), else 1
+                          // the next document), else 1; sft: the target token's mask within its sample
 };
 
 // Fills positions, doc_start and loss_mask of `batch` from its tokens (Megatron's semantics).
@@ -109,12 +130,19 @@ class GPTDataset {
   DocumentRange documents() const { return documents_; }
   int64_t num_tokens() const { return end_ - begin_; }
   int64_t samples_per_epoch() const { return samples_per_epoch_; }
+  // sft: the split's samples (documents of at least two tokens) packed into samples_per_epoch()
+  // sequences, and how many of them were truncated to seq_length + 1 tokens.
+  int64_t packed_samples() const;
+  int64_t truncated_samples() const;
 
   // Which sample of its epoch the n-th drawn sample is (n counts over all epochs).
   int64_t sample_in_epoch(int64_t n) const;
   // The n-th drawn sample: seq_length + 1 tokens.
   void sample(int64_t n, int32_t* out) const;
   std::vector<int32_t> sample(int64_t n) const;
+  // sft: also, for each of the seq_length + 1 tokens, where its segment (sample or padding) starts
+  // in the sequence and its loss mask (0 on padding).
+  void packed_sample(int64_t n, int32_t* out, int32_t* segment_start, float* token_mask) const;
 
   // Micro-batches per data rank per global batch: global_batch_size / dp_size / micro_batch_size.
   int64_t num_micro_batches(int dp_size) const;
@@ -124,6 +152,7 @@ class GPTDataset {
 
  private:
   struct PermutationCache;
+  struct Packing;
 
   std::shared_ptr<const TokenSource> source_;
   DataSplit split_;
@@ -133,6 +162,7 @@ class GPTDataset {
   int64_t end_ = 0;
   int64_t samples_per_epoch_ = 0;
   std::unique_ptr<PermutationCache> permutations_;
+  std::unique_ptr<Packing> packing_;  // sft only
 };
 
 // The split's dataset from the config when its blend (blended_dataset.hpp: data.SPLIT_path, else

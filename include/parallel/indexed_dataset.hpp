@@ -130,6 +130,13 @@ struct PreprocessOptions {
   // around the ids of each non-empty document, before the eod.
   bool post_processor = true;
   int workers = 1;  // tokenising threads
+  // Fine-tuning samples (docs/data.md, "Fine-tuning data"): prompt_key and response_key (both), or
+  // messages_key, read each JSON line as one sample and write OUTPUT_text_document with
+  // OUTPUT_loss_mask_document (uint8, 1 on response tokens and the closing eod, 0 elsewhere).
+  std::string prompt_key;
+  std::string response_key;
+  std::string messages_key;
+  bool sft() const { return !prompt_key.empty() || !response_key.empty() || !messages_key.empty(); }
 };
 
 struct PreprocessResult {
@@ -144,5 +151,21 @@ struct PreprocessResult {
 // paragraph, paragraphs separated by blank (or whitespace-only) lines; a paragraph keeps its inner
 // newlines and has no trailing newline. Throws parallel::Error (one line) on any problem.
 PreprocessResult preprocess_data(const PreprocessOptions& options);
+
+// One fine-tuning sample: its tokens and their loss mask (0 or 1 each), as preprocess_data writes
+// them for options.sft(). `json` is one JSON line's object; throws parallel::Error with what is wrong
+// (preprocess_data adds file:line). The template (no Jinja):
+//   prompt/response: BOS? prompt response EOS? eod          mask 0 on BOS and the prompt, 1 after
+//   messages:        BOS? then per message "<|ROLE|>\n" (mask 0) and "CONTENT\n" (mask 1 for the
+//                    assistant, else 0), then EOS? eod (mask 1 when the last message is the
+//                    assistant's, else 0). Roles: system, user, assistant; at least one assistant.
+// BOS / EOS: the tokenizer's sequence template (Llama 3's <|begin_of_text|>) when post_processor.
+// Pieces are tokenised separately and concatenated, so a mask boundary is a token boundary.
+struct SftSample {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+};
+SftSample render_sft_sample(const PreprocessOptions& options, const Tokenizer& tokenizer,
+                            const std::string& json_line);
 
 }  // namespace parallel

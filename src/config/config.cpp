@@ -263,6 +263,11 @@ void for_each_field(S& s, F&& f) {
     "(Megatron's)");
   f("eod_token", s.eod_token,
     "the end-of-document id the three keys above split at (-1: the tokenizer's, from data.vocab_file)");
+  f("format", s.format,
+    "gpt (windows over concatenated documents) or sft (fine-tuning: whole samples with a loss mask, packed "
+    "apart; docs/data.md)");
+  f("loss_mask_path", s.loss_mask_path,
+    "sft: the loss mask dataset of data.path (empty: PREFIX_loss_mask_document beside PREFIX_text_document)");
 }
 
 template <typename S, typename F>
@@ -1028,6 +1033,37 @@ void validate_config(Config& c, int world_size) {
                   fmt::format("is needed (or {}) to find documents for {}, {} and {}",
                               rules.key(c.data.vocab_file), rules.key(c.data.reset_position_ids),
                               rules.key(c.data.reset_attention_mask), rules.key(c.data.eod_mask_loss)));
+  rules.require(c.data.format == "gpt" || c.data.format == "sft", c.data.format, "must be gpt or sft");
+  if (c.data.format == "sft") {
+    rules.require(
+        !c.data.eod_mask_loss, c.data.eod_mask_loss,
+        fmt::format("must be false with {} = sft (the loss mask dataset decides which tokens count)",
+                    rules.key(c.data.format)));
+    for (const std::string* blend :
+         {&c.data.path, &c.data.train_path, &c.data.valid_path, &c.data.test_path}) {
+      bool synthetic = false;
+      try {
+        for (const BlendEntry& e : parse_blend(*blend)) synthetic = synthetic || e.path == "synthetic";
+      } catch (const Error&) {  // reported above
+      }
+      rules.require(!synthetic, *blend,
+                    fmt::format("cannot be synthetic with {} = sft (samples need a loss mask dataset)",
+                                rules.key(c.data.format)));
+    }
+  }
+  if (!c.data.loss_mask_path.empty()) {
+    rules.require(c.data.format == "sft", c.data.loss_mask_path,
+                  fmt::format("needs {} = sft", rules.key(c.data.format)));
+    bool one = false;
+    try {
+      one = parse_blend(c.data.path).size() == 1;
+    } catch (const Error&) {
+    }
+    rules.require(one, c.data.loss_mask_path,
+                  fmt::format("is the mask of one dataset, and {} is a blend (name each dataset "
+                              "PREFIX_text_document beside its PREFIX_loss_mask_document instead)",
+                              rules.key(c.data.path)));
+  }
   rules.require(valid_split(c.data.split), c.data.split,
                 "must be one to three comma-separated non-negative numbers (\"a,b,c\") with a positive sum");
   rules.require(

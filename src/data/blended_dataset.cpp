@@ -507,9 +507,11 @@ MicroBatch BlendedDataset::micro_batch(int64_t global_batch, int dp_rank, int dp
                                        int64_t micro_batch) const {
   return data::cut_micro_batch(
       options_.dataset, num_micro_batches(dp_size), global_batch, dp_rank, dp_size, micro_batch,
-      [&](int64_t n, int32_t* row) {
+      [&](int64_t n, int32_t* row, int32_t* starts, float* mask) {
         const Draw d = draw(n);
-        datasets_[static_cast<std::size_t>(d.dataset)].sample(d.sample, row);
+        const GPTDataset& dataset = datasets_[static_cast<std::size_t>(d.dataset)];
+        if (options_.dataset.sft) return dataset.packed_sample(d.sample, row, starts, mask);
+        dataset.sample(d.sample, row);
       },
       [&](int64_t n) {
         const Draw d = draw(n);
@@ -547,7 +549,8 @@ GPTDatasetOptions dataset_options(const Config& config, DataSplit split, const s
   o.reset_position_ids = config.data.reset_position_ids;
   o.reset_attention_mask = config.data.reset_attention_mask;
   o.eod_mask_loss = config.data.eod_mask_loss;
-  if (o.packs_documents()) {
+  o.sft = config.data.format == "sft";
+  if (o.packs_documents() && !o.sft) {
     o.eod = config.data.eod_token >= 0 ? config.data.eod_token
             : config.data.tokenizer == "ByteLevel"
                 ? ByteLevelTokenizer::kEod
@@ -568,6 +571,21 @@ std::shared_ptr<const TokenSource> open_source(const Config& config, const std::
     return make_synthetic_source(tokens, config.model.vocab_size, config.train.seed);
   }
   try {
+    if (config.data.format == "sft") {
+      // data.loss_mask_path names data.path's mask (the config check allows it for one dataset only).
+      std::string mask = key == "data.path" ? config.data.loss_mask_path : "";
+      const std::string suffix = "_text_document";
+      if (mask.empty()) {
+        if (path.size() < suffix.size() ||
+            path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+          throw Error(
+              fmt::format("data.format = sft: \"{}\" does not end in {}, so its loss mask dataset is "
+                          "unknown: set data.loss_mask_path",
+                          path, suffix));
+        mask = path.substr(0, path.size() - suffix.size()) + "_loss_mask_document";
+      }
+      return open_sft_source(path, mask);
+    }
     return open_indexed_source(path);
   } catch (const Error& err) {
     throw Error(keyed(key, err.what()));

@@ -2,10 +2,12 @@
 // slicing of global batches into per-rank micro-batches. See gpt_dataset.hpp for the contract.
 #include "parallel/gpt_dataset.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "micro_batch.hpp"
 #include "parallel/config.hpp"
@@ -59,6 +61,51 @@ class IndexedSource final : public TokenSource {
 
  private:
   IndexedDataset dataset_;
+};
+
+// Tokens and their loss mask (preprocess_data's PREFIX_text_document / PREFIX_loss_mask_document).
+class SftSource final : public TokenSource {
+ public:
+  SftSource(const std::string& text_prefix, const std::string& mask_prefix)
+      : tokens_(text_prefix), mask_(mask_prefix) {
+    const auto refuse = [&](const std::string& why) {
+      throw Error(fmt::format("loss mask dataset {} does not match the token dataset {}: {}", mask_prefix,
+                              text_prefix, why));
+    };
+    if (mask_.dtype() != IndexedDType::UInt8)
+      refuse(fmt::format("its dtype is {}, a loss mask is uint8", indexed_dtype_name(mask_.dtype())));
+    if (mask_.num_documents() != tokens_.num_documents())
+      refuse(fmt::format("{} documents, the tokens have {}", mask_.num_documents(), tokens_.num_documents()));
+    for (int64_t d = 0; d < tokens_.num_documents(); ++d) {
+      const int64_t have = mask_.document_end(d) - mask_.document_begin(d);
+      const int64_t want = tokens_.document_end(d) - tokens_.document_begin(d);
+      if (have != want) refuse(fmt::format("document {} has {} mask values for {} tokens", d, have, want));
+    }
+  }
+  int64_t num_documents() const override { return tokens_.num_documents(); }
+  int64_t document_offset(int64_t d) const override {
+    PARALLEL_CHECK(d >= 0 && d <= num_documents(), "document {} of {}", d, num_documents());
+    return d < num_documents() ? tokens_.document_begin(d) : tokens_.num_elements();
+  }
+  void read(int64_t position, int64_t count, int32_t* out) const override {
+    tokens_.read(position, count, out);
+  }
+  std::string describe() const override { return tokens_.prefix(); }
+  bool has_loss_mask() const override { return true; }
+  void read_loss_mask(int64_t position, int64_t count, uint8_t* out) const override {
+    std::vector<int32_t> values(static_cast<std::size_t>(count));
+    mask_.read(position, count, values.data());
+    for (int64_t i = 0; i < count; ++i) {
+      if (values[i] != 0 && values[i] != 1)
+        throw Error(fmt::format("loss mask dataset {}: value {} at element {}: a loss mask is 0 or 1",
+                                mask_.prefix(), values[i], position + i));
+      out[i] = static_cast<uint8_t>(values[i]);
+    }
+  }
+
+ private:
+  IndexedDataset tokens_;
+  IndexedDataset mask_;
 };
 
 class SyntheticSource final : public TokenSource {
@@ -161,8 +208,17 @@ std::array<DocumentRange, 3> split_documents(const std::string& split, int64_t n
   return ranges;
 }
 
+void TokenSource::read_loss_mask(int64_t, int64_t, uint8_t*) const {
+  throw Error(fmt::format("data: {} has no loss mask", describe()));
+}
+
 std::shared_ptr<const TokenSource> open_indexed_source(const std::string& prefix) {
   return std::make_shared<IndexedSource>(prefix);
+}
+
+std::shared_ptr<const TokenSource> open_sft_source(const std::string& text_prefix,
+                                                   const std::string& mask_prefix) {
+  return std::make_shared<SftSource>(text_prefix, mask_prefix);
 }
 
 std::shared_ptr<const TokenSource> make_synthetic_source(int64_t num_tokens, int64_t vocab_size,
@@ -201,6 +257,49 @@ struct GPTDataset::PermutationCache {
   }
 };
 
+// sft: whole samples packed into sequences of `capacity` tokens, first fit in document order. Bin b
+// holds the documents items[first[b] .. first[b + 1]), in document order; each takes
+// min(length, capacity) tokens.
+struct GPTDataset::Packing {
+  int64_t capacity = 0;
+  std::vector<int64_t> first;
+  std::vector<int64_t> items;
+  int64_t truncated = 0;
+
+  Packing(const TokenSource& source, DocumentRange documents, int64_t capacity_) : capacity(capacity_) {
+    std::vector<int64_t> docs, lengths;
+    for (int64_t d = documents.begin; d < documents.end; ++d) {
+      const int64_t length = source.document_offset(d + 1) - source.document_offset(d);
+      if (length < 2) continue;  // no prediction in it
+      if (length > capacity) ++truncated;
+      docs.push_back(d);
+      lengths.push_back(std::min(length, capacity));
+    }
+    // First fit: the lowest-numbered bin with room, found in a max-tree of the bins' free space
+    // (unopened bins are empty, so a sample that fits nowhere opens the next one). O(n log n).
+    int64_t leaves = 1;
+    while (leaves < static_cast<int64_t>(docs.size())) leaves *= 2;
+    std::vector<int64_t> tree(static_cast<std::size_t>(2 * leaves), capacity);
+    std::vector<int64_t> bin_of(docs.size());
+    int64_t bins = 0;
+    for (std::size_t i = 0; i < docs.size(); ++i) {
+      int64_t node = 1;
+      while (node < leaves) node = tree[2 * node] >= lengths[i] ? 2 * node : 2 * node + 1;
+      bin_of[i] = node - leaves;
+      bins = std::max(bins, bin_of[i] + 1);
+      tree[node] -= lengths[i];
+      for (node /= 2; node >= 1; node /= 2) tree[node] = std::max(tree[2 * node], tree[2 * node + 1]);
+    }
+    first.assign(static_cast<std::size_t>(bins + 1), 0);
+    for (int64_t b : bin_of) ++first[b + 1];
+    for (int64_t b = 0; b < bins; ++b) first[b + 1] += first[b];
+    items.resize(docs.size());
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (std::size_t i = 0; i < docs.size(); ++i) items[next[bin_of[i]]++] = docs[i];
+  }
+  int64_t bins() const { return static_cast<int64_t>(first.size()) - 1; }
+};
+
 GPTDataset::GPTDataset(std::shared_ptr<const TokenSource> source, DataSplit split, GPTDatasetOptions options)
     : source_(std::move(source)),
       split_(split),
@@ -215,6 +314,18 @@ GPTDataset::GPTDataset(std::shared_ptr<const TokenSource> source, DataSplit spli
   end_ = source_->document_offset(documents_.end);
   const int64_t tokens = end_ - begin_;
   samples_per_epoch_ = tokens > 0 ? (tokens - 1) / options_.seq_length : 0;
+  if (options_.sft) {
+    if (!source_->has_loss_mask())
+      throw Error(fmt::format("data: {} has no loss mask dataset (data.format: sft)", source_->describe()));
+    packing_ = std::make_unique<Packing>(*source_, documents_, options_.seq_length + 1);
+    samples_per_epoch_ = packing_->bins();
+    if (samples_per_epoch_ < 1)
+      throw Error(
+          fmt::format("data: the {} split of {} (documents [{}, {}) of {}, data.split \"{}\") has no "
+                      "sample of two tokens or more to fine-tune on",
+                      data_split_name(split), source_->describe(), documents_.begin, documents_.end,
+                      source_->num_documents(), options_.split));
+  }
   if (samples_per_epoch_ < 1)
     throw Error(
         fmt::format("data: the {} split of {} (documents [{}, {}) of {}, data.split \"{}\") has {} tokens; "
@@ -235,9 +346,41 @@ int64_t GPTDataset::sample_in_epoch(int64_t n) const {
   return (*permutations_->get(*this, epoch))[static_cast<std::size_t>(i)];
 }
 
+int64_t GPTDataset::packed_samples() const {
+  return packing_ ? static_cast<int64_t>(packing_->items.size()) : 0;
+}
+int64_t GPTDataset::truncated_samples() const { return packing_ ? packing_->truncated : 0; }
+
 void GPTDataset::sample(int64_t n, int32_t* out) const {
+  if (packing_) return packed_sample(n, out, nullptr, nullptr);
   const int64_t s = options_.seq_length;
   source_->read(begin_ + sample_in_epoch(n) * s, s + 1, out);
+}
+
+void GPTDataset::packed_sample(int64_t n, int32_t* out, int32_t* segment_start, float* token_mask) const {
+  PARALLEL_CHECK(packing_ != nullptr, "packed_sample needs data.format sft");
+  const Packing& p = *packing_;
+  const int64_t bin = sample_in_epoch(n);
+  std::vector<uint8_t> mask(static_cast<std::size_t>(p.capacity));
+  int64_t at = 0;
+  for (int64_t i = p.first[bin]; i < p.first[bin + 1]; ++i) {
+    const int64_t d = p.items[i];
+    const int64_t begin = source_->document_offset(d);
+    const int64_t length = std::min(source_->document_offset(d + 1) - begin, p.capacity);
+    source_->read(begin, length, out + at);
+    if (segment_start || token_mask) source_->read_loss_mask(begin, length, mask.data() + at);
+    for (int64_t j = at; j < at + length; ++j) {
+      if (segment_start) segment_start[j] = static_cast<int32_t>(at);
+      if (token_mask) token_mask[j] = mask[j];
+    }
+    at += length;
+  }
+  // Padding: one segment of its own, token 0 (in every vocabulary), no loss.
+  for (int64_t j = at; j < p.capacity; ++j) {
+    out[j] = 0;
+    if (segment_start) segment_start[j] = static_cast<int32_t>(at);
+    if (token_mask) token_mask[j] = 0.0f;
+  }
 }
 
 std::vector<int32_t> GPTDataset::sample(int64_t n) const {
@@ -258,7 +401,10 @@ MicroBatch GPTDataset::micro_batch(int64_t global_batch, int dp_rank, int dp_siz
                                    int64_t micro_batch) const {
   return data::cut_micro_batch(
       options_, num_micro_batches(dp_size), global_batch, dp_rank, dp_size, micro_batch,
-      [&](int64_t n, int32_t* row) { sample(n, row); },
+      [&](int64_t n, int32_t* row, int32_t* starts, float* mask) {
+        if (options_.sft) return packed_sample(n, row, starts, mask);
+        sample(n, row);
+      },
       [&](int64_t n) {
         return std::pair{source_->describe(), fmt::format("sample {}", n)};
       });

@@ -619,11 +619,14 @@ class DocumentReader {
 
 }  // namespace
 
+PreprocessResult preprocess_sft(const PreprocessOptions& options);  // sft_data.cpp
+
 PreprocessResult preprocess_data(const PreprocessOptions& options) {
   if (options.input.empty()) throw Error("preprocess_data: --input is required");
   if (options.output_prefix.empty()) throw Error("preprocess_data: --output-prefix is required");
   if (options.workers < 1)
     throw Error(fmt::format("preprocess_data: --workers = {}: must be >= 1", options.workers));
+  if (options.sft()) return preprocess_sft(options);
   bool jsonl = false;
   if (options.input_format == "jsonl") {
     jsonl = true;

@@ -16,7 +16,8 @@
 
 namespace parallel::data {
 
-// fill(n, row) writes drawn sample n's seq_length + 1 tokens into row. describe(n) names the
+// fill(n, row, starts, mask) writes drawn sample n's seq_length + 1 tokens into row and, with
+// options.sft, each token's segment start and loss mask into starts and mask. describe(n) names the
 // sample in the message about a token outside the vocabulary: {source, which sample}; it is called
 // only then.
 template <typename Fill, typename Describe>
@@ -36,8 +37,15 @@ MicroBatch cut_micro_batch(const GPTDatasetOptions& o, int64_t count, int64_t gl
   int32_t* tokens = batch.tokens.data<int32_t>();
   int32_t* targets = batch.targets.data<int32_t>();
   std::vector<int32_t> row(static_cast<std::size_t>(s + 1));
+  std::vector<int32_t> starts(o.sft ? static_cast<std::size_t>(s + 1) : 0);
+  std::vector<float> mask(o.sft ? static_cast<std::size_t>(s + 1) : 0);
+  if (o.sft) {
+    batch.positions = Tensor::empty({mbs, s}, DType::I32);
+    batch.doc_start = Tensor::empty({mbs, s}, DType::I32);
+    batch.loss_mask = Tensor::empty({mbs, s}, DType::F32);
+  }
   for (int64_t k = 0; k < mbs; ++k) {
-    fill(first + k, row.data());
+    fill(first + k, row.data(), starts.data(), mask.data());
     if (o.vocab_size > 0) {
       for (int64_t j = 0; j <= s; ++j) {
         if (row[j] < 0 || row[j] >= o.vocab_size) {
@@ -49,8 +57,21 @@ MicroBatch cut_micro_batch(const GPTDatasetOptions& o, int64_t count, int64_t gl
     }
     std::copy(row.begin(), row.begin() + s, tokens + k * s);
     std::copy(row.begin() + 1, row.end(), targets + k * s);
+    if (o.sft) {
+      // Each sample (and the padding) is a document: positions restart at its start, attention
+      // stays inside it, and the target j + 1 counts with its own mask when it is in the same sample
+      // as the input j (never the first token of the next sample, predicted from the last one's eod).
+      int32_t* positions = batch.positions.data<int32_t>() + k * s;
+      int32_t* doc_start = batch.doc_start.data<int32_t>() + k * s;
+      float* loss_mask = batch.loss_mask.data<float>() + k * s;
+      for (int64_t j = 0; j < s; ++j) {
+        positions[j] = static_cast<int32_t>(j - starts[j]);
+        doc_start[j] = starts[j];
+        loss_mask[j] = starts[j + 1] == starts[j] ? mask[j + 1] : 0.0f;
+      }
+    }
   }
-  if (o.packs_documents()) document_masks(o, batch);
+  if (o.packs_documents() && !o.sft) document_masks(o, batch);
   return batch;
 }
 

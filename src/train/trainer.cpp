@@ -307,11 +307,11 @@ struct Trainer::Impl {
       // Documents (data.reset_*, data.eod_mask_loss): positions stay on the host (they pick rope
       // runs and position rows), doc_start covers the whole sequence (attention's blocks index it
       // by global position), the loss mask is sliced like the targets.
-      if (m.positions.defined() && data.options().dataset.reset_position_ids)
+      if (m.positions.defined() && data.options().dataset.resets_positions())
         out.packed.positions = cp::slice_sequence(m.positions, cp_rank, cp_size);
-      if (m.doc_start.defined() && data.options().dataset.reset_attention_mask)
+      if (m.doc_start.defined() && data.options().dataset.masks_attention())
         out.packed.doc_start = m.doc_start.to(dev);
-      if (m.loss_mask.defined() && data.options().dataset.eod_mask_loss)
+      if (m.loss_mask.defined() && data.options().dataset.masks_loss())
         out.packed.loss_mask = cp::slice_sequence(m.loss_mask, cp_rank, cp_size).to(dev);
       return out;
     };
@@ -344,12 +344,12 @@ struct Trainer::Impl {
     for (std::size_t e = 0; e + 2 < local.size(); ++e) s.moe_tokens_per_expert[e] = std::llround(v[2 + e]);
   }
 
-  // data.eod_mask_loss: the number of tokens whose loss counts in the global batch `batch` of
-  // `data`. Every rank that computes a loss (last stage, tp rank 0; every dp and cp rank) counts its
-  // own micro-batches' masks (read again from the data, which is cheap and deterministic), summed
-  // over the world. Otherwise every token: tokens_per_batch().
+  // data.eod_mask_loss or data.format sft: the number of tokens whose loss counts in the global batch `batch`
+  // of `data`. Every rank that computes a loss (last stage, tp rank 0; every dp and cp rank) counts its own
+  // micro-batches' masks (read again from the data, which is cheap and deterministic), summed over the world.
+  // Otherwise every token: tokens_per_batch().
   double loss_tokens(const BlendedDataset& data, int64_t batch, int64_t micro_batches) {
-    if (!cfg.data.eod_mask_loss) return static_cast<double>(tokens_per_batch());
+    if (!data.options().dataset.masks_loss()) return static_cast<double>(tokens_per_batch());
     Tensor count = Tensor::zeros({1}, DType::F32);
     if (train_step->model().computes_loss() && state->coord().tp == 0) {
       const pipeline::MicroBatchFn fn = data_of(data, batch);
@@ -579,6 +579,13 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
                     data->cache_status(), data->cache_file().empty() ? "" : ": " + data->cache_file());
     if (!data->cache_warning().empty()) progress().warn("data: {}", data->cache_warning());
   }
+  if (m.train_data->options().dataset.sft)
+    for (int64_t d = 0; d < m.train_data->num_datasets(); ++d) {
+      const GPTDataset& set = m.train_data->dataset(d);
+      progress().info("data: sft: {} train samples of {} packed into {} sequences of {} tokens; {} truncated",
+                      set.packed_samples(), set.source().describe(), set.samples_per_epoch(),
+                      c.model.seq_length + 1, set.truncated_samples());
+    }
 
   const int dp = m.state->grid().sizes().data;
   m.flops_per_token = model_flops_per_token(c.model);
@@ -676,8 +683,9 @@ double Trainer::evaluate() {
                  "evaluate: train.eval_interval is 0, so no validation data was opened");
   double total = 0;
   for (int i = 0; i < m.cfg.train.eval_steps; ++i) {
-    const double tokens =
-        m.cfg.data.eod_mask_loss ? m.loss_tokens(*m.valid_data, i, m.train_step->micro_batches()) : 0.0;
+    const double tokens = m.valid_data->options().dataset.masks_loss()
+                              ? m.loss_tokens(*m.valid_data, i, m.train_step->micro_batches())
+                              : 0.0;
     m.train_step->model().start_forward_only(m.data_of(*m.valid_data, i));
     m.train_step->sample_peak();  // the executor resets the allocator's peak
     m.train_step->eval_executor().run(m.train_step->model());
@@ -713,8 +721,9 @@ int64_t Trainer::train() {
     rerun.compare = [&](const RunFingerprint& first, const RunFingerprint& second) {
       m.compare_runs(t + 1, first, second);
     };
-    const double step_tokens =
-        c.data.eod_mask_loss ? m.loss_tokens(*m.train_data, t, m.train_step->micro_batches()) : 0.0;
+    const double step_tokens = m.train_data->options().dataset.masks_loss()
+                                   ? m.loss_tokens(*m.train_data, t, m.train_step->micro_batches())
+                                   : 0.0;
     GuardVerdict verdict;
     const StepOutcome outcome = m.train_step->run(
         t, m.data_of(*m.train_data, t), lr, injected,
