@@ -390,3 +390,108 @@ TEST(GPTDataset, FromConfig) {
   EXPECT_NE(error_of([&] { make_gpt_dataset(config, DataSplit::Train); }).find("/nonexistent/corpus.idx"),
             std::string::npos);
 }
+
+// data.format sft: first-fit packing of whole samples, truncation, the masks a packed sequence
+// carries, and the checks of the loss mask dataset against the tokens.
+TEST(SftPacking, FirstFitInDocumentOrder) {
+  const fs::path dir = fs::temp_directory_path() / ("parallel_sft_packing_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string text = (dir / "s_text_document").string(), mask = (dir / "s_loss_mask_document").string();
+  // Lengths: d1 and d5 are longer than seq_length + 1 = 8 (truncated), d3 has one token and d4 none
+  // (no prediction: left out). Token i of document d is 100 d + i; its mask is 1 from i = 2 on.
+  const std::vector<int> lengths = {5, 9, 3, 1, 0, 12, 4, 5, 3};
+  {
+    IndexedDatasetBuilder tokens(text, IndexedDType::UInt16), masks(mask, IndexedDType::UInt8);
+    for (std::size_t d = 0; d < lengths.size(); ++d) {
+      std::vector<int32_t> t, m;
+      for (int i = 0; i < lengths[d]; ++i) {
+        t.push_back(static_cast<int32_t>(100 * d + i));
+        m.push_back(i >= 2 ? 1 : 0);
+      }
+      tokens.add_document(t);
+      masks.add_document(m);
+    }
+    tokens.finalize();
+    masks.finalize();
+  }
+  GPTDatasetOptions o = options(7, 1, 1, false);
+  o.sft = true;
+  GPTDataset ds(open_sft_source(text, mask), DataSplit::Train, o);
+  // First fit: d0 -> 0 (3 free), d1 -> 1 (full), d2 -> 0 (full), d5 -> 2, d6 -> 3 (4 free),
+  // d7 -> 4 (3 free), d8 -> 3, the first with room although 4 would fit it exactly.
+  EXPECT_EQ(ds.samples_per_epoch(), 5);
+  EXPECT_EQ(ds.packed_samples(), 7);
+  EXPECT_EQ(ds.truncated_samples(), 2);
+  EXPECT_EQ(ds.sample(0), (std::vector<int32_t>{0, 1, 2, 3, 4, 200, 201, 202}));
+  EXPECT_EQ(ds.sample(1), (std::vector<int32_t>{100, 101, 102, 103, 104, 105, 106, 107}));
+  EXPECT_EQ(ds.sample(2), (std::vector<int32_t>{500, 501, 502, 503, 504, 505, 506, 507}));
+  EXPECT_EQ(ds.sample(3), (std::vector<int32_t>{600, 601, 602, 603, 800, 801, 802, 0}));
+  EXPECT_EQ(ds.sample(4), (std::vector<int32_t>{700, 701, 702, 703, 704, 0, 0, 0}));
+  EXPECT_EQ(ds.sample(5), ds.sample(0));  // the next epoch, unshuffled
+
+  // Sequence 3: samples d6 | d8 | padding. Positions restart per sample, attention stays inside it,
+  // a target counts with its own mask inside its sample and never across a boundary.
+  const MicroBatch mb = ds.micro_batch(3, 0, 1, 0);
+  const auto ints = [](const Tensor& t) {
+    const int32_t* p = t.data<int32_t>();
+    return std::vector<int32_t>(p, p + t.numel());
+  };
+  EXPECT_EQ(ints(mb.tokens), (std::vector<int32_t>{600, 601, 602, 603, 800, 801, 802}));
+  EXPECT_EQ(ints(mb.targets), (std::vector<int32_t>{601, 602, 603, 800, 801, 802, 0}));
+  EXPECT_EQ(ints(mb.positions), (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2}));
+  EXPECT_EQ(ints(mb.doc_start), (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4}));
+  EXPECT_EQ(mb.loss_mask.to_float_vector(), (std::vector<float>{0, 1, 1, 0, 0, 1, 0}));
+  // Sequence 4: d7 then three padding tokens, which are a document of their own with no loss.
+  const MicroBatch pad = ds.micro_batch(4, 0, 1, 0);
+  EXPECT_EQ(ints(pad.positions), (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1}));
+  EXPECT_EQ(ints(pad.doc_start), (std::vector<int32_t>{0, 0, 0, 0, 0, 5, 5}));
+  EXPECT_EQ(pad.loss_mask.to_float_vector(), (std::vector<float>{0, 1, 1, 1, 0, 0, 0}));
+
+  // The layout does not change the data: dp rank 1 of 2's first micro-batch is sequence 2 of a
+  // global batch of 4, as on one rank.
+  GPTDatasetOptions o4 = o;
+  o4.global_batch_size = 4;
+  GPTDataset ds4(open_sft_source(text, mask), DataSplit::Train, o4);
+  EXPECT_EQ(ints(ds4.micro_batch(1, 1, 2, 0).tokens), ints(ds4.micro_batch(1, 0, 1, 2).tokens));
+  EXPECT_EQ(ds4.micro_batch(1, 1, 2, 1).loss_mask.to_float_vector(),
+            ds4.micro_batch(1, 0, 1, 3).loss_mask.to_float_vector());
+
+  // Without a mask dataset, sft is refused; a plain source has no mask.
+  EXPECT_NE(
+      error_of([&] { GPTDataset(open_indexed_source(text), DataSplit::Train, o); }).find("has no loss mask"),
+      std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(SftPacking, MaskDatasetMustMatchTheTokens) {
+  const fs::path dir = fs::temp_directory_path() / ("parallel_sft_masks_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto write = [&](const std::string& name, IndexedDType dtype,
+                         const std::vector<std::vector<int32_t>>& docs) {
+    const std::string prefix = (dir / name).string();
+    IndexedDatasetBuilder b(prefix, dtype);
+    for (const auto& d : docs) b.add_document(d);
+    b.finalize();
+    return prefix;
+  };
+  const std::string text = write("t", IndexedDType::UInt16, {{1, 2, 3}, {4, 5}, {6, 7, 8, 9}});
+  const std::string fewer = write("fewer", IndexedDType::UInt8, {{0, 1, 1}, {0, 1}});
+  const std::string shorter = write("shorter", IndexedDType::UInt8, {{0, 1, 1}, {0, 1}, {0, 1, 1}});
+  const std::string wide = write("wide", IndexedDType::UInt16, {{0, 1, 1}, {0, 1}, {0, 1, 1, 1}});
+  const std::string two = write("two", IndexedDType::UInt8, {{0, 1, 1}, {0, 2}, {0, 1, 1, 1}});
+  std::string msg = error_of([&] { open_sft_source(text, fewer); });
+  EXPECT_NE(msg.find("does not match the token dataset " + text + ": 2 documents, the tokens have 3"),
+            std::string::npos)
+      << msg;
+  msg = error_of([&] { open_sft_source(text, shorter); });
+  EXPECT_NE(msg.find("document 2 has 3 mask values for 4 tokens"), std::string::npos) << msg;
+  msg = error_of([&] { open_sft_source(text, wide); });
+  EXPECT_NE(msg.find("its dtype is uint16, a loss mask is uint8"), std::string::npos) << msg;
+  GPTDatasetOptions o = options(3, 1, 1, false);
+  o.sft = true;
+  GPTDataset ds(open_sft_source(text, two), DataSplit::Train, o);
+  EXPECT_NO_THROW(ds.micro_batch(0, 0, 1, 0));          // d0 alone
+  msg = error_of([&] { ds.micro_batch(1, 0, 1, 0); });  // d1, whose second value is 2
+  EXPECT_NE(msg.find("value 2 at element 4: a loss mask is 0 or 1"), std::string::npos) << msg;
+  fs::remove_all(dir);
+}

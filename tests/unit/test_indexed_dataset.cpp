@@ -407,3 +407,49 @@ TEST_F(IndexedDatasetTest, PreprocessesWithGpt2) {
   expected.push_back(50256);
   EXPECT_EQ(ds.document(0), expected);
 }
+
+// Fine-tuning samples: the template of indexed_dataset.hpp (render_sft_sample), byte-level ids.
+TEST_F(IndexedDatasetTest, RendersFineTuningSamples) {
+  const ByteLevelTokenizer bytes;
+  const auto ids = [](const std::string& s) { return std::vector<int32_t>(s.begin(), s.end()); };
+  const auto cat = [](std::vector<std::vector<int32_t>> parts) {
+    std::vector<int32_t> all;
+    for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+    return all;
+  };
+  PreprocessOptions pr;
+  pr.prompt_key = "q";
+  pr.response_key = "a";
+  SftSample s = render_sft_sample(pr, bytes, R"({"q": "ab", "a": "c", "other": 1})");
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{'a', 'b', 'c', 256}));
+  EXPECT_EQ(s.mask, (std::vector<uint8_t>{0, 0, 1, 1}));
+
+  PreprocessOptions m;
+  m.messages_key = "messages";
+  s = render_sft_sample(
+      m, bytes,
+      R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},)"
+      R"( {"role": "assistant", "content": "A"}, {"role": "user", "content": "v"}]})");
+  EXPECT_EQ(s.tokens, cat({ids("<|system|>\ns\n<|user|>\nu\n<|assistant|>\nA\n<|user|>\nv\n"), {256}}));
+  std::vector<uint8_t> mask(s.tokens.size(), 0);
+  const std::size_t answer = std::string("<|system|>\ns\n<|user|>\nu\n<|assistant|>\n").size();
+  mask[answer] = mask[answer + 1] = 1;  // "A\n"; the eod follows a user turn: 0
+  EXPECT_EQ(s.mask, mask);
+
+  const auto error = [&](const PreprocessOptions& o, const std::string& line) {
+    return error_of([&] { render_sft_sample(o, bytes, line); });
+  };
+  EXPECT_EQ(error(pr, R"({"q": "x"})"), "no key \"a\"");
+  EXPECT_EQ(error(pr, R"({"q": "x", "a": 3})"), "\"a\" is not a string");
+  EXPECT_EQ(error(pr, R"(["q"])"), "expected a JSON object");
+  EXPECT_EQ(error(pr, R"({"q": "x", "a": "y", "a": "z"})"), "key \"a\" appears twice in one object");
+  EXPECT_EQ(error(m, R"({"messages": []})"),
+            "\"messages\" is not a non-empty list of {role, content} objects");
+  EXPECT_EQ(error(m, R"({"messages": [{"role": "tool", "content": "x"}]})"),
+            "messages[0]: unknown role \"tool\" (system, user or assistant)");
+  EXPECT_EQ(error(m, R"({"messages": [{"role": "user", "content": "x"}]})"),
+            "\"messages\" has no assistant message: nothing to learn from");
+  EXPECT_EQ(error(m, R"({"messages": [{"role": "assistant", "content": ["x"]}]})"),
+            "messages[0]: \"content\" is not a string");
+  EXPECT_EQ(error(m, R"({"messages": [3]})"), "messages[0]: expected a {role, content} object");
+}
