@@ -16,6 +16,10 @@
 //
 // A weighted blend of several sources (blended_dataset.hpp) draws from one GPTDataset per source.
 //
+// Fine-tuning (options.sft): a sample is not a window but a packed sequence of whole documents
+// (first fit in document order, see GPTDatasetOptions::sft); E is the number of packed sequences,
+// and everything after that (epochs, shuffling, global batches, data ranks) is as above.
+//
 // The permutation is Fisher-Yates driven by splitmix64, both written out here (std::shuffle and
 // uniform_int_distribution are implementation-defined), so runs, restarts and platforms agree.
 #include <array>

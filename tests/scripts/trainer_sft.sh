@@ -132,6 +132,17 @@ run shuf_rest 1 "${shuffled[@]}" --set checkpoint.load="$work/shuf_ckpt" --set c
   fail "resume: steps 3-4 differ from the uninterrupted run's"
 echo "3. shuffled packing: dp 2 x tp 2 logs one rank's losses; stop at 2 and resume: steps 3-4 bitwise equal"
 
+# Evaluation packs the valid split the same way and takes the same global token mean on any layout.
+evals() { grep -o '"eval_loss":[^,}]*' "$1/metrics.jsonl" | cut -d: -f2; }
+run eval_one 1 --set data.split=80,20,0 --set train.eval_interval=1 --set train.eval_steps=2
+run eval_dp2cp2 4 --set data.split=80,20,0 --set train.eval_interval=1 --set train.eval_steps=2 \
+  --set parallel.context=2
+[[ $(evals "$work/eval_one" | wc -l) -ge 3 ]] || fail "eval: no eval_loss" "$work/eval_one.log"
+paste <(evals "$work/eval_one") <(evals "$work/eval_dp2cp2") | awk '
+  { n++; d = $1 - $2; if (d < 0) d = -d; if (!($1 > 0) || d > 1e-6 * $1) bad = 1 }
+  END { exit (bad || n < 3) }' || fail "eval: dp 2 x cp 2 does not log one rank's eval losses"
+echo "3. eval on the packed valid split: dp 2 x cp 2 logs one rank's eval losses"
+
 # 4. Mistakes, one line each.
 refuse() {  # refuse NAME EXPECTED [--set ...]
   local name=$1 expected=$2
