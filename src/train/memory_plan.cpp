@@ -345,11 +345,25 @@ MetaRun run_on_meta(const Config& c, int rank, int world_size) {
     if (!buf.params_sharded()) m.params += static_cast<double>(buf.param_data().nbytes());
     if (!buf.grads_sharded()) m.grads += static_cast<double>(buf.grad_data().nbytes());
   }
-  // Synthetic micro-batches: this rank's cp share of the sequence (shapes only).
+  // Synthetic micro-batches: this rank's cp share of the sequence (shapes only). Packed documents
+  // (data.format sft, data.reset_*, data.eod_mask_loss) carry what the trainer's do: positions on
+  // the host (any valid values), document starts over the whole sequence and a loss mask.
   const int64_t b = c.train.micro_batch_size, s = c.model.seq_length / c.parallel.context;
-  const auto data = [b, s](int) {
-    return pipeline::MicroBatch{Tensor::empty({b, s}, DType::I32, Device::meta()),
-                                Tensor::empty({b, s}, DType::I32, Device::meta())};
+  const bool sft = c.data.format == "sft";
+  const bool positions = sft || c.data.reset_position_ids, documents = sft || c.data.reset_attention_mask,
+             mask = sft || c.data.eod_mask_loss;
+  const int64_t seq = c.model.seq_length;
+  const auto data = [=](int) {
+    pipeline::MicroBatch mb{Tensor::empty({b, s}, DType::I32, Device::meta()),
+                            Tensor::empty({b, s}, DType::I32, Device::meta())};
+    if (positions) {
+      mb.packed.positions = Tensor::empty({b, s}, DType::I32);
+      int32_t* p = mb.packed.positions.data<int32_t>();
+      for (int64_t i = 0; i < b * s; ++i) p[i] = static_cast<int32_t>(i % s);
+    }
+    if (documents) mb.packed.doc_start = Tensor::empty({b, seq}, DType::I32, Device::meta());
+    if (mask) mb.packed.loss_mask = Tensor::empty({b, s}, DType::F32, Device::meta());
+    return mb;
   };
   // The trainer's first two steps: the second runs with the first's optimizer state live.
   for (int t = 0; t < 2; ++t) {
