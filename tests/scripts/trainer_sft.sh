@@ -10,7 +10,8 @@
 #     relative on one rank (4 micro-batches of 1, and 2 of 2), dp 2 (plain, distributed optimizer,
 #     ZeRO-3), tp 2 x pp 2, tp 2 + sp, cp 2 (p2p and a2a); the micro-batches hold 5 to 47 response
 #     tokens, so the mean of per-micro-batch means (in the fixture) is 0.35-1.4 % away: not what we log;
-#  3. shuffled packing gives one rank's losses on dp 2 x tp 2, and stop-and-resume is bitwise;
+#  3. shuffled packing gives one rank's losses on dp 2 x tp 2, and stop-and-resume is bitwise; so do
+#     evaluation on a packed valid split (dp 2 x cp 2) and a 0.6 / 0.4 blend of two sft datasets;
 #  4. config and data mistakes are one line naming the key (a mask dataset of another shape is refused);
 #  5. the memory plan (the step on the meta device, --plan --meta) stays within 10 % of the measured peak.
 #   trainer_sft.sh SOURCE_DIR PREPROCESS_DATA CONVERT_CHECKPOINT PRETRAIN_GPT MPIEXEC...
@@ -142,6 +143,16 @@ paste <(evals "$work/eval_one") <(evals "$work/eval_dp2cp2") | awk '
   { n++; d = $1 - $2; if (d < 0) d = -d; if (!($1 > 0) || d > 1e-6 * $1) bad = 1 }
   END { exit (bad || n < 3) }' || fail "eval: dp 2 x cp 2 does not log one rank's eval losses"
 echo "3. eval on the packed valid split: dp 2 x cp 2 logs one rank's eval losses"
+
+# A blend of two sft datasets (each PREFIX_text_document with its PREFIX_loss_mask_document).
+blend=(--set data.path="0.6 $work/sft_tiny_text_document 0.4 $work/sft_messages_text_document"
+  --set data.cache_path="$work/cache" --set train.steps=4)
+run blend_one 1 "${blend[@]}"
+run blend_dp2tp2 4 "${blend[@]}" --set parallel.tensor=2
+paste <(losses "$work/blend_one") <(losses "$work/blend_dp2tp2") | awk '
+  { n++; d = $1 - $2; if (d < 0) d = -d; if (!($1 > 0) || d > 1e-6 * $1) bad = 1 }
+  END { exit (bad || n != 4) }' || fail "blend: dp 2 x tp 2 does not log one rank's losses"
+echo "3. a 0.6 / 0.4 blend of two sft datasets: dp 2 x tp 2 logs one rank's losses"
 
 # 4. Mistakes, one line each.
 refuse() {  # refuse NAME EXPECTED [--set ...]
