@@ -350,16 +350,18 @@ struct Trainer::Impl {
   // Otherwise every token: tokens_per_batch().
   double loss_tokens(const BlendedDataset& data, int64_t batch, int64_t micro_batches) {
     if (!data.options().dataset.masks_loss()) return static_cast<double>(tokens_per_batch());
-    Tensor count = Tensor::zeros({1}, DType::F32);
+    // An integer count: an fp32 sum stops being exact above 2^24 counted tokens per global batch.
+    Tensor count = Tensor::zeros({1}, DType::I64);
     if (train_step->model().computes_loss() && state->coord().tp == 0) {
       const pipeline::MicroBatchFn fn = data_of(data, batch);
-      double local = 0;
+      int64_t local = 0;
       for (int64_t mb = 0; mb < micro_batches; ++mb)
-        for (float x : fn(static_cast<int>(mb)).packed.loss_mask.to_float_vector()) local += x;
-      count.fill_(local);
+        for (float x : fn(static_cast<int>(mb)).packed.loss_mask.to_float_vector())
+          local += x != 0.0f ? 1 : 0;
+      count.data<int64_t>()[0] = local;
     }
     world.all_reduce(count);
-    return std::max(1.0, static_cast<double>(count.to_float_vector()[0]));
+    return static_cast<double>(std::max<int64_t>(1, count.data<int64_t>()[0]));
   }
 
   // The guard stops the run at `at_step`: every rank throws the same AgreedStop (exit 3), its
