@@ -3,7 +3,8 @@
 //
 //   convert_checkpoint --from hf --input HF_DIR --output ckpt          (writes ckpt/ and ckpt.yaml)
 //   convert_checkpoint --to hf --input ckpt/ --output HF_DIR [--max-shard-size 5GB] [--dtype bf16]
-//                      [--hf-config template/config.json] [--config model.yaml]
+//                      [--hf-config template/config.json] [--config model.yaml] [--merge-lora]
+//   convert_checkpoint --to peft --input ckpt/ --output ADAPTER_DIR [--base-model NAME] [--dtype bf16]
 //   convert_checkpoint --from hf-gpt2 --config model.yaml --input model.safetensors --output ckpt/
 //   convert_checkpoint --to hf-gpt2 --input ckpt/ --output model.safetensors [--config model.yaml]
 //
@@ -15,6 +16,8 @@
 // the config the checkpoint stored in its extras; it writes transformers 5's config.json layout
 // (rope_parameters, dtype) plus 4.x's names of the same values, as the architecture imported
 // (model.hf_architecture: a Mistral stays MistralForCausalLM with its sliding_window).
+// A LoRA run's checkpoint (model.lora, docs/lora.md) exports its adapters with --to peft (PEFT's
+// adapter_model.safetensors and adapter_config.json) or merged into the weights with --merge-lora.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -28,14 +31,16 @@
 
 int main(int argc, char** argv) {
   std::string from, to, config_path, input, output, max_shard_size = "5GB", dtype = "f32", hf_config;
-  bool no_prefix = false, allow_nonfinite = false;
+  std::string base_model;
+  bool no_prefix = false, allow_nonfinite = false, merge_lora = false;
   CLI::App app{"Convert Hugging Face models to and from libparallel checkpoints"};
   CLI::Option* from_opt =
       app.add_option("--from", from,
                      "import: the input's format (hf: a model folder; hf-gpt2: one GPT-2 file)")
           ->check(CLI::IsMember({"hf", "hf-gpt2"}));
-  CLI::Option* to_opt = app.add_option("--to", to, "export: the output's format (hf, hf-gpt2)")
-                            ->check(CLI::IsMember({"hf", "hf-gpt2"}));
+  CLI::Option* to_opt =
+      app.add_option("--to", to, "export: the output's format (hf, hf-gpt2, peft: a LoRA run's adapters)")
+          ->check(CLI::IsMember({"hf", "hf-gpt2", "peft"}));
   from_opt->excludes(to_opt);
   app.add_option(
          "--config", config_path,
@@ -59,6 +64,10 @@ int main(int argc, char** argv) {
                  "(token ids, "
                  "...) the written one keeps")
       ->check(CLI::ExistingFile);
+  app.add_flag("--merge-lora", merge_lora,
+               "--to hf: a LoRA checkpoint's weights with the adapters merged in (W + alpha / r * B A)");
+  app.add_option("--base-model", base_model,
+                 "--to peft: adapter_config.json's base_model_name_or_path (a hub name or folder)");
   app.add_flag("--no-transformer-prefix", no_prefix,
                "--to hf-gpt2: name tensors wte.weight, h.0. ... instead of transformer.wte.weight, ...");
   app.add_flag("--allow-nonfinite", allow_nonfinite,
@@ -67,6 +76,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (from.empty() == to.empty()) throw CLI::ValidationError("give exactly one of --from or --to");
     if (from == "hf-gpt2" && config_path.empty()) throw CLI::ValidationError("--from hf-gpt2 needs --config");
+    if (merge_lora && to != "hf") throw CLI::ValidationError("--merge-lora goes with --to hf");
+    if (!base_model.empty() && to != "peft") throw CLI::ValidationError("--base-model goes with --to peft");
     if (from == "hf" && !config_path.empty())
       throw CLI::ValidationError("--from hf takes the model from the folder's config.json: drop --config");
   } catch (const CLI::CallForHelp& e) {
@@ -94,6 +105,7 @@ int main(int argc, char** argv) {
           parallel::hf::ExportOptions options;
           options.model = config_path.empty() ? nullptr : &model;
           options.max_shard_bytes = parallel::hf::parse_size(max_shard_size);
+          options.merge_lora = merge_lora;
           options.dtype = parallel::dtype_from_name(dtype == "f32"   ? "fp32"
                                                     : dtype == "f16" ? "fp16"
                                                                      : dtype);
@@ -104,6 +116,14 @@ int main(int argc, char** argv) {
             options.template_config = text.str();
           }
           parallel::hf::export_folder(input, output, rt.world(), options);
+        } else if (to == "peft") {
+          parallel::hf::PeftOptions options;
+          options.model = config_path.empty() ? nullptr : &model;
+          options.base_model_name_or_path = base_model;
+          options.dtype = parallel::dtype_from_name(dtype == "f32"   ? "fp32"
+                                                    : dtype == "f16" ? "fp16"
+                                                                     : dtype);
+          parallel::hf::export_peft(input, output, rt.world(), options);
         } else {
           parallel::hf_gpt2::export_checkpoint(input, config_path.empty() ? nullptr : &model, output,
                                                rt.world(), !no_prefix);

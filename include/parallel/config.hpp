@@ -53,6 +53,25 @@ enum class OptimizerType { AdamW, Muon };
 // so AdamW's lr and weight decay carry over), Original sqrt(max(1, A / B)) (Keller Jordan's).
 enum class MuonScale { MatchRmsAdamW, Original };
 
+// LoRA fine-tuning (docs/lora.md): low-rank adapters A [rank, in] and B [out, rank] on the target
+// linears, output += (alpha / rank) * B A dropout(x); every other parameter is frozen. rank 0: off.
+struct LoraConfig {
+  int rank = 0;
+  double alpha = 8.0;
+  double dropout = 0.0;
+  // Comma-separated (a YAML list is accepted too): q, k, v, o (attention output), fc1 (GeLU MLP),
+  // gate, up (SwiGLU MLP), fc2 (MLP output), or Hugging Face's q_proj, k_proj, v_proj, o_proj,
+  // gate_proj, up_proj, down_proj, fc_in/fc_out ... (lora_target_modules() maps them).
+  std::string target_modules = "q,v";
+  bool enabled() const { return rank > 0; }
+  double scale() const { return alpha / rank; }
+};
+
+// The target modules in our names, in the order q, k, v, o, fc1, gate, up, fc2, each once. Throws
+// parallel::Error naming `key` and the module for an unknown name or an empty list.
+std::vector<std::string> lora_target_modules(const std::string& text,
+                                             const std::string& key = "model.lora.target_modules");
+
 struct ModelConfig {
   int num_layers = 2;
   int hidden_size = 64;
@@ -101,6 +120,9 @@ struct ModelConfig {
   // The Hugging Face architecture the model came from and exports as ("MistralForCausalLM", ...;
   // docs/huggingface.md). It does not change the model; "" lets the export choose by the model's shape.
   std::string hf_architecture;
+  LoraConfig lora;  // model.lora.*: LoRA adapters (rank 0: none)
+  // Whether `module` (q, k, v, o, fc1, gate, up, fc2) carries an adapter.
+  bool lora_targets(const std::string& module) const;
 };
 
 struct ParallelConfig {

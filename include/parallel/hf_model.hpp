@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.hpp"
 #include "parallel/config.hpp"
@@ -127,10 +128,38 @@ struct ExportOptions {
   std::string template_config;         // a config.json whose other keys are kept (may be empty)
   int64_t max_shard_bytes = 5'000'000'000;
   DType dtype = DType::F32;  // F32, BF16 or F16
+  // A LoRA checkpoint (model.lora): write W + (alpha / rank) B A for every adapted linear (computed
+  // in double from the fp32 checkpoint). Without it a LoRA checkpoint exports its base weights only
+  // (the adapters go to --to peft).
+  bool merge_lora = false;
 };
 // Checkpoint -> HF folder (config.json, safetensors, index when sharded). Optimizer state is ignored.
 void export_folder(const std::string& checkpoint_path, const std::string& hf_dir, Communicator& world,
                    const ExportOptions& options = {});
+
+// ---- LoRA adapters in PEFT's format (docs/huggingface.md, "PEFT adapters") ----------------------
+
+// One adapted linear of a Llama-family model: its Hugging Face module path
+// ("model.layers.0.self_attn.q_proj") and our parameter prefix ("layers.0.attention.query"), with
+// the base weight's [out, in]. Every model.lora target of every layer, in layer order.
+struct LoraModule {
+  std::string hf, ours;
+  int64_t out = 0, in = 0;
+};
+std::vector<LoraModule> lora_modules(const ModelConfig& model);
+
+struct PeftOptions {
+  const ModelConfig* model = nullptr;   // else the checkpoint's stored config
+  std::string base_model_name_or_path;  // adapter_config.json's; may be empty
+  DType dtype = DType::F32;             // F32, BF16 or F16
+};
+// Checkpoint of a LoRA run -> a PEFT adapter folder: adapter_model.safetensors with PEFT's names
+// ("base_model.model.<module>.lora_A.weight" [r, in], "...lora_B.weight" [out, r]) and
+// adapter_config.json (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
+// target_modules as Hugging Face's module names, ...). Llama family only (GPT-2's fused c_attn has
+// no q/k/v modules of its own). Creates `dir`; refuses one that already holds an adapter.
+void export_peft(const std::string& checkpoint_path, const std::string& dir, Communicator& world,
+                 const PeftOptions& options = {});
 
 // The YAML path import_folder writes for `root` ("out/ckpt/" -> "out/ckpt.yaml").
 std::string config_path_for(const std::string& root);

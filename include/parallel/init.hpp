@@ -24,5 +24,8 @@ void philox_normals(uint64_t seed, uint64_t stream, uint64_t first, float std_de
 // partition_offset) with normal(0, std) values of the global tensor.
 void init_normal(Parameter& param, uint64_t seed, float std);
 void init_constant(Parameter& param, float value);
+// Fills param.value with uniform [low, high) values of the global tensor, element i of the global
+// tensor drawn from philox_uniform(seed, name_hash(name), i): the same values on every layout.
+void init_uniform(Parameter& param, uint64_t seed, float low, float high);
 
 }  // namespace parallel

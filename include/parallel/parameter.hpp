@@ -37,6 +37,10 @@ struct Parameter {
   // and is replicated over the expert-data-parallel group only, so its gradient is reduced there,
   // counted once per expert in the norm, and written by expert-dp rank 0 (docs/parallelism.md).
   bool expert = false;
+  // Not trained (LoRA's base weights, docs/lora.md): `grad` is undefined and no layer accumulates
+  // into it; data parallelism, the optimizer and ZeRO leave it out (no gradient buffer, no fp32
+  // main copy, no optimizer state, never sharded). Checkpoints still save and load its value.
+  bool frozen = false;
 
   bool is_replicated_over_tp() const { return partition_dim < 0; }
   int64_t numel() const { return value.numel(); }
@@ -75,6 +79,22 @@ class ParameterDeviceScope {
 
  private:
   Device outer_;
+};
+
+// The gradient tensor a layer gives a parameter it creates: fp32 zeros on parameter_device(), or
+// an undefined Tensor while a FrozenParameterScope is live. GPTModel opens one around a LoRA
+// model's layers, so the frozen base weights are born without a gradient (no transient fp32 copy of
+// the whole model at construction); adapters allocate theirs directly.
+Tensor parameter_grad(const Shape& shape);
+class FrozenParameterScope {
+ public:
+  explicit FrozenParameterScope(bool frozen);
+  ~FrozenParameterScope();
+  FrozenParameterScope(const FrozenParameterScope&) = delete;
+  FrozenParameterScope& operator=(const FrozenParameterScope&) = delete;
+
+ private:
+  bool outer_;
 };
 
 // Zeroes every gradient (start of an optimizer step's accumulation).

@@ -134,6 +134,12 @@ void for_each_field(S& s, F&& f) {
   f("max_window_layers", s.max_window_layers, "layers below this one are global (Qwen2; 0: none)");
   f("hf_architecture", s.hf_architecture,
     "the Hugging Face architecture convert_checkpoint --to hf writes (empty: chosen by the model)");
+  f("lora.rank", s.lora.rank, "LoRA adapter rank; > 0 freezes every other parameter (docs/lora.md; 0: off)");
+  f("lora.alpha", s.lora.alpha, "LoRA scale numerator: adapters add (alpha / rank) * B A x");
+  f("lora.dropout", s.lora.dropout, "dropout on the LoRA adapters' input");
+  f("lora.target_modules", s.lora.target_modules,
+    "linears that get adapters: q, k, v, o, fc1, gate, up, fc2, or Hugging Face's q_proj, k_proj, v_proj, "
+    "o_proj, gate_proj, up_proj, down_proj (comma-separated or a YAML list)");
 }
 
 template <typename S, typename F>
@@ -623,6 +629,15 @@ std::string blend_from_list(const std::string& name, const YAML::Node& list) {
 // Sets section.key from `node`; unknown and derived keys are errors.
 void set_key(Config& c, const std::string& section, const std::string& key, const YAML::Node& node) {
   const std::string name = section + "." + key;
+  if (node.IsSequence() && section == "model" && key == "lora.target_modules") {
+    std::string joined;
+    for (const auto& item : node) {
+      if (!item.IsScalar()) fail(fmt::format("{}: every item must be a module name", name));
+      joined += (joined.empty() ? "" : ",") + item.Scalar();
+    }
+    set_key(c, section, key, YAML::Node(joined));
+    return;
+  }
   if (node.IsSequence() && is_blend_key(section, key)) {
     YAML::Node flat(blend_from_list(name, node));
     set_key(c, section, key, flat);
@@ -655,6 +670,16 @@ void apply_document(Config& c, const YAML::Node& root, const std::string& file_n
       fail(fmt::format("{}: must be a map of key: value, got {}", section, display_raw(body)));
     for (const auto& item : body) {
       const std::string key = scalar_or(item.first, "<non-scalar key>");
+      // A nested map (model.lora) is the same as its dotted keys (lora.rank).
+      if (item.second.IsMap() && section == "model" && key == "lora") {
+        for (const auto& sub : item.second) {
+          const std::string dotted = key + "." + scalar_or(sub.first, "<non-scalar key>");
+          if (!seen.insert(section + "." + dotted).second)
+            fail(fmt::format("{}.{}: given twice", section, dotted));
+          set_key(c, section, dotted, sub.second);
+        }
+        continue;
+      }
       // yaml-cpp keeps both entries of a repeated key; the second would silently win.
       if (!seen.insert(section + "." + key).second) fail(fmt::format("{}.{}: given twice", section, key));
       set_key(c, section, key, item.second);
@@ -932,6 +957,23 @@ void validate_config(Config& c, int world_size) {
     rules.require(m.max_window_layers == 0, m.max_window_layers,
                   fmt::format("needs {} > 0", rules.key(m.sliding_window)));
   }
+  if (m.lora.enabled()) {
+    const LoraConfig& l = m.lora;
+    rules.in_range(l.dropout, 0.0, 1.0, false);
+    rules.require(l.alpha > 0, l.alpha, "must be > 0");
+    rules.require(m.num_experts == 0, l.rank,
+                  fmt::format("LoRA on MoE models ({} > 0) is not supported yet", rules.key(m.num_experts)));
+    const std::vector<std::string> targets = lora_target_modules(l.target_modules);
+    const bool swiglu = m.activation == Activation::SwiGLU;
+    for (const std::string& t : targets) {
+      rules.require(!(swiglu && t == "fc1"), l.target_modules,
+                    "fc1 is the GeLU MLP's input linear; a swiglu MLP has gate and up");
+      rules.require(swiglu || (t != "gate" && t != "up"), l.target_modules,
+                    fmt::format("{} exists only in a swiglu MLP; the GeLU MLP's input linear is fc1", t));
+    }
+  } else {
+    rules.at_least(m.lora.rank, 0);
+  }
   if (m.rope_scaling.type != RopeScalingType::None) {
     const RopeScaling& rs = m.rope_scaling;
     rules.require(m.position_embedding == PositionEmbedding::Rope, rs.type,
@@ -1208,6 +1250,59 @@ std::string config_reference() {
                        value_width, row.description);
   }
   return out;
+}
+
+// ---- LoRA target modules ---------------------------------------------------------------------
+
+std::vector<std::string> lora_target_modules(const std::string& text, const std::string& key) {
+  // Ours first, then Hugging Face's names of the same linears (Llama/Mistral/Qwen2's, GPT-J's).
+  static const std::pair<std::string_view, std::string_view> kNames[] = {{"q", "q"},
+                                                                         {"k", "k"},
+                                                                         {"v", "v"},
+                                                                         {"o", "o"},
+                                                                         {"fc1", "fc1"},
+                                                                         {"gate", "gate"},
+                                                                         {"up", "up"},
+                                                                         {"fc2", "fc2"},
+                                                                         {"q_proj", "q"},
+                                                                         {"k_proj", "k"},
+                                                                         {"v_proj", "v"},
+                                                                         {"o_proj", "o"},
+                                                                         {"gate_proj", "gate"},
+                                                                         {"up_proj", "up"},
+                                                                         {"down_proj", "fc2"},
+                                                                         {"fc_in", "fc1"},
+                                                                         {"fc_out", "fc2"}};
+  static const std::string_view kOrder[] = {"q", "k", "v", "o", "fc1", "gate", "up", "fc2"};
+  std::set<std::string> chosen;
+  std::string item;
+  std::stringstream in(text);
+  while (std::getline(in, item, ',')) {
+    item = trim(item);
+    if (item.empty()) continue;
+    std::string_view ours;
+    for (const auto& [name, mapped] : kNames)
+      if (item == name) ours = mapped;
+    if (item == "experts")
+      fail(fmt::format("{} = {}: experts: LoRA on MoE experts is not supported yet", key, quoted(text)));
+    if (ours.empty())
+      fail(fmt::format(
+          "{} = {}: unknown module {} (q, k, v, o, fc1, gate, up, fc2, or q_proj, k_proj, v_proj, "
+          "o_proj, gate_proj, up_proj, down_proj)",
+          key, quoted(text), quoted(item)));
+    chosen.insert(std::string(ours));
+  }
+  if (chosen.empty()) fail(fmt::format("{} = {}: names no module", key, quoted(text)));
+  std::vector<std::string> out;
+  for (std::string_view m : kOrder)
+    if (chosen.count(std::string(m))) out.emplace_back(m);
+  return out;
+}
+
+bool ModelConfig::lora_targets(const std::string& module) const {
+  if (!lora.enabled()) return false;
+  const std::vector<std::string> targets = lora_target_modules(lora.target_modules);
+  return std::find(targets.begin(), targets.end(), module) != targets.end();
 }
 
 }  // namespace parallel

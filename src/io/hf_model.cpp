@@ -1039,6 +1039,29 @@ std::map<std::string, Shape> llama_parameter_shapes(const ModelConfig& m) {
   return out;
 }
 
+std::vector<LoraModule> lora_modules(const ModelConfig& m) {
+  check_llama_shape(m);
+  const int64_t h = m.hidden_size, hq = m.num_attention_heads;
+  const int64_t hkv = m.num_query_groups > 0 ? m.num_query_groups : hq, d = h / hq, f = m.ffn_hidden_size;
+  const struct {
+    const char *module, *hf, *ours;
+    int64_t out, in;
+  } linears[] = {{"q", "self_attn.q_proj", "attention.query", hq * d, h},
+                 {"k", "self_attn.k_proj", "attention.key", hkv * d, h},
+                 {"v", "self_attn.v_proj", "attention.value", hkv * d, h},
+                 {"o", "self_attn.o_proj", "attention.proj", h, hq * d},
+                 {"gate", "mlp.gate_proj", "mlp.gate", f, h},
+                 {"up", "mlp.up_proj", "mlp.up", f, h},
+                 {"fc2", "mlp.down_proj", "mlp.fc2", h, f}};
+  std::vector<LoraModule> out;
+  for (int i = 0; i < m.num_layers; ++i)
+    for (const auto& l : linears)
+      if (m.lora_targets(l.module))
+        out.push_back({fmt::format("model.layers.{}.{}", i, l.hf), fmt::format("layers.{}.{}", i, l.ours),
+                       l.out, l.in});
+  return out;
+}
+
 std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, Architecture a,
                                       const ModelConfig& m, const std::string& source, bool allow_nonfinite) {
   if (a == Architecture::GPT2) return hf_gpt2::from_hf(hf, m, source, allow_nonfinite);
@@ -1168,8 +1191,34 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   }
   const std::map<std::string, Shape> shapes =
       a == Architecture::GPT2 ? hf_gpt2::parameter_shapes(model) : llama_parameter_shapes(model);
-  const std::map<std::string, Tensor> hf =
-      to_hf(load_parameters(checkpoint_path, shapes, world), a, model, options.dtype);
+  std::map<std::string, Tensor> params = load_parameters(checkpoint_path, shapes, world);
+  if (options.merge_lora) {
+    if (!model.lora.enabled())
+      fail(fmt::format("--merge-lora: {} is not a LoRA checkpoint (its model.lora.rank is 0)",
+                       checkpoint_path));
+    if (a == Architecture::GPT2) fail("--merge-lora: LoRA exports are for the Llama family");
+    // W + (alpha / r) B A, in double, rounded once.
+    const int64_t r = model.lora.rank;
+    const double scale = model.lora.scale();
+    for (const LoraModule& mod : lora_modules(model)) {
+      const std::map<std::string, Tensor> ab = load_parameters(
+          checkpoint_path,
+          {{mod.ours + ".lora_A.weight", {r, mod.in}}, {mod.ours + ".lora_B.weight", {mod.out, r}}}, world);
+      const std::vector<float> A = ab.at(mod.ours + ".lora_A.weight").to_float_vector();
+      const std::vector<float> B = ab.at(mod.ours + ".lora_B.weight").to_float_vector();
+      Tensor& w = params.at(mod.ours + ".weight");
+      Tensor merged = w.to(DType::F32).contiguous().clone();
+      float* out = merged.data<float>();
+      for (int64_t o = 0; o < mod.out; ++o)
+        for (int64_t i = 0; i < mod.in; ++i) {
+          double sum = 0;
+          for (int64_t k = 0; k < r; ++k) sum += double{B[o * r + k]} * double{A[k * mod.in + i]};
+          out[o * mod.in + i] = static_cast<float>(double{out[o * mod.in + i]} + scale * sum);
+        }
+      w = merged;
+    }
+  }
+  const std::map<std::string, Tensor> hf = to_hf(params, a, model, options.dtype);
   const std::string config =
       config_json_for(model, a, torch_dtype_name(options.dtype), options.template_config);
   // What we wrote must read back as the same model (a template's other keys could contradict it).
@@ -1180,6 +1229,7 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   got.model.seq_length = expected.model.seq_length;
   got.model.dropout = expected.model.dropout;
   got.model.hf_architecture = expected.model.hf_architecture;
+  got.model.lora = expected.model.lora;  // adapters are not part of config.json
   validate_config(expected, 1);
   validate_config(got, 1);
   if (config_to_yaml(expected) != config_to_yaml(got))

@@ -40,22 +40,41 @@ void rope_at_positions(Tensor& x, const Tensor& positions, const Rope& rope, boo
   }
 }
 
+// LoRA on a linear when model.lora targets `module` (docs/lora.md).
+tp::LoraOptions lora_on(const ModelConfig& m, const char* module) {
+  if (!m.lora_targets(module)) return {};
+  return {m.lora.rank, static_cast<float>(m.lora.scale())};
+}
+
+tp::LoraOptions lora_on_any(const ModelConfig& m, std::initializer_list<const char*> modules) {
+  for (const char* module : modules)
+    if (m.lora_targets(module)) return lora_on(m, module);
+  return {};
+}
+
 }  // namespace
 
 SelfAttention::SelfAttention(const LayerEnv& env, int layer)
     : SelfAttention(env, layer_spec(*env.config, layer)) {}
 
 SelfAttention::SelfAttention(const LayerEnv& env, const LayerSpec& spec)
-    : qkv({{fmt::format("layers.{}.attention.query", spec.layer), env.heads * env.head_dim},
-           {fmt::format("layers.{}.attention.key", spec.layer), env.groups * env.head_dim},
-           {fmt::format("layers.{}.attention.value", spec.layer), env.groups * env.head_dim}},
+    : qkv({{fmt::format("layers.{}.attention.query", spec.layer), env.heads * env.head_dim,
+            env.config->lora_targets("q")},
+           {fmt::format("layers.{}.attention.key", spec.layer), env.groups * env.head_dim,
+            env.config->lora_targets("k")},
+           {fmt::format("layers.{}.attention.value", spec.layer), env.groups * env.head_dim,
+            env.config->lora_targets("v")}},
           env.hidden,
           {.bias = env.config->add_bias || env.config->add_qkv_bias,
            .gather_output = false,
-           .sequence_parallel = env.sequence_parallel},
+           .sequence_parallel = env.sequence_parallel,
+           .lora = lora_on_any(*env.config, {"q", "k", "v"})},
           *env.tp),
       proj(fmt::format("layers.{}.attention.proj", spec.layer), env.heads * env.head_dim, env.hidden,
-           {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
+           {.bias = env.config->add_bias,
+            .sequence_parallel = env.sequence_parallel,
+            .lora = lora_on(*env.config, "o")},
+           *env.tp),
       env_(env),
       heads_local_(env.heads / env.tp->size()),
       groups_local_(env.groups / env.tp->size()),

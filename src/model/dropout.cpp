@@ -59,6 +59,20 @@ Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where
   return dx;
 }
 
+tp::LoraDropout lora_dropout(const LayerEnv& env, DropoutSite where, uint64_t micro_batch, int64_t s_local) {
+  tp::LoraDropout drop;
+  const double p = env.config->lora.dropout;
+  if (!env.training || p == 0.0 || !env.config->lora.enabled()) return drop;
+  drop.p = static_cast<float>(p);
+  drop.seed = site_seed(env, where, micro_batch);
+  // The linears see the whole local sequence (gathered along s under sequence parallelism).
+  const bool sharded = env.sequence_parallel && env.tp->size() > 1;
+  const int64_t rows = sharded ? s_local * env.tp->size() : s_local;
+  for (const cp::Segment& seg : cp::segments(rows, env.cp_rank(), env.cp_size(), 0, rows))
+    drop.runs.push_back({seg.row, seg.rows, seg.position});
+  return drop;
+}
+
 std::vector<DropoutRun> dropout_runs(const LayerEnv& env, const Tensor& x, DropoutSite where,
                                      uint64_t micro_batch) {
   const float p = env.training ? static_cast<float>(env.config->dropout) : 0.0f;

@@ -16,6 +16,10 @@ struct DropoutSite {
 };
 Tensor dropout_forward(const LayerEnv& env, const Tensor& x, DropoutSite where, uint64_t micro_batch);
 Tensor dropout_backward(const LayerEnv& env, const Tensor& dy, DropoutSite where, uint64_t micro_batch);
+// The dropout of LoRA adapters' input at `where` (sites 3..6: qkv, proj, fc1, fc2) for the linears
+// of a layer whose activations are [s_local, b, ..] (gathered along s under sequence parallelism
+// before the GEMMs): tensor_parallel.hpp's LoraDropout. p = 0 without model.lora.dropout.
+tp::LoraDropout lora_dropout(const LayerEnv& env, DropoutSite where, uint64_t micro_batch, int64_t s_local);
 // The same site's dropout as arguments for the fused ops (ops::DropoutSpec), one per run of rows
 // [row, row + rows) of a [s_local, ...] tensor like x whose global positions are consecutive: one
 // run, or two under context parallelism; a single run over every row, p = 0, when dropout is off.

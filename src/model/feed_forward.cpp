@@ -36,7 +36,10 @@ Tensor FeedForward::forward(const Tensor& x, Context& ctx, bool record_stats) {
   return std::visit(
       [&](auto& layer) {
         using L = std::decay_t<decltype(layer)>;
-        auto& own = ctx.emplace<typename L::Context>();
+        // A context of the right kind is kept: the caller may have prepared it (the LoRA dropout
+        // keys of the MLP's linears, TransformerLayer::forward_impl).
+        auto* kept = std::get_if<typename L::Context>(&ctx);
+        auto& own = kept != nullptr ? *kept : ctx.emplace<typename L::Context>();
         if constexpr (std::is_same_v<L, MoELayer>)
           return layer.forward(x, own, record_stats);
         else

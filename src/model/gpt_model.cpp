@@ -91,6 +91,8 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   // pays nothing, so a model bigger than the host can be planned. Elsewhere they start on the host.
   std::optional<ParameterDeviceScope> on_meta;
   if (options.device.is_meta()) on_meta.emplace(Device::meta());
+  // LoRA: every parameter but the adapters is frozen and is built without a gradient.
+  FrozenParameterScope frozen(config.lora.enabled());
   const int p = tp.size();
   LayerEnv& env = impl_->env;
   env.config = &config_;
@@ -130,7 +132,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       Parameter& pos = impl_->position.emplace();
       pos.name = "embedding.position.weight";
       pos.value = Tensor::zeros({max_pos, env.hidden}, DType::F32, parameter_device());
-      pos.grad = Tensor::zeros({max_pos, env.hidden}, DType::F32, parameter_device());
+      pos.grad = parameter_grad({max_pos, env.hidden});
       pos.global_shape = {max_pos, env.hidden};
       pos.sequence_parallel_grad = env.sequence_parallel;  // each rank adds only its s-shard's rows
       init_normal(pos, options.seed, std);
@@ -143,6 +145,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       const bool is_weight =
           param->name.ends_with(".weight") && param->name.find("norm") == std::string::npos;
       if (!is_weight) continue;  // norms start at 1 / 0 and biases at 0 (set by the layers)
+      if (param->name.find(".lora_") != std::string::npos) continue;  // LoRA: below
       // Dense MLP, shared and routed experts all end in fc2.
       const bool residual =
           param->name.ends_with("attention.proj.weight") || param->name.ends_with("fc2.weight");
@@ -160,7 +163,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       Parameter& w = impl_->output_weight.emplace();
       w.name = tied ? "embedding.word.weight" : "output.weight";
       w.value = Tensor::zeros({rows, env.hidden}, DType::F32, parameter_device());
-      w.grad = Tensor::zeros({rows, env.hidden}, DType::F32, parameter_device());
+      w.grad = parameter_grad({rows, env.hidden});
       w.global_shape = {vocab_padded_, env.hidden};
       w.partition_dim = 0;
       w.partition_offset = tp.rank() * rows;
@@ -173,6 +176,20 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
       out_weight = &w;
     }
     impl_->output = std::make_unique<model::OutputLayer>(env, out_weight);
+  }
+  if (config.lora.enabled()) {
+    // LoRA (docs/lora.md): A as PEFT's kaiming_uniform_(a = sqrt(5)), i.e. uniform in
+    // +-1/sqrt(in_features), B zero, so the adapted model starts as the base model. Everything else
+    // is frozen: no gradient, so no gradient buffer, main copy or optimizer state either.
+    for (Parameter* param : parameters()) {
+      if (param->name.ends_with(".lora_A.weight")) {
+        const float bound = 1.0f / std::sqrt(static_cast<float>(param->global_shape.back()));
+        init_uniform(*param, options.seed, -bound, bound);
+      } else if (!param->name.ends_with(".lora_B.weight")) {
+        param->frozen = true;
+        param->grad = Tensor();
+      }
+    }
   }
   // Layers read their weights through the Parameter objects at every call, so casting or moving
   // the tensors here changes the model. Init ran in fp32 (layout-independent); the 16-bit copy is
@@ -477,10 +494,10 @@ Tensor GPTModel::Impl::walk_backward(const Tensor& grad, Saved& act, bool first,
 
 void GPTModel::Impl::embedding_backward(Saved& act, const Tensor& dx) {
   if (position) {
-    positions_backward(act.position_ids, dx, position->grad);
+    if (!position->frozen) positions_backward(act.position_ids, dx, position->grad);
     ready(*position);
   }
-  word->backward(dx, act.embedding);
+  if (!word->weight.frozen) word->backward(dx, act.embedding);
   ready(word->weight);
 }
 

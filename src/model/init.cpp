@@ -115,6 +115,33 @@ void init_normal(Parameter& param, uint64_t seed, float std) {
   if (!direct) param.value.copy_(host);
 }
 
+void init_uniform(Parameter& param, uint64_t seed, float low, float high) {
+  const Shape& local = param.value.shape();
+  const int64_t n = param.value.numel();
+  if (n == 0 || param.value.device().is_meta()) return;
+  const Shape global = param.global_shape.empty() ? local : param.global_shape;
+  PARALLEL_CHECK(global.size() == local.size(), "init_uniform({}): local {} and global {} differ in rank",
+                 param.name, shape_str(local), shape_str(global));
+  const int pd = param.partition_dim;
+  int64_t inner = 1, local_len = n, global_len = n, offset = 0;
+  if (pd >= 0) {
+    for (std::size_t d = static_cast<std::size_t>(pd) + 1; d < local.size(); ++d) inner *= local[d];
+    local_len = local[static_cast<std::size_t>(pd)];
+    global_len = global[static_cast<std::size_t>(pd)];
+    offset = param.partition_offset;
+  }
+  const uint64_t stream = name_hash(param.name);
+  Tensor host = Tensor::empty(local, DType::F32);
+  float* out = host.data<float>();
+  const int64_t run = pd >= 0 ? local_len * inner : n;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t outer = i / run, rem = i % run;
+    const int64_t g = pd >= 0 ? (outer * global_len + offset) * inner + rem : i;
+    out[i] = low + (high - low) * philox_uniform(seed, stream, static_cast<uint64_t>(g));
+  }
+  param.value.copy_(host);
+}
+
 void init_constant(Parameter& param, float value) {
   if (param.value.numel() > 0 && !param.value.device().is_meta()) param.value.fill_(value);
 }

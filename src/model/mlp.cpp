@@ -9,8 +9,17 @@ namespace {
 
 std::vector<tp::ColumnParallelLinear::Part> fc1_parts(const LayerEnv& env, const std::string& prefix,
                                                       int64_t ffn) {
-  if (env.config->activation == Activation::SwiGLU) return {{prefix + ".gate", ffn}, {prefix + ".up", ffn}};
-  return {{prefix + ".fc1", ffn}};
+  const ModelConfig& m = *env.config;
+  if (m.activation == Activation::SwiGLU)
+    return {{prefix + ".gate", ffn, m.lora_targets("gate")}, {prefix + ".up", ffn, m.lora_targets("up")}};
+  return {{prefix + ".fc1", ffn, m.lora_targets("fc1")}};
+}
+
+// LoRA on a linear when model.lora targets one of `modules` (docs/lora.md).
+tp::LoraOptions lora_on(const ModelConfig& m, std::initializer_list<const char*> modules) {
+  for (const char* module : modules)
+    if (m.lora_targets(module)) return {m.lora.rank, static_cast<float>(m.lora.scale())};
+  return {};
 }
 
 }  // namespace
@@ -19,10 +28,16 @@ MLP::MLP(const LayerEnv& env, int layer) : MLP(env, fmt::format("layers.{}.mlp",
 
 MLP::MLP(const LayerEnv& env, const std::string& prefix, int64_t ffn)
     : fc1(fc1_parts(env, prefix, ffn), env.hidden,
-          {.bias = env.config->add_bias, .gather_output = false, .sequence_parallel = env.sequence_parallel},
+          {.bias = env.config->add_bias,
+           .gather_output = false,
+           .sequence_parallel = env.sequence_parallel,
+           .lora = lora_on(*env.config, {"fc1", "gate", "up"})},
           *env.tp),
       fc2(prefix + ".fc2", ffn, env.hidden,
-          {.bias = env.config->add_bias, .sequence_parallel = env.sequence_parallel}, *env.tp),
+          {.bias = env.config->add_bias,
+           .sequence_parallel = env.sequence_parallel,
+           .lora = lora_on(*env.config, {"fc2"})},
+          *env.tp),
       activation_(env.config->activation) {}
 
 std::vector<Parameter*> MLP::parameters() {

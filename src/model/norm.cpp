@@ -12,7 +12,7 @@ Parameter replicated(const std::string& name, int64_t n, float value, bool sp_gr
   Parameter p;
   p.name = name;
   p.value = Tensor::full({n}, value, DType::F32, parameter_device());
-  p.grad = Tensor::zeros({n}, DType::F32, parameter_device());
+  p.grad = parameter_grad({n});
   p.global_shape = {n};
   p.partition_dim = -1;
   p.sequence_parallel_grad = sp_grad;
@@ -52,15 +52,28 @@ Tensor Norm::forward(const Tensor& x_in, Context& ctx) {
   return y;
 }
 
+namespace {
+
+// A frozen norm's kernels still write weight gradients: they go to a scratch tensor of h elements.
+Tensor grad_or_scratch(const Parameter& p) {
+  if (!p.frozen) return p.grad;
+  return Tensor::zeros(p.value.shape(), DType::F32, p.value.device());
+}
+
+}  // namespace
+
 Tensor Norm::backward(const Tensor& dy_in, Context& ctx) {
   Tensor dy = dy_in.contiguous();
   const int64_t h = ctx.x.size(-1), rows = ctx.x.numel() / h;
   Tensor dx = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
   Tensor dy2d = dy.view({rows, h}), x2d = ctx.x.view({rows, h}), dx2d = dx.view({rows, h});
-  if (kind_ == Normalization::LayerNorm)
-    ops::layernorm_backward(dy2d, x2d, weight.value, ctx.mean, ctx.rstd, dx2d, weight.grad, bias.grad);
-  else
-    ops::rmsnorm_backward(dy2d, x2d, weight.value, ctx.rstd, dx2d, weight.grad);
+  Tensor dweight = grad_or_scratch(weight);
+  if (kind_ == Normalization::LayerNorm) {
+    Tensor dbias = grad_or_scratch(bias);
+    ops::layernorm_backward(dy2d, x2d, weight.value, ctx.mean, ctx.rstd, dx2d, dweight, dbias);
+  } else {
+    ops::rmsnorm_backward(dy2d, x2d, weight.value, ctx.rstd, dx2d, dweight);
+  }
   ctx = Context{};
   return dx;
 }
@@ -98,8 +111,8 @@ Norm::ResidualGrads Norm::backward_residual(const Tensor& dy_in, const Tensor& d
   if (dropping) g.dbranch = Tensor::empty(ctx.x.shape(), ctx.x.dtype(), ctx.x.device());
   Tensor dy2d = dy.view({rows, h}), dr2d = dresidual.view({rows, h}), x2d = ctx.x.view({rows, h}),
          ds2d = g.dsum.view({rows, h});
-  Tensor no_grad;  // RMSNorm has no bias gradient
-  Tensor& dbias = kind_ == Normalization::LayerNorm ? bias.grad : no_grad;
+  Tensor dweight = grad_or_scratch(weight);
+  Tensor dbias = kind_ == Normalization::LayerNorm ? grad_or_scratch(bias) : Tensor();  // RMSNorm: none
   const std::vector<DropoutRun> whole = {DropoutRun{0, ctx.x.size(0), {}}};
   for (const DropoutRun& run : dropping ? drop : whole) {
     const int64_t r0 = run.row * per_s, n = run.rows * per_s;
@@ -107,7 +120,7 @@ Norm::ResidualGrads Norm::backward_residual(const Tensor& dy_in, const Tensor& d
     Tensor db_run = dropping ? g.dbranch.view({rows, h}).narrow(0, r0, n) : Tensor();
     Tensor mean = ctx.mean.defined() ? ctx.mean.narrow(0, r0, n) : Tensor();
     ops::norm_backward_residual(dy2d.narrow(0, r0, n), dr2d.narrow(0, r0, n), x2d.narrow(0, r0, n),
-                                weight.value, mean, ctx.rstd.narrow(0, r0, n), ds_run, weight.grad, dbias,
+                                weight.value, mean, ctx.rstd.narrow(0, r0, n), ds_run, dweight, dbias,
                                 run.spec, db_run);
   }
   if (!dropping) g.dbranch = g.dsum;

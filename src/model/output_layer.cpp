@@ -42,7 +42,7 @@ Tensor OutputLayer::backward(const Tensor& dlogits_in, tp::LinearContext& ctx) {
       work = tp.all_reduce(dx_full, ReduceOp::Sum, /*async=*/true);
     }
   }
-  ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f);
+  if (!weight_->frozen) ops::gemm(dl2d, true, x2d, false, weight_->grad, 1.0f, 1.0f);
   work->wait();
   ctx.input = Tensor();
   return dx;
@@ -74,7 +74,7 @@ void OutputLayer::backward_weight(tp::LinearContext& ctx) {
   const Tensor& x_full = ctx.input;
   const int64_t s = x_full.size(0), b = x_full.size(1), h = x_full.size(2);
   const Tensor dl2d = ctx.grad_output.view({s * b, ctx.grad_output.size(-1)});
-  ops::gemm(dl2d, true, x_full.view({s * b, h}), false, weight_->grad, 1.0f, 1.0f);
+  if (!weight_->frozen) ops::gemm(dl2d, true, x_full.view({s * b, h}), false, weight_->grad, 1.0f, 1.0f);
   ctx = tp::LinearContext{};
 }
 

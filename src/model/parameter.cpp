@@ -102,6 +102,19 @@ ParameterDeviceScope::ParameterDeviceScope(Device device) : outer_(g_parameter_d
 }
 ParameterDeviceScope::~ParameterDeviceScope() { g_parameter_device = outer_; }
 
+namespace {
+bool g_frozen_parameters = false;
+}  // namespace
+
+Tensor parameter_grad(const Shape& shape) {
+  if (g_frozen_parameters) return Tensor();
+  return Tensor::zeros(shape, DType::F32, parameter_device());
+}
+FrozenParameterScope::FrozenParameterScope(bool frozen) : outer_(g_frozen_parameters) {
+  g_frozen_parameters = frozen;
+}
+FrozenParameterScope::~FrozenParameterScope() { g_frozen_parameters = outer_; }
+
 void zero_grads(const std::vector<Parameter*>& params) {
   for (Parameter* p : params)
     if (p->grad.defined() && p->grad.numel() > 0) p->grad.zero_();

@@ -37,6 +37,15 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_c
   const uint64_t mb = ctx.micro_batch;
   ctx.attn.positions = ctx.positions;
   ctx.attn.doc_start = ctx.doc_start;
+  if (env_.config->lora.enabled()) {
+    const int64_t s = x.size(0);
+    ctx.attn.qkv_ctx.lora_dropout = lora_dropout(env_, {layer_, 3}, mb, s);
+    ctx.attn.proj_ctx.lora_dropout = lora_dropout(env_, {layer_, 4}, mb, s);
+    if (auto* mlp = std::get_if<MLP::Context>(&ctx.ffn)) {  // MoE layers take no adapters (config rule)
+      mlp->fc1_ctx.lora_dropout = lora_dropout(env_, {layer_, 5}, mb, s);
+      mlp->fc2_ctx.lora_dropout = lora_dropout(env_, {layer_, 6}, mb, s);
+    }
+  }
   Tensor a = norm1_.forward(x, ctx.norm1);
   // o and y below are fresh tensors (the row-parallel outputs), so the sums reuse their storage.
   Tensor o = attention_.forward(a, ctx.attn, keep_core);

@@ -11,6 +11,7 @@ namespace {
 
 bool holds(DataParallelOptions::Params which, const Parameter& p) {
   using P = DataParallelOptions::Params;
+  if (p.frozen) return false;  // no gradient to reduce, nothing to update or shard
   return which == P::All || (which == P::Experts) == p.expert;
 }
 

@@ -13,7 +13,7 @@ void finalize_grads(const std::vector<Parameter*>& params, ParallelState& state)
   // whatever order the chunks list their parameters in.
   std::vector<Parameter*> shared;
   for (Parameter* p : params)
-    if (p->shared_across_pipeline) shared.push_back(p);
+    if (p->shared_across_pipeline && !p->frozen) shared.push_back(p);
   std::stable_sort(shared.begin(), shared.end(),
                    [](const Parameter* a, const Parameter* b) { return a->name < b->name; });
   // A rank that holds both copies (rank 0 of the V placement: the embedding and the output layer)

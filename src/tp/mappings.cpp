@@ -82,7 +82,7 @@ void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, Commu
   // Post every reduction before waiting on any, so they can proceed together.
   std::vector<WorkHandle> pending;
   for (Parameter* p : params)
-    if (p->sequence_parallel_grad && p->grad.numel() > 0)
+    if (p->sequence_parallel_grad && !p->frozen && p->grad.numel() > 0)
       pending.push_back(tp.all_reduce(p->grad, ReduceOp::Sum, /*async=*/true));
   for (auto& w : pending) w->wait();
 }

@@ -15,7 +15,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(std::string name, int64_t vocab_p
   const int64_t rows = vocab_padded / tp.size();
   weight.name = name;
   weight.value = Tensor::zeros({rows, hidden}, DType::F32, parameter_device());
-  weight.grad = Tensor::zeros({rows, hidden}, DType::F32, parameter_device());
+  weight.grad = parameter_grad({rows, hidden});
   weight.global_shape = {vocab_padded, hidden};
   weight.partition_dim = 0;
   weight.partition_offset = tp.rank() * rows;

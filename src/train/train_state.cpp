@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "parallel/checkpoint.hpp"
 #include "parallel/config.hpp"
@@ -31,6 +32,19 @@ struct NamedParams {
   std::vector<Parameter*> unique;
   std::vector<std::pair<Parameter*, Parameter*>> duplicates;  // (copy, the unique one it mirrors)
 };
+
+// The parameters the optimizer updates: all but the frozen ones (LoRA's base weights), which have
+// no optimizer state to save or load.
+std::vector<Parameter*> trained(const std::vector<Parameter*>& params) {
+  std::vector<Parameter*> out;
+  for (Parameter* p : params)
+    if (!p->frozen) out.push_back(p);
+  return out;
+}
+
+bool is_lora_adapter(const Parameter& p) {
+  return p.name.ends_with(".lora_A.weight") || p.name.ends_with(".lora_B.weight");
+}
 
 NamedParams by_name(const std::vector<Parameter*>& params) {
   NamedParams out;
@@ -305,8 +319,9 @@ std::string save_with(const TrainProgress& progress, const std::vector<Parameter
   // Kept alive until save() has written them (the gathered state of the distributed optimizer).
   std::map<std::string, ParamState> states;
   if (optimizer != nullptr) {
-    states = full_state(*optimizer, named.unique);
-    for (Parameter* p : named.unique) {
+    const std::vector<Parameter*> updated = trained(named.unique);
+    states = full_state(*optimizer, updated);
+    for (Parameter* p : updated) {
       const ParamState& s = states.at(p->name);
       // Every dp rank holds the same (gathered) state: the parameter's writer rule applies as is.
       const bool writer = checkpoint::is_replica_writer(*p, coord);
@@ -357,12 +372,29 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   // A gather still in flight would overwrite the loaded parameters when it lands.
   finish_pending_gather(optimizer);
   const NamedParams named = by_name(params);
+  // LoRA adapters that the checkpoint does not hold (a base model imported with convert_checkpoint,
+  // or one pretrained without adapters) keep their initial values, and the run starts fresh from
+  // the loaded weights: docs/lora.md.
+  bool new_adapters = false;
+  std::vector<Parameter*> stored = named.unique;
+  if (std::any_of(stored.begin(), stored.end(), [](const Parameter* p) { return is_lora_adapter(*p); })) {
+    const checkpoint::CheckpointInfo info =
+        checkpoint::read_info(path.empty() ? "latest" : path, default_root);
+    std::unordered_set<std::string> saved;
+    for (const checkpoint::TensorInfo& t : info.tensors) saved.insert(t.name);
+    std::erase_if(stored, [&](const Parameter* p) {
+      const bool missing = is_lora_adapter(*p) && !saved.count(p->name);
+      new_adapters = new_adapters || missing;
+      return missing;
+    });
+  }
   std::vector<checkpoint::ShardedTensor> weights;
-  for (Parameter* p : named.unique) weights.push_back(checkpoint::from_parameter(*p, true));
+  for (Parameter* p : stored) weights.push_back(checkpoint::from_parameter(*p, true));
   checkpoint::LoadOptions options;
   options.default_root = default_root;
-  const checkpoint::LoadResult loaded =
+  checkpoint::LoadResult loaded =
       checkpoint::load(path.empty() ? "latest" : path, weights, state.world(), options);
+  if (new_adapters) loaded.has_optimizer_state = false;  // no state for the new adapters: start fresh
 
   LoadResult result;
   result.path = loaded.step_dir;
@@ -392,7 +424,7 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
     // vocabulary rows are not in the checkpoint: their moments stay 0 (they never get a gradient)
     // and their main params follow the loaded weights.
     std::vector<checkpoint::ShardedTensor> tensors;
-    for (Parameter* p : named.unique) {
+    for (Parameter* p : trained(named.unique)) {
       ParamState& s = states[p->name];
       if (muon_state(*optimizer, *p)) {
         s.momentum = Tensor::zeros(p->value.shape(), DType::F32);
@@ -423,7 +455,7 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   auto slices = slices_by_name(*optimizer);
   // The distributed optimizer holds no state at all for parameters outside this rank's shards.
   if (!is_sharded(*optimizer))
-    for (Parameter* p : named.unique)
+    for (Parameter* p : trained(named.unique))
       PARALLEL_CHECK(slices.count(p->name), "load_train_state: the optimizer does not update parameter '{}'",
                      p->name);
   if (!loaded.has_optimizer_state) {
