@@ -4,7 +4,8 @@
 //   hf_compare losses METRICS_JSONL AFTER3    each step's "loss" within relative 1e-5 of the
 //                                             fixture's losses, one line per step, as many steps
 //   hf_compare weights HF_DIR AFTER3          the folder's tensors against the fixture's weights
-//                                             after the steps (every model tensor, nothing more)
+//                                             after the steps (every model tensor, nothing more);
+//                                             a PEFT adapter folder: its adapter_model.safetensors
 //   hf_compare equal HF_DIR REFERENCE [--subset]
 //                                             the same names and bit-identical values (as float:
 //                                             a BF16 tensor equals its F32 widening); --subset: the
@@ -38,10 +39,13 @@ using parallel::Tensor;
 using Tensors = std::map<std::string, Tensor>;
 
 bool is_fixture_record(const std::string& name) {
-  return name == "tokens" || name == "targets" || name == "losses";
+  return name == "tokens" || name == "targets" || name == "losses" || name == "logits";
 }
 
+// A model folder, a PEFT adapter folder (adapter_model.safetensors) or one safetensors file.
 Tensors load_any(const std::string& path) {
+  const std::filesystem::path adapter = std::filesystem::path(path) / "adapter_model.safetensors";
+  if (std::filesystem::is_regular_file(adapter)) return parallel::safetensors::load(adapter.string());
   return std::filesystem::is_directory(path) ? parallel::hf::load_folder(path)
                                              : parallel::safetensors::load(path);
 }
@@ -79,7 +83,7 @@ int losses(const std::string& metrics, const std::string& after3) {
 }
 
 int weights(const std::string& dir, const std::string& after3) {
-  const Tensors actual = parallel::hf::load_folder(dir), reference = parallel::safetensors::load(after3);
+  const Tensors actual = load_any(dir), reference = parallel::safetensors::load(after3);
   int bad = 0, compared = 0;
   double worst_all = 0;
   for (const auto& [name, expected] : reference) {

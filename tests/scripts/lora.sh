@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# LoRA fine-tuning of an imported Hugging Face model (docs/lora.md) against the PyTorch reference of
+# tests/reference/make_lora_fixture.py (rank 4, alpha 8, every linear of the hf_llama_tiny fixture,
+# 3 AdamW steps on the adapters, float64):
+#  1. the trainer starts from the reference's initial adapters (a step with lr 0 exports them bit for
+#     bit with --to peft);
+#  2. one rank, tp2 x pp2, tp2 + sequence parallelism, and dp2 under each optimizer.sharding mode
+#     (real processes) give the reference's losses (relative 1e-5); each run's --to peft adapters
+#     match the reference's after the steps (hf_compare's tolerance) and its --to hf --merge-lora
+#     weights match W + alpha / r * B A;
+#  3. the base weights are frozen: --to hf without --merge-lora gives the imported model back bit for
+#     bit, and the checkpoints hold optimizer state (and, in bf16, fp32 main params) for the adapters
+#     only;
+#  4. adapter dropout is keyed by global positions: with lora.dropout 0.2 one rank, tp2 x pp2 and
+#     tp2 + sp give the same losses (relative 1e-5), which differ from the losses without dropout;
+#  5. adapter_config.json holds PEFT's keys; one-line errors for an unknown module, a bad rank and
+#     --to peft of a checkpoint without adapters.
+#   lora.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
+set -euo pipefail
+src=$1 convert=$2 pretrain=$3 compare=$4
+shift 4
+mpiexec=("$@")
+fx=$src/tests/reference/fixtures
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export PARALLEL_LOG_LEVEL=warn
+
+# make_hf_llama.py's batches and optimizer (see hf_llama.sh), with the adapters of make_lora_fixture.py.
+train=(--set model.seq_length=8 --set train.global_batch_size=2 --set train.micro_batch_size=1
+  --set train.steps=3 --set train.log_interval=1 --set train.eval_interval=0 --set train.seed=1234
+  --set data.path="$fx/hf_tokens_text_document" --set data.split=1,0,0 --set data.shuffle=false
+  --set optimizer.lr=0.01 --set optimizer.lr_decay=constant --set optimizer.warmup_steps=0
+  --set optimizer.weight_decay=0.1 --set optimizer.beta1=0.9 --set optimizer.beta2=0.95
+  --set optimizer.eps=1e-8 --set optimizer.clip_grad=0 --set model.dropout=0
+  --set model.lora.rank=4 --set model.lora.alpha=8
+  --set model.lora.target_modules=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
+
+quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on failure
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 || { echo "failed: $*"; tail -20 "$log"; exit 1; }
+}
+
+"$convert" --from hf --input "$fx/hf_llama_tiny" --output "$work/base" >/dev/null
+
+run() {  # run NAME RANKS [--set ...]: train from the imported base into $work/NAME
+  local name=$1 ranks=$2
+  shift 2
+  quiet "$work/$name.log" "${mpiexec[@]}" -np "$ranks" "$pretrain" --config "$work/base.yaml" \
+    --set checkpoint.load="$work/base" --set checkpoint.dir="$work/$name/ckpt" \
+    --set train.output_dir="$work/$name" "${train[@]}" "$@"
+}
+
+# 1. The initial adapters: one step with lr 0 (warm-up from 0, so no decay either) leaves them as drawn.
+run init 1 --set train.steps=1 --set optimizer.warmup_steps=1
+quiet "$work/init.peft.log" "$convert" --to peft --input "$work/init/ckpt" --output "$work/init/peft"
+echo -n "initial adapters: "
+"$compare" equal "$work/init/peft" "$fx/lora_llama_tiny_init.safetensors"
+
+# 2. Every layout against the reference. NAME:RANKS:SETTINGS (settings comma-separated).
+for layout in "tp1pp1:1:" "tp2pp2:4:parallel.tensor=2,parallel.pipeline=2" \
+  "tp2sp:2:parallel.tensor=2,parallel.sequence_parallel=true" \
+  "dp2_optim:2:optimizer.sharding=optim" "dp2_optim_grads:2:optimizer.sharding=optim_grads" \
+  "dp2_zero3:2:optimizer.sharding=optim_grads_params"; do
+  IFS=: read -r name ranks settings <<<"$layout"
+  sets=()
+  IFS=, read -ra pairs <<<"$settings"
+  for pair in "${pairs[@]}"; do sets+=(--set "$pair"); done
+  run "$name" "$ranks" "${sets[@]}"
+  echo -n "$name losses: "
+  "$compare" losses "$work/$name/metrics.jsonl" "$fx/lora_llama_tiny_after3.safetensors"
+  quiet "$work/$name.peft.log" "$convert" --to peft --input "$work/$name/ckpt" --output "$work/$name/peft" \
+    --base-model "$fx/hf_llama_tiny"
+  echo -n "$name adapters: "
+  "$compare" weights "$work/$name/peft" "$fx/lora_llama_tiny_after3.safetensors"
+  quiet "$work/$name.merged.log" "$convert" --to hf --merge-lora --input "$work/$name/ckpt" --output "$work/$name/merged"
+  echo -n "$name merged: "
+  "$compare" weights "$work/$name/merged" "$fx/lora_llama_tiny_merged.safetensors"
+done
+
+# 3. Frozen base: exported without merging, the weights are the imported ones, bit for bit.
+quiet "$work/base_export.log" "$convert" --to hf --input "$work/tp2pp2/ckpt" --output "$work/tp2pp2/hf"
+echo -n "base weights after LoRA training: "
+"$compare" equal "$work/tp2pp2/hf" "$fx/hf_llama_tiny"
+index=$(cat "$work/tp1pp1/ckpt/latest")
+index=$work/tp1pp1/ckpt/$index/index.json
+grep -q '"optimizer.exp_avg.layers.0.attention.query.lora_A.weight"' "$index" ||
+  { echo "no optimizer state for the adapters in $index"; exit 1; }
+if grep -o '"optimizer\.[a-z_]*\.[A-Za-z0-9_.]*"' "$index" | grep -v 'lora_[AB]\.weight"$'; then
+  echo "optimizer state for frozen weights in $index"
+  exit 1
+fi
+run bf16 1 --set train.precision=bf16
+index=$work/bf16/ckpt/$(cat "$work/bf16/ckpt/latest")/index.json
+grep -q '"optimizer.main_param.layers.1.mlp.fc2.lora_B.weight"' "$index" ||
+  { echo "bf16: no fp32 main params for the adapters"; exit 1; }
+if grep -o '"optimizer\.[a-z_]*\.[A-Za-z0-9_.]*"' "$index" | grep -v 'lora_[AB]\.weight"$'; then
+  echo "bf16: optimizer state or main params for frozen weights"
+  exit 1
+fi
+echo "frozen base: no optimizer state or main params for it (fp32 and bf16)"
+
+# 4. Adapter dropout, the same on every layout.
+losses() { grep -o '"loss": *[0-9.e+-]*' "$1/metrics.jsonl" | sed 's/.*: *//'; }
+run drop1 1 --set model.lora.dropout=0.2
+run drop_tp2pp2 4 --set model.lora.dropout=0.2 --set parallel.tensor=2 --set parallel.pipeline=2
+run drop_tp2sp 2 --set model.lora.dropout=0.2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+for other in drop_tp2pp2 drop_tp2sp; do
+  paste <(losses "$work/drop1") <(losses "$work/$other") | awk -v name="$other" '
+    { rel = ($1 - $2) / $1; if (rel < 0) rel = -rel; if (rel > worst) worst = rel; n++ }
+    END { if (n != 3 || worst > 1e-5) { printf "dropout %s: %d losses, worst relative %.3g\n", name, n, worst; exit 1 }
+          printf "dropout 0.2, %s against one rank: worst relative %.3g\n", name, worst }'
+done
+paste <(losses "$work/drop1") <(losses "$work/tp1pp1") | awk '
+  { if ($1 != $2) differ = 1 } END { if (!differ) { print "dropout 0.2 did not change the losses"; exit 1 } }'
+
+# 5. adapter_config.json, and errors.
+config=$work/tp1pp1/peft/adapter_config.json
+for key in '"peft_type": "LORA"' '"task_type": "CAUSAL_LM"' '"r": 4' '"lora_alpha": 8' '"lora_dropout": 0.0' \
+  '"base_model_name_or_path": "'"$fx/hf_llama_tiny"'"' '"q_proj"' '"down_proj"'; do
+  grep -qF -- "$key" "$config" || { echo "adapter_config.json lacks $key"; cat "$config"; exit 1; }
+done
+expect_error() {  # expect_error NAME FRAGMENT CMD...
+  local name=$1 fragment=$2
+  shift 2
+  local status=0
+  "$@" >"$work/$name.out" 2>"$work/$name.err" || status=$?
+  if [[ $status -eq 0 ]] || ! grep -qF -- "$fragment" "$work/$name.err"; then
+    echo "$name: expected a failure with '$fragment', got exit $status:"
+    cat "$work/$name.err"
+    exit 1
+  fi
+  echo "$name: $(grep -F -- "$fragment" "$work/$name.err" | head -1)"
+}
+expect_error unknown_module "model.lora.target_modules = \"q_proj,attn\": unknown module \"attn\"" \
+  "$pretrain" --config "$work/base.yaml" --set model.lora.rank=4 --set model.lora.target_modules=q_proj,attn
+expect_error fc1_on_swiglu "fc1 is the GeLU MLP's input linear" \
+  "$pretrain" --config "$work/base.yaml" --set model.lora.rank=4 --set model.lora.target_modules=fc1
+expect_error no_adapters "is not a LoRA checkpoint" "$convert" --to peft --input "$work/base" --output "$work/e1"
+expect_error merge_without "is not a LoRA checkpoint" "$convert" --to hf --merge-lora --input "$work/base" \
+  --output "$work/e2"
+echo "lora: all checks passed"
