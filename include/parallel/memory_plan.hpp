@@ -5,7 +5,8 @@
 //
 // A rank's peak is the sum of
 //   parameters      the DDP parameter buffer (fp32, or the 16-bit copy under bf16/fp16), padded as
-//                   ParamAndGradBuffer pads it, or this rank's shards (ZeRO-3)
+//                   ParamAndGradBuffer pads it, or this rank's shards (ZeRO-3), plus the frozen
+//                   parameters outside it (LoRA's base weights, docs/lora.md)
 //   gradients       the fp32 gradient buffer, or its shards
 //   optimizer       what else lives between steps: exp_avg, exp_avg_sq (+ fp32 main weights under
 //                   bf16/fp16), or Muon's momentum, whole or sharded

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <unordered_set>
 
 #include "parallel/allocator.hpp"
 #include "parallel/comm_log.hpp"
@@ -345,6 +346,11 @@ MetaRun run_on_meta(const Config& c, int rank, int world_size) {
     if (!buf.params_sharded()) m.params += static_cast<double>(buf.param_data().nbytes());
     if (!buf.grads_sharded()) m.grads += static_cast<double>(buf.grad_data().nbytes());
   }
+  // Frozen parameters (LoRA's base weights) live outside the buffers, in the compute dtype: they are
+  // parameters, not optimizer state.
+  std::unordered_set<const Parameter*> frozen;
+  for (Parameter* p : step.parameters())
+    if (p->frozen && frozen.insert(p).second) m.params += static_cast<double>(p->value.nbytes());
   // Synthetic micro-batches: this rank's cp share of the sequence (shapes only). Packed documents
   // (data.format sft, data.reset_*, data.eod_mask_loss) carry what the trainer's do: positions on
   // the host (any valid values), document starts over the whole sequence and a loss mask.

@@ -220,8 +220,47 @@ INSTANTIATE_TEST_SUITE_P(
                 "train.global_batch_size=32"}},
         Layout{"pp2_dp2_bf16_distributed",
                {"parallel.pipeline=2", "train.precision=bf16", "optimizer.distributed=true",
-                "train.global_batch_size=32"}}),
+                "train.global_batch_size=32"}},
+        // LoRA (docs/lora.md): frozen base, adapters on every linear; bf16, so only the adapters
+        // get fp32 main params.
+        Layout{"tp2_pp2_lora_bf16",
+               {"parallel.tensor=2", "parallel.pipeline=2", "train.precision=bf16", "model.lora.rank=8",
+                "model.lora.target_modules=q,k,v,o,fc1,fc2", "train.global_batch_size=32"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.label); });
+
+// The optimizer term of a LoRA run is the adapters' state only: exp_avg, exp_avg_sq and the fp32
+// main params (bf16), 12 bytes per adapter element, nothing for the frozen base. tp2 x pp2, 2 of
+// the 4 layers per stage, rank 8 on q, k, v, o, fc1, fc2 (h 64, 4 heads, ffn 256):
+//   q, k, v  A [8, 64] replicated, B [64 / 2, 8]    3 x (512 + 256)
+//   o        A [8, 64 / 2], B [64, 8] replicated    256 + 512
+//   fc1      A [8, 64], B [256 / 2, 8]              512 + 1024
+//   fc2      A [8, 256 / 2], B [64, 8]              1024 + 512
+// = 6144 per layer, 12288 per rank.
+TEST(MemoryPlanLora, OptimizerTermIsTheAdaptersOnly) {
+  if (world().rank() != 0) return;  // a plan needs no MPI: one rank checks it
+  std::vector<std::string> base = {"parallel.tensor=2", "parallel.pipeline=2", "train.precision=bf16",
+                                   "train.global_batch_size=32"};
+  std::vector<std::string> lora = base;
+  lora.push_back("model.lora.rank=8");
+  lora.push_back("model.lora.target_modules=q,k,v,o,fc1,fc2");
+  const auto term = [](const MemoryPlan& plan, const char* name) {
+    for (const MemoryTerm& t : plan.ranks[0].terms)
+      if (t.name == name) return t.bytes;
+    return int64_t{-1};
+  };
+  const MemoryPlan with = plan_memory(parse_config(kModel, lora, 4), 4);
+  const MemoryPlan without = plan_memory(parse_config(kModel, base, 4), 4);
+  const int64_t adapters = 2 * 6144, expected = 12 * adapters;
+  const int64_t optimizer = term(with, "optimizer");
+  std::printf("optimizer term: %lld B with LoRA (adapters: %lld B), %lld B without\n",
+              static_cast<long long>(optimizer), static_cast<long long>(expected),
+              static_cast<long long>(term(without, "optimizer")));
+  EXPECT_GE(optimizer, expected);
+  EXPECT_LE(optimizer, expected + expected / 10);  // bucket padding at most
+  EXPECT_GT(term(without, "optimizer"), 3 * optimizer);  // the base model has ~6x the adapters' elements
+  // No gradients for the frozen base either.
+  EXPECT_LE(term(with, "gradients"), 4 * adapters + 4 * adapters / 10);
+}
 
 }  // namespace
 }  // namespace parallel

@@ -151,6 +151,51 @@ TEST(Config, EnumsByLowercaseName) {
 
 // ---- reading errors ------------------------------------------------------------------------------
 
+// ---- LoRA (docs/lora.md) -----------------------------------------------------------------------
+
+TEST(ConfigLora, NestedMapDottedKeysAndListsAreTheSame) {
+  const Config nested = parse_config(
+      "model:\n  activation: swiglu\n  ffn_hidden_size: 128\n  lora:\n    rank: 8\n    alpha: 16\n"
+      "    dropout: 0.1\n    target_modules: [q_proj, v_proj, down_proj]\n",
+      {}, 1);
+  const Config dotted = parse_config("model:\n  activation: swiglu\n  ffn_hidden_size: 128\n",
+                                     {"model.lora.rank=8", "model.lora.alpha=16", "model.lora.dropout=0.1",
+                                      "model.lora.target_modules=q_proj,v_proj,down_proj"},
+                                     1);
+  EXPECT_EQ(nested.model.lora.rank, 8);
+  EXPECT_EQ(nested.model.lora.scale(), 2.0);
+  EXPECT_EQ(nested.model.lora.target_modules, "q_proj,v_proj,down_proj");
+  EXPECT_EQ(config_to_yaml(nested), config_to_yaml(dotted));
+  EXPECT_TRUE(nested.model.lora_targets("q"));
+  EXPECT_TRUE(nested.model.lora_targets("fc2"));
+  EXPECT_FALSE(nested.model.lora_targets("k"));
+  // The YAML written back reads as the same config.
+  EXPECT_EQ(config_to_yaml(parse_config(config_to_yaml(nested), {}, 1)), config_to_yaml(nested));
+  EXPECT_EQ(lora_target_modules("down_proj, q ,k_proj,q_proj"), (std::vector<std::string>{"q", "k", "fc2"}));
+}
+
+TEST(ConfigLora, OneLineErrors) {
+  EXPECT_EQ(override_error({"model.lora.rank=4", "model.lora.target_modules=q,attn"}),
+            "config: model.lora.target_modules = \"q,attn\": unknown module \"attn\" (q, k, v, o, fc1, gate, "
+            "up, fc2, or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.target_modules=,"}),
+              HasSubstr("names no module"));
+  EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.target_modules=gate"}),
+              HasSubstr("gate exists only in a swiglu MLP"));
+  EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.target_modules=experts"}),
+              HasSubstr("not supported yet"));
+  EXPECT_EQ(override_error({"model.lora.rank=-1"}), "config: model.lora.rank = -1: must be >= 0");
+  EXPECT_EQ(override_error({"model.lora.rank=4", "model.lora.alpha=0"}),
+            "config: model.lora.alpha = 0.0: must be > 0");
+  EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.dropout=1"}),
+              StartsWith("config: model.lora.dropout = 1.0: must be in"));
+  EXPECT_THAT(override_error({"model.lora.rank=4", "model.num_experts=4"}),
+              HasSubstr("LoRA on MoE models (model.num_experts > 0) is not supported yet"));
+  EXPECT_THAT(override_error({"model.lora.rnak=4"}), HasSubstr("model.lora.rnak: unknown key"));
+  EXPECT_THAT(parse_error("model:\n  lora:\n    rank: 4\n    rank: 8\n"),
+              HasSubstr("model.lora.rank: given twice"));
+}
+
 TEST(ConfigErrors, UnknownKeySuggestsTheNearest) {
   EXPECT_EQ(parse_error("model:\n  hidden_sise: 64\n"),
             "config: model.hidden_sise: unknown key (did you mean model.hidden_size?)");
