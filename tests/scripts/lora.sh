@@ -7,7 +7,8 @@
 #  2. one rank, tp2 x pp2, tp2 + sequence parallelism, and dp2 under each optimizer.sharding mode
 #     (real processes) give the reference's losses (relative 1e-5); each run's --to peft adapters
 #     match the reference's after the steps (hf_compare's tolerance) and its --to hf --merge-lora
-#     weights match W + alpha / r * B A;
+#     weights match W + alpha / r * B A; a run resumed on one rank from tp2 x pp2's step-2
+#     checkpoint continues as the uninterrupted run;
 #  3. the base weights are frozen: --to hf without --merge-lora gives the imported model back bit for
 #     bit, and the checkpoints hold optimizer state (and, in bf16, fp32 main params) for the adapters
 #     only;
@@ -78,6 +79,19 @@ for layout in "tp1pp1:1:" "tp2pp2:4:parallel.tensor=2,parallel.pipeline=2" \
   "$compare" weights "$work/$name/merged" "$fx/lora_llama_tiny_merged.safetensors"
 done
 
+# Resuming reshards: 2 steps on tp2 x pp2, the third on one rank from that checkpoint (adapters,
+# their optimizer state and the frozen base) give the uninterrupted run's third loss and adapters.
+run resume_a 4 --set parallel.tensor=2 --set parallel.pipeline=2 --set train.steps=2
+run resume_b 1 --set checkpoint.load="$work/resume_a/ckpt"
+losses() { grep -o '"loss": *[0-9.e+-]*' "$1/metrics.jsonl" | sed 's/.*: *//'; }
+paste <(losses "$work/tp1pp1" | tail -1) <(losses "$work/resume_b") | awk '
+  { n++; rel = ($1 - $2) / $1; if (rel < 0) rel = -rel }
+  END { if (n != 1 || rel > 1e-5) { printf "resumed: %d losses, relative %.3g\n", n, rel; exit 1 }
+        printf "resumed on one rank from tp2 x pp2 at step 2: step 3 loss relative %.3g\n", rel }'
+quiet "$work/resume_b.peft.log" "$convert" --to peft --input "$work/resume_b/ckpt" --output "$work/resume_b/peft"
+echo -n "resumed adapters: "
+"$compare" weights "$work/resume_b/peft" "$fx/lora_llama_tiny_after3.safetensors"
+
 # 3. Frozen base: exported without merging, the weights are the imported ones, bit for bit.
 quiet "$work/base_export.log" "$convert" --to hf --input "$work/tp2pp2/ckpt" --output "$work/tp2pp2/hf"
 echo -n "base weights after LoRA training: "
@@ -101,7 +115,6 @@ fi
 echo "frozen base: no optimizer state or main params for it (fp32 and bf16)"
 
 # 4. Adapter dropout, the same on every layout.
-losses() { grep -o '"loss": *[0-9.e+-]*' "$1/metrics.jsonl" | sed 's/.*: *//'; }
 run drop1 1 --set model.lora.dropout=0.2
 run drop_tp2pp2 4 --set model.lora.dropout=0.2 --set parallel.tensor=2 --set parallel.pipeline=2
 run drop_tp2sp 2 --set model.lora.dropout=0.2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
