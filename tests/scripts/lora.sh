@@ -4,16 +4,17 @@
 # 3 AdamW steps on the adapters, float64):
 #  1. the trainer starts from the reference's initial adapters (a step with lr 0 exports them bit for
 #     bit with --to peft);
-#  2. one rank, tp2 x pp2, tp2 + sequence parallelism, and dp2 under each optimizer.sharding mode
-#     (real processes) give the reference's losses (relative 1e-5); each run's --to peft adapters
+#  2. one rank, tp2 x pp2, tp2 + sequence parallelism, dp2 under each optimizer.sharding mode, pp2
+#     with the zero-bubble zb-h1 schedule (split backward), tp2 with full recompute and cp2 (real
+#     processes) give the reference's losses (relative 1e-5); each run's --to peft adapters
 #     match the reference's after the steps (hf_compare's tolerance) and its --to hf --merge-lora
 #     weights match W + alpha / r * B A; a run resumed on one rank from tp2 x pp2's step-2
 #     checkpoint continues as the uninterrupted run;
 #  3. the base weights are frozen: --to hf without --merge-lora gives the imported model back bit for
 #     bit, and the checkpoints hold optimizer state (and, in bf16, fp32 main params) for the adapters
 #     only;
-#  4. adapter dropout is keyed by global positions: with lora.dropout 0.2 one rank, tp2 x pp2 and
-#     tp2 + sp give the same losses (relative 1e-5), which differ from the losses without dropout;
+#  4. adapter dropout is keyed by global positions: with lora.dropout 0.2 one rank, tp2 x pp2,
+#     tp2 + sp, cp2 and pp2 zb-h1 give the same losses (relative 1e-5), which differ from the losses without dropout;
 #  5. adapter_config.json holds PEFT's keys; one-line errors for an unknown module, a bad rank and
 #     --to peft of a checkpoint without adapters.
 #   lora.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
@@ -62,7 +63,9 @@ echo -n "initial adapters: "
 for layout in "tp1pp1:1:" "tp2pp2:4:parallel.tensor=2,parallel.pipeline=2" \
   "tp2sp:2:parallel.tensor=2,parallel.sequence_parallel=true" \
   "dp2_optim:2:optimizer.sharding=optim" "dp2_optim_grads:2:optimizer.sharding=optim_grads" \
-  "dp2_zero3:2:optimizer.sharding=optim_grads_params"; do
+  "dp2_zero3:2:optimizer.sharding=optim_grads_params" \
+  "pp2_zbh1:2:parallel.pipeline=2,parallel.pipeline_schedule=zb-h1" "tp2_full_recompute:2:parallel.tensor=2,train.recompute=full" \
+  "cp2:2:parallel.context=2"; do
   IFS=: read -r name ranks settings <<<"$layout"
   sets=()
   IFS=, read -ra pairs <<<"$settings"
@@ -118,7 +121,9 @@ echo "frozen base: no optimizer state or main params for it (fp32 and bf16)"
 run drop1 1 --set model.lora.dropout=0.2
 run drop_tp2pp2 4 --set model.lora.dropout=0.2 --set parallel.tensor=2 --set parallel.pipeline=2
 run drop_tp2sp 2 --set model.lora.dropout=0.2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
-for other in drop_tp2pp2 drop_tp2sp; do
+run drop_cp2 2 --set model.lora.dropout=0.2 --set parallel.context=2
+run drop_zbh1 2 --set model.lora.dropout=0.2 --set parallel.pipeline=2 --set parallel.pipeline_schedule=zb-h1
+for other in drop_tp2pp2 drop_tp2sp drop_cp2 drop_zbh1; do
   paste <(losses "$work/drop1") <(losses "$work/$other") | awk -v name="$other" '
     { rel = ($1 - $2) / $1; if (rel < 0) rel = -rel; if (rel > worst) worst = rel; n++ }
     END { if (n != 3 || worst > 1e-5) { printf "dropout %s: %d losses, worst relative %.3g\n", name, n, worst; exit 1 }
