@@ -137,6 +137,54 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
   return units;
 }
 
+// LoRA (docs/lora.md): the units of one chunk's buffer, which holds the adapters only (the base is
+// frozen, outside it), tagged with their model units as chunk_parameter_units does. Per layer, in
+// registration order: the q|k|v A's (one storage) and B's, proj's A and B, the fc1 / gate|up A's and
+// B's, fc2's A and B.
+std::vector<int64_t> chunk_lora_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp,
+                                      std::vector<int>* model_units, int* next_model_unit) {
+  const int64_t h = m.hidden_size, heads = m.num_attention_heads, r = m.lora.rank;
+  const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const int64_t d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+  const int64_t nq = heads / tp * d, nkv = groups / tp * d, f = ffn / tp;
+  std::vector<int64_t> units;
+  int unit_id = *next_model_unit;
+  auto tag = [&] {
+    while (model_units->size() < units.size()) model_units->push_back(unit_id);
+    ++unit_id;
+  };
+  // A column-parallel linear's parts (local output rows each): the A's [r, h] in one unit, a B each.
+  auto column = [&](std::initializer_list<std::pair<const char*, int64_t>> parts) {
+    int64_t pairs = 0;
+    for (const auto& [module, rows] : parts) pairs += m.lora_targets(module) ? 1 : 0;
+    if (pairs == 0) return;
+    units.push_back(pairs * r * h);
+    for (const auto& [module, rows] : parts)
+      if (m.lora_targets(module)) units.push_back(rows * r);
+  };
+  // A row-parallel linear: A [r, in_local], B [h, r].
+  auto row = [&](const char* module, int64_t in_local) {
+    if (!m.lora_targets(module)) return;
+    units.push_back(r * in_local);
+    units.push_back(h * r);
+  };
+  if (spec.pre_process) tag();
+  const bool swiglu = m.activation == Activation::SwiGLU;
+  for (int i = 0; i < spec.num_layers; ++i) {
+    column({{"q", nq}, {"k", nkv}, {"v", nkv}});
+    row("o", nq);
+    if (swiglu)
+      column({{"gate", f}, {"up", f}});
+    else
+      column({{"fc1", f}});
+    row("fc2", f);
+    tag();
+  }
+  if (spec.post_process) tag();
+  *next_model_unit = unit_id;
+  return units;
+}
+
 // Elements of this rank's MoE experts in one chunk (num_experts / ep per MoE layer, fc1 and fc2,
 // 1/etp of each): the trainer's expert DataParallel buffer, unsharded, its gradients fp32.
 double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, int ep, int etp) {
@@ -193,10 +241,21 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
   std::vector<int64_t> units;
   std::vector<int> model_units;
   int next_model_unit = 0;
-  for (const GPTChunkSpec& spec : chunks)
+  // LoRA: the buffers hold the adapters; the frozen base lives beside them in the compute dtype.
+  const bool lora = c.model.lora.enabled();
+  double frozen = 0;
+  for (const GPTChunkSpec& spec : chunks) {
+    if (lora) {
+      for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor, false))
+        frozen += static_cast<double>(u);
+      for (int64_t u : chunk_lora_units(c.model, spec, c.parallel.tensor, &model_units, &next_model_unit))
+        units.push_back(u);
+      continue;
+    }
     for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor, sharded_optimizer, &model_units,
                                            &next_model_unit))
       units.push_back(u);
+  }
   // The buffer's layout order (grad_buffer.hpp): reverse registration order, which is also reverse
   // model-unit order with each unit's parameters reversed.
   std::reverse(units.begin(), units.end());
@@ -244,6 +303,8 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
                 4.0;
   s.optimizer = (sharded_optimizer ? shard : numel) * optimizer_bytes_per_element(c.train.precision);
   s.steady = (shard_params ? shard : numel) * pe + (shard_grads ? shard : numel) * 4.0 + s.optimizer;
+  s.parameters += frozen * pe;
+  s.steady += frozen * pe;
   if (sharded_optimizer) {
     double largest_bucket = 0;
     for (int64_t b : layout.bucket_numels) largest_bucket = std::max(largest_bucket, static_cast<double>(b));

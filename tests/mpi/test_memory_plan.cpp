@@ -225,7 +225,13 @@ INSTANTIATE_TEST_SUITE_P(
         // get fp32 main params.
         Layout{"tp2_pp2_lora_bf16",
                {"parallel.tensor=2", "parallel.pipeline=2", "train.precision=bf16", "model.lora.rank=8",
-                "model.lora.target_modules=q,k,v,o,fc1,fc2", "train.global_batch_size=32"}}),
+                "model.lora.target_modules=q,k,v,o,fc1,fc2", "train.global_batch_size=32"}},
+        // ...with ZeRO-3 over dp2 and a save at the last step: the save's gathered state is the
+        // adapters' (layout arithmetic, chunk_lora_units), not the base's.
+        Layout{"pp2_dp2_lora_zero3_bf16_save",
+               {"parallel.pipeline=2", "optimizer.sharding=optim_grads_params", "train.precision=bf16",
+                "model.lora.rank=8", "model.lora.target_modules=q,k,v,o,fc1,fc2",
+                "checkpoint.dir=", "train.global_batch_size=32"}}),
     [](const ::testing::TestParamInfo<Layout>& info) { return std::string(info.param.label); });
 
 // The optimizer term of a LoRA run is the adapters' state only: exp_avg, exp_avg_sq and the fp32
@@ -256,10 +262,24 @@ TEST(MemoryPlanLora, OptimizerTermIsTheAdaptersOnly) {
               static_cast<long long>(optimizer), static_cast<long long>(expected),
               static_cast<long long>(term(without, "optimizer")));
   EXPECT_GE(optimizer, expected);
-  EXPECT_LE(optimizer, expected + expected / 10);  // bucket padding at most
+  EXPECT_LE(optimizer, expected + expected / 10);        // bucket padding at most
   EXPECT_GT(term(without, "optimizer"), 3 * optimizer);  // the base model has ~6x the adapters' elements
   // No gradients for the frozen base either.
   EXPECT_LE(term(with, "gradients"), 4 * adapters + 4 * adapters / 10);
+
+  // A checkpoint save under ZeRO-3 gathers the adapters' state only. Wide and short (weights
+  // outweigh activations) so that the base model's save does not fit under the training peak.
+  std::vector<std::string> save = {"parallel.pipeline=2",      "optimizer.sharding=optim_grads_params",
+                                   "train.precision=bf16",     "checkpoint.dir=/nonexistent",
+                                   "model.hidden_size=512",    "model.seq_length=8",
+                                   "train.micro_batch_size=1", "train.global_batch_size=2"};
+  const int64_t base_save = term(plan_memory(parse_config(kModel, save, 4), 4), "checkpoint");
+  save.push_back("model.lora.rank=8");
+  const int64_t lora_save = term(plan_memory(parse_config(kModel, save, 4), 4), "checkpoint");
+  std::printf("checkpoint term (ZeRO-3 save): %lld B with LoRA, %lld B without\n",
+              static_cast<long long>(lora_save), static_cast<long long>(base_save));
+  EXPECT_GT(base_save, 0);
+  EXPECT_LT(lora_save, base_save / 10);
 }
 
 }  // namespace
