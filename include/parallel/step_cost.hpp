@@ -46,6 +46,7 @@
 #include "parallel/hardware.hpp"
 #include "parallel/meta.hpp"
 #include "parallel/meta_timeline.hpp"
+#include "parallel/pipeline.hpp"
 
 namespace parallel::plan {
 
@@ -108,6 +109,7 @@ struct SimEntry {
   CommEvent comm;      // Kind::Comm
   int64_t call = -1;   // as TimelineEntry::call
 };
+// Replay entries are costed once per range and copied, their calls renumbered.
 std::vector<SimEntry> cost_timeline(const std::vector<TimelineEntry>& timeline, const CostModel& cost);
 
 // Replays the representatives' timelines together (rank -> timeline). Throws when a message has
@@ -120,18 +122,59 @@ SimulationResult simulate(const std::map<int, std::vector<TimelineEntry>>& timel
 // The representatives of the symmetry classes: the rank with tp = cp = dp = 0 on each stage.
 std::vector<int> representative_ranks(const Config& c, int world_size);
 
+// Micro-batch replay: between the pipeline executor and the model, runs micro-batches 0, 1 and the
+// last for real and records every other one's forward / backward as a replay of micro-batch 1's
+// timeline entries of the same chunk and action (meta_timeline.hpp), returning an empty meta tensor
+// of the shape micro-batch 1's returned. Valid because a step's micro-batches do the same work on the
+// same shapes (synthetic data, balanced MoE routing): the ops, their order and the calls they issue
+// do not depend on the micro-batch's index, except on the first (first-use work) and the last (its
+// backward starts the data-parallel reductions), which run. The executor (the schedule, pipeline
+// messages) runs for real. test_step_cost holds the expanded replayed timeline equal, entry by entry,
+// to the timeline of running every micro-batch. The allocator sees no replayed allocation, so a
+// replayed run's peak is not the step's: memory comes from the memory plan (memory_plan.hpp).
+class MicroBatchReplay final : public pipeline::PipelineModel {
+ public:
+  MicroBatchReplay(pipeline::PipelineModel& inner, int micro_batches);
+  Tensor forward(int chunk, int micro_batch, const Tensor& input) override;
+  Tensor backward(int chunk, int micro_batch, const Tensor& grad) override;
+  Tensor backward_input(int chunk, int micro_batch, const Tensor& grad) override;
+  void backward_weight(int chunk, int micro_batch) override;
+  int replays() const { return replays_; }
+
+ private:
+  enum class Action { Forward, Backward, BackwardInput, BackwardWeight };
+  struct Segment {
+    std::size_t begin = 0, end = 0;  // micro-batch 1's entries
+    bool defined = false;            // its result
+    Shape shape;
+    DType dtype = DType::F32;
+    std::vector<std::pair<int64_t, std::ptrdiff_t>> earlier_waits;  // call -> index in the predecessor's
+  };
+  bool runs(int micro_batch) const;
+  template <typename Run>
+  Tensor run_or_replay(Action action, int chunk, int micro_batch, Run run);
+
+  pipeline::PipelineModel& inner_;
+  int micro_batches_;
+  std::map<std::pair<int, int>, Segment> segments_;                 // (action, chunk)
+  std::map<std::pair<int, int>, std::vector<int64_t>> last_calls_;  // the last micro-batch's calls
+  std::map<std::pair<int, int>, std::vector<int64_t>> real_calls_;  // the last real run's
+  int replays_ = 0;
+};
+
 // One rank's training step on meta: its timeline and its allocator peak.
 struct RankTrace {
   int rank = 0;
+  // With replay, Replay entries stand for repeated micro-batches (expand_timeline gives them all).
   std::vector<TimelineEntry> timeline;  // plan_step keeps it costed (SimEntry) and empties this
-  int64_t peak_bytes = 0;               // meta allocator's peak, model construction included
-  double flops = 0;                     // all ops' FLOPs (recompute included: hardware FLOPs)
+  int64_t peak_bytes = 0;  // meta allocator's peak, model construction included (without replay only)
+  double flops = 0;        // all ops' FLOPs (recompute included: hardware FLOPs), replays included
 };
 // THE ONE PLACE the planner composes the step: rank `rank` of a `world_size`-rank job running one
-// training step of `c` on Device::meta() over a MetaCommunicator. It composes the step as
-// tests/common/meta_step.hpp does (Trainer's constructor and loop body); it is to become the shared
-// TrainStep once that exists.
-RankTrace trace_step(const Config& c, int world_size, int rank);
+// training step of `c` (the trainer's TrainStep) on Device::meta() over a MetaCommunicator.
+// `replay`: identical micro-batches are replayed (MicroBatchReplay), which makes a step of many
+// micro-batches cost a few of them to trace.
+RankTrace trace_step(const Config& c, int world_size, int rank, bool replay = true);
 
 // Model FLOPs of one step (the whole job), counted from the config: 2 x each matmul weight's
 // elements per token forward (attention projections, MLP or the top-k experts and the router, the

@@ -105,6 +105,11 @@ class TrainStep {
   // rank's own share (the all-reduce moves nothing).
   int64_t parameter_count() const { return parameter_count_; }
 
+  // The planner's micro-batch replay (step_cost.hpp) stands between the executor and the model: from
+  // now on the step's schedule runs `wrap(model)` instead of the model itself (empty: the model).
+  using ModelWrapper = std::function<std::unique_ptr<pipeline::PipelineModel>(pipeline::PipelineModel&)>;
+  void wrap_pipeline_model(const ModelWrapper& wrap);
+
   // The device allocator's high-water mark (absolute bytes) while the groups and the model chunks
   // were built, and since then (sampled before every pipeline run, which resets the allocator's
   // peak, and after every step; sample_peak() samples it now).
@@ -126,6 +131,7 @@ class TrainStep {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<pipeline::PipelineExecutor> executor_, eval_executor_;
   std::unique_ptr<pipeline::PipelineModel> driver_;
+  std::unique_ptr<pipeline::PipelineModel> wrapped_;  // wrap_pipeline_model's, around driver_
   int micro_batches_ = 1;
   int64_t parameter_count_ = 0;
   int64_t construction_peak_ = 0;

@@ -336,14 +336,22 @@ std::string gemm_implementation(DType operands) {
 
 bool native_gemm(DType operands) {
   if (operands == DType::F32) return true;
+  // Asked once per dtype: the answer is the CPU's (its ISA), and building a primitive descriptor
+  // (which throws where there is none) costs tens of microseconds - the meta ops ask on every GEMM.
+  static std::mutex mutex;
+  static std::map<DType, bool> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(operands); it != known.end()) return it->second;
   const GemmKey key{
       256, 256, 256, false, true, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(), operands, DType::F32};
+  bool native = true;
   try {
     (void)matmul_desc(key, context().engine);
-    return true;
   } catch (const dnnl::error&) {
-    return false;
+    native = false;
   }
+  known[operands] = native;
+  return native;
 }
 
 void open_weight_packing(const std::vector<std::pair<const void*, int64_t>>& buffers) {

@@ -260,18 +260,62 @@ class Simulator {
 
 }  // namespace
 
+namespace {
+
+void append_op(std::vector<SimEntry>& out, double seconds) {
+  if (!out.empty() && out.back().kind == TimelineEntry::Kind::Op)
+    out.back().seconds += seconds;
+  else
+    out.push_back(SimEntry{.kind = TimelineEntry::Kind::Op, .seconds = seconds});
+}
+
+std::vector<SimEntry> cost_range(const std::vector<TimelineEntry>& timeline, std::size_t begin,
+                                 std::size_t end, const CostModel& cost) {
+  std::vector<SimEntry> out;
+  for (std::size_t i = begin; i < end; ++i) {
+    const TimelineEntry& e = timeline[i];
+    PARALLEL_CHECK(e.kind != TimelineEntry::Kind::Replay, "cost_timeline: a replay of a replay (entry {})",
+                   i);
+    if (e.kind == TimelineEntry::Kind::Op)
+      append_op(out, cost.op_seconds(e.op));
+    else
+      out.push_back(SimEntry{.kind = e.kind, .seconds = 0, .comm = e.comm, .call = e.call});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<SimEntry> cost_timeline(const std::vector<TimelineEntry>& timeline, const CostModel& cost) {
   std::vector<SimEntry> out;
+  std::map<std::pair<int64_t, int64_t>, std::vector<SimEntry>> ranges;  // costed once each
   for (const TimelineEntry& e : timeline) {
     if (e.kind == TimelineEntry::Kind::Op) {
-      const double t = cost.op_seconds(e.op);
-      if (!out.empty() && out.back().kind == TimelineEntry::Kind::Op)
-        out.back().seconds += t;
-      else
-        out.push_back(SimEntry{.kind = e.kind, .seconds = t});
+      append_op(out, cost.op_seconds(e.op));
       continue;
     }
-    out.push_back(SimEntry{.kind = e.kind, .seconds = 0, .comm = e.comm, .call = e.call});
+    if (e.kind != TimelineEntry::Kind::Replay) {
+      out.push_back(SimEntry{.kind = e.kind, .seconds = 0, .comm = e.comm, .call = e.call});
+      continue;
+    }
+    auto it = ranges.find({e.replay_begin, e.replay_end});
+    if (it == ranges.end())
+      it = ranges
+               .emplace(std::pair{e.replay_begin, e.replay_end},
+                        cost_range(timeline, static_cast<std::size_t>(e.replay_begin),
+                                   static_cast<std::size_t>(e.replay_end), cost))
+               .first;
+    int64_t first = -1;
+    for (const SimEntry& r : it->second) {
+      if (r.kind == TimelineEntry::Kind::Op) {
+        append_op(out, r.seconds);
+        continue;
+      }
+      if (r.kind == TimelineEntry::Kind::Comm && first < 0) first = r.call;
+      SimEntry copy = r;
+      copy.call = replayed_call(e, first, r.call);
+      out.push_back(std::move(copy));
+    }
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "parallel/allocator.hpp"
+#include "parallel/error.hpp"
 #include "parallel/meta_communicator.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/step_cost.hpp"
@@ -13,7 +14,9 @@
 
 namespace parallel::plan {
 
-RankTrace trace_step(const Config& c, int world_size, int rank) {
+namespace {
+
+RankTrace trace_once(const Config& c, int world_size, int rank, bool replay) {
   const Device device = Device::meta();
   Allocator& alloc = allocator_for(device);
   const auto base = static_cast<int64_t>(alloc.stats().allocated);
@@ -26,6 +29,11 @@ RankTrace trace_step(const Config& c, int world_size, int rank) {
   std::optional<MetaTimeline> timeline;
   {
     TrainStep step(c, world, device);
+    const int micro_batches = step.micro_batches();
+    if (replay)
+      step.wrap_pipeline_model([micro_batches](pipeline::PipelineModel& inner) {
+        return std::make_unique<MicroBatchReplay>(inner, micro_batches);
+      });
     // Synthetic tokens: this rank's [micro-batch, sequence / cp] int32 ids, shapes only.
     const int64_t local_seq = c.model.seq_length / c.parallel.context;
     const auto micro_batch = [&](int) {
@@ -37,9 +45,30 @@ RankTrace trace_step(const Config& c, int world_size, int rank) {
     trace.peak_bytes = static_cast<int64_t>(alloc.stats().peak_allocated) - base;
   }
   trace.timeline = timeline->entries();
-  for (const TimelineEntry& e : trace.timeline)
-    if (e.kind == TimelineEntry::Kind::Op) trace.flops += e.op.flops;
+  // FLOPs up to each entry, so that a replay adds its range's.
+  std::vector<double> before(trace.timeline.size() + 1, 0.0);
+  for (std::size_t i = 0; i < trace.timeline.size(); ++i) {
+    const TimelineEntry& e = trace.timeline[i];
+    double f = e.kind == TimelineEntry::Kind::Op ? e.op.flops : 0.0;
+    if (e.kind == TimelineEntry::Kind::Replay)
+      f = before[static_cast<std::size_t>(e.replay_end)] - before[static_cast<std::size_t>(e.replay_begin)];
+    before[i + 1] = before[i] + f;
+  }
+  trace.flops = before.back();
   return trace;
+}
+
+}  // namespace
+
+RankTrace trace_step(const Config& c, int world_size, int rank, bool replay) {
+  if (!replay) return trace_once(c, world_size, rank, false);
+  try {
+    return trace_once(c, world_size, rank, true);
+  } catch (const Error&) {
+    // A micro-batch that waits for an earlier one's calls in a way the replay cannot map: run
+    // every micro-batch (a genuine error recurs there).
+    return trace_once(c, world_size, rank, false);
+  }
 }
 
 }  // namespace parallel::plan

@@ -138,6 +138,8 @@ TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
 
 TrainStep::~TrainStep() = default;
 
+void TrainStep::wrap_pipeline_model(const ModelWrapper& wrap) { wrapped_ = wrap ? wrap(*driver_) : nullptr; }
+
 int64_t TrainStep::peak_bytes() const {
   return std::max(peak_, static_cast<int64_t>(allocator_for(device_).stats().peak_allocated));
 }
@@ -201,7 +203,7 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
       packing.emplace(
           expert_ddp_ ? std::vector<Tensor>{ddp_->buffer().param_data(), expert_ddp_->buffer().param_data()}
                       : std::vector<Tensor>{ddp_->buffer().param_data()});
-    executor_->run(*driver_);
+    executor_->run(wrapped_ ? *wrapped_ : *driver_);
   };
   const auto fingerprint = [&] {
     RunFingerprint f;
