@@ -11,6 +11,7 @@
 
 #include "parallel/config.hpp"
 #include "parallel/hardware.hpp"
+#include "parallel/layout_search.hpp"
 #include "parallel/memory_plan.hpp"
 #include "parallel/preflight.hpp"
 #include "parallel/runtime.hpp"
@@ -44,6 +45,14 @@ int main(int argc, char** argv) {
                  "with --hardware: ranks placed on each node (default: the machine's devices per node); "
                  "more than its devices time-shares them")
       ->check(CLI::Range(1, 1 << 16));
+  bool search = false;
+  int search_top = 5;
+  app.add_flag(
+      "--search", search,
+      "with --plan and --hardware: enumerate the layouts of the model on --world-size ranks that fit "
+      "memory, rank them by predicted step time, print the best and write them to plan.json "
+      "(docs/planner.md \"Search\")");
+  app.add_option("--top", search_top, "with --search: how many layouts to keep")->check(CLI::Range(1, 1000));
   bool plan_on_meta = false;
   app.add_flag("--meta", plan_on_meta,
                "with --plan: plan by running the trainer's first two steps on the meta device, once per "
@@ -67,6 +76,8 @@ int main(int argc, char** argv) {
           "pretrain_gpt: --world-size is for --plan only (training uses the ranks launched)");
     if ((!hardware_file.empty() || ranks_per_node > 0) && !plan_only)
       throw parallel::ConfigError("pretrain_gpt: --hardware and --ranks-per-node are for --plan only");
+    if (search && (!plan_only || hardware_file.empty()))
+      throw parallel::ConfigError("pretrain_gpt: --search needs --plan and --hardware FILE");
     if (ranks_per_node > 0 && hardware_file.empty())
       throw parallel::ConfigError("pretrain_gpt: --ranks-per-node needs --hardware FILE");
     const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
@@ -75,6 +86,23 @@ int main(int argc, char** argv) {
       // Every rank, so that all fail alike (one line naming train.output_dir, exit 2).
       parallel::check_writable_dir("train.output_dir", config.train.output_dir,
                                    "rank" + std::to_string(rt.rank()));
+      if (search) {
+        if (rt.rank() != 0) return 0;
+        const parallel::HardwareDescription hw = parallel::load_hardware(hardware_file);
+        const parallel::plan::SearchResult result = parallel::plan::search_layouts(
+            config, world_size, hw, {.top_k = search_top, .ranks_per_node = ranks_per_node});
+        std::printf("layouts of %d ranks on %s (%s):\n%s", world_size, hw.name.c_str(), hardware_file.c_str(),
+                    parallel::plan::search_table(result).c_str());
+        const std::filesystem::path file = std::filesystem::path(config.train.output_dir) / "plan.json";
+        std::ofstream out(file);
+        out << parallel::plan::search_json(result, world_size, hardware_file);
+        out.flush();
+        if (!out)
+          throw std::runtime_error("train.output_dir = \"" + config.train.output_dir + "\": cannot write " +
+                                   file.string());
+        std::printf("wrote %s\n", file.string().c_str());
+        return 0;
+      }
       const parallel::MemoryPlan plan = plan_on_meta ? parallel::plan_memory_on_meta(config, world_size)
                                                      : parallel::plan_memory(config, world_size);
       if (rt.rank() == 0) {

@@ -1,0 +1,69 @@
+#pragma once
+// The layout search (issue 26; docs/planner.md "Search"): which layout of a model on N devices
+// fits memory and runs fastest, predicted by the planner without launching anything.
+//
+// Enumerated: tensor (divisors of the world up to a node's devices: tensor parallelism across nodes
+// is not considered), pipeline (divisors of the rest that divide the layers), virtual stages (1, 2,
+// 4, ... while the chunks divide the layers), context (1, and divisors up to 8 for sequences of
+// 8192 and more), expert (MoE only: divisors of the experts), data (the rest); schedule (1F1B and
+// zb-h1 without virtual stages; interleaved, and zb-v at 2 virtual stages, with them); sharding
+// (none, optim, optim_grads, optim_grads_params when data > 1); recompute (none, selective, full);
+// micro-batch size (1, 2, 4, 8 dividing the per-rank batch). The model, global batch, precision
+// and everything else stay as configured.
+//
+// Pruned, in order:
+//   1. the layout rules: validate_config (the same rules a launch is held to);
+//   2. a memory lower bound: a rank holds at least its stage's weights in the compute dtype
+//      (sharded over data under optim_grads_params) and AdamW's two fp32 moments (sharded under
+//      any sharding); a layout whose bound exceeds the device's memory (hardware memory_GiB) goes;
+//   3. a time lower bound, for branch and bound: the model FLOPs of a device (plus the recomputed
+//      forward under full recompute) at the device's matmul peak times its best shape efficiency.
+//      Layouts are simulated in increasing order of that bound, and the search stops when the
+//      bound reaches the k-th best predicted step time;
+//   4. recompute dominance: more recompute adds compute and no communication, so it is assumed
+//      never to make a layout faster; a layout is tried with selective (full) recompute only when
+//      the same layout with none (selective) did not fit memory;
+//   5. memory: a layout that would enter the top k gets the memory plan (plan_memory, the meta
+//      run) and is kept only when its largest rank fits.
+// Ranked by the predicted step time of plan_step (the same figure `--plan` reports for the layout).
+#include <string>
+#include <vector>
+
+#include "parallel/config.hpp"
+#include "parallel/hardware.hpp"
+#include "parallel/step_cost.hpp"
+
+namespace parallel::plan {
+
+struct SearchOptions {
+  int top_k = 5;
+  int ranks_per_node = 0;  // as plan_step
+  std::vector<int> micro_batch_sizes{1, 2, 4, 8};
+};
+
+struct SearchedLayout {
+  Config config;       // validated for the world size
+  std::string layout;  // "tp8 pp64 v1 dp6 cp1 ep1 1f1b sharding none recompute full mb1"
+  double step_time_s = 0;
+  double model_tflops_per_device = 0;
+  double mfu = 0;
+  double bubble_fraction = 0;
+  double time_lower_bound_s = 0;
+  int64_t peak_bytes = 0;  // the memory plan's largest rank (device allocator)
+};
+
+struct SearchResult {
+  std::vector<SearchedLayout> top;  // fastest first
+  int enumerated = 0, rejected_by_rules = 0, rejected_by_memory_bound = 0, dominated = 0, simulated = 0,
+      rejected_by_memory = 0, memory_plans = 0;
+  double seconds = 0;
+  double memory_limit_bytes = 0;  // 0: the hardware states none, nothing is rejected for memory
+};
+
+SearchResult search_layouts(const Config& base, int world_size, const HardwareDescription& hw,
+                            const SearchOptions& options = {});
+std::string layout_name(const Config& c);
+std::string search_table(const SearchResult& r);
+std::string search_json(const SearchResult& r, int world_size, const std::string& hardware);
+
+}  // namespace parallel::plan
