@@ -39,6 +39,9 @@ struct SearchOptions {
   int top_k = 5;
   int ranks_per_node = 0;  // as plan_step
   std::vector<int> micro_batch_sizes{1, 2, 4, 8};
+  // Simulate every layout that passes the rules and the memory bound (no time bound, no recompute
+  // dominance): the brute force the tests hold the search to.
+  bool exhaustive = false;
 };
 
 struct SearchedLayout {

@@ -252,9 +252,9 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     return layout_name(k);
   };
   for (Candidate& cand : candidates) {
-    if (cand.bound >= kth()) break;  // every later one is bounded at least as high
+    if (!options.exhaustive && cand.bound >= kth()) break;  // every later one is bounded as high
     const std::string key = sibling(cand.config);
-    if (weaker_settled[key]) {
+    if (!options.exhaustive && weaker_settled[key]) {
       ++result.dominated;
       continue;
     }
@@ -264,7 +264,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     if (std::getenv("DBG_SEARCH"))
       fprintf(stderr, "DBG %s bound %.3f time %.3f\n", layout_name(cand.config).c_str(), cand.bound,
               p.sim.step_time_s);
-    if (p.sim.step_time_s >= kth()) continue;
+    if (p.sim.step_time_s >= kth() && !options.exhaustive) continue;
     int64_t peak = 0;
     const MemoryPlan mem = plan_memory(cand.config, world_size);
     ++result.memory_plans;

@@ -1,0 +1,101 @@
+// The layout search (layout_search.hpp) on a small world, against a brute force: every layout it
+// returns passes the layout rules and fits memory, they are ranked by predicted step time, the
+// first one's time is a direct plan_step of its config, and no layout the brute force finds (every
+// enumerated layout that passes the rules and fits, each simulated) is faster than the first -
+// which also checks the search's time lower bound and recompute dominance on this model.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "parallel/config.hpp"
+#include "parallel/layout_search.hpp"
+#include "parallel/memory_plan.hpp"
+
+namespace parallel::plan {
+namespace {
+
+HardwareDescription machine(double memory_gib) {
+  return parse_hardware(fmt::format(R"(
+name: test
+device:
+  matmul_tflops: {{fp32: 10, bf16: 40}}
+  matmul_efficiency: [[16, 0.2], [256, 0.8]]
+  vector_tflops: 1
+  memory_bandwidth_GBps: 100
+  op_overhead_us: 2
+  memory_GiB: {}
+node:
+  devices: 4
+links:
+  node: {{bandwidth_GBps: 50, latency_us: 2}}
+  cluster: {{bandwidth_GBps: 10, latency_us: 5}}
+)",
+                                    memory_gib),
+                        "test.yaml");
+}
+
+Config model() {
+  return parse_config(R"(
+model: {num_layers: 8, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 64}
+train: {micro_batch_size: 1, global_batch_size: 16, steps: 1, precision: bf16}
+data: {path: synthetic}
+)",
+                      {}, 1);
+}
+
+int64_t largest(const Config& c, int world) {
+  int64_t peak = 0;
+  for (const RankMemoryPlan& r : plan_memory(c, world).ranks) peak = std::max(peak, r.allocator_bytes);
+  return peak;
+}
+
+TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
+  constexpr int kWorld = 4;
+  // A memory limit between the layouts' peaks, so that some do not fit.
+  const double limit_gib = 4.0 / 1024;  // 4 MiB
+  const HardwareDescription hw = machine(limit_gib);
+  SearchOptions options;
+  options.top_k = 4;
+  options.micro_batch_sizes = {1, 2};
+  const SearchResult r = search_layouts(model(), kWorld, hw, options);
+  ASSERT_FALSE(r.top.empty());
+  EXPECT_GT(r.rejected_by_rules, 0);
+  EXPECT_LE(static_cast<int>(r.top.size()), options.top_k);
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    const SearchedLayout& s = r.top[i];
+    Config c = s.config;
+    EXPECT_NO_THROW(validate_config(c, kWorld)) << s.layout;
+    EXPECT_LE(static_cast<double>(s.peak_bytes), r.memory_limit_bytes) << s.layout;
+    EXPECT_EQ(s.peak_bytes, largest(s.config, kWorld)) << s.layout;
+    EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;
+    if (i > 0) EXPECT_LE(r.top[i - 1].step_time_s, s.step_time_s);
+  }
+  // The first layout's time is the plan of its config.
+  const StepPlan direct = plan_step(r.top.front().config, kWorld, hw);
+  EXPECT_EQ(direct.sim.step_time_s, r.top.front().step_time_s);
+
+  // Brute force over the same enumeration: nothing that fits is faster than the first.
+  const SearchResult all = [&] {
+    SearchOptions o = options;
+    o.top_k = 1 << 20;    // everything that fits is kept
+    o.exhaustive = true;  // no time bound, no recompute dominance: every layout simulated
+    return search_layouts(model(), kWorld, machine(1e6), o);
+  }();
+  double best = std::numeric_limits<double>::infinity();
+  int fits = 0, too_big = 0;
+  for (const SearchedLayout& s : all.top) {
+    if (static_cast<double>(s.peak_bytes) > r.memory_limit_bytes) {
+      ++too_big;
+      continue;
+    }
+    ++fits;
+    best = std::min(best, s.step_time_s);
+  }
+  EXPECT_GT(too_big, 0) << "the limit should rule some layouts out";
+  EXPECT_GT(fits, 0);
+  EXPECT_EQ(r.top.front().step_time_s, best);
+  EXPECT_LT(r.simulated, all.simulated);  // the pruning pruned
+}
+
+}  // namespace
+}  // namespace parallel::plan
