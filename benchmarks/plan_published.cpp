@@ -21,6 +21,7 @@
 
 #include "parallel/config.hpp"
 #include "parallel/hardware.hpp"
+#include "parallel/layout_search.hpp"
 #include "parallel/step_cost.hpp"
 
 namespace {
@@ -49,6 +50,11 @@ int main(int argc, char** argv) {
   app.add_option("--hardware", hardware, "hardware description")->check(CLI::ExistingFile);
   app.add_option("--rows", rows_arg, "comma-separated row indices (default: all)");
   app.add_option("--micro-batches", micro_batches, "micro-batch sizes to try");
+  bool search = false;
+  app.add_flag(
+      "--search", search,
+      "also search each row's layouts (layout_search.hpp) and print the fastest, its step time against "
+      "the published layout's prediction, and the search's time");
   CLI11_PARSE(app, argc, argv);
   const parallel::HardwareDescription hw = parallel::load_hardware(hardware);
   std::vector<int> rows;
@@ -62,8 +68,12 @@ int main(int argc, char** argv) {
   std::printf("hardware: %s (%s)\n\n", hw.name.c_str(), hardware.c_str());
   std::printf(
       "| model | GPUs | tp | pp | dp | batch | micro-batch | published TFLOP/s/GPU | predicted | predicted / "
-      "published | step (s) | bubble | exposed tp / dp / pp (s) | plan time (s) "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "published | step (s) | bubble | exposed tp / dp / pp (s) | plan time (s) |%s\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+      search
+          ? " searched: fastest layout | its step (s) | searched / published-layout step | search time (s) |"
+          : "",
+      search ? "---|---|---|---|" : "");
   std::vector<double> errors;
   for (int i : rows) {
     const Row& r = kTable1[i];
@@ -100,12 +110,31 @@ data: {{path: synthetic}}
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double ratio = best_tflops / r.published_tflops;
     errors.push_back(std::abs(ratio - 1));
+    std::string searched;
+    if (search) {
+      const std::string yaml = fmt::format(R"(
+model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, vocab_size: 51200, seq_length: 2048}}
+train: {{micro_batch_size: 1, global_batch_size: {}, precision: fp16, recompute: full, steps: 1}}
+data: {{path: synthetic}}
+)",
+                                           r.layers, r.hidden, r.heads, r.batch);
+      const parallel::Config c = parallel::parse_config(yaml, {}, 1);
+      const parallel::plan::SearchResult found = parallel::plan::search_layouts(c, r.gpus, hw, {.top_k = 1});
+      if (found.top.empty()) {
+        searched = fmt::format(" none fits | | | {:.1f} |", found.seconds);
+      } else {
+        const auto& best_layout = found.top.front();
+        searched =
+            fmt::format(" {} | {:.2f} | {:.3f} | {:.1f} |", best_layout.layout, best_layout.step_time_s,
+                        best_layout.step_time_s / best.sim.step_time_s, found.seconds);
+      }
+    }
     std::printf(
         "| %s | %d | %d | %d | %d | %d | %d | %.0f | %.1f | %.3f | %.2f | %.1f %% | %.2f / %.2f / %.2f | "
-        "%.1f |\n",
+        "%.1f |%s\n",
         r.params, r.gpus, r.tp, r.pp, dp, r.batch, best_mb, r.published_tflops, best_tflops, ratio,
         best.sim.step_time_s, 100 * best.sim.bubble_fraction, best.sim.exposed_s.at("tp"),
-        best.sim.exposed_s.at("dp"), best.sim.exposed_s.at("pp"), seconds);
+        best.sim.exposed_s.at("dp"), best.sim.exposed_s.at("pp"), seconds, searched.c_str());
     std::fflush(stdout);
   }
   std::vector<double> sorted = errors;

@@ -24,7 +24,9 @@
 //      never to make a layout faster; a layout is tried with selective (full) recompute only when
 //      the same layout with none (selective) did not fit memory;
 //   5. memory: a layout that would enter the top k gets the memory plan (plan_memory, the meta
-//      run) and is kept only when its largest rank fits.
+//      run) and is kept only when its largest rank fits. Memory is assumed monotone: a layout that
+//      did not fit rules out, unplanned and unsimulated, the same layout with a larger micro-batch,
+//      less sharding (none < optim < optim_grads < optim_grads_params) and weaker recompute.
 // Ranked by the predicted step time of plan_step (the same figure `--plan` reports for the layout).
 #include <string>
 #include <vector>
@@ -58,7 +60,7 @@ struct SearchedLayout {
 struct SearchResult {
   std::vector<SearchedLayout> top;  // fastest first
   int enumerated = 0, rejected_by_rules = 0, rejected_by_memory_bound = 0, dominated = 0, simulated = 0,
-      rejected_by_memory = 0, memory_plans = 0;
+      rejected_by_memory = 0, implied_too_big = 0, memory_plans = 0;
   double seconds = 0;
   double memory_limit_bytes = 0;  // 0: the hardware states none, nothing is rejected for memory
 };

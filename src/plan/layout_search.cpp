@@ -251,11 +251,35 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     k.train.recompute = Recompute::None;
     return layout_name(k);
   };
+  // Memory monotonicity (layout_search.hpp, pruning 5): layouts that did not fit, by everything but
+  // micro-batch, sharding and recompute.
+  std::map<std::string, std::vector<Config>> too_big;
+  const auto frame = [](const Config& c) {
+    Config k = c;
+    k.train.recompute = Recompute::None;
+    k.train.micro_batch_size = 1;
+    k.optimizer.sharding = Sharding::None;
+    k.optimizer.distributed = false;
+    k.optimizer.overlap_param_gather = false;
+    return layout_name(k);
+  };
+  const auto known_too_big = [&](const Config& c) {
+    for (const Config& y : too_big[frame(c)])
+      if (y.train.micro_batch_size <= c.train.micro_batch_size &&
+          y.optimizer.sharding >= c.optimizer.sharding && y.train.recompute >= c.train.recompute)
+        return true;
+    return false;
+  };
   for (Candidate& cand : candidates) {
     if (!options.exhaustive && cand.bound >= kth()) break;  // every later one is bounded as high
     const std::string key = sibling(cand.config);
     if (!options.exhaustive && weaker_settled[key]) {
       ++result.dominated;
+      continue;
+    }
+    if (!options.exhaustive && known_too_big(cand.config)) {
+      weaker_settled[key] = false;
+      ++result.implied_too_big;
       continue;
     }
     weaker_settled[key] = true;  // unless it turns out not to fit, below
@@ -271,6 +295,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     for (const RankMemoryPlan& r : mem.ranks) peak = std::max(peak, r.allocator_bytes);
     if (result.memory_limit_bytes > 0 && static_cast<double>(peak) > result.memory_limit_bytes) {
       weaker_settled[key] = false;  // a stronger recompute may fit
+      too_big[frame(cand.config)].push_back(cand.config);
       ++result.rejected_by_memory;
       continue;
     }
@@ -295,9 +320,11 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
 std::string search_table(const SearchResult& r) {
   std::string out = fmt::format(
       "search: {} layouts enumerated, {} broke the layout rules, {} exceeded the memory lower bound, {} "
-      "dominated by a weaker recompute, {} simulated, {} memory plans, {} did not fit; {:.1f} s\n",
+      "dominated by a weaker recompute, {} simulated, {} memory plans, {} did not fit, {} implied not to "
+      "fit; "
+      "{:.1f} s\n",
       r.enumerated, r.rejected_by_rules, r.rejected_by_memory_bound, r.dominated, r.simulated, r.memory_plans,
-      r.rejected_by_memory, r.seconds);
+      r.rejected_by_memory, r.implied_too_big, r.seconds);
   if (r.memory_limit_bytes <= 0)
     out += "the hardware description states no memory_GiB: every layout counts as fitting\n";
   out += " #  step (s)  TFLOP/s/dev   MFU   bubble  peak (GiB)  layout\n";
@@ -330,11 +357,11 @@ std::string search_json(const SearchResult& r, int world_size, const std::string
       "{{\n  \"search\": {{\"world_size\": {}, \"hardware\": \"{}\", \"enumerated\": {}, "
       "\"rejected_by_rules\": {}, "
       "\"rejected_by_memory_bound\": {}, \"dominated\": {}, \"simulated\": {}, \"memory_plans\": {}, "
-      "\"rejected_by_memory\": "
-      "{}, "
+      "\"rejected_by_memory\": {}, \"implied_too_big\": {}, "
       "\"memory_limit_bytes\": {:.0f}, \"seconds\": {:.3f}}},\n  \"layouts\": [\n{}\n  ]\n}}\n",
       world_size, hardware, r.enumerated, r.rejected_by_rules, r.rejected_by_memory_bound, r.dominated,
-      r.simulated, r.memory_plans, r.rejected_by_memory, r.memory_limit_bytes, r.seconds, layouts);
+      r.simulated, r.memory_plans, r.rejected_by_memory, r.implied_too_big, r.memory_limit_bytes, r.seconds,
+      layouts);
 }
 
 }  // namespace parallel::plan
