@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <map>
 
@@ -285,9 +284,6 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     weaker_settled[key] = true;  // unless it turns out not to fit, below
     const StepPlan p = plan_step(cand.config, world_size, hw, options.ranks_per_node);
     ++result.simulated;
-    if (std::getenv("DBG_SEARCH"))
-      fprintf(stderr, "DBG %s bound %.3f time %.3f\n", layout_name(cand.config).c_str(), cand.bound,
-              p.sim.step_time_s);
     if (p.sim.step_time_s >= kth() && !options.exhaustive) continue;
     int64_t peak = 0;
     const MemoryPlan mem = plan_memory(cand.config, world_size);
