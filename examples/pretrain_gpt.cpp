@@ -70,14 +70,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   return parallel::run_main(argc, argv, [&](parallel::Runtime& rt) {
+    if (search && (!plan_only || hardware_file.empty()))
+      throw parallel::ConfigError("pretrain_gpt: --search needs --plan and --hardware FILE");
     if (plan_on_meta && !plan_only) throw parallel::ConfigError("pretrain_gpt: --meta is for --plan only");
     if (plan_world_size > 0 && !plan_only)
       throw parallel::ConfigError(
           "pretrain_gpt: --world-size is for --plan only (training uses the ranks launched)");
     if ((!hardware_file.empty() || ranks_per_node > 0) && !plan_only)
       throw parallel::ConfigError("pretrain_gpt: --hardware and --ranks-per-node are for --plan only");
-    if (search && (!plan_only || hardware_file.empty()))
-      throw parallel::ConfigError("pretrain_gpt: --search needs --plan and --hardware FILE");
     if (ranks_per_node > 0 && hardware_file.empty())
       throw parallel::ConfigError("pretrain_gpt: --ranks-per-node needs --hardware FILE");
     const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
