@@ -36,6 +36,11 @@ enum class Sharding { None, Optim, OptimGrads, OptimGradsParams };
 // computation), Ulysses (all-to-all from sequence-sharded to head-sharded and back), or an
 // all-gather of K/V.
 enum class ContextComm { P2P, A2A, AllGather };
+// Which positions each context-parallel rank holds (parallel.context_layout; context_parallel.hpp):
+// the zigzag of 2 * context chunks, or granules balanced by the attention work that documents and
+// windows leave; auto: balanced for p2p and allgather when documents (data.reset_attention_mask)
+// or a sliding window are on, else the zigzag.
+enum class ContextLayout { Auto, Zigzag, Balanced };
 // model.moe_token_dispatcher: how tokens reach the experts of other expert-parallel ranks.
 // AllToAll: each rank sends each expert's tokens to its owner (variable-size all-to-all, counts
 // first). AllGather: every rank gathers all tokens of the ep group and runs its experts on those
@@ -133,6 +138,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   int context = 1;  // context parallel: each sample's sequence is split over `context` ranks
   ContextComm context_comm = ContextComm::P2P;
+  ContextLayout context_layout = ContextLayout::Auto;
   // Expert parallelism folds onto the dense ranks (Megatron-Core): experts split over `expert`
   // ranks (times expert_tensor) out of tensor * context * data; it does not divide the world.
   int expert = 1;

@@ -17,48 +17,22 @@ struct Call {
   ops::AttentionMask mask;
 };
 
-Call plain_call(int64_t q0, int64_t k0, int64_t n, bool causal) {
-  return {q0, k0, n, ops::AttentionMask::plain(causal)};
-}
-
-// True when some query at positions [qp, qp + n) sees some key at [kp, kp + n) (attention_mask.hpp),
-// doc_start (host, [b, S] contiguous) or null.
-bool any_visible(const ops::AttentionMask& m, const int32_t* doc_start, int64_t b, int64_t S, int64_t qp,
-                 int64_t kp, int64_t n) {
-  if (kp > qp + n - 1) return false;  // causal: every key after every query
-  AttentionBounds bounds;
-  bounds.window = m.window;
-  bounds.doc_start = doc_start;
-  bounds.doc_stride = S;
-  for (int64_t e = 0; e < b; ++e)
-    for (int64_t p = std::max(qp, kp); p < qp + n; ++p)
-      if (bounds.lo(e, p) <= kp + n - 1) return true;
-  return false;
-}
-
-// Rank i's queries against the K/V of rank j (context_parallel.hpp's block rule). Under a window
-// or documents: the four chunk pairs at their global positions, those with no visible pair left out.
-std::vector<Call> block_calls(int i, int j, int c, int64_t L, const ops::AttentionMask& mask,
-                              const Tensor& doc_start_host) {
-  if (mask.window == 0 && !mask.has_documents()) {
-    if (j == i) return {plain_call(0, 0, 2 * L, true)};
-    if (j < i) return {plain_call(0, 0, L, false), plain_call(L, 0, L, false)};
-    return {plain_call(L, 0, L, false), plain_call(L, L, L, false)};
-  }
-  const int32_t* ds = doc_start_host.defined() ? doc_start_host.data<int32_t>() : nullptr;
-  const int64_t b = ds != nullptr ? doc_start_host.size(0) : 0,
-                S = ds != nullptr ? doc_start_host.size(1) : 0;
-  const int64_t q_pos[2] = {i * L, (2 * c - 1 - i) * L}, k_pos[2] = {j * L, (2 * c - 1 - j) * L};
+// Rank i's queries against the K/V of rank j (block_calls), each call with its mask: the plain
+// zigzag's by local rows, every other at its global positions. On the meta device the document
+// starts have no values: the blocks are those of one document per sequence (ops.hpp's FLOP count).
+std::vector<Call> calls_of(const Layout& layout, int i, int j, const Attention::Saved& saved) {
+  const ops::AttentionMask& mask = saved.mask;
+  const bool plain = layout.is_zigzag() && mask.window == 0 && !saved.doc_start_host.defined();
   std::vector<Call> calls;
-  for (int a = 0; a < 2; ++a)
-    for (int e = 0; e < 2; ++e) {
-      if (!any_visible(mask, ds, std::max<int64_t>(b, 1), S, q_pos[a], k_pos[e], L)) continue;
-      Call call{a * L, e * L, L, mask};
+  for (const BlockCall& b : block_calls(layout, i, j, mask.window, saved.doc_start_host)) {
+    Call call{b.q0, b.k0, b.n, plain ? ops::AttentionMask::plain(b.causal) : mask};
+    if (!plain) {
       call.mask.causal = true;
-      call.mask.q_pos0 = q_pos[a];
-      call.mask.k_pos0 = k_pos[e];
-      calls.push_back(call);
+      call.mask.q_pos0 = b.q_pos;
+      call.mask.k_pos0 = b.k_pos;
     }
+    calls.push_back(call);
+  }
   return calls;
 }
 
@@ -119,7 +93,7 @@ Attention::Attention(Communicator* cp, ContextComm comm, float softmax_scale)
     : cp_(cp != nullptr && cp->size() > 1 ? cp : nullptr), comm_(comm), scale_(softmax_scale) {}
 
 Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
-                          const ops::AttentionMask& mask) const {
+                          const ops::AttentionMask& mask, std::shared_ptr<const Layout> layout) const {
   PARALLEL_CHECK(mask.causal, "context-parallel attention: the mask must be causal");
   saved.mask = mask;
   saved.mask.q_pos0 = saved.mask.k_pos0 = 0;
@@ -136,7 +110,12 @@ Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Sav
   if (mask.has_documents() && comm_ != ContextComm::A2A && !q.device().is_meta())
     saved.doc_start_host = mask.doc_start.device().is_cpu() ? mask.doc_start.contiguous()
                                                             : mask.doc_start.to(Device::cpu()).contiguous();
-  PARALLEL_CHECK(q.size(0) % 2 == 0, "context-parallel attention: {} rows are not two chunks", q.size(0));
+  const int c = cp_->size();
+  saved.layout = layout != nullptr ? std::move(layout)
+                                   : std::make_shared<const Layout>(Layout::zigzag(q.size(0) * c, c));
+  PARALLEL_CHECK(saved.layout->cp_size() == c && saved.layout->local_length() == q.size(0),
+                 "context-parallel attention: {} rows do not match a layout of {} tokens over cp = {}",
+                 q.size(0), saved.layout->seq(), saved.layout->cp_size());
   if (comm_ == ContextComm::A2A) return ulysses_forward(q, k, v, saved);
   return ring_forward(q, k, v, saved);
 }
@@ -157,10 +136,10 @@ void Attention::backward(const Tensor& dout, Saved& saved, Tensor& dq, Tensor& d
 // (i - j) mod c or gathered up front.
 Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved) const {
   const int c = cp_->size(), i = cp_->rank();
-  const int64_t L = q.size(0) / 2, b = q.size(1), hq = q.size(2);
+  const int64_t b = q.size(1), hq = q.size(2);
   Tensor out_acc = Tensor::zeros(q.shape(), DType::F32, q.device());
   Tensor lse_acc =
-      Tensor::full({b, hq, 2 * L}, -std::numeric_limits<double>::infinity(), DType::F32, q.device());
+      Tensor::full({b, hq, q.size(0)}, -std::numeric_limits<double>::infinity(), DType::F32, q.device());
   Tensor kv = pack_kv(k, v);
   if (comm_ == ContextComm::AllGather) {
     Shape shape{c};
@@ -168,8 +147,7 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
     Tensor all = Tensor::empty(shape, kv.dtype(), kv.device());
     cp_->all_gather(kv, all);
     for (int j = 0; j < c; ++j)
-      block_forward(q, all.select(j), block_calls(i, j, c, L, saved.mask, saved.doc_start_host), scale_,
-                    out_acc, lse_acc, {});
+      block_forward(q, all.select(j), calls_of(*saved.layout, i, j, saved), scale_, out_acc, lse_acc, {});
   } else {
     const int next = (i + 1) % c, prev = (i + c - 1) % c;
     for (int t = 0; t < c; ++t) {
@@ -182,8 +160,7 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
         transfer = cp_->batch_p2p(ops);
         if (!overlap_) transfer->wait();
       }
-      block_forward(q, kv, block_calls(i, src, c, L, saved.mask, saved.doc_start_host), scale_, out_acc,
-                    lse_acc, transfer);
+      block_forward(q, kv, calls_of(*saved.layout, i, src, saved), scale_, out_acc, lse_acc, transfer);
       if (transfer) {
         transfer->wait();
         kv = incoming;
@@ -201,7 +178,6 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
 void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tensor& dk, Tensor& dv) const {
   const int c = cp_->size(), i = cp_->rank();
   const Tensor& q = saved.q;
-  const int64_t L = q.size(0) / 2;
   Tensor dq_acc = Tensor::zeros(q.shape(), DType::F32, q.device());
   Tensor kv = pack_kv(saved.k, saved.v);
   Tensor own;  // this rank's dK/dV [2, 2L, b, hkv, d], fp32
@@ -213,8 +189,8 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
     Tensor dkv_all = Tensor::zeros(shape, DType::F32, kv.device());
     for (int j = 0; j < c; ++j) {
       Tensor dkv_j = dkv_all.select(j);
-      block_backward(dout, q, saved.out, saved.lse, all.select(j),
-                     block_calls(i, j, c, L, saved.mask, saved.doc_start_host), scale_, dq_acc, dkv_j, {});
+      block_backward(dout, q, saved.out, saved.lse, all.select(j), calls_of(*saved.layout, i, j, saved),
+                     scale_, dq_acc, dkv_j, {});
     }
     own = Tensor::empty(kv.shape(), DType::F32, kv.device());
     cp_->reduce_scatter(dkv_all, own);
@@ -236,9 +212,8 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
         if (!overlap_) transfer->wait();
       }
       Tensor dkv = Tensor::zeros(kv.shape(), DType::F32, kv.device());
-      block_backward(dout, q, saved.out, saved.lse, kv,
-                     block_calls(i, src, c, L, saved.mask, saved.doc_start_host), scale_, dq_acc, dkv,
-                     transfer ? transfer : grads_transfer);
+      block_backward(dout, q, saved.out, saved.lse, kv, calls_of(*saved.layout, i, src, saved), scale_,
+                     dq_acc, dkv, transfer ? transfer : grads_transfer);
       if (grads_transfer) {  // the previous ranks' part for this block
         grads_transfer->wait();
         add_into(dkv, grads_in);
