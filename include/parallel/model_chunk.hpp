@@ -22,6 +22,10 @@
 
 namespace parallel {
 
+namespace cp {
+class Layout;  // context_parallel.hpp
+}
+
 // How a micro-batch's sequences are packed from documents (data.reset_position_ids,
 // data.reset_attention_mask, data.eod_mask_loss; docs/data.md). Every chunk needs it (each layer's
 // attention), not only the first. Undefined tensors mean the plain case: positions are the
@@ -35,7 +39,12 @@ struct PackedSequence {
   Tensor doc_start;
   // fp32 [b, s_local] on the model's device: each token's loss weight (0 or 1).
   Tensor loss_mask;
-  bool empty() const { return !positions.defined() && !doc_start.defined() && !loss_mask.defined(); }
+  // Which positions each context-parallel rank holds (parallel.context_layout), the same on every
+  // cp rank; null: the zigzag. The tokens, targets, positions and loss mask are sliced by it.
+  std::shared_ptr<const cp::Layout> layout;
+  bool empty() const {
+    return !positions.defined() && !doc_start.defined() && !loss_mask.defined() && layout == nullptr;
+  }
 };
 
 class ModelChunk {

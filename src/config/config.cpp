@@ -50,6 +50,7 @@ constexpr std::string_view kShardingNames[] = {"none", "optim", "optim_grads", "
 constexpr std::string_view kPipelineScheduleNames[] = {"auto",  "gpipe", "1f1b",      "interleaved",
                                                        "zb-h1", "zb-v",  "dualpipe-v"};
 constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
+constexpr std::string_view kContextLayoutNames[] = {"auto", "zigzag", "balanced"};
 constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
 constexpr std::string_view kGuardPolicyNames[] = {"stop", "skip", "warn"};
 constexpr std::string_view kOptimizerTypeNames[] = {"adamw", "muon"};
@@ -66,6 +67,7 @@ std::span<const std::string_view> names_of(DeviceKind) { return kDeviceKindNames
 std::span<const std::string_view> names_of(Sharding) { return kShardingNames; }
 std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineScheduleNames; }
 std::span<const std::string_view> names_of(ContextComm) { return kContextCommNames; }
+std::span<const std::string_view> names_of(ContextLayout) { return kContextLayoutNames; }
 std::span<const std::string_view> names_of(MoeDispatcher) { return kMoeDispatcherNames; }
 std::span<const std::string_view> names_of(GuardPolicy) { return kGuardPolicyNames; }
 std::span<const std::string_view> names_of(OptimizerType) { return kOptimizerTypeNames; }
@@ -158,6 +160,10 @@ void for_each_field(S& s, F&& f) {
   f("context_comm", s.context_comm,
     "how context-parallel attention sees the whole sequence: p2p (ring attention), a2a (Ulysses "
     "all-to-all over heads), allgather (gather K/V)");
+  f("context_layout", s.context_layout,
+    "which positions each context-parallel rank holds: zigzag (chunks i and 2 * context - 1 - i), balanced "
+    "(granules assigned so that every rank's attention work under documents and windows is equal), auto "
+    "(balanced for p2p and allgather with data.reset_attention_mask or model.sliding_window, else zigzag)");
   f("expert", s.expert,
     "expert-parallel size: MoE experts split over this many of the tensor * context * data ranks of a "
     "pipeline stage");

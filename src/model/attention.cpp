@@ -108,7 +108,8 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
       rope_at_positions(k, ctx.positions, rope, false);
     } else {
       // Each run of rows at its global positions (from 0 without context parallelism).
-      for (const cp::Segment& seg : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
+      for (const cp::Segment& seg : ctx.layout ? ctx.layout->segments(env_.cp_rank(), 0, s)
+                                               : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
         Tensor qs = q.narrow(0, seg.row, seg.rows), ks = k.narrow(0, seg.row, seg.rows);
         ops::rope_forward(qs, seg.position, rope);
         ops::rope_forward(ks, seg.position, rope);
@@ -119,7 +120,7 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   ops::AttentionMask mask;
   mask.window = window_;
   mask.doc_start = ctx.doc_start;
-  ctx.out = core_.forward(q, k, v, ctx.core, mask);
+  ctx.out = core_.forward(q, k, v, ctx.core, mask, ctx.layout);
 }
 
 Tensor SelfAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
@@ -163,7 +164,8 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
       rope_at_positions(dq, ctx.positions, rope, true);
       rope_at_positions(dk, ctx.positions, rope, true);
     } else {
-      for (const cp::Segment& seg : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
+      for (const cp::Segment& seg : ctx.layout ? ctx.layout->segments(env_.cp_rank(), 0, s)
+                                               : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
         Tensor dqs = dq.narrow(0, seg.row, seg.rows), dks = dk.narrow(0, seg.row, seg.rows);
         ops::rope_backward(dqs, seg.position, rope);
         ops::rope_backward(dks, seg.position, rope);

@@ -31,6 +31,7 @@ struct GPTModel::Saved final : ModelChunk::Activations {
   Tensor loss_mask;            // [s * b] fp32 in the activations' order, or undefined
   Tensor positions;            // packed documents' positions [b, s_local] (host), or undefined
   Tensor position_ids;         // learned positions: the ids the forward looked up, for the backward
+  std::shared_ptr<const cp::Layout> layout;  // the micro-batch's cp layout (PackedSequence); null: zigzag
   tp::VocabParallelEmbedding::Context embedding;
   std::vector<model::TransformerLayer::Context> layers;
   model::Norm::Context final_norm;
@@ -305,7 +306,8 @@ int64_t packed_row0(const LayerEnv& env, int64_t s_local) {
 // table is then an embedding looked up by these ids, as Megatron does with its position_ids: two
 // ops per micro-batch whatever the sequence length (one op per row would make a meta run, and the
 // memory plan with it, grow with the sequence). On meta the ids have a shape and no values.
-Tensor position_ids(const LayerEnv& env, int64_t s, int64_t b, const Tensor& packed, Device device) {
+Tensor position_ids(const LayerEnv& env, int64_t s, int64_t b, const Tensor& packed, const cp::Layout* layout,
+                    Device device) {
   if (device.is_meta()) return Tensor::empty({b, s}, DType::I32, device);
   Tensor ids = Tensor::empty({b, s}, DType::I32, Device::cpu());
   int32_t* out = ids.data<int32_t>();
@@ -316,7 +318,7 @@ Tensor position_ids(const LayerEnv& env, int64_t s, int64_t b, const Tensor& pac
     for (int64_t e = 0; e < b; ++e)
       for (int64_t r = 0; r < s; ++r) out[e * s + r] = pos[e * stride + row0 + r];
   } else {
-    for (const cp::Segment& seg : env.positions(s))
+    for (const cp::Segment& seg : env.positions(s, layout))
       for (int64_t i = 0; i < seg.rows; ++i)
         for (int64_t e = 0; e < b; ++e) out[e * s + seg.row + i] = static_cast<int32_t>(seg.position + i);
   }
@@ -360,6 +362,7 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
   const int p = env.tp->size();
   act.micro_batch = micro_batch;
   act.positions = packed.positions;
+  act.layout = packed.layout;
   Tensor x;
   if (spec_.pre_process) {
     PARALLEL_CHECK(input.dim() == 2 && input.dtype() == DType::I32,
@@ -375,17 +378,22 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
                      m.position->value.size(0));
       // Added after the tp reduction: each rank adds the positions of its own s-shard.
       m.use(*m.position);
-      act.position_ids = position_ids(env, x.size(0), x.size(1), packed.positions, x.device());
+      act.position_ids =
+          position_ids(env, x.size(0), x.size(1), packed.positions, act.layout.get(), x.device());
       add_positions(act.position_ids, x, m.position->value);
     }
     // The embedding output (word + position, after the tp reduction) is a bf16 tensor on the GPU.
-    x = model::dropout_forward(env, x, {-1, 0}, micro_batch);
+    x = model::dropout_forward(env, x, {-1, 0}, micro_batch, act.layout.get());
     m.unit(UnitPhase::AfterForward, [&] { return m.embedding_params(); });
   } else {
     x = input;
     act.seq = input.size(0) * (env.sequence_parallel ? p : 1);
     act.batch = input.size(1);
   }
+  if (act.layout != nullptr)
+    PARALLEL_CHECK(act.layout->cp_size() == env.cp_size() && act.layout->local_length() == act.seq,
+                   "GPTModel: a cp layout of {} tokens over {} ranks does not fit {} local tokens at cp = {}",
+                   act.layout->seq(), act.layout->cp_size(), act.seq, env.cp_size());
   act.layers.resize(m.layers.size());
   for (std::size_t i = 0; i < m.layers.size(); ++i) {
     const auto params = [&] { return m.layers[i]->parameters(); };
@@ -393,6 +401,7 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
     for (Parameter* p : m.layers[i]->parameters()) m.use(*p);
     act.layers[i].positions = packed.positions;
     act.layers[i].doc_start = packed.doc_start;
+    act.layers[i].layout = packed.layout;
     x = m.layers[i]->forward(x, act.layers[i], micro_batch);
     m.unit(UnitPhase::AfterForward, params);
   }
@@ -482,11 +491,11 @@ Tensor GPTModel::Impl::walk_backward(const Tensor& grad, Saved& act, bool first,
   if (!first) return dx;
   if (!fused) {
     // The embedding has no input gradient: everything from here on is its weight step.
-    act.embedding_grad = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
+    act.embedding_grad = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch, act.layout.get());
     return Tensor();
   }
   unit(UnitPhase::BeforeBackward, [&] { return embedding_params(); });
-  dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch);
+  dx = model::dropout_backward(env, dx, {-1, 0}, act.micro_batch, act.layout.get());
   embedding_backward(act, dx);
   unit(UnitPhase::AfterBackward, [&] { return embedding_params(); });
   return Tensor();

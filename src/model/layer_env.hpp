@@ -51,12 +51,14 @@ struct LayerEnv {
     return p;
   }
   // Global sequence positions of the rows of this rank's activations [s_local, b, h]: its s-shard
-  // under sequence parallelism of its cp chunks. Dropout masks and learned positions are keyed by
-  // them, so they do not depend on tp or cp.
-  std::vector<cp::Segment> positions(int64_t s_local) const {
+  // under sequence parallelism of its cp chunks (layout: the micro-batch's, null: the zigzag).
+  // Dropout masks and learned positions are keyed by them, so they do not depend on tp or cp.
+  std::vector<cp::Segment> positions(int64_t s_local, const cp::Layout* layout = nullptr) const {
     const bool sharded = sequence_parallel && tp->size() > 1;
-    const int64_t local_seq = sharded ? s_local * tp->size() : s_local;
-    return cp::segments(local_seq, cp_rank(), cp_size(), sharded ? tp->rank() * s_local : 0, s_local);
+    const int64_t local_seq = sharded ? s_local * tp->size() : s_local,
+                  row0 = sharded ? tp->rank() * s_local : 0;
+    if (layout != nullptr) return layout->segments(cp_rank(), row0, s_local);
+    return cp::segments(local_seq, cp_rank(), cp_size(), row0, s_local);
   }
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // The self-attention layer (attention.cpp).
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "layer.hpp"
@@ -21,6 +22,7 @@ class SelfAttention {
     // The micro-batch's documents (model_chunk.hpp's PackedSequence): positions [b, s_local] on
     // the host, doc_start [b, S] on the device; undefined: plain positions, one document.
     Tensor positions, doc_start;
+    std::shared_ptr<const cp::Layout> layout;  // the micro-batch's cp layout; null: the zigzag
     tp::LinearContext qkv_ctx, proj_ctx;
     Tensor qkv;                 // projection output, kept instead of the core's state (selective)
     Tensor out;                 // the core's output (proj's input)

@@ -37,22 +37,24 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_c
   const uint64_t mb = ctx.micro_batch;
   ctx.attn.positions = ctx.positions;
   ctx.attn.doc_start = ctx.doc_start;
+  ctx.attn.layout = ctx.layout;
+  const cp::Layout* layout = ctx.layout.get();
   if (env_.config->lora.enabled()) {
     const int64_t s = x.size(0);
-    ctx.attn.qkv_ctx.lora_dropout = lora_dropout(env_, {layer_, 3}, mb, s);
-    ctx.attn.proj_ctx.lora_dropout = lora_dropout(env_, {layer_, 4}, mb, s);
+    ctx.attn.qkv_ctx.lora_dropout = lora_dropout(env_, {layer_, 3}, mb, s, layout);
+    ctx.attn.proj_ctx.lora_dropout = lora_dropout(env_, {layer_, 4}, mb, s, layout);
     if (auto* mlp = std::get_if<MLP::Context>(&ctx.ffn)) {  // MoE layers take no adapters (config rule)
-      mlp->fc1_ctx.lora_dropout = lora_dropout(env_, {layer_, 5}, mb, s);
-      mlp->fc2_ctx.lora_dropout = lora_dropout(env_, {layer_, 6}, mb, s);
+      mlp->fc1_ctx.lora_dropout = lora_dropout(env_, {layer_, 5}, mb, s, layout);
+      mlp->fc2_ctx.lora_dropout = lora_dropout(env_, {layer_, 6}, mb, s, layout);
     }
   }
   Tensor a = norm1_.forward(x, ctx.norm1);
   // o and y below are fresh tensors (the row-parallel outputs), so the sums reuse their storage.
   Tensor o = attention_.forward(a, ctx.attn, keep_core);
   Tensor x2 = o;
-  Tensor m = norm2_.forward_residual(x, o, dropout_runs(env_, o, {layer_, 1}, mb), x2, ctx.norm2);
+  Tensor m = norm2_.forward_residual(x, o, dropout_runs(env_, o, {layer_, 1}, mb, layout), x2, ctx.norm2);
   Tensor y = ffn_.forward(m, ctx.ffn, record_stats);
-  dropout_add(env_, y, x2, y, {layer_, 2}, mb);
+  dropout_add(env_, y, x2, y, {layer_, 2}, mb, layout);
   return y;
 }
 
@@ -65,6 +67,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, uint64_t micro_b
   scratch.micro_batch = micro_batch;
   scratch.positions = ctx.positions;
   scratch.doc_start = ctx.doc_start;
+  scratch.layout = ctx.layout;
   Tensor y = forward_impl(x, scratch, /*keep_core=*/true, true);
   ctx.x = x;
   return y;
@@ -81,12 +84,13 @@ Tensor TransformerLayer::walk_backward(const Tensor& dy_in, Context& ctx, Backwa
     (void)forward_impl(x, ctx, /*keep_core=*/true, false);
   }
   const uint64_t mb = ctx.micro_batch;
+  const cp::Layout* layout = ctx.layout.get();
   Tensor dy = dy_in.contiguous();
   // out = x2 + dropout(mlp(norm2(x2))): dy flows to x2 directly and through the MLP branch.
-  Tensor dm = backward_step(ffn_, dropout_backward(env_, dy, {layer_, 2}, mb), ctx.ffn, mode);
+  Tensor dm = backward_step(ffn_, dropout_backward(env_, dy, {layer_, 2}, mb, layout), ctx.ffn, mode);
   // x2 = x + dropout(o): norm2's backward adds dy and hands o its gradient through the dropout.
   Norm::ResidualGrads g2 =
-      norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb), ctx.norm2);
+      norm2_.backward_residual(dm, dy, dropout_runs(env_, dy, {layer_, 1}, mb, layout), ctx.norm2);
   Tensor da = backward_step(attention_, g2.dbranch, ctx.attn, mode);
   Tensor dx = norm1_.backward_residual(da, g2.dsum, {}, ctx.norm1).dsum;
   if (mode == BackwardMode::Fused) ctx = Context{};

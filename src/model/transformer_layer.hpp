@@ -1,6 +1,7 @@
 #pragma once
 // One transformer layer (transformer_layer.cpp).
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "feed_forward.hpp"
@@ -23,7 +24,8 @@ class TransformerLayer {
   struct Context {
     uint64_t micro_batch = 0;
     Tensor positions, doc_start;  // the micro-batch's documents (SelfAttention::Context)
-    Tensor x;                     // the layer input (all that full recompute keeps)
+    std::shared_ptr<const cp::Layout> layout;
+    Tensor x;  // the layer input (all that full recompute keeps)
     Norm::Context norm1, norm2;
     SelfAttention::Context attn;
     FeedForward::Context ffn;

@@ -293,26 +293,63 @@ struct Trainer::Impl {
   }
   std::vector<Parameter*> parameters() const { return train_step->parameters(); }
 
+  // The first balanced layout, in the log: how far the busiest cp rank's attention work is above
+  // the mean on it and on the zigzag (cp::rank_load).
+  mutable bool layout_reported = false;
+  void report_layout(const cp::Layout& layout, const Tensor& docs,
+                     const std::vector<cp::LayerMix>& mix) const {
+    layout_reported = true;
+    const auto ratio = [&](const cp::Layout& l) {
+      const std::vector<double> load = cp::rank_load(l, docs, mix);
+      double total = 0, top = 0;
+      for (double x : load) total += x, top = std::max(top, x);
+      return top * static_cast<double>(load.size()) / std::max(total, 1.0);
+    };
+    progress().info(
+        "context layout: balanced; first micro-batch: {}, busiest cp rank {:.3f}x the mean attention work "
+        "(zigzag {:.3f}x)",
+        layout.is_zigzag()
+            ? std::string("the zigzag kept")
+            : fmt::format("{} granules of {} tokens per rank", layout.granules(0).size(), layout.granule()),
+        ratio(layout), ratio(cp::Layout::zigzag(layout.seq(), layout.cp_size())));
+  }
+
   // Micro-batch `mb` of global batch `batch` for this data-parallel rank, on this rank's device:
-  // the cp ranks of a dp rank read the same samples and keep their own two chunks of each.
+  // the cp ranks of a dp rank read the same samples and keep their own rows of each (their two
+  // chunks, or their granules of the balanced layout).
   pipeline::MicroBatchFn data_of(const BlendedDataset& data, int64_t batch) const {
     const int dp_rank = state->coord().dp, dp_size = state->grid().sizes().data;
     const int cp_rank = state->coord().cp, cp_size = state->grid().sizes().context;
     const Device dev = device;
-    return [&data, batch, dp_rank, dp_size, cp_rank, cp_size, dev](int mb) {
+    const bool documents = data.options().dataset.masks_attention();
+    const bool balanced = cp::uses_balanced_layout(cfg.parallel, cfg.model, documents);
+    const std::vector<cp::LayerMix> mix = cp::layer_mix(cfg.model);
+    return [this, &data, batch, dp_rank, dp_size, cp_rank, cp_size, dev, documents, balanced, mix](int mb) {
       MicroBatch m = data.micro_batch(batch, dp_rank, dp_size, mb);
       pipeline::MicroBatch out;
-      out.tokens = cp::slice_sequence(m.tokens, cp_rank, cp_size).to(dev);
-      out.targets = cp::slice_sequence(m.targets, cp_rank, cp_size).to(dev);
+      // parallel.context_layout: the balanced layout is worked out from the documents and windows
+      // of this micro-batch (the same on every cp rank: they read the same samples).
+      if (balanced) {
+        const Tensor docs = documents ? m.doc_start : Tensor();
+        auto layout =
+            std::make_shared<const cp::Layout>(cp::balanced_layout(docs, m.tokens.size(1), cp_size, mix));
+        if (!layout_reported) report_layout(*layout, docs, mix);
+        if (!layout->is_zigzag()) out.packed.layout = std::move(layout);
+      }
+      const cp::Layout* layout = out.packed.layout.get();
+      const auto slice = [&](const Tensor& t) {
+        return layout != nullptr ? layout->slice(t, cp_rank) : cp::slice_sequence(t, cp_rank, cp_size);
+      };
+      out.tokens = slice(m.tokens).to(dev);
+      out.targets = slice(m.targets).to(dev);
       // Documents (data.reset_*, data.eod_mask_loss): positions stay on the host (they pick rope
       // runs and position rows), doc_start covers the whole sequence (attention's blocks index it
       // by global position), the loss mask is sliced like the targets.
       if (m.positions.defined() && data.options().dataset.resets_positions())
-        out.packed.positions = cp::slice_sequence(m.positions, cp_rank, cp_size);
-      if (m.doc_start.defined() && data.options().dataset.masks_attention())
-        out.packed.doc_start = m.doc_start.to(dev);
+        out.packed.positions = slice(m.positions);
+      if (m.doc_start.defined() && documents) out.packed.doc_start = m.doc_start.to(dev);
       if (m.loss_mask.defined() && data.options().dataset.masks_loss())
-        out.packed.loss_mask = cp::slice_sequence(m.loss_mask, cp_rank, cp_size).to(dev);
+        out.packed.loss_mask = slice(m.loss_mask).to(dev);
       return out;
     };
   }

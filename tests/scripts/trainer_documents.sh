@@ -3,10 +3,10 @@
 # data.eod_mask_loss; docs/data.md) through pretrain_gpt on real text (tests/data/sample.txt, one
 # document per line, byte-level tokens with the eod appended): every layout logs the losses of one
 # rank (fp32, relative 1e-5) -- pp 2, dp 2 with the distributed optimizer, dp 2 with ZeRO-3,
-# tp 2 + sp, cp 2 for each exchange, rope and learned positions -- and the keys change the loss
-# (documents do fall inside the 32-token windows), and the memory plan stays within 10 % of the
-# measured peak on a packed, windowed run. The model-level proof that a packed document
-# gets exactly the loss and gradients it has alone is test_packed_documents.
+# tp 2 + sp, cp 2 for each exchange, rope and learned positions, cp 2 on the balanced layout -- and
+# the keys change the loss (documents do fall inside the 32-token windows), and the memory plan
+# stays within 10 % of the measured peak on a packed, windowed run. The model-level proof that a
+# packed document gets exactly the loss and gradients it has alone is test_packed_documents.
 #   trainer_documents.sh SOURCE_DIR PRETRAIN_GPT PREPROCESS_DATA MPIEXEC...
 set -euo pipefail
 src=$1 pretrain=$2 preprocess=$3
@@ -62,6 +62,20 @@ run cp2a2a 2 "${docs[@]}" --set model.position_embedding=rope --set parallel.con
 run cp2allgather 2 "${docs[@]}" --set model.position_embedding=rope --set parallel.context=2 \
   --set parallel.context_comm=allgather
 for layout in dp2_dist dp2_zero3 cp2a2a cp2allgather; do compare ref_rope "$layout"; done
+
+# The balanced cp layout (parallel.context_layout, docs/parallelism.md) on 256-token windows, where
+# the documents unbalance the zigzag: the log names the granules it chose, and cp 2 with p2p
+# (balanced named) and allgather (auto) logs one rank's losses.
+long=("${docs[@]}" --set model.position_embedding=rope --set model.seq_length=256)
+run long_ref 1 "${long[@]}"
+run long_cp2p2p 2 "${long[@]}" --set parallel.context=2 --set parallel.context_layout=balanced
+run long_cp2allgather 2 "${long[@]}" --set parallel.context=2 --set parallel.context_comm=allgather
+for layout in long_cp2p2p long_cp2allgather; do
+  grep -q "context layout: balanced; first micro-batch: [0-9]* granules" "$work/$layout.log" ||
+    { echo "$layout: no balanced layout in the log:"; grep "context layout" "$work/$layout.log"; exit 1; }
+  compare long_ref "$layout"
+done
+grep -o "context layout: .*" "$work/long_cp2p2p.log"
 
 # The memory plan (train.check_memory's figures) stays within 10 % of the measured peak on a packed,
 # windowed run (pp 2: both the attention workspace and the schedule's activations counted).
