@@ -11,7 +11,9 @@
 // the communication the block computations did not hide.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "mpi_benchmark.hpp"
@@ -86,7 +88,69 @@ void bench_transfers(benchmark::State& state, MpiCommunicator& world, int64_t se
   state.counters["kv_MB"] = static_cast<double>(kv.nbytes()) / 1e6;
 }
 
+// Packed documents (ops::AttentionMask::doc_start): short documents (16 to 63 tokens) filling half
+// the sequence, then one long one; ring attention on the zigzag and on the balanced layout
+// (parallel.context_layout). Each rank's q, k, v are its rows of the same global tensors, so both
+// layouts compute the same attention; the time is the slowest rank's, which the balance shortens.
+void bench_documents(benchmark::State& state, MpiCommunicator& world, int64_t seq, bool balanced) {
+  const int c = world.size();
+  Tensor doc_start = Tensor::empty({1, seq}, DType::I32);
+  int32_t* ds = doc_start.data<int32_t>();
+  int64_t p = 0;
+  for (int k = 0; p < seq / 2; ++k)
+    for (int64_t i = 0, n = 16 + (k * 37) % 48; i < n && p < seq / 2; ++i, ++p)
+      ds[p] = static_cast<int32_t>(p - i);
+  for (const int64_t start = p; p < seq; ++p) ds[p] = static_cast<int32_t>(start);
+  const std::vector<cp::LayerMix> mix{{0, 1.0}};
+  auto layout = std::make_shared<const cp::Layout>(balanced ? cp::balanced_layout(doc_start, seq, c, mix)
+                                                            : cp::Layout::zigzag(seq, c));
+  cp::Attention attention(&world, ContextComm::P2P, 1.0f / std::sqrt(static_cast<float>(kHeadDim)));
+  const Shape shape{seq / c, 1, kHeads, kHeadDim};
+  // The whole sequence [S, 1, h, d] -> this rank's rows, run by run.
+  const auto mine = [&](uint64_t seed) {
+    const Tensor whole = random({seq, 1, kHeads, kHeadDim}, seed);
+    Tensor out = Tensor::empty(shape, DType::F32);
+    for (const cp::Segment& run : layout->runs(world.rank())) {
+      Tensor to = out.narrow(0, run.row, run.rows);
+      to.copy_(whole.narrow(0, run.position, run.rows));
+    }
+    return out;
+  };
+  const Tensor q = mine(1), k = mine(11), v = mine(21), dout = mine(31);
+  Tensor dq = Tensor::empty(shape, DType::F32), dk = Tensor::empty(shape, DType::F32),
+         dv = Tensor::empty(shape, DType::F32);
+  ops::AttentionMask mask;
+  mask.doc_start = doc_start;
+  auto step = [&] {
+    cp::Attention::Saved saved;
+    attention.forward(q, k, v, saved, mask, layout);
+    attention.backward(dout, saved, dq, dk, dv);
+  };
+  step();
+  world.barrier();
+  for (auto _ : state) {
+    const double start = MPI_Wtime();
+    step();
+    state.SetIterationTime(bench::slowest_over_ranks(world, MPI_Wtime() - start));
+  }
+  const std::vector<double> load = cp::rank_load(*layout, doc_start, mix);
+  double total = 0, top = 0;
+  for (double x : load) total += x, top = std::max(top, x);
+  state.counters["max_over_mean_load"] = top * c / total;
+}
+
 void register_benchmarks(MpiCommunicator& world) {
+  for (int64_t seq : {4096, 8192})
+    for (bool balanced : {false, true}) {
+      const std::string name =
+          "ring_documents_fwd_bwd/seq_" + std::to_string(seq) + (balanced ? "/balanced" : "/zigzag");
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [&world, seq, balanced](benchmark::State& state) { bench_documents(state, world, seq, balanced); })
+          ->Iterations(5)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
   for (int64_t seq : {1024, 4096}) {
     for (bool overlap : {false, true}) {
       const std::string name =
