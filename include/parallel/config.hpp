@@ -46,6 +46,10 @@ enum class ContextLayout { Auto, Zigzag, Balanced };
 // first). AllGather: every rank gathers all tokens of the ep group and runs its experts on those
 // routed to them; the outputs are reduce-scattered back.
 enum class MoeDispatcher { AllToAll, AllGather };
+// model.moe_router_score_function: how the router turns its logits into expert scores (router.hpp):
+// a softmax over the experts (Switch, Mixtral, Qwen3-MoE) or an independent sigmoid per expert
+// (DeepSeek-V3).
+enum class MoeScoreFunction { Softmax, Sigmoid };
 // What the trainer's guard does with a step whose loss or gradient norm is not finite
 // (train.nonfinite_policy) or spikes (train.spike_policy): stop the run, skip the update, or (spikes
 // only) warn and update. docs/configuration.md#training-guards.
@@ -106,7 +110,19 @@ struct ModelConfig {
   double moe_capacity_factor = 0.0;           // 0: dropless
   int moe_shared_expert_ffn_hidden_size = 0;  // 0: no shared expert
   MoeDispatcher moe_token_dispatcher = MoeDispatcher::AllToAll;
-  bool is_moe_layer(int layer) const { return num_experts > 0 && layer % moe_layer_freq == 0; }
+  // Routing (docs/model.md, "Routing"; src/model/router.hpp).
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::Softmax;
+  bool moe_norm_topk_prob = false;         // combine weights divided by the chosen scores' sum
+  double moe_routed_scaling_factor = 1.0;  // combine weights multiplied by this
+  int moe_n_group = 1;                     // experts in this many groups (group-limited routing)
+  int moe_topk_group = 1;                  // a token's experts come from its best this-many groups
+  bool moe_router_expert_bias = false;     // aux-loss-free balancing (e_score_correction_bias)
+  double moe_bias_update_speed = 0.001;    // the bias's step per optimizer update
+  double moe_seq_aux_loss_coeff = 0.0;     // DeepSeek-V3's sequence-wise balance loss (alpha)
+  int moe_first_k_dense_replace = 0;       // layers below this one keep the dense MLP
+  bool is_moe_layer(int layer) const {
+    return num_experts > 0 && layer >= moe_first_k_dense_replace && layer % moe_layer_freq == 0;
+  }
   RopeScaling rope_scaling;  // model.rope_scaling* keys: none, linear or llama3 (parallel/rope.hpp)
   // Sliding-window attention (Mistral's sliding_window): a query sees itself and the
   // sliding_window - 1 positions before it; 0: all. Which layers are windowed:

@@ -121,12 +121,24 @@ class GPTModel final : public ModelChunk {
   // The MoE layers' statistics since the last reset (summed over this chunk's MoE layers; empty
   // tokens_per_expert for a dense chunk), and the reset.
   struct MoEStatistics {
-    double aux_loss = 0.0, z_loss = 0.0;  // as added to the objective, summed over layers and calls
+    // As added to the objective, summed over layers and calls; aux_loss holds the Switch and the
+    // sequence-wise balance losses.
+    double aux_loss = 0.0, z_loss = 0.0;
     int64_t calls = 0, dropped = 0;
     std::vector<int64_t> tokens_per_expert;  // summed over layers
   };
   MoEStatistics moe_statistics() const;
   void reset_moe_statistics();
+  // Aux-loss-free balancing (model.moe_router_expert_bias; docs/model.md, "Routing"): the MoE
+  // layers' expert biases, state that is checkpointed but not trained (no gradient; empty when the
+  // bias is off), and their update after an optimizer step from the loads the step's forwards
+  // counted. Collective over `world`: every rank calls it once with all its chunks; each layer's
+  // loads are summed over every rank that routed its tokens, so every rank holding the layer moves
+  // its bias alike. The counts restart after it, and at reset_router_load() (a skipped update).
+  std::vector<Parameter*> router_buffers();
+  static void update_router_bias(const std::vector<GPTModel*>& chunks, Communicator& world);
+  // Forgets the loads counted since the last update (a step whose update was skipped).
+  void reset_router_load();
   const ModelConfig& config() const { return config_; }
   const GPTChunkSpec& spec() const { return spec_; }
   Device device() const override;  // where the parameters and activations live (Options::device)

@@ -41,6 +41,11 @@ struct StepMetrics {
   // capacity drops), summed over the MoE layers and all of the step's tokens.
   double moe_aux_loss = 0.0, moe_z_loss = 0.0;
   std::vector<int64_t> moe_tokens_per_expert;
+  // model.moe_router_expert_bias: each MoE layer's expert bias after the step ([MoE layers][E], in
+  // layer order), and the largest difference of one entry between the ranks that hold its layer
+  // (0: every rank moved it alike).
+  std::vector<std::vector<float>> moe_expert_bias;
+  double moe_expert_bias_spread = 0.0;
 };
 
 // Appends one JSON object per line, each in one write() so a killed run keeps its history and a

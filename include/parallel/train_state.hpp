@@ -48,10 +48,13 @@ struct TrainProgress {
 // <root>/step_<progress.step>/ atomically, with the progress as extras; then prunes all but the
 // newest `keep_last` step directories (0: keep all). The optimizer's own counters
 // (updates(), loss scale) are recorded, whatever `progress` says about them. Finishes a pending
-// distributed-optimizer parameter all-gather first. Returns the step directory.
+// distributed-optimizer parameter all-gather first. Returns the step directory. `buffers`: state
+// kept besides the parameters (TrainStep::buffers(): the MoE expert biases), replicated wherever
+// their layer is, saved like a replicated dense parameter.
 std::string save_train_state(const std::string& root, const TrainProgress& progress,
                              const std::vector<Parameter*>& params, Optimizer* optimizer,
-                             ParallelState& state, int keep_last = 0);
+                             ParallelState& state, int keep_last = 0,
+                             const std::vector<Parameter*>& buffers = {});
 
 // The same save, written in the background (checkpoint::AsyncSave): collective over state.world()
 // like save_train_state up to the copy into host buffers (and, for the distributed optimizer, the
@@ -60,7 +63,8 @@ std::string save_train_state(const std::string& root, const TrainProgress& progr
 // "Asynchronous saves").
 void start_save_train_state(checkpoint::AsyncSave& save, const std::string& root,
                             const TrainProgress& progress, const std::vector<Parameter*>& params,
-                            Optimizer* optimizer, ParallelState& state, int keep_last = 0);
+                            Optimizer* optimizer, ParallelState& state, int keep_last = 0,
+                            const std::vector<Parameter*>& buffers = {});
 
 struct LoadResult {
   TrainProgress progress;
@@ -78,9 +82,10 @@ struct LoadResult {
 //     consumed_samples and the optimizer counters 0 ("start from these weights").
 //   - optimizer null: weights only; returns the saved progress.
 // With bf16/fp16 DDP, pass the optimizer: it is what rewrites the low-precision parameter buffer
-// from the loaded (fp32 working copy) values.
+// from the loaded (fp32 working copy) values. `buffers` (as save_train_state's) are loaded with the
+// weights; a checkpoint without them is refused by the loader, naming the missing tensor.
 LoadResult load_train_state(const std::string& path, const std::string& default_root,
-                            const std::vector<Parameter*>& params, Optimizer* optimizer,
-                            ParallelState& state);
+                            const std::vector<Parameter*>& params, Optimizer* optimizer, ParallelState& state,
+                            const std::vector<Parameter*>& buffers = {});
 
 }  // namespace parallel

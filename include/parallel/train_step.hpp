@@ -95,6 +95,9 @@ class TrainStep {
   const std::vector<std::unique_ptr<GPTModel>>& chunks() const { return chunks_; }
   pipeline::ChunkPipelineModel& model() const { return *model_; }
   std::vector<Parameter*> parameters() const { return model_->parameters(); }
+  // State the checkpoint keeps besides the parameters: the MoE routers' expert biases
+  // (GPTModel::router_buffers), updated by run() after each update.
+  std::vector<Parameter*> buffers() const;
   DataParallel& ddp() const { return *ddp_; }
   DataParallel* expert_ddp() const { return expert_ddp_.get(); }  // MoE; else null
   Optimizer& optimizer() const { return *optimizer_; }

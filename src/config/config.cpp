@@ -52,6 +52,7 @@ constexpr std::string_view kPipelineScheduleNames[] = {"auto",  "gpipe", "1f1b",
 constexpr std::string_view kContextCommNames[] = {"p2p", "a2a", "allgather"};
 constexpr std::string_view kContextLayoutNames[] = {"auto", "zigzag", "balanced"};
 constexpr std::string_view kMoeDispatcherNames[] = {"alltoall", "allgather"};
+constexpr std::string_view kMoeScoreFunctionNames[] = {"softmax", "sigmoid"};
 constexpr std::string_view kGuardPolicyNames[] = {"stop", "skip", "warn"};
 constexpr std::string_view kOptimizerTypeNames[] = {"adamw", "muon"};
 constexpr std::string_view kMuonScaleNames[] = {"match_rms_adamw", "original"};
@@ -69,6 +70,7 @@ std::span<const std::string_view> names_of(PipelineSchedule) { return kPipelineS
 std::span<const std::string_view> names_of(ContextComm) { return kContextCommNames; }
 std::span<const std::string_view> names_of(ContextLayout) { return kContextLayoutNames; }
 std::span<const std::string_view> names_of(MoeDispatcher) { return kMoeDispatcherNames; }
+std::span<const std::string_view> names_of(MoeScoreFunction) { return kMoeScoreFunctionNames; }
 std::span<const std::string_view> names_of(GuardPolicy) { return kGuardPolicyNames; }
 std::span<const std::string_view> names_of(OptimizerType) { return kOptimizerTypeNames; }
 std::span<const std::string_view> names_of(MuonScale) { return kMuonScaleNames; }
@@ -119,6 +121,18 @@ void for_each_field(S& s, F&& f) {
     "inner width of a shared expert every token passes through (0: none)");
   f("moe_token_dispatcher", s.moe_token_dispatcher,
     "how tokens reach other expert-parallel ranks: alltoall or allgather");
+  f("moe_router_score_function", s.moe_router_score_function,
+    "expert scores from the router logits: softmax over the experts or sigmoid per expert");
+  f("moe_norm_topk_prob", s.moe_norm_topk_prob, "divide the chosen experts' weights by their sum");
+  f("moe_routed_scaling_factor", s.moe_routed_scaling_factor, "multiply the combine weights by this");
+  f("moe_n_group", s.moe_n_group, "experts in this many equal groups for group-limited routing");
+  f("moe_topk_group", s.moe_topk_group, "each token's experts come from its best this-many groups");
+  f("moe_router_expert_bias", s.moe_router_expert_bias,
+    "auxiliary-loss-free balancing: a per-expert bias on the scores that only chooses experts");
+  f("moe_bias_update_speed", s.moe_bias_update_speed,
+    "the expert bias's step per update: bias += speed * sign(mean load - load)");
+  f("moe_seq_aux_loss_coeff", s.moe_seq_aux_loss_coeff, "weight of the sequence-wise balance loss (0: off)");
+  f("moe_first_k_dense_replace", s.moe_first_k_dense_replace, "layers below this one keep the dense MLP");
   f("rope_scaling", s.rope_scaling.type,
     "scaling of the rotary frequencies for longer contexts (Hugging Face's rope_type)");
   f("rope_scaling_factor", s.rope_scaling.factor,
@@ -849,6 +863,27 @@ void validate_config(Config& c, int world_size) {
     rules.at_least(*coeff, 0.0);
   rules.at_least(m.moe_layer_freq, 1);
   rules.at_least(m.moe_router_topk, 1);
+  // Routing (router.hpp).
+  rules.at_least(m.moe_seq_aux_loss_coeff, 0.0);
+  rules.at_least(m.moe_bias_update_speed, 0.0);
+  rules.at_least(m.moe_first_k_dense_replace, 0);
+  rules.require(m.moe_routed_scaling_factor > 0, m.moe_routed_scaling_factor, "must be > 0");
+  rules.at_least(m.moe_n_group, 1);
+  rules.require(m.moe_topk_group >= 1 && m.moe_topk_group <= m.moe_n_group, m.moe_topk_group,
+                fmt::format("must be in [1, {}] ({})", rules.key(m.moe_n_group), m.moe_n_group));
+  if (m.num_experts > 0 && m.moe_n_group > 1) {
+    rules.require(m.num_experts % m.moe_n_group == 0, m.moe_n_group,
+                  fmt::format("must divide {} ({})", rules.key(m.num_experts), m.num_experts));
+    // A group scores by the sum of its two best experts (DeepSeek-V3).
+    rules.require(m.num_experts / m.moe_n_group >= 2, m.moe_n_group,
+                  fmt::format("must leave at least 2 experts per group ({} = {})", rules.key(m.num_experts),
+                              m.num_experts));
+    rules.require(
+        m.moe_router_topk <= m.moe_topk_group * (m.num_experts / m.moe_n_group), m.moe_router_topk,
+        fmt::format("must be <= {} * experts per group ({}) so that the eligible groups hold enough "
+                    "experts",
+                    rules.key(m.moe_topk_group), m.moe_topk_group * (m.num_experts / m.moe_n_group)));
+  }
   if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
 
   // The data-parallel size is whatever the world has left; experts fold onto it.

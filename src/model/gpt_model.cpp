@@ -236,7 +236,7 @@ GPTModel::MoEStatistics GPTModel::moe_statistics() const {
     model::MoELayer* moe = layer->moe();
     if (moe == nullptr) continue;
     const model::MoEStats& s = moe->stats();
-    out.aux_loss += s.aux_loss;
+    out.aux_loss += s.aux_loss + s.seq_aux_loss;
     out.z_loss += s.z_loss;
     out.calls += s.calls;
     out.dropped += s.dropped;
@@ -256,6 +256,45 @@ void GPTModel::reset_moe_statistics() {
       s.tokens_per_expert.assign(n, 0);
     }
 }
+
+std::vector<Parameter*> GPTModel::router_buffers() {
+  std::vector<Parameter*> out;
+  for (auto& layer : impl_->layers)
+    if (model::MoELayer* moe = layer->moe(); moe != nullptr && moe->gate.bias.value.defined())
+      out.push_back(&moe->gate.bias);
+  return out;
+}
+
+void GPTModel::update_router_bias(const std::vector<GPTModel*>& chunks, Communicator& world) {
+  if (chunks.empty() || !chunks.front()->config_.moe_router_expert_bias) return;
+  const ModelConfig& c = chunks.front()->config_;
+  const int64_t E = c.num_experts;
+  // Every layer's loads in one vector by global layer index: a rank adds those of the layers it
+  // holds (its tokens' share), so the sum holds each layer's loads over the ranks that routed its
+  // tokens (dp, cp, the tp shards under sp; every pipeline stage its own layers). Ranks that see
+  // the same tokens (tp without sp) count them alike, which scales every expert's load and the
+  // mean the same: the sign does not change. Integers, so the sum is exact in any order.
+  Tensor load = Tensor::zeros({c.num_layers * E}, DType::I64);
+  int64_t* l = load.data<int64_t>();
+  for (GPTModel* chunk : chunks)
+    for (int i = 0; i < chunk->spec_.num_layers; ++i)
+      if (model::MoELayer* moe = chunk->impl_->layers[static_cast<std::size_t>(i)]->moe())
+        std::copy(moe->gate.load().begin(), moe->gate.load().end(), l + (chunk->spec_.first_layer + i) * E);
+  world.all_reduce(load);
+  l = load.data<int64_t>();
+  for (GPTModel* chunk : chunks)
+    for (int i = 0; i < chunk->spec_.num_layers; ++i)
+      if (model::MoELayer* moe = chunk->impl_->layers[static_cast<std::size_t>(i)]->moe()) {
+        const int64_t* mine = l + (chunk->spec_.first_layer + i) * E;
+        moe->gate.update_bias(std::vector<int64_t>(mine, mine + E));
+      }
+}
+
+void GPTModel::reset_router_load() {
+  for (auto& layer : impl_->layers)
+    if (model::MoELayer* moe = layer->moe()) std::fill(moe->gate.load().begin(), moe->gate.load().end(), 0);
+}
+
 Device GPTModel::device() const { return impl_->options.device; }
 
 void GPTModel::set_grad_ready_hook(std::function<void(Parameter&)> hook) {

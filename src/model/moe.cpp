@@ -1,9 +1,8 @@
 // A mixture-of-experts layer (moe_layer.hpp, MoELayer; docs/model.md "Mixture of experts").
 //
-//   logits = x R^T (fp32)           p = softmax(logits)          top-k of p, ties to the lower index
-//   y[t]   = sum_j p[t, e_j] * expert_{e_j}(x[t])  (+ shared_expert(x)[t])
-//   aux    = coeff * E / (k T^2) * sum_i count_i * sum_t p[t, i]     (Switch / GShard balancing)
-//   z      = z_coeff / T * sum_t logsumexp(logits[t])^2
+//   logits = x R^T (fp32)           (choice, w) = route(logits)     (router.hpp: scores, top-k, weights)
+//   y[t]   = sum_j w[t, j] * expert_{e_j}(x[t])  (+ shared_expert(x)[t])
+//   aux, seq_aux, z: the router's balance and z losses (router.hpp)
 // with count_i the top-k assignments to expert i and T the tokens of the micro-batch (over the tp
 // group under sequence parallelism and over the cp group, so the losses do not depend on tp or cp). The
 // losses enter the objective with env.moe_loss_scale; their gradients are added to the router's in the
@@ -74,19 +73,6 @@ Tensor read_to_host(const Tensor& t) {
   return t.to(Device::cpu());
 }
 
-// A meta run (meta.hpp) has no logits to read back. Its stated assumption is balanced routing:
-// token t's j-th choice is expert (t k + j) mod E, so each expert receives T k / E of this rank's
-// T k assignments (the first (T k) mod E experts, in this order, one more), and as every rank of a
-// layer sees the same number of tokens, every rank routes alike: what a rank receives from a peer
-// is what it sends it. The logits are 1 for the chosen experts and 0 elsewhere (top-k keeps them).
-Tensor balanced_router_logits(int64_t T, int64_t E, int64_t k) {
-  Tensor logits = Tensor::zeros({T, E}, DType::F32);
-  float* l = logits.data<float>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t j = 0; j < k; ++j) l[t * E + (t * k + j) % E] = 1.0f;
-  return logits;
-}
-
 int ep_size(const LayerEnv& env) { return env.ep != nullptr ? env.ep->size() : 1; }
 int ep_rank(const LayerEnv& env) { return env.ep != nullptr ? env.ep->rank() : 0; }
 int etp_size(const LayerEnv& env) { return env.etp != nullptr ? env.etp->size() : 1; }
@@ -108,7 +94,7 @@ Parameter expert_weight(const std::string& name, Shape global_shape, int dim, co
 
 }  // namespace
 
-MoELayer::MoELayer(const LayerEnv& env, int layer) : env_(env) {
+MoELayer::MoELayer(const LayerEnv& env, int layer) : gate(*env.config, layer), env_(env) {
   const ModelConfig& c = *env.config;
   experts_ = c.num_experts;
   topk_ = c.moe_router_topk;
@@ -282,37 +268,24 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
   ctx.tokens = T;
   ctx.x = xr;
 
-  // Router: fp32 logits, softmax, top-k (lower index first among equals), log-sum-exp for z.
+  // Router: fp32 logits read back, routed on the host (router.hpp). A meta run (meta.hpp) has no
+  // logits: its stated assumption is balanced routing, token t's j-th choice expert (t k + j) mod E,
+  // so each expert receives T k / E of this rank's assignments and, as every rank of a layer sees
+  // the same number of tokens, every rank routes alike: what a rank receives from a peer is what it
+  // sends it.
   Tensor logits = Tensor::empty({T, E}, DType::F32, x.device());
   ops::gemm(xr, false, router.value, true, logits);
-  const bool meta = x.device().is_meta();  // balanced routing, nothing read (above)
-  logits = meta ? balanced_router_logits(T, E, k) : read_to_host(logits);
-  ctx.probs = Tensor::empty({T, E}, DType::F32);
-  float* probs = ctx.probs.data<float>();
-  const float* lg = logits.data<float>();
-  ctx.lse.resize(static_cast<std::size_t>(T));
-  ctx.choice.resize(static_cast<std::size_t>(T * k));
-  std::vector<int32_t> order(Es);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* l = lg + t * E;
-    float* pr = probs + t * E;
-    float mx = l[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e] - mx));
-    for (int64_t e = 0; e < E; ++e)
-      pr[e] = static_cast<float>(std::exp(static_cast<double>(l[e] - mx)) / sum);
-    ctx.lse[static_cast<std::size_t>(t)] = static_cast<float>(std::log(sum) + mx);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [pr](int32_t a, int32_t b) { return pr[a] > pr[b] || (pr[a] == pr[b] && a < b); });
-    for (int64_t j = 0; j < k; ++j)
-      ctx.choice[static_cast<std::size_t>(t * k + j)] = order[static_cast<std::size_t>(j)];
-  }
+  const bool meta = x.device().is_meta();
+  const int64_t sequences = x.dim() == 3 ? x.size(1) : 1;  // [s, b, h]: token t is in sequence t % b
+  if (meta)
+    gate.route_balanced(T, sequences, ctx.routing);
+  else
+    gate.route(read_to_host(logits).data<float>(), T, sequences, ctx.routing);
+  const std::vector<int32_t>& choice = ctx.routing.choice;
 
   // Capacity (local tokens, first come first kept in token order) and the permutation by expert.
   std::vector<int64_t> assigned(Es, 0);
-  for (int32_t e : ctx.choice) ++assigned[static_cast<std::size_t>(e)];
+  for (int32_t e : choice) ++assigned[static_cast<std::size_t>(e)];
   const double cf = env_.config->moe_capacity_factor;
   const int64_t capacity =
       cf > 0 ? static_cast<int64_t>(std::ceil(cf * static_cast<double>(T * k) / static_cast<double>(E)))
@@ -321,7 +294,7 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
   std::vector<char> kept(static_cast<std::size_t>(T * k), 0);
   int64_t dropped = 0;
   for (std::size_t a = 0; a < kept.size(); ++a) {
-    auto& c = ctx.counts[static_cast<std::size_t>(ctx.choice[a])];
+    auto& c = ctx.counts[static_cast<std::size_t>(choice[a])];
     if (c < capacity) {
       ++c;
       kept[a] = 1;
@@ -337,39 +310,28 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (std::size_t a = 0; a < kept.size(); ++a)
       if (kept[a])
-        ctx.perm[static_cast<std::size_t>(fill[static_cast<std::size_t>(ctx.choice[a])]++)] =
+        ctx.perm[static_cast<std::size_t>(fill[static_cast<std::size_t>(choice[a])]++)] =
             static_cast<int64_t>(a);
   }
 
-  // The losses' statistics, over the tp group's shards under sequence parallelism.
-  {
-    std::vector<float> stat(2 * Es + 2, 0.0f);
-    for (std::size_t e = 0; e < Es; ++e) stat[e] = static_cast<float>(assigned[e]);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t e = 0; e < E; ++e) stat[Es + static_cast<std::size_t>(e)] += probs[t * E + e];
-    for (float l : ctx.lse) stat[2 * Es] += l * l;
-    stat[2 * Es + 1] = static_cast<float>(T);
-    // The sequence's other shards: tp ranks under sequence parallelism, and the cp ranks.
-    for (Communicator* group : {env_.sequence_parallel ? env_.tp : nullptr, env_.cp}) {
-      if (group == nullptr || group->size() == 1) continue;
-      Tensor s = Tensor::from_vector(stat, {static_cast<int64_t>(stat.size())});
-      group->all_reduce(s);
-      stat = s.to_float_vector();
-    }
-    ctx.aux_counts.assign(stat.begin(), stat.begin() + E);
-    ctx.aux_tokens = stat[2 * Es + 1];
-    if (record_stats && env_.training) {
-      const ModelConfig& c = *env_.config;
-      double dot = 0;
-      for (std::size_t e = 0; e < Es; ++e) dot += static_cast<double>(stat[e]) * stat[Es + e];
-      const double tt = ctx.aux_tokens;
-      stats_.aux_loss +=
-          c.moe_aux_loss_coeff * static_cast<double>(E) / (static_cast<double>(k) * tt * tt) * dot;
-      stats_.z_loss += c.moe_z_loss_coeff * stat[2 * Es] / tt;
-      for (std::size_t e = 0; e < Es; ++e) stats_.tokens_per_expert[e] += assigned[e];
-      stats_.dropped += dropped;
-      ++stats_.calls;
-    }
+  // The losses' statistics, over the sequences' other shards: the tp ranks under sequence
+  // parallelism, and the cp ranks.
+  ctx.routing_stats = gate.statistics(ctx.routing);
+  for (Communicator* group : {env_.sequence_parallel ? env_.tp : nullptr, env_.cp}) {
+    if (group == nullptr || group->size() == 1) continue;
+    Tensor s = Tensor::from_vector(ctx.routing_stats, {static_cast<int64_t>(ctx.routing_stats.size())});
+    group->all_reduce(s);
+    ctx.routing_stats = s.to_float_vector();
+  }
+  if (record_stats && env_.training) {
+    const Router::Losses l = gate.losses(ctx.routing_stats, sequences);
+    stats_.aux_loss += l.aux;
+    stats_.seq_aux_loss += l.seq_aux;
+    stats_.z_loss += l.z;
+    for (std::size_t e = 0; e < Es; ++e) stats_.tokens_per_expert[e] += assigned[e];
+    stats_.dropped += dropped;
+    ++stats_.calls;
+    gate.count_load(ctx.routing);
   }
 
   // Dispatch: rows in expert order, counts per (ep rank, local expert) exchanged first.
@@ -477,7 +439,7 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
       const int64_t a = ctx.perm[static_cast<std::size_t>(i)], t = a / k;
       const auto slot = static_cast<std::size_t>(t * k + used[static_cast<std::size_t>(t)]++);
       ctx.token_rows[slot] = i;
-      weight[slot] = probs[t * E + ctx.choice[static_cast<std::size_t>(a)]];
+      weight[slot] = ctx.routing.weight[static_cast<std::size_t>(a)];
     }
   }
   Tensor y = Tensor::empty({T, h}, dt, x.device());
@@ -498,7 +460,6 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   const DType dt = dy.dtype();
   const Device dev = dy.device();
   Tensor dyr = dy.view({T, h});
-  const float* probs = ctx.probs.data<float>();
   const int64_t N = static_cast<int64_t>(ctx.perm.size());
 
   // Combine backward: d(expert output) = w * dy, d(w) = <dy, expert output>, per permuted row.
@@ -507,7 +468,7 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   for (std::size_t i = 0; i < row_token.size(); ++i) {
     const int64_t a = ctx.perm[i], t = a / k;
     row_token[i] = t;
-    row_weight[i] = probs[t * E + ctx.choice[static_cast<std::size_t>(a)]];
+    row_weight[i] = ctx.routing.weight[static_cast<std::size_t>(a)];
   }
   Tensor token = on_device(row_token, {N}, dev);
   Tensor d_out = Tensor::empty({N, h}, dt, dev);
@@ -516,10 +477,9 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   ops::row_dot(ctx.out_perm, dyr, token, dots);
   // Meta: no values; the router's gradient is shapes only (its values are never read).
   dots = dev.is_meta() ? Tensor::zeros({N}, DType::F32) : read_to_host(dots);
-  Tensor dprobs = Tensor::zeros({T, E}, DType::F32);
-  float* dp = dprobs.data<float>();
+  std::vector<float> dweight(static_cast<std::size_t>(T * k), 0.0f);  // dropped assignments: 0
   for (std::size_t i = 0; i < row_token.size(); ++i)
-    dp[row_token[i] * E + ctx.choice[static_cast<std::size_t>(ctx.perm[i])]] += dots.data<float>()[i];
+    dweight[static_cast<std::size_t>(ctx.perm[i])] = dots.data<float>()[i];
   ctx.out_perm = Tensor();
   ctx.d_expert_out = gather_over_etp(dispatch(d_out, ctx, ctx.counts, /*back=*/false), ctx);
   d_out = Tensor();  // freed here unless it is d_expert_out itself (ep = etp = 1)
@@ -550,25 +510,10 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   ops::gather_sum_rows(dx_perm, on_device(ctx.token_rows, {T, k}, dev), Tensor(), dx32);
   dx_perm = Tensor();
 
-  // Router: the losses' gradients, then the softmax backward, then through the logits' GEMM.
-  const ModelConfig& c = *env_.config;
-  const double tt = ctx.aux_tokens, scale = env_.moe_loss_scale;
-  const double aux_g =
-      c.moe_aux_loss_coeff * static_cast<double>(E) / (static_cast<double>(k) * tt * tt) * scale;
-  const double z_g = c.moe_z_loss_coeff * 2.0 / tt * scale;
-  Tensor dlogits = Tensor::empty({T, E}, DType::F32);
-  float* dl = dlogits.data<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    const float* pr = probs + t * E;
-    float* dpr = dp + t * E;
-    double inner = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      dpr[e] += static_cast<float>(aux_g * ctx.aux_counts[static_cast<std::size_t>(e)]);
-      inner += static_cast<double>(pr[e]) * dpr[e];
-    }
-    const double zt = z_g * ctx.lse[static_cast<std::size_t>(t)];
-    for (int64_t e = 0; e < E; ++e) dl[t * E + e] = static_cast<float>(pr[e] * (dpr[e] - inner) + zt * pr[e]);
-  }
+  // Router: the combine weights' and the losses' gradients through the routing (router.hpp), then
+  // through the logits' GEMM.
+  Tensor dlogits = Tensor::from_vector(
+      gate.backward(ctx.routing, dweight, ctx.routing_stats, env_.moe_loss_scale), {T, E});
   ctx.d_logits = dlogits.to(dt).to(dev);
   Tensor dx_router = Tensor::empty({T, h}, dt, dev);
   ops::gemm(ctx.d_logits, false, router.value, false, dx_router);

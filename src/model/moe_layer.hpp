@@ -8,6 +8,7 @@
 #include "layer_env.hpp"
 #include "mlp.hpp"
 #include "parallel/tensor_parallel.hpp"
+#include "router.hpp"
 
 namespace parallel::model {
 
@@ -15,17 +16,16 @@ namespace parallel::model {
 // terms as added to the objective (coefficients applied, one per layer and micro-batch) and the
 // assignments each expert received (before capacity drops), over this rank's tokens.
 struct MoEStats {
-  double aux_loss = 0.0, z_loss = 0.0;
+  double aux_loss = 0.0, z_loss = 0.0, seq_aux_loss = 0.0;
   int64_t calls = 0;    // layer forwards counted
   int64_t dropped = 0;  // assignments beyond the capacity
   std::vector<int64_t> tokens_per_expert;
 };
 
 // Mixture of experts in place of the MLP (docs/model.md, "Mixture of experts"): a router (fp32
-// logits, softmax over all experts, top-k with ties to the lower expert index; the combine weights
-// are the chosen probabilities, not renormalised), the load-balancing and z losses, token dispatch
-// to the experts' owners over env.ep (alltoall or allgather), the local experts as one grouped
-// GEMM over their contiguous rows, and the combine. Experts are GeLU or SwiGLU MLPs without biases,
+// logits; the scores, top-k choices, combine weights and the balance and z losses are router.hpp's
+// Router's), token dispatch to the experts' owners over env.ep (alltoall or allgather), the local
+// experts as one grouped GEMM over their contiguous rows, and the combine. Experts are GeLU or SwiGLU MLPs without biases,
 // named "layers.<l>.mlp.experts.<global index>.{fc1 | gate, up}.weight" and "...fc2.weight"; a rank
 // holds num_experts / ep of them (global indices ep_rank * local ..). Under tensor parallelism
 // inside experts (env.etp, Megatron-Core's expert-tensor group) each rank holds 1/etp of the inner
@@ -38,16 +38,13 @@ class MoELayer {
  public:
   MoELayer(const LayerEnv& env, int layer);
   struct Context {
-    int64_t tokens = 0;  // rows of this rank's input
-    Tensor x;            // [T, h] input rows (router and weight steps)
-    Tensor probs;        // [T, E] fp32 router softmax, on the host (routing is host code)
-    std::vector<float> lse;
-    std::vector<int32_t> choice;      // [T * k] chosen experts
-    std::vector<int64_t> perm;        // permuted row -> assignment t * k + j (kept ones, by expert)
-    std::vector<int64_t> token_rows;  // [T, k] each token's kept permuted rows, ascending; -1 pads
-    std::vector<int64_t> counts;      // [E] kept assignments per expert (this rank's tokens)
-    std::vector<double> aux_counts;   // [E] assignments before drops, over the tp group under sp
-    double aux_tokens = 0;            // tokens the aux and z losses average over
+    int64_t tokens = 0;                // rows of this rank's input
+    Tensor x;                          // [T, h] input rows (router and weight steps)
+    Router::Routing routing;           // host code (router.hpp)
+    std::vector<float> routing_stats;  // Router::statistics, over the tp group under sp and cp
+    std::vector<int64_t> perm;         // permuted row -> assignment t * k + j (kept ones, by expert)
+    std::vector<int64_t> token_rows;   // [T, k] each token's kept permuted rows, ascending; -1 pads
+    std::vector<int64_t> counts;       // [E] kept assignments per expert (this rank's tokens)
     // Dispatch: rows received from each ep rank per local expert [ep][L].
     std::vector<int64_t> recv_counts;
     std::vector<int64_t> all_counts;  // allgather: [ep][E] every rank's counts per expert
@@ -72,6 +69,7 @@ class MoELayer {
   MoEStats& stats() { return stats_; }
 
   Parameter router;  // [E, h], replicated (dense)
+  Router gate;       // routing from the router's logits (router.hpp), with the expert bias
   // Local experts, this etp rank's slice of each (F_l = F / etp, rows or columns from etp_rank F_l):
   // fc1[e] holds the parts {fc1} (gelu) or {gate, up} (swiglu), each [F_l, h], back to back in
   // one storage so one GEMM serves both (fused_rows); fc2[e] is [h, F_l].

@@ -65,6 +65,10 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
     j["moe_z_loss"] = number(m.moe_z_loss);
     j["moe_tokens_per_expert"] = m.moe_tokens_per_expert;
   }
+  if (!m.moe_expert_bias.empty()) {
+    j["moe_expert_bias"] = m.moe_expert_bias;
+    j["moe_expert_bias_spread"] = number(m.moe_expert_bias_spread);
+  }
   return out_.append(j.dump());
 }
 

@@ -307,7 +307,8 @@ using WriteFn = std::function<std::string(const std::vector<checkpoint::ShardedT
                                           const checkpoint::SaveOptions&)>;
 
 std::string save_with(const TrainProgress& progress, const std::vector<Parameter*>& params,
-                      Optimizer* optimizer, ParallelState& state, int keep_last, const WriteFn& write) {
+                      const std::vector<Parameter*>& buffers, Optimizer* optimizer, ParallelState& state,
+                      int keep_last, const WriteFn& write) {
   // With overlap_param_gather the last step's all-gather may still be filling the parameters.
   finish_pending_gather(optimizer);
   const NamedParams named = by_name(params);
@@ -315,6 +316,8 @@ std::string save_with(const TrainProgress& progress, const std::vector<Parameter
   std::vector<checkpoint::ShardedTensor> tensors;
   for (Parameter* p : named.unique)
     tensors.push_back(checkpoint::from_parameter(*p, checkpoint::is_replica_writer(*p, coord)));
+  for (Parameter* b : buffers)
+    tensors.push_back(checkpoint::from_parameter(*b, checkpoint::is_replica_writer(*b, coord)));
 
   // Kept alive until save() has written them (the gathered state of the distributed optimizer).
   std::map<std::string, ParamState> states;
@@ -347,8 +350,8 @@ std::string save_with(const TrainProgress& progress, const std::vector<Parameter
 
 std::string save_train_state(const std::string& root, const TrainProgress& progress,
                              const std::vector<Parameter*>& params, Optimizer* optimizer,
-                             ParallelState& state, int keep_last) {
-  return save_with(progress, params, optimizer, state, keep_last,
+                             ParallelState& state, int keep_last, const std::vector<Parameter*>& buffers) {
+  return save_with(progress, params, buffers, optimizer, state, keep_last,
                    [&](const std::vector<checkpoint::ShardedTensor>& tensors, const std::string& extras,
                        const checkpoint::SaveOptions& options) {
                      return checkpoint::save(root, progress.step, tensors, extras, state.world(), options);
@@ -357,8 +360,9 @@ std::string save_train_state(const std::string& root, const TrainProgress& progr
 
 void start_save_train_state(checkpoint::AsyncSave& save, const std::string& root,
                             const TrainProgress& progress, const std::vector<Parameter*>& params,
-                            Optimizer* optimizer, ParallelState& state, int keep_last) {
-  save_with(progress, params, optimizer, state, keep_last,
+                            Optimizer* optimizer, ParallelState& state, int keep_last,
+                            const std::vector<Parameter*>& buffers) {
+  save_with(progress, params, buffers, optimizer, state, keep_last,
             [&](const std::vector<checkpoint::ShardedTensor>& tensors, const std::string& extras,
                 const checkpoint::SaveOptions& options) {
               save.start(root, progress.step, tensors, extras, state.world(), options);
@@ -367,8 +371,8 @@ void start_save_train_state(checkpoint::AsyncSave& save, const std::string& root
 }
 
 LoadResult load_train_state(const std::string& path, const std::string& default_root,
-                            const std::vector<Parameter*>& params, Optimizer* optimizer,
-                            ParallelState& state) {
+                            const std::vector<Parameter*>& params, Optimizer* optimizer, ParallelState& state,
+                            const std::vector<Parameter*>& buffers) {
   // A gather still in flight would overwrite the loaded parameters when it lands.
   finish_pending_gather(optimizer);
   const NamedParams named = by_name(params);
@@ -390,6 +394,7 @@ LoadResult load_train_state(const std::string& path, const std::string& default_
   }
   std::vector<checkpoint::ShardedTensor> weights;
   for (Parameter* p : stored) weights.push_back(checkpoint::from_parameter(*p, true));
+  for (Parameter* b : buffers) weights.push_back(checkpoint::from_parameter(*b, true));
   checkpoint::LoadOptions options;
   options.default_root = default_root;
   checkpoint::LoadResult loaded =

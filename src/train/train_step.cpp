@@ -225,7 +225,10 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
   }
   if (rerun.enabled) {
     const RunFingerprint first = fingerprint();
-    for (auto& chunk : chunks_) chunk->reset_moe_statistics();  // counted once, from the re-run
+    for (auto& chunk : chunks_) {  // counted once, from the re-run
+      chunk->reset_moe_statistics();
+      chunk->reset_router_load();
+    }
     forward_backward();
     static_cast<DataParallelAwareModel&>(*driver_).hold_reduction(false);
     if (rerun.compare) rerun.compare(first, fingerprint());
@@ -240,7 +243,21 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
   std::function<bool(double)> skip;
   if (skip_update) skip = [&](double grad_norm) { return skip_update(out.loss, grad_norm); };
   out.update = optimizer_->step(lr, skip);
+  // Aux-loss-free balancing: the expert biases move by the step's loads once the weights did.
+  std::vector<GPTModel*> chunks;
+  for (auto& chunk : chunks_) {
+    chunks.push_back(chunk.get());
+    if (out.update.skipped) chunk->reset_router_load();
+  }
+  if (!out.update.skipped) GPTModel::update_router_bias(chunks, world_);
   sample_peak();
+  return out;
+}
+
+std::vector<Parameter*> TrainStep::buffers() const {
+  std::vector<Parameter*> out;
+  for (const auto& chunk : chunks_)
+    for (Parameter* p : chunk->router_buffers()) out.push_back(p);
   return out;
 }
 

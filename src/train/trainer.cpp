@@ -379,6 +379,42 @@ struct Trainer::Impl {
     s.moe_z_loss = v[1] / static_cast<double>(global_micro_batches);
     s.moe_tokens_per_expert.assign(local.size() - 2, 0);
     for (std::size_t e = 0; e + 2 < local.size(); ++e) s.moe_tokens_per_expert[e] = std::llround(v[2 + e]);
+    if (cfg.model.moe_router_expert_bias) expert_bias_metrics(s);
+  }
+
+  // Every MoE layer's expert bias, from the ranks that hold it: the largest and the smallest value
+  // of each entry over them (unheld entries are -inf / +inf), so the spread shows whether every rank
+  // moved it alike.
+  void expert_bias_metrics(StepMetrics& s) {
+    const ModelConfig& m = cfg.model;
+    const int64_t E = m.num_experts, L = m.num_layers;
+    std::vector<float> hi(static_cast<std::size_t>(2 * L * E), -INFINITY);  // [max; -min]
+    for (const auto& chunk : train_step->chunks()) {
+      const std::vector<Parameter*> biases = chunk->router_buffers();
+      std::size_t next = 0;
+      for (int i = chunk->spec().first_layer; i < chunk->spec().first_layer + chunk->spec().num_layers; ++i) {
+        if (!m.is_moe_layer(i)) continue;
+        const std::vector<float> b = biases.at(next++)->value.to_float_vector();
+        for (int64_t e = 0; e < E; ++e) {
+          hi[static_cast<std::size_t>(i * E + e)] = b[static_cast<std::size_t>(e)];
+          hi[static_cast<std::size_t>((L + i) * E + e)] = -b[static_cast<std::size_t>(e)];
+        }
+      }
+    }
+    Tensor t = Tensor::from_vector(hi, {2 * L * E});
+    world.all_reduce(t, ReduceOp::Max);
+    const float* v = t.data<float>();
+    s.moe_expert_bias.clear();
+    s.moe_expert_bias_spread = 0.0;
+    for (int64_t i = 0; i < L; ++i) {
+      if (!m.is_moe_layer(static_cast<int>(i))) continue;
+      std::vector<float>& layer = s.moe_expert_bias.emplace_back();
+      for (int64_t e = 0; e < E; ++e) {
+        layer.push_back(v[i * E + e]);
+        s.moe_expert_bias_spread =
+            std::max(s.moe_expert_bias_spread, static_cast<double>(v[i * E + e]) + v[(L + i) * E + e]);
+      }
+    }
   }
 
   // data.eod_mask_loss or data.format sft: the number of tokens whose loss counts in the global batch `batch`
@@ -456,15 +492,16 @@ struct Trainer::Impl {
     progress.config_yaml = config_to_yaml(cfg);
     if (!cfg.checkpoint.async) {
       const auto start = Clock::now();
-      const std::string dir = save_train_state(cfg.checkpoint.dir, progress, parameters(),
-                                               &train_step->optimizer(), *state, cfg.checkpoint.keep_last);
+      const std::string dir =
+          save_train_state(cfg.checkpoint.dir, progress, parameters(), &train_step->optimizer(), *state,
+                           cfg.checkpoint.keep_last, train_step->buffers());
       parallel::progress().info("saved checkpoint {} in {:.0f} ms", dir, milliseconds_since(start));
       return;
     }
     finish_async_save("training goes on");  // at most one save in flight
     const auto start = Clock::now();
     start_save_train_state(async_save, cfg.checkpoint.dir, progress, parameters(), &train_step->optimizer(),
-                           *state, cfg.checkpoint.keep_last);
+                           *state, cfg.checkpoint.keep_last, train_step->buffers());
     parallel::progress().info(
         "checkpoint of step {}: copied to host memory in {:.0f} ms, writing in the background", at_step,
         milliseconds_since(start));
@@ -690,7 +727,7 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   }
   if (load) {
     const LoadResult loaded = load_train_state(c.checkpoint.load, c.checkpoint.dir, m.parameters(),
-                                               &m.train_step->optimizer(), *m.state);
+                                               &m.train_step->optimizer(), *m.state, m.train_step->buffers());
     m.step = loaded.progress.step;
     progress().info(
         "loaded {} ({}): resuming at step {}", loaded.path,

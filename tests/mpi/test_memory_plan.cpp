@@ -167,6 +167,16 @@ INSTANTIATE_TEST_SUITE_P(
             "moe_ep4_top1_swiglu_zero2",
             {"model.num_experts=8", "model.moe_router_topk=1", "parallel.expert=4", "model.activation=swiglu",
              "model.normalization=rmsnorm", "optimizer.sharding=optim_grads", "train.global_batch_size=64"}},
+        // DeepSeek-V3's MoE: sigmoid, group-limited routing with the expert bias, the sequence-wise aux
+        // loss, a shared expert, the first layer dense (meta routes balanced whatever the options).
+        Layout{
+            "moe_deepseek_v3_ep4",
+            {"model.num_experts=8", "model.moe_router_topk=2", "parallel.expert=4", "model.activation=swiglu",
+             "model.normalization=rmsnorm", "model.moe_router_score_function=sigmoid", "model.moe_n_group=4",
+             "model.moe_topk_group=2", "model.moe_norm_topk_prob=true", "model.moe_routed_scaling_factor=2.5",
+             "model.moe_router_expert_bias=true", "model.moe_seq_aux_loss_coeff=0.001",
+             "model.moe_first_k_dense_replace=1", "model.moe_shared_expert_ffn_hidden_size=64",
+             "train.global_batch_size=64"}},
         Layout{"dp4_distributed", {"optimizer.distributed=true", "train.global_batch_size=64"}},
         // Muon: one momentum buffer per matrix, and its per-matrix working set during the step.
         Layout{"tp2_dp2_muon_zero1",

@@ -120,6 +120,127 @@ TEST(MoEPyTorchReference, OnCuda) {
   check_fixture("moe_swiglu_top1_capacity", Device::cuda(), 1e-4);
 }
 
+// ---- the routing options against PyTorch and Hugging Face -----------------------------------
+
+// tests/reference/make_ds_moe_fixture.py: a SwiGLU MoE layer with router.hpp's options. `hf`: the
+// loss coefficients zeroed and the layer checked against Hugging Face's own block instead (its
+// router runs in float32, hence 1e-5).
+void check_routing_fixture(const std::string& name, bool hf) {
+  const std::string path = testing::fixtures_dir() + "/" + name + ".safetensors";
+  auto f = safetensors::load(path);
+  const auto meta = safetensors::load_metadata(path);
+  auto solo = world().split(world().rank(), 0);
+  ModelConfig c;
+  c.hidden_size = std::stoi(meta.at("hidden"));
+  c.num_experts = std::stoi(meta.at("num_experts"));
+  c.moe_router_topk = std::stoi(meta.at("topk"));
+  c.moe_ffn_hidden_size = std::stoi(meta.at("ffn"));
+  c.activation = Activation::SwiGLU;
+  c.moe_router_score_function =
+      meta.at("score_function") == "sigmoid" ? MoeScoreFunction::Sigmoid : MoeScoreFunction::Softmax;
+  c.moe_norm_topk_prob = meta.at("norm_topk_prob") == "1";
+  c.moe_routed_scaling_factor = std::stod(meta.at("routed_scaling_factor"));
+  c.moe_n_group = std::stoi(meta.at("n_group"));
+  c.moe_topk_group = std::stoi(meta.at("topk_group"));
+  c.moe_router_expert_bias = meta.at("expert_bias") == "1";
+  c.moe_bias_update_speed = std::stod(meta.at("bias_update_speed"));
+  if (!hf) {
+    c.moe_aux_loss_coeff = std::stod(meta.at("aux_coeff"));
+    c.moe_seq_aux_loss_coeff = std::stod(meta.at("seq_aux_coeff"));
+    c.moe_z_loss_coeff = std::stod(meta.at("z_coeff"));
+  }
+  const std::string pre = hf ? "hf." : "";
+  const double tol = hf ? 1e-5 : 1e-6;
+  model::LayerEnv env;
+  env.config = &c;
+  env.tp = solo.get();
+  env.hidden = c.hidden_size;
+  env.ffn = c.moe_ffn_hidden_size;
+  model::MoELayer layer(env, 0);
+  layer.router.value.copy_(f.at("router"));
+  if (c.moe_router_expert_bias) layer.gate.bias.value.copy_(f.at("bias"));
+  const int64_t E = c.num_experts, F = c.moe_ffn_hidden_size;
+  for (int64_t e = 0; e < E; ++e) {
+    for (std::size_t j = 0; j < 2; ++j)
+      layer.fc1[e][j].value.copy_(f.at("fc1").select(e).narrow(0, static_cast<int64_t>(j) * F, F));
+    layer.fc2[e].value.copy_(f.at("fc2").select(e));
+  }
+  model::MoELayer::Context ctx;
+  Tensor y = layer.forward(f.at("x"), ctx, /*record_stats=*/true);
+  EXPECT_TRUE(close(name + " y", y, f.at(pre + "y"), tol));
+  const model::MoEStats& s = layer.stats();
+  const std::vector<float> counts = f.at("tokens_per_expert").to_float_vector();
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(s.tokens_per_expert[e], static_cast<int64_t>(counts[e])) << name << " expert " << e;
+    EXPECT_EQ(layer.gate.load()[e], static_cast<int64_t>(counts[e])) << name << " load of expert " << e;
+  }
+  if (!hf) {
+    for (const auto& [key, value] :
+         {std::pair<std::string, double>{"aux", s.aux_loss}, {"seq_aux", s.seq_aux_loss}, {"z", s.z_loss}}) {
+      const double expected = f.at(key).to_float_vector()[0];
+      EXPECT_NEAR(value, expected, 1e-6 * std::abs(expected)) << name << " " << key;
+    }
+  }
+  Tensor dx = layer.backward(f.at("dy"), ctx);
+  EXPECT_TRUE(close(name + " dx", dx, f.at(pre + "dx"), tol));
+  EXPECT_TRUE(close(name + " grad.router", layer.router.grad, f.at(pre + "grad.router"), tol));
+  for (int64_t e = 0; e < E; ++e) {
+    for (std::size_t j = 0; j < 2; ++j)
+      EXPECT_TRUE(close(layer.fc1[e][j].name, layer.fc1[e][j].grad,
+                        f.at(pre + "grad.fc1").select(e).narrow(0, static_cast<int64_t>(j) * F, F), tol));
+    EXPECT_TRUE(close(layer.fc2[e].name, layer.fc2[e].grad, f.at(pre + "grad.fc2").select(e), tol));
+  }
+  // The bias has no gradient and moves only by the load: bias + speed * sign(mean - load).
+  if (c.moe_router_expert_bias) {
+    EXPECT_FALSE(layer.gate.bias.grad.defined());
+    EXPECT_TRUE(close(name + " bias before the update", layer.gate.bias.value, f.at("bias"), 0.0, 1e-30));
+    layer.gate.update_bias(layer.gate.load());
+    EXPECT_TRUE(close(name + " bias_after", layer.gate.bias.value, f.at("bias_after"), 1e-6));
+    for (int64_t n : layer.gate.load()) EXPECT_EQ(n, 0) << "the load restarts after an update";
+  }
+}
+
+TEST(MoERouting, DeepSeekV3SigmoidGroupLimitedBiasSeqAux) {
+  check_routing_fixture("moe_route_deepseek_v3", false);
+}
+TEST(MoERouting, DeepSeekV3AgainstHuggingFace) { check_routing_fixture("moe_route_deepseek_v3", true); }
+TEST(MoERouting, Qwen3MoeNormTopkWithAux) { check_routing_fixture("moe_route_qwen3_moe", false); }
+TEST(MoERouting, Qwen3MoeAgainstHuggingFace) { check_routing_fixture("moe_route_qwen3_moe", true); }
+TEST(MoERouting, MixtralTop2Renormalised) { check_routing_fixture("moe_route_mixtral", false); }
+TEST(MoERouting, MixtralAgainstHuggingFace) { check_routing_fixture("moe_route_mixtral", true); }
+
+// The routing options on the meta device (memory plan): balanced routing whatever the options, and
+// the backward runs.
+TEST(MoERouting, RunsOnMeta) {
+  auto solo = world().split(world().rank(), 0);
+  ModelConfig c;
+  c.hidden_size = 16;
+  c.num_experts = 8;
+  c.moe_router_topk = 3;
+  c.moe_ffn_hidden_size = 12;
+  c.activation = Activation::SwiGLU;
+  c.moe_router_score_function = MoeScoreFunction::Sigmoid;
+  c.moe_norm_topk_prob = true;
+  c.moe_routed_scaling_factor = 2.5;
+  c.moe_n_group = 4;
+  c.moe_topk_group = 2;
+  c.moe_router_expert_bias = true;
+  c.moe_seq_aux_loss_coeff = 0.1;
+  model::LayerEnv env;
+  env.config = &c;
+  env.tp = solo.get();
+  env.hidden = c.hidden_size;
+  env.ffn = c.moe_ffn_hidden_size;
+  ParameterDeviceScope on_meta(Device::meta());
+  model::MoELayer layer(env, 0);
+  model::MoELayer::Context ctx;
+  Tensor y = layer.forward(Tensor::empty({8, 2, 16}, DType::F32, Device::meta()), ctx, true);
+  EXPECT_TRUE(y.device().is_meta());
+  for (int64_t n : layer.stats().tokens_per_expert) EXPECT_EQ(n, 8 * 2 * 3 / 8) << "balanced";
+  Tensor dx = layer.backward(Tensor::empty({8, 2, 16}, DType::F32, Device::meta()), ctx);
+  EXPECT_TRUE(dx.device().is_meta());
+}
+
 // ---- expert parallelism equals one rank ------------------------------------------------------
 
 ModelConfig moe_config(int experts, int topk, MoeDispatcher dispatcher, bool llama) {

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The MoE routing options through the trainer (docs/model.md, "Routing"; tiny model, fp32, 6 steps,
+# constant learning rate), each layout against one rank:
+#  1. DeepSeek-V3 routing: sigmoid scores, 4 experts in 2 groups (best 1 eligible), top-2 normalised
+#     and scaled by 2.5, the expert bias at speed 0.01 (large, so that it changes the choices within
+#     the run), the sequence-wise aux and z losses, a shared expert, layer 0 dense
+#     (first_k_dense_replace 1, so the MoE layer sits on the second pipeline stage at pp2). Layouts:
+#     ep2 (dp2), ep2 x etp2 (4 ranks), ep2 x tp2 (+sp), cp2 x ep2, dp2 under ZeRO-3, pp2. Losses and
+#     gradient norms within 1e-5 relative; the expert bias (metrics.jsonl's moe_expert_bias) equal to
+#     one rank's at every step and the same on every rank that holds its layer (spread 0);
+#  2. Mixtral / Qwen3-MoE routing (softmax, top-2 normalised) at ep2 x tp2 (+sp) and ep2 x pp2 with
+#     the two MoE layers on both stages;
+#  3. resume: 3 steps at ep2 x dp2 with a checkpoint, continued to step 6 on one rank and at pp2: the
+#     losses and the bias of the uninterrupted run (the bias is in the checkpoint, exactly); the
+#     checkpoint holds layers.1.mlp.router.e_score_correction_bias;
+#  4. the bias moves: after 6 steps it is not all zero.
+#   trainer_moe_routing.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
+set -euo pipefail
+src=$1 pretrain=$2
+shift 2
+mpiexec=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
+  --set optimizer.warmup_steps=0 --set model.moe_ffn_hidden_size=96 --set model.activation=swiglu
+  --set model.normalization=rmsnorm --set model.position_embedding=rope --set model.add_bias=false
+  --set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_norm_topk_prob=true)
+ds=(--set model.moe_router_score_function=sigmoid --set model.moe_n_group=2 --set model.moe_topk_group=1
+  --set model.moe_routed_scaling_factor=2.5 --set model.moe_router_expert_bias=true
+  --set model.moe_bias_update_speed=0.01 --set model.moe_seq_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001
+  --set model.moe_shared_expert_ffn_hidden_size=64 --set model.moe_first_k_dense_replace=1)
+mixtral=(--set model.moe_aux_loss_coeff=0.01)
+
+run() {  # run NAME RANKS [--set ...]
+  local name=$1 ranks=$2
+  shift 2
+  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" "$@" \
+    >"$work/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
+}
+field() { grep -o "\"$2\":[^,}]*" "$work/$1/metrics.jsonl" | cut -d: -f2; }
+compare() {  # compare REF RUN FIELD [LINES]: the run's FIELD values against the last LINES of REF's
+  local lines=${4:-6}
+  paste <(field "$1" "$3" | tail -"$lines") <(field "$2" "$3") | awk -v name="$2 $3" -v lines="$lines" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; s = ($1 < 0 ? -$1 : $1); if (d / s > worst) worst = d / s
+      if (d > 1e-5 * s) { printf "%s: line %d %s vs %s\n", name, n, $2, $1; bad = 1 } }
+    END { if (n != lines) { printf "%s: %d lines, expected %d\n", name, n, lines; bad = 1 }
+          if (bad) exit 1; printf "%s: %d values equal the reference within 1e-5 (largest %.2g)\n", name, n, worst }'
+}
+bias() { grep -o '"moe_expert_bias":\[\[[^]]*\]\]' "$work/$1/metrics.jsonl" | tail -"${2:-6}"; }
+same_bias() {  # same_bias REF RUN [LINES]: the bias of every step equal, and one value over the ranks
+  diff <(bias "$1" "${3:-6}") <(bias "$2" "${3:-6}") >/dev/null ||
+    { echo "$2: expert bias differs from $1:"; paste -d'\n' <(bias "$1" "${3:-6}") <(bias "$2" "${3:-6}"); exit 1; }
+  field "$2" moe_expert_bias_spread | awk -v name="$2" '$1 != 0 { print name ": bias differs between ranks by " $1; exit 1 }'
+  echo "$2: expert bias equal to $1's at every step and on every rank"
+}
+
+# 1. DeepSeek-V3 routing.
+run ref 1 --set train.steps=6 "${ds[@]}"
+run ep2 2 --set train.steps=6 "${ds[@]}" --set parallel.expert=2
+run ep2etp2 4 --set train.steps=6 "${ds[@]}" --set parallel.expert=2 --set parallel.expert_tensor=2
+run ep2tp2 2 --set train.steps=6 "${ds[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true
+run ep2cp2 2 --set train.steps=6 "${ds[@]}" --set parallel.expert=2 --set parallel.context=2
+run dp2_z3 2 --set train.steps=6 "${ds[@]}" --set optimizer.sharding=optim_grads_params \
+  --set optimizer.overlap_grad_reduce=true
+run pp2 2 --set train.steps=6 "${ds[@]}" --set parallel.pipeline=2
+for r in ep2 ep2etp2 ep2tp2 ep2cp2 dp2_z3 pp2; do
+  compare ref $r loss
+  compare ref $r grad_norm
+  same_bias ref $r
+done
+# 4. The bias moved.
+bias ref 1 | grep -q '[1-9]' || { echo "the expert bias did not move: $(bias ref 1)"; exit 1; }
+
+# 2. Mixtral / Qwen3-MoE routing.
+run ref_mixtral 1 --set train.steps=6 "${mixtral[@]}"
+run mixtral_ep2tp2 2 --set train.steps=6 "${mixtral[@]}" --set parallel.expert=2 --set parallel.tensor=2 \
+  --set parallel.sequence_parallel=true
+run mixtral_ep2pp2 4 --set train.steps=6 "${mixtral[@]}" --set parallel.expert=2 --set parallel.pipeline=2
+for r in mixtral_ep2tp2 mixtral_ep2pp2; do
+  compare ref_mixtral $r loss
+  compare ref_mixtral $r grad_norm
+done
+
+# 3. Resume with the bias.
+run saver 4 --set train.steps=3 "${ds[@]}" --set parallel.expert=2 --set checkpoint.dir="$work/ckpt"
+grep -rq 'layers.1.mlp.router.e_score_correction_bias' "$work"/ckpt/step_*/index.json ||
+  { echo "checkpoint: no layers.1.mlp.router.e_score_correction_bias"; exit 1; }
+grep -rq 'layers.0.mlp.router' "$work"/ckpt/step_*/index.json &&
+  { echo "checkpoint: layer 0 should be dense (first_k_dense_replace 1)"; exit 1; }
+run on_one_rank 1 --set train.steps=6 "${ds[@]}" --set checkpoint.load="$work/ckpt"
+run on_pp2 2 --set train.steps=6 "${ds[@]}" --set parallel.pipeline=2 --set checkpoint.load="$work/ckpt"
+for r in on_one_rank on_pp2; do
+  compare ref $r loss 3
+  compare ref $r grad_norm 3
+  same_bias ref $r 3
+done
