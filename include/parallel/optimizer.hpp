@@ -46,6 +46,9 @@ struct OptimizerGroups {
   // MoE with a sharded optimizer: the ranks whose expert shards differ (ParallelState::edp(); the
   // DistributedOptimizer replaces it by the expert replica's sharding group, as it does dp).
   Communicator* expert_dp = nullptr;
+  // MoE model: every rank joins the experts' norm reduction over expert_model, also one whose
+  // pipeline stage holds no MoE layer (and so no expert parameter) while other stages do.
+  bool model_has_experts = false;
   int tp_rank = 0;
   bool first_pipeline_stage = true;
   // Muon: the ranks holding the tensor-parallel slices of a dense (tp) or expert (etp) matrix,

@@ -27,6 +27,7 @@ OptimizerGroups OptimizerGroups::from(ParallelState& state) {
 
 Optimizer::Optimizer(const OptimizerConfig& config, Precision precision, OptimizerGroups groups, bool sharded)
     : config_(config), precision_(precision), groups_(groups), sharded_(sharded) {
+  has_experts_ = groups.model_has_experts;
   if (precision == Precision::FP16)
     scaler_ = std::make_unique<DynamicLossScaler>(config.initial_loss_scale, config.loss_scale_window);
 }

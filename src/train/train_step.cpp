@@ -100,7 +100,12 @@ TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
   // Data parallelism owns the parameter and gradient buffers; the optimizer works on them. Dense
   // parameters are replicated over dp x cp (the cp ranks see other tokens of the same samples).
   DataParallelOptions ddp_options = DataParallelOptions::from(c.optimizer, c.train.precision);
-  if (moe) {
+  // A pipeline stage whose layers are all dense (moe_layer_freq, first_k_dense_replace) holds no
+  // expert parameter and so no expert replica; it still joins the experts' norm reduction.
+  const std::vector<Parameter*> local_params = parameters();
+  const bool local_experts =
+      std::any_of(local_params.begin(), local_params.end(), [](const Parameter* p) { return p->expert; });
+  if (moe && local_experts) {
     // MoE: dense parameters over dp x cp, experts over expert-dp (averaged over dp x cp too), each
     // sharded as optimizer.sharding says over its own group; one hook per chunk serves both.
     DataParallelOptions experts = ddp_options.for_experts(state_->dp_cp().size(), state_->edp().size());
@@ -113,7 +118,8 @@ TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
   if (expert_ddp_)
     shared_hooks_ =
         std::make_unique<SharedChunkHooks>(raw, std::vector<DataParallel*>{ddp_.get(), expert_ddp_.get()});
-  const auto groups = OptimizerGroups::from(*state_);
+  auto groups = OptimizerGroups::from(*state_);
+  groups.model_has_experts = moe;
   if (c.optimizer.distributed)
     optimizer_ = std::make_unique<DistributedOptimizer>(*ddp_, c.optimizer, groups, expert_ddp_.get());
   else
