@@ -86,8 +86,9 @@ struct ModelConfig {
   int hidden_size = 64;
   int num_attention_heads = 4;
   int num_query_groups = 0;  // 0: same as num_attention_heads (no grouped-query attention)
-  int ffn_hidden_size = 0;   // 0: 4 * hidden_size
-  int vocab_size = 50257;    // real vocabulary; padded to a multiple of 128 * tensor internally
+  int head_dim = 0;         // per-head size of queries, keys and values; 0: hidden_size / num_attention_heads
+  int ffn_hidden_size = 0;  // 0: 4 * hidden_size
+  int vocab_size = 50257;   // real vocabulary; padded to a multiple of 128 * tensor internally
   int seq_length = 128;
   int max_position_embeddings = 0;  // 0: seq_length
   Normalization normalization = Normalization::LayerNorm;
@@ -95,6 +96,9 @@ struct ModelConfig {
   PositionEmbedding position_embedding = PositionEmbedding::Learned;
   bool add_bias = true;
   bool add_qkv_bias = false;  // biases on query, key and value even without add_bias (Qwen2)
+  // RMSNorm over each head of the queries and of the keys (weights [head_dim], shared by the heads),
+  // before rope (Qwen3's q_norm / k_norm).
+  bool qk_norm = false;
   bool tie_embeddings = true;
   double dropout = 0.0;
   double init_std = 0.02;
@@ -133,6 +137,7 @@ struct ModelConfig {
   int sliding_window_pattern = 0;
   int max_window_layers = 0;
   // The window of layer `layer` (0-based, global index): 0 for a global layer.
+  int attention_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   int64_t layer_window(int layer) const {
     if (sliding_window <= 0 || layer < max_window_layers) return 0;
     if (sliding_window_pattern > 0 && (layer + 1) % sliding_window_pattern == 0) return 0;

@@ -1,7 +1,8 @@
 #pragma once
 // Hugging Face model folders <-> our checkpoints, for the architectures config.json can name:
-// GPT2LMHeadModel (the mapping of hf_gpt2.hpp), LlamaForCausalLM, MistralForCausalLM and
-// Qwen2ForCausalLM (docs/huggingface.md). Used by examples/convert_checkpoint (--from hf, --to hf).
+// GPT2LMHeadModel (the mapping of hf_gpt2.hpp), LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM and Qwen3ForCausalLM (docs/huggingface.md). Used by examples/convert_checkpoint (--from
+// hf, --to hf).
 //
 // A folder holds config.json and either model.safetensors or shards model-0000k-of-0000n.safetensors
 // listed by model.safetensors.index.json ({"weight_map": {tensor: file}}). Tensors may be F32, BF16
@@ -17,12 +18,20 @@
 //   model.layers.{i}.self_attn.k_proj.{weight,bias}  -> layers.{i}.attention.key.*     [hkv·d, h]
 //   model.layers.{i}.self_attn.v_proj.{weight,bias}  -> layers.{i}.attention.value.*   [hkv·d, h]
 //   model.layers.{i}.self_attn.o_proj.{weight,bias}  -> layers.{i}.attention.proj.*    [h, hq·d]
+//   model.layers.{i}.self_attn.q_norm.weight         -> layers.{i}.attention.q_norm.weight  [d] (Qwen3)
+//   model.layers.{i}.self_attn.k_norm.weight         -> layers.{i}.attention.k_norm.weight  [d] (Qwen3)
 //   model.layers.{i}.post_attention_layernorm.weight -> layers.{i}.post_attention_norm.weight
 //   model.layers.{i}.mlp.gate_proj.{weight,bias}     -> layers.{i}.mlp.gate.*          [f, h]
 //   model.layers.{i}.mlp.up_proj.{weight,bias}       -> layers.{i}.mlp.up.*            [f, h]
 //   model.layers.{i}.mlp.down_proj.{weight,bias}     -> layers.{i}.mlp.fc2.*           [h, f]
 //   model.norm.weight                                -> final_norm.weight
 //   lm_head.weight [V, h]                            -> output.weight (untied only)
+// MoE layers (Qwen3MoeForCausalLM; MixtralForCausalLM's names in brackets), every layer:
+//   model.layers.{i}.mlp.gate.weight [E, h] [block_sparse_moe.gate]       -> layers.{i}.mlp.router.weight
+//   ...mlp.experts.{e}.gate_proj.weight [f_e, h] [block_sparse_moe.experts.{e}.w1] ->
+//   mlp.experts.{e}.gate.weight
+//   ...mlp.experts.{e}.up_proj.weight   [f_e, h] [...w3]                  -> mlp.experts.{e}.up.weight
+//   ...mlp.experts.{e}.down_proj.weight [h, f_e] [...w2]                  -> mlp.experts.{e}.fc2.weight
 // Biases: q/k/v with model.add_qkv_bias (Qwen2) or model.add_bias; o_proj and the MLP with
 // model.add_bias (Llama's attention_bias together with mlp_bias). Tied models (tie_word_embeddings)
 // have no lm_head; one in the file is accepted only if it equals the embedding.
@@ -32,7 +41,9 @@
 // num_attention_heads, num_key_value_heads, head_dim, vocab_size, max_position_embeddings,
 // rms_norm_eps, the rotary embedding (theta; "default", "linear" or "llama3" scaling ->
 // model.rope_scaling*), tie_word_embeddings, initializer_range, Mistral's sliding_window
-// (-> model.sliding_window), the architecture (-> model.hf_architecture); RMSNorm, SwiGLU and RoPE
+// (-> model.sliding_window), Qwen2/Qwen3's windows, head_dim (-> model.head_dim when it is not
+// hidden_size / num_attention_heads), Qwen3's qk-norm (-> model.qk_norm), the architecture
+// (-> model.hf_architecture); RMSNorm, SwiGLU and RoPE
 // always. Every key is in one table per family (src/io/hf_model.cpp, kKeys): read, known inert, or
 // refused in one line naming it ("KEY = VALUE: not supported: it changes the model"); nothing that
 // changes the model is ignored. Two keys that disagree (rope_theta and rope_parameters.rope_theta)
@@ -48,9 +59,10 @@
 
 namespace parallel::hf {
 
-enum class Architecture { GPT2, Llama, Mistral, Qwen2 };
+enum class Architecture { GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral };
 
-// "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
+// "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+// "Qwen3MoeForCausalLM", "MixtralForCausalLM".
 const char* architecture_name(Architecture a);
 
 // The model a config.json describes (`source` names the file in messages). Throws parallel::Error

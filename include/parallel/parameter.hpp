@@ -17,8 +17,8 @@ struct Parameter {
   int partition_dim = -1;        // dimension split over tensor parallel ranks; -1: replicated
   int64_t partition_offset = 0;  // start of this slice along partition_dim
   // Replicated over the tensor-parallel group, but each rank sees only its sequence shard's
-  // gradient (norms and row-parallel biases under sequence parallelism): the tp group must
-  // all-reduce its gradient before the optimizer step.
+  // gradient (norms and row-parallel biases under sequence parallelism) or its heads' (qk-norm
+  // weights under any tp): the tp group must all-reduce its gradient before the optimizer step.
   bool sequence_parallel_grad = false;
   // The same parameter lives on several pipeline stages (tied word embeddings on the first and
   // last stage): its gradients are all-reduced over the embedding group, and it is counted once in

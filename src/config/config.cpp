@@ -93,6 +93,8 @@ void for_each_field(S& s, F&& f) {
   f("num_attention_heads", s.num_attention_heads, "attention heads per layer");
   f("num_query_groups", s.num_query_groups,
     "key/value heads for grouped-query attention (0: num_attention_heads)");
+  f("head_dim", s.head_dim,
+    "size of each attention head (0: hidden_size / num_attention_heads; Qwen3 sets it apart)");
   f("ffn_hidden_size", s.ffn_hidden_size,
     "MLP inner width (0: 4 * hidden_size; set it explicitly for swiglu)");
   f("vocab_size", s.vocab_size, "real vocabulary size (padded to a multiple of 128 * tensor internally)");
@@ -103,6 +105,7 @@ void for_each_field(S& s, F&& f) {
   f("position_embedding", s.position_embedding, "position encoding");
   f("add_bias", s.add_bias, "biases in linear layers");
   f("add_qkv_bias", s.add_qkv_bias, "biases on the query, key and value linears even when add_bias is false");
+  f("qk_norm", s.qk_norm, "RMSNorm over each query and key head before rope (Qwen3)");
   f("tie_embeddings", s.tie_embeddings, "share the input embedding with the output layer");
   f("dropout", s.dropout, "dropout probability for attention and hidden states");
   f("init_std", s.init_std, "standard deviation of the normal weight initialization");
@@ -826,7 +829,7 @@ void validate_config(Config& c, int world_size) {
         &p.context, &p.expert, &t.log_interval, &t.eval_steps, &o.loss_scale_window}) {
     rules.at_least(*count, 1);
   }
-  for (const int* count : {&m.num_query_groups, &m.ffn_hidden_size, &m.max_position_embeddings,
+  for (const int* count : {&m.num_query_groups, &m.head_dim, &m.ffn_hidden_size, &m.max_position_embeddings,
                            &t.eval_interval, &o.warmup_steps, &c.checkpoint.save_interval,
                            &c.checkpoint.keep_last, &p.first_stage_layers, &p.last_stage_layers}) {
     rules.at_least(*count, 0);
@@ -899,10 +902,13 @@ void validate_config(Config& c, int world_size) {
   check_layout(m, p);
   // Positions (after the layout rules: the head dimension below needs heads to divide hidden).
   if (m.position_embedding == PositionEmbedding::Rope) {
-    int head_dim = m.hidden_size / m.num_attention_heads;
-    rules.require(head_dim % 2 == 0, m.hidden_size,
-                  fmt::format("the head dimension {} / {} = {} must be even for rope position embeddings",
-                              rules.key(m.hidden_size), rules.key(m.num_attention_heads), head_dim));
+    const int head_dim = m.attention_head_dim();
+    if (m.head_dim > 0)
+      rules.require(head_dim % 2 == 0, m.head_dim, "must be even for rope position embeddings");
+    else
+      rules.require(head_dim % 2 == 0, m.hidden_size,
+                    fmt::format("the head dimension {} / {} = {} must be even for rope position embeddings",
+                                rules.key(m.hidden_size), rules.key(m.num_attention_heads), head_dim));
   } else {
     rules.require(m.seq_length <= m.max_position_embeddings, m.seq_length,
                   fmt::format("must be <= {} ({}) with learned position embeddings",

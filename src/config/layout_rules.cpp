@@ -45,7 +45,8 @@ void check_layout(const ModelConfig& model, const ParallelConfig& parallel) {
   }
 
   // Model shape against tensor parallelism.
-  rules.divisible(m.hidden_size, {rules.term(m.num_attention_heads)});
+  // An explicit head_dim frees hidden_size from the heads (Qwen3: 32 heads of 128 on hidden 2560...).
+  if (m.head_dim == 0) rules.divisible(m.hidden_size, {rules.term(m.num_attention_heads)});
   rules.divisible(m.num_attention_heads, {rules.term(m.num_query_groups)});
   rules.divisible(m.num_attention_heads, {rules.term(p.tensor)});
   rules.divisible(m.num_query_groups, {rules.term(p.tensor)});

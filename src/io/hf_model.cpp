@@ -74,8 +74,10 @@ json parse_json(const std::string& text, const std::string& source) {
 // checked on every config (an internal error names a row out of step with its reader).
 enum class Use { Read, Inert, Default, Refused };
 
-constexpr unsigned kGpt2 = 1, kLlama = 2, kMistral = 4, kQwen2 = 8;
-constexpr unsigned kLlamaFamily = kLlama | kMistral | kQwen2, kAll = kGpt2 | kLlamaFamily;
+constexpr unsigned kGpt2 = 1, kLlama = 2, kMistral = 4, kQwen2 = 8, kQwen3 = 16, kQwen3Moe = 32,
+                   kMixtral = 64;
+constexpr unsigned kMoE = kQwen3Moe | kMixtral;
+constexpr unsigned kLlamaFamily = kLlama | kMistral | kQwen2 | kQwen3 | kMoE, kAll = kGpt2 | kLlamaFamily;
 
 struct KeyRow {
   std::string_view key;
@@ -92,7 +94,7 @@ constexpr KeyRow kKeys[] = {
     {"vocab_size", kAll, Use::Read},
     {"initializer_range", kAll, Use::Read},
     {"tie_word_embeddings", kAll, Use::Read},
-    // The Llama family (LlamaConfig, MistralConfig, Qwen2Config of transformers 4.x and 5.x).
+    // The Llama family (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config of transformers 4.x and 5.x).
     {"hidden_size", kLlamaFamily, Use::Read},
     {"intermediate_size", kLlamaFamily, Use::Read},
     {"num_hidden_layers", kLlamaFamily, Use::Read},
@@ -107,16 +109,31 @@ constexpr KeyRow kKeys[] = {
     {"rope_scaling", kLlamaFamily, Use::Read},     // transformers 4.x
     {"rope_parameters", kLlamaFamily, Use::Read},  // transformers 5.x: rope_theta and the scaling together
     {"partial_rotary_factor", kLlamaFamily, Use::Default, "1.0"},
-    {"attention_bias", kLlama, Use::Read},
+    {"attention_bias", kLlama | kQwen3 | kQwen3Moe, Use::Read},
     {"mlp_bias", kLlama, Use::Read},
     // Llama's tensor-parallel pretraining split of its linears: the same products in another order
     // (transformers 4.x), ignored by 5.x.
     {"pretraining_tp", kLlama, Use::Inert},
     {"max_sequence_length", kLlama, Use::Inert},  // Llama 1 conversions; transformers never read it
-    {"sliding_window", kMistral | kQwen2, Use::Read},
-    {"use_sliding_window", kQwen2, Use::Read},
-    {"max_window_layers", kQwen2, Use::Read},
-    {"layer_types", kQwen2, Use::Read},  // transformers 4.57+ and 5.x
+    {"sliding_window", kMistral | kQwen2 | kQwen3 | kMoE, Use::Read},
+    {"use_sliding_window", kQwen2 | kQwen3 | kQwen3Moe, Use::Read},
+    {"max_window_layers", kQwen2 | kQwen3 | kQwen3Moe, Use::Read},
+    {"layer_types", kQwen2 | kQwen3, Use::Read},  // transformers 4.57+ and 5.x
+    // Mixture of experts (Qwen3MoeConfig, MixtralConfig). num_experts is Qwen3-MoE's name in
+    // transformers 4.x, num_local_experts Mixtral's and 5.x's for both.
+    {"num_local_experts", kMoE, Use::Read},
+    {"num_experts", kQwen3Moe, Use::Read},
+    {"num_experts_per_tok", kMoE, Use::Read},
+    {"moe_intermediate_size", kQwen3Moe, Use::Read},
+    {"decoder_sparse_step", kQwen3Moe, Use::Read},
+    {"mlp_only_layers", kQwen3Moe, Use::Read},
+    {"norm_topk_prob", kQwen3Moe, Use::Read},
+    // transformers adds the router's balancing loss to the loss only with output_router_logits (its
+    // coefficient is inert otherwise); its loss pools all layers' tokens, which our per-layer aux
+    // loss does not: refused when on.
+    {"output_router_logits", kMoE, Use::Default, "false"},
+    {"router_aux_loss_coef", kMoE, Use::Inert},
+    {"router_jitter_noise", kMixtral, Use::Default, "0.0"},
     // GPT-2 (GPT2Config).
     {"n_layer", kGpt2, Use::Read},
     {"n_embd", kGpt2, Use::Read},
@@ -202,6 +219,12 @@ unsigned family_bit(Architecture a) {
       return kMistral;
     case Architecture::Qwen2:
       return kQwen2;
+    case Architecture::Qwen3:
+      return kQwen3;
+    case Architecture::Qwen3Moe:
+      return kQwen3Moe;
+    case Architecture::Mixtral:
+      return kMixtral;
   }
   return 0;
 }
@@ -326,15 +349,19 @@ int checked_layers(const Fields& f, const char* key) {
 }
 
 Architecture architecture_from_json(const json& j, const std::string& source) {
-  static const std::map<std::string, Architecture> by_name = {{"GPT2LMHeadModel", Architecture::GPT2},
-                                                              {"LlamaForCausalLM", Architecture::Llama},
-                                                              {"MistralForCausalLM", Architecture::Mistral},
-                                                              {"Qwen2ForCausalLM", Architecture::Qwen2}};
-  static const std::map<std::string, Architecture> by_type = {{"gpt2", Architecture::GPT2},
-                                                              {"llama", Architecture::Llama},
-                                                              {"mistral", Architecture::Mistral},
-                                                              {"qwen2", Architecture::Qwen2}};
-  const std::string supported = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+  static const std::map<std::string, Architecture> by_name = {
+      {"GPT2LMHeadModel", Architecture::GPT2},       {"LlamaForCausalLM", Architecture::Llama},
+      {"MistralForCausalLM", Architecture::Mistral}, {"Qwen2ForCausalLM", Architecture::Qwen2},
+      {"Qwen3ForCausalLM", Architecture::Qwen3},     {"Qwen3MoeForCausalLM", Architecture::Qwen3Moe},
+      {"MixtralForCausalLM", Architecture::Mixtral}};
+  static const std::map<std::string, Architecture> by_type = {
+      {"gpt2", Architecture::GPT2},       {"llama", Architecture::Llama},
+      {"mistral", Architecture::Mistral}, {"qwen2", Architecture::Qwen2},
+      {"qwen3", Architecture::Qwen3},     {"qwen3_moe", Architecture::Qwen3Moe},
+      {"mixtral", Architecture::Mixtral}};
+  const std::string supported =
+      "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+      "Qwen3MoeForCausalLM, MixtralForCausalLM";
   std::optional<Architecture> named, typed;
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
@@ -351,7 +378,7 @@ Architecture architecture_from_json(const json& j, const std::string& source) {
     const auto it = t.is_string() ? by_type.find(t.get<std::string>()) : by_type.end();
     if (it == by_type.end())
       fail(fmt::format("{}: model_type = {}: not supported (supported: {})", source, t.dump(),
-                       "gpt2, llama, mistral, qwen2"));
+                       "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe, mixtral"));
     typed = it->second;
   }
   // transformers builds the model from model_type and names it by architectures: both must agree.
@@ -494,6 +521,49 @@ void read_rope(const Fields& f, ModelConfig& m) {
   if (scaling) m.rope_scaling = scaling->scaling;
 }
 
+// Qwen3-MoE's and Mixtral's experts: softmax over all experts, top-k, dropless, SwiGLU experts
+// without biases, no shared expert (our MoELayer, docs/model.md). What our router cannot do yet is
+// refused: renormalising the top-k weights (Mixtral always, Qwen3-MoE's norm_topk_prob), MoE
+// layers other than every layer (decoder_sparse_step, mlp_only_layers).
+void read_moe(const Fields& f, Architecture a, ModelConfig& m) {
+  std::optional<int64_t> experts;
+  for (const char* key : {"num_local_experts", "num_experts"}) {
+    if (!f.has(key)) continue;
+    const int64_t e = f.integer(key);
+    if (experts && *experts != e)
+      f.bad(key, f.raw(key), fmt::format("must equal num_local_experts ({})", *experts));
+    experts = e;
+  }
+  if (!experts) fail(fmt::format("{}: missing key 'num_local_experts'", f.source()));
+  if (*experts > 65536) f.bad("num_local_experts", json(*experts), "too large (at most 65536 experts)");
+  m.num_experts = static_cast<int>(*experts);
+  m.moe_router_topk = checked_int(f, "num_experts_per_tok");
+  m.moe_layer_freq = 1;
+  m.moe_capacity_factor = 0.0;
+  m.moe_aux_loss_coeff = 0.0;  // output_router_logits is false (key table)
+  m.moe_z_loss_coeff = 0.0;
+  if (a == Architecture::Mixtral) {
+    m.moe_ffn_hidden_size = m.ffn_hidden_size;  // intermediate_size is each expert's width
+    fail(fmt::format(
+        "{}: MixtralForCausalLM renormalises the top-k router weights (norm_topk_prob): not supported (our "
+        "router combines the softmax probabilities as they are)",
+        f.source()));
+  }
+  m.moe_ffn_hidden_size = checked_int(f, "moe_intermediate_size");
+  if (const int64_t step = f.integer("decoder_sparse_step", 1); step != 1)
+    f.bad("decoder_sparse_step", f.raw("decoder_sparse_step"),
+          "not supported (only 1: every layer a MoE layer)");
+  if (f.has("mlp_only_layers")) {
+    const json& dense = f.raw("mlp_only_layers");
+    if (!dense.is_array()) f.bad("mlp_only_layers", dense, "expected a list of layer indices");
+    if (!dense.empty()) f.bad("mlp_only_layers", dense, "not supported (only []: every layer a MoE layer)");
+  }
+  if (f.boolean("norm_topk_prob", false))
+    f.bad("norm_topk_prob", json(true),
+          "not supported (our router combines the softmax probabilities as they are, not renormalised "
+          "over the top k)");
+}
+
 ModelConfig llama_model(const Fields& f, Architecture a) {
   ModelConfig m;
   f.has("architectures");
@@ -506,7 +576,7 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
   m.vocab_size = checked_int(f, "vocab_size");
   const int64_t default_positions = a == Architecture::Llama     ? 2048
                                     : a == Architecture::Mistral ? 131072
-                                                                 : 32768;
+                                                                 : 32768;  // Qwen2, Qwen3(-MoE), Mixtral
   m.max_position_embeddings = checked_int(f, "max_position_embeddings", default_positions);
   m.normalization = Normalization::RMSNorm;
   m.activation = Activation::SwiGLU;
@@ -523,13 +593,26 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
   m.dropout = 0.0;
   m.add_bias = false;
   m.add_qkv_bias = a == Architecture::Qwen2;
+  m.qk_norm = a == Architecture::Qwen3 || a == Architecture::Qwen3Moe;
 
   if (const std::string act = f.string("hidden_act", "silu"); act != "silu")
     f.bad("hidden_act", json(act), "not supported (only silu: SwiGLU)");
-  if (f.has("head_dim") && f.integer("head_dim") * m.num_attention_heads != m.hidden_size)
-    f.bad("head_dim", f.raw("head_dim"),
-          fmt::format("must equal hidden_size / num_attention_heads ({} / {})", m.hidden_size,
-                      m.num_attention_heads));
+  // head_dim: per head, free of hidden_size (transformers: hidden_size / num_attention_heads when
+  // absent, except Qwen3Config, whose default is 128). model.head_dim stays 0 when it is the quotient.
+  const int64_t head_dim = f.has("head_dim")          ? f.integer("head_dim")
+                           : a == Architecture::Qwen3 ? 128
+                           : m.hidden_size % m.num_attention_heads == 0
+                               ? m.hidden_size / m.num_attention_heads
+                               : 0;
+  if (head_dim == 0)
+    fail(
+        fmt::format("{}: missing key 'head_dim' (hidden_size {} is not a multiple of num_attention_heads {})",
+                    f.source(), m.hidden_size, m.num_attention_heads));
+  if (head_dim > std::numeric_limits<int>::max()) f.bad("head_dim", f.raw("head_dim"), "too large");
+  if (head_dim * m.num_attention_heads != m.hidden_size) m.head_dim = static_cast<int>(head_dim);
+  // Qwen3's attention_bias puts biases on q, k, v and o only: no model.* key holds that.
+  if ((a == Architecture::Qwen3 || a == Architecture::Qwen3Moe) && f.boolean("attention_bias", false))
+    f.bad("attention_bias", json(true), "not supported (biases on q, k, v and o_proj only)");
   if (a == Architecture::Llama) {
     const bool attention_bias = f.boolean("attention_bias", false), mlp_bias = f.boolean("mlp_bias", false);
     if (attention_bias != mlp_bias)
@@ -538,8 +621,8 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
     m.add_bias = attention_bias;
   }
   int seq = std::min(m.max_position_embeddings, 4096);
-  if (a == Architecture::Qwen2) {
-    // Qwen2: with use_sliding_window, layers from max_window_layers on are windowed (transformers'
+  if (a == Architecture::Qwen2 || a == Architecture::Qwen3) {
+    // Qwen2 and Qwen3: with use_sliding_window, layers from max_window_layers on are windowed (transformers'
     // layer_types); without it, transformers ignores both (5.x writes sliding_window null).
     const bool windowed = f.boolean("use_sliding_window", false);
     if (windowed) {
@@ -567,9 +650,17 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
       }
     }
   }
-  // Mistral's window: model.sliding_window, on every layer.
-  if (a == Architecture::Mistral && f.has("sliding_window"))
+  // Mistral's and Mixtral's window: model.sliding_window, on every layer.
+  if ((a == Architecture::Mistral || a == Architecture::Mixtral) && f.has("sliding_window"))
     m.sliding_window = checked_int(f, "sliding_window");
+  if (a == Architecture::Qwen3Moe) {
+    // Qwen3-MoE windows every layer with use_sliding_window (5.x; 4.x's max_window_layers is unused).
+    if (f.boolean("use_sliding_window", false))
+      f.bad("use_sliding_window", json(true), "not supported for Qwen3MoeForCausalLM");
+    if (f.has("sliding_window")) f.integer("sliding_window");
+    if (f.has("max_window_layers")) f.integer("max_window_layers");
+  }
+  if (a == Architecture::Qwen3Moe || a == Architecture::Mixtral) read_moe(f, a, m);
   m.seq_length = seq;
   m.hf_architecture = architecture_name(a);
   return m;
@@ -597,10 +688,15 @@ struct Entry {
   Shape shape;
 };
 
-// The Llama family's tensors in config order (the mapping table of the header).
-std::vector<Entry> llama_entries(const ModelConfig& m) {
+// The Llama family's tensors in config order (the mapping table of the header). A MoE layer's
+// router and experts are named by the architecture (Mixtral: block_sparse_moe.{gate, experts.E.w1
+// (gate), w3 (up), w2 (down)}; Qwen3-MoE: mlp.{gate, experts.E.gate_proj, up_proj, down_proj}), one
+// tensor per expert as transformers 4.x and 5.x save them (5.x holds them fused in memory, as
+// experts.gate_up_proj [E, 2f, h] and experts.down_proj [E, h, f], and splits them on save).
+std::vector<Entry> llama_entries(const ModelConfig& m, Architecture a) {
   const int64_t h = m.hidden_size, hq = m.num_attention_heads;
-  const int64_t hkv = m.num_query_groups > 0 ? m.num_query_groups : hq, d = h / hq, f = m.ffn_hidden_size;
+  const int64_t hkv = m.num_query_groups > 0 ? m.num_query_groups : hq, d = m.attention_head_dim(),
+                f = m.ffn_hidden_size;
   const bool qkv_bias = m.add_bias || m.add_qkv_bias;
   std::vector<Entry> e;
   e.push_back({"model.embed_tokens.weight", "embedding.word.weight", {m.vocab_size, h}});
@@ -618,11 +714,30 @@ std::vector<Entry> llama_entries(const ModelConfig& m) {
                    {"mlp.gate_proj", "mlp.gate", f, h, m.add_bias},
                    {"mlp.up_proj", "mlp.up", f, h, m.add_bias},
                    {"mlp.down_proj", "mlp.fc2", h, f, m.add_bias}};
+    const bool moe = m.is_moe_layer(i);
     for (const auto& l : linears) {
+      if (moe && std::string_view(l.ours).starts_with("mlp.")) continue;
       e.push_back({src + l.hf + ".weight", dst + l.ours + ".weight", {l.out, l.in}});
       if (l.bias) e.push_back({src + l.hf + ".bias", dst + l.ours + ".bias", {l.out}});
     }
+    if (m.qk_norm) {  // Qwen3: one RMSNorm weight over head_dim for the queries, one for the keys
+      e.push_back({src + "self_attn.q_norm.weight", dst + "attention.q_norm.weight", {d}});
+      e.push_back({src + "self_attn.k_norm.weight", dst + "attention.k_norm.weight", {d}});
+    }
     e.push_back({src + "post_attention_layernorm.weight", dst + "post_attention_norm.weight", {h}});
+    if (moe) {
+      const int64_t fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : f;
+      const bool mixtral = a == Architecture::Mixtral;
+      const std::string block = src + (mixtral ? "block_sparse_moe." : "mlp.");
+      e.push_back({block + "gate.weight", dst + "mlp.router.weight", {m.num_experts, h}});
+      for (int x = 0; x < m.num_experts; ++x) {
+        const std::string hx = fmt::format("{}experts.{}.", block, x),
+                          ox = fmt::format("{}mlp.experts.{}.", dst, x);
+        e.push_back({hx + (mixtral ? "w1" : "gate_proj") + ".weight", ox + "gate.weight", {fe, h}});
+        e.push_back({hx + (mixtral ? "w3" : "up_proj") + ".weight", ox + "up.weight", {fe, h}});
+        e.push_back({hx + (mixtral ? "w2" : "down_proj") + ".weight", ox + "fc2.weight", {h, fe}});
+      }
+    }
   }
   e.push_back({"model.norm.weight", "final_norm.weight", {h}});
   if (!m.tie_embeddings) e.push_back({"lm_head.weight", "output.weight", {m.vocab_size, h}});
@@ -642,10 +757,11 @@ void check_llama_shape(const ModelConfig& m) {
 // frequencies of every layer; they follow from rope_theta).
 bool is_llama_buffer(const std::string& name) { return name.ends_with(".self_attn.rotary_emb.inv_freq"); }
 
-std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>& hf, const ModelConfig& m,
-                                            const std::string& source, bool allow_nonfinite) {
+std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>& hf, Architecture a,
+                                            const ModelConfig& m, const std::string& source,
+                                            bool allow_nonfinite) {
   check_llama_shape(m);
-  const std::vector<Entry> entries = llama_entries(m);
+  const std::vector<Entry> entries = llama_entries(m, a);
   std::set<std::string> known;
   for (const Entry& e : entries) known.insert(e.hf);
   for (const auto& [name, t] : hf) {
@@ -664,11 +780,12 @@ std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>&
     }
     fail(
         fmt::format("{}: unexpected tensor '{}' {} (not part of this model: num_hidden_layers = {}, "
-                    "tie_word_embeddings = {}, biases {})",
+                    "tie_word_embeddings = {}, biases {}{})",
                     source, name, shape_str(t.shape()), m.num_layers, m.tie_embeddings,
                     m.add_bias       ? "everywhere"
                     : m.add_qkv_bias ? "on q/k/v only"
-                                     : "none"));
+                                     : "none",
+                    m.qk_norm ? ", q_norm and k_norm" : ""));
   }
   std::map<std::string, Tensor> out;
   for (const Entry& e : entries) {
@@ -678,21 +795,21 @@ std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>&
     if (it->second.shape() != e.shape)
       fail(
           fmt::format("{}: '{}' has shape {}, but the config (hidden_size {}, num_attention_heads {}, "
-                      "num_key_value_heads {}, intermediate_size {}, vocab_size {}) needs {}",
+                      "num_key_value_heads {}, head_dim {}, intermediate_size {}, vocab_size {}) needs {}",
                       source, e.hf, shape_str(it->second.shape()), m.hidden_size, m.num_attention_heads,
-                      m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads, m.ffn_hidden_size,
-                      m.vocab_size, shape_str(e.shape)));
+                      m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads,
+                      m.attention_head_dim(), m.ffn_hidden_size, m.vocab_size, shape_str(e.shape)));
     if (!allow_nonfinite) check_finite(it->second, source, e.hf);
     out[e.ours] = f32_copy(it->second);
   }
   return out;
 }
 
-std::map<std::string, Tensor> llama_to_hf(const std::map<std::string, Tensor>& params, const ModelConfig& m,
-                                          DType dtype) {
+std::map<std::string, Tensor> llama_to_hf(const std::map<std::string, Tensor>& params, Architecture a,
+                                          const ModelConfig& m, DType dtype) {
   check_llama_shape(m);
   std::map<std::string, Tensor> out;
-  for (const Entry& e : llama_entries(m)) {
+  for (const Entry& e : llama_entries(m, a)) {
     const auto it = params.find(e.ours);
     if (it == params.end()) fail(fmt::format("missing parameter '{}'", e.ours));
     Tensor t = it->second;
@@ -749,6 +866,12 @@ const char* architecture_name(Architecture a) {
       return "MistralForCausalLM";
     case Architecture::Qwen2:
       return "Qwen2ForCausalLM";
+    case Architecture::Qwen3:
+      return "Qwen3ForCausalLM";
+    case Architecture::Qwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case Architecture::Mixtral:
+      return "MixtralForCausalLM";
   }
   return "?";
 }
@@ -783,7 +906,8 @@ Architecture architecture_for(const ModelConfig& m) {
     check_llama_shape(m);
   if (!m.hf_architecture.empty()) {
     for (const Architecture a :
-         {Architecture::GPT2, Architecture::Llama, Architecture::Mistral, Architecture::Qwen2})
+         {Architecture::GPT2, Architecture::Llama, Architecture::Mistral, Architecture::Qwen2,
+          Architecture::Qwen3, Architecture::Qwen3Moe, Architecture::Mixtral})
       if (m.hf_architecture == architecture_name(a)) {
         if ((a == Architecture::GPT2) != gpt2)
           fail(fmt::format("model.hf_architecture = {} cannot hold this model (a {}-shaped one)",
@@ -792,10 +916,12 @@ Architecture architecture_for(const ModelConfig& m) {
       }
     fail(fmt::format(
         "model.hf_architecture = {}: not supported (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM)",
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)",
         m.hf_architecture));
   }
   if (gpt2) return Architecture::GPT2;
+  if (m.num_experts > 0) return m.qk_norm ? Architecture::Qwen3Moe : Architecture::Mixtral;
+  if (m.qk_norm) return Architecture::Qwen3;
   if (m.add_qkv_bias && !m.add_bias) return Architecture::Qwen2;
   return m.sliding_window > 0 ? Architecture::Mistral : Architecture::Llama;
 }
@@ -829,21 +955,45 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
   json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
   if (!j.is_object()) fail("the template config.json is not a JSON object");
   const int64_t positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
-  if (m.sliding_window > 0 && a != Architecture::Mistral && a != Architecture::Qwen2)
+  const bool qwen = a == Architecture::Qwen2 || a == Architecture::Qwen3;
+  const bool moe = a == Architecture::Qwen3Moe || a == Architecture::Mixtral;
+  if (m.sliding_window > 0 && a != Architecture::Mistral && a != Architecture::Mixtral && !qwen)
     fail(
-        fmt::format("{} cannot hold this model: it has model.sliding_window = {} (MistralForCausalLM and "
-                    "Qwen2ForCausalLM can)",
+        fmt::format("{} cannot hold this model: it has model.sliding_window = {} (MistralForCausalLM, "
+                    "MixtralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM can)",
                     architecture_name(a), m.sliding_window));
+  if (m.qk_norm != (a == Architecture::Qwen3 || a == Architecture::Qwen3Moe))
+    fail(
+        fmt::format("{} cannot hold this model: model.qk_norm = {} (Qwen3ForCausalLM and Qwen3MoeForCausalLM "
+                    "have qk-norm, the others none)",
+                    architecture_name(a), m.qk_norm));
+  if ((m.num_experts > 0) != moe)
+    fail(fmt::format("{} cannot hold this model: model.num_experts = {} ({})", architecture_name(a),
+                     m.num_experts, moe ? "it is a mixture of experts" : "it has no experts"));
+  if (moe) {
+    if (a == Architecture::Mixtral)
+      fail(
+          "MixtralForCausalLM cannot hold this model: it renormalises the top-k router weights, our router "
+          "does "
+          "not");
+    if (m.moe_layer_freq != 1 || m.moe_shared_expert_ffn_hidden_size > 0 || m.moe_capacity_factor > 0)
+      fail(fmt::format(
+          "{} cannot hold this model: it has a MoE layer everywhere, no shared expert and no capacity "
+          "(model.moe_layer_freq = {}, model.moe_shared_expert_ffn_hidden_size = {}, "
+          "model.moe_capacity_factor = {})",
+          architecture_name(a), m.moe_layer_freq, m.moe_shared_expert_ffn_hidden_size,
+          m.moe_capacity_factor));
+  }
   if (a == Architecture::Mistral && (m.sliding_window_pattern > 0 || m.max_window_layers > 0))
     fail(
         fmt::format("MistralForCausalLM cannot hold this model: it windows every layer, the model has "
                     "model.sliding_window_pattern = {} and model.max_window_layers = {}",
                     m.sliding_window_pattern, m.max_window_layers));
-  if (a == Architecture::Qwen2 && m.sliding_window_pattern > 0)
+  if (qwen && m.sliding_window_pattern > 0)
     fail(
-        fmt::format("Qwen2ForCausalLM cannot hold this model: model.sliding_window_pattern = {} (Qwen2 has "
-                    "only max_window_layers)",
-                    m.sliding_window_pattern));
+        fmt::format("{} cannot hold this model: model.sliding_window_pattern = {} (it has only "
+                    "max_window_layers)",
+                    architecture_name(a), m.sliding_window_pattern));
   j["architectures"] = json::array({architecture_name(a)});
   // The storage dtype under both names: dtype (transformers 5.x) and torch_dtype (4.x, read by 5.x too).
   j["dtype"] = torch_dtype;
@@ -865,15 +1015,24 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     for (const char* key : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) j[key] = m.dropout;
   } else {
     check_llama_shape(m);
-    if (a == Architecture::Qwen2 ? (m.add_bias || !m.add_qkv_bias) : (m.add_qkv_bias && !m.add_bias))
+    if (a == Architecture::Qwen2          ? (m.add_bias || !m.add_qkv_bias)
+        : a == Architecture::Qwen3 || moe ? false
+                                          : (m.add_qkv_bias && !m.add_bias))
       fail(fmt::format(
           "{} cannot hold this model: it has {} (model.add_bias = {}, model.add_qkv_bias = {})",
           architecture_name(a),
           a == Architecture::Qwen2 ? "biases on q/k/v only" : "q/k/v biases only with the other biases",
           m.add_bias, m.add_qkv_bias));
-    if (a == Architecture::Mistral && m.add_bias)
-      fail("MistralForCausalLM cannot hold this model: it has no biases (model.add_bias = true)");
-    j["model_type"] = a == Architecture::Llama ? "llama" : a == Architecture::Mistral ? "mistral" : "qwen2";
+    if ((a == Architecture::Mistral || a == Architecture::Qwen3 || moe) && (m.add_bias || m.add_qkv_bias))
+      fail(fmt::format(
+          "{} cannot hold this model: it has no biases (model.add_bias = {}, model.add_qkv_bias = {})",
+          architecture_name(a), m.add_bias, m.add_qkv_bias));
+    j["model_type"] = a == Architecture::Llama      ? "llama"
+                      : a == Architecture::Mistral  ? "mistral"
+                      : a == Architecture::Qwen2    ? "qwen2"
+                      : a == Architecture::Qwen3    ? "qwen3"
+                      : a == Architecture::Qwen3Moe ? "qwen3_moe"
+                                                    : "mixtral";
     j["num_hidden_layers"] = m.num_layers;
     j["hidden_size"] = m.hidden_size;
     j["num_attention_heads"] = m.num_attention_heads;
@@ -890,15 +1049,29 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     j["tie_word_embeddings"] = m.tie_embeddings;
     // Attention-probability dropout only; model.dropout (hidden states too) is a training setting here.
     j["attention_dropout"] = 0.0;
-    if (a != Architecture::Qwen2 || j.contains("head_dim"))
-      j["head_dim"] = m.hidden_size / m.num_attention_heads;
+    if (a != Architecture::Qwen2 || j.contains("head_dim") || m.head_dim > 0)
+      j["head_dim"] = m.attention_head_dim();
     if (a == Architecture::Llama) {
       j["attention_bias"] = m.add_bias;
       j["mlp_bias"] = m.add_bias;
     }
+    if (a == Architecture::Qwen3 || a == Architecture::Qwen3Moe) j["attention_bias"] = false;
+    if (a == Architecture::Qwen3Moe) {
+      // The expert count under both names: num_local_experts (transformers 5.x), num_experts (4.x).
+      j["num_local_experts"] = m.num_experts;
+      j["num_experts"] = m.num_experts;
+      j["num_experts_per_tok"] = m.moe_router_topk;
+      j["moe_intermediate_size"] = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = json::array();
+      j["norm_topk_prob"] = false;
+      j["output_router_logits"] = false;
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+    }
     if (a == Architecture::Mistral)
       j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
-    if (a == Architecture::Qwen2) {
+    if (qwen) {
       j["use_sliding_window"] = m.sliding_window > 0;
       if (m.sliding_window > 0) {
         j["sliding_window"] = m.sliding_window;
@@ -1035,7 +1208,8 @@ int64_t parse_size(const std::string& text) {
 std::map<std::string, Shape> llama_parameter_shapes(const ModelConfig& m) {
   check_llama_shape(m);
   std::map<std::string, Shape> out;
-  for (const Entry& e : llama_entries(m)) out[e.ours] = e.shape;
+  // Our names do not depend on the architecture.
+  for (const Entry& e : llama_entries(m, Architecture::Llama)) out[e.ours] = e.shape;
   return out;
 }
 
@@ -1065,7 +1239,7 @@ std::vector<LoraModule> lora_modules(const ModelConfig& m) {
 std::map<std::string, Tensor> from_hf(const std::map<std::string, Tensor>& hf, Architecture a,
                                       const ModelConfig& m, const std::string& source, bool allow_nonfinite) {
   if (a == Architecture::GPT2) return hf_gpt2::from_hf(hf, m, source, allow_nonfinite);
-  return llama_from_hf(hf, m, source, allow_nonfinite);
+  return llama_from_hf(hf, a, m, source, allow_nonfinite);
 }
 
 std::map<std::string, Tensor> to_hf(const std::map<std::string, Tensor>& params, Architecture a,
@@ -1077,7 +1251,7 @@ std::map<std::string, Tensor> to_hf(const std::map<std::string, Tensor>& params,
       for (auto& [name, t] : out) t = t.to(dtype).contiguous();
     return out;
   }
-  return llama_to_hf(params, m, dtype);
+  return llama_to_hf(params, a, m, dtype);
 }
 
 std::string save_imported(const std::map<std::string, Tensor>& params, const Config& config,
@@ -1228,6 +1402,11 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   got.model = back.model;
   got.model.seq_length = expected.model.seq_length;
   got.model.dropout = expected.model.dropout;
+  // Training settings of a MoE that config.json does not hold (the balancing losses' weights, how
+  // tokens travel between ranks).
+  got.model.moe_aux_loss_coeff = expected.model.moe_aux_loss_coeff;
+  got.model.moe_z_loss_coeff = expected.model.moe_z_loss_coeff;
+  got.model.moe_token_dispatcher = expected.model.moe_token_dispatcher;
   got.model.hf_architecture = expected.model.hf_architecture;
   got.model.lora = expected.model.lora;  // adapters are not part of config.json
   validate_config(expected, 1);

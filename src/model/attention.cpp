@@ -79,10 +79,22 @@ SelfAttention::SelfAttention(const LayerEnv& env, const LayerSpec& spec)
       heads_local_(env.heads / env.tp->size()),
       groups_local_(env.groups / env.tp->size()),
       window_(spec.window),
-      core_(env.cp, env.context_comm, 1.0f / std::sqrt(static_cast<float>(env.head_dim))) {}
+      core_(env.cp, env.context_comm, 1.0f / std::sqrt(static_cast<float>(env.head_dim))) {
+  if (spec.qk_norm) {
+    const bool partial = env.tp->size() > 1;
+    q_norm.emplace(env, fmt::format("layers.{}.attention.q_norm", spec.layer), Normalization::RMSNorm,
+                   env.head_dim, partial);
+    k_norm.emplace(env, fmt::format("layers.{}.attention.k_norm", spec.layer), Normalization::RMSNorm,
+                   env.head_dim, partial);
+  }
+}
 
 std::vector<Parameter*> SelfAttention::parameters() {
   std::vector<Parameter*> out = qkv.parameters();
+  if (q_norm) {
+    out.push_back(&q_norm->weight);
+    out.push_back(&k_norm->weight);
+  }
   for (Parameter* p : proj.parameters()) out.push_back(p);
   return out;
 }
@@ -101,6 +113,10 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   q.view({s, b, nq}).copy_(qkv_out.narrow(2, 0, nq));
   k.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq, nkv));
   v.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq + nkv, nkv));
+  if (q_norm) {  // per head, before rope (each row of [s b heads, d])
+    q = q_norm->forward(q, ctx.q_norm_ctx);
+    k = k_norm->forward(k, ctx.k_norm_ctx);
+  }
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
     const Rope rope(env_.config->rope_theta, env_.config->rope_scaling);
     if (ctx.positions.defined()) {
@@ -134,6 +150,8 @@ Tensor SelfAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
   ctx.qkv = qkv_out;
   ctx.out = Tensor();
   ctx.core = {};
+  ctx.q_norm_ctx = {};
+  ctx.k_norm_ctx = {};
   ctx.proj_ctx.input = Tensor();
   return y;
 }
@@ -171,6 +189,10 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
         ops::rope_backward(dks, seg.position, rope);
       }
     }
+  }
+  if (q_norm) {  // the norms' weight gradients accumulate here, in the input step too (Norm)
+    dq = q_norm->backward(dq, ctx.q_norm_ctx);
+    dk = k_norm->backward(dk, ctx.k_norm_ctx);
   }
   // Back into the fused layout [.., q_r | k_r | v_r] the qkv GEMM produced.
   Tensor dqkv = Tensor::empty({s, b, nq + 2 * nkv}, dt, dev);

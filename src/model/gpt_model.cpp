@@ -111,7 +111,7 @@ GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options
   env.ffn = config.ffn_hidden_size > 0 ? config.ffn_hidden_size : 4 * config.hidden_size;
   // The layout rules validate_config checks, for the communicators actually given (same messages).
   check_layout(config, env.layout());
-  env.head_dim = env.hidden / env.heads;
+  env.head_dim = config.attention_head_dim();
   impl_->options = options;
   vocab_padded_ = padded_vocab_size(config.vocab_size, p);
   const float std = static_cast<float>(config.init_std);

@@ -9,6 +9,7 @@ LayerSpec layer_spec(const ModelConfig& config, int layer) {
   spec.layer = layer;
   spec.attention = AttentionKind::Self;
   spec.window = config.layer_window(layer);
+  spec.qk_norm = config.qk_norm;
   spec.ffn = config.is_moe_layer(layer) ? FFNKind::MoE : FFNKind::Dense;
   spec.norm = config.normalization;
   return spec;

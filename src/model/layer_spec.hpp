@@ -23,7 +23,8 @@ enum class FFNKind {
 struct LayerSpec {
   int layer = 0;  // global index: parameter names ("layers.<layer>. ..."), init and dropout keys
   AttentionKind attention = AttentionKind::Self;
-  int64_t window = 0;  // sliding-window attention (ModelConfig::layer_window); 0: full causal
+  int64_t window = 0;    // sliding-window attention (ModelConfig::layer_window); 0: full causal
+  bool qk_norm = false;  // RMSNorm over each query and key head before rope (model.qk_norm, Qwen3)
   FFNKind ffn = FFNKind::Dense;
   Normalization norm = Normalization::LayerNorm;  // input and post-attention norms
 };

@@ -24,10 +24,12 @@ Parameter replicated(const std::string& name, int64_t n, float value, bool sp_gr
 Norm::Norm(const LayerEnv& env, const std::string& name) : Norm(env, name, env.config->normalization) {}
 
 Norm::Norm(const LayerEnv& env, const std::string& name, Normalization kind)
+    : Norm(env, name, kind, env.hidden, env.sequence_parallel && env.tp->size() > 1) {}
+
+Norm::Norm(const LayerEnv& env, const std::string& name, Normalization kind, int64_t size, bool partial_grad)
     : kind_(kind), eps_(static_cast<float>(env.config->norm_epsilon)) {
-  const bool sp_grad = env.sequence_parallel && env.tp->size() > 1;
-  weight = replicated(name + ".weight", env.hidden, 1.0f, sp_grad);
-  if (kind_ == Normalization::LayerNorm) bias = replicated(name + ".bias", env.hidden, 0.0f, sp_grad);
+  weight = replicated(name + ".weight", size, 1.0f, partial_grad);
+  if (kind_ == Normalization::LayerNorm) bias = replicated(name + ".bias", size, 0.0f, partial_grad);
 }
 
 std::vector<Parameter*> Norm::parameters() {

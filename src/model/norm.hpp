@@ -16,6 +16,10 @@ class Norm {
  public:
   Norm(const LayerEnv& env, const std::string& name, Normalization kind);
   Norm(const LayerEnv& env, const std::string& name);  // of the config's kind (the final norm)
+  // A norm over `size` features (the last dimension), e.g. qk-norm's over each head (size head_dim).
+  // partial_grad: each tp rank sees only part of the rows (its sequence shard, or its heads), so
+  // its weight gradient is summed over tp before the optimizer step (sequence_parallel_grad).
+  Norm(const LayerEnv& env, const std::string& name, Normalization kind, int64_t size, bool partial_grad);
   struct Context {
     Tensor x, mean, rstd;
   };

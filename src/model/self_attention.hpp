@@ -2,18 +2,21 @@
 // The self-attention layer (attention.cpp).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "layer.hpp"
 #include "layer_env.hpp"
 #include "layer_spec.hpp"
+#include "norm.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
 
 namespace parallel::model {
 
-// Self-attention: fused column-parallel q/k/v projection, rope, causal flash attention over this
-// rank's heads, row-parallel output projection.
+// Self-attention: fused column-parallel q/k/v projection, optional per-head RMSNorm of the queries and
+// keys (qk-norm, LayerSpec::qk_norm), rope, causal flash attention over this rank's heads,
+// row-parallel output projection.
 class SelfAttention {
  public:
   SelfAttention(const LayerEnv& env, const LayerSpec& spec);
@@ -24,9 +27,10 @@ class SelfAttention {
     Tensor positions, doc_start;
     std::shared_ptr<const cp::Layout> layout;  // the micro-batch's cp layout; null: the zigzag
     tp::LinearContext qkv_ctx, proj_ctx;
-    Tensor qkv;                 // projection output, kept instead of the core's state (selective)
-    Tensor out;                 // the core's output (proj's input)
-    cp::Attention::Saved core;  // the core's state for its backward (q, k, v after rope, ...)
+    Norm::Context q_norm_ctx, k_norm_ctx;  // qk-norm's inputs and statistics
+    Tensor qkv;                            // projection output, kept instead of the core's state (selective)
+    Tensor out;                            // the core's output (proj's input)
+    cp::Attention::Saved core;             // the core's state for its backward (q, k, v after rope, ...)
   };
   // keep_core = false (selective recompute): keep only qkv and rebuild the rest in the backward.
   Tensor forward(const Tensor& x, Context& ctx, bool keep_core);  // [s(/tp), b, h] -> [s(/tp), b, h]
@@ -37,6 +41,10 @@ class SelfAttention {
 
   tp::ColumnParallelLinear qkv;
   tp::RowParallelLinear proj;
+  // qk-norm (Qwen3): one RMSNorm over head_dim for all query heads, one for all key heads. The
+  // weights are replicated over tp; each rank normalises its own heads, so their gradients are
+  // summed over tp (Parameter::sequence_parallel_grad).
+  std::optional<Norm> q_norm, k_norm;
 
  private:
   Tensor walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode);

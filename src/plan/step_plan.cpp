@@ -25,10 +25,10 @@ double model_flops_per_step(const Config& c) {
   const double h = m.hidden_size, s = m.seq_length, L = m.num_layers;
   const double heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
-  const double kv = h / heads * groups;
+  const double d = m.attention_head_dim(), kv = d * groups;
   const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
-  const double attention_weights = h * (h + 2 * kv) + h * h;
+  const double attention_weights = h * (heads * d + 2 * kv) + heads * d * h;
   const double dense_mlp = gated * h * ffn + ffn * h;
   double layers = 0;
   for (int i = 0; i < m.num_layers; ++i) {
@@ -43,7 +43,8 @@ double model_flops_per_step(const Config& c) {
   }
   // Per token forward: 2 FLOPs per weight element, causal attention 2 s h per layer (half of the
   // 4 s h of the full score and value products); the output layer V h.
-  const double forward_per_token = 2 * (layers + static_cast<double>(m.vocab_size) * h) + 2 * s * h * L;
+  const double forward_per_token =
+      2 * (layers + static_cast<double>(m.vocab_size) * h) + 2 * s * heads * d * L;
   const double tokens = static_cast<double>(c.train.global_batch_size) * s;
   return 3 * forward_per_token * tokens;
 }

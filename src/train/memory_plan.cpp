@@ -52,7 +52,7 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
                                            int* next_model_unit = nullptr) {
   const int64_t h = m.hidden_size, heads = m.num_attention_heads;
   const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
-  const int64_t d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+  const int64_t d = m.attention_head_dim(), ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const int64_t nq = heads / tp * d, nkv = groups / tp * d, f = ffn / tp;
   const bool layernorm = m.normalization == Normalization::LayerNorm;
   const int64_t vocab_local = padded_vocab_size(m.vocab_size, tp) / tp;
@@ -81,6 +81,10 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
     norm();
     units.push_back((nq + 2 * nkv) * h);
     if (m.add_bias || m.add_qkv_bias) units.push_back(nq + 2 * nkv);
+    if (m.qk_norm) {  // q_norm and k_norm: [d] each, replicated
+      units.push_back(d);
+      units.push_back(d);
+    }
     units.push_back(h * nq);
     if (m.add_bias) units.push_back(h);
     norm();
@@ -202,7 +206,7 @@ double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, 
 double chunk_gemm_weight_elements(const ModelConfig& m, const GPTChunkSpec& spec, int tp) {
   const double h = m.hidden_size, heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
-  const double d = h / heads, ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+  const double d = m.attention_head_dim(), ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const double nq = heads / tp * d, nkv = groups / tp * d, f = ffn / tp;
   const double f1 = m.activation == Activation::SwiGLU ? 2 * f : f;
   double elements = spec.num_layers * ((nq + 2 * nkv) * h + h * nq + f1 * h + h * f);

@@ -14,7 +14,7 @@ double model_flops_per_token(const ModelConfig& m) {
   const double h = m.hidden_size, L = m.num_layers, s = m.seq_length, V = m.vocab_size;
   const double heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
-  const double d = h / heads;
+  const double d = m.attention_head_dim();
   const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4.0 * h;
   // Weights a token is multiplied with, per layer: q, k, v, output projection, and the MLP
   // (SwiGLU has three matrices, GeLU two).

@@ -1416,6 +1416,13 @@ inline std::vector<Row> op_rows(bool speed = false) {
         t.push_back(rmsnorm_backward(dt, s, w, Tol{sums.ulps, 1e-5}));
       }
     }
+    // qk-norm (Qwen3): one RMSNorm over each head of q or k, many short rows (s b heads) sharing one
+    // [head_dim] weight, whose gradient sums them all.
+    if (!speed) {
+      const Shape heads = {4 * 2 * 6, 12};
+      t.push_back(rmsnorm_forward(dt, heads, dt, sums));
+      t.push_back(rmsnorm_backward(dt, heads, dt, Tol{sums.ulps, 1e-5}));
+    }
     for (bool layernorm : {true, false}) {
       for (float p : speed ? std::vector<float>{0.5f} : std::vector<float>{0.0f, 0.5f}) {
         t.push_back(residual_norm_forward(dt, norm, dt, layernorm, p, false, sums));

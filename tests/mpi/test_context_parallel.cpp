@@ -33,6 +33,7 @@ struct Variant {
   bool gqa_swiglu_rope;  // else MHA + GeLU + LayerNorm + learned positions
   double dropout;
   Recompute recompute;
+  bool qk_norm_head_dim = false;  // Qwen3's attention: qk-norm, head_dim 12 != 64 / 8
 };
 
 ModelConfig make_config(const Variant& v, int64_t seq) {
@@ -51,6 +52,10 @@ ModelConfig make_config(const Variant& v, int64_t seq) {
     c.position_embedding = PositionEmbedding::Rope;
   } else {
     c.num_attention_heads = 4;
+  }
+  if (v.qk_norm_head_dim) {
+    c.qk_norm = true;
+    c.head_dim = 12;
   }
   return c;
 }
@@ -131,16 +136,17 @@ TEST_P(ContextParallel, LossAndGradientsMatchOneRank) { run_parity(GetParam().va
 const Variant kLearned{"MhaLearnedDropout", false, 0.1, Recompute::None};
 const Variant kRope{"GqaRopeSwiglu", true, 0.0, Recompute::None};
 const Variant kRopeSelective{"GqaRopeSelectiveDropout", true, 0.1, Recompute::Selective};
+const Variant kQkNorm{"QkNormHeadDim12Selective", true, 0.0, Recompute::Selective, true};
 
-INSTANTIATE_TEST_SUITE_P(Comms, ContextParallel,
-                         ::testing::Values(Case{kLearned, ContextComm::P2P}, Case{kRope, ContextComm::P2P},
-                                           Case{kRopeSelective, ContextComm::P2P},
-                                           Case{kLearned, ContextComm::A2A}, Case{kRope, ContextComm::A2A},
-                                           Case{kRopeSelective, ContextComm::A2A},
-                                           Case{kLearned, ContextComm::AllGather},
-                                           Case{kRope, ContextComm::AllGather},
-                                           Case{kRopeSelective, ContextComm::AllGather}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Comms, ContextParallel,
+    ::testing::Values(Case{kLearned, ContextComm::P2P}, Case{kRope, ContextComm::P2P},
+                      Case{kRopeSelective, ContextComm::P2P}, Case{kLearned, ContextComm::A2A},
+                      Case{kRope, ContextComm::A2A}, Case{kRopeSelective, ContextComm::A2A},
+                      Case{kLearned, ContextComm::AllGather}, Case{kRope, ContextComm::AllGather},
+                      Case{kRopeSelective, ContextComm::AllGather}, Case{kQkNorm, ContextComm::P2P},
+                      Case{kQkNorm, ContextComm::A2A}, Case{kQkNorm, ContextComm::AllGather}),
+    case_name);
 
 // ---- the attention alone against PyTorch on a long sequence -----------------------------------
 

@@ -34,6 +34,7 @@ struct Variant {
   bool gqa_swiglu_rope;  // else MHA + GeLU + LayerNorm + learned positions
   bool tied, bias;
   double dropout = 0.0;
+  bool qk_norm_head_dim = false;  // Qwen3's attention: qk-norm, head_dim 12 != 64 / 8
 };
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.label; }
@@ -56,6 +57,10 @@ ModelConfig make_config(const Variant& v) {
     c.position_embedding = PositionEmbedding::Rope;
   } else {
     c.num_attention_heads = 4;
+  }
+  if (v.qk_norm_head_dim) {
+    c.qk_norm = true;
+    c.head_dim = 12;
   }
   return c;
 }
@@ -122,7 +127,9 @@ INSTANTIATE_TEST_SUITE_P(Variants, GPTParity,
                                            Variant{"GqaSwigluRmsRopeTiedNoBias", true, true, false},
                                            // Dropout masks are keyed by global positions: tp-independent.
                                            Variant{"MhaGeluDropout", false, true, true, 0.1},
-                                           Variant{"GqaSwigluDropout", true, false, true, 0.1}),
+                                           Variant{"GqaSwigluDropout", true, false, true, 0.1},
+                                           // Qwen3: per-head norms of q and k (weights summed over tp).
+                                           Variant{"QkNormHeadDim12", true, true, false, 0.0, true}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 // ---- padded vocabulary --------------------------------------------------------------------------
@@ -193,7 +200,8 @@ TEST(GPTMemory, RankHoldsItsShareOfTheWeights) {
 
 TEST(GPTRecompute, SelectiveAndFullMatchNone) {
   Communicator& tp = world();
-  for (const Variant& v : {Variant{"", false, true, true, 0.1}, Variant{"", true, false, false, 0.1}}) {
+  for (const Variant& v : {Variant{"", false, true, true, 0.1}, Variant{"", true, false, false, 0.1},
+                           Variant{"", true, true, false, 0.1, true}}) {
     const ModelConfig c = make_config(v);
     std::vector<std::vector<std::vector<float>>> grads;
     std::vector<float> losses;

@@ -447,6 +447,11 @@ const RuleCase kRules[] = {
      {"model.position_embedding=rope", "model.hidden_size=36"},
      1,
      {"model.hidden_size = 36", "head dimension", "= 9 must be even for rope"}},
+    {"RopeExplicitHeadDimEven",
+     {"model.position_embedding=rope", "model.head_dim=9"},
+     1,
+     {"model.head_dim = 9: must be even for rope"}},
+    {"HeadDimNonNegative", {"model.head_dim=-1"}, 1, {"model.head_dim = -1: must be >= 0"}},
     {"SeqLengthWithinPositions",
      {"model.seq_length=256", "model.max_position_embeddings=128"},
      1,
@@ -777,6 +782,11 @@ TEST(ConfigRules, ValidLayoutsPass) {
       {"model.num_layers=8", "parallel.pipeline=4", "parallel.virtual_stages=2", "train.micro_batch_size=1",
        "train.global_batch_size=9", "parallel.pipeline_schedule=dualpipe-v"},
       4);
+  // An explicit head size frees hidden_size from the heads (Qwen3), with qk-norm.
+  parse_config(
+      "",
+      {"model.hidden_size=66", "model.head_dim=16", "model.position_embedding=rope", "model.qk_norm=true"},
+      1);
   // Only the first stage given: the other stages share the rest.
   parse_config("", {"model.num_layers=7", "parallel.pipeline=3", "parallel.first_stage_layers=1"}, 3);
   parse_config("",
@@ -949,9 +959,9 @@ TEST(ConfigReference, DocumentationCoversEveryKey) {
 
 // Every shipped config loads and validates for the world size its comments name.
 TEST(ConfigFiles, ShippedConfigsAreValid) {
-  const std::pair<const char*, int> files[] = {{"tiny.yaml", 1},      {"quickstart.yaml", 4},
-                                               {"moe_small.yaml", 4}, {"gpt2_124m.yaml", 1},
-                                               {"gpt2_124m.yaml", 8}, {"gpt_1b_gpu.yaml", 8}};
+  const std::pair<const char*, int> files[] = {
+      {"tiny.yaml", 1},      {"quickstart.yaml", 4}, {"moe_small.yaml", 4},     {"gpt2_124m.yaml", 1},
+      {"gpt2_124m.yaml", 8}, {"gpt_1b_gpu.yaml", 8}, {"qwen3_moe_tiny.yaml", 4}};
   for (const auto& [name, world] : files) {
     const std::string path = (source_dir() / "configs" / name).string();
     // world is copied into the lambda by name: Clang 14 cannot capture a structured binding.

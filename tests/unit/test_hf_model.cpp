@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "parallel/error.hpp"
 #include "parallel/hf_model.hpp"
@@ -342,9 +344,15 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
   j = fixture_config("llama");
   j["hidden_act"] = "gelu";
   EXPECT_THAT(config_error(j), HasSubstr("hidden_act = \"gelu\": not supported"));
+  // head_dim apart from hidden_size / num_attention_heads (24 / 4 = 6): model.head_dim; the quotient
+  // itself leaves model.head_dim at 0.
   j = fixture_config("llama");
   j["head_dim"] = 8;
-  EXPECT_THAT(config_error(j), HasSubstr("head_dim = 8: must equal hidden_size / num_attention_heads"));
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "config.json").model.head_dim, 8);
+  j["head_dim"] = 6;
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "config.json").model.head_dim, 0);
+  j["head_dim"] = 0;
+  EXPECT_THAT(config_error(j), HasSubstr("head_dim = 0: must be >= 1"));
   j = fixture_config("llama");
   j["attention_bias"] = true;
   EXPECT_THAT(config_error(j), HasSubstr("attention_bias = true: not supported without the other"));
@@ -504,8 +512,90 @@ TEST(HfModel, ParsesShardSizes) {
     EXPECT_THAT(error_of([&] { hf::parse_size(bad); }), HasSubstr("size \"")) << bad;
 }
 
+// Qwen3, Qwen3-MoE and Mixtral as transformers 5.24 saved them (make_hf_qwen3.py).
+TEST(HfModel, ReadsQwen3AndTheMoEFamilies) {
+  const hf::HfModel qwen3 = hf::model_from_config_json(fixture_config("qwen3").dump(), "qwen3");
+  EXPECT_EQ(qwen3.architecture, hf::Architecture::Qwen3);
+  EXPECT_TRUE(qwen3.model.qk_norm);
+  EXPECT_EQ(qwen3.model.head_dim, 8);  // 24 / 4 would be 6
+  EXPECT_EQ(qwen3.model.attention_head_dim(), 8);
+  EXPECT_FALSE(qwen3.model.add_bias || qwen3.model.add_qkv_bias);
+  EXPECT_EQ(qwen3.model.num_experts, 0);
+  const auto shapes = hf::llama_parameter_shapes(qwen3.model);
+  EXPECT_EQ(shapes.at("layers.1.attention.q_norm.weight"), (Shape{8}));
+  EXPECT_EQ(shapes.at("layers.0.attention.query.weight"), (Shape{32, 24}));
+  EXPECT_EQ(shapes.at("layers.0.attention.proj.weight"), (Shape{24, 32}));
+  json j = fixture_config("qwen3");
+  j.erase("head_dim");  // Qwen3Config's default: 128, not hidden_size / heads
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "qwen3").model.head_dim, 128);
+  j = fixture_config("qwen3");
+  j["attention_bias"] = true;
+  EXPECT_THAT(config_error(j), HasSubstr("attention_bias = true: not supported"));
+  j = fixture_config("qwen3");
+  j["attn_logit_softcapping"] = 30.0;  // a key that changes the model, unknown here
+  EXPECT_THAT(config_error(j),
+              HasSubstr("attn_logit_softcapping = 30.0: not supported: it changes the model"));
+  j = fixture_config("qwen3");
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4;
+  j["max_window_layers"] = 1;
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "qwen3").model.layer_window(1), 4);
+
+  const hf::HfModel moe = hf::model_from_config_json(fixture_config("qwen3_moe").dump(), "qwen3_moe");
+  EXPECT_EQ(moe.architecture, hf::Architecture::Qwen3Moe);
+  EXPECT_TRUE(moe.model.qk_norm);
+  EXPECT_EQ(moe.model.num_experts, 4);
+  EXPECT_EQ(moe.model.moe_router_topk, 2);
+  EXPECT_EQ(moe.model.moe_ffn_hidden_size, 16);
+  EXPECT_EQ(moe.model.moe_layer_freq, 1);
+  EXPECT_EQ(moe.model.moe_aux_loss_coeff, 0.0);  // output_router_logits false: no balancing loss
+  const auto moe_shapes = hf::llama_parameter_shapes(moe.model);
+  EXPECT_EQ(moe_shapes.at("layers.1.mlp.router.weight"), (Shape{4, 24}));
+  EXPECT_EQ(moe_shapes.at("layers.1.mlp.experts.3.fc2.weight"), (Shape{24, 16}));
+  EXPECT_FALSE(moe_shapes.count("layers.0.mlp.gate.weight"));
+  j = fixture_config("qwen3_moe");
+  j["num_experts"] = 4;  // transformers 4.x's name, beside 5.x's: must agree
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "qwen3_moe").model.num_experts, 4);
+  j["num_experts"] = 8;
+  EXPECT_THAT(config_error(j), HasSubstr("num_experts = 8: must equal num_local_experts (4)"));
+  j = fixture_config("qwen3_moe");
+  j.erase("num_local_experts");
+  j["num_experts"] = 4;  // a 4.x config
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "qwen3_moe").model.num_experts, 4);
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"norm_topk_prob", true, "norm_topk_prob = true: not supported"},
+           {"mlp_only_layers", json::array({0}), "mlp_only_layers = [0]: not supported"},
+           {"decoder_sparse_step", 2, "decoder_sparse_step = 2: not supported"},
+           {"output_router_logits", true, "output_router_logits = true: not supported"},
+           {"use_sliding_window", true, "use_sliding_window = true: not supported"}}) {
+    j = fixture_config("qwen3_moe");
+    j[key] = value;
+    EXPECT_THAT(config_error(j), HasSubstr(message)) << key;
+  }
+  EXPECT_THAT(
+      config_error(fixture_config("mixtral")),
+      HasSubstr("MixtralForCausalLM renormalises the top-k router weights (norm_topk_prob): not supported"));
+  // The export refuses what an architecture cannot hold.
+  EXPECT_THAT(error_of([&] { hf::config_json_for(qwen3.model, hf::Architecture::Llama, "float32"); }),
+              HasSubstr("LlamaForCausalLM cannot hold this model: model.qk_norm = true"));
+  EXPECT_THAT(error_of([&] { hf::config_json_for(moe.model, hf::Architecture::Qwen3, "float32"); }),
+              HasSubstr("Qwen3ForCausalLM cannot hold this model: model.num_experts = 4"));
+  ModelConfig mixtral = moe.model;
+  mixtral.qk_norm = false;
+  mixtral.hf_architecture.clear();
+  EXPECT_EQ(hf::architecture_for(mixtral), hf::Architecture::Mixtral);
+  EXPECT_THAT(error_of([&] { hf::config_json_for(mixtral, hf::Architecture::Mixtral, "float32"); }),
+              HasSubstr("MixtralForCausalLM cannot hold this model: it renormalises"));
+  const json written = json::parse(hf::config_json_for(moe.model, moe.architecture, "float32"));
+  EXPECT_EQ(written["num_local_experts"], 4);
+  EXPECT_EQ(written["num_experts"], 4);
+  EXPECT_EQ(written["norm_topk_prob"], false);
+  EXPECT_EQ(written["head_dim"], 8);
+}
+
 TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
-  for (const char* name : {"llama", "mistral", "qwen2"}) {
+  for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) {
     const hf::HfModel in = hf::model_from_config_json(fixture_config(name).dump(), name);
     const std::string text = hf::config_json_for(in.model, in.architecture, "bfloat16");
     const hf::HfModel back = hf::model_from_config_json(text, name);
