@@ -190,7 +190,7 @@ model::LayerEnv layer_env(const ModelConfig& c, bool sp) {
   env.hidden = c.hidden_size;
   env.heads = c.num_attention_heads;
   env.groups = c.num_query_groups > 0 ? c.num_query_groups : c.num_attention_heads;
-  env.head_dim = env.hidden / env.heads;
+  env.head_dim = c.attention_head_dim();
   env.ffn = 4 * c.hidden_size;
   return env;
 }
@@ -213,18 +213,23 @@ TEST(SplitBackward, Norm) {
 
 TEST(SplitBackward, SelfAttention) {
   for (const ModelLayerCase& c : model_layer_cases())
-    for (bool keep_core : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << c.label << (keep_core ? "" : " selective recompute"));
-      const ModelConfig cfg = layer_config(c.llama);
-      const model::LayerEnv env = layer_env(cfg, c.sequence_parallel);
-      model::SelfAttention a(env, 0), b(env, 0);
-      run_layer<model::SelfAttention, model::SelfAttention::Context>(
-          a, b,
-          [keep_core](model::SelfAttention& l, const Tensor& x, model::SelfAttention::Context& ctx) {
-            return l.forward(x, ctx, keep_core);
-          },
-          hidden_shape(env, cfg.seq_length));
-    }
+    for (bool keep_core : {true, false})
+      for (bool qwen3 : {false, true}) {  // Qwen3's qk-norm with head_dim 12 != 32 / 4
+        if (qwen3 && !c.llama) continue;
+        SCOPED_TRACE(::testing::Message() << c.label << (keep_core ? "" : " selective recompute")
+                                          << (qwen3 ? " qk-norm head_dim 12" : ""));
+        ModelConfig cfg = layer_config(c.llama);
+        cfg.qk_norm = qwen3;
+        cfg.head_dim = qwen3 ? 12 : 0;
+        const model::LayerEnv env = layer_env(cfg, c.sequence_parallel);
+        model::SelfAttention a(env, 0), b(env, 0);
+        run_layer<model::SelfAttention, model::SelfAttention::Context>(
+            a, b,
+            [keep_core](model::SelfAttention& l, const Tensor& x, model::SelfAttention::Context& ctx) {
+              return l.forward(x, ctx, keep_core);
+            },
+            hidden_shape(env, cfg.seq_length));
+      }
 }
 
 TEST(SplitBackward, MLP) {
