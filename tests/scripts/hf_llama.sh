@@ -66,21 +66,25 @@ for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny l
   [[ $model == *_window_tiny ]] && layouts=("1 1 1" "4 2 1 2")
   # Experts: tp2 x pp2 x ep2 (tp with MoE needs sequence parallelism).
   [[ $model == *_moe_tiny ]] && layouts=("1 1 1" "4 2 2 1 2")
+  # Qwen3's qk-norm weights (gradients summed over tp) under tp2 x dp2 with ZeRO-3 too.
+  [[ $model == qwen3_tiny ]] && layouts=("1 1 1" "4 2 2" "4 2 1 1 1 optim_grads_params")
   for layout in "${layouts[@]}"; do
-    read -r ranks tp pp cp ep <<<"$layout"
-    cp=${cp:-1} ep=${ep:-1}
+    read -r ranks tp pp cp ep sharding <<<"$layout"
+    cp=${cp:-1} ep=${ep:-1} sharding=${sharding:-none}
     run=$dir/tp${tp}pp${pp}
     [[ $cp == 1 ]] || run=$dir/tp${tp}cp${cp}
     [[ $ep == 1 ]] || run=$dir/tp${tp}pp${pp}ep${ep}
+    [[ $sharding == none ]] || run=$dir/tp${tp}dp$((ranks / (tp * pp * cp)))_$sharding
     quiet "$run.log" "${mpiexec[@]}" -np "$ranks" "$pretrain" --config "$dir/ckpt.yaml" \
       --set checkpoint.load="$dir/ckpt" --set checkpoint.dir="$run/ckpt" --set train.output_dir="$run" \
       --set parallel.tensor="$tp" --set parallel.pipeline="$pp" --set parallel.context="$cp" \
       --set parallel.expert="$ep" --set parallel.sequence_parallel="$([[ $ep == 1 ]] && echo false || echo true)" \
+      --set optimizer.sharding="$sharding" \
       "${train[@]}"
     quiet "$run.export.log" "$convert" --to hf --input "$run/ckpt" --output "$run/hf"
-    echo -n "$model tp$tp pp$pp cp$cp ep$ep: "
+    echo -n "$model tp$tp pp$pp cp$cp ep$ep $sharding: "
     "$compare" losses "$run/metrics.jsonl" "$after3"
-    echo -n "$model tp$tp pp$pp cp$cp ep$ep: "
+    echo -n "$model tp$tp pp$pp cp$cp ep$ep $sharding: "
     "$compare" weights "$run/hf" "$after3"
   done
   # The export (no template) names the architecture and model_type of the folder it came from.
