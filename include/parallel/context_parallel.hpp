@@ -157,10 +157,11 @@ class Attention {
     std::shared_ptr<const Layout> layout;  // which positions each cp rank holds
     bool defined() const { return out.defined() && out.numel() > 0; }
   };
-  // q [2L, b, hq, d], k, v [2L, b, hkv, d] (contiguous, positions already applied): this rank's
-  // chunks. Returns out [2L, b, hq, d] in q's dtype. mask: causal (required), plus an optional
-  // window and documents over the whole sequence (see above). layout: which positions each rank's
-  // rows are (null: the zigzag); the same on every cp rank.
+  // q [2L, b, hq, d], k [2L, b, hkv, d], v [2L, b, hkv, dv] (contiguous, positions already
+  // applied): this rank's chunks; the value head size dv may differ from d (MLA), and every
+  // exchange carries K and V at their own sizes. Returns out [2L, b, hq, dv] in q's dtype. mask:
+  // causal (required), plus an optional window and documents over the whole sequence (see above).
+  // layout: which positions each rank's rows are (null: the zigzag); the same on every cp rank.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
                  const ops::AttentionMask& mask = {}, std::shared_ptr<const Layout> layout = nullptr) const;
   // dq, dk, dv: written, shaped as q, k, v. Frees `saved`.

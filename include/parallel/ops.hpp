@@ -181,15 +181,20 @@ void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream s
 void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream stream = {});
 
 // Scaled dot-product attention, tiled with an online softmax (FlashAttention's algorithm): no
-// [s, s] matrix is ever materialised. q: [s, b, hq, d]; k, v: [s, b, hkv, d] with hq % hkv == 0
-// (grouped-query attention: query head i uses kv head i / (hq / hkv)); out: [s, b, hq, d];
-// lse: [b, hq, s] fp32, the log-sum-exp of each query row's scaled scores, saved for the backward.
+// [s, s] matrix is ever materialised. q: [s, b, hq, d]; k: [s, b, hkv, d]; v: [s, b, hkv, dv] with
+// hq % hkv == 0 (grouped-query attention: query head i uses kv head i / (hq / hkv)); out:
+// [s, b, hq, dv]; lse: [b, hq, s] fp32, the log-sum-exp of each query row's scaled scores, saved
+// for the backward. The value head size dv may differ from the query/key head size d (multi-head
+// latent attention: d = 192, dv = 128 in DeepSeek-V3); it is read from v, so a caller with equal
+// sizes passes nothing new. softmax_scale is the caller's (usually 1/sqrt(d); MLA under YaRN
+// multiplies it by mscale^2), never derived from a head size here.
 //
 // Dtypes: q, k, v, out (and dout, dq, dk, dv) share the activation dtype; lse is fp32. The scores,
 // the online softmax and every accumulator are fp32. bf16 on a CPU with AVX512-BF16, and 16-bit
-// inputs on CUDA's tensor-core kernels (head dims 64 and 128), multiply 16-bit operands and round
-// the probabilities and dS to 16 bits before their products, as FlashAttention does; elsewhere
-// 16-bit inputs are widened and computed in fp32 (attention_implementation says which).
+// inputs on CUDA's tensor-core kernels (head dims 64 and 128), both for d == dv only, multiply
+// 16-bit operands and round the probabilities and dS to 16 bits before their products, as
+// FlashAttention does; elsewhere 16-bit inputs are widened and computed in fp32
+// (attention_implementation says which, for d == dv).
 //
 // The mask (attention_mask.hpp has the rule): causal, a sliding window, documents (doc_start) and
 // the positions of the first query and key row (context parallelism's blocks). Every query row
@@ -218,7 +223,8 @@ inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               bool causal, float softmax_scale, Stream stream = {}) {
   attention_forward(q, k, v, out, lse, AttentionMask::plain(causal), softmax_scale, stream);
 }
-// dq, dk, dv are written (not accumulated); dk, dv sum over the query heads that share them.
+// dq [s, b, hq, d], dk [s, b, hkv, d], dv [s, b, hkv, dv] are written (not accumulated); dk, dv sum
+// over the query heads that share them. dout and out are [s, b, hq, dv].
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionMask& mask, float softmax_scale, Stream stream = {});
@@ -251,9 +257,9 @@ std::string attention_implementation(DType dtype, int64_t head_dim);
 // Bytes one CPU attention call (forward, or backward) allocates besides its outputs, on this
 // machine's kernel and OpenMP thread count, for self-attention over s tokens: per-thread tiles,
 // packed operands, the backward's row sums, and the fp32 copies where 16-bit inputs are widened.
-// The memory plan counts this.
+// v_head_dim: the value head size (0: head_dim). The memory plan counts this.
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv,
-                                  int64_t head_dim, bool backward);
+                                  int64_t head_dim, bool backward, int64_t v_head_dim = 0);
 
 // ---- embedding and loss -----------------------------------------------------------------------
 

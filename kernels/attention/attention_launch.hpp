@@ -14,12 +14,12 @@ namespace parallel::kernels {
 constexpr int64_t kMaxGridY = 65535;
 
 // The tensor-core FlashAttention-2 kernels (flash_attention_mma.cu) take the problem: bf16 or fp16,
-// head dimension 64 or 128, hq a multiple of hkv > 0, s < 2^30, b * hq and b * hkv within one
-// grid.y, and every tensor 16-byte aligned (`aligned16`). Otherwise ops run the fp32 kernels on
-// widened copies (kernels/cuda/cuda_ops.hpp).
+// head dimension 64 or 128 with the value head size equal to it, hq a multiple of hkv > 0, s < 2^30, b * hq
+// and b * hkv within one grid.y, and every tensor 16-byte aligned (`aligned16`). Otherwise ops run the fp32
+// kernels on widened copies (kernels/cuda/cuda_ops.hpp).
 inline bool attention_mma_can_implement(const AttentionShape& sh, DType dtype, bool aligned16) {
   if (dtype != DType::BF16 && dtype != DType::F16) return false;
-  if (sh.d != 64 && sh.d != 128) return false;
+  if ((sh.d != 64 && sh.d != 128) || sh.value_dim() != sh.d) return false;
   if (sh.hkv <= 0 || sh.hq % sh.hkv != 0 || sh.s < 0 || sh.s >= (int64_t{1} << 30)) return false;
   if (sh.b * sh.hq > kMaxGridY || sh.b * sh.hkv > kMaxGridY) return false;
   return aligned16;

@@ -5,10 +5,11 @@
 // Column-major view of our layouts: a row-major [rows, cols] matrix whose rows are `ld` elements apart
 // is, for cuBLAS, a column-major [cols, rows] matrix with leading dimension ld. Head (bi, h) of
 // q [s, b, hq, d] is therefore the column-major d x s matrix at q + (bi * hq + h) * d with
-// ld = b * hq * d (= Q^T); likewise k, v with hkv, and the [s, s] workspaces at ld = s (S^T).
-// Batching over bk = bi * hkv + kv head: k, v advance by d per bk, and query head h = kv * g + r
-// (g = hq / hkv, r the head's rank in its group) sits at (bk * g + r) * d, so for a fixed r the query
-// heads advance by g * d per bk. One strided-batched call per r covers every (bi, kv head).
+// ld = b * hq * d (= Q^T); likewise k with hkv, v with hkv and dv, out / dout with hq and dv, and the
+// [s, s] workspaces at ld = s (S^T). Batching over bk = bi * hkv + kv head: k advances by d per bk
+// (v by dv), and query head h = kv * g + r (g = hq / hkv, r the head's rank in its group) sits at
+// (bk * g + r) * d in q (* dv in out), so for a fixed r the query heads advance by g * d (g * dv)
+// per bk. One strided-batched call per r covers every (bi, kv head).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -186,9 +187,9 @@ __global__ void softmax_rows(float* x, T* p16, float* lse, const float* lse_in, 
 }
 
 // One block per row. p: the row's probabilities (fp32), dp: dO V^T for the row, in place:
-//   dp_j <- p_j * (dp_j - D), D = sum_e dout_e * out_e over the row's d values (dout and out of T);
+//   dp_j <- p_j * (dp_j - D), D = sum_e dout_e * out_e over the row's dv values (dout and out of T);
 //   ds16_j <- the same rounded to T (when not null).
-// dout, out: [s, b, hq, d]; query i of head bh is at (i * b * hq + bh) * d.
+// dout, out: [s, b, hq, dv]; query i of head bh is at (i * b * hq + bh) * dv.
 template <typename T>
 __global__ void softmax_grad_rows(const float* p, float* dp, T* ds16, const T* dout, const T* out, int64_t bhq,
                                   int64_t d, Rows rows) {
@@ -229,8 +230,9 @@ int64_t chunk_pairs(int64_t pairs, int64_t s, std::size_t bytes_per_score) {
 }
 
 void check_shape(const AttentionShape& sh, const AttentionBounds& mask) {
-  CUDA_OPS_REQUIRE(sh.s >= 0 && sh.b >= 0 && sh.d >= 0 && sh.hq > 0 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
-                   "plain attention: need hq % hkv == 0 and non-negative sizes");
+  CUDA_OPS_REQUIRE(
+      sh.s >= 0 && sh.b >= 0 && sh.d >= 0 && sh.dv >= 0 && sh.hq > 0 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
+      "plain attention: need hq % hkv == 0 and non-negative sizes");
   const char* why = attention_bounds_error(mask);
   if (why != nullptr) throw_error(__FILE__, __LINE__, why);
 }
@@ -241,8 +243,9 @@ void attention_plain_forward(const void* q, const void* k, const void* v, DType 
                              const AttentionShape& sh, const AttentionBounds& mask, float scale,
                              void* stream_ptr) {
   check_shape(sh, mask);
-  const int64_t s = sh.s, d = sh.d, g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
-  const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d;
+  const int64_t s = sh.s, d = sh.d, dv = sh.value_dim(), g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
+  const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d, ldv = sh.b * sh.hkv * dv,
+                ldo = sh.b * sh.hq * dv;
   if (s == 0 || pairs == 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
   const bool is16 = dtype != DType::F32;
@@ -259,7 +262,7 @@ void attention_plain_forward(const void* q, const void* k, const void* v, DType 
   for (int64_t bk0 = 0; bk0 < pairs; bk0 += chunk) {
     const int64_t nb = std::min(chunk, pairs - bk0);
     for (int64_t r = 0; r < g; r++) {
-      const int64_t qoff = (bk0 * g + r) * d, koff = bk0 * d;
+      const int64_t qoff = (bk0 * g + r) * d, koff = bk0 * d, voff = bk0 * dv, ooff = (bk0 * g + r) * dv;
       // S [s_q, s_k] (row-major, per pair) = scale Q K^T. Column-major: S^T (s_k x s_q, ld s) =
       // (K^T)^T Q^T with K^T = k as d x s_k (ld ldk), Q^T = q as d x s_q (ld ldq).
       if (d == 0)
@@ -277,10 +280,10 @@ void attention_plain_forward(const void* q, const void* k, const void* v, DType 
         if (is16) p_operand = p16;
       });
       CUDA_OPS_LAUNCHED();
-      // O [s_q, d] = P V. Column-major: O^T (d x s_q, ld ldq) = V^T P^T with V^T = v as d x s_k
-      // (ld ldk) and P^T = the workspace as s_k x s_q (ld s).
-      gemm(false, false, d, s, s, 1.0f, at(v, koff, dtype), ldk, d, p_operand, s, s * s, 0.0f, out + qoff,
-           ldq, g * d, nb);
+      // O [s_q, dv] = P V. Column-major: O^T (dv x s_q, ld ldo) = V^T P^T with V^T = v as dv x s_k
+      // (ld ldv) and P^T = the workspace as s_k x s_q (ld s).
+      gemm(false, false, dv, s, s, 1.0f, at(v, voff, dtype), ldv, dv, p_operand, s, s * s, 0.0f, out + ooff,
+           ldo, g * dv, nb);
     }
   }
 }
@@ -290,10 +293,11 @@ void attention_plain_backward(const void* dout, const void* q, const void* k, co
                               const AttentionShape& sh, const AttentionBounds& mask, float scale,
                               void* stream_ptr) {
   check_shape(sh, mask);
-  const int64_t s = sh.s, d = sh.d, g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
-  const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d;
+  const int64_t s = sh.s, d = sh.d, dv_ = sh.value_dim(), g = sh.hq / sh.hkv, pairs = sh.b * sh.hkv;
+  const int64_t ldq = sh.b * sh.hq * d, ldk = sh.b * sh.hkv * d, ldv = sh.b * sh.hkv * dv_,
+                ldo = sh.b * sh.hq * dv_;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
-  if (pairs == 0 || d == 0) return;
+  if (pairs == 0 || d == 0 || dv_ == 0) return;
   if (s == 0) return;
   const bool is16 = dtype != DType::F32;
   const int device = cuda::detail::current_device();
@@ -311,15 +315,15 @@ void attention_plain_backward(const void* dout, const void* q, const void* k, co
   for (int64_t bk0 = 0; bk0 < pairs; bk0 += chunk) {
     const int64_t nb = std::min(chunk, pairs - bk0);
     for (int64_t r = 0; r < g; r++) {
-      const int64_t qoff = (bk0 * g + r) * d, koff = bk0 * d;
+      const int64_t qoff = (bk0 * g + r) * d, koff = bk0 * d, voff = bk0 * dv_, ooff = (bk0 * g + r) * dv_;
       const float beta_kv = r == 0 ? 0.0f : 1.0f;  // dk, dv: the group's first head writes, the rest add
       const Rows rows{s, bk0, g, r, sh.hq, mask};
       // P = exp(scale Q K^T - lse), recomputed from the saved lse.
       gemm(true, false, s, s, d, scale, at(k, koff, dtype), ldk, d, at(q, qoff, dtype), ldq, g * d, 0.0f, P,
            s, s * s, nb);
-      // dP [s_q, s_k] = dO V^T: the same mapping as S with (V, dO) for (K, Q).
-      gemm(true, false, s, s, d, 1.0f, at(v, koff, dtype), ldk, d, at(dout, qoff, dtype), ldq, g * d, 0.0f,
-           dS, s, s * s, nb);
+      // dP [s_q, s_k] = dO V^T: the same mapping as S with (V, dO) for (K, Q), over dv.
+      gemm(true, false, s, s, dv_, 1.0f, at(v, voff, dtype), ldv, dv_, at(dout, ooff, dtype), ldo, g * dv_,
+           0.0f, dS, s, s * s, nb);
       const void* p_operand = P;
       const void* ds_operand = dS;
       with_type(dtype, [&](auto* tag) {
@@ -330,25 +334,25 @@ void attention_plain_backward(const void* dout, const void* q, const void* k, co
             <<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(P, p16, nullptr, lse, rows);
         CUDA_OPS_LAUNCHED();
         softmax_grad_rows<T><<<static_cast<unsigned>(nb * s), kRowThreads, 0, stream>>>(
-            P, dS, ds16, static_cast<const T*>(dout), static_cast<const T*>(out), sh.b * sh.hq, d, rows);
+            P, dS, ds16, static_cast<const T*>(dout), static_cast<const T*>(out), sh.b * sh.hq, dv_, rows);
         CUDA_OPS_LAUNCHED();
         if (is16) {
           p_operand = p16;
           ds_operand = ds16;
         }
       });
-      // dV [s_k, d] += P^T dO. Column-major: dV^T (d x s_k, ld ldk) = dO^T P with dO^T = dout as
-      // d x s_q (ld ldq) and P = (workspace s_k x s_q, ld s)^T.
-      gemm(false, true, d, s, s, 1.0f, at(dout, qoff, dtype), ldq, g * d, p_operand, s, s * s, beta_kv, dv + koff,
-           ldk, d, nb);
+      // dV [s_k, dv] += P^T dO. Column-major: dV^T (dv x s_k, ld ldv) = dO^T P with dO^T = dout as
+      // dv x s_q (ld ldo) and P = (workspace s_k x s_q, ld s)^T.
+      gemm(false, true, dv_, s, s, 1.0f, at(dout, ooff, dtype), ldo, g * dv_, p_operand, s, s * s, beta_kv,
+           dv + voff, ldv, dv_, nb);
       // dQ [s_q, d] = scale dS K. Column-major: dQ^T (d x s_q, ld ldq) = K^T dS^T with K^T = k as
       // d x s_k (ld ldk) and dS^T = the workspace (s_k x s_q, ld s).
-      gemm(false, false, d, s, s, scale, at(k, koff, dtype), ldk, d, ds_operand, s, s * s, 0.0f, dq + qoff, ldq,
-           g * d, nb);
+      gemm(false, false, d, s, s, scale, at(k, koff, dtype), ldk, d, ds_operand, s, s * s, 0.0f, dq + qoff,
+           ldq, g * d, nb);
       // dK [s_k, d] += scale dS^T Q. Column-major: dK^T (d x s_k, ld ldk) = Q^T dS with Q^T = q as
       // d x s_q (ld ldq) and dS = (workspace)^T.
-      gemm(false, true, d, s, s, scale, at(q, qoff, dtype), ldq, g * d, ds_operand, s, s * s, beta_kv, dk + koff,
-           ldk, d, nb);
+      gemm(false, true, d, s, s, scale, at(q, qoff, dtype), ldq, g * d, ds_operand, s, s * s, beta_kv,
+           dk + koff, ldk, d, nb);
     }
   }
 }

@@ -7,7 +7,8 @@
 // UNVERIFIED ON A GPU: compiled for sm_80 / sm_90 only, like the rest of kernels/ (2026-11).
 //
 // Contract (the same layouts as kernels::attention_forward, kernels.hpp, and ops.hpp):
-//   q, out, dout, dq  [s, b, hq, d]      k, v, dk, dv  [s, b, hkv, d]      lse  [b, hq, s] fp32
+//   q, dq  [s, b, hq, d]    k, dk  [s, b, hkv, d]    v, dv  [s, b, hkv, dv]    out, dout  [s, b, hq, dv]
+//   lse  [b, hq, s] fp32    (dv = shape.value_dim(), the value head size; d the query/key one)
 // Query head h reads kv head h / (hq / hkv); `mask` (parallel/attention_mask.hpp, doc_start in device
 // memory) says which keys each query row sees (attention_tiles.hpp). The [s, s] products are full
 // whatever the mask: this path applies it in the softmax but skips no tile. A row that sees no key

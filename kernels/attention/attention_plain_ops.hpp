@@ -57,8 +57,8 @@ inline DType gemm_type(const Tensor& q, DType operand_precision) {
   return t;
 }
 
-inline kernels::AttentionShape shape_of(const Tensor& q, const Tensor& k) {
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+inline kernels::AttentionShape shape_of(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
 }
 
 }  // namespace parallel::cuda::plain_detail
@@ -75,7 +75,7 @@ inline void attention_plain_forward(const Tensor& q, const Tensor& k, const Tens
   Tensor o32 = fp32_target(out, stream);
   kernels::attention_plain_forward(qt.data_ptr(), kt.data_ptr(), vt.data_ptr(), t,
                                    static_cast<float*>(o32.data_ptr()), static_cast<float*>(lse.data_ptr()),
-                                   shape_of(q, k), mask, softmax_scale, stream.handle);
+                                   shape_of(q, k, v), mask, softmax_scale, stream.handle);
   finish(out, o32, operand_precision, stream);
 }
 
@@ -93,7 +93,7 @@ inline void attention_plain_backward(const Tensor& dout, const Tensor& q, const 
   kernels::attention_plain_backward(
       dot.data_ptr(), qt.data_ptr(), kt.data_ptr(), vt.data_ptr(), ot.data_ptr(),
       static_cast<const float*>(lse.data_ptr()), t, static_cast<float*>(dq32.data_ptr()),
-      static_cast<float*>(dk32.data_ptr()), static_cast<float*>(dv32.data_ptr()), shape_of(q, k), mask,
+      static_cast<float*>(dk32.data_ptr()), static_cast<float*>(dv32.data_ptr()), shape_of(q, k, v), mask,
       softmax_scale, stream.handle);
   finish(dq, dq32, operand_precision, stream);
   finish(dk, dk32, operand_precision, stream);

@@ -2,8 +2,9 @@
 // contract and kernels/cpu/attention.cpp for the CPU twin). No [s, s] matrix ever reaches global
 // memory: scores live one [Br, Bc] tile at a time in registers and shared memory.
 //
-// Layouts: q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d] (query head h reads kv head
-// h / (hq / hkv)); lse [b, hq, s]. Row i of a head is at ((i * b + bi) * heads + h) * d.
+// Layouts: q, dq [s, b, hq, d]; k, dk [s, b, hkv, d]; v, dv [s, b, hkv, dv]; out, dout
+// [s, b, hq, dv] (query head h reads kv head h / (hq / hkv)); lse [b, hq, s]. Row i of a head is at
+// ((i * b + bi) * heads + h) * d (or dv). d is the query/key head size, dv the value head size.
 //
 // Layering. Every kernel is a 128-thread block seen as a 16 x 8 grid of threads (ty = tid / 8,
 // tx = tid % 8):
@@ -13,7 +14,8 @@
 //   [rows, d]    accumulators (O, dQ, dK, dV) live in shared memory; thread (ty, tx) owns rows
 //                ty + 16 a and columns tx, tx + 8, ...: every element has exactly one owner, so
 //                rescaling and accumulating need no synchronisation beyond the tile barriers.
-//   tiles        Q / K / V / dO rows are staged in shared memory with a padded row length d + 1,
+//   tiles        Q / K / V / dO rows are staged in shared memory with a padded row length d + 1
+//                (dv + 1 for V, dO and the [rows, dv] accumulators),
 //                so the 4 (or 8) different rows a warp reads in one step fall into distinct banks.
 //
 //   forward      one block per (query block, b * hq + h): K/V tiles stream through shared memory,
@@ -47,9 +49,11 @@ constexpr int kAttnThreads = 128;
 constexpr int kBc = 32;  // keys per tile
 
 struct Dims {
-  int s, b, hq, hkv, d, group;
+  int s, b, hq, hkv, d, dv, group;
   int bh0;  // the (batch, head) pair of blockIdx.y == 0: launches cover at most kMaxGridY pairs each
-  int64_t q_stride, k_stride;  // between consecutive positions of one head
+  // Between consecutive positions of one head: q, dq (q_stride); k, dk (k_stride); v, dv
+  // (v_stride); out, dout (o_stride).
+  int64_t q_stride, k_stride, v_stride, o_stride;
   AttentionBounds mask;
   int diag;  // causal: key j is masked for query i when j > i + diag (causal_diagonal)
   float scale;
@@ -122,24 +126,24 @@ __global__ void __launch_bounds__(kAttnThreads)
     attn_fwd_kernel(const float* q, const float* k, const float* v, float* out, float* lse, const Dims x) {
   constexpr int kBr = 16 * kR;
   extern __shared__ float smem[];
-  const int ld = x.d + 1, ldp = kBc + 1;
-  float* sQ = smem;                                  // [Br, ld]
-  float* sK = sQ + kBr * ld;                         // [Bc, ld]
-  float* sV = sK + kBc * ld;                         // [Bc, ld]
-  float* sP = sV + kBc * ld;                         // [Br, Bc + 1]
-  float* sO = sP + kBr * ldp;                        // [Br, ld]
-  int* sLo = reinterpret_cast<int*>(sO + kBr * ld);  // [Br]
+  const int ld = x.d + 1, ldv = x.dv + 1, ldp = kBc + 1;
+  float* sQ = smem;                                   // [Br, ld]
+  float* sK = sQ + kBr * ld;                          // [Bc, ld]
+  float* sV = sK + kBc * ld;                          // [Bc, ldv]
+  float* sP = sV + kBc * ldv;                         // [Br, Bc + 1]
+  float* sO = sP + kBr * ldp;                         // [Br, ldv]
+  int* sLo = reinterpret_cast<int*>(sO + kBr * ldv);  // [Br]
   const int ty = threadIdx.x / 8, tx = threadIdx.x % 8;
   const int i0 = blockIdx.x * kBr;
   const int bh = x.bh0 + static_cast<int>(blockIdx.y);
   const int bi = bh / x.hq, h = bh % x.hq, hk = h / x.group;
   const float* q_head = q + (static_cast<int64_t>(bi) * x.hq + h) * x.d;
   const float* k_head = k + (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
-  const float* v_head = v + (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
+  const float* v_head = v + (static_cast<int64_t>(bi) * x.hkv + hk) * x.dv;
 
   load_rows(sQ, ld, q_head + i0 * x.q_stride, x.q_stride, kBr, min(kBr, x.s - i0), x.d);
   load_first_keys(sLo, x, bi, i0, kBr);
-  zero_owned<kR>(sO, ld, x.d, ty, tx);
+  zero_owned<kR>(sO, ldv, x.dv, ty, tx);
   float m[kR], l[kR];
 #pragma unroll
   for (int a = 0; a < kR; a++) {
@@ -154,7 +158,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();  // the previous tile's sK, sV, sP are no longer read
     const int valid = min(kBc, x.s - j0);
     load_rows(sK, ld, k_head + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
-    load_rows(sV, ld, v_head + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
+    load_rows(sV, ldv, v_head + j0 * x.v_stride, x.v_stride, kBc, valid, x.dv);
     __syncthreads();
 
     float s[kR][4];
@@ -180,7 +184,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       const float corr = expf(m[a] - m_use);  // 0 on the first visible tile (m = -inf)
       l[a] = l[a] * corr + row8_sum(sum);
       m[a] = m_new;
-      for (int c = tx; c < x.d; c += 8) sO[row * ld + c] *= corr;
+      for (int c = tx; c < x.dv; c += 8) sO[row * ldv + c] *= corr;
     }
     __syncthreads();  // sP complete
 
@@ -188,10 +192,10 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
     for (int a = 0; a < kR; a++) {
       const int row = ty + 16 * a;
-      for (int c = tx; c < x.d; c += 8) {
-        float acc = sO[row * ld + c];
-        for (int j = 0; j < kBc; j++) acc = fmaf(sP[row * ldp + j], sV[j * ld + c], acc);
-        sO[row * ld + c] = acc;
+      for (int c = tx; c < x.dv; c += 8) {
+        float acc = sO[row * ldv + c];
+        for (int j = 0; j < kBc; j++) acc = fmaf(sP[row * ldp + j], sV[j * ldv + c], acc);
+        sO[row * ldv + c] = acc;
       }
     }
   }
@@ -201,8 +205,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int row = ty + 16 * a, i = i0 + row;
     if (i >= x.s) continue;
     const float inv_l = l[a] > 0.0f ? 1.0f / l[a] : 0.0f;
-    float* o = out + i * x.q_stride + (static_cast<int64_t>(bi) * x.hq + h) * x.d;
-    for (int c = tx; c < x.d; c += 8) o[c] = sO[row * ld + c] * inv_l;
+    float* o = out + i * x.o_stride + (static_cast<int64_t>(bi) * x.hq + h) * x.dv;
+    for (int c = tx; c < x.dv; c += 8) o[c] = sO[row * ldv + c] * inv_l;
     if (tx == 0)
       lse[(static_cast<int64_t>(bi) * x.hq + h) * x.s + i] = l[a] > 0.0f ? m[a] + logf(l[a]) : -INFINITY;
   }
@@ -216,21 +220,23 @@ __global__ void attn_bwd_dot_kernel(const float* dout, const float* out, float* 
   const int64_t rows = static_cast<int64_t>(x.b) * x.hq * x.s;
   if (row >= rows) return;
   const int64_t i = row % x.s, bh = row / x.s;  // bh = bi * hq + h
-  const int64_t base = i * x.q_stride + bh * x.d;
+  const int64_t base = i * x.o_stride + bh * x.dv;
   float sum = 0.0f;
-  for (int c = lane; c < x.d; c += 32) sum += dout[base + c] * out[base + c];
+  for (int c = lane; c < x.dv; c += 32) sum += dout[base + c] * out[base + c];
   sum = cuda::detail::warp_sum(sum);
   if (lane == 0) Dv[row] = sum;
 }
 
 // Scores of one [Br, Bc] tile: p = exp(scale S - lse) (0 where masked) and ds = scale p (dp - D).
+// sQ, sK have rows of ld (d values), sdO, sV rows of ldv (dv values).
 template <int kR>
 __device__ __forceinline__ void probs_and_dscores(const Dims& x, const float* sQ, const float* sK,
                                                   const float* sdO, const float* sV, const float* sL,
-                                                  const float* sD, const int* sLo, int ld, int i0, int j0,
-                                                  int ty, int tx, float (&p)[kR][4], float (&ds)[kR][4]) {
+                                                  const float* sD, const int* sLo, int ld, int ldv, int i0,
+                                                  int j0, int ty, int tx, float (&p)[kR][4],
+                                                  float (&ds)[kR][4]) {
   tile_abt<kR>(sQ, sK, ld, x.d, ty, tx, p);
-  tile_abt<kR>(sdO, sV, ld, x.d, ty, tx, ds);  // dP
+  tile_abt<kR>(sdO, sV, ldv, x.dv, ty, tx, ds);  // dP
 #pragma unroll
   for (int a = 0; a < kR; a++) {
     const int row = ty + 16 * a;
@@ -249,14 +255,14 @@ __global__ void __launch_bounds__(kAttnThreads)
                          const float* Dv, float* dk, float* dv, const Dims x) {
   constexpr int kBr = 16 * kR;
   extern __shared__ float smem[];
-  const int ld = x.d + 1, ldp = kBc + 1;
+  const int ld = x.d + 1, ldv = x.dv + 1, ldp = kBc + 1;
   float* sK = smem;                             // [Bc, ld]
-  float* sV = sK + kBc * ld;                    // [Bc, ld]
-  float* sdK = sV + kBc * ld;                   // [Bc, ld]
-  float* sdV = sdK + kBc * ld;                  // [Bc, ld]
-  float* sQ = sdV + kBc * ld;                   // [Br, ld]
-  float* sdO = sQ + kBr * ld;                   // [Br, ld]
-  float* sP = sdO + kBr * ld;                   // [Br, Bc + 1]
+  float* sV = sK + kBc * ld;                    // [Bc, ldv]
+  float* sdK = sV + kBc * ldv;                  // [Bc, ld]
+  float* sdV = sdK + kBc * ld;                  // [Bc, ldv]
+  float* sQ = sdV + kBc * ldv;                  // [Br, ld]
+  float* sdO = sQ + kBr * ld;                   // [Br, ldv]
+  float* sP = sdO + kBr * ldv;                  // [Br, Bc + 1]
   float* sdS = sP + kBr * ldp;                  // [Br, Bc + 1]
   float* sL = sdS + kBr * ldp;                  // [Br]
   float* sD = sL + kBr;                         // [Br]
@@ -265,15 +271,17 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int j0 = blockIdx.x * kBc;
   const int bh = x.bh0 + static_cast<int>(blockIdx.y);
   const int bi = bh / x.hkv, hk = bh % x.hkv;
-  const int64_t kv_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
+  const int64_t k_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
+  const int64_t v_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.dv;
 
-  load_rows(sK, ld, k + kv_off + j0 * x.k_stride, x.k_stride, kBc, min(kBc, x.s - j0), x.d);
-  load_rows(sV, ld, v + kv_off + j0 * x.k_stride, x.k_stride, kBc, min(kBc, x.s - j0), x.d);
+  load_rows(sK, ld, k + k_off + j0 * x.k_stride, x.k_stride, kBc, min(kBc, x.s - j0), x.d);
+  load_rows(sV, ldv, v + v_off + j0 * x.v_stride, x.v_stride, kBc, min(kBc, x.s - j0), x.dv);
   zero_owned<2>(sdK, ld, x.d, ty, tx);  // Bc = 32 = 2 x 16 key rows
-  zero_owned<2>(sdV, ld, x.d, ty, tx);
+  zero_owned<2>(sdV, ldv, x.dv, ty, tx);
 
   for (int h = hk * x.group; h < (hk + 1) * x.group; h++) {
     const int64_t q_off = (static_cast<int64_t>(bi) * x.hq + h) * x.d;
+    const int64_t o_off = (static_cast<int64_t>(bi) * x.hq + h) * x.dv;
     const float* lse_h = lse + (static_cast<int64_t>(bi) * x.hq + h) * x.s;
     const float* D_h = Dv + (static_cast<int64_t>(bi) * x.hq + h) * x.s;
     // Only the query tiles with a row that sees one of these keys.
@@ -282,7 +290,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       __syncthreads();  // previous sQ, sdO, sP, sdS no longer read (and sK, sV loaded, first time)
       const int valid = min(kBr, x.s - i0);
       load_rows(sQ, ld, q + q_off + i0 * x.q_stride, x.q_stride, kBr, valid, x.d);
-      load_rows(sdO, ld, dout + q_off + i0 * x.q_stride, x.q_stride, kBr, valid, x.d);
+      load_rows(sdO, ldv, dout + o_off + i0 * x.o_stride, x.o_stride, kBr, valid, x.dv);
       for (int r = threadIdx.x; r < kBr; r += blockDim.x) {
         sL[r] = r < valid ? lse_h[i0 + r] : 0.0f;
         sD[r] = r < valid ? D_h[i0 + r] : 0.0f;
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       __syncthreads();
 
       float p[kR][4], ds[kR][4];
-      probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, sLo, ld, i0, j0, ty, tx, p, ds);
+      probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, sLo, ld, ldv, i0, j0, ty, tx, p, ds);
 #pragma unroll
       for (int a = 0; a < kR; a++)
 #pragma unroll
@@ -305,13 +313,14 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
       for (int a = 0; a < 2; a++) {
         const int kr = ty + 16 * a;
+        for (int c = tx; c < x.dv; c += 8) {
+          float acc_v = sdV[kr * ldv + c];
+          for (int i = 0; i < kBr; i++) acc_v = fmaf(sP[i * ldp + kr], sdO[i * ldv + c], acc_v);
+          sdV[kr * ldv + c] = acc_v;
+        }
         for (int c = tx; c < x.d; c += 8) {
-          float acc_v = sdV[kr * ld + c], acc_k = sdK[kr * ld + c];
-          for (int i = 0; i < kBr; i++) {
-            acc_v = fmaf(sP[i * ldp + kr], sdO[i * ld + c], acc_v);
-            acc_k = fmaf(sdS[i * ldp + kr], sQ[i * ld + c], acc_k);
-          }
-          sdV[kr * ld + c] = acc_v;
+          float acc_k = sdK[kr * ld + c];
+          for (int i = 0; i < kBr; i++) acc_k = fmaf(sdS[i * ldp + kr], sQ[i * ld + c], acc_k);
           sdK[kr * ld + c] = acc_k;
         }
       }
@@ -322,11 +331,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int a = 0; a < 2; a++) {
     const int kr = ty + 16 * a, j = j0 + kr;
     if (j >= x.s) continue;
-    const int64_t base = j * x.k_stride + kv_off;
-    for (int c = tx; c < x.d; c += 8) {
-      dk[base + c] = sdK[kr * ld + c];
-      dv[base + c] = sdV[kr * ld + c];
-    }
+    for (int c = tx; c < x.d; c += 8) dk[j * x.k_stride + k_off + c] = sdK[kr * ld + c];
+    for (int c = tx; c < x.dv; c += 8) dv[j * x.v_stride + v_off + c] = sdV[kr * ldv + c];
   }
 }
 
@@ -336,13 +342,13 @@ __global__ void __launch_bounds__(kAttnThreads)
                        const float* Dv, float* dq, const Dims x) {
   constexpr int kBr = 16 * kR;
   extern __shared__ float smem[];
-  const int ld = x.d + 1, ldp = kBc + 1;
+  const int ld = x.d + 1, ldv = x.dv + 1, ldp = kBc + 1;
   float* sQ = smem;                             // [Br, ld]
-  float* sdO = sQ + kBr * ld;                   // [Br, ld]
-  float* sdQ = sdO + kBr * ld;                  // [Br, ld]
+  float* sdO = sQ + kBr * ld;                   // [Br, ldv]
+  float* sdQ = sdO + kBr * ldv;                 // [Br, ld]
   float* sK = sdQ + kBr * ld;                   // [Bc, ld]
-  float* sV = sK + kBc * ld;                    // [Bc, ld]
-  float* sdS = sV + kBc * ld;                   // [Br, Bc + 1]
+  float* sV = sK + kBc * ld;                    // [Bc, ldv]
+  float* sdS = sV + kBc * ldv;                  // [Br, Bc + 1]
   float* sL = sdS + kBr * ldp;                  // [Br]
   float* sD = sL + kBr;                         // [Br]
   int* sLo = reinterpret_cast<int*>(sD + kBr);  // [Br]
@@ -351,11 +357,13 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int bh = x.bh0 + static_cast<int>(blockIdx.y);
   const int bi = bh / x.hq, h = bh % x.hq, hk = h / x.group;
   const int64_t q_off = (static_cast<int64_t>(bi) * x.hq + h) * x.d;
-  const int64_t kv_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
+  const int64_t o_off = (static_cast<int64_t>(bi) * x.hq + h) * x.dv;
+  const int64_t k_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.d;
+  const int64_t v_off = (static_cast<int64_t>(bi) * x.hkv + hk) * x.dv;
   const int valid_q = min(kBr, x.s - i0);
 
   load_rows(sQ, ld, q + q_off + i0 * x.q_stride, x.q_stride, kBr, valid_q, x.d);
-  load_rows(sdO, ld, dout + q_off + i0 * x.q_stride, x.q_stride, kBr, valid_q, x.d);
+  load_rows(sdO, ldv, dout + o_off + i0 * x.o_stride, x.o_stride, kBr, valid_q, x.dv);
   for (int r = threadIdx.x; r < kBr; r += blockDim.x) {
     sL[r] = r < valid_q ? lse[(static_cast<int64_t>(bi) * x.hq + h) * x.s + i0 + r] : 0.0f;
     sD[r] = r < valid_q ? Dv[(static_cast<int64_t>(bi) * x.hq + h) * x.s + i0 + r] : 0.0f;
@@ -368,12 +376,12 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int j0 = static_cast<int>(keys.begin) / kBc * kBc; j0 < key_end; j0 += kBc) {
     __syncthreads();
     const int valid = min(kBc, x.s - j0);
-    load_rows(sK, ld, k + kv_off + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
-    load_rows(sV, ld, v + kv_off + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
+    load_rows(sK, ld, k + k_off + j0 * x.k_stride, x.k_stride, kBc, valid, x.d);
+    load_rows(sV, ldv, v + v_off + j0 * x.v_stride, x.v_stride, kBc, valid, x.dv);
     __syncthreads();
 
     float p[kR][4], ds[kR][4];
-    probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, sLo, ld, i0, j0, ty, tx, p, ds);
+    probs_and_dscores<kR>(x, sQ, sK, sdO, sV, sL, sD, sLo, ld, ldv, i0, j0, ty, tx, p, ds);
 #pragma unroll
     for (int a = 0; a < kR; a++)
 #pragma unroll
@@ -405,8 +413,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 Dims make_dims(const AttentionShape& sh, const AttentionBounds& mask, float scale) {
   const char* why = attention_bounds_error(mask);
   if (why != nullptr) throw_error(__FILE__, __LINE__, why);
-  CUDA_OPS_REQUIRE(sh.s < (int64_t{1} << 31) && sh.d <= 256 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
-                   "attention: unsupported shape (d <= 256, hq a multiple of hkv)");
+  CUDA_OPS_REQUIRE(
+      sh.s < (int64_t{1} << 31) && sh.d <= 256 && sh.value_dim() <= 256 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
+      "attention: unsupported shape (d, dv <= 256, hq a multiple of hkv)");
   CUDA_OPS_REQUIRE(sh.b * sh.hq < (int64_t{1} << 31),
                    "attention: b * hq = " + std::to_string(sh.b * sh.hq) + " (batch x heads) must be < 2^31");
   Dims x;
@@ -416,9 +425,12 @@ Dims make_dims(const AttentionShape& sh, const AttentionBounds& mask, float scal
   x.hq = static_cast<int>(sh.hq);
   x.hkv = static_cast<int>(sh.hkv);
   x.d = static_cast<int>(sh.d);
+  x.dv = static_cast<int>(sh.value_dim());
   x.group = x.hq / x.hkv;
   x.q_stride = sh.b * sh.hq * sh.d;
   x.k_stride = sh.b * sh.hkv * sh.d;
+  x.v_stride = sh.b * sh.hkv * x.dv;
+  x.o_stride = sh.b * sh.hq * x.dv;
   x.mask = mask;
   x.diag = static_cast<int>(causal_diagonal(mask, sh.s));
   x.scale = scale;
@@ -432,33 +444,37 @@ int max_smem_optin() {
   return v;
 }
 
-// Bytes of shared memory per kernel for a query tile of Br rows.
-std::size_t fwd_smem(int br, int d) {
-  return sizeof(float) * (2 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1) + br);
+// Bytes of shared memory per kernel for a query tile of Br rows (the kernels' layouts above).
+std::size_t fwd_smem(int br, int d, int dv) {
+  return sizeof(float) *
+         (br * (d + 1) + br * (dv + 1) + kBc * (d + 1) + kBc * (dv + 1) + br * (kBc + 1) + br);
 }
-std::size_t dkdv_smem(int br, int d) {
-  return sizeof(float) * (4 * kBc * (d + 1) + 2 * br * (d + 1) + 2 * br * (kBc + 1) + 3 * br);
+std::size_t dkdv_smem(int br, int d, int dv) {
+  return sizeof(float) * (2 * kBc * (d + 1) + 2 * kBc * (dv + 1) + br * (d + 1) + br * (dv + 1) +
+                          2 * br * (kBc + 1) + 3 * br);
 }
-std::size_t dq_smem(int br, int d) {
-  return sizeof(float) * (3 * br * (d + 1) + 2 * kBc * (d + 1) + br * (kBc + 1) + 3 * br);
+std::size_t dq_smem(int br, int d, int dv) {
+  return sizeof(float) *
+         (2 * br * (d + 1) + br * (dv + 1) + kBc * (d + 1) + kBc * (dv + 1) + br * (kBc + 1) + 3 * br);
 }
 
 // Launches kernel<4> (64-row query tiles) when its shared memory fits, else kernel<2> (32 rows),
 // over `pairs` (batch, head) pairs on grid.y: one launch per chunk of at most kMaxGridY pairs
 // (grid_y_chunks), each told its first pair in x.bh0. The kernels' last argument is the Dims.
 template <typename K4, typename K2, typename Size, typename... Args>
-void launch_tiled(K4 k4, K2 k2, Size smem_of, int d, unsigned grid_x_rows_of_64, unsigned grid_x_rows_of_32,
+void launch_tiled(K4 k4, K2 k2, Size smem_of, unsigned grid_x_rows_of_64, unsigned grid_x_rows_of_32,
                   int64_t pairs, cudaStream_t stream, Dims x, Args... args) {
   const int limit = max_smem_optin();
-  const std::size_t s4 = smem_of(64, d), s2 = smem_of(32, d);
+  const std::size_t s4 = smem_of(64, x.d, x.dv), s2 = smem_of(32, x.d, x.dv);
   const bool tall = s4 <= static_cast<std::size_t>(limit);
   if (tall) {
     CUDA_OPS_CHECK(
         cudaFuncSetAttribute(k4, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s4)));
   } else {
     CUDA_OPS_REQUIRE(s2 <= static_cast<std::size_t>(limit),
-                     "attention: head dimension " + std::to_string(d) + " needs " + std::to_string(s2) +
-                         " bytes of shared memory, the device allows " + std::to_string(limit));
+                     "attention: head dimensions " + std::to_string(x.d) + " (qk), " + std::to_string(x.dv) +
+                         " (v) need " + std::to_string(s2) + " bytes of shared memory, the device allows " +
+                         std::to_string(limit));
     CUDA_OPS_CHECK(
         cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s2)));
   }
@@ -482,7 +498,7 @@ void attention_forward(const float* q, const float* k, const float* v, float* ou
                        stream_t stream) {
   const Dims x = make_dims(shape, mask, softmax_scale);
   if (x.s == 0 || x.b == 0 || x.hq == 0) return;
-  launch_tiled(attn_fwd_kernel<4>, attn_fwd_kernel<2>, fwd_smem, x.d, blocks_of(x.s, 64), blocks_of(x.s, 32),
+  launch_tiled(attn_fwd_kernel<4>, attn_fwd_kernel<2>, fwd_smem, blocks_of(x.s, 64), blocks_of(x.s, 32),
                int64_t{x.b} * x.hq, static_cast<cudaStream_t>(stream), x, q, k, v, out, lse);
 }
 
@@ -497,12 +513,11 @@ void attention_backward(const float* dout, const float* q, const float* k, const
   attn_bwd_dot_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, cs>>>(dout, out, Dv.as<float>(), x);
   CUDA_OPS_LAUNCHED();
   // dK, dV: one block per key tile of 32 (grid x is the same for both tile heights).
-  launch_tiled(attn_bwd_dkdv_kernel<4>, attn_bwd_dkdv_kernel<2>, dkdv_smem, x.d, blocks_of(x.s, kBc),
+  launch_tiled(attn_bwd_dkdv_kernel<4>, attn_bwd_dkdv_kernel<2>, dkdv_smem, blocks_of(x.s, kBc),
                blocks_of(x.s, kBc), int64_t{x.b} * x.hkv, cs, x, dout, q, k, v, lse,
                static_cast<const float*>(Dv.as<float>()), dk, dv);
-  launch_tiled(attn_bwd_dq_kernel<4>, attn_bwd_dq_kernel<2>, dq_smem, x.d, blocks_of(x.s, 64),
-               blocks_of(x.s, 32), int64_t{x.b} * x.hq, cs, x, dout, q, k, v, lse,
-               static_cast<const float*>(Dv.as<float>()), dq);
+  launch_tiled(attn_bwd_dq_kernel<4>, attn_bwd_dq_kernel<2>, dq_smem, blocks_of(x.s, 64), blocks_of(x.s, 32),
+               int64_t{x.b} * x.hq, cs, x, dout, q, k, v, lse, static_cast<const float*>(Dv.as<float>()), dq);
 }
 
 }  // namespace parallel::kernels

@@ -740,6 +740,9 @@ Args<T> make_args(const AttentionShape& sh, const AttentionBounds& mask, float s
   CUDA_OPS_REQUIRE(
       sh.d == 64 || sh.d == 128,
       "flash_attention (tensor cores): head dimension must be 64 or 128, got " + std::to_string(sh.d));
+  CUDA_OPS_REQUIRE(sh.value_dim() == sh.d,
+                   "flash_attention (tensor cores): the value head size must equal the query/key one, got " +
+                       std::to_string(sh.value_dim()) + " and " + std::to_string(sh.d));
   CUDA_OPS_REQUIRE(sh.s >= 0 && sh.b >= 0 && sh.hq >= 0 && sh.hkv > 0 && sh.hq % sh.hkv == 0,
                    "flash_attention (tensor cores): hq must be a multiple of hkv > 0");
   CUDA_OPS_REQUIRE(sh.s < (int64_t{1} << 30) && sh.b * sh.hq <= 65535,

@@ -3,8 +3,9 @@
 // O((Br + Bc) * d + Br * Bc) per thread whatever the sequence length. The backward recomputes
 // the probabilities of each tile from the saved log-sum-exp instead of storing them.
 //
-// Layouts: q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d]; lse [b, hq, s]. A head's
-// rows are therefore strided by b * heads * d, but each row's d floats are contiguous, and every
+// Layouts: q, dq [s, b, hq, d]; k, dk [s, b, hkv, d]; v, dv [s, b, hkv, dv]; out, dout
+// [s, b, hq, dv]; lse [b, hq, s] (d: query/key head size, dv: value head size). A head's rows are
+// therefore strided by b * heads * d (or dv), but each row's d floats are contiguous, and every
 // inner loop below runs along such a row (or along a tile row) so that GCC vectorises it without
 // -ffast-math.
 #include <omp.h>
@@ -73,8 +74,9 @@ void online_softmax_tile(float* S, int64_t rows, int64_t cols, const BlockRanges
   }
 }
 
-Dims attention_dims(const Tensor& q, const Tensor& k) {
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
   Dims x;
+  x.dv = v.size(3);
   x.sq = q.size(0);
   x.B = q.size(1);
   x.hq = q.size(2);
@@ -86,10 +88,13 @@ Dims attention_dims(const Tensor& q, const Tensor& k) {
   return x;
 }
 
+// Forward: kT [d, Bc], S [Br, Bc], acc [Br, dv], m, l. Backward: kT [d, Bc], vT [dv, Bc], P, dS
+// [Br, Bc], dk_acc [Bc, d], dv_acc [Bc, dv], then the block ranges.
+int64_t fp32_backward_tiles(const Dims& x) { return 2 * (x.d + x.dv) * kBc + 2 * kBr * kBc; }
+
 Workspace fp32_workspace(const Dims& x, bool backward) {
-  const int64_t d = x.d;
-  if (!backward) return {0, d * kBc + kBr * kBc + kBr * d + 2 * kBr};
-  return {x.B * x.hq * x.sq, ranges_offset(2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d) + ranges_words(x)};
+  if (!backward) return {0, x.d * kBc + kBr * kBc + kBr * x.dv + 2 * kBr};
+  return {x.B * x.hq * x.sq, ranges_offset(fp32_backward_tiles(x)) + ranges_words(x)};
 }
 
 }  // namespace attention_tiles
@@ -179,7 +184,7 @@ void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionBounds& mask, float softmax_scale) {
-  if (attention_bf16_supported(q.dtype(), q.size(3)))
+  if (attention_bf16_supported(q.dtype(), q.size(3)) && v.size(3) == q.size(3))
     return attention_forward_bf16(q, k, v, out, lse, mask, softmax_scale);
   if (q.dtype() != DType::F32) {
     // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): widened whole, computed in fp32, the output
@@ -190,7 +195,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     out.copy_(o32);
     return;
   }
-  const Dims x = attention_dims(q, k);
+  const Dims x = attention_dims(q, k, v);
   if (x.sq == 0 || x.B == 0 || x.hq == 0) return;
   const float* Q = q.data<float>();
   const float* K = k.data<float>();
@@ -199,7 +204,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   float* L = lse.data<float>();
   const int64_t ldq = x.B * x.hq * x.d;  // stride between consecutive positions of one head
   const int64_t ldk = x.B * x.hkv * x.d;
-  const int64_t d = x.d;
+  const int64_t ldv = x.B * x.hkv * x.dv;
+  const int64_t d = x.d, dv = x.dv;
   const int64_t nqb = (x.sq + kBr - 1) / kBr;
 
   // Per-thread scratch comes from the library allocator so that memory tests see it.
@@ -212,8 +218,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   {
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
     float* S = kT + d * kBc;                                       // [Br, Bc] scores, then probs
-    float* acc = S + kBr * kBc;                                    // [Br, d] unnormalised output
-    float* m = acc + kBr * d;                                      // [Br] running max
+    float* acc = S + kBr * kBc;                                    // [Br, dv] unnormalised output
+    float* m = acc + kBr * dv;                                     // [Br] running max
     float* l = m + kBr;                                            // [Br] running sum
     BlockRanges ranges;
 
@@ -228,9 +234,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           const int64_t hk = h / x.group;
           const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
           const float* k_head = K + b * x.hkv * d + hk * d;
-          const float* v_head = V + b * x.hkv * d + hk * d;
+          const float* v_head = V + b * x.hkv * dv + hk * dv;
 
-          std::fill(acc, acc + rows * d, 0.0f);
+          std::fill(acc, acc + rows * dv, 0.0f);
           std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
           std::fill(l, l + rows, 0.0f);
 
@@ -244,17 +250,17 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
             transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
             for (int64_t i = 0; i < rows; i++) std::fill(S + i * kBc, S + i * kBc + cols, 0.0f);
             matmul_acc(S, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
-            online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, d);
-            matmul_acc(acc, d, S, kBc, 1, v_head + j0 * ldk, ldk, rows, d, cols);  // acc += P V_blk
+            online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, dv);
+            matmul_acc(acc, dv, S, kBc, 1, v_head + j0 * ldv, ldv, rows, dv, cols);  // acc += P V_blk
           }
 
           for (int64_t i = 0; i < rows; i++) {
             // l == 0: the row saw no key (possible for a block of context parallelism): zero
             // output, lse = -inf, which attention_merge and the backward read as "nothing here".
             const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-            float* o = O + ((i0 + i) * x.B + b) * x.hq * d + h * d;
-            const float* a = acc + i * d;
-            for (int64_t kk = 0; kk < d; kk++) o[kk] = a[kk] * inv_l;
+            float* o = O + ((i0 + i) * x.B + b) * x.hq * dv + h * dv;
+            const float* a = acc + i * dv;
+            for (int64_t kk = 0; kk < dv; kk++) o[kk] = a[kk] * inv_l;
             L[(b * x.hq + h) * x.sq + i0 + i] =
                 l[i] > 0.0f ? m[i] + std::log(l[i]) : -std::numeric_limits<float>::infinity();
           }
@@ -267,7 +273,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionBounds& mask, float softmax_scale) {
-  if (attention_bf16_supported(q.dtype(), q.size(3)))
+  if (attention_bf16_supported(q.dtype(), q.size(3)) && v.size(3) == q.size(3))
     return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, mask, softmax_scale);
   if (q.dtype() != DType::F32) {
     Tensor dq32 = Tensor::empty(dq.shape(), DType::F32), dk32 = Tensor::empty(dk.shape(), DType::F32),
@@ -279,7 +285,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     dv.copy_(dv32);
     return;
   }
-  const Dims x = attention_dims(q, k);
+  const Dims x = attention_dims(q, k, v);
   if (x.B == 0 || x.hq == 0) return;
   const float* dO = dout.data<float>();
   const float* Q = q.data<float>();
@@ -292,22 +298,24 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   float* dV = dv.data<float>();
   const int64_t ldq = x.B * x.hq * x.d;
   const int64_t ldk = x.B * x.hkv * x.d;
-  const int64_t d = x.d;
+  const int64_t ldv = x.B * x.hkv * x.dv;
+  const int64_t ldo = x.B * x.hq * x.dv;  // out, dout
+  const int64_t d = x.d, dvh = x.dv;
 
   // D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij, the softmax backward's per-row term, computed
   // once here instead of once per key tile. [b, hq, sq] like lse: O(s), not O(s^2).
   Tensor Dt = Tensor::empty({x.B, x.hq, x.sq}, DType::F32);
-  float* Dv = Dt.data<float>();
+  float* Drow = Dt.data<float>();
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < x.B; b++) {
     for (int64_t h = 0; h < x.hq; h++) {
       for (int64_t i = 0; i < x.sq; i++) {
-        const float* o = O + (i * x.B + b) * x.hq * d + h * d;
-        const float* g = dO + (i * x.B + b) * x.hq * d + h * d;
+        const float* o = O + (i * x.B + b) * x.hq * dvh + h * dvh;
+        const float* g = dO + (i * x.B + b) * x.hq * dvh + h * dvh;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t kk = 0; kk < d; kk++) sum += o[kk] * g[kk];
-        Dv[(b * x.hq + h) * x.sq + i] = sum;
+        for (int64_t kk = 0; kk < dvh; kk++) sum += o[kk] * g[kk];
+        Drow[(b * x.hq + h) * x.sq + i] = sum;
       }
     }
   }
@@ -320,16 +328,15 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 #pragma omp parallel
   {
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
-    float* vT = kT + d * kBc;                                      // [d, Bc]
-    float* P = vT + d * kBc;                                       // [Br, Bc]
+    float* vT = kT + d * kBc;                                      // [dv, Bc]
+    float* P = vT + dvh * kBc;                                     // [Br, Bc]
     float* dS = P + kBr * kBc;                                     // [Br, Bc] dP, then dS
     float* dk_acc = dS + kBr * kBc;                                // [Bc, d]
-    float* dv_acc = dk_acc + kBc * d;                              // [Bc, d]
+    float* dv_acc = dk_acc + kBc * d;                              // [Bc, dv]
     const int64_t nqb = (x.sq + kBr - 1) / kBr;
     // Of b's query blocks, after the tiles (an aggregate: the scratch words hold it as they are).
-    BlockRanges* ranges =
-        reinterpret_cast<BlockRanges*>(scratch_base + omp_get_thread_num() * per_thread +
-                                       ranges_offset(2 * d * kBc + 2 * kBr * kBc + 2 * kBc * d));
+    BlockRanges* ranges = reinterpret_cast<BlockRanges*>(scratch_base + omp_get_thread_num() * per_thread +
+                                                         ranges_offset(fp32_backward_tiles(x)));
 
     // A (b, kv head) task owns dK and dV of that kv head and dQ of exactly the query heads of its
     // group, so no two threads ever write the same gradient row: no atomics, no reduction.
@@ -344,14 +351,14 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
         for (int64_t qb = 0; qb < nqb; qb++)
           block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
         const float* k_head = K + b * x.hkv * d + hk * d;
-        const float* v_head = V + b * x.hkv * d + hk * d;
+        const float* v_head = V + b * x.hkv * dvh + hk * dvh;
 
         for (int64_t j0 = 0; j0 < x.sk; j0 += kBc) {
           const int64_t cols = std::min(kBc, x.sk - j0);
           transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
-          transpose_block(vT, v_head + j0 * ldk, ldk, cols, d);
+          transpose_block(vT, v_head + j0 * ldv, ldv, cols, dvh);
           std::fill(dk_acc, dk_acc + cols * d, 0.0f);
-          std::fill(dv_acc, dv_acc + cols * d, 0.0f);
+          std::fill(dv_acc, dv_acc + cols * dvh, 0.0f);
 
           for (int64_t h = h_first; h < h_first + x.group; h++) {
             // Only the query blocks some row of which sees a key of this tile (attention_mask.hpp).
@@ -360,10 +367,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
               if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t rows = std::min(kBr, x.sq - i0);
               const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
-              const float* do_blk = dO + (i0 * x.B + b) * x.hq * d + h * d;
+              const float* do_blk = dO + (i0 * x.B + b) * x.hq * dvh + h * dvh;
               float* dq_blk = dQ + (i0 * x.B + b) * x.hq * d + h * d;
               const float* lse_blk = L + (b * x.hq + h) * x.sq + i0;
-              const float* D_blk = Dv + (b * x.hq + h) * x.sq + i0;
+              const float* D_blk = Drow + (b * x.hq + h) * x.sq + i0;
 
               // P = exp(scale * Q K^T - lse), recomputed rather than stored by the forward.
               for (int64_t i = 0; i < rows; i++) std::fill(P + i * kBc, P + i * kBc + cols, 0.0f);
@@ -371,11 +378,11 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
               for (int64_t i = 0; i < rows; i++)
                 exp_tile_row(P + i * kBc, r.start(i, j0), r.end(i, j0, cols), cols, softmax_scale,
                              lse_blk[i]);
-              matmul_acc(dv_acc, d, P, 1, kBc, do_blk, ldq, cols, d, rows);  // dV += P^T dO
+              matmul_acc(dv_acc, dvh, P, 1, kBc, do_blk, ldo, cols, dvh, rows);  // dV += P^T dO
 
               // dS = scale * P * (dO V^T - D)
               for (int64_t i = 0; i < rows; i++) std::fill(dS + i * kBc, dS + i * kBc + cols, 0.0f);
-              matmul_acc(dS, kBc, do_blk, ldq, 1, vT, kBc, rows, cols, d);
+              matmul_acc(dS, kBc, do_blk, ldo, 1, vT, kBc, rows, cols, dvh);
               for (int64_t i = 0; i < rows; i++)
                 dscores_tile_row(P + i * kBc, dS + i * kBc, cols, softmax_scale, D_blk[i]);
 
@@ -385,9 +392,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
           }
 
           for (int64_t j = 0; j < cols; j++) {
-            const int64_t row = ((j0 + j) * x.B + b) * x.hkv * d + hk * d;
-            std::memcpy(dK + row, dk_acc + j * d, d * sizeof(float));
-            std::memcpy(dV + row, dv_acc + j * d, d * sizeof(float));
+            const int64_t kv = (j0 + j) * x.B + b;
+            std::memcpy(dK + kv * x.hkv * d + hk * d, dk_acc + j * d, d * sizeof(float));
+            std::memcpy(dV + kv * x.hkv * dvh + hk * dvh, dv_acc + j * dvh, dvh * sizeof(float));
           }
         }
       }
@@ -396,14 +403,15 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 }
 
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d,
-                                  bool backward, int threads) {
+                                  int64_t dv, bool backward, int threads) {
   PARALLEL_CHECK(hkv > 0 && hq % hkv == 0, "hq = {} is not a multiple of hkv = {}", hq, hkv);
-  const Dims x{s, s, b, hq, hkv, d, hq / hkv};
-  if (attention_bf16_supported(dtype, d)) return bf16_workspace(x, backward).bytes(threads);
+  const Dims x{s, s, b, hq, hkv, d, hq / hkv, dv};
+  if (attention_bf16_supported(dtype, d) && dv == d) return bf16_workspace(x, backward).bytes(threads);
   int64_t bytes = fp32_workspace(x, backward).bytes(threads);
   if (dtype != DType::F32) {  // the widened fp32 copies: inputs, and the outputs before narrowing
-    const int64_t nq = s * b * hq * d, nkv = s * b * hkv * d;
-    bytes += 4 * (backward ? (3 * nq + 2 * nkv) + (nq + 2 * nkv) : (nq + 2 * nkv) + nq);
+    // q, k, dq, dk of d; v, dv, out, dout of dv.
+    const int64_t nq = s * b * hq * d, nk = s * b * hkv * d, no = s * b * hq * dv, nv = s * b * hkv * dv;
+    bytes += 4 * (backward ? (nq + nk + nv + 2 * no) + (nq + nk + nv) : (nq + nk + nv) + no);
   }
   return bytes;
 }

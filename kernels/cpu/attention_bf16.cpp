@@ -240,7 +240,7 @@ Workspace bf16_workspace(const Dims& x, bool backward) {
 
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                             const AttentionBounds& mask, float softmax_scale) {
-  const Dims x = attention_dims(q, k);
+  const Dims x = attention_dims(q, k, v);
   if (x.sq == 0 || x.B == 0 || x.hq == 0) return;
   const u16* Q = bits(q);
   const u16* K = bits(k);
@@ -322,7 +322,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
 void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                              const AttentionBounds& mask, float softmax_scale) {
-  const Dims x = attention_dims(q, k);
+  const Dims x = attention_dims(q, k, v);
   if (x.B == 0 || x.hq == 0) return;
   const u16* dO = bits(dout);
   const u16* Q = bits(q);

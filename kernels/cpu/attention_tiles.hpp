@@ -16,11 +16,13 @@ namespace parallel::cpu::attention_tiles {
 constexpr int64_t kBr = 64;  // query rows per tile
 constexpr int64_t kBc = 64;  // keys per tile
 
-// Layouts: q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d]; lse [b, hq, s].
+// Layouts: q, dq [s, b, hq, d]; k, dk [s, b, hkv, d]; v, dv [s, b, hkv, dv]; out, dout
+// [s, b, hq, dv]; lse [b, hq, s]. d is the query/key head size, dv the value (and output) head size
+// (equal in most models; MLA's differ).
 struct Dims {
-  int64_t sq, sk, B, hq, hkv, d, group;
+  int64_t sq, sk, B, hq, hkv, d, group, dv;
 };
-Dims attention_dims(const Tensor& q, const Tensor& k);
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // What one call allocates besides its outputs, in 4-byte words: `shared` once (packed operands,
 // the backward's row sums) and `per_thread` for each OpenMP thread (tiles, accumulators). The

@@ -72,12 +72,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionBounds& mask, float softmax_scale);
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv, int64_t d,
-                                  bool backward, int threads);
+                                  int64_t dv, bool backward, int threads);
 void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
                      int64_t q0);
 // The bf16 kernels on AVX512-BF16 dot products, which attention_* dispatch to where supported
-// (bf16 tensors, even head dim, a CPU with AVX512-BF16): P and dS are rounded to bf16 before
-// their products, as in FlashAttention.
+// (bf16 tensors, even head dim, a CPU with AVX512-BF16, value head size equal to the query/key
+// one; other head sizes are widened to fp32): P and dS are rounded to bf16 before their products,
+// as in FlashAttention.
 bool attention_bf16_supported(DType dtype, int64_t head_dim);
 void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                             const AttentionBounds& mask, float softmax_scale);

@@ -207,22 +207,24 @@ inline void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope,
                 rope, -1.0f, stream.handle);
 }
 
-inline kernels::AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
-  PARALLEL_CHECK(q.size(3) <= 256, "CUDA attention supports head dimensions up to 256, got {}", q.size(3));
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+inline kernels::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v) {
+  PARALLEL_CHECK(q.size(3) <= 256 && v.size(3) <= 256,
+                 "CUDA attention supports head dimensions up to 256, got {} (qk) and {} (v)", q.size(3),
+                 v.size(3));
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
 }
 
 // 16-bit tensors go to the tensor-core FlashAttention-2 kernels (flash_attention_mma.cu) directly
-// when those take the problem (kernels::attention_mma_can_implement: head dim 64 or 128,
+// when those take the problem (kernels::attention_mma_can_implement: head dim 64 or 128 for q, k and v,
 // b * hq <= 65535, every tensor 16-byte aligned; cudaMalloc'd tensors are, a view may not be).
 // Otherwise (other head dims, odd views, more batch x heads) the fp32 flash kernel runs on widened
 // copies and the outputs are rounded back (conversion kernels, the exception rather than the rule);
 // it covers any batch x heads in launches of at most 65535 pairs.
-inline bool use_attention_mma(const Tensor& q, const Tensor& k, std::initializer_list<const Tensor*> all) {
+inline bool use_attention_mma(const kernels::AttentionShape& shape, DType dtype,
+                              std::initializer_list<const Tensor*> all) {
   bool aligned = true;
   for (const Tensor* t : all) aligned = aligned && ops_detail::aligned16(*t);
-  const kernels::AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
-  return kernels::attention_mma_can_implement(shape, q.dtype(), aligned);
+  return kernels::attention_mma_can_implement(shape, dtype, aligned);
 }
 
 // q, k, v, out of one dtype (fp32, bf16, fp16); lse fp32. Head dimension d <= 256 in fp32; the
@@ -240,8 +242,8 @@ inline void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   check_attention_mask(mask);
   if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
     return attention_plain_forward(q, k, v, out, lse, mask, softmax_scale, stream);
-  const kernels::AttentionShape shape = attention_shape(q, k);
-  if (use_attention_mma(q, k, {&q, &k, &v, &out})) {
+  const kernels::AttentionShape shape = attention_shape(q, k, v);
+  if (use_attention_mma(shape, q.dtype(), {&q, &k, &v, &out})) {
     if (q.dtype() == DType::BF16)
       kernels::flash_attention_forward_bf16(
           static_cast<const bf16*>(q.data_ptr()), static_cast<const bf16*>(k.data_ptr()),
@@ -272,8 +274,8 @@ inline void attention_backward(const Tensor& dout, const Tensor& q, const Tensor
   check_attention_mask(mask);
   if (kernels::attention_path() == kernels::AttentionPath::Plain)  // PARALLEL_ATTENTION=plain
     return attention_plain_backward(dout, q, k, v, out, lse, dq, dk, dv, mask, softmax_scale, stream);
-  const kernels::AttentionShape shape = attention_shape(q, k);
-  if (use_attention_mma(q, k, {&dout, &q, &k, &v, &out, &dq, &dk, &dv})) {
+  const kernels::AttentionShape shape = attention_shape(q, k, v);
+  if (use_attention_mma(shape, q.dtype(), {&dout, &q, &k, &v, &out, &dq, &dk, &dv})) {
     if (q.dtype() == DType::BF16)
       kernels::flash_attention_backward_bf16(
           static_cast<const bf16*>(dout.data_ptr()), static_cast<const bf16*>(q.data_ptr()),

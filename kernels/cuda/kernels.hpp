@@ -96,13 +96,16 @@ void normalize(float* x, int64_t n, float eps, stream_t stream);
 void gemm_f32(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n,
               int64_t k, float alpha, float beta, stream_t stream);
 
-// ---- attention/flash_attention.cu ---- q, out, dout, dq [s, b, hq, d]; k, v, dk, dv [s, b, hkv, d];
-// lse [b, hq, s]. d <= 256. `mask` (parallel/attention_mask.hpp; doc_start in device memory) says
-// which keys each query row sees; key tiles no row of a query tile sees are skipped (and query
-// tiles none of a key tile's keys are seen by, in the backward's dK/dV pass). A row that sees no
-// key gets out = 0 and lse = -inf.
+// ---- attention/flash_attention.cu ---- q, dq [s, b, hq, d]; k, dk [s, b, hkv, d]; v, dv
+// [s, b, hkv, dv]; out, dout [s, b, hq, dv]; lse [b, hq, s]. d, dv <= 256 (dv: the value head size,
+// MLA's differs from the query/key one). `mask` (parallel/attention_mask.hpp; doc_start in device memory)
+// says which keys each query row sees; key tiles no row of a query tile sees are skipped (and query tiles
+// none of a key tile's keys are seen by, in the backward's dK/dV pass). A row that sees no key gets out = 0
+// and lse = -inf.
 struct AttentionShape {
   int64_t s, b, hq, hkv, d;
+  int64_t dv = 0;  // value head size; 0: d
+  int64_t value_dim() const { return dv > 0 ? dv : d; }
 };
 void attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
                        const AttentionShape& shape, const AttentionBounds& mask, float softmax_scale,

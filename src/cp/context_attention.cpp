@@ -36,12 +36,27 @@ std::vector<Call> calls_of(const Layout& layout, int i, int j, const Attention::
   return calls;
 }
 
-// K and V of one rank in one buffer [2, 2L, b, hkv, d]: one message per ring step.
-Tensor pack_kv(const Tensor& k, const Tensor& v) {
-  Shape shape{2};
-  for (int64_t s : k.shape()) shape.push_back(s);
-  Tensor kv = Tensor::empty(shape, k.dtype(), k.device());
-  Tensor k_part = kv.select(0), v_part = kv.select(1);
+// K [2L, b, hkv, d] and V [2L, b, hkv, dv] of one rank in one flat buffer, K's elements then V's:
+// one message per ring step. The head sizes may differ (MLA), so the buffer is not [2, ...] but
+// numel(k) + numel(v) long; KV names the two parts (and the same layout of their gradients).
+struct KV {
+  Shape k_shape, v_shape;
+  int64_t numel() const { return shape_numel(k_shape) + shape_numel(v_shape); }
+  static int64_t shape_numel(const Shape& s) {
+    int64_t n = 1;
+    for (int64_t e : s) n *= e;
+    return n;
+  }
+  // buf: a contiguous 1-D buffer of numel() elements.
+  Tensor k(const Tensor& buf) const { return buf.narrow(0, 0, shape_numel(k_shape)).view(k_shape); }
+  Tensor v(const Tensor& buf) const {
+    return buf.narrow(0, shape_numel(k_shape), shape_numel(v_shape)).view(v_shape);
+  }
+};
+
+Tensor pack_kv(const KV& layout, const Tensor& k, const Tensor& v) {
+  Tensor kv = Tensor::empty({layout.numel()}, k.dtype(), k.device());
+  Tensor k_part = layout.k(kv), v_part = layout.v(kv);
   k_part.copy_(k);
   v_part.copy_(v);
   return kv;
@@ -52,12 +67,12 @@ void add_into(Tensor acc, const Tensor& x) { ops::add_(acc, x.to(DType::F32)); }
 
 // Forward of every call of one block, merged into the accumulators. `poll` (may be null) is given
 // a chance to progress between calls: MPI moves a transfer only inside its own calls.
-void block_forward(const Tensor& q, const Tensor& kv, const std::vector<Call>& calls, float scale,
-                   Tensor& out_acc, Tensor& lse_acc, const WorkHandle& poll) {
-  const Tensor k = kv.select(0), v = kv.select(1);
-  const int64_t b = q.size(1), hq = q.size(2), d = q.size(3);
+void block_forward(const Tensor& q, const KV& layout, const Tensor& kv, const std::vector<Call>& calls,
+                   float scale, Tensor& out_acc, Tensor& lse_acc, const WorkHandle& poll) {
+  const Tensor k = layout.k(kv), v = layout.v(kv);
+  const int64_t b = q.size(1), hq = q.size(2), dv = v.size(3);
   for (const Call& c : calls) {
-    Tensor o = Tensor::empty({c.n, b, hq, d}, q.dtype(), q.device());
+    Tensor o = Tensor::empty({c.n, b, hq, dv}, q.dtype(), q.device());
     Tensor l = Tensor::empty({b, hq, c.n}, DType::F32, q.device());
     ops::attention_forward(q.narrow(0, c.q0, c.n), k.narrow(0, c.k0, c.n), v.narrow(0, c.k0, c.n), o, l,
                            c.mask, scale);
@@ -66,23 +81,23 @@ void block_forward(const Tensor& q, const Tensor& kv, const std::vector<Call>& c
   }
 }
 
-// Backward of every call of one block: dq_acc [2L, b, hq, d] and dkv [2, 2L, b, hkv, d] (both
-// fp32) accumulate; out and lse are the merged forward results.
+// Backward of every call of one block: dq_acc [2L, b, hq, d] and dkv (fp32, kv's layout) accumulate;
+// out and lse are the merged forward results.
 void block_backward(const Tensor& dout, const Tensor& q, const Tensor& out, const Tensor& lse,
-                    const Tensor& kv, const std::vector<Call>& calls, float scale, Tensor& dq_acc,
-                    Tensor& dkv, const WorkHandle& poll) {
-  const Tensor k = kv.select(0), v = kv.select(1);
+                    const KV& layout, const Tensor& kv, const std::vector<Call>& calls, float scale,
+                    Tensor& dq_acc, const Tensor& dkv, const WorkHandle& poll) {
+  const Tensor k = layout.k(kv), v = layout.v(kv);
+  Tensor dk_acc = layout.k(dkv), dv_acc = layout.v(dkv);
   for (const Call& c : calls) {
-    const Tensor qc = q.narrow(0, c.q0, c.n), kc = k.narrow(0, c.k0, c.n);
+    const Tensor qc = q.narrow(0, c.q0, c.n), kc = k.narrow(0, c.k0, c.n), vc = v.narrow(0, c.k0, c.n);
     Tensor dq = Tensor::empty(qc.shape(), q.dtype(), q.device());
     Tensor dk = Tensor::empty(kc.shape(), k.dtype(), k.device());
-    Tensor dv = Tensor::empty(kc.shape(), k.dtype(), k.device());
-    ops::attention_backward(dout.narrow(0, c.q0, c.n), qc, kc, v.narrow(0, c.k0, c.n),
-                            out.narrow(0, c.q0, c.n), lse.narrow(2, c.q0, c.n).contiguous(), dq, dk, dv,
-                            c.mask, scale);
+    Tensor dv = Tensor::empty(vc.shape(), v.dtype(), v.device());
+    ops::attention_backward(dout.narrow(0, c.q0, c.n), qc, kc, vc, out.narrow(0, c.q0, c.n),
+                            lse.narrow(2, c.q0, c.n).contiguous(), dq, dk, dv, c.mask, scale);
     add_into(dq_acc.narrow(0, c.q0, c.n), dq);
-    add_into(dkv.select(0).narrow(0, c.k0, c.n), dk);
-    add_into(dkv.select(1).narrow(0, c.k0, c.n), dv);
+    add_into(dk_acc.narrow(0, c.k0, c.n), dk);
+    add_into(dv_acc.narrow(0, c.k0, c.n), dv);
     if (poll) poll->is_completed();
   }
 }
@@ -102,7 +117,7 @@ Tensor Attention::forward(const Tensor& q, const Tensor& k, const Tensor& v, Sav
     saved.q = q;
     saved.k = k;
     saved.v = v;
-    saved.out = Tensor::empty(q.shape(), q.dtype(), q.device());
+    saved.out = Tensor::empty({s, b, hq, v.size(3)}, q.dtype(), q.device());  // the value head size
     saved.lse = Tensor::empty({b, hq, s}, DType::F32, q.device());
     ops::attention_forward(q, k, v, saved.out, saved.lse, saved.mask, scale_);
     return saved.out;
@@ -137,17 +152,17 @@ void Attention::backward(const Tensor& dout, Saved& saved, Tensor& dq, Tensor& d
 Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved) const {
   const int c = cp_->size(), i = cp_->rank();
   const int64_t b = q.size(1), hq = q.size(2);
-  Tensor out_acc = Tensor::zeros(q.shape(), DType::F32, q.device());
+  Tensor out_acc = Tensor::zeros({q.size(0), b, hq, v.size(3)}, DType::F32, q.device());
   Tensor lse_acc =
       Tensor::full({b, hq, q.size(0)}, -std::numeric_limits<double>::infinity(), DType::F32, q.device());
-  Tensor kv = pack_kv(k, v);
+  const KV kv_layout{k.shape(), v.shape()};
+  Tensor kv = pack_kv(kv_layout, k, v);
   if (comm_ == ContextComm::AllGather) {
-    Shape shape{c};
-    for (int64_t s : kv.shape()) shape.push_back(s);
-    Tensor all = Tensor::empty(shape, kv.dtype(), kv.device());
+    Tensor all = Tensor::empty({c, kv_layout.numel()}, kv.dtype(), kv.device());
     cp_->all_gather(kv, all);
     for (int j = 0; j < c; ++j)
-      block_forward(q, all.select(j), calls_of(*saved.layout, i, j, saved), scale_, out_acc, lse_acc, {});
+      block_forward(q, kv_layout, all.select(j), calls_of(*saved.layout, i, j, saved), scale_, out_acc,
+                    lse_acc, {});
   } else {
     const int next = (i + 1) % c, prev = (i + c - 1) % c;
     for (int t = 0; t < c; ++t) {
@@ -160,7 +175,8 @@ Tensor Attention::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v
         transfer = cp_->batch_p2p(ops);
         if (!overlap_) transfer->wait();
       }
-      block_forward(q, kv, calls_of(*saved.layout, i, src, saved), scale_, out_acc, lse_acc, transfer);
+      block_forward(q, kv_layout, kv, calls_of(*saved.layout, i, src, saved), scale_, out_acc, lse_acc,
+                    transfer);
       if (transfer) {
         transfer->wait();
         kv = incoming;
@@ -179,19 +195,17 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
   const int c = cp_->size(), i = cp_->rank();
   const Tensor& q = saved.q;
   Tensor dq_acc = Tensor::zeros(q.shape(), DType::F32, q.device());
-  Tensor kv = pack_kv(saved.k, saved.v);
-  Tensor own;  // this rank's dK/dV [2, 2L, b, hkv, d], fp32
+  const KV kv_layout{saved.k.shape(), saved.v.shape()};
+  Tensor kv = pack_kv(kv_layout, saved.k, saved.v);
+  Tensor own;  // this rank's dK/dV in kv's layout, fp32
   if (comm_ == ContextComm::AllGather) {
-    Shape shape{c};
-    for (int64_t s : kv.shape()) shape.push_back(s);
+    const Shape shape{c, kv_layout.numel()};
     Tensor all = Tensor::empty(shape, kv.dtype(), kv.device());
     cp_->all_gather(kv, all);  // again rather than kept from the forward: c times the K/V
     Tensor dkv_all = Tensor::zeros(shape, DType::F32, kv.device());
-    for (int j = 0; j < c; ++j) {
-      Tensor dkv_j = dkv_all.select(j);
-      block_backward(dout, q, saved.out, saved.lse, all.select(j), calls_of(*saved.layout, i, j, saved),
-                     scale_, dq_acc, dkv_j, {});
-    }
+    for (int j = 0; j < c; ++j)
+      block_backward(dout, q, saved.out, saved.lse, kv_layout, all.select(j),
+                     calls_of(*saved.layout, i, j, saved), scale_, dq_acc, dkv_all.select(j), {});
     own = Tensor::empty(kv.shape(), DType::F32, kv.device());
     cp_->reduce_scatter(dkv_all, own);
   } else {
@@ -212,8 +226,8 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
         if (!overlap_) transfer->wait();
       }
       Tensor dkv = Tensor::zeros(kv.shape(), DType::F32, kv.device());
-      block_backward(dout, q, saved.out, saved.lse, kv, calls_of(*saved.layout, i, src, saved), scale_,
-                     dq_acc, dkv, transfer ? transfer : grads_transfer);
+      block_backward(dout, q, saved.out, saved.lse, kv_layout, kv, calls_of(*saved.layout, i, src, saved),
+                     scale_, dq_acc, dkv, transfer ? transfer : grads_transfer);
       if (grads_transfer) {  // the previous ranks' part for this block
         grads_transfer->wait();
         add_into(dkv, grads_in);
@@ -232,8 +246,8 @@ void Attention::ring_backward(const Tensor& dout, Saved& saved, Tensor& dq, Tens
     own = grads_in;
   }
   dq.copy_(dq_acc);
-  dk.copy_(own.select(0));
-  dv.copy_(own.select(1));
+  dk.copy_(kv_layout.k(own));
+  dv.copy_(kv_layout.v(own));
 }
 
 }  // namespace parallel::cp

@@ -62,7 +62,7 @@ Tensor Attention::ulysses_forward(const Tensor& q, const Tensor& k, const Tensor
   saved.k = seq_to_heads(*cp_, *saved.layout, k);
   saved.v = seq_to_heads(*cp_, *saved.layout, v);
   const int64_t s = saved.q.size(0), b = saved.q.size(1), h = saved.q.size(2);
-  saved.out = Tensor::empty(saved.q.shape(), q.dtype(), q.device());
+  saved.out = Tensor::empty({s, b, h, saved.v.size(3)}, q.dtype(), q.device());  // value head size
   saved.lse = Tensor::empty({b, h, s}, DType::F32, q.device());
   ops::attention_forward(saved.q, saved.k, saved.v, saved.out, saved.lse, saved.mask, scale_);
   return heads_to_seq(*cp_, *saved.layout, saved.out);

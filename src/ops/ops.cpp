@@ -609,33 +609,42 @@ void check_rope(const char* op, const Tensor& x, const Rope& rope) {
                  op, sc.low_freq_factor, sc.high_freq_factor, sc.original_max_position_embeddings);
 }
 
-// q [s, b, hq, d]; k, v [s, b, hkv, d]; hq % hkv == 0; lse [b, hq, s].
-void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
-  PARALLEL_CHECK(q.dim() == 4 && k.dim() == 4, "ops::{}: q {} and k {} must be [s, b, heads, d]", op,
-                 shape_str(q.shape()), shape_str(k.shape()));
-  check_same_shape(op, k, "k", v, "v");
-  const int64_t s = q.size(0), b = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2);
+// q [s, b, hq, d]; k [s, b, hkv, d]; v [s, b, hkv, dv]; hq % hkv == 0; lse [b, hq, s]; out (and
+// dout) [s, b, hq, dv]: the value head size dv may differ from the query/key head size d (MLA).
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& lse) {
+  PARALLEL_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                 "ops::{}: q {}, k {} and v {} must be [s, b, heads, d]", op, shape_str(q.shape()),
+                 shape_str(k.shape()), shape_str(v.shape()));
+  const int64_t s = q.size(0), b = q.size(1), hq = q.size(2), d = q.size(3), hkv = k.size(2), dv = v.size(3);
   PARALLEL_CHECK(k.size(0) == s && k.size(1) == b && k.size(3) == d && hkv > 0 && hq % hkv == 0,
                  "ops::{}: k {} does not match q {} (same s, b, d; hq a multiple of hkv)", op,
                  shape_str(k.shape()), shape_str(q.shape()));
+  PARALLEL_CHECK(v.size(0) == s && v.size(1) == b && v.size(2) == hkv && dv > 0,
+                 "ops::{}: v {} does not match k {} (same s, b, heads; any value head size > 0)", op,
+                 shape_str(v.shape()), shape_str(k.shape()));
+  PARALLEL_CHECK(out.shape() == (Shape{s, b, hq, dv}), "ops::{}: out {} must be [s, b, hq, dv] = {}", op,
+                 shape_str(out.shape()), shape_str(Shape{s, b, hq, dv}));
   PARALLEL_CHECK(lse.shape() == (Shape{b, hq, s}), "ops::{}: lse {} must be [b, hq, s] = {}", op,
                  shape_str(lse.shape()), shape_str(Shape{b, hq, s}));
 }
 
-// Score and value products of attention over q [s, b, hq, d] and k [s_k, b, hkv, d]: 2 GEMMs of
-// 2 s s_k d per head and sample, half of them under a causal mask (meta.hpp's FLOP counting).
+// Score and value products of attention over q [s, b, hq, d], k [s_k, b, hkv, d] and v
+// [s_k, b, hkv, dv]: GEMMs of 2 s s_k d (scores) and 2 s s_k dv (values) per head and sample, half
+// of them under a causal mask (meta.hpp's FLOP counting).
 // Meta: the CPU attention kernel's own figure for one call (ops::attention_workspace_bytes).
-int64_t attention_workspace(const Tensor& q, const Tensor& k, bool backward) {
-  return attention_workspace_bytes(q.dtype(), q.size(0), q.size(1), q.size(2), k.size(2), q.size(3),
-                                   backward);
+int64_t attention_workspace(const Tensor& q, const Tensor& k, const Tensor& v, bool backward) {
+  return attention_workspace_bytes(q.dtype(), q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), backward,
+                                   v.size(3));
 }
 
-double attention_flops(const Tensor& q, const Tensor& k, const AttentionMask& mask) {
-  const double full = 4.0 * static_cast<double>(q.size(0)) * static_cast<double>(k.size(0)) *
-                      static_cast<double>(q.size(1) * q.size(2) * q.size(3));
-  if (mask.window == 0 && mask.q_pos0 == mask.k_pos0) return mask.causal ? full / 2.0 : full;
-  return 4.0 * attention_visible_pairs(mask, q.size(0), k.size(0)) *
-         static_cast<double>(q.size(1) * q.size(2) * q.size(3));
+double attention_flops(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask) {
+  const double per_pair = 2.0 * static_cast<double>(q.size(1) * q.size(2) * (q.size(3) + v.size(3)));
+  if (mask.window == 0 && mask.q_pos0 == mask.k_pos0) {
+    const double full = static_cast<double>(q.size(0)) * static_cast<double>(k.size(0)) * per_pair;
+    return mask.causal ? full / 2.0 : full;
+  }
+  return attention_visible_pairs(mask, q.size(0), k.size(0)) * per_pair;
 }
 
 // The mask's checks (the rule of attention_mask.hpp), then the kernels' view of it. doc_start
@@ -696,12 +705,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionMask& mask, float softmax_scale, Stream stream) {
   const char* op = "attention_forward";
   const Checked c = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse", Want::F32}});
-  check_attention(op, q, k, v, lse);
-  check_same_shape(op, out, "out", q, "q");
+  check_attention(op, q, k, v, out, lse);
   const AttentionBounds bounds = attention_bounds(op, q, k, mask);
   if (c.device.is_meta())
-    return meta::record_op("attention_forward", attention_flops(q, k, mask), {&q, &k, &v}, {&out, &lse},
-                           attention_workspace(q, k, false));
+    return meta::record_op("attention_forward", attention_flops(q, k, v, mask), {&q, &k, &v}, {&out, &lse},
+                           attention_workspace(q, k, v, false));
   if (c.device.is_cuda()) {
     PARALLEL_ON_CUDA(attention_forward(q, k, v, out, lse, bounds, softmax_scale, stream));
   }
@@ -757,8 +765,9 @@ std::string attention_implementation(DType dtype, int64_t head_dim) {
 }
 
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv,
-                                  int64_t head_dim, bool backward) {
-  return cpu::attention_workspace_bytes(dtype, s, b, hq, hkv, head_dim, backward,
+                                  int64_t head_dim, bool backward, int64_t v_head_dim) {
+  return cpu::attention_workspace_bytes(dtype, s, b, hq, hkv, head_dim,
+                                        v_head_dim > 0 ? v_head_dim : head_dim, backward,
                                         std::max(1, omp_get_max_threads()));
 }
 
@@ -775,16 +784,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                                     {dq, "dq"},
                                     {dk, "dk"},
                                     {dv, "dv"}});
-  check_attention(op, q, k, v, lse);
-  check_same_shape(op, out, "out", q, "q");
-  check_same_shape(op, dout, "dout", q, "q");
+  check_attention(op, q, k, v, out, lse);
+  check_same_shape(op, dout, "dout", out, "out");
   check_same_shape(op, dq, "dq", q, "q");
   check_same_shape(op, dk, "dk", k, "k");
   check_same_shape(op, dv, "dv", v, "v");
   const AttentionBounds bounds = attention_bounds(op, q, k, mask);
   if (c.device.is_meta())
-    return meta::record_op("attention_backward", 2.5 * attention_flops(q, k, mask),
-                           {&dout, &q, &k, &v, &out, &lse}, {&dq, &dk, &dv}, attention_workspace(q, k, true));
+    return meta::record_op("attention_backward", 2.5 * attention_flops(q, k, v, mask),
+                           {&dout, &q, &k, &v, &out, &lse}, {&dq, &dk, &dv},
+                           attention_workspace(q, k, v, true));
   if (c.device.is_cuda()) {
     PARALLEL_ON_CUDA(attention_backward(dout, q, k, v, out, lse, dq, dk, dv, bounds, softmax_scale, stream));
   }

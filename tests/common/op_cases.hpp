@@ -734,10 +734,15 @@ struct AttnShape {
   int64_t window = 0;
   std::vector<int64_t> docs = {};
   int64_t q_pos0 = 0, k_pos0 = 0;
+  // The value head size (0: d). MLA's differs from the query/key one: v [s, b, hkv, dv], out
+  // [s, b, hq, dv].
+  int64_t dv = 0;
+  int64_t vd() const { return dv > 0 ? dv : d; }
   bool masked() const { return window > 0 || !docs.empty() || q_pos0 != 0 || k_pos0 != 0; }
   int64_t positions() const { return std::max(q_pos0, k_pos0) + s; }
   std::string str() const {
     std::string out = fmt::format("s{} b{} hq{} hkv{} d{}{}", s, b, hq, hkv, d, causal ? " causal" : "");
+    if (dv > 0) out += fmt::format(" dv{}", dv);
     if (window > 0) out += fmt::format(" window{}", window);
     if (!docs.empty()) out += fmt::format(" docs{}", fmt::join(docs, "+"));
     if (q_pos0 != 0 || k_pos0 != 0) out += fmt::format(" at q{} k{}", q_pos0, k_pos0);
@@ -801,11 +806,12 @@ struct AttnShape {
   }
 };
 
-// The exact forward: out [s, b, hq, d] and lse [b, hq, s] from q, k, v as stored; a row that sees
+// The exact forward: out [s, b, hq, dv] and lse [b, hq, s] from q, k, v as stored; a row that sees
 // no key has out 0 and lse -inf.
 inline std::pair<V, V> attention_exact(const AttnShape& a, const V& q, const V& k, const V& v) {
   const double scale = static_cast<double>(1.0f / std::sqrt(static_cast<float>(a.d)));
-  V out(q.size(), 0.0), lse(static_cast<size_t>(a.b * a.hq * a.s));
+  const int64_t dv = a.vd();
+  V out(static_cast<size_t>(a.s * a.b * a.hq * dv), 0.0), lse(static_cast<size_t>(a.b * a.hq * a.s));
   V p(static_cast<size_t>(a.s));
   const int64_t g = a.hq / a.hkv;
   const std::vector<int32_t> ds = a.doc_start();
@@ -829,18 +835,18 @@ inline std::pair<V, V> attention_exact(const AttnShape& a, const V& q, const V& 
         double sum = 0;
         for (int64_t j = first; j < end; j++) sum += p[j] = std::exp(p[j] - m);
         lse[(bb * a.hq + h) * a.s + i] = m + std::log(sum);
-        double* oi = &out[((i * a.b + bb) * a.hq + h) * a.d];
+        double* oi = &out[((i * a.b + bb) * a.hq + h) * dv];
         for (int64_t j = first; j < end; j++) {
-          const double* vj = &v[((j * a.b + bb) * a.hkv + h / g) * a.d];
-          for (int64_t e = 0; e < a.d; e++) oi[e] += p[j] / sum * vj[e];
+          const double* vj = &v[((j * a.b + bb) * a.hkv + h / g) * dv];
+          for (int64_t e = 0; e < dv; e++) oi[e] += p[j] / sum * vj[e];
         }
       }
   return {out, lse};
 }
 
 inline float attn_scale(const AttnShape& a) { return 1.0f / std::sqrt(static_cast<float>(a.d)); }
-inline double attn_flops(const AttnShape& a) {  // q k^T and p v over the visible pairs
-  if (!a.masked()) return 4.0 * a.b * a.hq * a.s * a.s * a.d * (a.causal ? 0.5 : 1.0);
+inline double attn_flops(const AttnShape& a) {  // q k^T (d) and p v (dv) over the visible pairs
+  if (!a.masked()) return 2.0 * a.b * a.hq * a.s * a.s * (a.d + a.vd()) * (a.causal ? 0.5 : 1.0);
   const std::vector<int32_t> ds = a.doc_start();
   double pairs = 0;
   for (int64_t bb = 0; bb < a.b; bb++)
@@ -848,7 +854,7 @@ inline double attn_flops(const AttnShape& a) {  // q k^T and p v over the visibl
       const auto [first, end] = a.visible(bb, i, ds);
       pairs += static_cast<double>(end - first);
     }
-  return 4.0 * a.hq * a.d * pairs;
+  return 2.0 * a.hq * (a.d + a.vd()) * pairs;
 }
 
 inline Row attention_forward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
@@ -856,7 +862,7 @@ inline Row attention_forward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
   s.make = [=] {
     return Tensors{
         uniform({a.s, a.b, a.hq, a.d}, dt, 141, -2, 2), uniform({a.s, a.b, a.hkv, a.d}, dt, 142, -2, 2),
-        uniform({a.s, a.b, a.hkv, a.d}, dt, 143),       uniform({a.s, a.b, a.hq, a.d}, dt, 144),
+        uniform({a.s, a.b, a.hkv, a.vd()}, dt, 143),    uniform({a.s, a.b, a.hq, a.vd()}, dt, 144),
         uniform({a.b, a.hq, a.s}, DType::F32, 145),     a.doc_start_tensor()};
   };
   s.call = [=](Tensors& t) {
@@ -876,11 +882,13 @@ inline Row attention_backward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
   Spec s;
   s.make = [=] {
     Tensor q = uniform({a.s, a.b, a.hq, a.d}, dt, 151, -2, 2),
-           k = uniform({a.s, a.b, a.hkv, a.d}, dt, 152, -2, 2), v = uniform({a.s, a.b, a.hkv, a.d}, dt, 153);
+           k = uniform({a.s, a.b, a.hkv, a.d}, dt, 152, -2, 2),
+           v = uniform({a.s, a.b, a.hkv, a.vd()}, dt, 153);
     const auto [out, lse] = attention_exact(a, values(q), values(k), values(v));
-    Tensor out_t = Tensor::from_floats(std::vector<float>(out.begin(), out.end()), q.shape(), dt);
+    const Shape out_shape{a.s, a.b, a.hq, a.vd()};
+    Tensor out_t = Tensor::from_floats(std::vector<float>(out.begin(), out.end()), out_shape, dt);
     Tensor lse_t = f32_tensor(lse).view({a.b, a.hq, a.s});
-    return Tensors{uniform(q.shape(), dt, 154),
+    return Tensors{uniform(out_shape, dt, 154),
                    q,
                    k,
                    v,
@@ -900,29 +908,28 @@ inline Row attention_backward(DType dt, AttnShape a, Tol tol, Tol cuda_tol) {
     const V dout = values(t[0]), q = values(t[1]), k = values(t[2]), v = values(t[3]), out = values(t[4]),
             lse = values(t[5]);
     const double scale = attn_scale(a);
-    const int64_t g = a.hq / a.hkv, d = a.d;
+    const int64_t g = a.hq / a.hkv, d = a.d, dvh = a.vd();
     const std::vector<int32_t> ds = a.doc_start();
     V dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
     for (int64_t bb = 0; bb < a.b; bb++)
       for (int64_t h = 0; h < a.hq; h++)
         for (int64_t i = 0; i < a.s; i++) {
-          const int64_t qo = ((i * a.b + bb) * a.hq + h) * d;
+          const int64_t qo = ((i * a.b + bb) * a.hq + h) * d, oo = ((i * a.b + bb) * a.hq + h) * dvh;
           double D = 0;
-          for (int64_t e = 0; e < d; e++) D += dout[qo + e] * out[qo + e];
+          for (int64_t e = 0; e < dvh; e++) D += dout[oo + e] * out[oo + e];
           const auto [first, end] = a.visible(bb, i, ds);
           for (int64_t j = first; j < end; j++) {
-            const int64_t ko = ((j * a.b + bb) * a.hkv + h / g) * d;
+            const int64_t ko = ((j * a.b + bb) * a.hkv + h / g) * d,
+                          vo = ((j * a.b + bb) * a.hkv + h / g) * dvh;
             double dot = 0, dp = 0;
-            for (int64_t e = 0; e < d; e++) {
-              dot += q[qo + e] * k[ko + e];
-              dp += dout[qo + e] * v[ko + e];
-            }
+            for (int64_t e = 0; e < d; e++) dot += q[qo + e] * k[ko + e];
+            for (int64_t e = 0; e < dvh; e++) dp += dout[oo + e] * v[vo + e];
             const double p = std::exp(dot * scale - lse[(bb * a.hq + h) * a.s + i]), ds = p * (dp - D);
             for (int64_t e = 0; e < d; e++) {
               dq[qo + e] += scale * ds * k[ko + e];
               dk[ko + e] += scale * ds * q[qo + e];
-              dv[ko + e] += p * dout[qo + e];
             }
+            for (int64_t e = 0; e < dvh; e++) dv[vo + e] += p * dout[oo + e];
           }
         }
     return Outputs{rounded("dq", dt, dq), rounded("dk", dt, dk), rounded("dv", dt, dv)};
@@ -1465,7 +1472,15 @@ inline std::vector<Row> op_rows(bool speed = false) {
                                        {140, 1, 2, 1, 32, true, 50, {30, 95, 15}},   // window + docs
                                        // a cp block: queries after the keys, rows without a key
                                        {100, 2, 2, 1, 16, true, 60, {45, 80}, 130, 20},
-                                       {70, 1, 2, 2, 16, true, 0, {30, 50}, 70, 0}};
+                                       {70, 1, 2, 2, 16, true, 0, {30, 50}, 70, 0},
+                                       // A value head size other than the query/key one (MLA):
+                                       // DeepSeek-V3's 192 / 128, smaller and larger dv, with GQA,
+                                       // documents, a window and a cp block.
+                                       {70, 1, 2, 1, 192, true, 0, {}, 0, 0, 128},
+                                       {37, 2, 4, 2, 24, true, 0, {}, 0, 0, 16},
+                                       {13, 2, 4, 4, 16, false, 0, {}, 0, 0, 40},
+                                       {150, 2, 4, 2, 24, true, 37, {40, 7, 1, 90}, 0, 0, 8},
+                                       {100, 2, 2, 1, 24, true, 60, {45, 80}, 130, 20, 16}};
     for (const AttnShape& a : attn_shapes) {
       t.push_back(attention_forward(dt, a, attn, attn_cuda));
       t.push_back(attention_backward(dt, a, dt == DType::BF16 ? attn : Tol{attn.ulps, 1e-5}, attn_cuda));
