@@ -163,7 +163,8 @@ def rope(x, theta, offset=0):
 
 
 def attention(q, k, v, causal, scale):
-    """q [s, b, hq, d], k, v [s, b, hkv, d] -> out [s, b, hq, d], lse [b, hq, s]. Explicit softmax."""
+    """q [s, b, hq, d], k [s, b, hkv, d], v [s, b, hkv, dv] -> out [s, b, hq, dv], lse [b, hq, s].
+    Explicit softmax; dv may differ from d (MLA)."""
     s, b, hq, d = q.shape
     hkv = k.shape[2]
     group = hq // hkv
