@@ -1,7 +1,7 @@
 // Rotary position embedding (GPT-NeoX / Llama layout): in each head of x = [s, b, heads, d], the
 // pair (x[i], x[i + d/2]) is rotated by angle (position_offset + s_index) * inv_freq(i), the
-// frequencies of include/parallel/rope.hpp. The backward rotates the gradient by the negative angle
-// (the rotation is orthogonal).
+// frequencies of include/parallel/rope.hpp, and scaled by its attention factor (yarn; 1 otherwise).
+// The backward rotates the gradient by the negative angle (the rotation is orthogonal), scaled alike.
 #include <cmath>
 #include <vector>
 
@@ -18,12 +18,15 @@ void rope(Tensor& x, int64_t position_offset, const Rope& rope, float direction)
   const DType dt = x.dtype();
   // Table [s, half] of cos and sin: s * d/2 trig calls instead of s * b * heads * d/2.
   std::vector<float> cos_t(static_cast<size_t>(s * half)), sin_t(static_cast<size_t>(s * half));
+  // yarn's attention factor scales cos and sin (1 otherwise); the backward, the transpose of the
+  // scaled rotation, is the rotation by the negative angle scaled alike.
+  const double factor = rope_attention_factor(rope);
   for (int64_t i = 0; i < half; i++) {
     const double inv_freq = rope_inv_freq(rope, i, d);
     for (int64_t p = 0; p < s; p++) {
       const double angle = static_cast<double>(position_offset + p) * inv_freq;
-      cos_t[p * half + i] = static_cast<float>(std::cos(angle));
-      sin_t[p * half + i] = direction * static_cast<float>(std::sin(angle));
+      cos_t[p * half + i] = static_cast<float>(factor * std::cos(angle));
+      sin_t[p * half + i] = direction * static_cast<float>(factor * std::sin(angle));
     }
   }
 #pragma omp parallel for collapse(2) schedule(static) if (x.numel() > (1 << 15))

@@ -24,8 +24,9 @@ __global__ void rope_table_kernel(float* cos_t, float* sin_t, int64_t s, int64_t
     const int64_t p = t / half, i = t % half;
     const double inv_freq = rope_inv_freq(rope, i, d);
     const double angle = static_cast<double>(position_offset + p) * inv_freq;
-    cos_t[t] = static_cast<float>(cos(angle));
-    sin_t[t] = direction * static_cast<float>(sin(angle));
+    const double factor = rope_attention_factor(rope);  // yarn's cos/sin factor, 1 otherwise
+    cos_t[t] = static_cast<float>(factor * cos(angle));
+    sin_t[t] = direction * static_cast<float>(factor * sin(angle));
   }
 }
 

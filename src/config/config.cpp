@@ -41,7 +41,7 @@ namespace {
 constexpr std::string_view kNormalizationNames[] = {"layernorm", "rmsnorm"};
 constexpr std::string_view kActivationNames[] = {"gelu", "swiglu"};
 constexpr std::string_view kPositionEmbeddingNames[] = {"learned", "rope"};
-constexpr std::string_view kRopeScalingNames[] = {"none", "linear", "llama3"};
+constexpr std::string_view kRopeScalingNames[] = {"none", "linear", "llama3", "yarn"};
 constexpr std::string_view kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
 constexpr std::string_view kLrDecayNames[] = {"constant", "linear", "cosine"};
@@ -139,13 +139,21 @@ void for_each_field(S& s, F&& f) {
   f("rope_scaling", s.rope_scaling.type,
     "scaling of the rotary frequencies for longer contexts (Hugging Face's rope_type)");
   f("rope_scaling_factor", s.rope_scaling.factor,
-    "linear and llama3: how much longer the context is than trained");
+    "linear, llama3 and yarn: how much longer the context is than trained");
   f("rope_low_freq_factor", s.rope_scaling.low_freq_factor,
     "llama3: wavelengths above original / this are scaled");
   f("rope_high_freq_factor", s.rope_scaling.high_freq_factor,
     "llama3: wavelengths below original / this are kept");
   f("rope_original_max_position_embeddings", s.rope_scaling.original_max_position_embeddings,
-    "llama3: the context length before scaling");
+    "llama3 and yarn: the context length before scaling");
+  f("rope_beta_fast", s.rope_scaling.beta_fast, "yarn: rotations below which frequencies are interpolated");
+  f("rope_beta_slow", s.rope_scaling.beta_slow, "yarn: rotations above which frequencies are kept");
+  f("rope_mscale", s.rope_scaling.mscale, "yarn: numerator mscale of the attention factor (0: unset)");
+  f("rope_mscale_all_dim", s.rope_scaling.mscale_all_dim,
+    "yarn: denominator mscale of the attention factor, and DeepSeek's softmax-scale correction (0: unset)");
+  f("rope_attention_factor", s.rope_scaling.attention_factor,
+    "yarn: factor on the rotary cos/sin (0: derived from factor, mscale and mscale_all_dim)");
+  f("rope_truncate", s.rope_scaling.truncate, "yarn: round the correction range to whole dimensions");
   f("sliding_window", s.sliding_window,
     "a query sees itself and this many - 1 positions before it (Mistral; 0: all)");
   f("sliding_window_pattern", s.sliding_window_pattern,
@@ -1034,6 +1042,26 @@ void validate_config(Config& c, int world_size) {
       rules.require(rs.original_max_position_embeddings > 0, rs.original_max_position_embeddings,
                     "must be > 0");
     }
+    if (rs.type == RopeScalingType::Yarn) {
+      rules.require(rs.original_max_position_embeddings > 0, rs.original_max_position_embeddings,
+                    "must be > 0");
+      rules.require(rs.beta_slow > 0, rs.beta_slow, "must be > 0");
+      rules.require(rs.beta_fast >= rs.beta_slow, rs.beta_fast,
+                    fmt::format("must be >= {} ({})", rules.key(rs.beta_slow), display(rs.beta_slow)));
+      rules.require(rs.attention_factor >= 0, rs.attention_factor, "must be >= 0 (0: derived)");
+    }
+  }
+  if (m.rope_scaling.type != RopeScalingType::Yarn) {
+    // yarn's keys under another type would be silently ignored: refused instead.
+    const RopeScaling& rs = m.rope_scaling;
+    const RopeScaling unset;
+    const std::string why = fmt::format("needs {} = yarn", rules.key(rs.type));
+    rules.require(rs.beta_fast == unset.beta_fast, rs.beta_fast, why);
+    rules.require(rs.beta_slow == unset.beta_slow, rs.beta_slow, why);
+    rules.require(rs.mscale == unset.mscale, rs.mscale, why);
+    rules.require(rs.mscale_all_dim == unset.mscale_all_dim, rs.mscale_all_dim, why);
+    rules.require(rs.attention_factor == unset.attention_factor, rs.attention_factor, why);
+    rules.require(rs.truncate == unset.truncate, rs.truncate, why);
   }
   rules.require(t.peak_tflops >= 0, t.peak_tflops, "must be >= 0");
   rules.require(t.comm_timeout_s > 0, t.comm_timeout_s, "must be > 0");

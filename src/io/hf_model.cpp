@@ -431,11 +431,16 @@ ModelConfig gpt2_model(const Fields& f) {
 }
 
 // One rope object: transformers 4.x's rope_scaling ({"rope_type" or the older "type": "default" |
-// "linear" | "llama3", factor, ...}) or 5.x's rope_parameters (the same, plus rope_theta; a
-// missing rope_type is "default" there). Every key of the object is read or refused.
+// "linear" | "llama3" | "yarn", factor, ...}) or 5.x's rope_parameters (the same, plus rope_theta; a
+// missing rope_type is "default" there). Every key of the object is read or refused. yarn's
+// original_max_position_embeddings may be missing: transformers then takes max_position_embeddings
+// (standardize_rope_params), which read_rope fills in (`original_missing`). A top-level
+// original_max_position_embeddings (Phi-3's place, which transformers prefers) is not in the key
+// table, hence refused.
 struct RopeObject {
   RopeScaling scaling;
   std::optional<double> theta;
+  bool original_missing = false;
 };
 
 RopeObject rope_object(const Fields& f, const char* name) {
@@ -455,8 +460,8 @@ RopeObject rope_object(const Fields& f, const char* name) {
   if (rf.has("rope_theta")) out.theta = rf.number("rope_theta");
   if (rf.has("partial_rotary_factor") && rf.number("partial_rotary_factor") != 1.0)
     rf.bad("partial_rotary_factor", r["partial_rotary_factor"], "not supported: it changes the model");
-  if (type != "default" && type != "linear" && type != "llama3")
-    rf.bad(type_key, json(type), "not supported (only \"default\", \"linear\" and \"llama3\")");
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
+    rf.bad(type_key, json(type), "not supported (only \"default\", \"linear\", \"llama3\" and \"yarn\")");
   if (type != "default") {
     keys.insert("factor");
     out.scaling.factor = rf.number("factor");
@@ -474,6 +479,34 @@ RopeObject rope_object(const Fields& f, const char* name) {
     if (s.high_freq_factor <= s.low_freq_factor)
       rf.bad("high_freq_factor", r["high_freq_factor"], "must be > low_freq_factor");
   }
+  if (type == "yarn") {
+    // transformers' _compute_yarn_parameters: beta_fast / beta_slow null or 0 mean 32 / 1, mscale and
+    // mscale_all_dim null or 0 leave the attention factor to factor alone, attention_factor null
+    // derives it, truncate defaults to true.
+    keys.insert({"original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                 "attention_factor", "truncate"});
+    RopeScaling& s = out.scaling;
+    s.type = RopeScalingType::Yarn;
+    auto optional_number = [&](const char* key, double fallback) {
+      return rf.has(key) && !r[key].is_null() ? rf.number(key) : fallback;
+    };
+    if (rf.has("original_max_position_embeddings") && !r["original_max_position_embeddings"].is_null())
+      s.original_max_position_embeddings =
+          static_cast<double>(rf.integer("original_max_position_embeddings"));
+    else
+      out.original_missing = true;
+    s.beta_fast = optional_number("beta_fast", 0.0);
+    s.beta_slow = optional_number("beta_slow", 0.0);
+    if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+    if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+    s.mscale = optional_number("mscale", 0.0);
+    s.mscale_all_dim = optional_number("mscale_all_dim", 0.0);
+    s.attention_factor = optional_number("attention_factor", 0.0);
+    if (rf.has("truncate") && !r["truncate"].is_null()) s.truncate = rf.boolean("truncate", true);
+    if (s.beta_slow < 0) rf.bad("beta_slow", r["beta_slow"], "must be > 0");
+    if (s.beta_fast < s.beta_slow) rf.bad("beta_fast", r["beta_fast"], "must be >= beta_slow");
+    if (s.attention_factor < 0) rf.bad("attention_factor", r["attention_factor"], "must be > 0");
+  }
   for (const auto& [key, value] : r.items())
     if (!keys.count(key))
       rf.bad(key, value, fmt::format("not supported: it changes the model (rope_type {})", type));
@@ -481,12 +514,18 @@ RopeObject rope_object(const Fields& f, const char* name) {
 }
 
 bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
-  return a.type == b.type &&
-         (a.type == RopeScalingType::None ||
-          (a.factor == b.factor &&
-           (a.type != RopeScalingType::Llama3 ||
-            (a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
-             a.original_max_position_embeddings == b.original_max_position_embeddings))));
+  if (a.type != b.type) return false;
+  if (a.type == RopeScalingType::None) return true;
+  if (a.factor != b.factor) return false;
+  if (a.type == RopeScalingType::Llama3)
+    return a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+           a.original_max_position_embeddings == b.original_max_position_embeddings;
+  if (a.type == RopeScalingType::Yarn)
+    return a.original_max_position_embeddings == b.original_max_position_embeddings &&
+           a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.mscale == b.mscale &&
+           a.mscale_all_dim == b.mscale_all_dim && a.attention_factor == b.attention_factor &&
+           a.truncate == b.truncate;
+  return true;
 }
 
 // The rotary embedding of both layouts: transformers 4.x's top-level rope_theta and rope_scaling,
@@ -519,6 +558,11 @@ void read_rope(const Fields& f, ModelConfig& m) {
                     f.source(), f.raw("rope_scaling").dump(), f.raw("rope_parameters").dump()));
   if (parameters) m.rope_scaling = parameters->scaling;
   if (scaling) m.rope_scaling = scaling->scaling;
+  const bool original_missing =
+      (parameters && parameters->original_missing) || (scaling && scaling->original_missing);
+  if (m.rope_scaling.type == RopeScalingType::Yarn && original_missing)  // transformers' default
+    m.rope_scaling.original_max_position_embeddings =
+        static_cast<double>(f.integer("max_position_embeddings"));
 }
 
 // Qwen3-MoE's and Mixtral's experts: softmax over all experts, top-k, dropless, SwiGLU experts
@@ -938,6 +982,21 @@ static json rope_scaling_json(const RopeScaling& s) {
               {"low_freq_factor", s.low_freq_factor},
               {"high_freq_factor", s.high_freq_factor},
               {"original_max_position_embeddings", static_cast<int64_t>(s.original_max_position_embeddings)}};
+    case RopeScalingType::Yarn: {
+      // As transformers 5 writes a yarn rope_parameters: the keys that are set (mscale,
+      // mscale_all_dim and attention_factor when given, truncate when false), no nulls.
+      json j = {
+          {"rope_type", "yarn"},
+          {"factor", s.factor},
+          {"original_max_position_embeddings", static_cast<int64_t>(s.original_max_position_embeddings)},
+          {"beta_fast", s.beta_fast},
+          {"beta_slow", s.beta_slow}};
+      if (s.mscale != 0) j["mscale"] = s.mscale;
+      if (s.mscale_all_dim != 0) j["mscale_all_dim"] = s.mscale_all_dim;
+      if (s.attention_factor != 0) j["attention_factor"] = s.attention_factor;
+      if (!s.truncate) j["truncate"] = false;
+      return j;
+    }
   }
   return nullptr;
 }

@@ -607,6 +607,12 @@ void check_rope(const char* op, const Tensor& x, const Rope& rope) {
                  "ops::{}: llama3 rope scaling needs 0 < low_freq_factor ({}) < high_freq_factor ({}) and "
                  "original_max_position_embeddings ({}) > 0",
                  op, sc.low_freq_factor, sc.high_freq_factor, sc.original_max_position_embeddings);
+  PARALLEL_CHECK(sc.type != RopeScalingType::Yarn ||
+                     (sc.beta_fast > 0.0 && sc.beta_slow > 0.0 && sc.original_max_position_embeddings > 0.0 &&
+                      sc.attention_factor >= 0.0),
+                 "ops::{}: yarn rope scaling needs beta_fast ({}) > 0, beta_slow ({}) > 0, "
+                 "original_max_position_embeddings ({}) > 0 and attention_factor ({}) >= 0 (0: derived)",
+                 op, sc.beta_fast, sc.beta_slow, sc.original_max_position_embeddings, sc.attention_factor);
 }
 
 // q [s, b, hq, d]; k [s, b, hkv, d]; v [s, b, hkv, dv]; hq % hkv == 0; lse [b, hq, s]; out (and

@@ -23,10 +23,12 @@
 //                  ~ sqrt(K) * 6e-8; small values that come from cancellation get no ulp bound.
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -691,38 +693,88 @@ inline Row norm_backward_residual(DType dt, Shape shape, DType w_dt, bool layern
 
 // ---- attention --------------------------------------------------------------------------------
 
-// x [s, b, heads, d] rotated in place: pairs (i, i + d/2) by direction * (offset + s) theta^(-2i/d).
-inline Row rope(DType dt, Shape shape, int64_t offset, bool backward, Tol tol) {
+// YaRN's frequencies and cos/sin factor written out as transformers' _compute_yarn_parameters
+// computes them (modeling_rope_utils.py), independently of parallel/rope.hpp: pair i of d.
+struct YarnReference {
+  std::vector<double> inv_freq;
+  double attention_factor = 1.0;
+};
+inline YarnReference yarn_reference(double base, const RopeScaling& sc, int64_t d) {
+  auto get_mscale = [](double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+  };
+  YarnReference r;
+  if (sc.attention_factor > 0)
+    r.attention_factor = sc.attention_factor;
+  else if (sc.mscale != 0 && sc.mscale_all_dim != 0)
+    r.attention_factor = get_mscale(sc.factor, sc.mscale) / get_mscale(sc.factor, sc.mscale_all_dim);
+  else
+    r.attention_factor = get_mscale(sc.factor, 1.0);
+  const double dim = static_cast<double>(d), pi = std::acos(-1.0);
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(sc.original_max_position_embeddings / (rotations * 2 * pi)) / (2 * std::log(base));
+  };
+  double low = correction_dim(sc.beta_fast), high = correction_dim(sc.beta_slow);
+  if (sc.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < d / 2; i++) {
+    const double pos_freq = std::pow(base, static_cast<double>(2 * i) / dim);
+    const double extrapolation = 1.0 / pos_freq, interpolation = 1.0 / (sc.factor * pos_freq);
+    const double extrapolation_factor =
+        1.0 - std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    r.inv_freq.push_back(interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor);
+  }
+  return r;
+}
+
+// x [s, b, heads, d] rotated in place: pairs (i, i + d/2) by direction * (offset + s) theta^(-2i/d),
+// or under yarn (`yarn` set) by YaRN's frequencies with cos and sin times its attention factor.
+inline Row rope(DType dt, Shape shape, int64_t offset, bool backward, Tol tol,
+                std::optional<RopeScaling> yarn = std::nullopt) {
   constexpr float theta = 10000.0f;
+  const Rope rope_arg(theta, yarn.value_or(RopeScaling{}));
   Spec s;
   s.make = [=] { return Tensors{uniform(shape, dt, backward ? 131 : 132)}; };
   s.call = [=](Tensors& t) {
     if (backward)
-      ops::rope_backward(t[0], offset, theta);
+      ops::rope_backward(t[0], offset, rope_arg);
     else
-      ops::rope_forward(t[0], offset, theta);
+      ops::rope_forward(t[0], offset, rope_arg);
   };
   s.read = outs({{0, backward ? "dx" : "x"}});
   s.reference = [=](const Tensors& t) {
     V x = values(t[0]);
     const int64_t d = shape[3], half = d / 2, per_pos = shape[1] * shape[2];
+    const YarnReference y = yarn ? yarn_reference(theta, *yarn, d) : YarnReference{};
+    const double factor = yarn ? y.attention_factor : 1.0;
     for (int64_t p = 0; p < shape[0]; p++)
       for (int64_t v = 0; v < per_pos; v++)
         for (int64_t i = 0; i < half; i++) {
-          const double angle = static_cast<double>(offset + p) *
-                               std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / d) *
-                               (backward ? -1.0 : 1.0);
+          const double inv_freq =
+              yarn ? y.inv_freq[static_cast<size_t>(i)]
+                   : std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / d);
+          const double angle = static_cast<double>(offset + p) * inv_freq * (backward ? -1.0 : 1.0);
+          const double c = factor * std::cos(angle), sn = factor * std::sin(angle);
           double& a = x[(p * per_pos + v) * d + i];
           double& b = x[(p * per_pos + v) * d + half + i];
-          const double na = a * std::cos(angle) - b * std::sin(angle),
-                       nb = b * std::cos(angle) + a * std::sin(angle);
+          const double na = a * c - b * sn, nb = b * c + a * sn;
           a = na;
           b = nb;
         }
     return Outputs{rounded(backward ? "dx" : "x", dt, x)};
   };
-  return row(backward ? "rope_backward" : "rope_forward", dt,
-             fmt::format("{} offset {}", dims(shape), offset), "-", tol, cuda_default(tol), s);
+  std::string what = fmt::format("{} offset {}", dims(shape), offset);
+  if (yarn)
+    what += fmt::format(
+        " yarn x{} L{} beta {}/{}{}", yarn->factor, yarn->original_max_position_embeddings, yarn->beta_fast,
+        yarn->beta_slow,
+        yarn->mscale != 0 ? fmt::format(" mscale {}/{}", yarn->mscale, yarn->mscale_all_dim) : "");
+  return row(backward ? "rope_backward" : "rope_forward", dt, what, "-", tol, cuda_default(tol), s);
 }
 
 struct AttnShape {
@@ -1449,6 +1501,26 @@ inline std::vector<Row> op_rows(bool speed = false) {
     for (bool backward : {false, true}) {
       t.push_back(rope(dt, rope_shape, 5, backward, sums));
       if (!speed) t.push_back(rope(dt, rope_shape, 40000, backward, sums));
+    }
+    if (!speed) {
+      // YaRN (Qwen's long-context configs: factor 4 over 32768; DeepSeek-V3's: factor 40 over 4096,
+      // mscale = mscale_all_dim = 1, its 64-wide rope heads) on pairs that span the ramp.
+      RopeScaling qwen;
+      qwen.type = RopeScalingType::Yarn;
+      qwen.factor = 4;
+      qwen.original_max_position_embeddings = 32768;
+      RopeScaling deepseek = qwen;
+      deepseek.factor = 40;
+      deepseek.original_max_position_embeddings = 4096;
+      deepseek.mscale = deepseek.mscale_all_dim = 1.0;
+      RopeScaling untruncated = qwen;  // and an attention factor given outright
+      untruncated.truncate = false;
+      untruncated.attention_factor = 1.25;
+      for (bool backward : {false, true}) {
+        t.push_back(rope(dt, Shape{9, 2, 3, 64}, 70000, backward, sums, qwen));
+        t.push_back(rope(dt, Shape{9, 2, 3, 64}, 3, backward, sums, deepseek));
+        t.push_back(rope(dt, Shape{9, 2, 3, 32}, 100000, backward, sums, untruncated));
+      }
     }
 
     // Attention: CUDA's 16-bit kernels and the CPU's bf16 kernel (AVX512-BF16) round the

@@ -4,7 +4,11 @@
 # rope theta != 10000, untied and tied embeddings, Qwen2's q/k/v biases, Llama 3.1's rope_scaling;
 # 3 AdamW steps) and the folders transformers 5 saved in tests/reference/make_hf_transformers5.py
 # (config.json with rope_parameters and dtype; losses and weights computed by transformers itself),
+<<<<<<< HEAD
 # and make_hf_qwen3.py's Qwen3 (qk-norm, head_dim != hidden / heads; saved and trained by transformers):
+=======
+# among them a YaRN-scaled Qwen2 (tests/reference/make_hf_yarn.py):
+>>>>>>> 1ac708a (YaRN rope scaling (rope_type yarn): frequencies, attention factor, config keys, HF import/export)
 #  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
 #     and on tp2 x pp2 (4 ranks) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
 #     the folder's weights equal the reference's after the steps (hf_compare's tolerance), and its
@@ -47,8 +51,12 @@ quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on fai
 # on one rank only (their layouts are those of mistral_tiny and qwen2_tiny).
 for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny llama3_tiny:llama3_tiny \
   llama_t5:llama_t5 llama3_t5:llama3_t5 mistral_t5:mistral_tiny qwen2_t5:qwen2_tiny \
+<<<<<<< HEAD
   mistral_window_tiny:mistral_window_tiny qwen2_window_tiny:qwen2_window_tiny qwen3_tiny:qwen3_tiny \
   qwen3_moe_tiny:qwen3_moe_tiny; do
+=======
+  mistral_window_tiny:mistral_window_tiny qwen2_window_tiny:qwen2_window_tiny qwen2_yarn_t5:qwen2_yarn_t5; do
+>>>>>>> 1ac708a (YaRN rope scaling (rope_type yarn): frequencies, attention factor, config keys, HF import/export)
   model=${m%%:*} after3=$fx/hf_${m#*:}_after3.safetensors
   dir=$work/$model
   mkdir -p "$dir"
@@ -113,6 +121,12 @@ grep -q 'rope_scaling: llama3' "$work/llama3_tiny/ckpt.yaml" && grep -q 'rope_hi
 grep -q '"rope_type": "llama3"' "$work/llama3_tiny/tp1pp1/hf/config.json" &&
   grep -q '"original_max_position_embeddings": 256' "$work/llama3_tiny/tp1pp1/hf/config.json" ||
   { echo "llama3: exported config.json lacks rope_scaling"; cat "$work/llama3_tiny/tp1pp1/hf/config.json"; exit 1; }
+# YaRN: imported as model.rope_scaling = yarn with its keys, exported in transformers 5's layout.
+grep -q 'rope_scaling: yarn' "$work/qwen2_yarn_t5/ckpt.yaml" && grep -q 'rope_original_max_position_embeddings: 16' \
+  "$work/qwen2_yarn_t5/ckpt.yaml" && grep -q 'rope_beta_fast: 32' "$work/qwen2_yarn_t5/ckpt.yaml" ||
+  { echo "qwen2_yarn_t5: ckpt.yaml lacks rope_scaling"; cat "$work/qwen2_yarn_t5/ckpt.yaml"; exit 1; }
+tr -d ' \n' <"$work/qwen2_yarn_t5/tp1pp1/hf/config.json" | grep -qF '"rope_parameters":{"beta_fast":32.0,"beta_slow":1.0,"factor":4.0,"original_max_position_embeddings":16,"rope_theta":1000.0,"rope_type":"yarn"}' ||
+  { echo "qwen2_yarn_t5: exported rope_parameters differ from transformers 5's"; cat "$work/qwen2_yarn_t5/tp1pp1/hf/config.json"; exit 1; }
 # transformers 5's folders: their real rope_theta (rope_parameters), scaling and window.
 grep -q 'rope_theta: 500000' "$work/llama_t5/ckpt.yaml" || { echo "llama_t5: ckpt.yaml lacks rope_theta 500000"; exit 1; }
 grep -q 'rope_scaling: llama3' "$work/llama3_t5/ckpt.yaml" && grep -q 'rope_original_max_position_embeddings: 256' \
@@ -188,8 +202,12 @@ variant() {  # variant NAME SED_EXPR: a copy of the llama fixture with its confi
 }
 variant gemma 's/"LlamaForCausalLM"/"GemmaForCausalLM"/'
 expect_error unknown_architecture 'architectures = ["GemmaForCausalLM"]: not supported' --from hf --input "$work/gemma" --output "$work/e1"
-variant yarn_rope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0}/'
-expect_error rope_scaling 'rope_scaling.rope_type = "yarn": not supported' --from hf --input "$work/yarn_rope" --output "$work/e2"
+variant dynamic_rope 's/"rope_scaling": null/"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}/'
+expect_error rope_scaling 'rope_scaling.rope_type = "dynamic": not supported' --from hf --input "$work/dynamic_rope" --output "$work/e2"
+variant yarn_short 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 16}/'
+expect_error yarn_keys "missing key 'rope_scaling.factor'" --from hf --input "$work/yarn_short" --output "$work/e2c"
+variant yarn_unknown 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "short_factor": [1.0]}/'
+expect_error yarn_unknown_key 'rope_scaling.short_factor = [1.0]: not supported: it changes the model (rope_type yarn)' --from hf --input "$work/yarn_unknown" --output "$work/e2d"
 variant llama3_short 's/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3", "factor": 8.0}/'
 expect_error rope_scaling_keys "missing key 'rope_scaling.low_freq_factor'" --from hf --input "$work/llama3_short" --output "$work/e2b"
 variant more_layers 's/"num_hidden_layers": 2/"num_hidden_layers": 3/'
@@ -215,6 +233,7 @@ variant_t5() {  # variant_t5 NAME SED_EXPR: the transformers-5 llama folder with
 }
 variant_t5 two_thetas 's/"rope_parameters": {/"rope_theta": 10000.0, "rope_parameters": {/'
 expect_error two_thetas 'rope_theta = 10000.0 and rope_parameters.rope_theta = 500000.0 disagree' --from hf --input "$work/two_thetas" --output "$work/e11"
+<<<<<<< HEAD
 variant_t5 t5_yarn 's/"rope_type": "default"/"rope_type": "yarn"/'
 expect_error t5_yarn 'rope_parameters.rope_type = "yarn": not supported' --from hf --input "$work/t5_yarn" --output "$work/e12"
 # Routing our MoE layer does not do yet: refused in one line, not trained as another model.
@@ -226,5 +245,9 @@ expect_error norm_topk_prob 'norm_topk_prob = true: not supported' --from hf --i
 mkdir -p "$work/qwen3_moe_sparse" && cp "$fx/hf_qwen3_moe_tiny/model.safetensors" "$work/qwen3_moe_sparse/"
 sed 's/"decoder_sparse_step": 1/"decoder_sparse_step": 2/' "$fx/hf_qwen3_moe_tiny/config.json" >"$work/qwen3_moe_sparse/config.json"
 expect_error decoder_sparse_step 'decoder_sparse_step = 2: not supported' --from hf --input "$work/qwen3_moe_sparse" --output "$work/e15"
+=======
+variant_t5 t5_longrope 's/"rope_type": "default"/"rope_type": "longrope"/'
+expect_error t5_longrope 'rope_parameters.rope_type = "longrope": not supported' --from hf --input "$work/t5_longrope" --output "$work/e12"
+>>>>>>> 1ac708a (YaRN rope scaling (rope_type yarn): frequencies, attention factor, config keys, HF import/export)
 expect_error occupied "already holds model.safetensors" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/f32"
 echo "hf_llama: all checks passed"

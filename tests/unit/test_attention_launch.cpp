@@ -17,6 +17,12 @@ TEST(AttentionLaunch, TensorCoreKernelsTakeWhatTheyImplement) {
   EXPECT_TRUE(attention_mma_can_implement({1024, 8, 16, 4, 128}, DType::BF16, true));
   EXPECT_FALSE(attention_mma_can_implement({1024, 8, 16, 16, 40}, DType::BF16, true));  // head dim
   EXPECT_FALSE(attention_mma_can_implement({1024, 8, 16, 3, 64}, DType::BF16, true));   // hq % hkv
+  // A value head size other than the query/key one (MLA) goes to the fp32 kernels; dv 0 means d.
+  EXPECT_FALSE(attention_mma_can_implement({1024, 8, 16, 16, 128, 64}, DType::BF16, true));
+  EXPECT_FALSE(attention_mma_can_implement({1024, 8, 16, 16, 64, 128}, DType::BF16, true));
+  EXPECT_TRUE(attention_mma_can_implement({1024, 8, 16, 16, 128, 128}, DType::BF16, true));
+  EXPECT_EQ((AttentionShape{1, 1, 1, 1, 192}.value_dim()), 192);
+  EXPECT_EQ((AttentionShape{1, 1, 1, 1, 192, 128}.value_dim()), 128);
   // b * hq at the grid.y limit and one past it.
   EXPECT_TRUE(attention_mma_can_implement({4, 65535, 1, 1, 64}, DType::BF16, true));
   EXPECT_FALSE(attention_mma_can_implement({4, 65536, 1, 1, 64}, DType::BF16, true));

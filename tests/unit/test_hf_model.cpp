@@ -279,6 +279,62 @@ TEST(HfModel, RefusesEveryKeyThatChangesTheModelAndIsNotRead) {
   EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "c"));
 }
 
+// YaRN as transformers reads it (_compute_yarn_parameters, standardize_rope_params): defaults for
+// null or absent beta_fast / beta_slow / mscale / attention_factor / truncate, and a missing
+// original_max_position_embeddings taken from max_position_embeddings; written back as transformers
+// 5 writes it (the keys that are set) and read again to the same model.
+TEST(HfModel, ReadsAndWritesYarn) {
+  // Phi-3's top-level original_max_position_embeddings is not read: refused, not ignored.
+  json phi = fixture_config("llama");
+  phi["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  phi["original_max_position_embeddings"] = 32;
+  EXPECT_THAT(config_error(phi), HasSubstr("original_max_position_embeddings = 32: not supported"));
+
+  json j = t5_config("llama");
+  j["rope_parameters"] = {{"rope_type", "yarn"},  {"rope_theta", 1000000.0}, {"factor", 4.0},
+                          {"beta_fast", nullptr}, {"mscale", 0.707},         {"mscale_all_dim", 0.707},
+                          {"truncate", false}};
+  const hf::HfModel m = hf::model_from_config_json(j.dump(), "c");
+  const RopeScaling& s = m.model.rope_scaling;
+  EXPECT_EQ(s.type, RopeScalingType::Yarn);
+  EXPECT_DOUBLE_EQ(s.factor, 4.0);
+  EXPECT_DOUBLE_EQ(s.original_max_position_embeddings, j["max_position_embeddings"].get<double>());
+  EXPECT_DOUBLE_EQ(s.beta_fast, 32.0);
+  EXPECT_DOUBLE_EQ(s.beta_slow, 1.0);
+  EXPECT_DOUBLE_EQ(s.mscale, 0.707);
+  EXPECT_DOUBLE_EQ(s.mscale_all_dim, 0.707);
+  EXPECT_DOUBLE_EQ(s.attention_factor, 0.0);
+  EXPECT_FALSE(s.truncate);
+  EXPECT_DOUBLE_EQ(rope_attention_factor(Rope(1e6, s)), 1.0);  // mscale / mscale_all_dim
+  EXPECT_NEAR(yarn_softmax_scale_factor(s), std::pow(0.1 * 0.707 * std::log(4.0) + 1.0, 2), 1e-15);
+
+  const json out = json::parse(hf::config_json_for(m.model, m.architecture, "float32", ""));
+  const json want = {{"rope_type", "yarn"},
+                     {"rope_theta", 1000000.0},
+                     {"factor", 4.0},
+                     {"beta_fast", 32.0},
+                     {"beta_slow", 1.0},
+                     {"mscale", 0.707},
+                     {"mscale_all_dim", 0.707},
+                     {"truncate", false},
+                     {"original_max_position_embeddings", j["max_position_embeddings"]}};
+  EXPECT_EQ(out["rope_parameters"], want);
+  EXPECT_EQ(out["rope_scaling"]["rope_type"], "yarn");
+  const hf::HfModel again = hf::model_from_config_json(out.dump(), "export");
+  EXPECT_EQ(config_to_yaml(Config{.model = again.model}), config_to_yaml(Config{.model = m.model}));
+
+  // transformers 4.x's rope_scaling, with an attention factor given outright.
+  json v4 = fixture_config("llama");
+  v4["rope_scaling"] = {{"rope_type", "yarn"},
+                        {"factor", 2.0},
+                        {"attention_factor", 1.5},
+                        {"original_max_position_embeddings", 32}};
+  const hf::HfModel m4 = hf::model_from_config_json(v4.dump(), "v4");
+  EXPECT_DOUBLE_EQ(m4.model.rope_scaling.original_max_position_embeddings, 32.0);
+  EXPECT_DOUBLE_EQ(rope_attention_factor(Rope(1e4, m4.model.rope_scaling)), 1.5);
+  EXPECT_DOUBLE_EQ(yarn_softmax_scale_factor(m4.model.rope_scaling), 1.0);
+}
+
 // Issue 24's probe: num_hidden_layers 1e9 ran 65 s into an OOM kill; now one line, at once.
 TEST(HfModel, RefusesTooManyLayersAtOnce) {
   json j = t5_config("llama");
@@ -319,15 +375,21 @@ TEST(HfModel, RefusesWhatItDoesNotImplementNamingTheKey) {
   j["model_type"] = "phi3";
   EXPECT_THAT(config_error(j), HasSubstr("model_type = \"phi3\": not supported"));
 
-  for (const char* type : {"dynamic", "yarn", "longrope", "su"}) {
+  for (const char* type : {"dynamic", "longrope", "su"}) {
     j = fixture_config("llama");
     j["rope_scaling"] = {{"rope_type", type}, {"factor", 8.0}};
     EXPECT_THAT(config_error(j),
                 HasSubstr(fmt::format("rope_scaling.rope_type = \"{}\": not supported", type)));
   }
   j = fixture_config("llama");
-  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};  // the older spelling
-  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"yarn\": not supported"));
+  j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};  // the older spelling
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.type = \"dynamic\": not supported"));
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 16}};
+  EXPECT_THAT(config_error(j), HasSubstr("missing key 'rope_scaling.factor'"));
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"short_factor", {1.0}}};
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.short_factor = [1.0]: not supported"));
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1.0}, {"beta_slow", 2.0}};
+  EXPECT_THAT(config_error(j), HasSubstr("rope_scaling.beta_fast = 1.0: must be >= beta_slow"));
   j["rope_scaling"] = {{"rope_type", "default"}};
   EXPECT_NO_THROW(hf::model_from_config_json(j.dump(), "config.json"));
   j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
