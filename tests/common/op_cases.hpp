@@ -774,6 +774,8 @@ inline Row rope(DType dt, Shape shape, int64_t offset, bool backward, Tol tol,
         " yarn x{} L{} beta {}/{}{}", yarn->factor, yarn->original_max_position_embeddings, yarn->beta_fast,
         yarn->beta_slow,
         yarn->mscale != 0 ? fmt::format(" mscale {}/{}", yarn->mscale, yarn->mscale_all_dim) : "");
+  if (yarn && !yarn->truncate) what += " untruncated";
+  if (yarn && yarn->attention_factor > 0) what += fmt::format(" attention factor {}", yarn->attention_factor);
   return row(backward ? "rope_backward" : "rope_forward", dt, what, "-", tol, cuda_default(tol), s);
 }
 

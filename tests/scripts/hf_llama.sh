@@ -125,7 +125,7 @@ grep -q '"rope_type": "llama3"' "$work/llama3_tiny/tp1pp1/hf/config.json" &&
 grep -q 'rope_scaling: yarn' "$work/qwen2_yarn_t5/ckpt.yaml" && grep -q 'rope_original_max_position_embeddings: 16' \
   "$work/qwen2_yarn_t5/ckpt.yaml" && grep -q 'rope_beta_fast: 32' "$work/qwen2_yarn_t5/ckpt.yaml" ||
   { echo "qwen2_yarn_t5: ckpt.yaml lacks rope_scaling"; cat "$work/qwen2_yarn_t5/ckpt.yaml"; exit 1; }
-tr -d ' \n' <"$work/qwen2_yarn_t5/tp1pp1/hf/config.json" | grep -qF '"rope_parameters":{"beta_fast":32.0,"beta_slow":1.0,"factor":4.0,"original_max_position_embeddings":16,"rope_theta":1000.0,"rope_type":"yarn"}' ||
+tr -d ' \n' <"$work/qwen2_yarn_t5/tp1pp1/hf/config.json" | grep -qF '"rope_parameters":{"beta_fast":32.0,"beta_slow":1.0,"factor":4.0,"original_max_position_embeddings":16,"rope_theta":10.0,"rope_type":"yarn"}' ||
   { echo "qwen2_yarn_t5: exported rope_parameters differ from transformers 5's"; cat "$work/qwen2_yarn_t5/tp1pp1/hf/config.json"; exit 1; }
 # transformers 5's folders: their real rope_theta (rope_parameters), scaling and window.
 grep -q 'rope_theta: 500000' "$work/llama_t5/ckpt.yaml" || { echo "llama_t5: ckpt.yaml lacks rope_theta 500000"; exit 1; }
