@@ -28,11 +28,8 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 # folder -> the folder holding its weights (the transformers-5 Mistral and Qwen2 are configs only)
 FOLDERS = {"hf_llama_tiny": None, "hf_mistral_tiny": None, "hf_qwen2_tiny": None, "hf_llama3_tiny": None,
            "hf_llama_t5": None, "hf_llama3_t5": None, "hf_mistral_t5": "hf_mistral_tiny",
-<<<<<<< HEAD
-           "hf_qwen2_t5": "hf_qwen2_tiny", "hf_qwen3_tiny": None, "hf_qwen3_moe_tiny": None}
-=======
-           "hf_qwen2_t5": "hf_qwen2_tiny", "hf_qwen2_yarn_t5": None}
->>>>>>> 1ac708a (YaRN rope scaling (rope_type yarn): frequencies, attention factor, config keys, HF import/export)
+           "hf_qwen2_t5": "hf_qwen2_tiny", "hf_qwen3_tiny": None, "hf_qwen3_moe_tiny": None,
+           "hf_qwen2_yarn_t5": None}
 # transformers 4.x cannot read the folders transformers 5 wrote (it takes rope_theta 10000 for a
 # missing top-level rope_theta: the bug this checks we do not have). Under 4.x the export of a
 # transformers-5 folder is compared with the 4.x-layout fixture of the same weights and model.
