@@ -13,8 +13,8 @@
 // .cu files). UNVERIFIED ON A GPU (2026-11).
 #include <cstdint>
 
-#include "../../src/cuda/cuda_check.hpp"
 #include "../cuda/convert.hpp"
+#include "../cuda/cuda_check.hpp"
 #include "../cuda/kernels.hpp"
 #include "attention_plain.hpp"
 #include "parallel/error.hpp"
@@ -29,7 +29,8 @@ inline cudaStream_t raw(Stream stream) { return static_cast<cudaStream_t>(stream
 inline Tensor as_type(const Tensor& x, DType type, Stream stream) {
   if (x.dtype() == type || x.dtype() != DType::F32) return x;
   Tensor out = Tensor::empty(x.shape(), type, x.device(), stream);
-  PARALLEL_CUDA_CHECK(kernels::convert(out.data_ptr(), type, x.data_ptr(), x.dtype(), x.numel(), raw(stream)));
+  PARALLEL_CUDA_CHECK(
+      kernels::convert(out.data_ptr(), type, x.data_ptr(), x.dtype(), x.numel(), raw(stream)));
   return out;
 }
 
@@ -65,9 +66,9 @@ inline kernels::AttentionShape shape_of(const Tensor& q, const Tensor& k, const 
 
 namespace parallel::cuda {
 
-inline void attention_plain_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
-                                    const AttentionBounds& mask, float softmax_scale, Stream stream,
-                                    DType operand_precision = DType::F32) {
+inline void attention_plain_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                    Tensor& lse, const AttentionBounds& mask, float softmax_scale,
+                                    Stream stream, DType operand_precision = DType::F32) {
   using namespace plain_detail;
   DeviceGuard guard(q.device().index);
   const DType t = gemm_type(q, operand_precision);

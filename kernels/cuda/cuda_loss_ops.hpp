@@ -1,8 +1,8 @@
 #pragma once
 // The CUDA side of ops::cross_entropy_loss and ops::sum_of_squares_accumulate (ops.hpp), in the
 // style of cuda_ops.hpp: src/ops/ops.cpp has validated the arguments.
-#include "../../src/cuda/cuda_check.hpp"
 #include "cuda/loss_kernels.hpp"
+#include "cuda_check.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tensor.hpp"
 

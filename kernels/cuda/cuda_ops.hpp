@@ -23,13 +23,13 @@
 #include <initializer_list>
 
 // Relative includes: usable from tests and benchmarks, which do not see the private include dirs.
-#include "../../src/cuda/cuda_check.hpp"
 #include "../attention/attention_launch.hpp"
 #include "../attention/attention_plain_ops.hpp"
 #include "../attention/attention_tiles.hpp"
 #include "../attention/flash_attention_mma.hpp"
 #include "../gemm/gemm.hpp"
 #include "convert.hpp"
+#include "cuda_check.hpp"
 #include "kernels.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tensor.hpp"

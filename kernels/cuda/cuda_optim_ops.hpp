@@ -2,7 +2,7 @@
 // The CUDA kernel behind ops::adamw_update_ (include/parallel/ops.hpp), in the style of
 // cuda_ops.hpp: src/ops/ops.cpp has validated the arguments; this passes raw pointers to the fused
 // AdamW launcher of kernels.hpp (adamw.cu), which computes the same float scalars as the CPU.
-#include "../../src/cuda/cuda_check.hpp"
+#include "cuda_check.hpp"
 #include "kernels.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cuda/convert.hpp"
+#include "cuda/cuda_check.hpp"
 #include "cuda_caching_allocator.hpp"
-#include "cuda_check.hpp"
 #include "parallel/device.hpp"
 
 namespace parallel {

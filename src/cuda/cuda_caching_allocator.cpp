@@ -2,7 +2,7 @@
 
 #include <functional>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 
 namespace parallel::cuda {
 namespace {

@@ -25,7 +25,8 @@
 
 #include "comm/watchdog.hpp"
 #include "core/cuda_backend.hpp"
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
+#include "nccl_check.hpp"
 #include "parallel/device.hpp"
 
 namespace parallel {

@@ -1,9 +1,9 @@
 #pragma once
-// Checks for CUDA runtime and NCCL return codes. A failure throws parallel::Error with the call's
-// text, the library's error name and message, and file:line [rank on host] (from error_location),
-// so that the top level can log it once and end the job.
+// Checks for CUDA runtime return codes. A failure throws parallel::Error with the call's text, the
+// runtime's error name and message, and file:line [rank on host] (from error_location), so that the
+// top level can log it once and end the job. It sits beside the kernels, which use it, and below
+// src/cuda, which uses it too; NCCL's check is src/cuda/nccl_check.hpp (kernels know no NCCL).
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <string>
 
@@ -17,14 +17,6 @@ namespace parallel::detail {
   (void)cudaGetLastError();
   throw_error(file, line,
               fmt::format("{} failed: {} ({})", call, cudaGetErrorName(err), cudaGetErrorString(err)));
-}
-
-[[noreturn]] inline void throw_nccl_error(const char* file, int line, const char* call, ncclResult_t rc) {
-  // ncclGetLastError carries the detail (which peer, which transport) that the code alone lacks.
-  const char* last = ncclGetLastError(nullptr);
-  throw_error(file, line,
-              fmt::format("{} failed: {} (code {}){}{}", call, ncclGetErrorString(rc), static_cast<int>(rc),
-                          last && *last ? ": " : "", last ? last : ""));
 }
 
 }  // namespace parallel::detail
@@ -61,11 +53,4 @@ class DeviceGuard {
     cudaError_t parallel_cuda_err_ = (call);                                               \
     if (parallel_cuda_err_ != cudaSuccess) [[unlikely]]                                    \
       ::parallel::detail::throw_cuda_error(__FILE__, __LINE__, #call, parallel_cuda_err_); \
-  } while (0)
-
-#define PARALLEL_NCCL_CHECK(call)                                                         \
-  do {                                                                                    \
-    ncclResult_t parallel_nccl_rc_ = (call);                                              \
-    if (parallel_nccl_rc_ != ncclSuccess) [[unlikely]]                                    \
-      ::parallel::detail::throw_nccl_error(__FILE__, __LINE__, #call, parallel_nccl_rc_); \
   } while (0)
