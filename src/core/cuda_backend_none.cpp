@@ -3,7 +3,6 @@
 #if !PARALLEL_HAVE_CUDA
 #include "cuda_backend.hpp"
 #include "parallel/error.hpp"
-#include "parallel/nccl_communicator.hpp"
 
 namespace parallel {
 namespace {
@@ -27,8 +26,6 @@ DeviceMemoryInfo device_memory_info(Device device) {
   if (!device.is_cpu()) no_cuda();
   PARALLEL_FAIL("device_memory_info: the CPU has no device memory");
 }
-
-std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator&, Device, NcclOptions) { no_cuda(); }
 
 namespace cuda_backend {
 bool available() { return false; }
