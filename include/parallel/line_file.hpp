@@ -1,11 +1,11 @@
 #pragma once
-// Append-only text files written one whole line at a time (metrics.jsonl, the log), so that a full
-// disk never leaves half a line behind and never stops training.
+// Append-only text files written one whole line at a time (metrics.jsonl; the log writes stderr the
+// same way), so that a full disk never leaves half a line behind and never stops training.
 //
-// Each line goes out in a single write(2). If the disk fills up mid-line (a short write followed by
-// ENOSPC or EFBIG), the bytes already written are cut off again with ftruncate, so a reader only
-// ever sees whole lines. A failed line is dropped, not retried: the next line is tried afresh (the
-// disk may have room again by then).
+// Each line goes out in a single write(2) (write_whole_line, whole_line.hpp). If the disk fills up mid-line
+// (a short write followed by ENOSPC or EFBIG), the bytes already written are cut off again with ftruncate, so
+// a reader only ever sees whole lines. A failed line is dropped, not retried: the next line is tried afresh
+// (the disk may have room again by then).
 //
 // The same file also takes binary records whole (append_record: TensorBoard's event files, whose
 // TFRecord framing must never end in half a record).
@@ -13,12 +13,9 @@
 #include <string>
 #include <string_view>
 
-namespace parallel {
+#include "parallel/whole_line.hpp"
 
-// Writes `line` (which should end in '\n') to `fd` in as few write() calls as the kernel allows
-// (one, unless it is interrupted or the file is a pipe taking the line in parts). Returns 0, or the
-// errno of the failure; on a regular file, a line that could not be written whole is truncated away.
-int write_whole_line(int fd, std::string_view line);
+namespace parallel {
 
 class LineFile {
  public:

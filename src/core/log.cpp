@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 
-#include "parallel/line_file.hpp"
+#include "parallel/whole_line.hpp"
 
 namespace parallel {
 namespace {
