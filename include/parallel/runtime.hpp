@@ -8,32 +8,19 @@
 // and gets: MPI initialised (or adopted if the caller already did), the world communicator, rank
 // and host in every log line, and an uncaught exception on any rank logged once with its rank and
 // host and turned into MPI_Abort, so the other ranks end within seconds instead of hanging.
+//
+// It starts MPI and hands out the world's MpiCommunicator, so it belongs to the communication layer
+// (src/comm/runtime.cpp); reading the launcher's environment needs no MPI and stays in the core
+// (launch.hpp).
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "parallel/launch.hpp"
 #include "parallel/mpi_communicator.hpp"
 
 namespace parallel {
-
-// Where this process's place in the job came from.
-struct LaunchInfo {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  std::string source;  // "mpi (already initialised)", "open-mpi", "slurm", "torchrun", "single process"
-  std::string host;
-};
-
-// Reads the launcher's environment variables, in this order: Open MPI (OMPI_COMM_WORLD_*), Slurm
-// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), PMI (PMI_RANK, PMI_SIZE), torchrun (RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); none of them means one process alone. `env` maps
-// names to values (tests pass a table; the runtime passes the process environment). Inconsistent
-// values (rank >= world size, a non-number) throw parallel::Error naming the variable.
-LaunchInfo discover_launch(const std::function<const char*(const char*)>& env);
-LaunchInfo discover_launch_from_environment();
 
 class Runtime {
  public:

@@ -1,4 +1,6 @@
 // Launcher discovery: where this process sits in the job, read from the launcher's environment.
+#include "parallel/launch.hpp"
+
 #include <unistd.h>
 
 #include <charconv>
@@ -8,7 +10,6 @@
 #include <string_view>
 
 #include "parallel/error.hpp"
-#include "parallel/runtime.hpp"
 
 namespace parallel {
 namespace {

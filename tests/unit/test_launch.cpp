@@ -5,7 +5,7 @@
 #include <string>
 
 #include "parallel/error.hpp"
-#include "parallel/runtime.hpp"
+#include "parallel/launch.hpp"
 
 namespace parallel {
 namespace {
