@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/gpt_model.hpp"
 #include "parallel/parallel_state.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/runtime.hpp"
@@ -92,7 +93,7 @@ std::vector<Row> run_case(ParallelState& state, const Args& a, int v, int m, Pip
   c.seq_length = a.seq;
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::vector<GPTModel*> ptrs;
-  for (const GPTChunkSpec& spec :
+  for (const ChunkSpec& spec :
        pipeline::stage_layout({c.num_layers, p, v, 0, 0, pipeline::placement_of(kind)}, r)) {
     chunks.push_back(std::make_unique<GPTModel>(c, spec, GPTModel::Options{}, state.tp()));
     ptrs.push_back(chunks.back().get());

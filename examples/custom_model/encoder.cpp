@@ -110,7 +110,7 @@ struct EncoderChunk::Saved final : Activations {
   int64_t batch = 0;
 };
 
-EncoderChunk::EncoderChunk(const EncoderConfig& c, ChunkSpec spec, parallel::Communicator& tp_group)
+EncoderChunk::EncoderChunk(const EncoderConfig& c, parallel::ChunkSpec spec, parallel::Communicator& tp_group)
     : config_(c), spec_(spec), tp_(tp_group) {
   const int t = tp_group.size();
   PARALLEL_CHECK(c.vocab % t == 0 && c.heads % t == 0 && c.ffn % t == 0 && c.classes % t == 0,

@@ -39,15 +39,10 @@ struct EncoderConfig {
   bool sequence_parallel = false;
 };
 
-struct ChunkSpec {
-  int first_layer = 0, num_layers = 0;
-  bool pre_process = true, post_process = true;
-};
-
 class EncoderChunk final : public parallel::ModelChunk {
  public:
   // tp: the tensor-parallel group (ParallelState::tp()); it must outlive the chunk.
-  EncoderChunk(const EncoderConfig& config, ChunkSpec spec, parallel::Communicator& tp);
+  EncoderChunk(const EncoderConfig& config, parallel::ChunkSpec spec, parallel::Communicator& tp);
   ~EncoderChunk() override;
 
   bool pre_process() const override { return spec_.pre_process; }
@@ -78,7 +73,7 @@ class EncoderChunk final : public parallel::ModelChunk {
   void after(UnitPhase phase, const std::vector<parallel::Parameter*>& unit);
 
   EncoderConfig config_;
-  ChunkSpec spec_;
+  parallel::ChunkSpec spec_;
   parallel::Communicator& tp_;
   int64_t seq_local_;  // s / tp under sequence parallelism, else s
   // First chunk.

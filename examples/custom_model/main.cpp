@@ -181,9 +181,7 @@ int train(parallel::Runtime& rt, const Options& o) {
   std::vector<std::unique_ptr<encoder::EncoderChunk>> owned;
   std::vector<parallel::ModelChunk*> chunks;
   for (const auto& spec : parallel::pipeline::stage_layout(layout, state.coord().pp)) {
-    owned.push_back(std::make_unique<encoder::EncoderChunk>(
-        o.model, encoder::ChunkSpec{spec.first_layer, spec.num_layers, spec.pre_process, spec.post_process},
-        state.tp()));
+    owned.push_back(std::make_unique<encoder::EncoderChunk>(o.model, spec, state.tp()));
     chunks.push_back(owned.back().get());
   }
 

@@ -18,13 +18,6 @@
 
 namespace parallel {
 
-struct GPTChunkSpec {
-  int first_layer = 0;  // global index of this chunk's first transformer layer
-  int num_layers = 0;
-  bool pre_process = true;   // holds the embedding; input is tokens
-  bool post_process = true;  // holds final norm, output layer and loss; output is the loss
-};
-
 // The padded vocabulary: the smallest multiple of 128 * tp that holds vocab_size.
 int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size);
 
@@ -54,7 +47,7 @@ class GPTModel final : public ModelChunk {
     ContextComm context_comm = ContextComm::P2P;
   };
   // tp: the tensor-parallel communicator (size 1 without tensor parallelism).
-  GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp);
+  GPTModel(const ModelConfig& config, ChunkSpec spec, Options options, Communicator& tp);
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -140,7 +133,7 @@ class GPTModel final : public ModelChunk {
   // Forgets the loads counted since the last update (a step whose update was skipped).
   void reset_router_load();
   const ModelConfig& config() const { return config_; }
-  const GPTChunkSpec& spec() const { return spec_; }
+  const ChunkSpec& spec() const { return spec_; }
   Device device() const override;  // where the parameters and activations live (Options::device)
   int64_t vocab_padded() const { return vocab_padded_; }
 
@@ -148,7 +141,7 @@ class GPTModel final : public ModelChunk {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
-  GPTChunkSpec spec_;
+  ChunkSpec spec_;
   int64_t vocab_padded_ = 0;
 };
 

@@ -47,6 +47,17 @@ struct PackedSequence {
   }
 };
 
+// Which part of the model one chunk holds: a contiguous range of layers, and whether it holds the
+// input end (pre_process: the embedding, reads the micro-batch's input) and the output end
+// (post_process: the head and the loss). The pipeline's stage_layout (pipeline.hpp) hands these out
+// for any model; a model builds its chunk from one (GPTModel, examples/custom_model's EncoderChunk).
+struct ChunkSpec {
+  int first_layer = 0;  // global index of this chunk's first layer
+  int num_layers = 0;
+  bool pre_process = true;   // holds the input end (GPT: the embedding); input is the micro-batch's
+  bool post_process = true;  // holds the output end (GPT: final norm, output layer, loss)
+};
+
 class ModelChunk {
  public:
   virtual ~ModelChunk() = default;

@@ -18,9 +18,12 @@
 #include <vector>
 
 #include "parallel/communicator.hpp"
-#include "parallel/gpt_model.hpp"  // GPTChunkSpec
 #include "parallel/model_chunk.hpp"
 #include "parallel/pipeline_schedule.hpp"
+
+namespace parallel {
+struct Config;  // config.hpp; only LayoutParams::of reads one
+}  // namespace parallel
 
 namespace parallel::pipeline {
 
@@ -48,7 +51,7 @@ std::vector<int> layers_per_stage(const LayoutParams& params);
 // This rank's chunks: chunk c is global stage global_stage(p, rank, c, placement) (c*p + rank in
 // the loop placement; r and 2p - 1 - r in the V one). pre_process on global stage 0, post_process on
 // global stage p*v - 1: in the V placement both on rank 0, in its chunks 0 and 1.
-std::vector<GPTChunkSpec> stage_layout(const LayoutParams& params, int rank);
+std::vector<ChunkSpec> stage_layout(const LayoutParams& params, int rank);
 
 // ---- what the executor drives -------------------------------------------------------------------
 

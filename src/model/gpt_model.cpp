@@ -86,7 +86,7 @@ struct GPTModel::Impl {
   void embedding_backward(Saved& act, const Tensor& dx);
 };
 
-GPTModel::GPTModel(const ModelConfig& config, GPTChunkSpec spec, Options options, Communicator& tp)
+GPTModel::GPTModel(const ModelConfig& config, ChunkSpec spec, Options options, Communicator& tp)
     : impl_(std::make_unique<Impl>()), config_(config), spec_(spec) {
   // On meta the parameters are born on the meta allocator and init skips them (no values): the host
   // pays nothing, so a model bigger than the host can be planned. Elsewhere they start on the host.

@@ -69,11 +69,11 @@ LayoutParams LayoutParams::of(const Config& c) {
           .placement = placement_of(c.parallel.pipeline_schedule)};
 }
 
-std::vector<GPTChunkSpec> stage_layout(const LayoutParams& s, int rank) {
+std::vector<ChunkSpec> stage_layout(const LayoutParams& s, int rank) {
   const std::vector<int> layers = layers_per_stage(s);
   const int p = s.pipeline_size, stages = static_cast<int>(layers.size());
   if (rank < 0 || rank >= p) PARALLEL_FAIL("pipeline rank ({}) must be in [0, pipeline ({}))", rank, p);
-  std::vector<GPTChunkSpec> chunks;
+  std::vector<ChunkSpec> chunks;
   if (s.placement == Placement::V && s.virtual_stages != 2)
     PARALLEL_FAIL("the V placement needs virtual_stages = 2 (got {})", s.virtual_stages);
   for (int c = 0; c < s.virtual_stages; ++c) {

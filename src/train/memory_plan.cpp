@@ -47,7 +47,7 @@ constexpr int kExactLayers = 4096;
 
 // `model_units` (if given) gets, per buffer unit, the model unit it belongs to (GPTModel::units():
 // the embedding, each layer, the output), numbered from `first_model_unit`; returns the next number.
-std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp,
+std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const ChunkSpec& spec, int tp,
                                            bool distributed, std::vector<int>* model_units = nullptr,
                                            int* next_model_unit = nullptr) {
   const int64_t h = m.hidden_size, heads = m.num_attention_heads;
@@ -145,7 +145,7 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const GPTChunkS
 // frozen, outside it), tagged with their model units as chunk_parameter_units does. Per layer, in
 // registration order: the q|k|v A's (one storage) and B's, proj's A and B, the fc1 / gate|up A's and
 // B's, fc2's A and B.
-std::vector<int64_t> chunk_lora_units(const ModelConfig& m, const GPTChunkSpec& spec, int tp,
+std::vector<int64_t> chunk_lora_units(const ModelConfig& m, const ChunkSpec& spec, int tp,
                                       std::vector<int>* model_units, int* next_model_unit) {
   const int64_t h = m.hidden_size, heads = m.num_attention_heads, r = m.lora.rank;
   const int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
@@ -191,7 +191,7 @@ std::vector<int64_t> chunk_lora_units(const ModelConfig& m, const GPTChunkSpec& 
 
 // Elements of this rank's MoE experts in one chunk (num_experts / ep per MoE layer, fc1 and fc2,
 // 1/etp of each): the trainer's expert DataParallel buffer, unsharded, its gradients fp32.
-double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, int ep, int etp) {
+double expert_elements_per_rank(const ModelConfig& m, const ChunkSpec& spec, int ep, int etp) {
   if (m.num_experts <= 0) return 0;
   const double fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
   const double fe1 = m.activation == Activation::SwiGLU ? 2 * fe : fe;
@@ -203,7 +203,7 @@ double expert_elements_per_rank(const ModelConfig& m, const GPTChunkSpec& spec, 
 // Elements of the weights one chunk's GEMMs take as b (q|k|v, proj, fc1, fc2 per layer, and the
 // output layer's weight, tied or not): what an ops::WeightPackingScope packs, in each of two
 // orientations (x W^T forward, dy W backward).
-double chunk_gemm_weight_elements(const ModelConfig& m, const GPTChunkSpec& spec, int tp) {
+double chunk_gemm_weight_elements(const ModelConfig& m, const ChunkSpec& spec, int tp) {
   const double h = m.hidden_size, heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const double d = m.attention_head_dim(), ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
@@ -234,7 +234,7 @@ struct StaticBytes {
   double steady = 0, save = 0;
 };
 
-StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks) {
+StaticBytes plan_static(const Config& c, const std::vector<ChunkSpec>& chunks) {
   const Sharding sharding = c.optimizer.sharding;
   const bool sharded_optimizer = c.optimizer.distributed || sharding != Sharding::None;
   const bool shard_grads = sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams;
@@ -248,7 +248,7 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
   // LoRA: the buffers hold the adapters; the frozen base lives beside them in the compute dtype.
   const bool lora = c.model.lora.enabled();
   double frozen = 0;
-  for (const GPTChunkSpec& spec : chunks) {
+  for (const ChunkSpec& spec : chunks) {
     if (lora) {
       for (int64_t u : chunk_parameter_units(c.model, spec, c.parallel.tensor, false))
         frozen += static_cast<double>(u);
@@ -319,7 +319,7 @@ StaticBytes plan_static(const Config& c, const std::vector<GPTChunkSpec>& chunks
   // (ep x etp) ranks; under HSDP over expert-dp / the dense replica count, as the trainer does).
   // Unpadded; the working terms take one MoE layer's experts as the largest expert unit.
   double experts = 0, expert_layer = 0;
-  for (const GPTChunkSpec& spec : chunks) {
+  for (const ChunkSpec& spec : chunks) {
     experts += expert_elements_per_rank(c.model, spec, c.parallel.expert, c.parallel.expert_tensor);
     expert_layer =
         std::max(expert_layer, expert_elements_per_rank(c.model, {spec.first_layer, 1, false, false},
@@ -525,7 +525,7 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size, const MetaPlanOp
     // this stage, an upper bound (the backward one of a chunk appears at its first backward).
     if (packs_weights(c, micro_batches)) {
       double packed = 0;
-      for (const GPTChunkSpec& spec : chunks_of_stage)
+      for (const ChunkSpec& spec : chunks_of_stage)
         packed += 2 * chunk_gemm_weight_elements(c.model, spec, c.parallel.tensor) *
                   static_cast<double>(dtype_size(compute_dtype(c.train.precision)));
       r.terms.push_back({"packed_weights", to_bytes(packed), static_keys + ", train.precision"});

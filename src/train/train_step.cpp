@@ -76,7 +76,7 @@ TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
                             .cp = &state_->cp(),
                             .context_comm = c.parallel.context_comm};
   std::vector<GPTModel*> raw;
-  for (const GPTChunkSpec& spec : specs) {
+  for (const ChunkSpec& spec : specs) {
     chunks_.push_back(std::make_unique<GPTModel>(c.model, spec, options, state_->tp()));
     raw.push_back(chunks_.back().get());
   }

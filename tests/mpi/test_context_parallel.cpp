@@ -83,7 +83,7 @@ void run_parity(const Variant& v, ContextComm comm) {
   Communicator& cp = world();
   auto solo = world().split(world().rank(), 0);
   const ModelConfig c = make_config(v, 8 * cp.size());
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
   GPTModel mine(c, whole, {.recompute = v.recompute, .seed = 7, .cp = &cp, .context_comm = comm}, *solo);
   GPTModel ref(c, whole, {.recompute = v.recompute, .seed = 7}, *solo);
   // Two micro-batches accumulate (dropout masks differ between them).
@@ -236,7 +236,7 @@ TEST(ContextMemory, LongSequenceActivationsShrink) {
   c.num_attention_heads = 2;
   c.num_query_groups = 2;
   c.vocab_size = 128;
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
   std::vector<int32_t> ids(static_cast<std::size_t>(c.seq_length));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 7 % c.vocab_size);
   const Tensor tokens = Tensor::from_vector(ids, {1, c.seq_length});

@@ -114,7 +114,7 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
   ParallelState state(world(), RankGrid::from_world(world().size(), setup.tp, 1));
   const int dp = state.dp().size(), d = state.coord().dp;
   const ModelConfig c = small_config();
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
 
   auto solo = world().split(world().rank(), 0);
   GPTModel ref(c, whole, {.seed = 11}, *solo);

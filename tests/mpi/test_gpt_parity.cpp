@@ -93,7 +93,7 @@ void run_parity(const Variant& v, bool sp) {
   Communicator& tp = world();
   auto solo = world().split(world().rank(), 0);
   const ModelConfig c = make_config(v);
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
   GPTModel mine(c, whole, {.sequence_parallel = sp, .recompute = Recompute::None, .seed = 7}, tp);
   GPTModel ref(c, whole, {.sequence_parallel = false, .recompute = Recompute::None, .seed = 7}, *solo);
   const float loss = step(mine, c, tp), loss_ref = step(ref, c, *solo);
@@ -177,7 +177,7 @@ TEST(GPTMemory, RankHoldsItsShareOfTheWeights) {
   auto solo = world().split(world().rank(), 0);
   for (const Variant& v : {Variant{"", false, true, true}, Variant{"", true, false, false}}) {
     const ModelConfig c = make_config(v);
-    const GPTChunkSpec whole{0, c.num_layers, true, true};
+    const ChunkSpec whole{0, c.num_layers, true, true};
     const std::size_t base = memory_stats(Device::cpu()).allocated;
     auto ref = std::make_unique<GPTModel>(c, whole, GPTModel::Options{}, *solo);
     const std::size_t ref_bytes = memory_stats(Device::cpu()).allocated - base;

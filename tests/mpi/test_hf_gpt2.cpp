@@ -179,8 +179,7 @@ TEST(HfGpt2, ThreeAdamWStepsMatchPyTorch) {
 
   // Load the imported checkpoint the way the trainer does: each Parameter's box (the padded
   // vocabulary rows are outside the saved [V, h] embedding and keep their init).
-  GPTModel model(config.model, GPTChunkSpec{0, config.model.num_layers, true, true}, GPTModel::Options{},
-                 world);
+  GPTModel model(config.model, ChunkSpec{0, config.model.num_layers, true, true}, GPTModel::Options{}, world);
   std::vector<Parameter*> params = model.parameters();
   std::vector<checkpoint::ShardedTensor> boxes;
   for (Parameter* p : params) boxes.push_back(checkpoint::from_parameter(*p, true));

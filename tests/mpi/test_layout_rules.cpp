@@ -65,7 +65,7 @@ std::string model_message(const Case& k) {
                       .cp = p.context > 1 ? cp : nullptr,
                       .context_comm = p.context_comm};
   try {
-    GPTModel model(m, GPTChunkSpec{.num_layers = m.num_layers}, o, *tp);
+    GPTModel model(m, ChunkSpec{.num_layers = m.num_layers}, o, *tp);
   } catch (const ConfigError& e) {
     return e.what();
   }

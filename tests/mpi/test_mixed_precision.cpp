@@ -158,7 +158,7 @@ void run_tp(const Variant& v, bool sp) {
   Communicator& tp = world();
   auto solo = world().split(world().rank(), 0);
   const ModelConfig c = make_config(v);
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
   GPTModel mine(c, whole, {.sequence_parallel = sp, .seed = 7, .precision = Precision::BF16}, tp);
   GPTModel ref(c, whole, {.seed = 7, .precision = Precision::BF16}, *solo);
   round_parameters_to_bf16(mine);

@@ -113,7 +113,7 @@ TEST_P(MoEShardedDataParallel, MatchesOneRank) {
   const int dp = state.dp_cp().size(), d = state.coord().dp;
   ASSERT_EQ(state.edp().size(), n / kEp);
   const ModelConfig c = moe_config();
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
 
   auto solo = world().split(world().rank(), 0);
   GPTModel ref(c, whole, {.seed = 11}, *solo);

@@ -133,7 +133,7 @@ void run(const Layout& layout, bool rope, int64_t window) {
   if (w.size() != 2) GTEST_SKIP() << "2 ranks";
   auto solo = w.split(w.rank(), 0);
   const ModelConfig c = make_config(rope, window);
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
   GPTModel ref(c, whole, {.seed = 7}, *solo);
   std::unique_ptr<GPTModel> mine =
       layout.cp
@@ -280,7 +280,7 @@ TEST_P(BalancedLayout, BalancedAndEqualToOneRank) {
     std::printf("%s: max / mean load zigzag %.3f, balanced %.3f (granule %lld)\n", p.label, zigzag, balanced,
                 static_cast<long long>(layout->granule()));
 
-  const GPTChunkSpec whole{0, c.num_layers, true, true};
+  const ChunkSpec whole{0, c.num_layers, true, true};
   GPTModel ref(c, whole, {.seed = 7}, *solo);
   GPTModel mine(
       c, whole,

@@ -134,7 +134,7 @@ TEST_P(PipelineParity, LossAndGradientsOverSgdSteps) {
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::vector<GPTModel*> chunk_ptrs;
   const pipeline::Placement placement = pipeline::placement_of(k.schedule);
-  for (const GPTChunkSpec& spec :
+  for (const ChunkSpec& spec :
        pipeline::stage_layout({num_layers, k.pp, k.v, 0, 0, placement}, state.coord().pp)) {
     chunks.push_back(std::make_unique<GPTModel>(c, spec, options, state.tp()));
     chunk_ptrs.push_back(chunks.back().get());
@@ -287,7 +287,7 @@ struct Measured {
 struct MeasuredSplit : Measured {
   std::size_t held = 0;  // bytes alive after the input step (what the weight step reads)
 };
-MeasuredSplit measure_one(ChunkPipelineModel& model, const GPTChunkSpec& spec, const Shape& shape,
+MeasuredSplit measure_one(ChunkPipelineModel& model, const ChunkSpec& spec, const Shape& shape,
                           bool split = false) {
   Allocator& alloc = allocator_for(Device::cpu());
   const std::size_t base = alloc.stats().allocated;
@@ -317,7 +317,7 @@ TEST(PipelineMemory, OneFOneBKeepsAtMostPMinusRMicroBatches) {
   const int r = state.coord().pp, m = 8;
   const Case k{"", 1, p, 1, m, false, false, true};
   const ModelConfig c = make_config(k, 2 * p);
-  const GPTChunkSpec spec = pipeline::stage_layout({2 * p, p, 1}, r).front();
+  const ChunkSpec spec = pipeline::stage_layout({2 * p, p, 1}, r).front();
   GPTModel chunk(c, spec, {}, state.tp());
   ChunkPipelineModel model({&chunk});
   const Shape shape{c.seq_length, kMicroBatchSize, c.hidden_size};
@@ -380,7 +380,7 @@ TEST(PipelineMemory, InterleavedInFlightIsWarmupPlusOne) {
   for (int m : {p, 2 * p}) {
     std::vector<std::unique_ptr<GPTModel>> chunks;
     std::vector<GPTModel*> ptrs;
-    for (const GPTChunkSpec& spec : pipeline::stage_layout({p * v, p, v}, r)) {
+    for (const ChunkSpec& spec : pipeline::stage_layout({p * v, p, v}, r)) {
       chunks.push_back(std::make_unique<GPTModel>(c, spec, GPTModel::Options{}, state.tp()));
       ptrs.push_back(chunks.back().get());
     }

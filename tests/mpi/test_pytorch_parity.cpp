@@ -417,8 +417,8 @@ void check_gpt(const std::string& fixture_name, const GptTolerance& tol = {}) {
   const ModelConfig cfg =
       config_from_metadata(safetensors::load_metadata(fixtures_dir() + "/" + fixture_name + ".safetensors"));
   const int64_t V = cfg.vocab_size;
-  GPTModel model(cfg, GPTChunkSpec{0, cfg.num_layers, true, true},
-                 GPTModel::Options{.precision = tol.precision}, tp1());
+  GPTModel model(cfg, ChunkSpec{0, cfg.num_layers, true, true}, GPTModel::Options{.precision = tol.precision},
+                 tp1());
   const int64_t Vp = model.vocab_padded();
   EXPECT_EQ(Vp, 128);
 

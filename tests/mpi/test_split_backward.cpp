@@ -359,7 +359,7 @@ Tensor ids(const ModelConfig& c, int shift) {
 // backward on one, and on the other all forwards, all input steps, then the weight steps in
 // micro-batch order (each W delayed past the later micro-batches' B). Chunks without the loss get
 // a random output gradient; chunks without the embedding a random input.
-void run_model(const ModelCase& mc, GPTChunkSpec spec) {
+void run_model(const ModelCase& mc, ChunkSpec spec) {
   ModelConfig c = layer_config(mc.llama, mc.dropout);
   c.tie_embeddings = mc.tied;
   c.num_layers = 4;

@@ -96,8 +96,7 @@ class LayoutRun {
  public:
   LayoutRun(Communicator& comm, Layout layout, const ModelConfig& c, uint64_t seed) : layout_(layout), c_(c) {
     state_ = std::make_unique<ParallelState>(comm, RankGrid::from_world(comm.size(), layout.tp, layout.pp));
-    for (const GPTChunkSpec& spec :
-         pipeline::stage_layout({c.num_layers, layout.pp, 1}, state_->coord().pp)) {
+    for (const ChunkSpec& spec : pipeline::stage_layout({c.num_layers, layout.pp, 1}, state_->coord().pp)) {
       chunks_.push_back(std::make_unique<GPTModel>(c, spec, GPTModel::Options{.seed = seed}, state_->tp()));
       chunk_ptrs_.push_back(chunks_.back().get());
     }

@@ -13,9 +13,9 @@ namespace parallel::pipeline {
 namespace {
 
 // (first_layer, num_layers, pre, post) of each chunk, as a compact string for readable failures.
-std::string describe(const std::vector<GPTChunkSpec>& chunks) {
+std::string describe(const std::vector<ChunkSpec>& chunks) {
   std::string out;
-  for (const GPTChunkSpec& c : chunks) {
+  for (const ChunkSpec& c : chunks) {
     out += "[" + std::to_string(c.first_layer) + "," + std::to_string(c.first_layer + c.num_layers) + ")";
     if (c.pre_process) out += "E";
     if (c.post_process) out += "L";
@@ -65,7 +65,7 @@ TEST(StageLayout, VPlacement) {
   for (int p = 1; p <= 8; ++p) {
     std::vector<int> owner(static_cast<std::size_t>(4 * p), -1);
     for (int r = 0; r < p; ++r)
-      for (const GPTChunkSpec& c : stage_layout({4 * p, p, 2, 0, 0, Placement::V}, r))
+      for (const ChunkSpec& c : stage_layout({4 * p, p, 2, 0, 0, Placement::V}, r))
         for (int l = c.first_layer; l < c.first_layer + c.num_layers; ++l) {
           ASSERT_EQ(owner[static_cast<std::size_t>(l)], -1) << "layer " << l << " twice";
           owner[static_cast<std::size_t>(l)] = r;
@@ -93,7 +93,7 @@ TEST(StageLayout, CoversEveryLayerOnce) {
         std::vector<int> owner(static_cast<std::size_t>(n), -1);
         int pre = 0, post = 0;
         for (int r = 0; r < p; ++r)
-          for (const GPTChunkSpec& c : stage_layout({n, p, v}, r)) {
+          for (const ChunkSpec& c : stage_layout({n, p, v}, r)) {
             pre += c.pre_process;
             post += c.post_process;
             for (int l = c.first_layer; l < c.first_layer + c.num_layers; ++l) {

@@ -264,7 +264,7 @@ TEST(MetaModel, ParametersAreBornOnMetaWithoutHostMemory) {
   MetaCommunicator tp(0, 8, log);
   const auto host_before = allocator_for(Device::cpu()).stats().allocated;
   const auto meta_before = allocator_for(Device::meta()).stats().allocated;
-  GPTChunkSpec spec;
+  ChunkSpec spec;
   spec.first_layer = 2;
   spec.num_layers = 2;
   spec.pre_process = false;
