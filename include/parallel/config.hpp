@@ -20,6 +20,8 @@ namespace parallel {
 enum class Normalization { LayerNorm, RMSNorm };
 enum class Activation { GeLU, SwiGLU };
 enum class PositionEmbedding { Learned, Rope };
+// mha: multi-head / grouped-query self-attention; mla: DeepSeek-V2/V3's multi-head latent attention.
+enum class AttentionType { MHA, MLA };
 enum class Recompute { None, Selective, Full };
 enum class LrDecay { Constant, Linear, Cosine };
 enum class DeviceKind { CPU, CUDA };
@@ -127,6 +129,19 @@ struct ModelConfig {
   bool is_moe_layer(int layer) const {
     return num_experts > 0 && layer >= moe_first_k_dense_replace && layer % moe_layer_freq == 0;
   }
+  // Multi-head latent attention (attention: mla; docs/model.md, "Multi-head latent attention"):
+  // queries through a rank-q_lora_rank bottleneck with its RMSNorm (0: one plain projection), keys
+  // and values from a rank-kv_lora_rank latent with its RMSNorm, query/key heads of
+  // qk_nope_head_dim + qk_rope_head_dim (the rope part of the key one head shared by all), value
+  // heads of v_head_dim. The rope dimensions are in rotate-half order (Llama's); DeepSeek-V3's
+  // rope_interleave is a permutation of the weights, for the Hugging Face conversion.
+  AttentionType attention = AttentionType::MHA;
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  bool is_mla() const { return attention == AttentionType::MLA; }
   RopeScaling rope_scaling;  // model.rope_scaling* keys: none, linear or llama3 (parallel/rope.hpp)
   // Sliding-window attention (Mistral's sliding_window): a query sees itself and the
   // sliding_window - 1 positions before it; 0: all. Which layers are windowed:

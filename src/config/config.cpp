@@ -41,6 +41,7 @@ namespace {
 constexpr std::string_view kNormalizationNames[] = {"layernorm", "rmsnorm"};
 constexpr std::string_view kActivationNames[] = {"gelu", "swiglu"};
 constexpr std::string_view kPositionEmbeddingNames[] = {"learned", "rope"};
+constexpr std::string_view kAttentionTypeNames[] = {"mha", "mla"};
 constexpr std::string_view kRopeScalingNames[] = {"none", "linear", "llama3", "yarn"};
 constexpr std::string_view kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr std::string_view kRecomputeNames[] = {"none", "selective", "full"};
@@ -60,6 +61,7 @@ constexpr std::string_view kMuonScaleNames[] = {"match_rms_adamw", "original"};
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
 std::span<const std::string_view> names_of(PositionEmbedding) { return kPositionEmbeddingNames; }
+std::span<const std::string_view> names_of(AttentionType) { return kAttentionTypeNames; }
 std::span<const std::string_view> names_of(RopeScalingType) { return kRopeScalingNames; }
 std::span<const std::string_view> names_of(Precision) { return kPrecisionNames; }
 std::span<const std::string_view> names_of(Recompute) { return kRecomputeNames; }
@@ -136,6 +138,14 @@ void for_each_field(S& s, F&& f) {
     "the expert bias's step per update: bias += speed * sign(mean load - load)");
   f("moe_seq_aux_loss_coeff", s.moe_seq_aux_loss_coeff, "weight of the sequence-wise balance loss (0: off)");
   f("moe_first_k_dense_replace", s.moe_first_k_dense_replace, "layers below this one keep the dense MLP");
+  f("attention", s.attention,
+    "mha (multi-head / grouped-query attention) or mla (DeepSeek's multi-head latent attention)");
+  f("q_lora_rank", s.q_lora_rank, "mla: rank of the query bottleneck (0: one plain query projection)");
+  f("kv_lora_rank", s.kv_lora_rank, "mla: rank of the compressed key-value latent");
+  f("qk_nope_head_dim", s.qk_nope_head_dim, "mla: query/key head dimensions without rope");
+  f("qk_rope_head_dim", s.qk_rope_head_dim,
+    "mla: query/key head dimensions with rope (the key's shared by all heads)");
+  f("v_head_dim", s.v_head_dim, "mla: value head dimension");
   f("rope_scaling", s.rope_scaling.type,
     "scaling of the rotary frequencies for longer contexts (Hugging Face's rope_type)");
   f("rope_scaling_factor", s.rope_scaling.factor,
@@ -908,8 +918,37 @@ void validate_config(Config& c, int world_size) {
   // Model shape against tensor, context and expert parallelism (layout_rules.hpp; the model checks
   // the same rules for the communicators it is given).
   check_layout(m, p);
+  // Multi-head latent attention: its own head sizes; the mha keys' sizes do not apply.
+  if (m.is_mla()) {
+    const std::string mla = fmt::format("with {} = mla", rules.key(m.attention));
+    rules.require(m.position_embedding == PositionEmbedding::Rope, m.position_embedding,
+                  fmt::format("must be rope {}", mla));
+    rules.require(!m.add_bias && !m.add_qkv_bias, m.add_bias,
+                  fmt::format("must be false {} (and {} too): latent attention has no biases", mla,
+                              rules.key(m.add_qkv_bias)));
+    rules.require(m.num_query_groups == m.num_attention_heads, m.num_query_groups,
+                  fmt::format("must be 0 or {} ({}) {}: every head has its own key and value",
+                              rules.key(m.num_attention_heads), m.num_attention_heads, mla));
+    rules.require(
+        m.head_dim == 0, m.head_dim,
+        fmt::format("must be 0 {} (its head sizes are qk_nope_head_dim, qk_rope_head_dim, v_head_dim)", mla));
+    rules.require(!m.qk_norm, m.qk_norm, fmt::format("must be false {}", mla));
+    rules.require(!m.lora.enabled(), m.lora.rank,
+                  fmt::format("must be 0 {}: no adapters on latent attention yet", mla));
+    rules.at_least(m.q_lora_rank, 0);
+    rules.at_least(m.kv_lora_rank, 1);
+    rules.at_least(m.qk_nope_head_dim, 1);
+    rules.at_least(m.qk_rope_head_dim, 2);
+    rules.require(m.qk_rope_head_dim % 2 == 0, m.qk_rope_head_dim, "must be even (rope rotates pairs)");
+    rules.at_least(m.v_head_dim, 1);
+  } else {
+    const std::string why = fmt::format("needs {} = mla", rules.key(m.attention));
+    for (const int* size :
+         {&m.q_lora_rank, &m.kv_lora_rank, &m.qk_nope_head_dim, &m.qk_rope_head_dim, &m.v_head_dim})
+      rules.require(*size == 0, *size, why);
+  }
   // Positions (after the layout rules: the head dimension below needs heads to divide hidden).
-  if (m.position_embedding == PositionEmbedding::Rope) {
+  if (m.position_embedding == PositionEmbedding::Rope && !m.is_mla()) {
     const int head_dim = m.attention_head_dim();
     if (m.head_dim > 0)
       rules.require(head_dim % 2 == 0, m.head_dim, "must be even for rope position embeddings");

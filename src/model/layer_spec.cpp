@@ -7,7 +7,7 @@ namespace parallel::model {
 LayerSpec layer_spec(const ModelConfig& config, int layer) {
   LayerSpec spec;
   spec.layer = layer;
-  spec.attention = AttentionKind::Self;
+  spec.attention = config.is_mla() ? AttentionKind::Latent : AttentionKind::Self;
   spec.window = config.layer_window(layer);
   spec.qk_norm = config.qk_norm;
   spec.ffn = config.is_moe_layer(layer) ? FFNKind::MoE : FFNKind::Dense;

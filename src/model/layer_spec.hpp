@@ -12,7 +12,8 @@
 namespace parallel::model {
 
 enum class AttentionKind {
-  Self,  // multi-head / grouped-query self-attention with rope or learned positions (SelfAttention)
+  Self,    // multi-head / grouped-query self-attention with rope or learned positions (SelfAttention)
+  Latent,  // multi-head latent attention, DeepSeek-V2/V3's MLA (LatentAttention; model.attention: mla)
 };
 
 enum class FFNKind {

@@ -25,15 +25,15 @@ struct MoEStats {
 // Mixture of experts in place of the MLP (docs/model.md, "Mixture of experts"): a router (fp32
 // logits; the scores, top-k choices, combine weights and the balance and z losses are router.hpp's
 // Router's), token dispatch to the experts' owners over env.ep (alltoall or allgather), the local
-// experts as one grouped GEMM over their contiguous rows, and the combine. Experts are GeLU or SwiGLU MLPs without biases,
-// named "layers.<l>.mlp.experts.<global index>.{fc1 | gate, up}.weight" and "...fc2.weight"; a rank
-// holds num_experts / ep of them (global indices ep_rank * local ..). Under tensor parallelism
-// inside experts (env.etp, Megatron-Core's expert-tensor group) each rank holds 1/etp of the inner
-// width of its experts (fc1 / gate / up by rows, fc2 by columns, as the dense MLP under tp): after
-// the ep dispatch the rows are all-gathered over etp, every etp rank computes its slice for all of
-// them, and the partial outputs are reduce-scattered back before the return dispatch; the
-// backward mirrors it. An optional shared expert is a tensor-parallel MLP. Runs on the CPU and
-// on CUDA: routing is host code on the router's logits read back, the row passes are ops (moe.cpp).
+// experts as one grouped GEMM over their contiguous rows, and the combine. Experts are GeLU or SwiGLU MLPs
+// without biases, named "layers.<l>.mlp.experts.<global index>.{fc1 | gate, up}.weight" and "...fc2.weight";
+// a rank holds num_experts / ep of them (global indices ep_rank * local ..). Under tensor parallelism inside
+// experts (env.etp, Megatron-Core's expert-tensor group) each rank holds 1/etp of the inner width of its
+// experts (fc1 / gate / up by rows, fc2 by columns, as the dense MLP under tp): after the ep dispatch the
+// rows are all-gathered over etp, every etp rank computes its slice for all of them, and the partial outputs
+// are reduce-scattered back before the return dispatch; the backward mirrors it. An optional shared expert is
+// a tensor-parallel MLP. Runs on the CPU and on CUDA: routing is host code on the router's logits read back,
+// the row passes are ops (moe.cpp).
 class MoELayer {
  public:
   MoELayer(const LayerEnv& env, int layer);

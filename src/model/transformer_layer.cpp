@@ -41,8 +41,8 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, Context& ctx, bool keep_c
   const cp::Layout* layout = ctx.layout.get();
   if (env_.config->lora.enabled()) {
     const int64_t s = x.size(0);
-    ctx.attn.qkv_ctx.lora_dropout = lora_dropout(env_, {layer_, 3}, mb, s, layout);
-    ctx.attn.proj_ctx.lora_dropout = lora_dropout(env_, {layer_, 4}, mb, s, layout);
+    ctx.attn.qkv_lora_dropout = lora_dropout(env_, {layer_, 3}, mb, s, layout);
+    ctx.attn.proj_lora_dropout = lora_dropout(env_, {layer_, 4}, mb, s, layout);
     if (auto* mlp = std::get_if<MLP::Context>(&ctx.ffn)) {  // MoE layers take no adapters (config rule)
       mlp->fc1_ctx.lora_dropout = lora_dropout(env_, {layer_, 5}, mb, s, layout);
       mlp->fc2_ctx.lora_dropout = lora_dropout(env_, {layer_, 6}, mb, s, layout);

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "attention_part.hpp"
 #include "feed_forward.hpp"
 #include "layer.hpp"
 #include "layer_env.hpp"
@@ -11,7 +12,6 @@
 #include "moe_layer.hpp"
 #include "norm.hpp"
 #include "parallel/config.hpp"
-#include "self_attention.hpp"
 
 namespace parallel::model {
 
@@ -23,11 +23,11 @@ class TransformerLayer {
   TransformerLayer(const LayerEnv& env, int layer, Recompute recompute);
   struct Context {
     uint64_t micro_batch = 0;
-    Tensor positions, doc_start;  // the micro-batch's documents (SelfAttention::Context)
+    Tensor positions, doc_start;  // the micro-batch's documents (AttentionPart::Context)
     std::shared_ptr<const cp::Layout> layout;
     Tensor x;  // the layer input (all that full recompute keeps)
     Norm::Context norm1, norm2;
-    SelfAttention::Context attn;
+    AttentionPart::Context attn;
     FeedForward::Context ffn;
   };
   Tensor forward(const Tensor& x, Context& ctx, uint64_t micro_batch);
@@ -45,8 +45,7 @@ class TransformerLayer {
   int layer_;
   Recompute recompute_;
   Norm norm1_;
-  // AttentionKind::Self, the only kind so far; a second kind makes this a part like FeedForward.
-  SelfAttention attention_;
+  AttentionPart attention_;  // self or latent attention (LayerSpec::attention)
   Norm norm2_;
   FeedForward ffn_;  // dense MLP or MoE (LayerSpec::ffn)
 };

@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "../../src/model/latent_attention.hpp"
 #include "../../src/model/output_layer.hpp"
 #include "../../src/model/transformer_layer.hpp"
 #include "mpi_test.hpp"
@@ -226,6 +227,34 @@ TEST(SplitBackward, SelfAttention) {
         run_layer<model::SelfAttention, model::SelfAttention::Context>(
             a, b,
             [keep_core](model::SelfAttention& l, const Tensor& x, model::SelfAttention::Context& ctx) {
+              return l.forward(x, ctx, keep_core);
+            },
+            hidden_shape(env, cfg.seq_length));
+      }
+}
+
+// Multi-head latent attention: replicated down projections and norms (their gradients partial
+// under sp), column-parallel up projections, the shared k_pe's gradient reduced over tp.
+TEST(SplitBackward, LatentAttention) {
+  for (const ModelLayerCase& c : model_layer_cases())
+    for (int q_lora_rank : {0, 12})
+      for (bool keep_core : {true, false}) {
+        if (!c.llama) continue;  // rope, RMSNorm, no biases
+        SCOPED_TRACE(::testing::Message() << c.label << " q_lora_rank " << q_lora_rank
+                                          << (keep_core ? "" : " selective recompute"));
+        ModelConfig cfg = layer_config(true);
+        cfg.attention = AttentionType::MLA;
+        cfg.num_query_groups = cfg.num_attention_heads;
+        cfg.q_lora_rank = q_lora_rank;
+        cfg.kv_lora_rank = 10;
+        cfg.qk_nope_head_dim = 6;
+        cfg.qk_rope_head_dim = 4;
+        cfg.v_head_dim = 5;
+        const model::LayerEnv env = layer_env(cfg, c.sequence_parallel);
+        model::LatentAttention a(env, model::layer_spec(cfg, 0)), b(env, model::layer_spec(cfg, 0));
+        run_layer<model::LatentAttention, model::LatentAttention::Context>(
+            a, b,
+            [keep_core](model::LatentAttention& l, const Tensor& x, model::LatentAttention::Context& ctx) {
               return l.forward(x, ctx, keep_core);
             },
             hidden_shape(env, cfg.seq_length));
