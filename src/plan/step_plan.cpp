@@ -28,7 +28,17 @@ double model_flops_per_step(const Config& c) {
   const double d = m.attention_head_dim(), kv = d * groups;
   const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
-  const double attention_weights = h * (heads * d + 2 * kv) + heads * d * h;
+  double attention_weights = h * (heads * d + 2 * kv) + heads * d * h;
+  // Causal attention per token and layer: half of the score and value products 2 s hq (dqk + dv).
+  double attention_core = 2 * s * heads * d;
+  if (m.is_mla()) {
+    const double dqk = m.qk_nope_head_dim + m.qk_rope_head_dim, dv = m.v_head_dim;
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank;
+    attention_weights = (rq > 0 ? h * rq + rq * heads * dqk : h * heads * dqk) +
+                        h * (rkv + m.qk_rope_head_dim) + rkv * heads * (m.qk_nope_head_dim + dv) +
+                        heads * dv * h;
+    attention_core = s * heads * (dqk + dv);
+  }
   const double dense_mlp = gated * h * ffn + ffn * h;
   double layers = 0;
   for (int i = 0; i < m.num_layers; ++i) {
@@ -43,8 +53,7 @@ double model_flops_per_step(const Config& c) {
   }
   // Per token forward: 2 FLOPs per weight element, causal attention 2 s h per layer (half of the
   // 4 s h of the full score and value products); the output layer V h.
-  const double forward_per_token =
-      2 * (layers + static_cast<double>(m.vocab_size) * h) + 2 * s * heads * d * L;
+  const double forward_per_token = 2 * (layers + static_cast<double>(m.vocab_size) * h) + attention_core * L;
   const double tokens = static_cast<double>(c.train.global_batch_size) * s;
   return 3 * forward_per_token * tokens;
 }

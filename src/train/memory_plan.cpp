@@ -79,14 +79,31 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const ChunkSpec
   // live in their own buffer, expert_elements_per_rank).
   auto layer_units = [&](bool moe) {
     norm();
-    units.push_back((nq + 2 * nkv) * h);
-    if (m.add_bias || m.add_qkv_bias) units.push_back(nq + 2 * nkv);
-    if (m.qk_norm) {  // q_norm and k_norm: [d] each, replicated
-      units.push_back(d);
-      units.push_back(d);
+    if (m.is_mla()) {
+      // LatentAttention's parameters in order: [q_down, q_norm, q_up | query], kv_down, kv_norm,
+      // kv_up, proj; the down projections and their norms whole on every tp rank.
+      const int64_t dqk = m.qk_nope_head_dim + m.qk_rope_head_dim, hl = heads / tp;
+      if (m.q_lora_rank > 0) {
+        units.push_back(int64_t{m.q_lora_rank} * h);
+        units.push_back(m.q_lora_rank);
+        units.push_back(hl * dqk * m.q_lora_rank);
+      } else {
+        units.push_back(hl * dqk * h);
+      }
+      units.push_back(int64_t{m.kv_lora_rank + m.qk_rope_head_dim} * h);
+      units.push_back(m.kv_lora_rank);
+      units.push_back(hl * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank);
+      units.push_back(h * hl * m.v_head_dim);
+    } else {
+      units.push_back((nq + 2 * nkv) * h);
+      if (m.add_bias || m.add_qkv_bias) units.push_back(nq + 2 * nkv);
+      if (m.qk_norm) {  // q_norm and k_norm: [d] each, replicated
+        units.push_back(d);
+        units.push_back(d);
+      }
+      units.push_back(h * nq);
+      if (m.add_bias) units.push_back(h);
     }
-    units.push_back(h * nq);
-    if (m.add_bias) units.push_back(h);
     norm();
     const int64_t mf = moe ? m.moe_shared_expert_ffn_hidden_size / tp : f;
     const int64_t mf1 = m.activation == Activation::SwiGLU ? 2 * mf : mf;

@@ -18,7 +18,18 @@ double model_flops_per_token(const ModelConfig& m) {
   const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4.0 * h;
   // Weights a token is multiplied with, per layer: q, k, v, output projection, and the MLP
   // (SwiGLU has three matrices, GeLU two).
-  const double attn_weights = h * (heads * d) + 2.0 * h * (groups * d) + (heads * d) * h;
+  double attn_weights = h * (heads * d) + 2.0 * h * (groups * d) + (heads * d) * h;
+  // q·kᵀ over query/key heads of dqk, p·v over value heads of dv.
+  double dqk = d, dv = d;
+  if (m.is_mla()) {
+    // Multi-head latent attention: the down projections, the up projections from the latents, proj.
+    dqk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    dv = m.v_head_dim;
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank;
+    const double q_weights = rq > 0 ? h * rq + rq * heads * dqk : h * heads * dqk;
+    attn_weights =
+        q_weights + h * (rkv + m.qk_rope_head_dim) + rkv * heads * (m.qk_nope_head_dim + dv) + heads * dv * h;
+  }
   const double matrices = m.activation == Activation::SwiGLU ? 3.0 : 2.0;
   const double mlp_weights = matrices * h * ffn;
   // A MoE layer: the router, the top-k experts a token visits and the shared expert; the other
@@ -30,7 +41,7 @@ double model_flops_per_token(const ModelConfig& m) {
   for (int i = 0; i < m.num_layers; ++i) moe_layers += m.is_moe_layer(i);
   const double ffn_weights = (L - moe_layers) * mlp_weights + moe_layers * moe_weights;
   const double forward = 2.0 * (L * attn_weights + ffn_weights + h * V)  // matmuls with weights
-                         + L * 2.0 * 2.0 * s * heads * d;                // q·kᵀ and p·v
+                         + L * 2.0 * s * heads * (dqk + dv);             // q·kᵀ and p·v
   return 3.0 * forward;
 }
 
