@@ -9,6 +9,8 @@ attention), so that the reference is transformers' code and not a rewrite of it:
                    ffn 32, 2 layers, vocab 48, rope_theta 10000, tied embeddings, rms_norm_eps 1e-6
   hf_qwen3_tiny_after3.safetensors   every tensor after 3 AdamW steps under its HF name, losses [3]
                    (each step's mean loss before its update), tokens / targets [3, 2, 8]
+  hf_qwen3_moe_norm_tiny/   Qwen3MoeForCausalLM with norm_topk_prob true (the top-k router weights
+                   renormalised to sum 1), otherwise as hf_qwen3_moe_tiny; its _after3 as above
 
 config.json is what transformers 5 writes (rope_parameters, dtype, layer_types). Weights are drawn
 as make_hf_llama.py draws them (normal(0, 1/sqrt(fan_in)), the tied embedding normal(0, 1/sqrt(h)),
@@ -61,6 +63,16 @@ MODELS = {
                             rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
                             attention_dropout=0.0, use_sliding_window=False, bos_token_id=1, eos_token_id=2,
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Qwen3-MoE renormalising the top-k router weights (model.moe_norm_topk_prob).
+    "qwen3_moe_norm_tiny": (Qwen3MoeConfig, Qwen3MoeForCausalLM, 811,
+                            dict(vocab_size=VOCAB, hidden_size=24, intermediate_size=32, moe_intermediate_size=16,
+                                 num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                                 mlp_only_layers=[], output_router_logits=False, router_aux_loss_coef=0.001,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                 max_position_embeddings=64, hidden_act="silu", initializer_range=0.02,
+                                 rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
+                                 attention_dropout=0.0, use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "mixtral_tiny": (MixtralConfig, MixtralForCausalLM, 909,
                      dict(vocab_size=VOCAB, hidden_size=24, intermediate_size=16, num_local_experts=4,
                           num_experts_per_tok=2, output_router_logits=False, router_aux_loss_coef=0.02,
