@@ -566,12 +566,14 @@ void read_rope(const Fields& f, ModelConfig& m) {
 }
 
 // Qwen3-MoE's and Mixtral's experts: softmax over all experts, top-k, dropless, SwiGLU experts
-// without biases, no shared expert (our MoELayer, docs/model.md). What our router cannot do yet is
-// refused: renormalising the top-k weights (Mixtral always, Qwen3-MoE's norm_topk_prob), MoE
-// layers other than every layer (decoder_sparse_step, mlp_only_layers).
+// without biases, no shared expert (our MoELayer, docs/model.md). Mixtral always renormalises the
+// top-k weights to sum 1 (model.moe_norm_topk_prob), Qwen3-MoE with norm_topk_prob; neither scales
+// them. MoE layers other than every layer (decoder_sparse_step, mlp_only_layers) are refused.
 void read_moe(const Fields& f, Architecture a, ModelConfig& m) {
   std::optional<int64_t> experts;
   for (const char* key : {"num_local_experts", "num_experts"}) {
+    if (a == Architecture::Mixtral && std::string_view(key) == "num_experts")
+      continue;  // Qwen3-MoE's 4.x name
     if (!f.has(key)) continue;
     const int64_t e = f.integer(key);
     if (experts && *experts != e)
@@ -588,10 +590,8 @@ void read_moe(const Fields& f, Architecture a, ModelConfig& m) {
   m.moe_z_loss_coeff = 0.0;
   if (a == Architecture::Mixtral) {
     m.moe_ffn_hidden_size = m.ffn_hidden_size;  // intermediate_size is each expert's width
-    fail(fmt::format(
-        "{}: MixtralForCausalLM renormalises the top-k router weights (norm_topk_prob): not supported (our "
-        "router combines the softmax probabilities as they are)",
-        f.source()));
+    m.moe_norm_topk_prob = true;
+    return;
   }
   m.moe_ffn_hidden_size = checked_int(f, "moe_intermediate_size");
   if (const int64_t step = f.integer("decoder_sparse_step", 1); step != 1)
@@ -602,10 +602,7 @@ void read_moe(const Fields& f, Architecture a, ModelConfig& m) {
     if (!dense.is_array()) f.bad("mlp_only_layers", dense, "expected a list of layer indices");
     if (!dense.empty()) f.bad("mlp_only_layers", dense, "not supported (only []: every layer a MoE layer)");
   }
-  if (f.boolean("norm_topk_prob", false))
-    f.bad("norm_topk_prob", json(true),
-          "not supported (our router combines the softmax probabilities as they are, not renormalised "
-          "over the top k)");
+  m.moe_norm_topk_prob = f.boolean("norm_topk_prob", false);
 }
 
 ModelConfig llama_model(const Fields& f, Architecture a) {
@@ -1009,6 +1006,38 @@ static json rope_parameters_json(const ModelConfig& m) {
   return p;
 }
 
+// The router options Qwen3-MoE and Mixtral can hold (docs/model.md, "Routing"): softmax scores, the
+// top k of all experts, unscaled weights renormalised or not (Mixtral: always), no expert bias, no
+// sequence-wise balance loss, a MoE layer from the first layer on. Anything else is refused in one
+// line naming the key.
+static void check_router(const ModelConfig& m, Architecture a) {
+  const std::string_view name = architecture_name(a);
+  const auto refuse = [&](std::string_view key, const std::string& value, std::string_view rule) {
+    fail(fmt::format("{} cannot hold this model: model.{} = {} ({})", name, key, value, rule));
+  };
+  if (m.moe_router_score_function != MoeScoreFunction::Softmax)
+    refuse("moe_router_score_function", "sigmoid", "it scores the experts by a softmax");
+  if (m.moe_n_group != 1) refuse("moe_n_group", std::to_string(m.moe_n_group), "it has no expert groups");
+  if (m.moe_topk_group != 1)
+    refuse("moe_topk_group", std::to_string(m.moe_topk_group), "it has no expert groups");
+  if (m.moe_router_expert_bias) refuse("moe_router_expert_bias", "true", "its router has no expert bias");
+  if (m.moe_routed_scaling_factor != 1.0)
+    refuse("moe_routed_scaling_factor", fmt::format("{}", m.moe_routed_scaling_factor),
+           "it does not scale the routed experts' weights");
+  if (m.moe_seq_aux_loss_coeff != 0.0)
+    refuse("moe_seq_aux_loss_coeff", fmt::format("{}", m.moe_seq_aux_loss_coeff),
+           "it has no sequence-wise balance loss");
+  if (m.moe_first_k_dense_replace != 0)
+    refuse("moe_first_k_dense_replace", std::to_string(m.moe_first_k_dense_replace),
+           "every layer is a MoE layer");
+  if (a == Architecture::Mixtral && !m.moe_norm_topk_prob)
+    refuse("moe_norm_topk_prob", "false", "it always renormalises the top-k weights to sum 1");
+  if (a == Architecture::Mixtral && m.moe_ffn_hidden_size > 0 && m.moe_ffn_hidden_size != m.ffn_hidden_size)
+    refuse(
+        "moe_ffn_hidden_size", std::to_string(m.moe_ffn_hidden_size),
+        fmt::format("its experts are intermediate_size wide: model.ffn_hidden_size = {}", m.ffn_hidden_size));
+}
+
 std::string config_json_for(const ModelConfig& m, Architecture a, const std::string& torch_dtype,
                             const std::string& template_json) {
   json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
@@ -1030,11 +1059,7 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     fail(fmt::format("{} cannot hold this model: model.num_experts = {} ({})", architecture_name(a),
                      m.num_experts, moe ? "it is a mixture of experts" : "it has no experts"));
   if (moe) {
-    if (a == Architecture::Mixtral)
-      fail(
-          "MixtralForCausalLM cannot hold this model: it renormalises the top-k router weights, our router "
-          "does "
-          "not");
+    check_router(m, a);
     if (m.moe_layer_freq != 1 || m.moe_shared_expert_ffn_hidden_size > 0 || m.moe_capacity_factor > 0)
       fail(fmt::format(
           "{} cannot hold this model: it has a MoE layer everywhere, no shared expert and no capacity "
@@ -1123,12 +1148,20 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
       j["moe_intermediate_size"] = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
       j["decoder_sparse_step"] = 1;
       j["mlp_only_layers"] = json::array();
-      j["norm_topk_prob"] = false;
+      j["norm_topk_prob"] = m.moe_norm_topk_prob;
       j["output_router_logits"] = false;
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
     }
-    if (a == Architecture::Mistral)
+    if (a == Architecture::Mixtral) {
+      // MixtralConfig of transformers 5.x: intermediate_size is each expert's width (checked above),
+      // the top-k weights are always renormalised, no jitter noise (training-time noise on the inputs).
+      j["num_local_experts"] = m.num_experts;
+      j["num_experts_per_tok"] = m.moe_router_topk;
+      j["output_router_logits"] = false;
+      j["router_jitter_noise"] = 0.0;
+    }
+    if (a == Architecture::Mistral || a == Architecture::Mixtral)
       j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
     if (qwen) {
       j["use_sliding_window"] = m.sliding_window > 0;
@@ -1422,6 +1455,10 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
                        architecture_name(named), architecture_name(a)));
     a = named;
   }
+  // Before any weight is read: a router option can change which tensors exist (an expert bias, dense
+  // first layers), and the refusal should name the option, not a tensor.
+  if (model.num_experts > 0 && (a == Architecture::Qwen3Moe || a == Architecture::Mixtral))
+    check_router(model, a);
   const std::map<std::string, Shape> shapes =
       a == Architecture::GPT2 ? hf_gpt2::parameter_shapes(model) : llama_parameter_shapes(model);
   std::map<std::string, Tensor> params = load_parameters(checkpoint_path, shapes, world);

@@ -5,8 +5,9 @@ the fixtures or the export change; the results are recorded in docs/huggingface.
   for each fixture folder: convert_checkpoint --from hf FOLDER -> --to hf EXPORT, then
   - AutoModelForCausalLM.from_pretrained(EXPORT, output_loading_info=True): no missing, unexpected
     or mismatched keys, and the architecture class of the original folder (Mistral stays Mistral);
-  - the export's config as transformers reads it has the original's rope parameters (theta, scaling)
-    and, for Mistral, its sliding_window;
+  - the export's config as transformers reads it has the original's rope parameters (theta, scaling),
+    for Mistral and Mixtral its sliding_window, for Qwen3-MoE and Mixtral its experts and routing
+    (expert count and width, top k, norm_topk_prob, jitter noise);
   - the export's logits equal the original folder's (float32, on 2 x 8 tokens of the fixture document).
 
   PYTHONPATH=/tmp/hf5:/tmp/torch2 python3 tests/reference/check_hf_export.py build/bin   # transformers 5
@@ -29,7 +30,10 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 FOLDERS = {"hf_llama_tiny": None, "hf_mistral_tiny": None, "hf_qwen2_tiny": None, "hf_llama3_tiny": None,
            "hf_llama_t5": None, "hf_llama3_t5": None, "hf_mistral_t5": "hf_mistral_tiny",
            "hf_qwen2_t5": "hf_qwen2_tiny", "hf_qwen3_tiny": None, "hf_qwen3_moe_tiny": None,
-           "hf_qwen2_yarn_t5": None}
+            "hf_qwen2_yarn_t5": None, "hf_qwen3_moe_norm_tiny": None, "hf_mixtral_tiny": None}
+# The experts and their routing, as transformers reads them from the export and from the source.
+MOE_KEYS = ("num_local_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
+            "intermediate_size", "router_jitter_noise", "output_router_logits")
 # transformers 4.x cannot read the folders transformers 5 wrote (it takes rope_theta 10000 for a
 # missing top-level rope_theta: the bug this checks we do not have). Under 4.x the export of a
 # transformers-5 folder is compared with the 4.x-layout fixture of the same weights and model.
@@ -44,7 +48,7 @@ def rope_of(config):
     if params:  # 5.x
         p = dict(params)
         return p.pop("rope_theta"), {k: v for k, v in sorted(p.items()) if k != "type"}
-    scaling = dict(config.rope_scaling or {"rope_type": "default"})
+    scaling = dict(getattr(config, "rope_scaling", None) or {"rope_type": "default"})  # 4.x Mixtral: none
     scaling.setdefault("rope_type", scaling.pop("type", "default"))
     return config.rope_theta, dict(sorted(scaling.items()))
 
@@ -72,7 +76,7 @@ def main():
             subprocess.run([convert, "--to", "hf", "--input", ckpt, "--output", export], check=True, env=env)
 
             reference = os.path.join(FIXTURES, SAME_MODEL_4X[name]) if V4 and name in SAME_MODEL_4X else source
-            if V4 and name == "hf_qwen3_moe_tiny":
+            if V4 and name.startswith("hf_qwen3_moe"):
                 # transformers 5 names the expert count num_local_experts, 4.x num_experts (the
                 # export writes both): the source folder, with 4.x's name added, is the reference.
                 reference = os.path.join(work, name + "_4x")
@@ -99,6 +103,9 @@ def main():
                 problems["rope"] = f"{rope_of(c1)}, not {rope_of(c0)}"
             if getattr(c0, "sliding_window", None) != getattr(c1, "sliding_window", None):
                 problems["sliding_window"] = f"{c1.sliding_window}, not {c0.sliding_window}"
+            for key in MOE_KEYS:
+                if getattr(c0, key, None) != getattr(c1, key, None):
+                    problems[key] = f"{getattr(c1, key, None)}, not {getattr(c0, key, None)}"
             with torch.no_grad():
                 a, b = original(input_ids=tokens).logits, model(input_ids=tokens).logits
             diff = ((a - b).abs().max() / a.abs().max()).item()

@@ -4,7 +4,8 @@
 # rope theta != 10000, untied and tied embeddings, Qwen2's q/k/v biases, Llama 3.1's rope_scaling;
 # 3 AdamW steps) and the folders transformers 5 saved in tests/reference/make_hf_transformers5.py
 # (config.json with rope_parameters and dtype; losses and weights computed by transformers itself),
-# and make_hf_qwen3.py's Qwen3 (qk-norm, head_dim != hidden / heads; saved and trained by transformers):
+# and make_hf_qwen3.py's Qwen3 (qk-norm, head_dim != hidden / heads), Qwen3-MoE (norm_topk_prob false
+# and true) and Mixtral (top-k renormalised), saved and trained by transformers,
 # and make_hf_yarn.py's YaRN-scaled Qwen2 (rope_parameters yarn; saved and trained by transformers):
 #  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
 #     and on tp2 x pp2 (4 ranks) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
@@ -16,7 +17,8 @@
 #  4. config.json / folder errors end convert_checkpoint with exit 1 and one line naming the key or
 #     tensor (the library-level cases are in tests/unit/test_hf_model.cpp): among them a key that
 #     changes the model and that the key table does not know, rope_theta given twice with two values,
-#     and num_hidden_layers 1e9 (refused at once, not after building 1e9 layers).
+#     and num_hidden_layers 1e9 (refused at once, not after building 1e9 layers); the export's
+#     refusal of the router options Qwen3-MoE and Mixtral cannot hold (sigmoid, scaling, groups, ...).
 #   hf_llama.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
 set -euo pipefail
 src=$1 convert=$2 pretrain=$3 compare=$4
@@ -49,7 +51,8 @@ quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on fai
 for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny llama3_tiny:llama3_tiny \
   llama_t5:llama_t5 llama3_t5:llama3_t5 mistral_t5:mistral_tiny qwen2_t5:qwen2_tiny \
   mistral_window_tiny:mistral_window_tiny qwen2_window_tiny:qwen2_window_tiny qwen3_tiny:qwen3_tiny \
-  qwen3_moe_tiny:qwen3_moe_tiny qwen2_yarn_t5:qwen2_yarn_t5; do
+  qwen3_moe_tiny:qwen3_moe_tiny qwen3_moe_norm_tiny:qwen3_moe_norm_tiny mixtral_tiny:mixtral_tiny \
+  qwen2_yarn_t5:qwen2_yarn_t5; do
   model=${m%%:*} after3=$fx/hf_${m#*:}_after3.safetensors
   dir=$work/$model
   mkdir -p "$dir"
@@ -66,7 +69,7 @@ for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny l
   # outside the window).
   [[ $model == *_window_tiny ]] && layouts=("1 1 1" "4 2 1 2")
   # Experts: tp2 x pp2 x ep2 (tp with MoE needs sequence parallelism).
-  [[ $model == *_moe_tiny ]] && layouts=("1 1 1" "4 2 2 1 2")
+  [[ $model == *_moe_tiny || $model == *_moe_norm_tiny || $model == mixtral_tiny ]] && layouts=("1 1 1" "4 2 2 1 2")
   # Qwen3's qk-norm weights (gradients summed over tp) under tp2 x dp2 with ZeRO-3 too.
   [[ $model == qwen3_tiny ]] && layouts=("1 1 1" "4 2 2" "4 2 1 1 1 optim_grads_params")
   for layout in "${layouts[@]}"; do
@@ -107,6 +110,18 @@ grep -q 'num_experts: 4' "$work/qwen3_moe_tiny/ckpt.yaml" && grep -q 'moe_ffn_hi
   grep -q '"num_local_experts": 4' "$work/qwen3_moe_tiny/tp1pp1/hf/config.json" &&
   grep -q '"norm_topk_prob": false' "$work/qwen3_moe_tiny/tp1pp1/hf/config.json" ||
   { echo "qwen3_moe: the experts did not round-trip"; cat "$work/qwen3_moe_tiny/tp1pp1/hf/config.json"; exit 1; }
+# norm_topk_prob true: model.moe_norm_topk_prob, written back.
+grep -q 'moe_norm_topk_prob: true' "$work/qwen3_moe_norm_tiny/ckpt.yaml" &&
+  grep -q '"norm_topk_prob": true' "$work/qwen3_moe_norm_tiny/tp1pp1/hf/config.json" ||
+  { echo "qwen3_moe_norm: norm_topk_prob did not round-trip"; cat "$work/qwen3_moe_norm_tiny/tp1pp1/hf/config.json"; exit 1; }
+# Mixtral: experts intermediate_size wide, top-k renormalised; MixtralConfig's keys written back.
+grep -q 'moe_norm_topk_prob: true' "$work/mixtral_tiny/ckpt.yaml" && grep -q 'moe_ffn_hidden_size: 16' "$work/mixtral_tiny/ckpt.yaml" &&
+  grep -q '"num_local_experts": 4' "$work/mixtral_tiny/tp1pp1/hf/config.json" &&
+  grep -q '"num_experts_per_tok": 2' "$work/mixtral_tiny/tp1pp1/hf/config.json" &&
+  grep -q '"intermediate_size": 16' "$work/mixtral_tiny/tp1pp1/hf/config.json" &&
+  grep -q '"router_jitter_noise": 0.0' "$work/mixtral_tiny/tp1pp1/hf/config.json" &&
+  grep -q '"sliding_window": null' "$work/mixtral_tiny/tp1pp1/hf/config.json" ||
+  { echo "mixtral: the experts did not round-trip"; cat "$work/mixtral_tiny/tp1pp1/hf/config.json"; exit 1; }
 grep -q 'add_qkv_bias: true' "$work/qwen2_tiny/ckpt.yaml" || { echo "qwen2: ckpt.yaml lacks add_qkv_bias"; exit 1; }
 grep -q 'rope_theta: 1000000' "$work/mistral_tiny/ckpt.yaml" || { echo "mistral: ckpt.yaml lacks rope_theta"; exit 1; }
 grep -q 'rope_scaling: llama3' "$work/llama3_tiny/ckpt.yaml" && grep -q 'rope_high_freq_factor: 32' "$work/llama3_tiny/ckpt.yaml" ||
@@ -228,14 +243,25 @@ variant_t5 two_thetas 's/"rope_parameters": {/"rope_theta": 10000.0, "rope_param
 expect_error two_thetas 'rope_theta = 10000.0 and rope_parameters.rope_theta = 500000.0 disagree' --from hf --input "$work/two_thetas" --output "$work/e11"
 variant_t5 t5_longrope 's/"rope_type": "default"/"rope_type": "longrope"/'
 expect_error t5_longrope 'rope_parameters.rope_type = "longrope": not supported' --from hf --input "$work/t5_longrope" --output "$work/e12"
-# Routing our MoE layer does not do yet: refused in one line, not trained as another model.
-expect_error mixtral 'MixtralForCausalLM renormalises the top-k router weights (norm_topk_prob): not supported' \
-  --from hf --input "$fx/hf_mixtral_tiny" --output "$work/e13"
-mkdir -p "$work/qwen3_moe_norm" && cp "$fx/hf_qwen3_moe_tiny/model.safetensors" "$work/qwen3_moe_norm/"
-sed 's/"norm_topk_prob": false/"norm_topk_prob": true/' "$fx/hf_qwen3_moe_tiny/config.json" >"$work/qwen3_moe_norm/config.json"
-expect_error norm_topk_prob 'norm_topk_prob = true: not supported' --from hf --input "$work/qwen3_moe_norm" --output "$work/e14"
 mkdir -p "$work/qwen3_moe_sparse" && cp "$fx/hf_qwen3_moe_tiny/model.safetensors" "$work/qwen3_moe_sparse/"
 sed 's/"decoder_sparse_step": 1/"decoder_sparse_step": 2/' "$fx/hf_qwen3_moe_tiny/config.json" >"$work/qwen3_moe_sparse/config.json"
 expect_error decoder_sparse_step 'decoder_sparse_step = 2: not supported' --from hf --input "$work/qwen3_moe_sparse" --output "$work/e15"
+# Router options Mixtral and Qwen3-MoE cannot hold: the export refuses them in one line naming the
+# key, before reading a weight (--config: the 1-rank run's config.yaml with one model key edited).
+refuse_export() {  # refuse_export NAME FAMILY KEY VALUE: FAMILY's 1-rank run, model.KEY set to VALUE
+  local run=$work/$2/tp1pp1
+  sed "s|^  $3: .*|  $3: $4|" "$run/config.yaml" >"$work/$1.yaml"
+  grep -qx "  $3: $4" "$work/$1.yaml" || { echo "$1: the edit did not apply"; exit 1; }
+  expect_error "$1" "cannot hold this model: model.$3 = $4" --to hf --input "$run/ckpt" --output "$work/$1" \
+    --config "$work/$1.yaml"
+}
+refuse_export mixtral_sigmoid mixtral_tiny moe_router_score_function sigmoid
+refuse_export mixtral_unnormed mixtral_tiny moe_norm_topk_prob false
+refuse_export mixtral_scaled mixtral_tiny moe_routed_scaling_factor 2.5
+refuse_export mixtral_groups mixtral_tiny moe_n_group 2
+refuse_export mixtral_bias mixtral_tiny moe_router_expert_bias true
+refuse_export qwen3_moe_seq_aux qwen3_moe_tiny moe_seq_aux_loss_coeff 0.001
+refuse_export qwen3_moe_dense qwen3_moe_tiny moe_first_k_dense_replace 1
+refuse_export qwen3_moe_norm_sigmoid qwen3_moe_norm_tiny moe_router_score_function sigmoid
 expect_error occupied "already holds model.safetensors" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/f32"
 echo "hf_llama: all checks passed"

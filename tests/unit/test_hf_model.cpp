@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -625,8 +626,14 @@ TEST(HfModel, ReadsQwen3AndTheMoEFamilies) {
   j.erase("num_local_experts");
   j["num_experts"] = 4;  // a 4.x config
   EXPECT_EQ(hf::model_from_config_json(j.dump(), "qwen3_moe").model.num_experts, 4);
+  EXPECT_FALSE(moe.model.moe_norm_topk_prob);
+  j = fixture_config("qwen3_moe");
+  j["norm_topk_prob"] = true;
+  const hf::HfModel normed = hf::model_from_config_json(j.dump(), "qwen3_moe");
+  EXPECT_TRUE(normed.model.moe_norm_topk_prob);
+  EXPECT_EQ(json::parse(hf::config_json_for(normed.model, normed.architecture, "float32"))["norm_topk_prob"],
+            true);
   for (const auto& [key, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
-           {"norm_topk_prob", true, "norm_topk_prob = true: not supported"},
            {"mlp_only_layers", json::array({0}), "mlp_only_layers = [0]: not supported"},
            {"decoder_sparse_step", 2, "decoder_sparse_step = 2: not supported"},
            {"output_router_logits", true, "output_router_logits = true: not supported"},
@@ -635,9 +642,39 @@ TEST(HfModel, ReadsQwen3AndTheMoEFamilies) {
     j[key] = value;
     EXPECT_THAT(config_error(j), HasSubstr(message)) << key;
   }
-  EXPECT_THAT(
-      config_error(fixture_config("mixtral")),
-      HasSubstr("MixtralForCausalLM renormalises the top-k router weights (norm_topk_prob): not supported"));
+  // Mixtral: softmax, top-k renormalised to sum 1, experts intermediate_size wide, every layer.
+  const hf::HfModel mix = hf::model_from_config_json(fixture_config("mixtral").dump(), "mixtral");
+  EXPECT_EQ(mix.architecture, hf::Architecture::Mixtral);
+  EXPECT_FALSE(mix.model.qk_norm);
+  EXPECT_TRUE(mix.model.moe_norm_topk_prob);
+  EXPECT_EQ(mix.model.moe_router_score_function, MoeScoreFunction::Softmax);
+  EXPECT_EQ(mix.model.moe_routed_scaling_factor, 1.0);
+  EXPECT_EQ(mix.model.num_experts, 4);
+  EXPECT_EQ(mix.model.moe_router_topk, 2);
+  EXPECT_EQ(mix.model.moe_ffn_hidden_size, 16);
+  EXPECT_EQ(mix.model.sliding_window, 0);
+  EXPECT_EQ(hf::llama_parameter_shapes(mix.model).at("layers.0.mlp.experts.1.gate.weight"), (Shape{16, 24}));
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"router_jitter_noise", 0.1, "router_jitter_noise = 0.1: not supported"},
+           {"output_router_logits", true, "output_router_logits = true: not supported"},
+           {"norm_topk_prob", true, "norm_topk_prob = true: not supported: it changes the model"},
+           {"moe_intermediate_size", 8, "moe_intermediate_size = 8: not supported: it changes the model"}}) {
+    j = fixture_config("mixtral");
+    j[key] = value;
+    EXPECT_THAT(config_error(j), HasSubstr(message)) << key;
+  }
+  j = fixture_config("mixtral");
+  j["sliding_window"] = 4;  // as Mistral: every layer
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "mixtral").model.layer_window(1), 4);
+  const json mix_written = json::parse(hf::config_json_for(mix.model, mix.architecture, "float32"));
+  EXPECT_EQ(mix_written["model_type"], "mixtral");
+  EXPECT_EQ(mix_written["num_local_experts"], 4);
+  EXPECT_EQ(mix_written["num_experts_per_tok"], 2);
+  EXPECT_EQ(mix_written["intermediate_size"], 16);
+  EXPECT_EQ(mix_written["router_jitter_noise"], 0.0);
+  EXPECT_EQ(mix_written["output_router_logits"], false);
+  EXPECT_TRUE(mix_written["sliding_window"].is_null());
+  EXPECT_FALSE(mix_written.contains("norm_topk_prob"));
   // The export refuses what an architecture cannot hold.
   EXPECT_THAT(error_of([&] { hf::config_json_for(qwen3.model, hf::Architecture::Llama, "float32"); }),
               HasSubstr("LlamaForCausalLM cannot hold this model: model.qk_norm = true"));
@@ -648,7 +685,29 @@ TEST(HfModel, ReadsQwen3AndTheMoEFamilies) {
   mixtral.hf_architecture.clear();
   EXPECT_EQ(hf::architecture_for(mixtral), hf::Architecture::Mixtral);
   EXPECT_THAT(error_of([&] { hf::config_json_for(mixtral, hf::Architecture::Mixtral, "float32"); }),
-              HasSubstr("MixtralForCausalLM cannot hold this model: it renormalises"));
+              HasSubstr("MixtralForCausalLM cannot hold this model: model.moe_norm_topk_prob = false"));
+  // Router options neither family holds, one line naming the key.
+  for (const auto& [edit, message] : std::vector<std::pair<std::function<void(ModelConfig&)>, std::string>>{
+           {[](ModelConfig& c) { c.moe_router_score_function = MoeScoreFunction::Sigmoid; },
+            "model.moe_router_score_function = sigmoid"},
+           {[](ModelConfig& c) { c.moe_n_group = 2; }, "model.moe_n_group = 2"},
+           {[](ModelConfig& c) { c.moe_topk_group = 2; }, "model.moe_topk_group = 2"},
+           {[](ModelConfig& c) { c.moe_router_expert_bias = true; }, "model.moe_router_expert_bias = true"},
+           {[](ModelConfig& c) { c.moe_routed_scaling_factor = 2.5; },
+            "model.moe_routed_scaling_factor = 2.5"},
+           {[](ModelConfig& c) { c.moe_seq_aux_loss_coeff = 1e-4; }, "model.moe_seq_aux_loss_coeff = 0.0001"},
+           {[](ModelConfig& c) { c.moe_first_k_dense_replace = 1; }, "model.moe_first_k_dense_replace = 1"},
+           {[](ModelConfig& c) { c.moe_ffn_hidden_size = 8; }, "model.moe_ffn_hidden_size = 8"}}) {
+    ModelConfig bad = mix.model;
+    edit(bad);
+    EXPECT_THAT(error_of([&] { hf::config_json_for(bad, hf::Architecture::Mixtral, "float32"); }),
+                HasSubstr("MixtralForCausalLM cannot hold this model: " + message));
+    if (message.find("ffn_hidden") != std::string::npos) continue;  // Qwen3-MoE has moe_intermediate_size
+    bad = moe.model;
+    edit(bad);
+    EXPECT_THAT(error_of([&] { hf::config_json_for(bad, hf::Architecture::Qwen3Moe, "float32"); }),
+                HasSubstr("Qwen3MoeForCausalLM cannot hold this model: " + message));
+  }
   const json written = json::parse(hf::config_json_for(moe.model, moe.architecture, "float32"));
   EXPECT_EQ(written["num_local_experts"], 4);
   EXPECT_EQ(written["num_experts"], 4);
@@ -657,7 +716,7 @@ TEST(HfModel, ReadsQwen3AndTheMoEFamilies) {
 }
 
 TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
-  for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}) {
+  for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}) {
     const hf::HfModel in = hf::model_from_config_json(fixture_config(name).dump(), name);
     const std::string text = hf::config_json_for(in.model, in.architecture, "bfloat16");
     const hf::HfModel back = hf::model_from_config_json(text, name);
