@@ -5,40 +5,11 @@
 
 #include "parallel/error.hpp"
 #include "parallel/ops.hpp"
+#include "rotary.hpp"
 #include "self_attention.hpp"
 
 namespace parallel::model {
 namespace {
-
-// Rotary embedding of x [s, b, heads, d] at per-token positions [b, s] (host int32, packed
-// documents): each batch entry's runs of consecutive positions as one rope op each (a document,
-// or the part of one in a cp chunk). A batch entry is a strided view of x, so for b > 1 it goes
-// through a contiguous copy.
-void rope_at_positions(Tensor& x, const Tensor& positions, const Rope& rope, bool backward) {
-  const int64_t s = x.size(0), b = x.size(1);
-  PARALLEL_CHECK(positions.dim() == 2 && positions.size(0) == b && positions.size(1) == s,
-                 "attention: positions {} must be [b, s] = [{}, {}]", positions.str(), b, s);
-  const Tensor pos_c = positions.contiguous();
-  const int32_t* pos = pos_c.data<int32_t>();
-  for (int64_t e = 0; e < b; ++e) {
-    Tensor xb = b == 1 ? x : x.narrow(1, e, 1).contiguous();
-    const int32_t* p = pos + e * s;
-    for (int64_t r = 0; r < s;) {
-      int64_t n = 1;
-      while (r + n < s && p[r + n] == p[r + n - 1] + 1) ++n;
-      Tensor run = xb.narrow(0, r, n);
-      if (backward)
-        ops::rope_backward(run, p[r], rope);
-      else
-        ops::rope_forward(run, p[r], rope);
-      r += n;
-    }
-    if (b > 1) {
-      Tensor dst = x.narrow(1, e, 1);
-      dst.copy_(xb);
-    }
-  }
-}
 
 // LoRA on a linear when model.lora targets `module` (docs/lora.md).
 tp::LoraOptions lora_on(const ModelConfig& m, const char* module) {
@@ -119,18 +90,8 @@ void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   }
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
     const Rope rope(env_.config->rope_theta, env_.config->rope_scaling);
-    if (ctx.positions.defined()) {
-      rope_at_positions(q, ctx.positions, rope, false);
-      rope_at_positions(k, ctx.positions, rope, false);
-    } else {
-      // Each run of rows at its global positions (from 0 without context parallelism).
-      for (const cp::Segment& seg : ctx.layout ? ctx.layout->segments(env_.cp_rank(), 0, s)
-                                               : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
-        Tensor qs = q.narrow(0, seg.row, seg.rows), ks = k.narrow(0, seg.row, seg.rows);
-        ops::rope_forward(qs, seg.position, rope);
-        ops::rope_forward(ks, seg.position, rope);
-      }
-    }
+    rotate(q, ctx.positions, ctx.layout.get(), env_, rope, false);
+    rotate(k, ctx.positions, ctx.layout.get(), env_, rope, false);
     // The rotated q and k are bf16 tensors on the GPU (the attention kernel's inputs).
   }
   ops::AttentionMask mask;
@@ -178,17 +139,8 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
   // dq, dk, dv leave the attention kernel in bf16, and again after the rope's backward rotation.
   if (env_.config->position_embedding == PositionEmbedding::Rope) {
     const Rope rope(env_.config->rope_theta, env_.config->rope_scaling);
-    if (ctx.positions.defined()) {
-      rope_at_positions(dq, ctx.positions, rope, true);
-      rope_at_positions(dk, ctx.positions, rope, true);
-    } else {
-      for (const cp::Segment& seg : ctx.layout ? ctx.layout->segments(env_.cp_rank(), 0, s)
-                                               : cp::segments(s, env_.cp_rank(), env_.cp_size(), 0, s)) {
-        Tensor dqs = dq.narrow(0, seg.row, seg.rows), dks = dk.narrow(0, seg.row, seg.rows);
-        ops::rope_backward(dqs, seg.position, rope);
-        ops::rope_backward(dks, seg.position, rope);
-      }
-    }
+    rotate(dq, ctx.positions, ctx.layout.get(), env_, rope, true);
+    rotate(dk, ctx.positions, ctx.layout.get(), env_, rope, true);
   }
   if (q_norm) {  // the norms' weight gradients accumulate here, in the input step too (Norm)
     dq = q_norm->backward(dq, ctx.q_norm_ctx);
