@@ -12,44 +12,12 @@
 
 #include "parallel/error.hpp"
 #include "parallel/memory_plan.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "parallel/precision.hpp"
+#include "parallel/sharding.hpp"
 
 namespace parallel::plan {
 namespace {
-
-const char* schedule_name(PipelineSchedule s) {
-  switch (s) {
-    case PipelineSchedule::Auto:
-      return "auto";
-    case PipelineSchedule::GPipe:
-      return "gpipe";
-    case PipelineSchedule::OneFOneB:
-      return "1f1b";
-    case PipelineSchedule::Interleaved:
-      return "interleaved";
-    case PipelineSchedule::ZeroBubbleH1:
-      return "zb-h1";
-    case PipelineSchedule::ZeroBubbleV:
-      return "zb-v";
-    case PipelineSchedule::DualPipeV:
-      return "dualpipe-v";
-  }
-  return "?";
-}
-
-const char* sharding_name(Sharding s) {
-  switch (s) {
-    case Sharding::None:
-      return "none";
-    case Sharding::Optim:
-      return "optim";
-    case Sharding::OptimGrads:
-      return "optim_grads";
-    case Sharding::OptimGradsParams:
-      return "optim_grads_params";
-  }
-  return "?";
-}
 
 const char* recompute_name(Recompute r) {
   switch (r) {
@@ -153,8 +121,9 @@ std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
   return fmt::format("tp{}{} pp{} v{} dp{} cp{} ep{} {} sharding {} recompute {} mb{}", p.tensor,
                      p.sequence_parallel ? "+sp" : "", p.pipeline, p.virtual_stages, p.data, p.context,
-                     p.expert, schedule_name(p.pipeline_schedule), sharding_name(c.optimizer.sharding),
-                     recompute_name(c.train.recompute), c.train.micro_batch_size);
+                     p.expert, pipeline::schedule_name(p.pipeline_schedule),
+                     sharding_name(c.optimizer.sharding), recompute_name(c.train.recompute),
+                     c.train.micro_batch_size);
 }
 
 SearchResult search_layouts(const Config& base, int world_size, const HardwareDescription& hw,
@@ -346,8 +315,9 @@ std::string search_json(const SearchResult& r, int world_size, const std::string
         layouts.empty() ? "" : ",\n", s.layout, s.step_time_s, s.model_tflops_per_device, s.mfu,
         s.bubble_fraction, s.peak_bytes, s.time_lower_bound_s, p.tensor,
         p.sequence_parallel ? "true" : "false", p.pipeline, p.virtual_stages, p.data, p.context, p.expert,
-        p.expert_tensor, schedule_name(p.pipeline_schedule), sharding_name(s.config.optimizer.sharding),
-        recompute_name(s.config.train.recompute), s.config.train.micro_batch_size);
+        p.expert_tensor, pipeline::schedule_name(p.pipeline_schedule),
+        sharding_name(s.config.optimizer.sharding), recompute_name(s.config.train.recompute),
+        s.config.train.micro_batch_size);
   }
   return fmt::format(
       "{{\n  \"search\": {{\"world_size\": {}, \"hardware\": \"{}\", \"enumerated\": {}, "
