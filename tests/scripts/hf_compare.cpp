@@ -15,8 +15,10 @@
 // Weight tolerance, as tests/mpi/test_hf_gpt2.cpp: at least 99% of each tensor's elements within
 // 1e-5 of the tensor's scale (max |expected|), every element within 3e-4 of it. Adam normalises
 // each gradient element, so an element whose gradient is near zero moves by up to ~lr on fp32
-// rounding noise alone; the few such elements are what the 1% and the 3e-4 bound allow. A mapping
-// mistake (a permuted head, a wrong rotary layout, a dropped bias) is O(1).
+// rounding noise alone; the few such elements are what the 1% and the 3e-4 bound allow. A tensor
+// of under 100 elements may still have one such element (a key bias, whose gradient is zero up to
+// rounding because softmax ignores a shift shared by all keys), so one is always allowed. A mapping
+// mistake (a permuted head, a wrong rotary layout, a dropped bias) is O(1) on many elements.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -114,9 +116,10 @@ int weights(const std::string& dir, const std::string& after3) {
     worst_all = std::max(worst_all, worst);
     if (std::getenv("PARALLEL_PARITY_VERBOSE"))
       std::printf("  %-48s worst %.3g, %zu of %zu beyond 1e-5\n", name.c_str(), worst, beyond, a.size());
-    if (worst > 3e-4 || static_cast<double>(beyond) > 0.01 * static_cast<double>(a.size())) {
+    if (worst > 3e-4 || static_cast<double>(beyond) > std::max(1.0, 0.01 * static_cast<double>(a.size()))) {
       std::printf(
-          "'%s': worst relative error %.3g (bound 3e-4), %zu of %zu elements beyond 1e-5 (bound 1%%)\n",
+          "'%s': worst relative error %.3g (bound 3e-4), %zu of %zu elements beyond 1e-5 (bound 1%%, at "
+          "least one)\n",
           name.c_str(), worst, beyond, a.size());
       ++bad;
     }
