@@ -108,7 +108,7 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : gate(*env.config, layer), e
   const std::string prefix = fmt::format("layers.{}.mlp", layer);
   router.name = prefix + ".router.weight";
   router.value = Tensor::zeros({experts_, env.hidden}, DType::F32, parameter_device());
-  router.grad = Tensor::zeros({experts_, env.hidden}, DType::F32, parameter_device());
+  router.grad = parameter_grad({experts_, env.hidden});  // none when frozen (LoRA)
   router.global_shape = {experts_, env.hidden};
   router.sequence_parallel_grad = env.sequence_parallel;  // each tp rank routes its own s-shard
   // SwiGLU's gate and up are separate parameters split alike (as the dense MLP's under tp), so a
@@ -119,15 +119,56 @@ MoELayer::MoELayer(const LayerEnv& env, int layer) : gate(*env.config, layer), e
   const int64_t h = env.hidden, fl = ffn_local_, np = static_cast<int64_t>(parts.size());
   for (int64_t i = 0; i < local_; ++i) {
     const int64_t global = ep_rank(env) * local_ + i;
+    // Frozen (LoRA's base): no gradient tensors.
     Tensor w1 = Tensor::zeros({np * fl, h}, DType::F32, parameter_device()),
-           g1 = Tensor::zeros({np * fl, h}, DType::F32, parameter_device());
+           g1 = parameter_grad({np * fl, h});
     std::vector<Parameter>& f1 = fc1.emplace_back();
     for (int64_t j = 0; j < np; ++j)
       f1.push_back(expert_weight(fmt::format("{}.experts.{}.{}.weight", prefix, global, parts[j]), {ffn_, h},
-                                 0, env, w1.narrow(0, j * fl, fl), g1.narrow(0, j * fl, fl)));
+                                 0, env, w1.narrow(0, j * fl, fl),
+                                 g1.defined() ? g1.narrow(0, j * fl, fl) : Tensor()));
     fc2.push_back(expert_weight(fmt::format("{}.experts.{}.fc2.weight", prefix, global), {h, ffn_}, 1, env,
                                 Tensor::zeros({h, fl}, DType::F32, parameter_device()),
-                                Tensor::zeros({h, fl}, DType::F32, parameter_device())));
+                                parameter_grad({h, fl})));
+  }
+  if (c.lora.enabled()) {
+    // LoRA adapters on the experts (docs/lora.md, "Experts"), sharded over etp as the base weights.
+    lora_rank_ = c.lora.rank;
+    lora_scale_ = static_cast<float>(c.lora.scale());
+    for (int64_t j = 0; j < np; ++j)
+      if (c.lora_targets(parts[j])) lora_rows_.push_back(j * fl);
+    lora_fc2_ = c.lora_targets("fc2");
+    const int64_t r = lora_rank_, pairs = static_cast<int64_t>(lora_rows_.size());
+    const int64_t offset = etp_rank(env) * fl;
+    for (int64_t i = 0; i < local_; ++i) {
+      const std::string expert = fmt::format("{}.experts.{}", prefix, ep_rank(env) * local_ + i);
+      std::vector<Parameter>& a1 = lora_a1.emplace_back();
+      std::vector<Parameter>& b1 = lora_b1.emplace_back();
+      if (pairs > 0) {
+        Tensor a_value = Tensor::zeros({pairs * r, h}, DType::F32, parameter_device()),
+               a_grad = Tensor::zeros({pairs * r, h}, DType::F32, parameter_device());
+        for (int64_t jj = 0; jj < pairs; ++jj) {
+          const std::string part = expert + "." + parts[lora_rows_[static_cast<std::size_t>(jj)] / fl];
+          Parameter a;
+          a.name = part + ".lora_A.weight";
+          a.value = a_value.narrow(0, jj * r, r);
+          a.grad = a_grad.narrow(0, jj * r, r);
+          a.global_shape = {r, h};
+          a.expert = true;
+          a1.push_back(std::move(a));
+          Parameter b = tp::lora::make_b(part, fl, ffn_, offset, r);
+          b.expert = true;
+          b1.push_back(std::move(b));
+        }
+      }
+      if (lora_fc2_) {
+        Parameter a = tp::lora::make_a(expert + ".fc2", r, fl, ffn_, offset);
+        Parameter b = tp::lora::make_b(expert + ".fc2", h, h, 0, r);
+        a.expert = b.expert = true;
+        lora_a2.push_back(std::move(a));
+        lora_b2.push_back(std::move(b));
+      }
+    }
   }
   // An expert's gradient here sums the tokens of this rank's etp x ep block only (under sequence
   // parallelism each rank routes just its shard): the expert-dp reduction adds the others'.
@@ -141,10 +182,77 @@ std::vector<Parameter*> MoELayer::parameters() {
   if (shared)
     for (Parameter* p : shared->parameters()) out.push_back(p);
   for (int64_t i = 0; i < local_; ++i) {
-    for (Parameter& part : fc1[static_cast<std::size_t>(i)]) out.push_back(&part);
-    out.push_back(&fc2[static_cast<std::size_t>(i)]);
+    const auto e = static_cast<std::size_t>(i);
+    for (Parameter& part : fc1[e]) out.push_back(&part);
+    out.push_back(&fc2[e]);
+    if (!lora_a1.empty())
+      for (std::size_t j = 0; j < lora_a1[e].size(); ++j) {
+        out.push_back(&lora_a1[e][j]);
+        out.push_back(&lora_b1[e][j]);
+      }
+    if (lora_fc2_) {
+      out.push_back(&lora_a2[e]);
+      out.push_back(&lora_b2[e]);
+    }
   }
   return out;
+}
+
+Tensor MoELayer::lora_blocks(std::size_t e) const {
+  const int64_t r = lora_rank_, pairs = static_cast<int64_t>(lora_rows_.size());
+  const Tensor& first = lora_b1[e].front().value;
+  const int64_t rows = static_cast<int64_t>(fc1[e].size()) * ffn_local_;
+  Tensor blocks = Tensor::zeros({rows, pairs * r}, first.dtype(), first.device());
+  for (int64_t j = 0; j < pairs; ++j) {
+    Tensor slot = blocks.narrow(0, lora_rows_[static_cast<std::size_t>(j)], ffn_local_).narrow(1, j * r, r);
+    slot.copy_(lora_b1[e][static_cast<std::size_t>(j)].value);
+  }
+  return blocks;
+}
+
+// dA1 = dh1ᵀ x and dB2 = scale dyᵀ h2 are partial sums over etp (dh1 and h2 cover this rank's slice
+// of the inner width only): they go through one buffer and one all-reduce over etp per layer. dB1
+// and dA2 are exact (this rank's rows / columns).
+void MoELayer::lora_backward_weight(Context& ctx) {
+  const int64_t r = lora_rank_, h = env_.hidden, pairs = static_cast<int64_t>(lora_rows_.size());
+  const int64_t a1_size = pairs * r * h, per = a1_size + (lora_fc2_ ? h * r : 0);
+  if (per == 0) return;
+  const Device dev = ctx.expert_in.device();
+  Tensor partial = Tensor::zeros({local_ * per}, DType::F32, dev);
+  for (std::size_t e = 0; e < static_cast<std::size_t>(local_); ++e) {
+    const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
+    if (n == 0) continue;
+    const int64_t at = static_cast<int64_t>(e) * per;
+    if (pairs > 0) {
+      Tensor da1 = partial.narrow(0, at, a1_size).view({pairs * r, h});
+      ops::gemm(ctx.lora_dh1.narrow(0, off, n), true, ctx.expert_in.narrow(0, off, n), false, da1);
+      Tensor db = Tensor::empty({ctx.d_pre.size(1), pairs * r}, DType::F32, dev);
+      ops::gemm(ctx.d_pre.narrow(0, off, n), true, ctx.lora_h1.narrow(0, off, n), false, db, lora_scale_,
+                0.0f);
+      for (std::size_t j = 0; j < lora_rows_.size(); ++j) {
+        Parameter& b = lora_b1[e][j];
+        ops::add_(
+            b.grad,
+            db.narrow(0, lora_rows_[j], ffn_local_).narrow(1, static_cast<int64_t>(j) * r, r).contiguous());
+      }
+    }
+    if (lora_fc2_) {
+      Tensor db2 = partial.narrow(0, at + a1_size, h * r).view({h, r});
+      ops::gemm(ctx.d_expert_out.narrow(0, off, n), true, ctx.lora_h2.narrow(0, off, n), false, db2,
+                lora_scale_, 0.0f);
+      ops::gemm(ctx.lora_dh2.narrow(0, off, n), true, ctx.act.narrow(0, off, n), false, lora_a2[e].grad, 1.0f,
+                1.0f);
+    }
+  }
+  if (etp_size(env_) > 1) env_.etp->all_reduce(partial);
+  for (std::size_t e = 0; e < static_cast<std::size_t>(local_); ++e) {
+    const int64_t at = static_cast<int64_t>(e) * per;
+    if (pairs > 0) {
+      Tensor a_grad = fused_rows(lora_a1[e], &Parameter::grad, "MoELayer");
+      ops::add_(a_grad, partial.narrow(0, at, a1_size).view({pairs * r, h}));
+    }
+    if (lora_fc2_) ops::add_(lora_b2[e].grad, partial.narrow(0, at + a1_size, h * r).view({h, r}));
+  }
 }
 
 // send_counts: rows this rank's permuted block holds per expert (all E; forward) - the same
@@ -414,6 +522,9 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
   ctx.pre = Tensor::empty({n_local, swiglu ? 2 * ffn_local_ : ffn_local_}, dt, x.device());
   ctx.act = Tensor::empty({n_local, ffn_local_}, dt, x.device());
   Tensor expert_out = Tensor::empty({n_local, h}, dt, x.device());
+  const int64_t lora_pairs = static_cast<int64_t>(lora_rows_.size());
+  if (lora_pairs > 0) ctx.lora_h1 = Tensor::empty({n_local, lora_pairs * lora_rank_}, dt, x.device());
+  if (lora_fc2_) ctx.lora_h2 = Tensor::empty({n_local, lora_rank_}, dt, x.device());
   for (std::size_t e = 0; e < L; ++e) {
     const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
     if (n == 0) continue;
@@ -421,11 +532,22 @@ Tensor MoELayer::forward(const Tensor& x_in, Context& ctx, bool record_stats) {
            out = expert_out.narrow(0, off, n);
     ops::gemm(ctx.expert_in.narrow(0, off, n), false, fused_rows(fc1[e], &Parameter::value, "MoELayer"), true,
               pre);
+    if (lora_pairs > 0) {  // pre += scale (x A1ᵀ) B1ᵀ, B1 block-diagonal over the adapted parts
+      Tensor h1 = ctx.lora_h1.narrow(0, off, n);
+      ops::gemm(ctx.expert_in.narrow(0, off, n), false, fused_rows(lora_a1[e], &Parameter::value, "MoELayer"),
+                true, h1);
+      ops::gemm(h1, false, lora_blocks(e), true, pre, lora_scale_, 1.0f);
+    }
     if (swiglu)
       ops::swiglu_forward(pre, act);
     else
       ops::gelu_forward(pre, act);
     ops::gemm(act, false, fc2[e].value, true, out);
+    if (lora_fc2_) {  // out += scale (act A2ᵀ) B2ᵀ: a partial sum over etp, reduced with the base's
+      Tensor h2 = ctx.lora_h2.narrow(0, off, n);
+      ops::gemm(act, false, lora_a2[e].value, true, h2);
+      ops::gemm(h2, false, lora_b2[e].value, true, out, lora_scale_, 1.0f);
+    }
   }
   ctx.out_perm = dispatch(reduce_scatter_over_etp(expert_out, ctx), ctx, ctx.counts, /*back=*/true);
 
@@ -489,11 +611,19 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
   const int64_t n_local = ctx.local_offsets[L];
   ctx.d_pre = Tensor::empty(ctx.pre.shape(), dt, dev);
   Tensor dx_local = Tensor::empty({n_local, h}, dt, dev);
+  const int64_t lora_pairs = static_cast<int64_t>(lora_rows_.size());
+  if (lora_pairs > 0) ctx.lora_dh1 = Tensor::empty({n_local, lora_pairs * lora_rank_}, dt, dev);
+  if (lora_fc2_) ctx.lora_dh2 = Tensor::empty({n_local, lora_rank_}, dt, dev);
   for (std::size_t e = 0; e < L; ++e) {
     const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
     if (n == 0) continue;
     Tensor du = Tensor::empty({n, ffn_local_}, dt, dev);
     ops::gemm(ctx.d_expert_out.narrow(0, off, n), false, fc2[e].value, false, du);
+    if (lora_fc2_) {  // du += (scale dy B2) A2; dh2 is whole on every etp rank
+      Tensor dh2 = ctx.lora_dh2.narrow(0, off, n);
+      ops::gemm(ctx.d_expert_out.narrow(0, off, n), false, lora_b2[e].value, false, dh2, lora_scale_, 0.0f);
+      ops::gemm(dh2, false, lora_a2[e].value, false, du, 1.0f, 1.0f);
+    }
     Tensor dpre = ctx.d_pre.narrow(0, off, n);
     if (swiglu)
       ops::swiglu_backward(du, ctx.pre.narrow(0, off, n), dpre);
@@ -501,6 +631,11 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
       ops::gelu_backward(du, ctx.pre.narrow(0, off, n), dpre);
     Tensor dxe = dx_local.narrow(0, off, n);
     ops::gemm(dpre, false, fused_rows(fc1[e], &Parameter::value, "MoELayer"), false, dxe);
+    if (lora_pairs > 0) {  // dx += (scale dpre B1) A1: partial over etp, as dx is (reduce-scattered below)
+      Tensor dh1 = ctx.lora_dh1.narrow(0, off, n);
+      ops::gemm(dpre, false, lora_blocks(e), false, dh1, lora_scale_, 0.0f);
+      ops::gemm(dh1, false, fused_rows(lora_a1[e], &Parameter::value, "MoELayer"), false, dxe, 1.0f, 1.0f);
+    }
   }
   ctx.pre = Tensor();
   Tensor dx_perm = dispatch(reduce_scatter_over_etp(dx_local, ctx), ctx, ctx.counts, /*back=*/true);
@@ -529,15 +664,16 @@ Tensor MoELayer::backward_input(const Tensor& dy_in, Context& ctx) {
 }
 
 void MoELayer::backward_weight(Context& ctx) {
-  ops::gemm(ctx.d_logits, true, ctx.x, false, router.grad, 1.0f, 1.0f);
+  if (!router.frozen) ops::gemm(ctx.d_logits, true, ctx.x, false, router.grad, 1.0f, 1.0f);
   for (std::size_t e = 0; e < static_cast<std::size_t>(local_); ++e) {
     const int64_t off = ctx.local_offsets[e], n = ctx.local_offsets[e + 1] - off;
-    if (n == 0) continue;
+    if (n == 0 || fc2[e].frozen) continue;  // LoRA: the base experts are frozen
     ops::gemm(ctx.d_expert_out.narrow(0, off, n), true, ctx.act.narrow(0, off, n), false, fc2[e].grad, 1.0f,
               1.0f);
     Tensor g1 = fused_rows(fc1[e], &Parameter::grad, "MoELayer");
     ops::gemm(ctx.d_pre.narrow(0, off, n), true, ctx.expert_in.narrow(0, off, n), false, g1, 1.0f, 1.0f);
   }
+  lora_backward_weight(ctx);
   if (shared) shared->backward_weight(ctx.shared);
   ctx = Context{};
 }

@@ -59,6 +59,9 @@ class MoELayer {
     Tensor out_perm;  // [N, h] expert outputs back in permuted order
     // Between backward_input and backward_weight.
     Tensor d_expert_out, d_pre, d_logits;
+    // LoRA on the experts: the rank-space activations x A1ᵀ [N_local, pairs * r] and act A2ᵀ
+    // [N_local, r] (this etp rank's partial sum), and their gradients between the backward's steps.
+    Tensor lora_h1, lora_h2, lora_dh1, lora_dh2;
     MLP::Context shared;
   };
   Tensor forward(const Tensor& x, Context& ctx, bool record_stats);  // [s(/tp), b, h] -> same
@@ -76,6 +79,14 @@ class MoELayer {
   std::vector<std::vector<Parameter>> fc1;
   std::vector<Parameter> fc2;
   std::unique_ptr<MLP> shared;  // shared expert, or null
+  // LoRA on the local experts (model.lora targets gate / up / fc1 and fc2; docs/lora.md, "Experts"),
+  // sharded over etp as the base weights: per expert, the adapted fc1 parts' A's [r, h] back to back
+  // in one storage (one GEMM gives every part's x Aᵀ) and replicated over etp, their B's [F_l, r]
+  // split by rows like the parts; fc2's A [r, F_l] split by columns like fc2 and its B [h, r]
+  // replicated. The replicated factors' gradients are partial sums over etp, summed in
+  // backward_weight (one all-reduce per layer). Empty without adapters.
+  std::vector<std::vector<Parameter>> lora_a1, lora_b1;
+  std::vector<Parameter> lora_a2, lora_b2;
 
  private:
   // Rows of the permuted tokens [N, h] to the local experts' rows [N_local, h] (forward) or back.
@@ -85,6 +96,14 @@ class MoELayer {
   // summed over etp. Identities at etp 1.
   Tensor gather_over_etp(const Tensor& rows, const Context& ctx) const;
   Tensor reduce_scatter_over_etp(const Tensor& rows, const Context& ctx) const;
+  // LoRA: expert e's B's as one block-diagonal [fc1 rows, pairs * r] matrix (zeros off the adapted
+  // parts' blocks), and the adapters' weight step.
+  Tensor lora_blocks(std::size_t e) const;
+  void lora_backward_weight(Context& ctx);
+  int64_t lora_rank_ = 0;
+  float lora_scale_ = 0.0f;
+  std::vector<int64_t> lora_rows_;  // first fc1 row (local) of each adapted part, in part order
+  bool lora_fc2_ = false;
   const LayerEnv& env_;
   int64_t experts_, local_, topk_, ffn_, ffn_local_;
   MoEStats stats_;

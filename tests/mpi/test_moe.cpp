@@ -7,12 +7,17 @@
 //   - tensor parallelism inside experts: etp 2 (np 2) and etp 2 x ep 2 (np 4) equal one rank for
 //     the same cases, each rank's slices of the experts' gradients against the one-rank ones, and
 //     a layer whose experts on one etp pair receive no rows at all;
-//   - memory from the allocator: at ep x etp = p a rank holds 1/p of the expert weights.
+//   - memory from the allocator: at ep x etp = p a rank holds 1/p of the expert weights;
+//   - LoRA on the experts (docs/lora.md, "Experts"): one layer with adapters on gate, up and fc2
+//     (SwiGLU) or fc1 (GeLU) and a frozen base against the PyTorch reference on 1 rank, ep 2
+//     (np 2), etp 2 (np 2) and ep 2 x etp 2 (np 4), and the whole GPT with adapters at ep and
+//     ep x etp against one rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -241,6 +246,103 @@ TEST(MoERouting, RunsOnMeta) {
   EXPECT_TRUE(dx.device().is_meta());
 }
 
+// ---- LoRA on the experts against PyTorch --------------------------------------------------------
+
+// One MoE layer with LoRA on its experts (make_moe_fixture.py's moe_*_lora), its base frozen as
+// GPTModel freezes it, at ep = world / etp and etp. Every rank feeds the fixture's x, so y and dx
+// are the fixture's on every rank, and each expert sees its rows from all `world` ranks (edp 1):
+// its adapters' gradients are world times the fixture's (this rank's slice of them).
+void check_lora_fixture(const std::string& name, int etp) {
+  const std::string path = testing::fixtures_dir() + "/" + name + ".safetensors";
+  auto f = safetensors::load(path);
+  const auto meta = safetensors::load_metadata(path);
+  const int p = world().size();
+  auto solo = world().split(world().rank(), 0);
+  ParallelState state(world(), RankGrid::from_world(p, 1, 1, 1, p / etp, etp));
+  ModelConfig c;
+  c.hidden_size = std::stoi(meta.at("hidden"));
+  c.num_experts = std::stoi(meta.at("num_experts"));
+  c.moe_router_topk = std::stoi(meta.at("topk"));
+  c.moe_ffn_hidden_size = std::stoi(meta.at("ffn"));
+  c.activation = meta.at("activation") == "swiglu" ? Activation::SwiGLU : Activation::GeLU;
+  c.moe_aux_loss_coeff = std::stod(meta.at("aux_coeff"));
+  c.moe_z_loss_coeff = std::stod(meta.at("z_coeff"));
+  c.lora.rank = std::stoi(meta.at("lora_rank"));
+  c.lora.alpha = std::stod(meta.at("lora_alpha"));
+  c.lora.target_modules = meta.at("lora_targets");
+  model::LayerEnv env;
+  env.config = &c;
+  env.tp = solo.get();
+  env.ep = &state.ep();
+  env.etp = &state.etp();
+  env.hidden = c.hidden_size;
+  env.ffn = c.moe_ffn_hidden_size;
+  std::unique_ptr<model::MoELayer> layer;
+  {
+    FrozenParameterScope frozen(true);  // as GPTModel builds a LoRA model's layers
+    layer = std::make_unique<model::MoELayer>(env, 0);
+  }
+  const int64_t F = c.moe_ffn_hidden_size, fl = F / etp;
+  const int64_t local = c.num_experts / (p / etp), first = state.ep().rank() * local;
+  const int64_t cut = state.etp().rank() * fl;
+  layer->router.value.copy_(f.at("router"));
+  // This rank's box of a fixture tensor stacked over the experts [E, ...].
+  auto box = [](const Tensor& stacked, int64_t expert, const Parameter& q) {
+    const Tensor t = stacked.select(expert);
+    return q.partition_dim < 0
+               ? t.contiguous()
+               : t.narrow(q.partition_dim, q.partition_offset, q.value.size(q.partition_dim)).contiguous();
+  };
+  for (int64_t i = 0; i < local; ++i) {
+    for (std::size_t j = 0; j < layer->fc1[i].size(); ++j)
+      layer->fc1[i][j].value.copy_(
+          f.at("fc1").select(first + i).narrow(0, static_cast<int64_t>(j) * F + cut, fl));
+    layer->fc2[i].value.copy_(box(f.at("fc2"), first + i, layer->fc2[i]));
+  }
+  // "layers.0.mlp.experts.<g>.<part>.lora_<A|B>.weight" <- the fixture's lora_<A|B>.<part> [E, ...].
+  int adapters = 0;
+  std::vector<std::pair<Parameter*, Tensor>> expected;
+  for (Parameter* q : layer->parameters()) {
+    const std::size_t at = q->name.find(".lora_");
+    if (at == std::string::npos) {
+      q->frozen = true;
+      EXPECT_FALSE(q->grad.defined()) << q->name << ": a frozen weight was given a gradient";
+      continue;
+    }
+    ++adapters;
+    const std::string head = q->name.substr(0, at), prefix = "layers.0.mlp.experts.";
+    ASSERT_TRUE(head.starts_with(prefix)) << q->name;
+    const std::size_t dot = head.find('.', prefix.size());
+    const int64_t g = std::stoll(head.substr(prefix.size(), dot - prefix.size()));
+    const std::string key = std::string("lora_") + q->name[at + 6] + "." + head.substr(dot + 1);
+    q->value.copy_(box(f.at(key), g, *q));
+    Tensor want = box(f.at("grad." + key), g, *q);
+    ops::scale_(want, static_cast<float>(p));
+    expected.emplace_back(q, want);
+  }
+  const int64_t targets = static_cast<int64_t>(lora_target_modules(c.lora.target_modules).size());
+  EXPECT_EQ(adapters, 2 * targets * local);
+  zero_grads(layer->parameters());
+  model::MoELayer::Context ctx;
+  Tensor y = layer->forward(f.at("x"), ctx, /*record_stats=*/true);
+  EXPECT_TRUE(close("y", y, f.at("y"), 1e-5));
+  Tensor dx = layer->backward(f.at("dy"), ctx);
+  EXPECT_TRUE(close("dx", dx, f.at("dx"), 1e-5));
+  for (auto& [q, want] : expected) {
+    EXPECT_TRUE(close(q->name + " (rank " + std::to_string(world().rank()) + ")", q->grad, want, 1e-5));
+    EXPECT_GT(testing::max_abs(want), 0.0) << q->name << ": the comparison needs a non-zero gradient";
+  }
+}
+
+TEST(MoELoraPyTorchReference, SwigluGateUpFc2) {
+  check_lora_fixture("moe_swiglu_top2_lora", 1);
+  if (world().size() > 1) check_lora_fixture("moe_swiglu_top2_lora", 2);
+}
+TEST(MoELoraPyTorchReference, GeluFc1) {
+  check_lora_fixture("moe_gelu_top1_lora", 1);
+  if (world().size() > 1) check_lora_fixture("moe_gelu_top1_lora", 2);
+}
+
 // ---- expert parallelism equals one rank ------------------------------------------------------
 
 ModelConfig moe_config(int experts, int topk, MoeDispatcher dispatcher, bool llama) {
@@ -280,7 +382,13 @@ std::pair<Tensor, Tensor> batch(int r, const ModelConfig& c, int64_t b) {
 }
 
 // The trainer's grid at tp 1 and dp = world with ep x etp = world (edp 1): rank r runs micro-batch r.
+// lora: every model's B's drawn non-zero (init_normal, the same values on every layout) so that
+// every adapter gradient carries signal; the frozen base has none to compare.
 void expert_parallel_parity(const ModelConfig& c, int etp) {
+  auto nonzero_b = [&](GPTModel& m) {
+    for (Parameter* q : m.parameters())
+      if (q->name.ends_with(".lora_B.weight")) init_normal(*q, 77, 0.2f);
+  };
   const int p = world().size();
   const int r = world().rank();
   auto solo = world().split(r, 0);
@@ -289,6 +397,7 @@ void expert_parallel_parity(const ModelConfig& c, int etp) {
   const Tensor seed = Tensor::full({1}, 1.0 / static_cast<double>(b * c.seq_length), DType::F32);
   // One rank: every rank's micro-batch, one after the other.
   GPTModel ref(c, {0, c.num_layers, true, true}, {}, *solo);
+  if (c.lora.enabled()) nonzero_b(ref);
   std::vector<float> ref_loss;
   for (int q = 0; q < p; ++q) {
     auto [tokens, targets] = batch(q, c, b);
@@ -301,6 +410,7 @@ void expert_parallel_parity(const ModelConfig& c, int etp) {
   o.expert = &state.ep();
   o.expert_tensor = &state.etp();
   GPTModel ep(c, {0, c.num_layers, true, true}, o, *solo);
+  if (c.lora.enabled()) nonzero_b(ep);
   auto [tokens, targets] = batch(r, c, b);
   auto act = ep.new_activations();
   const float loss = ep.forward(tokens, targets, *act, r).to_float_vector()[0];
@@ -309,12 +419,19 @@ void expert_parallel_parity(const ModelConfig& c, int etp) {
 
   std::map<std::string, Parameter*> by_name;
   for (Parameter* q : ref.parameters()) by_name[q->name] = q;
-  int experts_here = 0;
+  int experts_here = 0, adapters_here = 0;
   for (Parameter* q : ep.parameters()) {
     ASSERT_TRUE(by_name.count(q->name)) << q->name;
+    if (q->frozen) {  // LoRA's base
+      EXPECT_FALSE(q->grad.defined()) << q->name;
+      continue;
+    }
+    const bool adapter = q->name.find(".lora_") != std::string::npos;
     Parameter mine = *q;  // experts: this etp rank's slice (rows of fc1 / gate / up, columns of fc2)
     mine.grad = q->grad.clone();
-    if (q->expert) {
+    if (q->expert && adapter) {
+      ++adapters_here;
+    } else if (q->expert) {
       ++experts_here;
       EXPECT_GE(q->partition_dim, 0) << q->name;
     } else {
@@ -329,7 +446,12 @@ void expert_parallel_parity(const ModelConfig& c, int etp) {
   int moe_layers = 0;
   for (int l = 0; l < c.num_layers; ++l) moe_layers += c.is_moe_layer(l);
   const int per_expert = c.activation == Activation::SwiGLU ? 3 : 2;  // gate, up, fc2 or fc1, fc2
-  EXPECT_EQ(experts_here, per_expert * moe_layers * c.num_experts / (p / etp));
+  if (c.lora.enabled()) {  // every expert linear adapted: an A and a B each, no base gradient
+    EXPECT_EQ(experts_here, 0);
+    EXPECT_EQ(adapters_here, 2 * per_expert * moe_layers * c.num_experts / (p / etp));
+  } else {
+    EXPECT_EQ(experts_here, per_expert * moe_layers * c.num_experts / (p / etp));
+  }
   // The statistics: this rank's assignments, summed over ranks, are the one-rank model's.
   const auto mine = ep.moe_statistics(), all = ref.moe_statistics();
   Tensor counts = Tensor::from_vector(mine.tokens_per_expert, {c.num_experts});
@@ -369,6 +491,24 @@ const auto kCases = ::testing::Values(
     EpCase{8, 2, MoeDispatcher::AllGather, true}, EpCase{4, 1, MoeDispatcher::AllGather, false});
 INSTANTIATE_TEST_SUITE_P(Cases, ExpertParallel, kCases);
 INSTANTIATE_TEST_SUITE_P(Cases, ExpertTensorParallel, kCases);
+
+// LoRA on every linear of a MoE GPT (attention, the dense layer's MLP, the shared expert and the
+// experts), base frozen: ep = world and ep x etp 2 equal one rank (losses, every adapter gradient).
+ModelConfig lora_moe_config(bool llama) {
+  ModelConfig c = moe_config(4, 2, MoeDispatcher::AllToAll, llama);  // every expert gets tokens
+  c.lora.rank = 2;
+  c.lora.alpha = 4.0;
+  c.lora.target_modules = llama ? "q,k,v,o,gate,up,fc2" : "q,v,o,fc1,fc2";
+  return c;
+}
+TEST(ExpertParallelLora, EqualsOneRank) {
+  if (world().size() == 1) GTEST_SKIP() << "needs ep > 1";
+  for (bool llama : {false, true}) expert_parallel_parity(lora_moe_config(llama), 1);
+}
+TEST(ExpertTensorParallelLora, EqualsOneRank) {
+  if (world().size() == 1) GTEST_SKIP() << "needs etp 2";
+  for (bool llama : {false, true}) expert_parallel_parity(lora_moe_config(llama), 2);
+}
 
 // Every token routed to expert 0: at etp 2 x ep 2 the etp pair holding experts 2 and 3 gathers no
 // rows at all (an empty all-gather and reduce-scatter), and the layer still equals one rank's.

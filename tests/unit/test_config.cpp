@@ -172,25 +172,27 @@ TEST(ConfigLora, NestedMapDottedKeysAndListsAreTheSame) {
   // The YAML written back reads as the same config.
   EXPECT_EQ(config_to_yaml(parse_config(config_to_yaml(nested), {}, 1)), config_to_yaml(nested));
   EXPECT_EQ(lora_target_modules("down_proj, q ,k_proj,q_proj"), (std::vector<std::string>{"q", "k", "fc2"}));
+  EXPECT_EQ(lora_target_modules("w1,w2,w3"), (std::vector<std::string>{"gate", "up", "fc2"}));  // Mixtral
 }
 
 TEST(ConfigLora, OneLineErrors) {
   EXPECT_EQ(override_error({"model.lora.rank=4", "model.lora.target_modules=q,attn"}),
             "config: model.lora.target_modules = \"q,attn\": unknown module \"attn\" (q, k, v, o, fc1, gate, "
-            "up, fc2, or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+            "up, fc2, or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, w1, w3, w2)");
   EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.target_modules=,"}),
               HasSubstr("names no module"));
   EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.target_modules=gate"}),
               HasSubstr("gate exists only in a swiglu MLP"));
   EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.target_modules=experts"}),
-              HasSubstr("not supported yet"));
+              HasSubstr("unknown module \"experts\""));
   EXPECT_EQ(override_error({"model.lora.rank=-1"}), "config: model.lora.rank = -1: must be >= 0");
   EXPECT_EQ(override_error({"model.lora.rank=4", "model.lora.alpha=0"}),
             "config: model.lora.alpha = 0.0: must be > 0");
   EXPECT_THAT(override_error({"model.lora.rank=4", "model.lora.dropout=1"}),
               StartsWith("config: model.lora.dropout = 1.0: must be in"));
-  EXPECT_THAT(override_error({"model.lora.rank=4", "model.num_experts=4"}),
-              HasSubstr("LoRA on MoE models (model.num_experts > 0) is not supported yet"));
+  EXPECT_THAT(override_error({"model.lora.rank=4", "model.num_experts=4", "model.lora.dropout=0.1"}),
+              HasSubstr("LoRA dropout on MoE models (model.num_experts > 0) is not supported"));
+  EXPECT_EQ(override_error({"model.lora.rank=4", "model.num_experts=4"}), "<no error>");  // on the experts
   EXPECT_THAT(override_error({"model.lora.rnak=4"}), HasSubstr("model.lora.rnak: unknown key"));
   EXPECT_THAT(parse_error("model:\n  lora:\n    rank: 4\n    rank: 8\n"),
               HasSubstr("model.lora.rank: given twice"));
