@@ -135,8 +135,9 @@ paste <(losses "$work/drop1") <(losses "$work/tp1pp1") | awk '
 # 6. LoRA on MoE experts (docs/lora.md, "Experts"): a tiny MoE GPT (8 SwiGLU experts, top-2, a shared
 #    expert, aux and z losses) with adapters on every linear, experts included, from its seeded init:
 #    ep2 and ep2 x etp2 give one rank's losses over 3 steps (relative 1e-5; the layer itself is checked
-#    against PyTorch in test_moe), the losses move, and the checkpoints hold optimizer state for the
-#    adapters only (the experts' adapters included, the frozen experts not).
+#    against PyTorch in test_moe); adapters on the experts alone (w1, w2, w3) change the loss against
+#    a run at lr ~0; the checkpoints hold optimizer state for the adapters only (the experts' adapters
+#    included, the frozen experts and router not).
 moe=(--config "$src/configs/tiny.yaml" --set model.normalization=rmsnorm --set model.activation=swiglu
   --set model.position_embedding=rope --set model.num_experts=8 --set model.moe_router_topk=2
   --set model.moe_ffn_hidden_size=48 --set model.moe_shared_expert_ffn_hidden_size=32
@@ -159,7 +160,13 @@ for other in moe_ep2 moe_ep2etp2; do
     END { if (n != 3 || worst > 1e-5) { printf "MoE LoRA %s: %d losses, worst relative %.3g\n", name, n, worst; exit 1 }
           printf "MoE LoRA, %s against one rank: worst relative %.3g\n", name, worst }'
 done
-losses "$work/moe1" | awk '{ l[NR] = $1 } END { if (l[3] >= l[1]) { print "MoE LoRA: the loss did not fall"; exit 1 } }'
+# Adapters on the experts alone (Mixtral's names) train: the third loss differs from a run at lr 1e-30 (0 is refused).
+moe_run moe_experts 1 --set model.lora.target_modules=w1,w2,w3
+moe_run moe_experts_lr0 1 --set model.lora.target_modules=w1,w2,w3 --set optimizer.lr=1e-30 --set optimizer.min_lr=0
+paste <(losses "$work/moe_experts") <(losses "$work/moe_experts_lr0") | awk '
+  { rel = ($1 - $2) / $2; if (rel < 0) rel = -rel; last = rel; n++; if (NR == 1 && rel != 0) bad = 1 }
+  END { if (n != 3 || bad || last < 1e-6) { printf "MoE LoRA on the experts alone: step-3 change %.3g\n", last; exit 1 }
+        printf "MoE LoRA on the experts alone: step 1 as at lr ~0, step 3 differs by %.3g relative\n", last }'
 for name in moe1 moe_ep2etp2; do
   index=$work/$name/ckpt/$(cat "$work/$name/ckpt/latest")/index.json
   grep -q '"optimizer.exp_avg.layers.0.mlp.experts.7.gate.lora_A.weight"' "$index" ||
