@@ -171,7 +171,8 @@ class Optimizer {
 // Whether optimizer.type muon updates `p` with Muon: a 2-D hidden weight (attention query, key,
 // value and proj, MLP fc1 / gate / up / fc2, router, each expert's matrices), i.e. 2-D and neither
 // an embedding ("embedding.*"), the output layer ("output.*") nor vocabulary-padded. Everything
-// else (embeddings, output layer, norms, biases) gets AdamW, as in Moonlight and torch.optim.Muon.
+// else (embeddings, output layer, norms, biases) gets AdamW, as in Moonlight and torch.optim.Muon,
+// and so do LoRA adapters ("*.lora_A.weight", "*.lora_B.weight"; docs/lora.md).
 bool muon_parameter(const Parameter& p);
 
 class AdamW : public Optimizer {

@@ -44,8 +44,11 @@ std::size_t Optimizer::state_bytes() const {
 }
 
 bool muon_parameter(const Parameter& p) {
+  // LoRA's adapters stay with AdamW (docs/lora.md, "Optimizers"): orthogonalising a rank-r factor
+  // on its own has no meaning for the product B A that the model uses.
+  const bool adapter = p.name.ends_with(".lora_A.weight") || p.name.ends_with(".lora_B.weight");
   return p.global_shape.size() == 2 && p.unpadded_rows < 0 && !p.name.starts_with("embedding.") &&
-         !p.name.starts_with("output.");
+         !p.name.starts_with("output.") && !adapter;
 }
 
 Optimizer::Slot Optimizer::make_slot(Parameter* p, Tensor grad, Tensor main, Tensor target) {

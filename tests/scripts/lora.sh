@@ -15,7 +15,10 @@
 #     only;
 #  4. adapter dropout is keyed by global positions: with lora.dropout 0.2 one rank, tp2 x pp2,
 #     tp2 + sp, cp2 and pp2 zb-h1 give the same losses (relative 1e-5), which differ from the losses without dropout;
-#  5. adapter_config.json holds PEFT's keys; one-line errors for an unknown module, a bad rank and
+#  5. optimizer.type muon leaves the adapters to AdamW: one rank and tp2 give the reference's losses;
+#  6. LoRA on the experts of a MoE GPT: ep2 and ep2 x etp2 give one rank's losses, the experts'
+#     adapters train, only the adapters have optimizer state;
+#  7. adapter_config.json holds PEFT's keys; one-line errors for an unknown module, a bad rank and
 #     --to peft of a checkpoint without adapters.
 #   lora.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
 set -euo pipefail
@@ -132,6 +135,16 @@ done
 paste <(losses "$work/drop1") <(losses "$work/tp1pp1") | awk '
   { if ($1 != $2) differ = 1 } END { if (!differ) { print "dropout 0.2 did not change the losses"; exit 1 } }'
 
+# 5. optimizer.type muon: the adapters stay with AdamW (docs/lora.md) and the base is frozen, so a Muon
+#    run is the AdamW run: the reference's losses on one rank and at tp2, and no Muon momentum saved.
+for name in muon1:1 muon_tp2:2; do
+  run "${name%%:*}" "${name##*:}" --set optimizer.type=muon --set parallel.tensor=$((${name##*:}))
+  echo -n "${name%%:*} losses: "
+  "$compare" losses "$work/${name%%:*}/metrics.jsonl" "$fx/lora_llama_tiny_after3.safetensors"
+  index=$work/${name%%:*}/ckpt/$(cat "$work/${name%%:*}/ckpt/latest")/index.json
+  if grep -q 'momentum_buffer' "$index"; then echo "${name%%:*}: Muon momentum saved for a LoRA run"; exit 1; fi
+done
+
 # 6. LoRA on MoE experts (docs/lora.md, "Experts"): a tiny MoE GPT (8 SwiGLU experts, top-2, a shared
 #    expert, aux and z losses) with adapters on every linear, experts included, from its seeded init:
 #    ep2 and ep2 x etp2 give one rank's losses over 3 steps (relative 1e-5; the layer itself is checked
@@ -179,7 +192,7 @@ for name in moe1 moe_ep2etp2; do
 done
 echo "MoE LoRA: optimizer state for the adapters only (one rank, ep2 x etp2)"
 
-# 5. adapter_config.json, and errors.
+# 7. adapter_config.json, and errors.
 config=$work/tp1pp1/peft/adapter_config.json
 for key in '"peft_type": "LORA"' '"task_type": "CAUSAL_LM"' '"r": 4' '"lora_alpha": 8' '"lora_dropout": 0.0' \
   '"base_model_name_or_path": "'"$fx/hf_llama_tiny"'"' '"q_proj"' '"down_proj"'; do
