@@ -1062,6 +1062,17 @@ void validate_config(Config& c, int world_size) {
         fmt::format("LoRA dropout on MoE models ({} > 0) is not supported", rules.key(m.num_experts)));
     const std::vector<std::string> targets = lora_target_modules(l.target_modules);
     const bool swiglu = m.activation == Activation::SwiGLU;
+    if (m.num_experts > 0) {
+      // Experts and dense parameters live in separate data-parallel buffers; the dense one needs
+      // at least one trained parameter: an attention adapter, or an MLP one on a dense layer
+      // (moe_layer_freq > 1) or a shared expert.
+      const bool attention = std::any_of(targets.begin(), targets.end(), [](const std::string& t) {
+        return t == "q" || t == "k" || t == "v" || t == "o";
+      });
+      const bool dense_mlp = m.moe_layer_freq > 1 || m.moe_shared_expert_ffn_hidden_size > 0;
+      rules.require(attention || dense_mlp, l.target_modules,
+                    "adapters on the experts alone are not supported: add an attention target (q, k, v, o)");
+    }
     for (const std::string& t : targets) {
       rules.require(!(swiglu && t == "fc1"), l.target_modules,
                     "fc1 is the GeLU MLP's input linear; a swiglu MLP has gate and up");

@@ -306,5 +306,36 @@ TEST(MemoryPlanLora, OptimizerTermIsTheAdaptersOnly) {
   EXPECT_LT(lora_save, base_save / 10);
 }
 
+// LoRA on MoE experts (docs/lora.md, "Experts"): the frozen experts and router cost no optimizer
+// state; the term is the local experts' adapters (ep2 on 4 ranks: 2 of 4 experts per rank) and q's.
+TEST(MemoryPlanLora, FrozenExpertsHaveNoOptimizerState) {
+  if (world().rank() != 0) return;
+  std::vector<std::string> base = {"model.num_experts=4",          "model.moe_router_topk=2",
+                                   "model.moe_ffn_hidden_size=32", "parallel.expert=2",
+                                   "train.precision=bf16",         "train.global_batch_size=16"};
+  std::vector<std::string> lora = base;
+  lora.push_back("model.lora.rank=8");
+  lora.push_back("model.lora.target_modules=q,fc1,fc2");  // GeLU experts (every layer is MoE)
+  const auto term = [](const MemoryPlan& plan, const char* name) {
+    for (const MemoryTerm& t : plan.ranks[0].terms)
+      if (t.name == name) return t.bytes;
+    return int64_t{-1};
+  };
+  const MemoryPlan with = plan_memory(parse_config(kModel, lora, 4), 4);
+  const MemoryPlan without = plan_memory(parse_config(kModel, base, 4), 4);
+  // Per expert: fc1 A [8, 64] and B [32, 8], fc2 A [8, 32] and B [64, 8]; 2 local experts, 4 layers;
+  // and q's A [8, 64] and B [64, 8] per layer.
+  const int64_t adapters = 4 * 2 * (8 * 64 + 32 * 8 + 8 * 32 + 64 * 8) + 4 * (8 * 64 + 64 * 8);
+  const int64_t expected = 12 * adapters;
+  const int64_t optimizer = term(with, "optimizer");
+  std::printf("MoE optimizer term: %lld B with LoRA on the experts (adapters: %lld B), %lld B without\n",
+              static_cast<long long>(optimizer), static_cast<long long>(expected),
+              static_cast<long long>(term(without, "optimizer")));
+  EXPECT_GE(optimizer, expected);
+  EXPECT_LE(optimizer, expected + expected / 10);  // bucket padding at most
+  EXPECT_GT(term(without, "optimizer"), 3 * optimizer);
+  EXPECT_LE(term(with, "gradients"), 4 * adapters + 4 * adapters / 10);
+}
+
 }  // namespace
 }  // namespace parallel

@@ -193,6 +193,9 @@ TEST(ConfigLora, OneLineErrors) {
   EXPECT_THAT(override_error({"model.lora.rank=4", "model.num_experts=4", "model.lora.dropout=0.1"}),
               HasSubstr("LoRA dropout on MoE models (model.num_experts > 0) is not supported"));
   EXPECT_EQ(override_error({"model.lora.rank=4", "model.num_experts=4"}), "<no error>");  // on the experts
+  EXPECT_THAT(
+      override_error({"model.lora.rank=4", "model.num_experts=4", "model.lora.target_modules=fc1,fc2"}),
+      HasSubstr("adapters on the experts alone are not supported"));
   EXPECT_THAT(override_error({"model.lora.rnak=4"}), HasSubstr("model.lora.rnak: unknown key"));
   EXPECT_THAT(parse_error("model:\n  lora:\n    rank: 4\n    rank: 8\n"),
               HasSubstr("model.lora.rank: given twice"));
