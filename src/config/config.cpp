@@ -176,7 +176,9 @@ void for_each_field(S& s, F&& f) {
   f("lora.dropout", s.lora.dropout, "dropout on the LoRA adapters' input");
   f("lora.target_modules", s.lora.target_modules,
     "linears that get adapters: q, k, v, o, fc1, gate, up, fc2, or Hugging Face's q_proj, k_proj, v_proj, "
-    "o_proj, gate_proj, up_proj, down_proj (comma-separated or a YAML list)");
+    "o_proj, gate_proj, up_proj, down_proj, Mixtral's w1, w3, w2 (comma-separated or a YAML list; on a MoE "
+    "model "
+    "the MLP names adapt the experts too)");
 }
 
 template <typename S, typename F>

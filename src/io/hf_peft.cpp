@@ -48,6 +48,11 @@ void export_peft(const std::string& checkpoint_path, const std::string& dir, Com
     fail(fmt::format("{} is not a LoRA checkpoint (its model.lora.rank is 0)", checkpoint_path));
   if (architecture_for(model) == Architecture::GPT2)
     fail("PEFT adapters are written for the Llama family (GPT-2's fused c_attn has no q/k/v modules)");
+  if (model.num_experts > 0)
+    fail(
+        fmt::format("{}: a MoE model's adapters (model.num_experts = {}) cannot be written: the Hugging Face "
+                    "export has no MoE family yet (docs/lora.md)",
+                    checkpoint_path, model.num_experts));
   const fs::path root(dir);
   if (fs::exists(root / "adapter_model.safetensors") || fs::exists(root / "adapter_config.json"))
     fail(fmt::format("{} already holds an adapter; write into an empty or new directory", dir));
