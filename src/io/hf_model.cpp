@@ -1460,10 +1460,10 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   if (model.num_experts > 0 && (a == Architecture::Qwen3Moe || a == Architecture::Mixtral))
     check_router(model, a);
   if (options.merge_lora && model.num_experts > 0)
-    fail(fmt::format(
-        "--merge-lora: {} is a MoE model (model.num_experts = {}); the Hugging Face export has no "
-        "MoE family yet (docs/lora.md)",
-        checkpoint_path, model.num_experts));
+    fail(
+        fmt::format("--merge-lora: {} is a MoE model (model.num_experts = {}); merging expert adapters is "
+                    "not supported yet (docs/lora.md)",
+                    checkpoint_path, model.num_experts));
   const std::map<std::string, Shape> shapes =
       a == Architecture::GPT2 ? hf_gpt2::parameter_shapes(model) : llama_parameter_shapes(model);
   std::map<std::string, Tensor> params = load_parameters(checkpoint_path, shapes, world);

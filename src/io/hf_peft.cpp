@@ -50,8 +50,8 @@ void export_peft(const std::string& checkpoint_path, const std::string& dir, Com
     fail("PEFT adapters are written for the Llama family (GPT-2's fused c_attn has no q/k/v modules)");
   if (model.num_experts > 0)
     fail(
-        fmt::format("{}: a MoE model's adapters (model.num_experts = {}) cannot be written: the Hugging Face "
-                    "export has no MoE family yet (docs/lora.md)",
+        fmt::format("{}: a MoE model's adapters (model.num_experts = {}) cannot be written: PEFT export of "
+                    "expert adapters is not supported yet (docs/lora.md)",
                     checkpoint_path, model.num_experts));
   const fs::path root(dir);
   if (fs::exists(root / "adapter_model.safetensors") || fs::exists(root / "adapter_config.json"))

@@ -204,8 +204,8 @@ for name in moe1 moe_ep2etp2; do
   fi
 done
 echo "MoE LoRA: optimizer state for the adapters only (one rank, ep2 x etp2)"
-# No Hugging Face MoE family to export to yet: a clear refusal, not a missing-tensor error.
-expect_error moe_peft "cannot be written: the Hugging Face export has no MoE family yet" \
+# Expert adapters are not exported yet: a clear refusal, not a missing-tensor error.
+expect_error moe_peft "cannot be written: PEFT export of expert adapters is not supported yet" \
   "$convert" --to peft --input "$work/moe1/ckpt" --output "$work/moe_peft"
 expect_error moe_merge "is a MoE model" "$convert" --to hf --merge-lora --input "$work/moe1/ckpt" \
   --output "$work/moe_merged"
