@@ -1455,15 +1455,16 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
                        architecture_name(named), architecture_name(a)));
     a = named;
   }
-  // Before any weight is read: a router option can change which tensors exist (an expert bias, dense
-  // first layers), and the refusal should name the option, not a tensor.
-  if (model.num_experts > 0 && (a == Architecture::Qwen3Moe || a == Architecture::Mixtral))
-    check_router(model, a);
+  // What cannot be exported at all is refused first, then the router options the family cannot hold.
   if (options.merge_lora && model.num_experts > 0)
     fail(
         fmt::format("--merge-lora: {} is a MoE model (model.num_experts = {}); merging expert adapters is "
                     "not supported yet (docs/lora.md)",
                     checkpoint_path, model.num_experts));
+  // Before any weight is read: a router option can change which tensors exist (an expert bias, dense
+  // first layers), and the refusal should name the option, not a tensor.
+  if (model.num_experts > 0 && (a == Architecture::Qwen3Moe || a == Architecture::Mixtral))
+    check_router(model, a);
   const std::map<std::string, Shape> shapes =
       a == Architecture::GPT2 ? hf_gpt2::parameter_shapes(model) : llama_parameter_shapes(model);
   std::map<std::string, Tensor> params = load_parameters(checkpoint_path, shapes, world);
