@@ -4,8 +4,7 @@
 #  1. DeepSeek-V3 routing: sigmoid scores, 4 experts in 2 groups (best 1 eligible), top-2 normalised
 #     and scaled by 2.5, the expert bias at speed 0.01 (large, so that it changes the choices within
 #     the run), the sequence-wise aux and z losses, a shared expert, 4 layers of which layer 0 is dense
-#     (first_k_dense_replace 1: at pp2 one MoE layer on the first stage, two on the second; a stage
-#     without any MoE layer cannot be built yet, see docs/model.md). Layouts:
+#     (first_k_dense_replace 1: at pp2 one MoE layer on the first stage, two on the second). Layouts:
 #     ep2 (dp2), ep2 x etp2 (4 ranks), ep2 x tp2 (+sp), cp2 x ep2, dp2 under ZeRO-3, pp2. Losses and
 #     gradient norms within 1e-5 relative; the expert bias (metrics.jsonl's moe_expert_bias) equal to
 #     one rank's at every step and the same on every rank that holds its layer (spread 0);
@@ -70,6 +69,19 @@ for r in ep2 ep2etp2 ep2tp2 ep2cp2 dp2_z3 pp2; do
   compare ref $r loss
   compare ref $r grad_norm
   same_bias ref $r
+done
+# A first stage without any MoE layer (first_k_dense_replace 2 of 4 layers, pp2; and with ep2): it
+# holds no expert replica but joins the experts' norm reduction, so the runs finish with one rank's
+# losses, gradient norms and bias.
+run ref_dense2 1 --set train.steps=6 "${ds[@]}" --set model.moe_first_k_dense_replace=2
+run pp2_dense_stage 2 --set train.steps=6 "${ds[@]}" --set model.moe_first_k_dense_replace=2 \
+  --set parallel.pipeline=2
+run pp2ep2_dense_stage 4 --set train.steps=6 "${ds[@]}" --set model.moe_first_k_dense_replace=2 \
+  --set parallel.pipeline=2 --set parallel.expert=2
+for r in pp2_dense_stage pp2ep2_dense_stage; do
+  compare ref_dense2 $r loss
+  compare ref_dense2 $r grad_norm
+  same_bias ref_dense2 $r
 done
 # 4. The bias moved.
 bias ref 1 | grep -q '[1-9]' || { echo "the expert bias did not move: $(bias ref 1)"; exit 1; }
