@@ -113,6 +113,39 @@ TEST_P(MemoryPlanTest, PlannedPeakWithinTenPercentOfMeasuredOnEveryRank) {
   if (w.rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// The DeepSeek-V3 make-up of configs/deepseek_v3_tiny.yaml, then the layout's overrides: MLA (a
+// query bottleneck, one rope key head, value heads of 16 beside query/key heads of 24) with
+// DeepSeek-V3's MoE from layer 1 on (sigmoid, group-limited, the expert bias, the sequence-wise aux
+// loss, a shared expert).
+std::vector<std::string> deepseek_v3(std::vector<std::string> layout) {
+  std::vector<std::string> o = {"model.attention=mla",
+                                "model.q_lora_rank=32",
+                                "model.kv_lora_rank=32",
+                                "model.qk_nope_head_dim=16",
+                                "model.qk_rope_head_dim=8",
+                                "model.v_head_dim=16",
+                                "model.activation=swiglu",
+                                "model.ffn_hidden_size=176",
+                                "model.normalization=rmsnorm",
+                                "model.position_embedding=rope",
+                                "model.add_bias=false",
+                                "model.tie_embeddings=false",
+                                "model.num_experts=4",
+                                "model.moe_router_topk=2",
+                                "model.moe_ffn_hidden_size=32",
+                                "model.moe_shared_expert_ffn_hidden_size=32",
+                                "model.moe_first_k_dense_replace=1",
+                                "model.moe_router_score_function=sigmoid",
+                                "model.moe_n_group=2",
+                                "model.moe_topk_group=1",
+                                "model.moe_norm_topk_prob=true",
+                                "model.moe_routed_scaling_factor=2.5",
+                                "model.moe_router_expert_bias=true",
+                                "model.moe_seq_aux_loss_coeff=0.001"};
+  o.insert(o.end(), layout.begin(), layout.end());
+  return o;
+}
+
 // Global batch 32 with micro-batches of 4: 8 micro-batches per step on one data-parallel rank.
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MemoryPlanTest,
@@ -236,6 +269,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=8", "model.v_head_dim=12",
                 "model.position_embedding=rope", "model.add_bias=false", "optimizer.distributed=true",
                 "train.global_batch_size=32"}},
+        Layout{"deepseek_v3_ep2_etp2",
+               deepseek_v3({"parallel.expert=2", "parallel.expert_tensor=2", "train.global_batch_size=64"})},
+        Layout{"deepseek_v3_pp2_ep2",
+               deepseek_v3({"parallel.pipeline=2", "parallel.expert=2", "train.global_batch_size=32"})},
         Layout{"pp4_uneven_fp16",
                {"parallel.pipeline=4", "model.num_layers=6", "parallel.first_stage_layers=1",
                 "parallel.last_stage_layers=1", "train.precision=fp16", "train.global_batch_size=32"}},

@@ -7,7 +7,11 @@
 #  2. --plan writes plan.json (every rank's terms and peak_bytes), prints the table, trains nothing;
 #  3. a short run records mem_peak_bytes in metrics.jsonl, within 10 % of the largest planned peak;
 #  4. --plan --meta (the trainer's step run on the meta device) plans the same run within 10 % too,
-#     and a million layers within 5 s (two short runs, extrapolated); --meta without --plan: refused.
+#     and a million layers within 5 s (two short runs, extrapolated); --meta without --plan: refused;
+#  5. multi-head latent attention (configs/mla_tiny.yaml) at tp 2 + sp and cp 2, and the
+#     DeepSeek-V3-shaped model (configs/deepseek_v3_tiny.yaml: MLA + sigmoid group-limited MoE, a
+#     shared expert, layer 0 dense) at ep 2 x etp 2 and pp 2: --plan --meta within 10 % of the
+#     run's mem_peak_bytes.
 #   memory_plan.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
 set -euo pipefail
 src=$1 pretrain=$2
@@ -112,3 +116,26 @@ status=0
 [[ $status -eq 2 ]] && grep -q "^pretrain_gpt: --meta is for --plan only" "$work/ms.out" ||
   fail "--meta without --plan: exit $status" "$work/ms.out"
 echo "4. --plan --meta: largest peak $on_meta; a million layers in ${seconds:0:4} s; without --plan: refused"
+
+# 5. MLA and DeepSeek-V3 layouts: the plan on meta against the run's peak.
+plan_vs_run() {  # NAME CONFIG RANKS [--set ...]
+  local name=$1 config=$2 ranks=$3
+  shift 3
+  local args=(--config "$src/configs/$config.yaml" --set train.steps=3 "$@")
+  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${args[@]}" --set train.output_dir="$work/$name" >"$work/$name.out" 2>&1 ||
+    fail "$name: training failed" "$work/$name.out"
+  "$pretrain" "${args[@]}" --set train.output_dir="$work/${name}_meta" --plan --world-size "$ranks" --meta \
+    >"$work/${name}_meta.out" 2>&1 || fail "$name: --plan --meta failed" "$work/${name}_meta.out"
+  local measured planned
+  measured=$(tail -1 "$work/$name/metrics.jsonl" | grep -o '"mem_peak_bytes":[0-9]*' | cut -d: -f2)
+  planned=$(grep -o '"peak_bytes": [0-9]*' "$work/${name}_meta/plan.json" | cut -d' ' -f2 | sort -n | tail -1)
+  [[ -n $measured && $measured -gt 0 ]] || fail "$name: metrics.jsonl has no mem_peak_bytes" "$work/$name/metrics.jsonl"
+  awk -v p="$planned" -v m="$measured" 'BEGIN { e = p / m - 1; if (e < 0) e = -e; exit !(e <= 0.10) }' ||
+    fail "$name: mem_peak_bytes $measured is not within 10 % of the largest peak planned on meta $planned"
+  echo "5. $name: mem_peak_bytes $measured, planned on meta $planned ($(awk -v p="$planned" -v m="$measured" \
+    'BEGIN { printf "%+.2f %%", 100 * (p / m - 1) }'))"
+}
+plan_vs_run mla_tp2_sp mla_tiny 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true
+plan_vs_run mla_cp2 mla_tiny 2 --set parallel.context=2
+plan_vs_run deepseek_v3_ep2_etp2 deepseek_v3_tiny 4 --set parallel.expert=2 --set parallel.expert_tensor=2
+plan_vs_run deepseek_v3_pp2 deepseek_v3_tiny 2 --set parallel.pipeline=2
