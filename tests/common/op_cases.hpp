@@ -1531,7 +1531,9 @@ inline std::vector<Row> op_rows(bool speed = false) {
     const Tol attn = dt == DType::BF16 ? Tol{2, 4e-3} : half ? Tol{1, 1e-5} : Tol{2, 1e-6};
     const Tol attn_cuda = half ? Tol{2, 2e-2} : Tol{4, 1e-5};
     const std::vector<AttnShape> attn_shapes =
-        speed ? std::vector<AttnShape>{{512, 2, 8, 8, 64, true}}
+        speed ? std::vector<AttnShape>{{512, 2, 8, 8, 64, true},
+                                       // MLA at DeepSeek-V3's head sizes (query/key 192, value 128)
+                                       {512, 2, 8, 8, 192, true, 0, {}, 0, 0, 128}}
               : std::vector<AttnShape>{{13, 2, 4, 2, 16, true},    // GQA
                                        {13, 2, 4, 4, 16, false},   // MHA, not causal
                                        {70, 1, 2, 1, 64, true},    // MQA, crosses a 64-row tile
@@ -1554,7 +1556,10 @@ inline std::vector<Row> op_rows(bool speed = false) {
                                        {37, 2, 4, 2, 24, true, 0, {}, 0, 0, 16},
                                        {13, 2, 4, 4, 16, false, 0, {}, 0, 0, 40},
                                        {150, 2, 4, 2, 24, true, 37, {40, 7, 1, 90}, 0, 0, 8},
-                                       {100, 2, 2, 1, 24, true, 60, {45, 80}, 130, 20, 16}};
+                                       {100, 2, 2, 1, 24, true, 60, {45, 80}, 130, 20, 16},
+                                       // DeepSeek-V3's sizes on a cp block with documents (ring
+                                       // attention's blocks under MLA)
+                                       {70, 1, 2, 1, 192, true, 0, {30, 50}, 70, 0, 128}};
     for (const AttnShape& a : attn_shapes) {
       t.push_back(attention_forward(dt, a, attn, attn_cuda));
       t.push_back(attention_backward(dt, a, dt == DType::BF16 ? attn : Tol{attn.ulps, 1e-5}, attn_cuda));
@@ -1565,7 +1570,9 @@ inline std::vector<Row> op_rows(bool speed = false) {
         speed ? std::vector<MergeShape>{{4096, 2, 16, 128, 2048, 2048, false}}
               : std::vector<MergeShape>{{13, 2, 3, 16, 13, 0, false},  // the whole accumulator
                                         {24, 1, 2, 64, 12, 12, true},  // its second half, masked rows
-                                        {20, 2, 1, 33, 7, 5, true}};   // odd d (> one warp), offset rows
+                                        {20, 2, 1, 33, 7, 5, true},    // odd d (> one warp), offset rows
+                                        // MLA: the merge runs on out [.., dv], DeepSeek-V3's 128
+                                        {24, 1, 2, 128, 12, 12, true}};
     for (const MergeShape& m : merge_shapes) t.push_back(attention_merge(dt, m, Tol{4, 5e-7}));
 
     const int64_t eb = speed ? 8 : 3, es = speed ? 1024 : 5, erows = speed ? 8192 : 20, eh = speed ? 768 : 24;
