@@ -991,9 +991,17 @@ TEST(ConfigReference, DocumentationCoversEveryKey) {
 
 // Every shipped config loads and validates for the world size its comments name.
 TEST(ConfigFiles, ShippedConfigsAreValid) {
-  const std::pair<const char*, int> files[] = {
-      {"tiny.yaml", 1},      {"quickstart.yaml", 4}, {"moe_small.yaml", 4},      {"gpt2_124m.yaml", 1},
-      {"gpt2_124m.yaml", 8}, {"gpt_1b_gpu.yaml", 8}, {"qwen3_moe_tiny.yaml", 4}, {"mla_tiny.yaml", 4}};
+  const std::pair<const char*, int> files[] = {{"tiny.yaml", 1},
+                                               {"quickstart.yaml", 4},
+                                               {"moe_small.yaml", 4},
+                                               {"gpt2_124m.yaml", 1},
+                                               {"gpt2_124m.yaml", 8},
+                                               {"gpt_1b_gpu.yaml", 8},
+                                               {"qwen3_moe_tiny.yaml", 4},
+                                               {"mla_tiny.yaml", 4},
+                                               {"deepseek_v3_tiny.yaml", 1},
+                                               {"deepseek_v3_tiny.yaml", 4},
+                                               {"deepseek_v3_small.yaml", 4}};
   for (const auto& [name, world] : files) {
     const std::string path = (source_dir() / "configs" / name).string();
     // world is copied into the lambda by name: Clang 14 cannot capture a structured binding.
