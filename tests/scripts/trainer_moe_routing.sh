@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The MoE routing options through the trainer (docs/model.md, "Routing"; tiny model, fp32, 6 steps,
 # constant learning rate), each layout against one rank:
-#  1. DeepSeek-V3 routing: sigmoid scores, 4 experts in 2 groups (best 1 eligible), top-2 normalised
+#  1. DeepSeek-V3 routing: sigmoid scores, 8 experts in 4 groups (best 2 eligible), top-2 normalised
 #     and scaled by 2.5, the expert bias at speed 0.01 (large, so that it changes the choices within
 #     the run), the sequence-wise aux and z losses, a shared expert, 4 layers of which layer 0 is dense
 #     (first_k_dense_replace 1: at pp2 one MoE layer on the first stage, two on the second). Layouts:
@@ -25,7 +25,7 @@ common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optim
   --set optimizer.warmup_steps=0 --set model.moe_ffn_hidden_size=96 --set model.activation=swiglu
   --set model.normalization=rmsnorm --set model.position_embedding=rope --set model.add_bias=false
   --set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_norm_topk_prob=true)
-ds=(--set model.moe_router_score_function=sigmoid --set model.moe_n_group=2 --set model.moe_topk_group=1
+ds=(--set model.num_experts=8 --set model.moe_router_score_function=sigmoid --set model.moe_n_group=4 --set model.moe_topk_group=2
   --set model.moe_routed_scaling_factor=2.5 --set model.moe_router_expert_bias=true
   --set model.moe_bias_update_speed=0.01 --set model.moe_seq_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001
   --set model.moe_shared_expert_ffn_hidden_size=64 --set model.moe_first_k_dense_replace=1 --set model.num_layers=4)
