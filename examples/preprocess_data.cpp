@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--json-keys", options.json_keys, "JSON keys to extract, one dataset each (default: text)");
   app.add_option("--output-prefix", options.output_prefix, "output path prefix, without suffix")->required();
   app.add_option("--tokenizer-type", options.tokenizer_type,
-                 "GPT2BPETokenizer (default), ByteLevel or HuggingFace (a byte-level BPE tokenizer.json)")
+                 "GPT2BPETokenizer (default), ByteLevel or HuggingFace (a BPE tokenizer.json: byte-level or "
+                 "SentencePiece-style)")
       ->check(CLI::IsMember({"GPT2BPETokenizer", "gpt2", "ByteLevel", "HuggingFace"}));
   app.add_option("--vocab-file", options.vocab_file, "GPT-2 encoder.json / vocab.json");
   app.add_option("--merge-file", options.merge_file, "GPT-2 vocab.bpe / merges.txt");

@@ -7,7 +7,8 @@
 //                                    exactly the ids of OpenAI's encoder.py / tiktoken's "gpt2".
 //   ByteLevel                        ids are the UTF-8 bytes (0..255), eod = 256, vocab 257. Needs no
 //                                    files: for tests and for quick experiments on any text.
-//   HuggingFace                      a tokenizer.json with a byte-level BPE model (HFTokenizer).
+//   HuggingFace                      a tokenizer.json with a byte-level or SentencePiece-style BPE
+//                                    model (HFTokenizer).
 //
 // encode() never produces the end-of-document id: "<|endoftext|>" inside a text is ordinary
 // characters, as in Megatron's GPT2BPETokenizer. Documents get their eod from --append-eod.
@@ -75,16 +76,25 @@ class GPT2Tokenizer final : public Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// A Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, Qwen2 and their kin):
-// ids identical to the `tokenizers` library's Tokenizer.encode(text, add_special_tokens=False).
-// Implemented: normalizer null or NFC; pre_tokenizer ByteLevel (GPT-2's pattern) or
-// Sequence[Split(GPT-2's, Llama 3's or Qwen2's pattern, Isolated), ByteLevel(use_regex false)];
-// model BPE (merges as "a b" or [a, b], ignore_merges); added tokens (special ones and those not
-// normalized matched in the raw text, the others after normalization; lstrip, rstrip). Special
-// tokens written inside a text are encoded as themselves, as the library does. Anything else
-// (another pattern, normalizer or model type, dropout, byte_fallback, single_word) is refused with
-// one line naming the key. eod: the first special token of <|endoftext|>, <|end_of_text|>, </s>,
-// <eos>. encode() is encode(text, add_special_tokens=False); the post_processor is sequence_template():
+// A Hugging Face tokenizer.json with a BPE model: ids identical to the `tokenizers` library's
+// Tokenizer.encode(text, add_special_tokens=False). Two kinds (docs/data.md):
+//   byte-level (GPT-2, Llama 3, Qwen2/Qwen3, DeepSeek-V3): pre_tokenizer ByteLevel (GPT-2's pattern)
+//     or Sequence[Split(GPT-2's, Llama 3's or Qwen2's pattern) or DeepSeek-V3's three Splits,
+//     ByteLevel(use_regex false)], all Isolated; decode() gives the tokens' bytes.
+//   SentencePiece-style (Llama 2, Mistral, Mixtral): no pre_tokenizer (the normalizer
+//     Sequence[Prepend("▁"), Replace(" ", "▁")] puts the "▁"), or Metaspace (replacement,
+//     prepend_scheme always/first/never, split); each character is a token, else its <0xNN> byte
+//     tokens (byte_fallback), else unk_token (fuse_unk); decode() runs the decoder (Replace with a
+//     String, ByteFallback, Fuse, Strip, Metaspace, a Sequence of them, or none: tokens joined by
+//     spaces); another decoder makes decode() throw (one line) and leaves encode() as it is.
+// Both: normalizer null, NFC, Prepend, Replace (String pattern) or a Sequence of them; model BPE
+// (merges as "a b" or [a, b], ignore_merges); added tokens (special ones and those not normalized
+// matched in the raw text, the others after normalization; lstrip, rstrip). Special tokens written
+// inside a text are encoded as themselves, as the library does. Anything else that changes ids
+// (another pattern, normalizer, pre-tokenizer or model type, dropout, continuing_subword_prefix,
+// byte_fallback with ByteLevel, single_word) is refused with one line naming the key. eod: the
+// first special token of <|endoftext|>, <|end_of_text|>, </s>, <eos>, <｜end▁of▁sentence｜>. encode()
+// is encode(text, add_special_tokens=False); the post_processor is sequence_template():
 // TemplateProcessing's single-sequence template (the special tokens around $A), also inside a
 // Sequence; ByteLevel post-processors change offsets only and add nothing. Other post-processors
 // (BertProcessing, RobertaProcessing, ...) are refused by sequence_template() only, so a tokenizer
