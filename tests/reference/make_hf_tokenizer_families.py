@@ -24,11 +24,12 @@ of make_hf_tokenizers.py, then given the exact components of the real files:
   hf_tokenizer_spm_unk.json   the other settings: Metaspace(prepend_scheme "always", split true),
                               no byte fallback (unknown characters become <unk>, fused), ignore_merges
                               with a vocabulary word no merge reaches, decoder Metaspace.
-  hf_tokenizer_deepseek_v3.json  DeepSeek-V3's pre_tokenizer: Sequence[Split(\\p{N}{1,3}),
+  hf_tokenizer_deepseek_v3.json  DeepSeek-V3's layout: normalizer Sequence[], pre_tokenizer Sequence[Split(\\p{N}{1,3}),
                               Split(CJK runs), Split(ASCII-punctuation words | letters with marks |
                               punctuation | white space), ByteLevel(use_regex false)], each Split
                               Isolated, the patterns exactly DeepSeek-V3's; byte-level BPE, its
-                              special tokens and BOS template.
+                              special tokens at ids 0..2, the chat tokens <｜User｜>, <｜Assistant｜>
+                              (normalized, not special) and <|EOT|>, and its BOS template.
   hf_tokenizer_families_ids.json  {kind: {case: {"text", "ids", "ids_template", "decoded"}}}: ids of
                               encode(text, add_special_tokens=False) and of add_special_tokens=True,
                               and decode(ids, skip_special_tokens=False); the same for VARIANTS (a
@@ -73,6 +74,7 @@ EXTRA_CASES = [
     ("punct_words", "'hello \"World\" (x) foo.bar/baz -- ... don't #include <vector> $HOME @user\n\n!?\r\n"),
     ("marks", "\u0301abc e\u0301 \u200dx \u0915\u094d\u0937 1\u0301 .\u0301"),
     ("specials_deepseek", "<｜begin▁of▁sentence｜>Hi<｜end▁of▁sentence｜> <｜▁pad▁｜>x"),
+    ("chat_deepseek", "<｜User｜>What is 1234*5?<｜Assistant｜>6170<｜end▁of▁sentence｜><|EOT|> <｜User｜"),
 ]
 
 
@@ -154,9 +156,10 @@ def spm_json(kind):
 
 
 def deepseek_json():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([])  # as DeepSeek-V3's file has it
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in DEEPSEEK_PATTERNS] +
         [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
@@ -164,6 +167,9 @@ def deepseek_json():
     trainer = trainers.BpeTrainer(vocab_size=700, min_frequency=2, special_tokens=DEEPSEEK_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(base.corpus(), trainer)
+    # Its chat tokens: "<｜User｜>" / "<｜Assistant｜>" are normalized and not special, "<|EOT|>" special.
+    tok.add_tokens([AddedToken(t, normalized=True, special=False) for t in ("<｜User｜>", "<｜Assistant｜>")])
+    tok.add_special_tokens([AddedToken("<|EOT|>", normalized=False, special=True)])
     bos = DEEPSEEK_SPECIALS[0]
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                        special_tokens=[(bos, tok.token_to_id(bos))])
