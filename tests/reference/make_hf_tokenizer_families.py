@@ -84,6 +84,12 @@ VARIANTS = [
     ("llama2_no_byte_fallback", "llama2", "/model/byte_fallback", False),
     ("mistral_never", "mistral", "/pre_tokenizer/prepend_scheme", "never"),
     ("mistral_split", "mistral", "/pre_tokenizer/split", True),
+    ("llama2_no_decoder", "llama2", "/decoder", None),
+    ("llama2_prepend_only", "llama2", "/normalizer", {"type": "Prepend", "prepend": "▁"}),
+    ("mistral_legacy_metaspace", "mistral", "/pre_tokenizer",
+     {"type": "Metaspace", "replacement": "▁", "add_prefix_space": True}),
+    ("mistral_metaspace_decoder", "mistral", "/decoder",
+     {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}),
 ]
 VARIANT_CASES = ["space", "only_spaces", "leading_spaces", "whitespace_runs", "emoji", "rare_chars", "chinese",
                  "specials_spm", "special_first_then_space", "metaspace_char"]

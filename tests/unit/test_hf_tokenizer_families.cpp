@@ -89,8 +89,9 @@ TEST_P(HfTokenizerFamilies, MatchTheTokenizersLibrary) {
 INSTANTIATE_TEST_SUITE_P(Kinds, HfTokenizerFamilies,
                          ::testing::Values("llama2", "mistral", "spm_unk", "deepseek_v3"));
 
-// One value changed (fuse_unk off, byte_fallback off, prepend_scheme "never", Metaspace split on):
-// the library's ids for the same edit.
+// One value changed (fuse_unk off, byte_fallback off, prepend_scheme "never", Metaspace split on, no
+// decoder, a Prepend-only normalizer, a legacy Metaspace with add_prefix_space, a Metaspace decoder):
+// the library's ids and decodes for the same edit.
 TEST(HfTokenizerFamilies, VariantsMatchTheTokenizersLibrary) {
   int variants = 0;
   for (const auto& [name, v] : recorded().items()) {
@@ -101,7 +102,7 @@ TEST(HfTokenizerFamilies, VariantsMatchTheTokenizersLibrary) {
     expect_cases(HFTokenizer(edited.path), v, name);
     ++variants;
   }
-  EXPECT_EQ(variants, 4);
+  EXPECT_EQ(variants, 8);
 }
 
 TEST(HfTokenizerFamilies, DecodeByteTokensThatAreNotUtf8) {
