@@ -52,8 +52,8 @@ LatentAttention::LatentAttention(const LayerEnv& env, const LayerSpec& spec)
   PARALLEL_CHECK(env.config->is_mla(), "LatentAttention: model.attention is not mla");
   if (env.config->q_lora_rank > 0) {
     q_down.emplace(env, name_of(spec, "q_down"), env.hidden, env.config->q_lora_rank);
-    q_norm.emplace(env, name_of(spec, "q_norm"), Normalization::RMSNorm, env.config->q_lora_rank,
-                   env.sequence_parallel);
+    q_latent_norm.emplace(env, name_of(spec, "q_latent_norm"), Normalization::RMSNorm,
+                          env.config->q_lora_rank, env.sequence_parallel);
   }
 }
 
@@ -62,7 +62,7 @@ std::vector<Parameter*> LatentAttention::parameters() {
   auto add = [&out](std::vector<Parameter*> ps) { out.insert(out.end(), ps.begin(), ps.end()); };
   if (q_down) {
     add(q_down->parameters());
-    add(q_norm->parameters());
+    add(q_latent_norm->parameters());
   }
   add(q_up.parameters());
   add(kv_down.parameters());
@@ -103,7 +103,8 @@ void LatentAttention::core_forward(const Tensor& q_in, const Tensor& kv_in, cons
 Tensor LatentAttention::forward(const Tensor& x, Context& ctx, bool keep_core) {
   const int64_t s_local = x.size(0), b = x.size(1);
   Tensor q =
-      q_down ? q_up.forward(q_norm->forward(q_down->forward(x, ctx.q_down_ctx), ctx.q_norm_ctx), ctx.q_up_ctx)
+      q_down ? q_up.forward(q_latent_norm->forward(q_down->forward(x, ctx.q_down_ctx), ctx.q_latent_norm_ctx),
+                            ctx.q_up_ctx)
              : q_up.forward(x, ctx.q_up_ctx);
   Tensor ckv = kv_down.forward(x, ctx.kv_down_ctx);  // [s(/tp), b, kv_lora_rank + r]
   Tensor c = Tensor::empty({s_local, b, kv_rank_}, ckv.dtype(), ckv.device());
@@ -182,7 +183,8 @@ Tensor LatentAttention::walk_backward(const Tensor& dy, Context& ctx, BackwardMo
   // Query path.
   Tensor dq = backward_step(q_up, g.dq, ctx.q_up_ctx, mode);
   if (q_down)
-    dq = backward_step(*q_down, backward_step(*q_norm, dq, ctx.q_norm_ctx, mode), ctx.q_down_ctx, mode);
+    dq = backward_step(*q_down, backward_step(*q_latent_norm, dq, ctx.q_latent_norm_ctx, mode),
+                       ctx.q_down_ctx, mode);
   ops::add_(dx, dq);
   return dx;
 }
@@ -204,7 +206,7 @@ void LatentAttention::backward_weight(Context& ctx) {
   kv_down.backward_weight(ctx.kv_down_ctx);
   q_up.backward_weight(ctx.q_up_ctx);
   if (q_down) {
-    q_norm->backward_weight(ctx.q_norm_ctx);
+    q_latent_norm->backward_weight(ctx.q_latent_norm_ctx);
     q_down->backward_weight(ctx.q_down_ctx);
   }
   ctx = Context{};

@@ -17,7 +17,7 @@
 namespace parallel::model {
 
 // With n = qk_nope_head_dim, r = qk_rope_head_dim, dv = v_head_dim, H heads:
-//   q          = q_up(q_norm(q_down(x)))          (or query(x) when q_lora_rank is 0)  [.., H (n + r)]
+//   q          = q_up(q_latent_norm(q_down(x)))          (or query(x) when q_lora_rank is 0)  [.., H (n + r)]
 //   [c | k_pe] = kv_down(x)                        [.., kv_lora_rank + r]
 //   kv         = kv_up(kv_norm(c))                 [.., H (n + dv)]
 //   q_h = [q_nope_h, rope(q_pe_h)], k_h = [k_nope_h, rope(k_pe)] (one k_pe for every head), v_h
@@ -34,7 +34,7 @@ class LatentAttention {
     Tensor positions, doc_start;               // the micro-batch's documents (AttentionPart::Context)
     std::shared_ptr<const cp::Layout> layout;  // this rank's positions under cp (null: the zigzag)
     tp::LinearContext q_down_ctx, q_up_ctx, kv_down_ctx, kv_up_ctx, proj_ctx;
-    Norm::Context q_norm_ctx, kv_norm_ctx;
+    Norm::Context q_latent_norm_ctx, kv_norm_ctx;
     // Selective recompute keeps the up projections' outputs and k_pe (gathered, not rotated).
     Tensor q, kv, k_pe;
     Tensor out;                 // the core's output (proj's input)
@@ -48,7 +48,7 @@ class LatentAttention {
   std::vector<Parameter*> parameters();
 
   std::optional<ReplicatedLinear> q_down;  // q_lora_rank > 0
-  std::optional<Norm> q_norm;              // q_lora_rank > 0
+  std::optional<Norm> q_latent_norm;       // q_lora_rank > 0
   tp::ColumnParallelLinear q_up;           // "q_up", or "query" when q_lora_rank is 0
   ReplicatedLinear kv_down;
   Norm kv_norm;

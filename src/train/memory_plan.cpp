@@ -80,7 +80,7 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const ChunkSpec
   auto layer_units = [&](bool moe) {
     norm();
     if (m.is_mla()) {
-      // LatentAttention's parameters in order: [q_down, q_norm, q_up | query], kv_down, kv_norm,
+      // LatentAttention's parameters in order: [q_down, q_latent_norm, q_up | query], kv_down, kv_norm,
       // kv_up, proj; the down projections and their norms whole on every tp rank.
       const int64_t dqk = m.qk_nope_head_dim + m.qk_rope_head_dim, hl = heads / tp;
       if (m.q_lora_rank > 0) {

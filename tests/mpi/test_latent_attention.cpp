@@ -22,7 +22,7 @@ namespace {
 using testing::world;
 
 // fp32 against float64, relative to the largest element. The latent norms' weight gradients are
-// sums over every row of products of the reduced gradients: under tp 2 q_norm's came to 1.04e-6
+// sums over every row of products of the reduced gradients: under tp 2 q_latent_norm's came to 1.04e-6
 // (measured 2026-11-27), so they get 2e-6.
 constexpr double kTol = 1e-6, kNormTol = 2e-6;
 

@@ -9,7 +9,7 @@ attention"; src/model/latent_attention.cpp) runs causally over positions 0..s-1 
 attention; objective = sum(y * dy), so the fixture holds y, dx and every weight gradient.
 
 Tensors, in libparallel's names and layouts (x, dy, y, dx [s, b, h]):
-  q_down [q_lora_rank, h], q_norm [q_lora_rank], q_up [H (n + r), q_lora_rank] (or query [H (n + r), h]
+  q_down [q_lora_rank, h], q_latent_norm [q_lora_rank], q_up [H (n + r), q_lora_rank] (or query [H (n + r), h]
   when q_lora_rank is 0), kv_down [kv_lora_rank + r, h], kv_norm [kv_lora_rank],
   kv_up [H (n + dv), kv_lora_rank], proj [h, H dv]; grad.<name> for each.
 rope_interleave (DeepSeek-V3's layout: rope dimensions in interleaved pairs) is a permutation of the
@@ -60,7 +60,7 @@ def make(name, seed, q_lora_rank, rope_parameters, interleave):
     names = {"kv_a_proj_with_mqa": "kv_down", "kv_a_layernorm": "kv_norm", "kv_b_proj": "kv_up",
              "o_proj": "proj"}
     if q_lora_rank:
-        names.update({"q_a_proj": "q_down", "q_a_layernorm": "q_norm", "q_b_proj": "q_up"})
+        names.update({"q_a_proj": "q_down", "q_a_layernorm": "q_latent_norm", "q_b_proj": "q_up"})
     else:
         names["q_proj"] = "query"
     with torch.no_grad():
