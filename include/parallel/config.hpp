@@ -161,6 +161,11 @@ struct ModelConfig {
   // The Hugging Face architecture the model came from and exports as ("MistralForCausalLM", ...;
   // docs/huggingface.md). It does not change the model; "" lets the export choose by the model's shape.
   std::string hf_architecture;
+  // DeepSeek-V3's rope_interleave: the Hugging Face checkpoint holds the rope rows of the queries and
+  // of kv_down in interleaved pairs (2i, 2i+1); ours are in rotate-half order (i, i + r/2). The import
+  // permutes those rows and the export permutes them back; like hf_architecture it does not change
+  // the model. Only with attention: mla.
+  bool hf_rope_interleave = false;
   LoraConfig lora;  // model.lora.*: LoRA adapters (rank 0: none)
   // Whether `module` (q, k, v, o, fc1, gate, up, fc2) carries an adapter.
   bool lora_targets(const std::string& module) const;

@@ -59,10 +59,10 @@
 
 namespace parallel::hf {
 
-enum class Architecture { GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral };
+enum class Architecture { GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, DeepseekV3 };
 
 // "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-// "Qwen3MoeForCausalLM", "MixtralForCausalLM".
+// "Qwen3MoeForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM".
 const char* architecture_name(Architecture a);
 
 // The model a config.json describes (`source` names the file in messages). Throws parallel::Error
@@ -70,6 +70,9 @@ const char* architecture_name(Architecture a);
 struct HfModel {
   Architecture architecture = Architecture::Llama;
   ModelConfig model;
+  // DeepSeek-V3's num_nextn_predict_layers: multi-token prediction layers the checkpoint may carry
+  // as model.layers.{num_hidden_layers + k}.*; not imported yet (import_folder says so in one line).
+  int mtp_layers = 0;
 };
 HfModel model_from_config_json(const std::string& json_text, const std::string& source);
 

@@ -171,6 +171,9 @@ void for_each_field(S& s, F&& f) {
   f("max_window_layers", s.max_window_layers, "layers below this one are global (Qwen2; 0: none)");
   f("hf_architecture", s.hf_architecture,
     "the Hugging Face architecture convert_checkpoint --to hf writes (empty: chosen by the model)");
+  f("hf_rope_interleave", s.hf_rope_interleave,
+    "mla: the Hugging Face checkpoint's rope rows are interleaved (DeepSeek-V3's rope_interleave); "
+    "convert_checkpoint permutes them, the model is the same");
   f("lora.rank", s.lora.rank, "LoRA adapter rank; > 0 freezes every other parameter (docs/lora.md; 0: off)");
   f("lora.alpha", s.lora.alpha, "LoRA scale numerator: adapters add (alpha / rank) * B A x");
   f("lora.dropout", s.lora.dropout, "dropout on the LoRA adapters' input");
@@ -945,6 +948,7 @@ void validate_config(Config& c, int world_size) {
     rules.at_least(m.v_head_dim, 1);
   } else {
     const std::string why = fmt::format("needs {} = mla", rules.key(m.attention));
+    rules.require(!m.hf_rope_interleave, m.hf_rope_interleave, why);
     for (const int* size :
          {&m.q_lora_rank, &m.kv_lora_rank, &m.qk_nope_head_dim, &m.qk_rope_head_dim, &m.v_head_dim})
       rules.require(*size == 0, *size, why);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "parallel/checkpoint.hpp"
 #include "parallel/error.hpp"
 #include "parallel/hf_gpt2.hpp"
+#include "parallel/log.hpp"
 #include "parallel/safetensors.hpp"
 
 namespace parallel::hf {
@@ -75,9 +77,11 @@ json parse_json(const std::string& text, const std::string& source) {
 enum class Use { Read, Inert, Default, Refused };
 
 constexpr unsigned kGpt2 = 1, kLlama = 2, kMistral = 4, kQwen2 = 8, kQwen3 = 16, kQwen3Moe = 32,
-                   kMixtral = 64;
+                   kMixtral = 64, kDeepseekV3 = 128;
 constexpr unsigned kMoE = kQwen3Moe | kMixtral;
-constexpr unsigned kLlamaFamily = kLlama | kMistral | kQwen2 | kQwen3 | kMoE, kAll = kGpt2 | kLlamaFamily;
+// The Llama-shaped families: RMSNorm, SwiGLU, rope (DeepSeek-V3 with latent attention).
+constexpr unsigned kLlamaFamily = kLlama | kMistral | kQwen2 | kQwen3 | kMoE | kDeepseekV3,
+                   kAll = kGpt2 | kLlamaFamily;
 
 struct KeyRow {
   std::string_view key;
@@ -109,11 +113,11 @@ constexpr KeyRow kKeys[] = {
     {"rope_scaling", kLlamaFamily, Use::Read},     // transformers 4.x
     {"rope_parameters", kLlamaFamily, Use::Read},  // transformers 5.x: rope_theta and the scaling together
     {"partial_rotary_factor", kLlamaFamily, Use::Default, "1.0"},
-    {"attention_bias", kLlama | kQwen3 | kQwen3Moe, Use::Read},
+    {"attention_bias", kLlama | kQwen3 | kQwen3Moe | kDeepseekV3, Use::Read},
     {"mlp_bias", kLlama, Use::Read},
     // Llama's tensor-parallel pretraining split of its linears: the same products in another order
     // (transformers 4.x), ignored by 5.x.
-    {"pretraining_tp", kLlama, Use::Inert},
+    {"pretraining_tp", kLlama | kDeepseekV3, Use::Inert},
     {"max_sequence_length", kLlama, Use::Inert},  // Llama 1 conversions; transformers never read it
     {"sliding_window", kMistral | kQwen2 | kQwen3 | kMoE, Use::Read},
     {"use_sliding_window", kQwen2 | kQwen3 | kQwen3Moe, Use::Read},
@@ -121,19 +125,46 @@ constexpr KeyRow kKeys[] = {
     {"layer_types", kQwen2 | kQwen3, Use::Read},  // transformers 4.57+ and 5.x
     // Mixture of experts (Qwen3MoeConfig, MixtralConfig). num_experts is Qwen3-MoE's name in
     // transformers 4.x, num_local_experts Mixtral's and 5.x's for both.
-    {"num_local_experts", kMoE, Use::Read},
+    {"num_local_experts", kMoE | kDeepseekV3, Use::Read},  // DeepSeek-V3: 5.x's alias of n_routed_experts
     {"num_experts", kQwen3Moe, Use::Read},
-    {"num_experts_per_tok", kMoE, Use::Read},
-    {"moe_intermediate_size", kQwen3Moe, Use::Read},
+    {"num_experts_per_tok", kMoE | kDeepseekV3, Use::Read},
+    {"moe_intermediate_size", kQwen3Moe | kDeepseekV3, Use::Read},
     {"decoder_sparse_step", kQwen3Moe, Use::Read},
     {"mlp_only_layers", kQwen3Moe, Use::Read},
-    {"norm_topk_prob", kQwen3Moe, Use::Read},
+    {"norm_topk_prob", kQwen3Moe | kDeepseekV3, Use::Read},
     // transformers adds the router's balancing loss to the loss only with output_router_logits (its
     // coefficient is inert otherwise); its loss pools all layers' tokens, which our per-layer aux
     // loss does not: refused when on.
-    {"output_router_logits", kMoE, Use::Default, "false"},
+    {"output_router_logits", kMoE | kDeepseekV3, Use::Default, "false"},
     {"router_aux_loss_coef", kMoE, Use::Inert},
     {"router_jitter_noise", kMixtral, Use::Default, "0.0"},
+    // DeepSeek-V3 (DeepseekV3Config of transformers 4.x and 5.x): multi-head latent attention, sigmoid
+    // group-limited routing with an expert bias, shared experts, dense first layers.
+    {"q_lora_rank", kDeepseekV3, Use::Read},  // null: one plain q_proj
+    {"kv_lora_rank", kDeepseekV3, Use::Read},
+    {"qk_nope_head_dim", kDeepseekV3, Use::Read},
+    {"qk_rope_head_dim", kDeepseekV3, Use::Read},
+    {"qk_head_dim", kDeepseekV3, Use::Read},  // written by transformers: qk_nope_head_dim + qk_rope_head_dim
+    {"v_head_dim", kDeepseekV3, Use::Read},
+    {"rope_interleave", kDeepseekV3, Use::Read},
+    {"n_routed_experts", kDeepseekV3, Use::Read},
+    {"n_shared_experts", kDeepseekV3, Use::Read},
+    {"routed_scaling_factor", kDeepseekV3, Use::Read},
+    {"n_group", kDeepseekV3, Use::Read},
+    {"topk_group", kDeepseekV3, Use::Read},
+    {"first_k_dense_replace", kDeepseekV3, Use::Read},
+    {"num_nextn_predict_layers", kDeepseekV3, Use::Read},  // multi-token prediction layers (not imported)
+    {"num_mtp_layers", kDeepseekV3, Use::Read},            // transformers 5's alias of the same
+    // DeepSeek's own configuration_deepseek.py (the hub folders' config.json): the routing transformers
+    // implements is noaux_tc with sigmoid scores, every layer from first_k_dense_replace on a MoE
+    // layer; ep_size only spreads the experts over processes. transformers trains without DeepSeek's
+    // balance loss (aux_loss_alpha, seq_aux): set model.moe_seq_aux_loss_coeff after import for it.
+    {"topk_method", kDeepseekV3, Use::Default, "\"noaux_tc\""},
+    {"scoring_func", kDeepseekV3, Use::Default, "\"sigmoid\""},
+    {"moe_layer_freq", kDeepseekV3, Use::Default, "1"},
+    {"ep_size", kDeepseekV3, Use::Default, "1"},
+    {"aux_loss_alpha", kDeepseekV3, Use::Inert},
+    {"seq_aux", kDeepseekV3, Use::Inert},
     // GPT-2 (GPT2Config).
     {"n_layer", kGpt2, Use::Read},
     {"n_embd", kGpt2, Use::Read},
@@ -225,6 +256,8 @@ unsigned family_bit(Architecture a) {
       return kQwen3Moe;
     case Architecture::Mixtral:
       return kMixtral;
+    case Architecture::DeepseekV3:
+      return kDeepseekV3;
   }
   return 0;
 }
@@ -264,6 +297,11 @@ class Fields {
   bool has(const char* key) const {
     asked_.insert(key);
     return j_.contains(key) && !j_[key].is_null();
+  }
+  // In the object at all, null included.
+  bool present(const char* key) const {
+    asked_.insert(key);
+    return j_.contains(key);
   }
   const std::string& source() const { return source_; }
   const std::string& prefix() const { return prefix_; }
@@ -353,15 +391,15 @@ Architecture architecture_from_json(const json& j, const std::string& source) {
       {"GPT2LMHeadModel", Architecture::GPT2},       {"LlamaForCausalLM", Architecture::Llama},
       {"MistralForCausalLM", Architecture::Mistral}, {"Qwen2ForCausalLM", Architecture::Qwen2},
       {"Qwen3ForCausalLM", Architecture::Qwen3},     {"Qwen3MoeForCausalLM", Architecture::Qwen3Moe},
-      {"MixtralForCausalLM", Architecture::Mixtral}};
+      {"MixtralForCausalLM", Architecture::Mixtral}, {"DeepseekV3ForCausalLM", Architecture::DeepseekV3}};
   static const std::map<std::string, Architecture> by_type = {
       {"gpt2", Architecture::GPT2},       {"llama", Architecture::Llama},
       {"mistral", Architecture::Mistral}, {"qwen2", Architecture::Qwen2},
       {"qwen3", Architecture::Qwen3},     {"qwen3_moe", Architecture::Qwen3Moe},
-      {"mixtral", Architecture::Mixtral}};
+      {"mixtral", Architecture::Mixtral}, {"deepseek_v3", Architecture::DeepseekV3}};
   const std::string supported =
       "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-      "Qwen3MoeForCausalLM, MixtralForCausalLM";
+      "Qwen3MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM";
   std::optional<Architecture> named, typed;
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
@@ -378,7 +416,7 @@ Architecture architecture_from_json(const json& j, const std::string& source) {
     const auto it = t.is_string() ? by_type.find(t.get<std::string>()) : by_type.end();
     if (it == by_type.end())
       fail(fmt::format("{}: model_type = {}: not supported (supported: {})", source, t.dump(),
-                       "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe, mixtral"));
+                       "gpt2, llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3"));
     typed = it->second;
   }
   // transformers builds the model from model_type and names it by architectures: both must agree.
@@ -707,6 +745,121 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
   return m;
 }
 
+// A count that may be 0 (first_k_dense_replace, num_nextn_predict_layers); absent or null: fallback.
+int checked_count(const Fields& f, const char* key, int fallback) {
+  if (!f.has(key)) return fallback;
+  const json& v = f.raw(key);
+  if (!v.is_number_integer()) f.bad(key, v, "expected an integer");
+  const int64_t x = v.get<int64_t>();
+  if (x < 0) f.bad(key, v, "must be >= 0");
+  if (x > kMaxLayers) f.bad(key, v, "too large");
+  return static_cast<int>(x);
+}
+
+// DeepseekV3ForCausalLM (DeepseekV3Config; defaults are transformers'): multi-head latent attention
+// (model.attention mla) and DeepSeek-V3's mixture of experts: sigmoid scores, group-limited top-k
+// chosen with the expert bias (e_score_correction_bias, model.moe_router_expert_bias), the chosen
+// scores renormalised (norm_topk_prob) and scaled (routed_scaling_factor), n_shared_experts shared
+// experts as one MLP moe_intermediate_size * n_shared_experts wide, layers below
+// first_k_dense_replace dense (intermediate_size wide). transformers derives head_dim
+// (= qk_rope_head_dim) and qk_head_dim (= qk_nope_head_dim + qk_rope_head_dim) and writes both: a
+// file that says otherwise is refused.
+ModelConfig deepseek_v3_model(const Fields& f, int& mtp_layers) {
+  ModelConfig m;
+  f.has("architectures");
+  f.has("model_type");
+  m.num_layers = checked_layers(f, "num_hidden_layers");
+  m.hidden_size = checked_int(f, "hidden_size");
+  m.num_attention_heads = checked_int(f, "num_attention_heads");
+  if (f.has("num_key_value_heads") && f.integer("num_key_value_heads") != m.num_attention_heads)
+    f.bad("num_key_value_heads", f.raw("num_key_value_heads"),
+          fmt::format(
+              "not supported: must equal num_attention_heads ({}; latent attention gives every head its "
+              "own key and value)",
+              m.num_attention_heads));
+  m.num_query_groups = m.num_attention_heads;
+  m.ffn_hidden_size = checked_int(f, "intermediate_size", 18432);
+  m.vocab_size = checked_int(f, "vocab_size");
+  m.max_position_embeddings = checked_int(f, "max_position_embeddings", 4096);
+  m.normalization = Normalization::RMSNorm;
+  m.activation = Activation::SwiGLU;
+  m.position_embedding = PositionEmbedding::Rope;
+  m.norm_epsilon = f.number("rms_norm_eps", 1e-6);
+  read_rope(f, m);
+  m.tie_embeddings = f.boolean("tie_word_embeddings", false);
+  m.init_std = f.number("initializer_range", 0.02);
+  if (const double p = f.number("attention_dropout", 0.0); p != 0.0)
+    f.bad("attention_dropout", f.raw("attention_dropout"),
+          "not supported: it changes the training (model.dropout also drops hidden states; set it after "
+          "import)");
+  m.dropout = 0.0;
+  m.add_bias = false;
+  if (const std::string act = f.string("hidden_act", "silu"); act != "silu")
+    f.bad("hidden_act", json(act), "not supported (only silu: SwiGLU)");
+  // attention_bias puts biases on q_a_proj (or q_proj), kv_a_proj_with_mqa and o_proj only.
+  if (f.boolean("attention_bias", false))
+    f.bad("attention_bias", json(true), "not supported (latent attention without biases)");
+
+  // Latent attention. q_lora_rank null: one plain q_proj; absent: transformers' default 1536.
+  m.attention = AttentionType::MLA;
+  m.q_lora_rank = f.has("q_lora_rank") ? checked_int(f, "q_lora_rank") : f.present("q_lora_rank") ? 0 : 1536;
+  m.kv_lora_rank = checked_int(f, "kv_lora_rank", 512);
+  m.qk_nope_head_dim = checked_int(f, "qk_nope_head_dim", 128);
+  m.qk_rope_head_dim = checked_int(f, "qk_rope_head_dim", 64);
+  m.v_head_dim = checked_int(f, "v_head_dim", 128);
+  if (f.has("head_dim") && f.integer("head_dim") != m.qk_rope_head_dim)
+    f.bad("head_dim", f.raw("head_dim"),
+          fmt::format("must equal qk_rope_head_dim ({}; transformers sets it so)", m.qk_rope_head_dim));
+  if (f.has("qk_head_dim") && f.integer("qk_head_dim") != m.qk_nope_head_dim + m.qk_rope_head_dim)
+    f.bad("qk_head_dim", f.raw("qk_head_dim"),
+          fmt::format("must equal qk_nope_head_dim + qk_rope_head_dim ({}; transformers sets it so)",
+                      m.qk_nope_head_dim + m.qk_rope_head_dim));
+  m.hf_rope_interleave = f.boolean("rope_interleave", true);
+
+  // Experts.
+  const int experts = checked_int(f, "n_routed_experts", 256);
+  if (experts > 65536)
+    f.bad("n_routed_experts", f.raw("n_routed_experts"), "too large (at most 65536 experts)");
+  if (f.has("num_local_experts") && f.integer("num_local_experts") != experts)
+    f.bad("num_local_experts", f.raw("num_local_experts"),
+          fmt::format("must equal n_routed_experts ({}; its alias)", experts));
+  m.num_experts = experts;
+  m.moe_router_topk = checked_int(f, "num_experts_per_tok", 8);
+  m.moe_ffn_hidden_size = checked_int(f, "moe_intermediate_size", 2048);
+  const int64_t shared = f.integer("n_shared_experts", 1);
+  if (shared * m.moe_ffn_hidden_size > std::numeric_limits<int>::max())
+    f.bad("n_shared_experts", f.raw("n_shared_experts"), "too large");
+  m.moe_shared_expert_ffn_hidden_size = static_cast<int>(shared * m.moe_ffn_hidden_size);
+  m.moe_router_score_function = MoeScoreFunction::Sigmoid;
+  m.moe_norm_topk_prob = f.boolean("norm_topk_prob", true);
+  m.moe_routed_scaling_factor = f.number("routed_scaling_factor", 2.5);
+  if (m.moe_routed_scaling_factor <= 0)
+    f.bad("routed_scaling_factor", f.raw("routed_scaling_factor"), "must be > 0");
+  m.moe_n_group = checked_int(f, "n_group", 8);
+  m.moe_topk_group = checked_int(f, "topk_group", 4);
+  m.moe_router_expert_bias = true;  // transformers' router always holds e_score_correction_bias
+  m.moe_first_k_dense_replace = checked_count(f, "first_k_dense_replace", 3);
+  m.moe_layer_freq = 1;
+  m.moe_capacity_factor = 0.0;
+  m.moe_aux_loss_coeff = 0.0;  // output_router_logits is false (key table)
+  m.moe_z_loss_coeff = 0.0;
+  m.moe_seq_aux_loss_coeff = 0.0;
+
+  // Multi-token prediction: transformers 4.x has no such key, 5.x names it num_nextn_predict_layers
+  // (num_mtp_layers its alias; default 1).
+  mtp_layers = checked_count(f, "num_nextn_predict_layers", 1);
+  if (f.has("num_mtp_layers") && checked_count(f, "num_mtp_layers", 0) != mtp_layers) {
+    if (!f.has("num_nextn_predict_layers"))
+      mtp_layers = checked_count(f, "num_mtp_layers", 0);
+    else
+      f.bad("num_mtp_layers", f.raw("num_mtp_layers"),
+            fmt::format("must equal num_nextn_predict_layers ({}; its alias)", mtp_layers));
+  }
+  m.seq_length = std::min(m.max_position_embeddings, 4096);
+  m.hf_architecture = "DeepseekV3ForCausalLM";
+  return m;
+}
+
 // ---- tensor checks, shared by every architecture -----------------------------------------------
 
 void check_dtype(const Tensor& t, const std::string& source, const std::string& name) {
@@ -727,7 +880,29 @@ Tensor f32_copy(const Tensor& t) { return t.to(DType::F32).contiguous().clone();
 struct Entry {
   std::string hf, ours;
   Shape shape;
+  // DeepSeek-V3's rope_interleave (model.hf_rope_interleave): rows [rope_start, rope_start + rope) of
+  // every block of rope_block rows are the rope dimensions, interleaved in the checkpoint; 0: none.
+  int64_t rope_block = 0, rope_start = 0, rope = 0;
 };
+
+// The checkpoint holds a rope block's rows in interleaved pairs (x0, x1, x2, x3, ...), we in
+// rotate-half order (x0, x2, ..., x1, x3, ...): the same attention scores, since queries and keys are
+// permuted alike (tests/reference/make_mla_fixture.py). to_ours: checkpoint -> ours; else back.
+Tensor permute_rope_rows(const Tensor& w, const Entry& e, bool to_ours) {
+  Tensor in = w.to(DType::F32).contiguous();
+  Tensor out = in.clone();
+  const int64_t rows = in.size(0), cols = in.numel() / rows, half = e.rope / 2;
+  const float* src = in.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t b = 0; b + e.rope_block <= rows; b += e.rope_block)
+    for (int64_t i = 0; i < e.rope; ++i) {
+      const int64_t interleaved = b + e.rope_start + i,
+                    rotate_half = b + e.rope_start + (i % 2) * half + i / 2;
+      const int64_t from = to_ours ? interleaved : rotate_half, to = to_ours ? rotate_half : interleaved;
+      std::memcpy(dst + to * cols, src + from * cols, static_cast<std::size_t>(cols) * sizeof(float));
+    }
+  return out;
+}
 
 // The Llama family's tensors in config order (the mapping table of the header). A MoE layer's
 // router and experts are named by the architecture (Mixtral: block_sparse_moe.{gate, experts.E.w1
@@ -785,6 +960,79 @@ std::vector<Entry> llama_entries(const ModelConfig& m, Architecture a) {
   return e;
 }
 
+// DeepseekV3ForCausalLM's tensors in config order (the mapping table of the header): latent
+// attention, dense layers below first_k_dense_replace, then MoE layers with their router, expert
+// bias, routed experts (one tensor per expert, as transformers 4.x and 5.x save them) and shared
+// experts (one MLP).
+std::vector<Entry> deepseek_v3_entries(const ModelConfig& m) {
+  const int64_t h = m.hidden_size, H = m.num_attention_heads, n = m.qk_nope_head_dim, r = m.qk_rope_head_dim,
+                dv = m.v_head_dim, rq = m.q_lora_rank, c = m.kv_lora_rank, f = m.ffn_hidden_size;
+  const int64_t interleaved = m.hf_rope_interleave ? r : 0;
+  std::vector<Entry> e;
+  e.push_back({"model.embed_tokens.weight", "embedding.word.weight", {m.vocab_size, h}});
+  for (int i = 0; i < m.num_layers; ++i) {
+    const std::string src = fmt::format("model.layers.{}.", i), dst = fmt::format("layers.{}.", i);
+    e.push_back({src + "input_layernorm.weight", dst + "input_norm.weight", {h}});
+    if (rq > 0) {
+      e.push_back({src + "self_attn.q_a_proj.weight", dst + "attention.q_down.weight", {rq, h}});
+      e.push_back({src + "self_attn.q_a_layernorm.weight", dst + "attention.q_latent_norm.weight", {rq}});
+      e.push_back({src + "self_attn.q_b_proj.weight",
+                   dst + "attention.q_up.weight",
+                   {H * (n + r), rq},
+                   n + r,
+                   n,
+                   interleaved});
+    } else {
+      e.push_back({src + "self_attn.q_proj.weight",
+                   dst + "attention.query.weight",
+                   {H * (n + r), h},
+                   n + r,
+                   n,
+                   interleaved});
+    }
+    e.push_back({src + "self_attn.kv_a_proj_with_mqa.weight",
+                 dst + "attention.kv_down.weight",
+                 {c + r, h},
+                 c + r,
+                 c,
+                 interleaved});
+    e.push_back({src + "self_attn.kv_a_layernorm.weight", dst + "attention.kv_norm.weight", {c}});
+    e.push_back({src + "self_attn.kv_b_proj.weight", dst + "attention.kv_up.weight", {H * (n + dv), c}});
+    e.push_back({src + "self_attn.o_proj.weight", dst + "attention.proj.weight", {h, H * dv}});
+    e.push_back({src + "post_attention_layernorm.weight", dst + "post_attention_norm.weight", {h}});
+    if (!m.is_moe_layer(i)) {
+      e.push_back({src + "mlp.gate_proj.weight", dst + "mlp.gate.weight", {f, h}});
+      e.push_back({src + "mlp.up_proj.weight", dst + "mlp.up.weight", {f, h}});
+      e.push_back({src + "mlp.down_proj.weight", dst + "mlp.fc2.weight", {h, f}});
+      continue;
+    }
+    const int64_t fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : f,
+                  fs = m.moe_shared_expert_ffn_hidden_size;
+    e.push_back({src + "mlp.gate.weight", dst + "mlp.router.weight", {m.num_experts, h}});
+    e.push_back({src + "mlp.gate.e_score_correction_bias",
+                 dst + "mlp.router.e_score_correction_bias",
+                 {m.num_experts}});
+    for (int x = 0; x < m.num_experts; ++x) {
+      const std::string hx = fmt::format("{}mlp.experts.{}.", src, x),
+                        ox = fmt::format("{}mlp.experts.{}.", dst, x);
+      e.push_back({hx + "gate_proj.weight", ox + "gate.weight", {fe, h}});
+      e.push_back({hx + "up_proj.weight", ox + "up.weight", {fe, h}});
+      e.push_back({hx + "down_proj.weight", ox + "fc2.weight", {h, fe}});
+    }
+    e.push_back(
+        {src + "mlp.shared_experts.gate_proj.weight", dst + "mlp.shared_expert.gate.weight", {fs, h}});
+    e.push_back({src + "mlp.shared_experts.up_proj.weight", dst + "mlp.shared_expert.up.weight", {fs, h}});
+    e.push_back({src + "mlp.shared_experts.down_proj.weight", dst + "mlp.shared_expert.fc2.weight", {h, fs}});
+  }
+  e.push_back({"model.norm.weight", "final_norm.weight", {h}});
+  if (!m.tie_embeddings) e.push_back({"lm_head.weight", "output.weight", {m.vocab_size, h}});
+  return e;
+}
+
+std::vector<Entry> entries_for(const ModelConfig& m, Architecture a) {
+  return a == Architecture::DeepseekV3 ? deepseek_v3_entries(m) : llama_entries(m, a);
+}
+
 void check_llama_shape(const ModelConfig& m) {
   if (m.normalization != Normalization::RMSNorm || m.activation != Activation::SwiGLU ||
       m.position_embedding != PositionEmbedding::Rope)
@@ -802,7 +1050,7 @@ std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>&
                                             const ModelConfig& m, const std::string& source,
                                             bool allow_nonfinite) {
   check_llama_shape(m);
-  const std::vector<Entry> entries = llama_entries(m, a);
+  const std::vector<Entry> entries = entries_for(m, a);
   std::set<std::string> known;
   for (const Entry& e : entries) known.insert(e.hf);
   for (const auto& [name, t] : hf) {
@@ -841,7 +1089,7 @@ std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>&
                       m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads,
                       m.attention_head_dim(), m.ffn_hidden_size, m.vocab_size, shape_str(e.shape)));
     if (!allow_nonfinite) check_finite(it->second, source, e.hf);
-    out[e.ours] = f32_copy(it->second);
+    out[e.ours] = e.rope > 0 ? permute_rope_rows(it->second, e, true) : f32_copy(it->second);
   }
   return out;
 }
@@ -850,7 +1098,7 @@ std::map<std::string, Tensor> llama_to_hf(const std::map<std::string, Tensor>& p
                                           const ModelConfig& m, DType dtype) {
   check_llama_shape(m);
   std::map<std::string, Tensor> out;
-  for (const Entry& e : llama_entries(m, a)) {
+  for (const Entry& e : entries_for(m, a)) {
     const auto it = params.find(e.ours);
     if (it == params.end()) fail(fmt::format("missing parameter '{}'", e.ours));
     Tensor t = it->second;
@@ -861,6 +1109,7 @@ std::map<std::string, Tensor> llama_to_hf(const std::map<std::string, Tensor>& p
     if (t.shape() != e.shape)
       fail(fmt::format("parameter '{}' has shape {}, but the config needs {}", e.ours, shape_str(t.shape()),
                        shape_str(e.shape)));
+    if (e.rope > 0) t = permute_rope_rows(t, e, false);
     out[e.hf] = t.to(DType::F32).to(dtype).contiguous().clone();
   }
   return out;
@@ -913,6 +1162,8 @@ const char* architecture_name(Architecture a) {
       return "Qwen3MoeForCausalLM";
     case Architecture::Mixtral:
       return "MixtralForCausalLM";
+    case Architecture::DeepseekV3:
+      return "DeepseekV3ForCausalLM";
   }
   return "?";
 }
@@ -924,7 +1175,9 @@ HfModel model_from_config_json(const std::string& json_text, const std::string& 
   out.architecture = architecture_from_json(j, source);
   check_keys(j, out.architecture, source);
   const Fields f(j, source);
-  out.model = out.architecture == Architecture::GPT2 ? gpt2_model(f) : llama_model(f, out.architecture);
+  out.model = out.architecture == Architecture::GPT2         ? gpt2_model(f)
+              : out.architecture == Architecture::DeepseekV3 ? deepseek_v3_model(f, out.mtp_layers)
+                                                             : llama_model(f, out.architecture);
   check_reader_against_table(j, out.architecture, f);
   // The rules of our config (divisibility, ...), named by our keys.
   Config c;
@@ -948,7 +1201,7 @@ Architecture architecture_for(const ModelConfig& m) {
   if (!m.hf_architecture.empty()) {
     for (const Architecture a :
          {Architecture::GPT2, Architecture::Llama, Architecture::Mistral, Architecture::Qwen2,
-          Architecture::Qwen3, Architecture::Qwen3Moe, Architecture::Mixtral})
+          Architecture::Qwen3, Architecture::Qwen3Moe, Architecture::Mixtral, Architecture::DeepseekV3})
       if (m.hf_architecture == architecture_name(a)) {
         if ((a == Architecture::GPT2) != gpt2)
           fail(fmt::format("model.hf_architecture = {} cannot hold this model (a {}-shaped one)",
@@ -957,10 +1210,11 @@ Architecture architecture_for(const ModelConfig& m) {
       }
     fail(fmt::format(
         "model.hf_architecture = {}: not supported (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)",
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM)",
         m.hf_architecture));
   }
   if (gpt2) return Architecture::GPT2;
+  if (m.is_mla()) return Architecture::DeepseekV3;
   if (m.num_experts > 0) return m.qk_norm ? Architecture::Qwen3Moe : Architecture::Mixtral;
   if (m.qk_norm) return Architecture::Qwen3;
   if (m.add_qkv_bias && !m.add_bias) return Architecture::Qwen2;
@@ -1038,6 +1292,34 @@ static void check_router(const ModelConfig& m, Architecture a) {
         fmt::format("its experts are intermediate_size wide: model.ffn_hidden_size = {}", m.ffn_hidden_size));
 }
 
+// What DeepseekV3ForCausalLM can hold (docs/model.md, "Routing"): latent attention and DeepSeek-V3's
+// experts, scored by a sigmoid and chosen with the expert bias (its router always holds one), every
+// layer from model.moe_first_k_dense_replace on a MoE layer, dropless, with n_shared_experts >= 1
+// shared experts of the routed experts' width (one MLP n times as wide). Groups, top-k
+// renormalisation and scaling are its own keys; the balance losses and the bias's update speed are
+// training settings. Anything else is refused in one line naming the key.
+static void check_deepseek_v3(const ModelConfig& m) {
+  const auto refuse = [&](std::string_view key, const std::string& value, std::string_view rule) {
+    fail(fmt::format("DeepseekV3ForCausalLM cannot hold this model: model.{} = {} ({})", key, value, rule));
+  };
+  if (!m.is_mla()) refuse("attention", "mha", "it has multi-head latent attention");
+  if (m.num_experts == 0) refuse("num_experts", "0", "it is a mixture of experts");
+  if (m.moe_router_score_function != MoeScoreFunction::Sigmoid)
+    refuse("moe_router_score_function", "softmax", "it scores the experts by a sigmoid");
+  if (!m.moe_router_expert_bias)
+    refuse("moe_router_expert_bias", "false", "its router always chooses with an expert bias");
+  if (m.moe_layer_freq != 1)
+    refuse("moe_layer_freq", std::to_string(m.moe_layer_freq),
+           "every layer from first_k_dense_replace on is a MoE layer");
+  if (m.moe_capacity_factor > 0)
+    refuse("moe_capacity_factor", fmt::format("{}", m.moe_capacity_factor), "it is dropless");
+  const int expert = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+  if (m.moe_shared_expert_ffn_hidden_size <= 0 || m.moe_shared_expert_ffn_hidden_size % expert != 0)
+    refuse("moe_shared_expert_ffn_hidden_size", std::to_string(m.moe_shared_expert_ffn_hidden_size),
+           fmt::format("its shared experts are n_shared_experts >= 1 times moe_intermediate_size ({}) wide",
+                       expert));
+}
+
 std::string config_json_for(const ModelConfig& m, Architecture a, const std::string& torch_dtype,
                             const std::string& template_json) {
   json j = template_json.empty() ? json::object() : parse_json(template_json, "the template config.json");
@@ -1045,6 +1327,11 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
   const int64_t positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
   const bool qwen = a == Architecture::Qwen2 || a == Architecture::Qwen3;
   const bool moe = a == Architecture::Qwen3Moe || a == Architecture::Mixtral;
+  const bool deepseek = a == Architecture::DeepseekV3;
+  if (deepseek) check_deepseek_v3(m);
+  if (m.is_mla() && !deepseek)
+    fail(fmt::format("{} cannot hold this model: model.attention = mla (DeepseekV3ForCausalLM can)",
+                     architecture_name(a)));
   if (m.sliding_window > 0 && a != Architecture::Mistral && a != Architecture::Mixtral && !qwen)
     fail(
         fmt::format("{} cannot hold this model: it has model.sliding_window = {} (MistralForCausalLM, "
@@ -1055,7 +1342,7 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
         fmt::format("{} cannot hold this model: model.qk_norm = {} (Qwen3ForCausalLM and Qwen3MoeForCausalLM "
                     "have qk-norm, the others none)",
                     architecture_name(a), m.qk_norm));
-  if ((m.num_experts > 0) != moe)
+  if (!deepseek && (m.num_experts > 0) != moe)
     fail(fmt::format("{} cannot hold this model: model.num_experts = {} ({})", architecture_name(a),
                      m.num_experts, moe ? "it is a mixture of experts" : "it has no experts"));
   if (moe) {
@@ -1107,7 +1394,8 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
           architecture_name(a),
           a == Architecture::Qwen2 ? "biases on q/k/v only" : "q/k/v biases only with the other biases",
           m.add_bias, m.add_qkv_bias));
-    if ((a == Architecture::Mistral || a == Architecture::Qwen3 || moe) && (m.add_bias || m.add_qkv_bias))
+    if ((a == Architecture::Mistral || a == Architecture::Qwen3 || moe || deepseek) &&
+        (m.add_bias || m.add_qkv_bias))
       fail(fmt::format(
           "{} cannot hold this model: it has no biases (model.add_bias = {}, model.add_qkv_bias = {})",
           architecture_name(a), m.add_bias, m.add_qkv_bias));
@@ -1116,6 +1404,7 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
                       : a == Architecture::Qwen2    ? "qwen2"
                       : a == Architecture::Qwen3    ? "qwen3"
                       : a == Architecture::Qwen3Moe ? "qwen3_moe"
+                      : deepseek                    ? "deepseek_v3"
                                                     : "mixtral";
     j["num_hidden_layers"] = m.num_layers;
     j["hidden_size"] = m.hidden_size;
@@ -1160,6 +1449,33 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
       j["num_experts_per_tok"] = m.moe_router_topk;
       j["output_router_logits"] = false;
       j["router_jitter_noise"] = 0.0;
+    }
+    if (deepseek) {
+      // DeepseekV3Config of transformers 5.x: head_dim is qk_rope_head_dim (the rotary embedding's
+      // width), qk_head_dim the query/key head; q_lora_rank null for a plain q_proj. No multi-token
+      // prediction layer is written (num_nextn_predict_layers 0: the checkpoint holds none).
+      j["head_dim"] = m.qk_rope_head_dim;
+      j["attention_bias"] = false;
+      j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
+      j["kv_lora_rank"] = m.kv_lora_rank;
+      j["qk_nope_head_dim"] = m.qk_nope_head_dim;
+      j["qk_rope_head_dim"] = m.qk_rope_head_dim;
+      j["qk_head_dim"] = m.qk_nope_head_dim + m.qk_rope_head_dim;
+      j["v_head_dim"] = m.v_head_dim;
+      j["rope_interleave"] = m.hf_rope_interleave;
+      const int expert = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+      j["n_routed_experts"] = m.num_experts;
+      j["n_shared_experts"] = m.moe_shared_expert_ffn_hidden_size / expert;
+      j["moe_intermediate_size"] = expert;
+      j["num_experts_per_tok"] = m.moe_router_topk;
+      j["n_group"] = m.moe_n_group;
+      j["topk_group"] = m.moe_topk_group;
+      j["routed_scaling_factor"] = m.moe_routed_scaling_factor;
+      j["norm_topk_prob"] = m.moe_norm_topk_prob;
+      j["first_k_dense_replace"] = m.moe_first_k_dense_replace;
+      j["output_router_logits"] = false;
+      j["num_nextn_predict_layers"] = 0;
+      j.erase("num_mtp_layers");
     }
     if (a == Architecture::Mistral || a == Architecture::Mixtral)
       j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(nullptr);
@@ -1300,8 +1616,9 @@ int64_t parse_size(const std::string& text) {
 std::map<std::string, Shape> llama_parameter_shapes(const ModelConfig& m) {
   check_llama_shape(m);
   std::map<std::string, Shape> out;
-  // Our names do not depend on the architecture.
-  for (const Entry& e : llama_entries(m, Architecture::Llama)) out[e.ours] = e.shape;
+  // Our names do not depend on the architecture, only on the attention (latent: DeepSeek-V3's).
+  for (const Entry& e : entries_for(m, m.is_mla() ? Architecture::DeepseekV3 : Architecture::Llama))
+    out[e.ours] = e.shape;
   return out;
 }
 
@@ -1422,6 +1739,33 @@ std::string config_path_for(const std::string& root) {
   return r + ".yaml";
 }
 
+// DeepSeek's checkpoints carry num_nextn_predict_layers multi-token prediction layers as
+// model.layers.{num_hidden_layers + k}.*. They are not imported yet: removed here, and said so in
+// one line (never silently, and never into a layer of the model). Beyond those layers a tensor is
+// unexpected (from_hf refuses it).
+static void drop_mtp_layers(std::map<std::string, Tensor>& tensors, const HfModel& hf,
+                            const std::string& dir) {
+  const int first = hf.model.num_layers, last = first + hf.mtp_layers;
+  int64_t dropped = 0;
+  for (auto it = tensors.begin(); it != tensors.end();) {
+    int layer = -1;
+    if (it->first.starts_with("model.layers.") &&
+        std::sscanf(it->first.c_str(), "model.layers.%d.", &layer) == 1 && layer >= first && layer < last) {
+      it = tensors.erase(it);
+      ++dropped;
+    } else {
+      ++it;
+    }
+  }
+  if (dropped > 0)
+    logger().warn(
+        "hf: {}: num_nextn_predict_layers = {}: its {} multi-token prediction tensors (model.layers.{}.*{}) "
+        "are "
+        "not imported (MTP import comes later); the model is imported without them",
+        dir, hf.mtp_layers, dropped, first,
+        hf.mtp_layers > 1 ? fmt::format(" to model.layers.{}.*", last - 1) : "");
+}
+
 std::string import_folder(const std::string& hf_dir, const std::string& root, Communicator& world,
                           bool allow_nonfinite) {
   const std::string config_file = (fs::path(hf_dir) / kConfigName).string();
@@ -1431,8 +1775,10 @@ std::string import_folder(const std::string& hf_dir, const std::string& root, Co
   Config config;
   config.model = hf.model;
   validate_config(config, 1);
+  std::map<std::string, Tensor> tensors = load_folder(hf_dir);
+  if (hf.architecture == Architecture::DeepseekV3) drop_mtp_layers(tensors, hf, hf_dir);
   const std::map<std::string, Tensor> params =
-      from_hf(load_folder(hf_dir), hf.architecture, config.model, hf_dir, allow_nonfinite);
+      from_hf(tensors, hf.architecture, config.model, hf_dir, allow_nonfinite);
   const std::string dir = save_imported(params, config, root,
                                         fmt::format("hf:{}:{}", architecture_name(hf.architecture),
                                                     fs::path(hf_dir).lexically_normal().string()),
@@ -1465,6 +1811,10 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   // first layers), and the refusal should name the option, not a tensor.
   if (model.num_experts > 0 && (a == Architecture::Qwen3Moe || a == Architecture::Mixtral))
     check_router(model, a);
+  // Whether the architecture holds the model at all (latent attention, DeepSeek-V3's experts, ...),
+  // also before any weight is read.
+  const std::string config =
+      config_json_for(model, a, torch_dtype_name(options.dtype), options.template_config);
   const std::map<std::string, Shape> shapes =
       a == Architecture::GPT2 ? hf_gpt2::parameter_shapes(model) : llama_parameter_shapes(model);
   std::map<std::string, Tensor> params = load_parameters(checkpoint_path, shapes, world);
@@ -1495,8 +1845,6 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
     }
   }
   const std::map<std::string, Tensor> hf = to_hf(params, a, model, options.dtype);
-  const std::string config =
-      config_json_for(model, a, torch_dtype_name(options.dtype), options.template_config);
   // What we wrote must read back as the same model (a template's other keys could contradict it).
   const HfModel back = model_from_config_json(config, hf_dir + "/config.json");
   Config expected, got;
@@ -1509,6 +1857,8 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   got.model.moe_aux_loss_coeff = expected.model.moe_aux_loss_coeff;
   got.model.moe_z_loss_coeff = expected.model.moe_z_loss_coeff;
   got.model.moe_token_dispatcher = expected.model.moe_token_dispatcher;
+  got.model.moe_seq_aux_loss_coeff = expected.model.moe_seq_aux_loss_coeff;
+  got.model.moe_bias_update_speed = expected.model.moe_bias_update_speed;
   got.model.hf_architecture = expected.model.hf_architecture;
   got.model.lora = expected.model.lora;  // adapters are not part of config.json
   validate_config(expected, 1);
