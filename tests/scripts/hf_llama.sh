@@ -6,9 +6,12 @@
 # (config.json with rope_parameters and dtype; losses and weights computed by transformers itself),
 # and make_hf_qwen3.py's Qwen3 (qk-norm, head_dim != hidden / heads), Qwen3-MoE (norm_topk_prob false
 # and true) and Mixtral (top-k renormalised), saved and trained by transformers,
-# and make_hf_yarn.py's YaRN-scaled Qwen2 (rope_parameters yarn; saved and trained by transformers):
+# make_hf_yarn.py's YaRN-scaled Qwen2 (rope_parameters yarn; saved and trained by transformers),
+# and make_hf_deepseek_v3.py's DeepSeek-V3 (latent attention with rope_interleave, yarn with mscale,
+# sigmoid group-limited routing with the expert bias updated as our trainer does, a shared expert,
+# the first layer dense; its transformers-4.57 config too, and a DeepSeek-style MTP shard):
 #  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
-#     and on tp2 x pp2 (4 ranks) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
+#     and on tp2 x pp2 (4 ranks; the MoE ones tp2 x pp2 x ep2, DeepSeek-V3 on 8 ranks with dp2) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
 #     the folder's weights equal the reference's after the steps (hf_compare's tolerance), and its
 #     config.json names the architecture the model came from (Mistral keeps sliding_window);
 #  2. the bf16 sharded folder imports; exported as f32 it holds the same values; exported as bf16
@@ -52,7 +55,7 @@ for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny l
   llama_t5:llama_t5 llama3_t5:llama3_t5 mistral_t5:mistral_tiny qwen2_t5:qwen2_tiny \
   mistral_window_tiny:mistral_window_tiny qwen2_window_tiny:qwen2_window_tiny qwen3_tiny:qwen3_tiny \
   qwen3_moe_tiny:qwen3_moe_tiny qwen3_moe_norm_tiny:qwen3_moe_norm_tiny mixtral_tiny:mixtral_tiny \
-  qwen2_yarn_t5:qwen2_yarn_t5; do
+  qwen2_yarn_t5:qwen2_yarn_t5 deepseek_v3_tiny:deepseek_v3_tiny deepseek_v3_t4:deepseek_v3_tiny; do
   model=${m%%:*} after3=$fx/hf_${m#*:}_after3.safetensors
   dir=$work/$model
   mkdir -p "$dir"
@@ -64,12 +67,14 @@ for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny l
   quiet "$dir/import.log" "$convert" --from hf --input "$src_dir" --output "$dir/ckpt"
   [[ -s $dir/ckpt.yaml ]] || { echo "$model: no ckpt.yaml"; exit 1; }
   layouts=("1 1 1" "4 2 2")
-  [[ $model == mistral_t5 || $model == qwen2_t5 ]] && layouts=("1 1 1")
+  [[ $model == mistral_t5 || $model == qwen2_t5 || $model == deepseek_v3_t4 ]] && layouts=("1 1 1")
   # Sliding windows smaller than the sequence: one rank and tp2 x cp2 (the ring skips the blocks
   # outside the window).
   [[ $model == *_window_tiny ]] && layouts=("1 1 1" "4 2 1 2")
   # Experts: tp2 x pp2 x ep2 (tp with MoE needs sequence parallelism).
   [[ $model == *_moe_tiny || $model == *_moe_norm_tiny || $model == mixtral_tiny ]] && layouts=("1 1 1" "4 2 2 1 2")
+  # DeepSeek-V3: tp2 x pp2 x ep2 with dp2 (the expert bias's loads summed over dp and tp).
+  [[ $model == deepseek_v3_tiny ]] && layouts=("1 1 1" "8 2 2 1 2")
   # Qwen3's qk-norm weights (gradients summed over tp) under tp2 x dp2 with ZeRO-3 too.
   [[ $model == qwen3_tiny ]] && layouts=("1 1 1" "4 2 2" "4 2 1 1 1 optim_grads_params")
   for layout in "${layouts[@]}"; do
@@ -102,6 +107,40 @@ for m in llama_tiny:llama_tiny mistral_tiny:mistral_tiny qwen2_tiny:qwen2_tiny l
     grep -qF -- "$key" "$dir/tp1pp1/hf/config.json" || { echo "$model: the export lacks $key"; exit 1; }
   done
 done
+# DeepSeek-V3: latent attention, rope_interleave, yarn with mscale, DeepSeek's routing and experts,
+# read into model.* and written back under DeepseekV3Config's keys; the 4.57 layout reads as the same model.
+for want in 'attention: mla' 'q_lora_rank: 12' 'kv_lora_rank: 12' 'qk_nope_head_dim: 8' 'qk_rope_head_dim: 4' \
+  'v_head_dim: 6' 'hf_rope_interleave: true' 'rope_scaling: yarn' 'rope_mscale_all_dim: 0.8' 'num_experts: 8' \
+  'moe_ffn_hidden_size: 8' 'moe_shared_expert_ffn_hidden_size: 8' 'moe_router_score_function: sigmoid' \
+  'moe_norm_topk_prob: true' 'moe_routed_scaling_factor: 2.5' 'moe_n_group: 4' 'moe_topk_group: 2' \
+  'moe_router_expert_bias: true' 'moe_first_k_dense_replace: 1' 'ffn_hidden_size: 32'; do
+  grep -qx "  $want" "$work/deepseek_v3_tiny/ckpt.yaml" || { echo "deepseek_v3: ckpt.yaml lacks $want"; cat "$work/deepseek_v3_tiny/ckpt.yaml"; exit 1; }
+done
+for want in '"rope_interleave": true' '"q_lora_rank": 12' '"kv_lora_rank": 12' '"qk_head_dim": 12' '"head_dim": 4' \
+  '"v_head_dim": 6' '"n_routed_experts": 8' '"n_shared_experts": 1' '"moe_intermediate_size": 8' '"n_group": 4' \
+  '"topk_group": 2' '"routed_scaling_factor": 2.5' '"norm_topk_prob": true' '"first_k_dense_replace": 1' \
+  '"num_nextn_predict_layers": 0' '"mscale_all_dim": 0.8' '"intermediate_size": 32' '"model_type": "deepseek_v3"'; do
+  grep -qF -- "$want" "$work/deepseek_v3_tiny/tp1pp1/hf/config.json" ||
+    { echo "deepseek_v3: the export lacks $want"; cat "$work/deepseek_v3_tiny/tp1pp1/hf/config.json"; exit 1; }
+done
+diff <(grep -v '^#' "$work/deepseek_v3_tiny/ckpt.yaml") <(grep -v '^#' "$work/deepseek_v3_t4/ckpt.yaml") ||
+  { echo "deepseek_v3: transformers 4.57's config.json reads as another model"; exit 1; }
+# DeepSeek's multi-token prediction layer (model.layers.4.* in a shard of its own): not imported, said in
+# one line; the rest imports as the plain folder does (its export equals the fixture bit for bit:
+# rope_interleave's permutation there and back).
+mtp=$work/deepseek_v3_mtp
+mkdir -p "$mtp/in"
+cp "$fx/hf_deepseek_v3_mtp_tiny/"* "$mtp/in/"
+cp "$fx/hf_deepseek_v3_tiny/model.safetensors" "$mtp/in/model-00001-of-00002.safetensors"
+"$convert" --from hf --input "$mtp/in" --output "$mtp/ckpt" >"$mtp/import.out" 2>"$mtp/import.err" ||
+  { echo "deepseek_v3_mtp: import failed"; cat "$mtp/import.err"; exit 1; }
+[[ $(grep -c 'multi-token prediction' "$mtp/import.err") == 1 ]] &&
+  grep -qF 'num_nextn_predict_layers = 1: its 20 multi-token prediction tensors (model.layers.4.*) are not imported (MTP import comes later)' "$mtp/import.err" ||
+  { echo "deepseek_v3_mtp: expected one line saying the MTP tensors are not imported"; cat "$mtp/import.err"; exit 1; }
+echo "deepseek_v3_mtp: $(grep 'multi-token prediction' "$mtp/import.err" | sed 's/.*hf: //')"
+quiet "$mtp/export.log" "$convert" --to hf --input "$mtp/ckpt" --output "$mtp/hf"
+echo -n "deepseek_v3_mtp import, export: "
+"$compare" equal "$mtp/hf" "$fx/hf_deepseek_v3_tiny"
 # Qwen3 (make_hf_qwen3.py, saved and trained by transformers 5): qk-norm and head_dim 8 != 24 / 4.
 grep -q 'qk_norm: true' "$work/qwen3_tiny/ckpt.yaml" && grep -q 'head_dim: 8' "$work/qwen3_tiny/ckpt.yaml" &&
   grep -q '"head_dim": 8' "$work/qwen3_tiny/tp1pp1/hf/config.json" ||
@@ -263,5 +302,31 @@ refuse_export mixtral_bias mixtral_tiny moe_router_expert_bias true
 refuse_export qwen3_moe_seq_aux qwen3_moe_tiny moe_seq_aux_loss_coeff 0.001
 refuse_export qwen3_moe_dense qwen3_moe_tiny moe_first_k_dense_replace 1
 refuse_export qwen3_moe_norm_sigmoid qwen3_moe_norm_tiny moe_router_score_function sigmoid
+# DeepSeek-V3: what transformers' DeepseekV3 (or DeepSeek's own code) would read as another model.
+variant_ds() {  # variant_ds NAME SED_EXPR: the DeepSeek-V3 folder with its config.json edited
+  mkdir -p "$work/$1"
+  cp "$fx/hf_deepseek_v3_tiny/model.safetensors" "$work/$1/"
+  sed "$2" "$fx/hf_deepseek_v3_tiny/config.json" >"$work/$1/config.json"
+}
+variant_ds ds_topk_method 's/"topk_group": 2,/"topk_group": 2, "topk_method": "group_limited_greedy",/'
+expect_error ds_topk_method 'topk_method = "group_limited_greedy": not supported: it changes the model (only "noaux_tc" is read)' --from hf --input "$work/ds_topk_method" --output "$work/e20"
+variant_ds ds_softmax 's/"topk_group": 2,/"topk_group": 2, "scoring_func": "softmax",/'
+expect_error ds_softmax 'scoring_func = "softmax": not supported' --from hf --input "$work/ds_softmax" --output "$work/e21"
+variant_ds ds_kv_heads 's/"num_key_value_heads": 4/"num_key_value_heads": 2/'
+expect_error ds_kv_heads 'num_key_value_heads = 2: not supported: must equal num_attention_heads (4' --from hf --input "$work/ds_kv_heads" --output "$work/e22"
+variant_ds ds_bias 's/"attention_bias": false/"attention_bias": true/'
+expect_error ds_bias 'attention_bias = true: not supported' --from hf --input "$work/ds_bias" --output "$work/e23"
+variant_ds ds_head_dim 's/"qk_head_dim": 12/"qk_head_dim": 16/'
+expect_error ds_head_dim 'qk_head_dim = 16: must equal qk_nope_head_dim + qk_rope_head_dim (12' --from hf --input "$work/ds_head_dim" --output "$work/e24"
+variant_ds ds_ep_size 's/"topk_group": 2,/"topk_group": 2, "ep_size": 8,/'
+expect_error ds_ep_size 'ep_size = 8: not supported' --from hf --input "$work/ds_ep_size" --output "$work/e25"
+# The MTP shard with num_nextn_predict_layers 0: its tensors are not part of the model.
+mkdir -p "$work/ds_no_mtp" && cp "$mtp/in/"*.safetensors "$mtp/in/model.safetensors.index.json" "$work/ds_no_mtp/"
+sed 's/"num_nextn_predict_layers": 1/"num_nextn_predict_layers": 0/' "$mtp/in/config.json" >"$work/ds_no_mtp/config.json"
+expect_error ds_no_mtp "unexpected tensor 'model.layers.4." --from hf --input "$work/ds_no_mtp" --output "$work/e26"
+refuse_export ds_softmax_export deepseek_v3_tiny moe_router_score_function softmax
+refuse_export ds_no_bias_export deepseek_v3_tiny moe_router_expert_bias false
+refuse_export ds_shared_export deepseek_v3_tiny moe_shared_expert_ffn_hidden_size 12
+refuse_export ds_capacity_export deepseek_v3_tiny moe_capacity_factor 1.25
 expect_error occupied "already holds model.safetensors" --to hf --input "$work/bf16/ckpt" --output "$work/bf16/f32"
 echo "hf_llama: all checks passed"

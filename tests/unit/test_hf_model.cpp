@@ -715,6 +715,161 @@ TEST(HfModel, ReadsQwen3AndTheMoEFamilies) {
   EXPECT_EQ(written["head_dim"], 8);
 }
 
+// DeepSeek-V3 as transformers 5.24 and 4.57 saved it (make_hf_deepseek_v3.py).
+TEST(HfModel, ReadsDeepseekV3) {
+  const hf::HfModel ds = hf::model_from_config_json(fixture_config("deepseek_v3").dump(), "deepseek_v3");
+  const ModelConfig& m = ds.model;
+  EXPECT_EQ(ds.architecture, hf::Architecture::DeepseekV3);
+  EXPECT_TRUE(m.is_mla());
+  EXPECT_EQ(m.q_lora_rank, 12);
+  EXPECT_EQ(m.kv_lora_rank, 12);
+  EXPECT_EQ(m.qk_nope_head_dim, 8);
+  EXPECT_EQ(m.qk_rope_head_dim, 4);
+  EXPECT_EQ(m.v_head_dim, 6);
+  EXPECT_EQ(m.head_dim, 0);
+  EXPECT_TRUE(m.hf_rope_interleave);
+  EXPECT_EQ(m.rope_scaling.type, RopeScalingType::Yarn);
+  EXPECT_EQ(m.rope_scaling.mscale, 1.0);
+  EXPECT_EQ(m.rope_scaling.mscale_all_dim, 0.8);
+  EXPECT_EQ(m.ffn_hidden_size, 32);
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.moe_router_topk, 2);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 8);
+  EXPECT_EQ(m.moe_shared_expert_ffn_hidden_size, 8);
+  EXPECT_EQ(m.moe_router_score_function, MoeScoreFunction::Sigmoid);
+  EXPECT_TRUE(m.moe_norm_topk_prob);
+  EXPECT_EQ(m.moe_routed_scaling_factor, 2.5);
+  EXPECT_EQ(m.moe_n_group, 4);
+  EXPECT_EQ(m.moe_topk_group, 2);
+  EXPECT_TRUE(m.moe_router_expert_bias);
+  EXPECT_EQ(m.moe_first_k_dense_replace, 1);
+  EXPECT_EQ(m.moe_seq_aux_loss_coeff, 0.0);
+  EXPECT_EQ(ds.mtp_layers, 0);
+  const auto shapes = hf::llama_parameter_shapes(m);
+  EXPECT_EQ(shapes.at("layers.0.attention.q_latent_norm.weight"), (Shape{12}));
+  EXPECT_EQ(shapes.at("layers.0.attention.q_up.weight"), (Shape{48, 12}));
+  EXPECT_EQ(shapes.at("layers.0.attention.kv_down.weight"), (Shape{16, 24}));
+  EXPECT_EQ(shapes.at("layers.0.attention.kv_up.weight"), (Shape{56, 12}));
+  EXPECT_EQ(shapes.at("layers.0.attention.proj.weight"), (Shape{24, 24}));
+  EXPECT_EQ(shapes.at("layers.0.mlp.gate.weight"), (Shape{32, 24}));  // dense: first_k_dense_replace 1
+  EXPECT_FALSE(shapes.count("layers.0.mlp.router.weight"));
+  EXPECT_EQ(shapes.at("layers.1.mlp.router.e_score_correction_bias"), (Shape{8}));
+  EXPECT_EQ(shapes.at("layers.1.mlp.experts.7.fc2.weight"), (Shape{24, 8}));
+  EXPECT_EQ(shapes.at("layers.1.mlp.shared_expert.fc2.weight"), (Shape{24, 8}));
+  EXPECT_FALSE(shapes.count("layers.1.mlp.gate.weight"));
+
+  // transformers 4.57's layout (rope_theta, rope_scaling) is the same model.
+  const json t4 = json::parse(read(fixtures_dir() + "/hf_deepseek_v3_t4/config.json"));
+  EXPECT_EQ(config_to_yaml(Config{.model = hf::model_from_config_json(t4.dump(), "t4").model}),
+            config_to_yaml(Config{.model = m}));
+  // q_lora_rank null: one plain q_proj (absent: transformers' default, 1536).
+  json j = fixture_config("deepseek_v3");
+  j["q_lora_rank"] = nullptr;
+  const ModelConfig plain_q = hf::model_from_config_json(j.dump(), "ds").model;
+  EXPECT_EQ(plain_q.q_lora_rank, 0);
+  EXPECT_EQ(hf::llama_parameter_shapes(plain_q).at("layers.0.attention.query.weight"), (Shape{48, 24}));
+  EXPECT_TRUE(json::parse(hf::config_json_for(plain_q, ds.architecture, "float32"))["q_lora_rank"].is_null());
+  j.erase("q_lora_rank");
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "ds").model.q_lora_rank, 1536);
+  // Multi-token prediction layers: num_nextn_predict_layers, or 5.x's num_mtp_layers (default 1).
+  j = fixture_config("deepseek_v3");
+  j.erase("num_nextn_predict_layers");
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "ds").mtp_layers, 1);
+  j["num_mtp_layers"] = 2;
+  EXPECT_EQ(hf::model_from_config_json(j.dump(), "ds").mtp_layers, 2);
+  // DeepSeek's own config.json keys: read at the values transformers implements.
+  j = fixture_config("deepseek_v3");
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"topk_method", "noaux_tc"},
+                                                                            {"scoring_func", "sigmoid"},
+                                                                            {"ep_size", 1},
+                                                                            {"moe_layer_freq", 1},
+                                                                            {"aux_loss_alpha", 0.001},
+                                                                            {"seq_aux", true},
+                                                                            {"num_local_experts", 8}})
+    j[key] = value;
+  EXPECT_EQ(config_to_yaml(Config{.model = hf::model_from_config_json(j.dump(), "ds").model}),
+            config_to_yaml(Config{.model = m}));
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"topk_method", "greedy", "topk_method = \"greedy\": not supported: it changes the model"},
+           {"scoring_func", "softmax", "scoring_func = \"softmax\": not supported"},
+           {"ep_size", 2, "ep_size = 2: not supported"},
+           {"moe_layer_freq", 2, "moe_layer_freq = 2: not supported"},
+           {"num_key_value_heads", 2,
+            "num_key_value_heads = 2: not supported: must equal num_attention_heads"},
+           {"attention_bias", true, "attention_bias = true: not supported"},
+           {"head_dim", 8, "head_dim = 8: must equal qk_rope_head_dim (4"},
+           {"qk_head_dim", 13, "qk_head_dim = 13: must equal qk_nope_head_dim + qk_rope_head_dim (12"},
+           {"num_local_experts", 4, "num_local_experts = 4: must equal n_routed_experts (8"},
+           {"num_mtp_layers", 2, "num_mtp_layers = 2: must equal num_nextn_predict_layers (0"},
+           {"first_k_dense_replace", -1, "first_k_dense_replace = -1: must be >= 0"},
+           {"hidden_act", "gelu", "hidden_act = \"gelu\": not supported"},
+           {"n_group", 3, "moe_n_group"},  // 8 experts in 3 groups: our config's rule, named by our key
+           {"output_router_logits", true, "output_router_logits = true: not supported"}}) {
+    j = fixture_config("deepseek_v3");
+    j[key] = value;
+    EXPECT_THAT(config_error(j), HasSubstr(message)) << key;
+  }
+
+  // rope_interleave: the rope rows of q_up (per head) and kv_down are interleaved in the checkpoint,
+  // in rotate-half order here; the export puts them back bit for bit.
+  const std::map<std::string, Tensor> hf_tensors = hf::load_folder(fixtures_dir() + "/hf_deepseek_v3_tiny");
+  const std::map<std::string, Tensor> ours = hf::from_hf(hf_tensors, ds.architecture, m, "ds");
+  const auto row = [](const Tensor& t, int64_t r) { return t.narrow(0, r, 1).to_float_vector(); };
+  const Tensor& q_hf = hf_tensors.at("model.layers.2.self_attn.q_b_proj.weight");
+  const Tensor& q_ours = ours.at("layers.2.attention.q_up.weight");
+  for (int64_t head : {0, 3}) {
+    const int64_t base = head * 12 + 8;  // head block of n + r = 12 rows, rope rows from n = 8
+    EXPECT_EQ(row(q_ours, head * 12), row(q_hf, head * 12));  // the nope rows stay
+    EXPECT_EQ(row(q_ours, base + 0), row(q_hf, base + 0));
+    EXPECT_EQ(row(q_ours, base + 1), row(q_hf, base + 2));
+    EXPECT_EQ(row(q_ours, base + 2), row(q_hf, base + 1));
+    EXPECT_EQ(row(q_ours, base + 3), row(q_hf, base + 3));
+  }
+  const Tensor& kv_hf = hf_tensors.at("model.layers.2.self_attn.kv_a_proj_with_mqa.weight");
+  const Tensor& kv_ours = ours.at("layers.2.attention.kv_down.weight");
+  EXPECT_EQ(row(kv_ours, 11), row(kv_hf, 11));  // the latent rows stay
+  EXPECT_EQ(row(kv_ours, 13), row(kv_hf, 14));
+  EXPECT_EQ(row(kv_ours, 14), row(kv_hf, 13));
+  const std::map<std::string, Tensor> back = hf::to_hf(ours, ds.architecture, m);
+  ASSERT_EQ(back.size(), hf_tensors.size());
+  for (const auto& [name, t] : hf_tensors)
+    EXPECT_EQ(back.at(name).to_float_vector(), t.to_float_vector()) << name;
+
+  // What DeepseekV3ForCausalLM holds, and what holds latent attention.
+  const json written = json::parse(hf::config_json_for(m, ds.architecture, "float32"));
+  EXPECT_EQ(written["model_type"], "deepseek_v3");
+  EXPECT_EQ(written["head_dim"], 4);
+  EXPECT_EQ(written["qk_head_dim"], 12);
+  EXPECT_EQ(written["n_shared_experts"], 1);
+  EXPECT_EQ(written["num_nextn_predict_layers"], 0);
+  EXPECT_EQ(written["rope_parameters"]["mscale_all_dim"], 0.8);
+  EXPECT_EQ(config_to_yaml(Config{.model = hf::model_from_config_json(written.dump(), "back").model}),
+            config_to_yaml(Config{.model = m}));
+  ModelConfig anonymous = m;
+  anonymous.hf_architecture.clear();
+  EXPECT_EQ(hf::architecture_for(anonymous), hf::Architecture::DeepseekV3);
+  EXPECT_THAT(error_of([&] { hf::config_json_for(m, hf::Architecture::Mixtral, "float32"); }),
+              HasSubstr("MixtralForCausalLM cannot hold this model: model.attention = mla"));
+  EXPECT_THAT(error_of([&] { hf::config_json_for(llama_model(), hf::Architecture::DeepseekV3, "float32"); }),
+              HasSubstr("DeepseekV3ForCausalLM cannot hold this model: model.attention = mha"));
+  for (const auto& [edit, message] : std::vector<std::pair<std::function<void(ModelConfig&)>, std::string>>{
+           {[](ModelConfig& c) { c.moe_router_score_function = MoeScoreFunction::Softmax; },
+            "model.moe_router_score_function = softmax"},
+           {[](ModelConfig& c) { c.moe_router_expert_bias = false; }, "model.moe_router_expert_bias = false"},
+           {[](ModelConfig& c) { c.num_experts = 0; }, "model.num_experts = 0"},
+           {[](ModelConfig& c) { c.moe_layer_freq = 2; }, "model.moe_layer_freq = 2"},
+           {[](ModelConfig& c) { c.moe_capacity_factor = 1.25; }, "model.moe_capacity_factor = 1.25"},
+           {[](ModelConfig& c) { c.moe_shared_expert_ffn_hidden_size = 12; },
+            "model.moe_shared_expert_ffn_hidden_size = 12"},
+           {[](ModelConfig& c) { c.moe_shared_expert_ffn_hidden_size = 0; },
+            "model.moe_shared_expert_ffn_hidden_size = 0"}}) {
+    ModelConfig bad = m;
+    edit(bad);
+    EXPECT_THAT(error_of([&] { hf::config_json_for(bad, hf::Architecture::DeepseekV3, "float32"); }),
+                HasSubstr("DeepseekV3ForCausalLM cannot hold this model: " + message));
+  }
+}
+
 TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}) {
     const hf::HfModel in = hf::model_from_config_json(fixture_config(name).dump(), name);
