@@ -9,8 +9,8 @@
 //   convert_checkpoint --to hf-gpt2 --input ckpt/ --output model.safetensors [--config model.yaml]
 //
 // --from hf reads a model folder (config.json, model.safetensors or shards with their index), takes
-// the architecture from config.json (GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral) and writes a
-// weights-only checkpoint at step 0 that any layout can load, plus ckpt.yaml: a whole training configuration
+// the architecture from config.json (GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral,
+// DeepSeek-V3) and writes a weights-only checkpoint at step 0 that any layout can load, plus ckpt.yaml: a whole training configuration
 // whose model section is that model (pretrain_gpt --config ckpt.yaml --set checkpoint.load=ckpt).
 // Export reads a checkpoint root or step directory; the model config comes from --config, else from
 // the config the checkpoint stored in its extras; it writes transformers 5's config.json layout

@@ -1,7 +1,8 @@
 #pragma once
 // Hugging Face model folders <-> our checkpoints, for the architectures config.json can name:
 // GPT2LMHeadModel (the mapping of hf_gpt2.hpp), LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM and Qwen3ForCausalLM (docs/huggingface.md). Used by examples/convert_checkpoint (--from
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM and
+// DeepseekV3ForCausalLM (docs/huggingface.md). Used by examples/convert_checkpoint (--from
 // hf, --to hf).
 //
 // A folder holds config.json and either model.safetensors or shards model-0000k-of-0000n.safetensors
@@ -32,6 +33,22 @@
 //   mlp.experts.{e}.gate.weight
 //   ...mlp.experts.{e}.up_proj.weight   [f_e, h] [...w3]                  -> mlp.experts.{e}.up.weight
 //   ...mlp.experts.{e}.down_proj.weight [h, f_e] [...w2]                  -> mlp.experts.{e}.fc2.weight
+// DeepseekV3ForCausalLM (model.attention mla; rope rows permuted with model.hf_rope_interleave, see
+// docs/huggingface.md), per layer i (MoE layers from first_k_dense_replace on):
+//   ...self_attn.q_a_proj.weight [rq, h]           -> layers.{i}.attention.q_down.weight
+//   ...self_attn.q_a_layernorm.weight [rq]         -> layers.{i}.attention.q_latent_norm.weight
+//   ...self_attn.q_b_proj.weight [H (n + r), rq]   -> layers.{i}.attention.q_up.weight
+//   ...self_attn.q_proj.weight [H (n + r), h]      -> layers.{i}.attention.query.weight (q_lora_rank null)
+//   ...self_attn.kv_a_proj_with_mqa.weight [c + r, h] -> layers.{i}.attention.kv_down.weight
+//   ...self_attn.kv_a_layernorm.weight [c]         -> layers.{i}.attention.kv_norm.weight
+//   ...self_attn.kv_b_proj.weight [H (n + dv), c]  -> layers.{i}.attention.kv_up.weight
+//   ...self_attn.o_proj.weight [h, H dv]           -> layers.{i}.attention.proj.weight
+//   ...mlp.gate.weight [E, h], mlp.gate.e_score_correction_bias [E] -> layers.{i}.mlp.router.weight,
+//                                                     layers.{i}.mlp.router.e_score_correction_bias
+//   ...mlp.experts.{e}.{gate,up,down}_proj.weight  -> layers.{i}.mlp.experts.{e}.{gate,up,fc2}.weight
+//   ...mlp.shared_experts.{gate,up,down}_proj.weight -> layers.{i}.mlp.shared_expert.{gate,up,fc2}.weight
+// and the dense layers' mlp.{gate,up,down}_proj as above. Multi-token prediction layers
+// (model.layers.{num_hidden_layers + k}.*) are not imported (import_folder says so in one line).
 // Biases: q/k/v with model.add_qkv_bias (Qwen2) or model.add_bias; o_proj and the MLP with
 // model.add_bias (Llama's attention_bias together with mlp_bias). Tied models (tie_word_embeddings)
 // have no lm_head; one in the file is accepted only if it equals the embedding.

@@ -157,12 +157,13 @@ constexpr KeyRow kKeys[] = {
     {"num_mtp_layers", kDeepseekV3, Use::Read},            // transformers 5's alias of the same
     // DeepSeek's own configuration_deepseek.py (the hub folders' config.json): the routing transformers
     // implements is noaux_tc with sigmoid scores, every layer from first_k_dense_replace on a MoE
-    // layer; ep_size only spreads the experts over processes. transformers trains without DeepSeek's
-    // balance loss (aux_loss_alpha, seq_aux): set model.moe_seq_aux_loss_coeff after import for it.
+    // layer; ep_size only spreads the experts over the processes of DeepSeek's inference code (the
+    // same model). transformers trains without DeepSeek's balance loss (aux_loss_alpha, seq_aux): set
+    // model.moe_seq_aux_loss_coeff after import for it.
     {"topk_method", kDeepseekV3, Use::Default, "\"noaux_tc\""},
     {"scoring_func", kDeepseekV3, Use::Default, "\"sigmoid\""},
     {"moe_layer_freq", kDeepseekV3, Use::Default, "1"},
-    {"ep_size", kDeepseekV3, Use::Default, "1"},
+    {"ep_size", kDeepseekV3, Use::Inert},
     {"aux_loss_alpha", kDeepseekV3, Use::Inert},
     {"seq_aux", kDeepseekV3, Use::Inert},
     // GPT-2 (GPT2Config).

@@ -6,8 +6,9 @@ the fixtures or the export change; the results are recorded in docs/huggingface.
   - AutoModelForCausalLM.from_pretrained(EXPORT, output_loading_info=True): no missing, unexpected
     or mismatched keys, and the architecture class of the original folder (Mistral stays Mistral);
   - the export's config as transformers reads it has the original's rope parameters (theta, scaling),
-    for Mistral and Mixtral its sliding_window, for Qwen3-MoE and Mixtral its experts and routing
-    (expert count and width, top k, norm_topk_prob, jitter noise);
+    for Mistral and Mixtral its sliding_window, for Qwen3-MoE, Mixtral and DeepSeek-V3 its experts and
+    routing (expert count and width, top k, norm_topk_prob, jitter noise; DeepSeek-V3's groups,
+    scaling, shared experts, dense first layers, latent attention sizes and rope_interleave);
   - the export's logits equal the original folder's (float32, on 2 x 8 tokens of the fixture document).
 
   PYTHONPATH=/tmp/hf5:/tmp/torch2 python3 tests/reference/check_hf_export.py build/bin   # transformers 5
@@ -30,15 +31,22 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 FOLDERS = {"hf_llama_tiny": None, "hf_mistral_tiny": None, "hf_qwen2_tiny": None, "hf_llama3_tiny": None,
            "hf_llama_t5": None, "hf_llama3_t5": None, "hf_mistral_t5": "hf_mistral_tiny",
            "hf_qwen2_t5": "hf_qwen2_tiny", "hf_qwen3_tiny": None, "hf_qwen3_moe_tiny": None,
-            "hf_qwen2_yarn_t5": None, "hf_qwen3_moe_norm_tiny": None, "hf_mixtral_tiny": None}
+            "hf_qwen2_yarn_t5": None, "hf_qwen3_moe_norm_tiny": None, "hf_mixtral_tiny": None,
+           "hf_deepseek_v3_tiny": None}
 # The experts and their routing, as transformers reads them from the export and from the source.
 MOE_KEYS = ("num_local_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
-            "intermediate_size", "router_jitter_noise", "output_router_logits")
+            "intermediate_size", "router_jitter_noise", "output_router_logits",
+            # DeepSeek-V3: latent attention and its routing
+            "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
+            "n_routed_experts", "n_shared_experts", "n_group", "topk_group", "routed_scaling_factor",
+            "first_k_dense_replace")
 # transformers 4.x cannot read the folders transformers 5 wrote (it takes rope_theta 10000 for a
 # missing top-level rope_theta: the bug this checks we do not have). Under 4.x the export of a
 # transformers-5 folder is compared with the 4.x-layout fixture of the same weights and model.
 SAME_MODEL_4X = {"hf_llama_t5": "hf_llama_tiny", "hf_llama3_t5": "hf_llama3_tiny", "hf_mistral_t5": "hf_mistral_tiny",
                  "hf_qwen2_t5": "hf_qwen2_tiny", "hf_qwen2_yarn_t5": None}
+# The DeepSeek-V3 folder with the config.json transformers 4.57 wrote for the same model (4.x layout).
+CONFIG_4X = {"hf_deepseek_v3_tiny": "hf_deepseek_v3_t4"}
 V4 = transformers.__version__.split(".")[0] == "4"
 
 
@@ -75,6 +83,9 @@ def main():
             subprocess.run([convert, "--from", "hf", "--input", source, "--output", ckpt], check=True, env=env)
             subprocess.run([convert, "--to", "hf", "--input", ckpt, "--output", export], check=True, env=env)
 
+            if V4 and name in SAME_MODEL_4X and SAME_MODEL_4X[name] is None:
+                print(f"{name}: skipped under 4.x (no 4.x-layout fixture of the same model)")
+                continue
             reference = os.path.join(FIXTURES, SAME_MODEL_4X[name]) if V4 and name in SAME_MODEL_4X else source
             if V4 and name.startswith("hf_qwen3_moe"):
                 # transformers 5 names the expert count num_local_experts, 4.x num_experts (the
@@ -86,6 +97,11 @@ def main():
                 config["num_experts"] = config["num_local_experts"]
                 with open(os.path.join(reference, "config.json"), "w") as f:
                     json.dump(config, f)
+                os.symlink(os.path.join(source, "model.safetensors"), os.path.join(reference, "model.safetensors"))
+            if V4 and name in CONFIG_4X:
+                reference = os.path.join(work, name + "_4x")
+                os.makedirs(reference)
+                os.symlink(os.path.join(FIXTURES, CONFIG_4X[name], "config.json"), os.path.join(reference, "config.json"))
                 os.symlink(os.path.join(source, "model.safetensors"), os.path.join(reference, "model.safetensors"))
             # MoE layers: the plain per-expert loop (transformers 5's default grouped kernels differ
             # in the last bits).

@@ -318,8 +318,8 @@ variant_ds ds_bias 's/"attention_bias": false/"attention_bias": true/'
 expect_error ds_bias 'attention_bias = true: not supported' --from hf --input "$work/ds_bias" --output "$work/e23"
 variant_ds ds_head_dim 's/"qk_head_dim": 12/"qk_head_dim": 16/'
 expect_error ds_head_dim 'qk_head_dim = 16: must equal qk_nope_head_dim + qk_rope_head_dim (12' --from hf --input "$work/ds_head_dim" --output "$work/e24"
-variant_ds ds_ep_size 's/"topk_group": 2,/"topk_group": 2, "ep_size": 8,/'
-expect_error ds_ep_size 'ep_size = 8: not supported' --from hf --input "$work/ds_ep_size" --output "$work/e25"
+variant_ds ds_layer_freq 's/"topk_group": 2,/"topk_group": 2, "moe_layer_freq": 2,/'
+expect_error ds_layer_freq 'moe_layer_freq = 2: not supported: it changes the model (only 1 is read)' --from hf --input "$work/ds_layer_freq" --output "$work/e25"
 # The MTP shard with num_nextn_predict_layers 0: its tensors are not part of the model.
 mkdir -p "$work/ds_no_mtp" && cp "$mtp/in/"*.safetensors "$mtp/in/model.safetensors.index.json" "$work/ds_no_mtp/"
 sed 's/"num_nextn_predict_layers": 1/"num_nextn_predict_layers": 0/' "$mtp/in/config.json" >"$work/ds_no_mtp/config.json"

@@ -781,7 +781,7 @@ TEST(HfModel, ReadsDeepseekV3) {
   j = fixture_config("deepseek_v3");
   for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"topk_method", "noaux_tc"},
                                                                             {"scoring_func", "sigmoid"},
-                                                                            {"ep_size", 1},
+                                                                            {"ep_size", 8},
                                                                             {"moe_layer_freq", 1},
                                                                             {"aux_loss_alpha", 0.001},
                                                                             {"seq_aux", true},
@@ -792,7 +792,6 @@ TEST(HfModel, ReadsDeepseekV3) {
   for (const auto& [key, value, message] : std::vector<std::tuple<std::string, json, std::string>>{
            {"topk_method", "greedy", "topk_method = \"greedy\": not supported: it changes the model"},
            {"scoring_func", "softmax", "scoring_func = \"softmax\": not supported"},
-           {"ep_size", 2, "ep_size = 2: not supported"},
            {"moe_layer_freq", 2, "moe_layer_freq = 2: not supported"},
            {"num_key_value_heads", 2,
             "num_key_value_heads = 2: not supported: must equal num_attention_heads"},
