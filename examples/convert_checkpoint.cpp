@@ -10,11 +10,11 @@
 //
 // --from hf reads a model folder (config.json, model.safetensors or shards with their index), takes
 // the architecture from config.json (GPT-2, Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral,
-// DeepSeek-V3) and writes a weights-only checkpoint at step 0 that any layout can load, plus ckpt.yaml: a whole training configuration
-// whose model section is that model (pretrain_gpt --config ckpt.yaml --set checkpoint.load=ckpt).
-// Export reads a checkpoint root or step directory; the model config comes from --config, else from
-// the config the checkpoint stored in its extras; it writes transformers 5's config.json layout
-// (rope_parameters, dtype) plus 4.x's names of the same values, as the architecture imported
+// DeepSeek-V3) and writes a weights-only checkpoint at step 0 that any layout can load, plus ckpt.yaml: a
+// whole training configuration whose model section is that model (pretrain_gpt --config ckpt.yaml --set
+// checkpoint.load=ckpt). Export reads a checkpoint root or step directory; the model config comes from
+// --config, else from the config the checkpoint stored in its extras; it writes transformers 5's config.json
+// layout (rope_parameters, dtype) plus 4.x's names of the same values, as the architecture imported
 // (model.hf_architecture: a Mistral stays MistralForCausalLM with its sliding_window).
 // A LoRA run's checkpoint (model.lora, docs/lora.md) exports its adapters with --to peft (PEFT's
 // adapter_model.safetensors and adapter_config.json) or merged into the weights with --merge-lora.
