@@ -6,7 +6,8 @@
 // being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS, else this CPU's peak for that precision
 // measured at start on all OpenMP threads (hardware_peak.hpp: fp32 FMA; bf16 AMX / AVX512-BF16 or,
 // without them, fp32 FMA); the
-// header prints the ISA and every measured peak (context keys cpu_isa, cpu_peak). Memory-bound ops
+// header prints the ISA, every measured peak (context keys cpu_isa, cpu_peak) and the kernel each
+// dtype's GEMM runs (gemm_fp32, gemm_bf16: oneDNN's implementation, or widened to fp32). Memory-bound ops
 // report GB/s of the bytes they must move at minimum (stated per benchmark), also as Google
 // Benchmark's bytes_per_second. Rates are computed here from wall-clock time of the timed loop (the
 // kernels run on OpenMP threads, so the main thread's CPU time would lie), as a mean over
@@ -358,6 +359,10 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("peak_gflops", fmt::format("{:.1f} (fp32, {})", g_peak_gflops, peak_source));
   benchmark::AddCustomContext("peak_gflops_bf16",
                               fmt::format("{:.1f} (bf16, BM_GemmBf16's %peak)", g_peak_gflops_bf16));
+  // Which kernel each dtype's GEMM runs: on a CPU without AVX-512 oneDNN has no bf16 matmul and
+  // the bf16 GEMM is widened to fp32 ("widened to fp32 ..."), the widening passes included in its time.
+  benchmark::AddCustomContext("gemm_fp32", ops::gemm_implementation(DType::F32));
+  benchmark::AddCustomContext("gemm_bf16", ops::gemm_implementation(DType::BF16));
   benchmark::AddCustomContext("cpu_isa", measured_cpu_peak().isa);
   benchmark::AddCustomContext("cpu_peak", describe(measured_cpu_peak()));
   benchmark::RunSpecifiedBenchmarks();
