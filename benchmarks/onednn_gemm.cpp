@@ -289,6 +289,27 @@ const char* isa_name(dnnl::cpu_isa isa) {
   }
 }
 
+// DNNL_RUNTIME_* (dnnl_config.h): the CPU runtime (version struct) and the threading runtime the
+// headers were configured with (these headers ship with the library they describe).
+const char* runtime_name(unsigned r) {
+  switch (r) {
+    case DNNL_RUNTIME_SEQ:
+      return "sequential";
+    case DNNL_RUNTIME_OMP:
+      return "OpenMP";
+    case DNNL_RUNTIME_TBB:
+      return "TBB";
+    case DNNL_RUNTIME_THREADPOOL:
+      return "threadpool";
+#ifdef DNNL_RUNTIME_SYCL
+    case DNNL_RUNTIME_SYCL:
+      return "SYCL";
+#endif
+    default:
+      return "other";
+  }
+}
+
 bool listed(const std::string& list, const std::string& item) {
   std::stringstream ss(list);
   for (std::string x; std::getline(ss, x, ',');)
@@ -315,9 +336,10 @@ int main(int argc, char** argv) {
     }
   }
   const dnnl_version_t* v = dnnl_version();
-  std::printf("# oneDNN %d.%d.%d (%s), cpu runtime %s, effective isa %s, omp threads %d\n", v->major,
-              v->minor, v->patch, v->hash, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other",
-              isa_name(dnnl::get_effective_cpu_isa()), omp_get_max_threads());
+  std::printf("# oneDNN %d.%d.%d (%s), cpu runtime %s, threading %s, effective isa %s, omp threads %d\n",
+              v->major, v->minor, v->patch, v->hash, runtime_name(v->cpu_runtime),
+              runtime_name(DNNL_CPU_THREADING_RUNTIME), isa_name(dnnl::get_effective_cpu_isa()),
+              omp_get_max_threads());
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   for (const Model& md : kModels) {
     if (!listed(models, md.name)) continue;
