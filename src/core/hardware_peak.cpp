@@ -451,7 +451,8 @@ CpuPeak measure() {
     // The lone-thread reference, best over the attempts: the calling thread alone, the others idle.
     for (size_t s = 0; s < slots.size(); ++s)
       if (slots[s].spec->run != nullptr)
-        for (int r = 0; r < kAloneRounds; ++r) alone[s] = std::max(alone[s], round_rate(*slots[s].spec, iters[s]));
+        for (int r = 0; r < kAloneRounds; ++r)
+          alone[s] = std::max(alone[s], round_rate(*slots[s].spec, iters[s]));
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num();
@@ -521,7 +522,8 @@ const PeakFigure& figure_for(const CpuPeak& p, Precision precision) {
 }
 
 std::string figure_name(const PeakFigure& f, const CpuPeak& p) {
-  if (&f == &p.fp32_fma) return f.isa + " fma";
+  // The AVX2 kernel's ISA already says "avx2 fma".
+  if (&f == &p.fp32_fma) return f.isa.ends_with("fma") ? f.isa : f.isa + " fma";
   if (&f == &p.fp16_fma) return "avx512_fp16 fma";
   if (&f == &p.bf16_dot) return "avx512_bf16 dot";
   return "amx_bf16 tdpbf16ps";
