@@ -129,6 +129,12 @@ struct ModelConfig {
   bool is_moe_layer(int layer) const {
     return num_experts > 0 && layer >= moe_first_k_dense_replace && layer % moe_layer_freq == 0;
   }
+  // Multi-token prediction (DeepSeek-V3's MTP; docs/model.md, "Multi-token prediction"): this many
+  // extra depths after the last layer, depth k predicting the token k + 1 ahead from the previous
+  // depth's hidden state and the embedding of the token k ahead, each with the make-up of the last
+  // layer. Its loss, the mean over depths, enters the objective times mtp_loss_scaling_factor.
+  int mtp_num_layers = 0;  // 0: off
+  double mtp_loss_scaling_factor = 0.1;
   // Multi-head latent attention (attention: mla; docs/model.md, "Multi-head latent attention"):
   // queries through a rank-q_lora_rank bottleneck with its RMSNorm (0: one plain projection), keys
   // and values from a rank-kv_lora_rank latent with its RMSNorm, query/key heads of

@@ -138,6 +138,10 @@ void for_each_field(S& s, F&& f) {
     "the expert bias's step per update: bias += speed * sign(mean load - load)");
   f("moe_seq_aux_loss_coeff", s.moe_seq_aux_loss_coeff, "weight of the sequence-wise balance loss (0: off)");
   f("moe_first_k_dense_replace", s.moe_first_k_dense_replace, "layers below this one keep the dense MLP");
+  f("mtp_num_layers", s.mtp_num_layers,
+    "multi-token prediction depth: extra layers predicting tokens 2..D+1 ahead (0: off)");
+  f("mtp_loss_scaling_factor", s.mtp_loss_scaling_factor,
+    "weight of the multi-token prediction loss (the mean over depths) in the objective");
   f("attention", s.attention,
     "mha (multi-head / grouped-query attention) or mla (DeepSeek's multi-head latent attention)");
   f("q_lora_rank", s.q_lora_rank, "mla: rank of the query bottleneck (0: one plain query projection)");
@@ -911,6 +915,21 @@ void validate_config(Config& c, int world_size) {
                     rules.key(m.moe_topk_group), m.moe_topk_group * (m.num_experts / m.moe_n_group)));
   }
   if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+  // Multi-token prediction.
+  rules.at_least(m.mtp_num_layers, 0);
+  rules.at_least(m.mtp_loss_scaling_factor, 0.0);
+  if (m.mtp_num_layers > 0) {
+    rules.require(m.mtp_num_layers < m.seq_length, m.mtp_num_layers,
+                  fmt::format("must be below {} ({}): depth k predicts the token k + 1 ahead",
+                              rules.key(m.seq_length), m.seq_length));
+    // DeepSeek-V3's MTP embeds the tokens without positions (rope works inside its layer).
+    rules.require(m.position_embedding == PositionEmbedding::Rope, m.mtp_num_layers,
+                  fmt::format("must be 0 with {} = learned: the MTP layers take rope positions",
+                              rules.key(m.position_embedding)));
+    rules.require(
+        !m.lora.enabled(), m.mtp_num_layers,
+        fmt::format("must be 0 with {} > 0: no adapters on the MTP layers yet", rules.key(m.lora.rank)));
+  }
 
   // The data-parallel size is whatever the world has left; experts fold onto it.
   long long model_ranks = 1LL * p.tensor * p.pipeline * p.context;
@@ -1210,6 +1229,16 @@ void validate_config(Config& c, int world_size) {
                               rules.key(c.data.vocab_file), rules.key(c.data.reset_position_ids),
                               rules.key(c.data.reset_attention_mask), rules.key(c.data.eod_mask_loss)));
   rules.require(c.data.format == "gpt" || c.data.format == "sft", c.data.format, "must be gpt or sft");
+  // Multi-token prediction shifts the targets by each depth; a loss mask or documents would have to
+  // shift with them (and be counted per depth), which is not done yet: refused, never ignored.
+  if (c.model.mtp_num_layers > 0)
+    rules.require(c.data.format == "gpt" && !c.data.eod_mask_loss && !c.data.reset_attention_mask &&
+                      !c.data.reset_position_ids,
+                  c.model.mtp_num_layers,
+                  fmt::format("must be 0 with {} = sft, {}, {} or {}: multi-token prediction does not shift "
+                              "loss masks or documents yet",
+                              rules.key(c.data.format), rules.key(c.data.eod_mask_loss),
+                              rules.key(c.data.reset_attention_mask), rules.key(c.data.reset_position_ids)));
   if (c.data.format == "sft") {
     rules.require(
         !c.data.eod_mask_loss, c.data.eod_mask_loss,
