@@ -21,6 +21,14 @@ namespace parallel {
 // The padded vocabulary: the smallest multiple of 128 * tp that holds vocab_size.
 int64_t padded_vocab_size(int64_t vocab_size, int tensor_parallel_size);
 
+// Multi-token prediction's targets of a micro-batch (PackedSequence::mtp_targets, mtp_mask) from its
+// whole targets [b, S] int32 on the host (t_{i+1} at position i): depth k's row holds t_{i+k+1} =
+// targets[i + k] and mask 1 where i + k < S, else 0 and 0. On the meta device: shapes only.
+struct MTPTargets {
+  Tensor targets, mask;  // [depths, b, S] int32, fp32
+};
+MTPTargets mtp_targets(const Tensor& targets, int depths);
+
 class GPTModel final : public ModelChunk {
  public:
   struct Options {
@@ -129,6 +137,14 @@ class GPTModel final : public ModelChunk {
   // loads are summed over every rank that routed its tokens, so every rank holding the layer moves
   // its bias alike. The counts restart after it, and at reset_router_load() (a skipped update).
   std::vector<Parameter*> router_buffers();
+  // Multi-token prediction (model.mtp_num_layers = D): the sums of each depth's token losses (over
+  // the positions whose target is inside the sequence) of this chunk's training forwards since the
+  // last reset, [D] fp32 on the model's device; undefined on a chunk without the MTP layers. The
+  // objective adds mtp_loss_scaling_factor / D times each depth's mean: the chunk seeds depth k's
+  // backward with grad * factor / D * S / (S - k), S the whole sequence, so that the mean is over
+  // the B (S - k) targets of a global batch of B samples. Evaluation forwards skip the MTP layers.
+  const Tensor& mtp_loss_sums() const;
+  void reset_mtp_loss_sums();
   static void update_router_bias(const std::vector<GPTModel*>& chunks, Communicator& world);
   // Forgets the loads counted since the last update (a step whose update was skipped).
   void reset_router_load();

@@ -42,8 +42,15 @@ struct PackedSequence {
   // Which positions each context-parallel rank holds (parallel.context_layout), the same on every
   // cp rank; null: the zigzag. The tokens, targets, positions and loss mask are sliced by it.
   std::shared_ptr<const cp::Layout> layout;
+  // Multi-token prediction of depth D (GPT's model.mtp_num_layers; mtp_targets() in gpt_model.hpp):
+  // int32 [D, b, s_local] on the model's device, depth k's targets t_{i+k+1} (row k - 1), and fp32
+  // [D, b, s_local], 1 where that target lies inside the sequence. Cut from the whole sequence, then
+  // sliced like the targets, so that context parallelism sees the tokens of other ranks' chunks.
+  // Undefined: the last chunk derives them from its targets (one rank of cp only).
+  Tensor mtp_targets, mtp_mask;
   bool empty() const {
-    return !positions.defined() && !doc_start.defined() && !loss_mask.defined() && layout == nullptr;
+    return !positions.defined() && !doc_start.defined() && !loss_mask.defined() && layout == nullptr &&
+           !mtp_targets.defined();
   }
 };
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "dropout.hpp"
+#include "mtp_layer.hpp"
 #include "norm.hpp"
 #include "output_layer.hpp"
 #include "parallel/init.hpp"
@@ -37,6 +38,13 @@ struct GPTModel::Saved final : ModelChunk::Activations {
   model::Norm::Context final_norm;
   tp::LinearContext output;
   tp::CrossEntropyContext loss;
+  // Multi-token prediction, one entry per depth (empty in evaluation): the layer, its final norm,
+  // the shared output layer's and the loss's contexts, and the [s * b] loss mask of its targets.
+  std::vector<model::MTPLayer::Context> mtp;
+  std::vector<model::Norm::Context> mtp_norm;
+  std::vector<tp::LinearContext> mtp_output;
+  std::vector<tp::CrossEntropyContext> mtp_loss;
+  std::vector<Tensor> mtp_mask;
   // Split backward: backward_input done, backward_weight not yet; the first chunk's embedding
   // gradient (after the embedding dropout) waits here for W.
   bool weight_pending = false;
@@ -56,6 +64,11 @@ struct GPTModel::Impl {
   std::optional<Parameter>
       output_weight;  // untied "output.weight", or the tied copy on a chunk without embedding
   std::unique_ptr<model::OutputLayer> output;
+  // Multi-token prediction (last chunk, model.mtp_num_layers): one layer per depth; the word
+  // embedding's copy on a last chunk that holds neither the embedding nor a tied output weight.
+  std::vector<std::unique_ptr<model::MTPLayer>> mtp;
+  std::optional<Parameter> mtp_embedding;
+  Tensor mtp_loss_sums;  // [D] fp32, the training forwards' sums since the last reset
   std::function<void(Parameter&)> grad_ready;
   std::function<void(Parameter&)> param_use;
   std::function<void(UnitPhase, const std::vector<Parameter*>&)> unit_hook;
@@ -67,6 +80,19 @@ struct GPTModel::Impl {
   std::vector<Parameter*> output_params() {  // what the output unit reads
     std::vector<Parameter*> out = final_norm->parameters();
     out.push_back(output_weight ? &*output_weight : &word->weight);
+    return out;
+  }
+  // The word embedding the MTP layers read: the chunk's own, else its copy (tied output weight or
+  // mtp_embedding).
+  Parameter* mtp_embedding_weight() {
+    if (word) return &word->weight;
+    return mtp_embedding ? &*mtp_embedding : &*output_weight;
+  }
+  Parameter* output_weight_param() { return output_weight ? &*output_weight : &word->weight; }
+  std::vector<Parameter*> mtp_params(std::size_t depth) {  // what MTP depth + 1's unit reads
+    std::vector<Parameter*> out = mtp[depth]->parameters();
+    out.push_back(mtp_embedding_weight());
+    if (output_weight_param() != mtp_embedding_weight()) out.push_back(output_weight_param());
     return out;
   }
   template <typename Params>
@@ -84,6 +110,12 @@ struct GPTModel::Impl {
   Tensor walk_backward(const Tensor& grad, Saved& act, bool first, bool last, model::BackwardMode mode);
   // The embedding's backward from the gradient of its output (after its dropout): all weight step.
   void embedding_backward(Saved& act, const Tensor& dx);
+  // Multi-token prediction on the last chunk: the depths' forward from the last layer's output h0
+  // (their loss sums go to mtp_loss_sums), and their backward walk from `grad` (the main loss
+  // sum's), returning d(h0) (undefined when the forward ran none).
+  void mtp_forward(const Tensor& h0, const Tensor& targets, Saved& act, const PackedSequence& packed);
+  Tensor mtp_backward(const Tensor& grad, Saved& act, model::BackwardMode mode);
+  void mtp_backward_weight(Saved& act);
 };
 
 GPTModel::GPTModel(const ModelConfig& config, ChunkSpec spec, Options options, Communicator& tp)
@@ -124,7 +156,8 @@ GPTModel::GPTModel(const ModelConfig& config, ChunkSpec spec, Options options, C
                                                                env.hidden, env.sequence_parallel, tp);
     // Tied weights on a chunk that does not also hold the output layer are kept in sync with the
     // last stage's copy over the embedding group.
-    impl_->word->weight.shared_across_pipeline = tied && !spec.post_process;
+    // Multi-token prediction reads the embedding on the last stage too, tied or not.
+    impl_->word->weight.shared_across_pipeline = (tied || config.mtp_num_layers > 0) && !spec.post_process;
     impl_->word->weight.unpadded_rows = config.vocab_size;
     init_normal(impl_->word->weight, options.seed, std);
     if (config.position_embedding == PositionEmbedding::Learned) {
@@ -177,6 +210,33 @@ GPTModel::GPTModel(const ModelConfig& config, ChunkSpec spec, Options options, C
       out_weight = &w;
     }
     impl_->output = std::make_unique<model::OutputLayer>(env, out_weight);
+    if (config.mtp_num_layers > 0 && !spec.pre_process && !tied) {
+      // The embedding's copy for the MTP layers, kept equal to the first stage's as a tied output
+      // weight is: same name and init, gradients summed over the embedding group (finalize_grads).
+      const int64_t rows = vocab_padded_ / p;
+      Parameter& w = impl_->mtp_embedding.emplace();
+      w.name = "embedding.word.weight";
+      w.value = Tensor::zeros({rows, env.hidden}, DType::F32, parameter_device());
+      w.grad = parameter_grad({rows, env.hidden});
+      w.global_shape = {vocab_padded_, env.hidden};
+      w.partition_dim = 0;
+      w.partition_offset = tp.rank() * rows;
+      w.shared_across_pipeline = true;
+      w.pipeline_copy = true;
+      w.unpadded_rows = config.vocab_size;
+      init_normal(w, options.seed, std);
+    }
+    for (int depth = 1; depth <= config.mtp_num_layers; ++depth) {
+      auto layer =
+          std::make_unique<model::MTPLayer>(env, depth, impl_->mtp_embedding_weight(), options.recompute);
+      for (Parameter* param : layer->parameters()) {
+        if (!param->name.ends_with(".weight") || param->name.find("norm") != std::string::npos) continue;
+        const bool residual =
+            param->name.ends_with("attention.proj.weight") || param->name.ends_with("fc2.weight");
+        init_normal(*param, options.seed, residual ? out_std : std);
+      }
+      impl_->mtp.push_back(std::move(layer));
+    }
   }
   if (config.lora.enabled()) {
     // LoRA (docs/lora.md): A as PEFT's kaiming_uniform_(a = sqrt(5)), i.e. uniform in
@@ -224,16 +284,24 @@ std::vector<Parameter*> GPTModel::parameters() {
   if (impl_->final_norm)
     for (Parameter* p : impl_->final_norm->parameters()) out.push_back(p);
   if (impl_->output_weight) out.push_back(&*impl_->output_weight);
+  if (impl_->mtp_embedding) out.push_back(&*impl_->mtp_embedding);
+  for (auto& layer : impl_->mtp)
+    for (Parameter* p : layer->parameters()) out.push_back(p);
   return out;
 }
+
+const Tensor& GPTModel::mtp_loss_sums() const { return impl_->mtp_loss_sums; }
+void GPTModel::reset_mtp_loss_sums() { impl_->mtp_loss_sums = Tensor(); }
 
 void GPTModel::set_training(bool training) { impl_->env.training = training; }
 void GPTModel::set_moe_loss_scale(double scale) { impl_->env.moe_loss_scale = scale; }
 
 GPTModel::MoEStatistics GPTModel::moe_statistics() const {
   MoEStatistics out;
-  for (const auto& layer : impl_->layers) {
-    model::MoELayer* moe = layer->moe();
+  std::vector<model::MoELayer*> moes;
+  for (const auto& layer : impl_->layers) moes.push_back(layer->moe());
+  for (const auto& layer : impl_->mtp) moes.push_back(layer->moe());
+  for (model::MoELayer* moe : moes) {
     if (moe == nullptr) continue;
     const model::MoEStats& s = moe->stats();
     out.aux_loss += s.aux_loss + s.seq_aux_loss;
@@ -248,8 +316,11 @@ GPTModel::MoEStatistics GPTModel::moe_statistics() const {
 }
 
 void GPTModel::reset_moe_statistics() {
-  for (auto& layer : impl_->layers)
-    if (model::MoELayer* moe = layer->moe()) {
+  std::vector<model::MoELayer*> moes;
+  for (const auto& layer : impl_->layers) moes.push_back(layer->moe());
+  for (const auto& layer : impl_->mtp) moes.push_back(layer->moe());
+  for (model::MoELayer* moe : moes)
+    if (moe != nullptr) {
       model::MoEStats& s = moe->stats();
       const std::size_t n = s.tokens_per_expert.size();
       s = model::MoEStats{};
@@ -260,6 +331,9 @@ void GPTModel::reset_moe_statistics() {
 std::vector<Parameter*> GPTModel::router_buffers() {
   std::vector<Parameter*> out;
   for (auto& layer : impl_->layers)
+    if (model::MoELayer* moe = layer->moe(); moe != nullptr && moe->gate.bias.value.defined())
+      out.push_back(&moe->gate.bias);
+  for (auto& layer : impl_->mtp)  // after the chunk's layers (the trainer's metrics read those first)
     if (model::MoELayer* moe = layer->moe(); moe != nullptr && moe->gate.bias.value.defined())
       out.push_back(&moe->gate.bias);
   return out;
@@ -274,24 +348,33 @@ void GPTModel::update_router_bias(const std::vector<GPTModel*>& chunks, Communic
   // tokens (dp, cp, the tp shards under sp; every pipeline stage its own layers). Ranks that see
   // the same tokens (tp without sp) count them alike, which scales every expert's load and the
   // mean the same: the sign does not change. Integers, so the sum is exact in any order.
-  Tensor load = Tensor::zeros({c.num_layers * E}, DType::I64);
+  // The MTP layers continue the numbering (layers num_layers .. num_layers + D - 1).
+  Tensor load = Tensor::zeros({(c.num_layers + c.mtp_num_layers) * E}, DType::I64);
+  const auto each_moe = [&](auto&& fn) {
+    for (GPTModel* chunk : chunks) {
+      for (int i = 0; i < chunk->spec_.num_layers; ++i)
+        if (model::MoELayer* moe = chunk->impl_->layers[static_cast<std::size_t>(i)]->moe())
+          fn(*moe, chunk->spec_.first_layer + i);
+      for (std::size_t k = 0; k < chunk->impl_->mtp.size(); ++k)
+        if (model::MoELayer* moe = chunk->impl_->mtp[k]->moe()) fn(*moe, c.num_layers + static_cast<int>(k));
+    }
+  };
   int64_t* l = load.data<int64_t>();
-  for (GPTModel* chunk : chunks)
-    for (int i = 0; i < chunk->spec_.num_layers; ++i)
-      if (model::MoELayer* moe = chunk->impl_->layers[static_cast<std::size_t>(i)]->moe())
-        std::copy(moe->gate.load().begin(), moe->gate.load().end(), l + (chunk->spec_.first_layer + i) * E);
+  each_moe([&](model::MoELayer& moe, int layer) {
+    std::copy(moe.gate.load().begin(), moe.gate.load().end(), l + layer * E);
+  });
   world.all_reduce(load);
   l = load.data<int64_t>();
-  for (GPTModel* chunk : chunks)
-    for (int i = 0; i < chunk->spec_.num_layers; ++i)
-      if (model::MoELayer* moe = chunk->impl_->layers[static_cast<std::size_t>(i)]->moe()) {
-        const int64_t* mine = l + (chunk->spec_.first_layer + i) * E;
-        moe->gate.update_bias(std::vector<int64_t>(mine, mine + E));
-      }
+  each_moe([&](model::MoELayer& moe, int layer) {
+    const int64_t* mine = l + layer * E;
+    moe.gate.update_bias(std::vector<int64_t>(mine, mine + E));
+  });
 }
 
 void GPTModel::reset_router_load() {
   for (auto& layer : impl_->layers)
+    if (model::MoELayer* moe = layer->moe()) std::fill(moe->gate.load().begin(), moe->gate.load().end(), 0);
+  for (auto& layer : impl_->mtp)
     if (model::MoELayer* moe = layer->moe()) std::fill(moe->gate.load().begin(), moe->gate.load().end(), 0);
 }
 
@@ -316,6 +399,12 @@ std::vector<std::vector<Parameter*>> GPTModel::units() {
   if (impl_->final_norm) {
     out.push_back(impl_->final_norm->parameters());
     if (impl_->output_weight) out.back().push_back(&*impl_->output_weight);
+  }
+  for (std::size_t k = 0; k < impl_->mtp.size(); ++k) {
+    std::vector<Parameter*>& unit = out.emplace_back();
+    // The embedding's copy (if any) goes with the first MTP layer, which reads it first.
+    if (k == 0 && impl_->mtp_embedding) unit.push_back(&*impl_->mtp_embedding);
+    for (Parameter* p : impl_->mtp[k]->parameters()) unit.push_back(p);
   }
   return out;
 }
@@ -473,7 +562,147 @@ Tensor GPTModel::forward(const Tensor& input, const Tensor& targets, Activations
     ops::bias_backward(losses.view({n, 1}), total);
   }
   m.unit(UnitPhase::AfterForward, output_params);
+  // Evaluation reports the main loss only: the MTP layers run when training.
+  if (!m.mtp.empty() && env.training) m.mtp_forward(x, targets, act, packed);
   return total;
+}
+
+MTPTargets mtp_targets(const Tensor& targets, int depths) {
+  PARALLEL_CHECK(targets.dim() == 2 && targets.dtype() == DType::I32 && depths >= 1,
+                 "mtp_targets: targets {} must be [b, S] int32, depths {} >= 1", targets.str(), depths);
+  const int64_t b = targets.size(0), S = targets.size(1), D = depths;
+  MTPTargets out;
+  if (targets.device().is_meta()) {
+    out.targets = Tensor::empty({D, b, S}, DType::I32, targets.device());
+    out.mask = Tensor::empty({D, b, S}, DType::F32, targets.device());
+    return out;
+  }
+  PARALLEL_CHECK(targets.device().is_cpu(), "mtp_targets: targets {} must be on the host", targets.str());
+  out.targets = Tensor::zeros({D, b, S}, DType::I32);
+  out.mask = Tensor::zeros({D, b, S}, DType::F32);
+  const Tensor t = targets.contiguous();
+  const int32_t* in = t.data<int32_t>();
+  int32_t* shifted = out.targets.data<int32_t>();
+  float* mask = out.mask.data<float>();
+  for (int64_t k = 1; k <= D; ++k)
+    for (int64_t e = 0; e < b; ++e)
+      for (int64_t i = 0; i + k < S; ++i) {
+        const int64_t at = ((k - 1) * b + e) * S + i;
+        shifted[at] = in[e * S + i + k];
+        mask[at] = 1.0f;
+      }
+  return out;
+}
+
+void GPTModel::Impl::mtp_forward(const Tensor& h0, const Tensor& targets, Saved& act,
+                                 const PackedSequence& packed) {
+  const int64_t D = static_cast<int64_t>(mtp.size());
+  // A loss mask or documents would have to shift with each depth (validate_config refuses them).
+  PARALLEL_CHECK(!packed.loss_mask.defined() && !packed.doc_start.defined() && !packed.positions.defined(),
+                 "GPTModel: multi-token prediction does not shift loss masks or documents yet");
+  Tensor shifted = packed.mtp_targets, mask = packed.mtp_mask;
+  if (!shifted.defined()) {
+    PARALLEL_CHECK(env.cp_size() == 1,
+                   "GPTModel: multi-token prediction under context parallelism needs the micro-batch's "
+                   "PackedSequence::mtp_targets, cut from the whole sequence");
+    const Device dev = targets.device();
+    const bool host = dev.is_cpu() || dev.is_meta();
+    MTPTargets t = mtp_targets(host ? targets : targets.to(Device::cpu()), static_cast<int>(D));
+    shifted = host ? t.targets : t.targets.to(dev);
+    mask = host ? t.mask : t.mask.to(dev);
+  }
+  PARALLEL_CHECK(shifted.dim() == 3 && shifted.size(0) == D && shifted.size(1) == act.batch &&
+                     shifted.size(2) == act.seq && mask.defined() && mask.shape() == shifted.shape(),
+                 "GPTModel: mtp targets {} and mask {} must be [D, b, s] = [{}, {}, {}]", shifted.str(),
+                 mask.str(), D, act.batch, act.seq);
+  if (!mtp_loss_sums.defined()) mtp_loss_sums = Tensor::zeros({D}, DType::F32, h0.device());
+  const std::size_t depths = mtp.size();
+  act.mtp.resize(depths);
+  act.mtp_norm.resize(depths);
+  act.mtp_output.resize(depths);
+  act.mtp_loss.resize(depths);
+  act.mtp_mask.resize(depths);
+  const int64_t n = act.seq * act.batch;
+  Tensor h = h0;
+  for (std::size_t k = 0; k < depths; ++k) {
+    const auto params = [&] { return mtp_params(k); };
+    unit(UnitPhase::BeforeForward, params);
+    if (k == 0 && mtp_embedding) use(*mtp_embedding);
+    for (Parameter* p : mtp[k]->parameters()) use(*p);
+    // Depth k + 1 embeds t_{i+k+1}: the targets at depth 1, then the previous depth's targets.
+    const Tensor tokens = k == 0 ? targets : shifted.select(static_cast<int64_t>(k) - 1);
+    model::MTPLayer::Context& ctx = act.mtp[k];
+    ctx.layer.positions = packed.positions;
+    ctx.layer.doc_start = packed.doc_start;
+    ctx.layer.layout = packed.layout;
+    h = mtp[k]->forward(h, ctx, tokens, act.micro_batch);
+    const Tensor y = mtp[k]->norm.forward(h, act.mtp_norm[k]);
+    const Tensor logits = output->forward(y, act.mtp_output[k]);  // [s, b, Vp/tp]
+    const int64_t v_local = logits.size(-1);
+    const Tensor losses = tp::vocab_parallel_cross_entropy(
+        *env.tp, logits.view({n, v_local}), targets_sb(shifted.select(static_cast<int64_t>(k))),
+        env.tp->rank() * v_local, env.config->vocab_size, act.mtp_loss[k]);
+    act.mtp_mask[k] = mask_sb(mask.select(static_cast<int64_t>(k)));
+    Tensor sum = mtp_loss_sums.narrow(0, static_cast<int64_t>(k), 1).view({1, 1});
+    ops::gemm(losses.view({1, n}), false, act.mtp_mask[k].view({n, 1}), false, sum, 1.0f, 1.0f);
+    unit(UnitPhase::AfterForward, params);
+  }
+}
+
+// From the last depth back to the first: each depth's loss seeds its output layer and norm, whose
+// input gradient joins the one the next depth's layer passed back.
+Tensor GPTModel::Impl::mtp_backward(const Tensor& grad, Saved& act, model::BackwardMode mode) {
+  if (act.mtp.empty()) return Tensor();
+  const bool fused = mode == model::BackwardMode::Fused;
+  const std::size_t depths = act.mtp.size();
+  const double D = static_cast<double>(depths), S = static_cast<double>(act.seq * env.cp_size());
+  const int64_t n = act.seq * act.batch;
+  Tensor dh;
+  for (std::size_t k = depths; k-- > 0;) {
+    const auto params = [&] { return mtp_params(k); };
+    unit(UnitPhase::BeforeBackward, params);
+    // d(objective)/d(loss_i) of depth k + 1: the main loss's seed times factor / D, over the
+    // B (S - k - 1) targets of the global batch where the main loss has B S.
+    const double depth = static_cast<double>(k + 1);
+    const float weight = static_cast<float>(env.config->mtp_loss_scaling_factor / D * S / (S - depth));
+    Tensor grad_loss = Tensor::zeros({n, 1}, DType::F32, grad.device());
+    ops::gemm(act.mtp_mask[k].view({n, 1}), false, grad.view({1, 1}), false, grad_loss, weight, 0.0f);
+    const Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss.view({n}), act.mtp_loss[k]);
+    const Tensor dy = model::backward_step(*output, dlogits, act.mtp_output[k], mode);
+    Tensor dhk = model::backward_step(mtp[k]->norm, dy, act.mtp_norm[k], mode);
+    if (dh.defined()) ops::add_(dhk, dh);
+    dh = model::backward_step(*mtp[k], dhk, act.mtp[k], mode);
+    if (fused) {
+      for (Parameter* p : mtp[k]->parameters()) ready(*p);
+      if (k == 0 && mtp_embedding) ready(*mtp_embedding);
+    }
+    unit(UnitPhase::AfterBackward, params);
+  }
+  act.mtp_mask.clear();
+  act.mtp_loss.clear();
+  if (fused) {
+    act.mtp.clear();
+    act.mtp_norm.clear();
+    act.mtp_output.clear();
+  }
+  return dh;
+}
+
+// backward_weight()'s part for the MTP layers, in mtp_backward's order.
+void GPTModel::Impl::mtp_backward_weight(Saved& act) {
+  for (std::size_t k = act.mtp.size(); k-- > 0;) {
+    const auto params = [&] { return mtp_params(k); };
+    unit(UnitPhase::BeforeBackward, params);
+    output->backward_weight(act.mtp_output[k]);
+    mtp[k]->norm.backward_weight(act.mtp_norm[k]);
+    mtp[k]->backward_weight(act.mtp[k]);
+    for (Parameter* p : mtp[k]->parameters()) ready(*p);
+    if (k == 0 && mtp_embedding) ready(*mtp_embedding);
+    unit(UnitPhase::AfterBackward, params);
+  }
+  act.mtp.clear();
+  act.mtp_norm.clear();
+  act.mtp_output.clear();
 }
 
 namespace {
@@ -504,6 +733,8 @@ Tensor GPTModel::Impl::walk_backward(const Tensor& grad, Saved& act, bool first,
   if (last) {
     const Tensor grad_loss =
         per_token_loss_grad(grad, act, fused ? "GPTModel::backward" : "GPTModel::backward_input");
+    // The MTP depths first: the output weight's last contribution is then the main loss's.
+    const Tensor dh_mtp = mtp_backward(grad, act, mode);
     const auto params = [&] { return output_params(); };
     unit(UnitPhase::BeforeBackward, params);
     Tensor dlogits = tp::vocab_parallel_cross_entropy_backward(grad_loss, act.loss);
@@ -515,6 +746,7 @@ Tensor GPTModel::Impl::walk_backward(const Tensor& grad, Saved& act, bool first,
     if (fused)
       for (Parameter* p : final_norm->parameters()) ready(*p);
     unit(UnitPhase::AfterBackward, params);
+    if (dh_mtp.defined()) ops::add_(dx, dh_mtp);
   } else {
     dx = grad;
   }
@@ -575,6 +807,7 @@ void GPTModel::backward_weight(Activations& activations) {
                  act.micro_batch);
   act.weight_pending = false;
   if (spec_.post_process) {
+    m.mtp_backward_weight(act);
     const auto output_params = [&] { return m.output_params(); };
     m.unit(UnitPhase::BeforeBackward, output_params);
     m.output->backward_weight(act.output);
