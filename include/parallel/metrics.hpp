@@ -46,6 +46,11 @@ struct StepMetrics {
   // (0: every rank moved it alike).
   std::vector<std::vector<float>> moe_expert_bias;
   double moe_expert_bias_spread = 0.0;
+  // model.mtp_num_layers > 0 only (empty: not written): each depth's multi-token prediction loss,
+  // the mean over the global batch's targets inside the sequence (before mtp_loss_scaling_factor),
+  // and their mean, mtp_loss.
+  std::vector<double> mtp_losses;
+  double mtp_loss = 0.0;
 };
 
 // Appends one JSON object per line, each in one write() so a killed run keeps its history and a

@@ -602,10 +602,11 @@ void GPTModel::Impl::mtp_forward(const Tensor& h0, const Tensor& targets, Saved&
                  "GPTModel: multi-token prediction does not shift loss masks or documents yet");
   Tensor shifted = packed.mtp_targets, mask = packed.mtp_mask;
   if (!shifted.defined()) {
-    PARALLEL_CHECK(env.cp_size() == 1,
+    // On meta (the memory plan's synthetic micro-batches) only the shapes matter.
+    const Device dev = targets.device();
+    PARALLEL_CHECK(env.cp_size() == 1 || dev.is_meta(),
                    "GPTModel: multi-token prediction under context parallelism needs the micro-batch's "
                    "PackedSequence::mtp_targets, cut from the whole sequence");
-    const Device dev = targets.device();
     const bool host = dev.is_cpu() || dev.is_meta();
     MTPTargets t = mtp_targets(host ? targets : targets.to(Device::cpu()), static_cast<int>(D));
     shifted = host ? t.targets : t.targets.to(dev);

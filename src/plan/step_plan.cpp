@@ -50,10 +50,16 @@ double model_flops_per_step(const Config& c) {
         mlp += (gated + 1) * h * m.moe_shared_expert_ffn_hidden_size;
     }
     layers += attention_weights + mlp;
+    // Multi-token prediction: each depth a layer of the last one's make-up, eh_proj (2h -> h) and
+    // the output layer.
+    if (i == m.num_layers - 1)
+      layers +=
+          m.mtp_num_layers * (attention_weights + mlp + 2 * h * h + static_cast<double>(m.vocab_size) * h);
   }
   // Per token forward: 2 FLOPs per weight element, causal attention 2 s h per layer (half of the
   // 4 s h of the full score and value products); the output layer V h.
-  const double forward_per_token = 2 * (layers + static_cast<double>(m.vocab_size) * h) + attention_core * L;
+  const double forward_per_token =
+      2 * (layers + static_cast<double>(m.vocab_size) * h) + attention_core * (L + m.mtp_num_layers);
   const double tokens = static_cast<double>(c.train.global_batch_size) * s;
   return 3 * forward_per_token * tokens;
 }

@@ -115,6 +115,21 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const ChunkSpec
       if (m.add_bias) units.push_back(h);
     }
   };
+  // Multi-token prediction (post_process): per depth, the embedding's copy first when the chunk
+  // holds neither the embedding nor a tied output weight, then enorm, hnorm, eh_proj (whole on every
+  // tp rank), a layer of the last layer's make-up and the depth's final norm (GPTModel::units()).
+  auto mtp_units = [&] {
+    if (!spec.post_process) return;
+    for (int k = 1; k <= m.mtp_num_layers; ++k) {
+      if (k == 1 && !m.tie_embeddings && !spec.pre_process) units.push_back(vocab_local * h);
+      norm();
+      norm();
+      units.push_back(2 * h * h);
+      layer_units(m.is_moe_layer(m.num_layers - 1));
+      norm();
+      tag(0);
+    }
+  };
   if (m.num_experts > 0) {
     // Layers differ (moe_layer_freq): every layer exactly.
     for (int i = 0; i < spec.num_layers; ++i) {
@@ -126,6 +141,7 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const ChunkSpec
       if (!(m.tie_embeddings && spec.pre_process)) units.push_back(vocab_local * h);
       tag(0);
     }
+    mtp_units();
     if (next_model_unit) *next_model_unit = unit_id;
     return units;
   }
@@ -154,6 +170,7 @@ std::vector<int64_t> chunk_parameter_units(const ModelConfig& m, const ChunkSpec
     if (!(m.tie_embeddings && spec.pre_process)) units.push_back(vocab_local * h);
     tag(0);
   }
+  mtp_units();
   if (next_model_unit) *next_model_unit = unit_id;
   return units;
 }
@@ -214,6 +231,7 @@ double expert_elements_per_rank(const ModelConfig& m, const ChunkSpec& spec, int
   const double fe1 = m.activation == Activation::SwiGLU ? 2 * fe : fe;
   int moe_layers = 0;
   for (int i = 0; i < spec.num_layers; ++i) moe_layers += m.is_moe_layer(spec.first_layer + i);
+  if (spec.post_process && m.is_moe_layer(m.num_layers - 1)) moe_layers += m.mtp_num_layers;  // MTP layers
   return moe_layers * static_cast<double>(m.num_experts / ep) * (fe1 + fe) / etp * m.hidden_size;
 }
 
@@ -228,6 +246,9 @@ double chunk_gemm_weight_elements(const ModelConfig& m, const ChunkSpec& spec, i
   const double f1 = m.activation == Activation::SwiGLU ? 2 * f : f;
   double elements = spec.num_layers * ((nq + 2 * nkv) * h + h * nq + f1 * h + h * f);
   if (spec.post_process) elements += static_cast<double>(padded_vocab_size(m.vocab_size, tp)) / tp * h;
+  // Multi-token prediction: each depth's eh_proj and layer (the output weight is packed once).
+  if (spec.post_process)
+    elements += m.mtp_num_layers * (2 * h * h + (nq + 2 * nkv) * h + h * nq + f1 * h + h * f);
   return elements;
 }
 

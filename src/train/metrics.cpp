@@ -40,8 +40,13 @@ double model_flops_per_token(const ModelConfig& m) {
   double moe_layers = 0;
   for (int i = 0; i < m.num_layers; ++i) moe_layers += m.is_moe_layer(i);
   const double ffn_weights = (L - moe_layers) * mlp_weights + moe_layers * moe_weights;
-  const double forward = 2.0 * (L * attn_weights + ffn_weights + h * V)  // matmuls with weights
-                         + L * 2.0 * s * heads * (dqk + dv);             // q·kᵀ and p·v
+  double forward = 2.0 * (L * attn_weights + ffn_weights + h * V)  // matmuls with weights
+                   + L * 2.0 * s * heads * (dqk + dv);             // q·kᵀ and p·v
+  // Multi-token prediction: per depth eh_proj (2h -> h), a layer of the last one's make-up, the
+  // output layer and its attention.
+  const double last_ffn = m.is_moe_layer(m.num_layers - 1) ? moe_weights : mlp_weights;
+  forward += m.mtp_num_layers *
+             (2.0 * (2.0 * h * h + attn_weights + last_ffn + h * V) + 2.0 * s * heads * (dqk + dv));
   return 3.0 * forward;
 }
 
@@ -79,6 +84,12 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
   if (!m.moe_expert_bias.empty()) {
     j["moe_expert_bias"] = m.moe_expert_bias;
     j["moe_expert_bias_spread"] = number(m.moe_expert_bias_spread);
+  }
+  if (!m.mtp_losses.empty()) {
+    j["mtp_loss"] = number(m.mtp_loss);
+    nlohmann::json depths = nlohmann::json::array();
+    for (double l : m.mtp_losses) depths.push_back(number(l));
+    j["mtp_losses"] = depths;
   }
   return out_.append(j.dump());
 }

@@ -114,6 +114,11 @@ std::vector<Scalar> train_scalars(const StepMetrics& m) {
       out.push_back(
           {fmt::format("moe_tokens_per_expert/{}", e), static_cast<double>(m.moe_tokens_per_expert[e])});
   }
+  if (!m.mtp_losses.empty()) {
+    out.push_back({"mtp_loss", m.mtp_loss});
+    for (std::size_t k = 0; k < m.mtp_losses.size(); ++k)
+      out.push_back({fmt::format("mtp_loss/{}", k + 1), m.mtp_losses[k]});
+  }
   return out;
 }
 

@@ -233,6 +233,7 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
     const RunFingerprint first = fingerprint();
     for (auto& chunk : chunks_) {  // counted once, from the re-run
       chunk->reset_moe_statistics();
+      chunk->reset_mtp_loss_sums();
       chunk->reset_router_load();
     }
     forward_backward();

@@ -350,6 +350,20 @@ struct Trainer::Impl {
       if (m.doc_start.defined() && documents) out.packed.doc_start = m.doc_start.to(dev);
       if (m.loss_mask.defined() && data.options().dataset.masks_loss())
         out.packed.loss_mask = slice(m.loss_mask).to(dev);
+      // Multi-token prediction: each depth's targets cut from the whole sequence, then sliced like
+      // the targets (a cp rank's last positions predict tokens another rank holds).
+      if (cfg.model.mtp_num_layers > 0) {
+        const MTPTargets t = mtp_targets(m.targets, cfg.model.mtp_num_layers);
+        const int64_t rows = t.targets.size(0) * t.targets.size(1), S = t.targets.size(2);
+        const auto slice_depths = [&](const Tensor& x) {
+          return slice(x.view({rows, S}))
+              .contiguous()
+              .view({t.targets.size(0), t.targets.size(1), -1})
+              .to(dev);
+        };
+        out.packed.mtp_targets = slice_depths(t.targets);
+        out.packed.mtp_mask = slice_depths(t.mask);
+      }
       return out;
     };
   }
@@ -380,6 +394,33 @@ struct Trainer::Impl {
     s.moe_tokens_per_expert.assign(local.size() - 2, 0);
     for (std::size_t e = 0; e + 2 < local.size(); ++e) s.moe_tokens_per_expert[e] = std::llround(v[2 + e]);
     if (cfg.model.moe_router_expert_bias) expert_bias_metrics(s);
+  }
+
+  // Multi-token prediction's losses of the step: every chunk with the MTP layers holds its
+  // micro-batches' sums per depth (the same on every tp rank: counted by tp rank 0), summed over
+  // the world; depth k's mean is over the B (S - k) targets inside the sequences of the batch.
+  void mtp_metrics(StepMetrics& s) {
+    const int D = cfg.model.mtp_num_layers;
+    std::vector<float> local(static_cast<std::size_t>(D), 0.0f);
+    for (const auto& chunk : train_step->chunks()) {
+      const Tensor& sums = chunk->mtp_loss_sums();
+      if (sums.defined() && !sums.device().is_meta() && state->coord().tp == 0) {
+        const std::vector<float> v = sums.to_float_vector();
+        for (int k = 0; k < D; ++k) local[static_cast<std::size_t>(k)] += v[static_cast<std::size_t>(k)];
+      }
+      chunk->reset_mtp_loss_sums();
+    }
+    Tensor sums = Tensor::from_vector(local, {D});
+    world.all_reduce(sums);
+    const float* v = sums.data<float>();
+    s.mtp_losses.clear();
+    s.mtp_loss = 0.0;
+    for (int k = 0; k < D; ++k) {
+      const double targets = static_cast<double>(cfg.train.global_batch_size) *
+                             static_cast<double>(cfg.model.seq_length - (k + 1));
+      s.mtp_losses.push_back(static_cast<double>(v[k]) / targets);
+      s.mtp_loss += s.mtp_losses.back() / D;
+    }
   }
 
   // Every MoE layer's expert bias, from the ranks that hold it: the largest and the smallest value
@@ -845,6 +886,7 @@ int64_t Trainer::train() {
     s.mem_peak_bytes = maxima.data<int64_t>()[1];
     s.loss_scale = m.train_step->optimizer().loss_scaler() ? result.loss_scale : 0.0;
     if (c.model.num_experts > 0) m.moe_metrics(s, batches_per_step);
+    if (c.model.mtp_num_layers > 0) m.mtp_metrics(s);
     m.history.push_back(s);
 
     const bool stop = verdict.action == GuardVerdict::Action::Stop || !too_many.empty();
