@@ -264,6 +264,15 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.activation=swiglu", "model.ffn_hidden_size=176", "model.normalization=rmsnorm",
                 "model.position_embedding=rope", "model.tie_embeddings=false", "model.add_bias=false",
                 "train.global_batch_size=32"}},
+        // Multi-token prediction: two MTP depths on the last stage (their units, the embedding's
+        // copy of an untied model), the distributed optimizer over them.
+        Layout{"tp2_sp_pp2_mla_mtp",
+               {"parallel.tensor=2", "parallel.sequence_parallel=true", "parallel.pipeline=2",
+                "model.attention=mla", "model.q_lora_rank=32", "model.kv_lora_rank=24",
+                "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=8", "model.v_head_dim=12",
+                "model.activation=swiglu", "model.ffn_hidden_size=176", "model.normalization=rmsnorm",
+                "model.position_embedding=rope", "model.tie_embeddings=false", "model.add_bias=false",
+                "model.mtp_num_layers=2", "optimizer.distributed=true", "train.global_batch_size=32"}},
         Layout{"cp2_dp2_mla_distributed",
                {"parallel.context=2", "model.attention=mla", "model.kv_lora_rank=24",
                 "model.qk_nope_head_dim=16", "model.qk_rope_head_dim=8", "model.v_head_dim=12",
