@@ -2,10 +2,11 @@
 # Multi-token prediction through the trainer (configs/mla_tiny.yaml with model.mtp_num_layers 2;
 # docs/model.md, "Multi-token prediction"): every layout logs one rank's losses (the main loss and
 # the MTP loss) and gradient norms, fp32 relative 1e-5, 6 steps:
-#   tp 2 + sp; cp 2 with p2p, a2a and allgather (each depth's targets cut from the whole sequence);
+#   tp 2 with and without sp; cp 2 with p2p, a2a and allgather (each depth's targets cut from the whole sequence);
 #   pp 2 with 1F1B and zb-v (the MTP layers on the stage that computes the loss, rank 0 of the V,
 #   the embedding's gradient summed with the first stage's, untied and tied); dp 2 with ZeRO-3
-#   (optimizer.sharding optim_grads_params); and bf16 at tp 2 + sp and pp 2 (tolerance below).
+#   (optimizer.sharding optim_grads_params); full recompute at tp 2 + sp, selective at pp 2; and bf16
+#   at tp 2 + sp and pp 2 (tolerance below).
 #   A DeepSeek-V3-like MoE model (MTP layers with the last layer's MoE) at ep 2 x etp 2 and
 #   pp 2 x ep 2.
 # Checkpoints: 3 steps at pp 2 saved, resumed on one rank to step 6 equal the uninterrupted run
@@ -51,12 +52,15 @@ n=$(fields ref | wc -l)
 grep -q '"mtp_losses":\[[^],]*,[^],]*\]' "$work/ref/metrics.jsonl" ||
   { echo "ref: metrics.jsonl has no mtp_losses of two depths"; exit 1; }
 for layout in "tp2_sp 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true" \
+  "tp2 2 --set parallel.tensor=2" \
   "cp2_p2p 2 --set parallel.context=2 --set parallel.context_comm=p2p" \
   "cp2_a2a 2 --set parallel.context=2 --set parallel.context_comm=a2a" \
   "cp2_allgather 2 --set parallel.context=2 --set parallel.context_comm=allgather" \
   "pp2_1f1b 2 --set parallel.pipeline=2 --set parallel.pipeline_schedule=1f1b" \
   "pp2_zbv 2 --set parallel.pipeline=2 --set parallel.virtual_stages=2 --set parallel.pipeline_schedule=zb-v" \
-  "dp2_zero3 2 --set optimizer.sharding=optim_grads_params"; do
+  "dp2_zero3 2 --set optimizer.sharding=optim_grads_params" \
+  "tp2_sp_full 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set train.recompute=full" \
+  "pp2_selective 2 --set parallel.pipeline=2 --set train.recompute=selective"; do
   read -r -a args <<<"$layout"
   run "${args[@]}"
   compare ref "${args[0]}" 1e-5
