@@ -29,6 +29,11 @@ struct StepMetrics {
   double peak_flops_per_rank = 0.0;  // the peak MFU is measured against (FLOP/s); 0: unknown
   double loss_scale = 0.0;           // fp16 only; 0 otherwise
   int64_t host_reads = 0;            // host reads of tensor values this step, max over ranks (tensor.hpp)
+  // Bytes moved by whole-tensor dtype conversions this step (conversion_passes.hpp), and the
+  // process's minor page faults during the step (getrusage), each the largest over the ranks: after
+  // the first steps both should be 0 (test_step_conversions).
+  int64_t conversion_bytes = 0;
+  int64_t minor_faults = 0;
   int64_t mem_peak_bytes = 0;  // allocator high-water mark since start, max over ranks (memory_plan.hpp)
   bool skipped = false;        // the update was skipped (skip_reason says why)
   std::string skip_reason;     // "overflow" (fp16), "nonfinite" or "spike" (training_guard.hpp)

@@ -8,6 +8,7 @@
 
 #include "cuda_backend.hpp"
 #include "parallel/allocator.hpp"
+#include "parallel/conversion_passes.hpp"
 #include "parallel/meta.hpp"
 
 namespace parallel {
@@ -21,6 +22,14 @@ int64_t shape_numel(const Shape& s) {
 }
 
 namespace {
+
+std::atomic<int64_t> g_conversion_passes{0}, g_conversion_elements{0}, g_conversion_bytes{0};
+
+void count_conversion_pass(int64_t elements, std::size_t bytes_per_element) {
+  g_conversion_passes.fetch_add(1, std::memory_order_relaxed);
+  g_conversion_elements.fetch_add(elements, std::memory_order_relaxed);
+  g_conversion_bytes.fetch_add(elements * static_cast<int64_t>(bytes_per_element), std::memory_order_relaxed);
+}
 
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
@@ -359,6 +368,7 @@ void Tensor::copy_(const Tensor& src, Stream stream) {
   PARALLEL_CHECK(shape_ == src.shape_, "copy_: shape {} from {}", shape_str(shape_), shape_str(src.shape_));
   if (numel() == 0) return;
   if (device_.is_meta() || src.device_.is_meta()) return meta::copy(*this, src);
+  if (dtype_ != src.dtype_) count_conversion_pass(numel(), dtype_size(src.dtype_) + dtype_size(dtype_));
   if (device_.is_cpu() && src.device_.is_cpu()) return copy_host(*this, src);
 
   // Across devices or on a GPU: bytes move contiguously or as one 2-D copy (a narrowed view on
@@ -440,6 +450,12 @@ void Tensor::fill_(double value, Stream stream) {
 namespace {
 std::atomic<int64_t> g_host_reads{0};
 }  // namespace
+
+ConversionPasses conversion_passes() {
+  return {g_conversion_passes.load(std::memory_order_relaxed),
+          g_conversion_elements.load(std::memory_order_relaxed),
+          g_conversion_bytes.load(std::memory_order_relaxed)};
+}
 
 int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }
 void count_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }

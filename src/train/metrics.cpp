@@ -67,6 +67,8 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
                       {"mfu", number(m.mfu)},
                       {"peak_flops_per_rank", number(m.peak_flops_per_rank)},
                       {"host_reads", m.host_reads},
+                      {"conversion_bytes", m.conversion_bytes},
+                      {"minor_faults", m.minor_faults},
                       {"mem_peak_bytes", m.mem_peak_bytes}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.skipped) {

@@ -1,5 +1,7 @@
 #include "parallel/trainer.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include "parallel/blended_dataset.hpp"
 #include "parallel/checkpoint.hpp"
 #include "parallel/context_parallel.hpp"
+#include "parallel/conversion_passes.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/finalize_grads.hpp"
 #include "parallel/gpt_dataset.hpp"
@@ -41,6 +44,15 @@ namespace parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The process's minor page faults so far: a fault inside a step after the first means the step
+// touched a page it had not touched before (a buffer newly mapped, or handed back to the OS and
+// mapped again).
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
 
 // Dense peak of the GPUs we know, per precision: fp32 runs use fp32 CUDA cores (no TF32), bf16 and
 // fp16 the tensor cores (the figures NVIDIA publishes for the SXM parts, without sparsity).
@@ -827,6 +839,8 @@ int64_t Trainer::train() {
     const auto start = Clock::now();
     const double waited_before = comm_wait_seconds();
     const int64_t reads_before = host_reads();
+    const int64_t converted_before = conversion_passes().bytes;
+    const long faults_before = minor_faults();
     const int64_t t = m.step;  // 0-based index of this step's global batch
     const double lr = m.lr->lr(static_cast<int>(t));
     const double injected = m.fault.factor_at(t + 1, m.world.rank());
@@ -855,9 +869,11 @@ int64_t Trainer::train() {
     if (result.overflow) verdict = m.guard->check(loss, 0.0, false);
     const std::string too_many = m.guard->record(verdict, !result.skipped, loss, result.grad_norm);
     // Host reads of this step and the allocator's peak so far, each the largest over the ranks.
-    Tensor maxima = Tensor::zeros({2}, DType::I64);
+    Tensor maxima = Tensor::zeros({4}, DType::I64);
     maxima.data<int64_t>()[0] = host_reads() - reads_before;
     maxima.data<int64_t>()[1] = m.measured_peak();
+    maxima.data<int64_t>()[2] = conversion_passes().bytes - converted_before;
+    maxima.data<int64_t>()[3] = minor_faults() - faults_before;
     m.world.all_reduce(maxima, ReduceOp::Max);
     const int64_t reads = maxima.data<int64_t>()[0];
     ++m.step;
@@ -884,6 +900,8 @@ int64_t Trainer::train() {
     s.nonfinite_steps = m.guard->nonfinite_steps();
     s.host_reads = reads;
     s.mem_peak_bytes = maxima.data<int64_t>()[1];
+    s.conversion_bytes = maxima.data<int64_t>()[2];
+    s.minor_faults = maxima.data<int64_t>()[3];
     s.loss_scale = m.train_step->optimizer().loss_scaler() ? result.loss_scale : 0.0;
     if (c.model.num_experts > 0) m.moe_metrics(s, batches_per_step);
     if (c.model.mtp_num_layers > 0) m.mtp_metrics(s);
