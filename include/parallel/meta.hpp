@@ -20,8 +20,9 @@
 //   - Mixing meta with CPU or CUDA tensors in one op is the usual "on different devices" error.
 //
 // Workspace: the kernels' own transient allocations are those of this build's CPU kernels
-// (ops.cpp: attention's tiles and scratch, ops::attention_workspace_bytes; 16-bit GEMMs widened to
-// fp32 where oneDNN has no kernel for the dtype); a CUDA target's workspaces are not modelled yet.
+// (ops.cpp: attention's tiles and scratch, ops::attention_workspace_bytes; a 16-bit GEMM without a
+// oneDNN kernel widens tile by tile into the kernels' thread-local scratch, kernels/cpu/widen.hpp,
+// which no tensor allocator sees); a CUDA target's workspaces are not modelled yet.
 //
 // FLOPs are model FLOPs of the op as written (a GEMM 2 m n k; causal attention half of the full
 // score and value products; element-wise ops a small per-element count given in ops.cpp): a cost

@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -148,24 +149,6 @@ std::optional<dnnl::matmul> make_matmul(const GemmKey& key, const dnnl::engine& 
   }
 }
 
-void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
-               int64_t k, float alpha, float beta);
-
-// 16-bit operands without a oneDNN implementation: widen a, b (and c when it is 16-bit) to fp32,
-// run the fp32 product, narrow c back.
-void widened_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
-                  float beta) {
-  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
-  // Widened copies from the library's (caching) allocator: no fresh pages per call.
-  const Tensor A = a.to(DType::F32), B = b.to(DType::F32);
-  if (c.dtype() == DType::F32)
-    return fp32_gemm(A.data<float>(), trans_a, B.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
-                     beta);
-  Tensor C = beta != 0.0f ? c.to(DType::F32) : Tensor::empty(c.shape(), DType::F32);
-  fp32_gemm(A.data<float>(), trans_a, B.data<float>(), trans_b, C.data<float>(), m, n, k, alpha, beta);
-  c.copy_(C);
-}
-
 // A cached primitive for the key, or nullopt when oneDNN cannot run it.
 std::optional<dnnl::matmul> cached_matmul(const GemmKey& key) {
   DnnlContext& ctx = context();
@@ -227,18 +210,86 @@ void run_matmul(const dnnl::matmul& prim, const GemmKey& key, const void* A, con
   stream.wait();
 }
 
+// `threads`: what the matmul primitive is made for (the key's); 1 inside a parallel region, where
+// oneDNN runs sequentially.
 void fp32_gemm(const float* A, bool trans_a, const float* B, bool trans_b, float* C, int64_t m, int64_t n,
-               int64_t k, float alpha, float beta) {
+               int64_t k, float alpha, float beta, int threads = omp_get_max_threads()) {
   if (!trans_a && !trans_b) {
     dnnl_status_t st = dnnl_sgemm('N', 'N', m, n, k, alpha, A, k, B, n, beta, C, n);
     PARALLEL_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} for [{}, {}] x [{}, {}]",
                    static_cast<int>(st), m, k, k, n);
     return;
   }
-  const GemmKey key{
-      m,          n,         k, trans_a, trans_b, bits_of(alpha), bits_of(beta), omp_get_max_threads(),
-      DType::F32, DType::F32};
+  const GemmKey key{m,       n,          k,         trans_a, trans_b, bits_of(alpha), bits_of(beta),
+                    threads, DType::F32, DType::F32};
   run_matmul(*cached_matmul(key), key, A, B, C);
+}
+
+// 16-bit operands without a oneDNN implementation (fp16 on CPUs without AVX512-FP16, bf16 and
+// fp16 below AVX-512): the product runs in fp32 tile by tile. A tile of c is [kTileM, kTileN] with
+// the whole k: its rows of op(a) and its columns of op(b) are widened into per-thread scratch
+// (kernels/cpu/widen.hpp), the fp32 product (and the bias) runs on them into an fp32 tile, and the
+// tile is narrowed into c (or, for an fp32 c, copied back). No whole operand is ever converted as a
+// pass of its own: each widened block is read by the product right after it is written, while it
+// is still in cache. op(a)'s rows are widened once per row of tiles and op(b)'s columns once per
+// tile, (m k + k n m / kTileM) conversions against 2 m n k flops: under 1 % of the work.
+// Each tile computes the same sums in the same fp32 arithmetic as the whole product, but oneDNN
+// may block k differently for a tile than for the whole matrix, so the last bit of an element can
+// differ from a whole-matrix fp32 product of the widened operands (the op table's tolerances hold).
+constexpr int64_t kTileM = 256, kTileN = 256;
+
+void widened_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+                  float beta, const Tensor* bias = nullptr) {
+  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  const DType at = a.dtype(), bt = b.dtype(), ct = c.dtype();
+  const DType bias_t = bias != nullptr ? bias->dtype() : DType::F32;
+  const char* A = static_cast<const char*>(a.data_ptr());
+  const char* B = static_cast<const char*>(b.data_ptr());
+  const char* bias_p = bias != nullptr ? static_cast<const char*>(bias->data_ptr()) : nullptr;
+  char* C = static_cast<char*>(c.data_ptr());
+  const int64_t as = static_cast<int64_t>(dtype_size(at)), bs = static_cast<int64_t>(dtype_size(bt)),
+                cs = static_cast<int64_t>(dtype_size(ct)), bias_s = static_cast<int64_t>(dtype_size(bias_t));
+  const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
+  // Tiles are independent (each writes its own block of c): one thread per tile, each tile's
+  // product single-threaded (oneDNN runs sequentially inside a parallel region), so the widening is
+  // spread over the threads as the product is.
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int64_t ti = 0; ti < tiles_m; ti++) {
+    for (int64_t tj = 0; tj < tiles_n; tj++) {
+      const int64_t i0 = ti * kTileM, j0 = tj * kTileN;
+      const int64_t tm = std::min(kTileM, m - i0), tn = std::min(kTileN, n - j0);
+      float* Aw = scratch_f32(0, tm * k);   // op(a)[i0:i0+tm, :], in a's orientation
+      float* Bw = scratch_f32(1, k * tn);   // op(b)[:, j0:j0+tn], in b's orientation
+      float* Cw = scratch_f32(2, tm * tn);  // the tile of c, fp32
+      // op(a) = a: rows i0.. of a, one block; op(a) = a^T: columns i0.. of every row of a ([k, tm]).
+      if (!trans_a)
+        widen_to_f32(A + i0 * k * as, at, Aw, tm * k);
+      else
+        for (int64_t kk = 0; kk < k; kk++) widen_to_f32(A + (kk * m + i0) * as, at, Aw + kk * tm, tm);
+      // op(b) = b^T: rows j0.. of b ([tn, k]); op(b) = b: columns j0.. of every row of b ([k, tn]).
+      if (trans_b)
+        widen_to_f32(B + j0 * k * bs, bt, Bw, tn * k);
+      else
+        for (int64_t kk = 0; kk < k; kk++) widen_to_f32(B + (kk * n + j0) * bs, bt, Bw + kk * tn, tn);
+      if (beta != 0.0f)
+        for (int64_t i = 0; i < tm; i++) widen_to_f32(C + ((i0 + i) * n + j0) * cs, ct, Cw + i * tn, tn);
+      if (k == 0) {  // empty sum (gemm_bias only; oneDNN rejects zero-sized operands): beta c + bias
+        for (int64_t i = 0; i < tm * tn; i++) Cw[i] = beta != 0.0f ? beta * Cw[i] : 0.0f;
+        if (bias != nullptr)
+          for (int64_t i = 0; i < tm; i++)
+            for (int64_t j = 0; j < tn; j++) Cw[i * tn + j] += load_f32(bias_p, bias_t, j0 + j);
+      } else if (bias != nullptr) {
+        float* bias_w = scratch_f32(3, tn);
+        widen_to_f32(bias_p + j0 * bias_s, bias_t, bias_w, tn);
+        GemmKey key{tm, tn, k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), 1, DType::F32, DType::F32};
+        key.bias = DType::F32;
+        run_matmul(*cached_matmul(key), key, Aw, Bw, Cw, bias_w);
+      } else {
+        fp32_gemm(Aw, trans_a, Bw, trans_b, Cw, tm, tn, k, alpha, beta, 1);
+      }
+      for (int64_t i = 0; i < tm; i++) narrow_from_f32(Cw + i * tn, ct, C + ((i0 + i) * n + j0) * cs, tn);
+    }
+  }
 }
 
 // 16-bit weights only: oneDNN re-lays a 16-bit b out in pairs along k on every call, which a
@@ -294,10 +345,8 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
     add_bias(c, bias);
     return;
   }
-  // 16-bit without a oneDNN kernel: the whole product and the bias in fp32, then one rounding.
-  Tensor C = Tensor::empty(c.shape(), DType::F32);
-  gemm_bias(a.to(DType::F32), trans_a, b.to(DType::F32), trans_b, bias.to(DType::F32), C);
-  c.copy_(C);
+  // 16-bit without a oneDNN kernel: the product and the bias in fp32, tile by tile, then one rounding.
+  widened_gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, &bias);
 }
 
 std::string gemm_implementation(DType operands) {

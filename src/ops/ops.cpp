@@ -131,15 +131,6 @@ void check_1d(const char* op, const Tensor& w, const char* wn) {
 // ---- dense algebra ----------------------------------------------------------------------------
 
 namespace {
-// Meta (meta.hpp): the fp32 copies the CPU GEMM makes of 16-bit operands where oneDNN has no kernel
-// for their dtype (kernels/cpu/gemm.cpp, widened_gemm and gemm_bias): a, b, a 16-bit c and the bias.
-int64_t widened_gemm_bytes(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& bias) {
-  if (a.dtype() == DType::F32 || cpu::native_gemm(a.dtype())) return 0;
-  auto widened = [](const Tensor& t) { return t.defined() && t.dtype() != DType::F32 ? t.numel() : 0; };
-  const bool narrow_c = c.dtype() != DType::F32;  // gemm_bias widens its bias only then
-  return 4 * (widened(a) + widened(b) + widened(c) + (narrow_c ? widened(bias) : 0));
-}
-
 // a, b, c 2-D with op(a) [M, K] @ op(b) [K, N] -> c [M, N].
 void check_gemm_shapes(const char* op, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                        const Tensor& c) {
@@ -162,7 +153,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (k.device.is_meta())
     return meta::record_op(
         "gemm", 2.0 * static_cast<double>(c.numel()) * static_cast<double>(trans_a ? a.size(0) : a.size(1)),
-        {&a, &b}, {&c}, widened_gemm_bytes(a, b, c, Tensor()));
+        {&a, &b}, {&c});
   if (k.device.is_cuda()) {
     PARALLEL_ON_CUDA(gemm(a, trans_a, b, trans_b, c, alpha, beta, stream));
   }
@@ -179,7 +170,7 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
     return meta::record_op(
         "gemm_bias",
         (2.0 * static_cast<double>(trans_a ? a.size(0) : a.size(1)) + 1.0) * static_cast<double>(c.numel()),
-        {&a, &b, &bias}, {&c}, widened_gemm_bytes(a, b, c, bias));
+        {&a, &b, &bias}, {&c});
   }
   if (k.device.is_cuda()) {
     // No fused epilogue on this path yet: the product, then the bias (both checked by their ops).
