@@ -20,6 +20,7 @@
 #include "cpu/attention_tiles.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/vec_math.hpp"
+#include "cpu/widen.hpp"
 #include "parallel/error.hpp"
 #include "parallel/tensor.hpp"
 
@@ -180,27 +181,40 @@ void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t
   }
 }
 
+// The same from rows of `dt` (row_stride in elements): each 16-bit row is widened on the way.
+void transpose_block(float* __restrict kT, const char* rows, DType dt, int64_t row_stride, int64_t cols,
+                     int64_t d) {
+  if (dt == DType::F32) return transpose_block(kT, reinterpret_cast<const float*>(rows), row_stride, cols, d);
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  float* r = scratch_f32(7, d);
+  for (int64_t j = 0; j < cols; j++) {
+    widen_to_f32(rows + j * row_stride * es, dt, r, d);
+    for (int64_t kk = 0; kk < d; kk++) kT[kk * kBc + j] = r[kk];
+  }
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionBounds& mask, float softmax_scale) {
   if (attention_bf16_supported(q.dtype(), q.size(3)) && v.size(3) == q.size(3))
     return attention_forward_bf16(q, k, v, out, lse, mask, softmax_scale);
-  if (q.dtype() != DType::F32) {
-    // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): widened whole, computed in fp32, the output
-    // narrowed once. The tiles are what a fused 16-bit kernel would widen; doing it up front costs one fp32
-    // copy of q, k, v per call (docs/benchmarks.md lists it among the known costs).
-    Tensor o32 = Tensor::empty(out.shape(), DType::F32);
-    attention_forward(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), o32, lse, mask, softmax_scale);
-    out.copy_(o32);
-    return;
-  }
+  // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): the fp32 kernel below, reading and
+  // writing 16-bit rows. Each task widens the query rows of its block, each key tile is widened as it
+  // is transposed and each value tile into thread-local scratch (widen.hpp), and the output rows are
+  // narrowed as they are written: the same fp32 arithmetic as on fp32 inputs, no whole-tensor copy.
+  const DType dt = q.dtype();
+  const bool wide = dt != DType::F32;
+  PARALLEL_CHECK(k.dtype() == dt && v.dtype() == dt && out.dtype() == dt,
+                 "attention_forward: q, k, v and out must share a dtype (q {}, k {}, v {}, out {})",
+                 dtype_name(dt), dtype_name(k.dtype()), dtype_name(v.dtype()), dtype_name(out.dtype()));
   const Dims x = attention_dims(q, k, v);
   if (x.sq == 0 || x.B == 0 || x.hq == 0) return;
-  const float* Q = q.data<float>();
-  const float* K = k.data<float>();
-  const float* V = v.data<float>();
-  float* O = out.data<float>();
+  const char* Q = static_cast<const char*>(q.data_ptr());
+  const char* K = static_cast<const char*>(k.data_ptr());
+  const char* V = static_cast<const char*>(v.data_ptr());
+  char* O = static_cast<char*>(out.data_ptr());
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
   float* L = lse.data<float>();
   const int64_t ldq = x.B * x.hq * x.d;  // stride between consecutive positions of one head
   const int64_t ldk = x.B * x.hkv * x.d;
@@ -232,9 +246,18 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           const int64_t i0 = (nqb - 1 - qb_rev) * kBr;
           const int64_t rows = std::min(kBr, x.sq - i0);
           const int64_t hk = h / x.group;
-          const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
-          const float* k_head = K + b * x.hkv * d + hk * d;
-          const float* v_head = V + b * x.hkv * dv + hk * dv;
+          // The query block: in place for fp32, else its rows widened ([rows, d]).
+          const float* q_blk = reinterpret_cast<const float*>(Q + ((i0 * x.B + b) * x.hq * d + h * d) * es);
+          int64_t ldq_blk = ldq;
+          if (wide) {
+            float* qw = scratch_f32(0, kBr * d);
+            for (int64_t i = 0; i < rows; i++)
+              widen_to_f32(Q + (((i0 + i) * x.B + b) * x.hq * d + h * d) * es, dt, qw + i * d, d);
+            q_blk = qw;
+            ldq_blk = d;
+          }
+          const char* k_head = K + (b * x.hkv * d + hk * d) * es;
+          const char* v_head = V + (b * x.hkv * dv + hk * dv) * es;
 
           std::fill(acc, acc + rows * dv, 0.0f);
           std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
@@ -247,20 +270,32 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           const int64_t key_end = ranges.empty() ? 0 : ranges.hi;
           for (int64_t j0 = ranges.empty() ? 0 : ranges.lo / kBc * kBc; j0 < key_end; j0 += kBc) {
             const int64_t cols = std::min(kBc, key_end - j0);
-            transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
+            transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
             for (int64_t i = 0; i < rows; i++) std::fill(S + i * kBc, S + i * kBc + cols, 0.0f);
-            matmul_acc(S, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
+            matmul_acc(S, kBc, q_blk, ldq_blk, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
             online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, dv);
-            matmul_acc(acc, dv, S, kBc, 1, v_head + j0 * ldv, ldv, rows, dv, cols);  // acc += P V_blk
+            const float* v_blk = reinterpret_cast<const float*>(v_head + j0 * ldv * es);
+            int64_t ldv_blk = ldv;
+            if (wide) {
+              float* vw = scratch_f32(1, kBc * dv);
+              for (int64_t j = 0; j < cols; j++)
+                widen_to_f32(v_head + (j0 + j) * ldv * es, dt, vw + j * dv, dv);
+              v_blk = vw;
+              ldv_blk = dv;
+            }
+            matmul_acc(acc, dv, S, kBc, 1, v_blk, ldv_blk, rows, dv, cols);  // acc += P V_blk
           }
 
+          float* o_row = wide ? scratch_f32(2, dv) : nullptr;
           for (int64_t i = 0; i < rows; i++) {
             // l == 0: the row saw no key (possible for a block of context parallelism): zero
             // output, lse = -inf, which attention_merge and the backward read as "nothing here".
             const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-            float* o = O + ((i0 + i) * x.B + b) * x.hq * dv + h * dv;
+            char* o_at = O + (((i0 + i) * x.B + b) * x.hq * dv + h * dv) * es;
+            float* o = wide ? o_row : reinterpret_cast<float*>(o_at);
             const float* a = acc + i * dv;
             for (int64_t kk = 0; kk < dv; kk++) o[kk] = a[kk] * inv_l;
+            if (wide) narrow_from_f32(o_row, dt, o_at, dv);
             L[(b * x.hq + h) * x.sq + i0 + i] =
                 l[i] > 0.0f ? m[i] + std::log(l[i]) : -std::numeric_limits<float>::infinity();
           }
@@ -275,27 +310,28 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const AttentionBounds& mask, float softmax_scale) {
   if (attention_bf16_supported(q.dtype(), q.size(3)) && v.size(3) == q.size(3))
     return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, mask, softmax_scale);
-  if (q.dtype() != DType::F32) {
-    Tensor dq32 = Tensor::empty(dq.shape(), DType::F32), dk32 = Tensor::empty(dk.shape(), DType::F32),
-           dv32 = Tensor::empty(dv.shape(), DType::F32);
-    attention_backward(dout.to(DType::F32), q.to(DType::F32), k.to(DType::F32), v.to(DType::F32),
-                       out.to(DType::F32), lse, dq32, dk32, dv32, mask, softmax_scale);
-    dq.copy_(dq32);
-    dk.copy_(dk32);
-    dv.copy_(dv32);
-    return;
-  }
+  // 16-bit without AVX512-BF16: the fp32 kernel below on 16-bit rows, as in the forward. A (b, kv
+  // head) task widens the query and output-gradient rows of its heads once ([sq, group, d]), each
+  // key tile as it is used, and accumulates its dQ rows in fp32 scratch, narrowed when the task
+  // ends; dK and dV rows are narrowed from their accumulators. Same arithmetic, no whole copies.
+  const DType dt = q.dtype();
+  const bool wide = dt != DType::F32;
+  PARALLEL_CHECK(dout.dtype() == dt && k.dtype() == dt && v.dtype() == dt && out.dtype() == dt &&
+                     dq.dtype() == dt && dk.dtype() == dt && dv.dtype() == dt,
+                 "attention_backward: dout, q, k, v, out, dq, dk and dv must share a dtype (q {})",
+                 dtype_name(dt));
   const Dims x = attention_dims(q, k, v);
   if (x.B == 0 || x.hq == 0) return;
-  const float* dO = dout.data<float>();
-  const float* Q = q.data<float>();
-  const float* K = k.data<float>();
-  const float* V = v.data<float>();
-  const float* O = out.data<float>();
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  const char* dO = static_cast<const char*>(dout.data_ptr());
+  const char* Q = static_cast<const char*>(q.data_ptr());
+  const char* K = static_cast<const char*>(k.data_ptr());
+  const char* V = static_cast<const char*>(v.data_ptr());
+  const char* O = static_cast<const char*>(out.data_ptr());
   const float* L = lse.data<float>();
-  float* dQ = dq.data<float>();
-  float* dK = dk.data<float>();
-  float* dV = dv.data<float>();
+  char* dQ = static_cast<char*>(dq.data_ptr());
+  char* dK = static_cast<char*>(dk.data_ptr());
+  char* dV = static_cast<char*>(dv.data_ptr());
   const int64_t ldq = x.B * x.hq * x.d;
   const int64_t ldk = x.B * x.hkv * x.d;
   const int64_t ldv = x.B * x.hkv * x.dv;
@@ -310,8 +346,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   for (int64_t b = 0; b < x.B; b++) {
     for (int64_t h = 0; h < x.hq; h++) {
       for (int64_t i = 0; i < x.sq; i++) {
-        const float* o = O + (i * x.B + b) * x.hq * dvh + h * dvh;
-        const float* g = dO + (i * x.B + b) * x.hq * dvh + h * dvh;
+        const int64_t at = ((i * x.B + b) * x.hq * dvh + h * dvh) * es;
+        const float* o = read_f32(O + at, dt, dvh, 0);
+        const float* g = read_f32(dO + at, dt, dvh, 1);
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t kk = 0; kk < dvh; kk++) sum += o[kk] * g[kk];
@@ -344,19 +381,51 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     for (int64_t b = 0; b < x.B; b++) {
       for (int64_t hk = 0; hk < x.hkv; hk++) {
         const int64_t h_first = hk * x.group;
+        // The task's query, output-gradient and dQ rows: in place for fp32; for 16-bit widened
+        // (dQ accumulated) in scratch laid out [sq, group, d], one row per position.
+        const char* q_rows = Q + h_first * d * es;
+        const char* do_rows = dO + h_first * dvh * es;
+        const float* Qt = reinterpret_cast<const float*>(Q);
+        const float* dOt = reinterpret_cast<const float*>(dO);
+        float* dQt = reinterpret_cast<float*>(dQ);
+        int64_t ldq_t = ldq, ldo_t = ldo, off_q = b * x.hq * d, off_o = b * x.hq * dvh;
+        if (wide) {
+          const int64_t gq = x.group * d, go = x.group * dvh;
+          float* qw = scratch_f32(0, x.sq * gq);
+          float* dow = scratch_f32(1, x.sq * go);
+          for (int64_t i = 0; i < x.sq; i++) {
+            widen_to_f32(q_rows + (i * x.B + b) * x.hq * d * es, dt, qw + i * gq, gq);
+            widen_to_f32(do_rows + (i * x.B + b) * x.hq * dvh * es, dt, dow + i * go, go);
+          }
+          Qt = qw - h_first * d;  // indexed below as Qt[off_q + i * ldq_t + h * d]
+          dOt = dow - h_first * dvh;
+          dQt = scratch_f32(2, x.sq * gq) - h_first * d;
+          ldq_t = gq;
+          ldo_t = go;
+          off_q = off_o = 0;
+        }
         for (int64_t i = 0; i < x.sq; i++) {
-          float* g = dQ + (i * x.B + b) * x.hq * d + h_first * d;
+          float* g = dQt + off_q + i * ldq_t + h_first * d;
           std::fill(g, g + x.group * d, 0.0f);
         }
         for (int64_t qb = 0; qb < nqb; qb++)
           block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
-        const float* k_head = K + b * x.hkv * d + hk * d;
-        const float* v_head = V + b * x.hkv * dvh + hk * dvh;
+        const char* k_head = K + (b * x.hkv * d + hk * d) * es;
+        const char* v_head = V + (b * x.hkv * dvh + hk * dvh) * es;
 
         for (int64_t j0 = 0; j0 < x.sk; j0 += kBc) {
           const int64_t cols = std::min(kBc, x.sk - j0);
-          transpose_block(kT, k_head + j0 * ldk, ldk, cols, d);
-          transpose_block(vT, v_head + j0 * ldv, ldv, cols, dvh);
+          transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
+          transpose_block(vT, v_head + j0 * ldv * es, dt, ldv, cols, dvh);
+          // The key tile's rows for dQ += dS K: in place for fp32, else widened ([cols, d]).
+          const float* k_blk = reinterpret_cast<const float*>(k_head + j0 * ldk * es);
+          int64_t ldk_blk = ldk;
+          if (wide) {
+            float* kw = scratch_f32(3, kBc * d);
+            for (int64_t j = 0; j < cols; j++) widen_to_f32(k_head + (j0 + j) * ldk * es, dt, kw + j * d, d);
+            k_blk = kw;
+            ldk_blk = d;
+          }
           std::fill(dk_acc, dk_acc + cols * d, 0.0f);
           std::fill(dv_acc, dv_acc + cols * dvh, 0.0f);
 
@@ -366,37 +435,41 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
               const BlockRanges& r = ranges[i0 / kBr];
               if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t rows = std::min(kBr, x.sq - i0);
-              const float* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
-              const float* do_blk = dO + (i0 * x.B + b) * x.hq * dvh + h * dvh;
-              float* dq_blk = dQ + (i0 * x.B + b) * x.hq * d + h * d;
+              const float* q_blk = Qt + off_q + i0 * ldq_t + h * d;
+              const float* do_blk = dOt + off_o + i0 * ldo_t + h * dvh;
+              float* dq_blk = dQt + off_q + i0 * ldq_t + h * d;
               const float* lse_blk = L + (b * x.hq + h) * x.sq + i0;
               const float* D_blk = Drow + (b * x.hq + h) * x.sq + i0;
 
               // P = exp(scale * Q K^T - lse), recomputed rather than stored by the forward.
               for (int64_t i = 0; i < rows; i++) std::fill(P + i * kBc, P + i * kBc + cols, 0.0f);
-              matmul_acc(P, kBc, q_blk, ldq, 1, kT, kBc, rows, cols, d);
+              matmul_acc(P, kBc, q_blk, ldq_t, 1, kT, kBc, rows, cols, d);
               for (int64_t i = 0; i < rows; i++)
                 exp_tile_row(P + i * kBc, r.start(i, j0), r.end(i, j0, cols), cols, softmax_scale,
                              lse_blk[i]);
-              matmul_acc(dv_acc, dvh, P, 1, kBc, do_blk, ldo, cols, dvh, rows);  // dV += P^T dO
+              matmul_acc(dv_acc, dvh, P, 1, kBc, do_blk, ldo_t, cols, dvh, rows);  // dV += P^T dO
 
               // dS = scale * P * (dO V^T - D)
               for (int64_t i = 0; i < rows; i++) std::fill(dS + i * kBc, dS + i * kBc + cols, 0.0f);
-              matmul_acc(dS, kBc, do_blk, ldo, 1, vT, kBc, rows, cols, dvh);
+              matmul_acc(dS, kBc, do_blk, ldo_t, 1, vT, kBc, rows, cols, dvh);
               for (int64_t i = 0; i < rows; i++)
                 dscores_tile_row(P + i * kBc, dS + i * kBc, cols, softmax_scale, D_blk[i]);
 
-              matmul_acc(dk_acc, d, dS, 1, kBc, q_blk, ldq, cols, d, rows);                // dK += dS^T Q
-              matmul_acc(dq_blk, ldq, dS, kBc, 1, k_head + j0 * ldk, ldk, rows, d, cols);  // dQ += dS K
+              matmul_acc(dk_acc, d, dS, 1, kBc, q_blk, ldq_t, cols, d, rows);        // dK += dS^T Q
+              matmul_acc(dq_blk, ldq_t, dS, kBc, 1, k_blk, ldk_blk, rows, d, cols);  // dQ += dS K
             }
           }
 
           for (int64_t j = 0; j < cols; j++) {
             const int64_t kv = (j0 + j) * x.B + b;
-            std::memcpy(dK + kv * x.hkv * d + hk * d, dk_acc + j * d, d * sizeof(float));
-            std::memcpy(dV + kv * x.hkv * dvh + hk * dvh, dv_acc + j * dvh, dvh * sizeof(float));
+            narrow_from_f32(dk_acc + j * d, dt, dK + (kv * x.hkv * d + hk * d) * es, d);
+            narrow_from_f32(dv_acc + j * dvh, dt, dV + (kv * x.hkv * dvh + hk * dvh) * es, dvh);
           }
         }
+        if (wide)
+          for (int64_t i = 0; i < x.sq; i++)
+            narrow_from_f32(dQt + i * ldq_t + h_first * d, dt,
+                            dQ + ((i * x.B + b) * x.hq * d + h_first * d) * es, x.group * d);
       }
     }
   }
@@ -407,13 +480,8 @@ int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq,
   PARALLEL_CHECK(hkv > 0 && hq % hkv == 0, "hq = {} is not a multiple of hkv = {}", hq, hkv);
   const Dims x{s, s, b, hq, hkv, d, hq / hkv, dv};
   if (attention_bf16_supported(dtype, d) && dv == d) return bf16_workspace(x, backward).bytes(threads);
-  int64_t bytes = fp32_workspace(x, backward).bytes(threads);
-  if (dtype != DType::F32) {  // the widened fp32 copies: inputs, and the outputs before narrowing
-    // q, k, dq, dk of d; v, dv, out, dout of dv.
-    const int64_t nq = s * b * hq * d, nk = s * b * hkv * d, no = s * b * hq * dv, nv = s * b * hkv * dv;
-    bytes += 4 * (backward ? (nq + nk + nv + 2 * no) + (nq + nk + nv) : (nq + nk + nv) + no);
-  }
-  return bytes;
+  // 16-bit rows are widened into the kernels' thread-local scratch (widen.hpp), not into tensors.
+  return fp32_workspace(x, backward).bytes(threads);
 }
 
 }  // namespace parallel::cpu
