@@ -1,8 +1,11 @@
 #include "parallel/runtime.hpp"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -53,9 +56,25 @@ void terminate_handler() {
   fatal(what);
 }
 
+// glibc hands freed memory back to the kernel: a block above the mmap threshold is unmapped when
+// freed, and the top of a heap (the main one, and each thread's arena) is trimmed once more than
+// the trim threshold lies free there. The next step allocates the same sizes again and the kernel
+// maps fresh zeroed pages: minor page faults inside every step (issue 28, item 5; measured by
+// test_step_conversions and metrics.jsonl "minor_faults"). Tensors of 64 KiB and more are cached by
+// the CPU allocator anyway; this covers the rest - small tensors, kernels' std::vectors, oneDNN's
+// primitives and scratch. Blocks up to 32 MiB (the largest mmap threshold glibc accepts on 64-bit)
+// come from the heaps, and the heaps are never trimmed, so a process keeps its high-water mark of
+// malloc'ed memory, as the CPU allocator keeps its cache. Setting either value also turns off
+// glibc's dynamic threshold, which would otherwise start at 128 KiB again after this call.
+void keep_freed_memory() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+
 }  // namespace
 
 Runtime::Runtime(int* argc, char*** argv) {
+  keep_freed_memory();
   // First, so that every thread started from here on (MPI's, OpenMP's) inherits the blocked mask
   // and SIGTERM / SIGINT / SIGUSR1 / SIGUSR2 reach the process only on its signal thread (oneDNN
   // issue 4845: never on a thread inside a GEMM). include/parallel/signal_handler.hpp.
