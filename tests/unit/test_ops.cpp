@@ -145,6 +145,41 @@ TEST(OpsGemm, AlphaBetaAndLargerOddShapes) {
   check_gemm(1, 1, 1, false, false, 2.0f, 1.0f);
 }
 
+// 16-bit operands over several tiles with ragged edges: where oneDNN has no kernel for the dtype
+// (bf16 below AVX-512, fp16 below AVX512-FP16) the product runs tile by tile (gemm.cpp,
+// widened_gemm, tiles of 256 x 256), and every element must still be the product of the widened
+// operands, rounded once into c; with a bias (gemm_bias), and with an fp32 c accumulating (beta 1).
+TEST(OpsGemm, SixteenBitAcrossTileEdges) {
+  const int64_t m = 300, n = 520, k = 70;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (DType ct : {dt, DType::F32})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const std::string what = "gemm " + std::string(dtype_name(dt)) + " c " +
+                                   std::string(dtype_name(ct)) + " ta=" + std::to_string(ta) +
+                                   " tb=" + std::to_string(tb);
+          Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, 1).to(dt);
+          Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, 2).to(dt);
+          Tensor c = random_tensor({m, n}, 3).to(ct);
+          const float beta = ct == DType::F32 ? 1.0f : 0.0f;
+          // c's rounding (2^-8 relative for bf16, 2^-11 for fp16) plus the fp32 sums' error.
+          const double rtol = ct == DType::F32 ? 1e-6 : dt == DType::BF16 ? 4e-3 : 5e-4;
+          const Vec want = gemm_ref(to_double(a), ta, to_double(b), tb, to_double(c), m, n, k, 1.0, beta);
+          ops::gemm(a, ta, b, tb, c, 1.0f, beta);
+          expect_close(c, want, 2e-6 * static_cast<double>(k), rtol, what);
+          if (ct != dt) continue;
+          Tensor bias = random_tensor({n}, 4).to(dt);
+          Vec want_bias = gemm_ref(to_double(a), ta, to_double(b), tb, Vec(static_cast<size_t>(m * n), 0.0),
+                                   m, n, k, 1.0, 0.0);
+          const Vec bv = to_double(bias);
+          for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++)
+              want_bias[static_cast<size_t>(i * n + j)] += bv[static_cast<size_t>(j)];
+          ops::gemm_bias(a, ta, b, tb, bias, c);
+          expect_close(c, want_bias, 2e-6 * static_cast<double>(k), rtol, what + " + bias");
+        }
+}
+
 TEST(OpsGemm, CachedPrimitiveSeesNewDataAndBetaAccumulates) {
   // Same shape twice: the cached primitive must not remember the first call's pointers.
   check_gemm(37, 29, 53, false, false, 1.0f, 0.0f);
