@@ -13,7 +13,7 @@
 // an fp32 or 16-bit destination: oneDNN accumulates in fp32 and picks the best kernel for the CPU
 // (AMX, AVX512-BF16 dot products, or its own bf16 emulation on plain AVX-512; gemm_isa() names it).
 // Where oneDNN has no implementation (fp16 on CPUs without AVX512-FP16, anything below AVX-512),
-// the operands are widened to fp32 and the fp32 path runs: slower, same contract.
+// the fp32 path runs tile by tile on operands widened in cache (widened_gemm): slower, same contract.
 //
 // Packed weights: inside an ops::WeightPackingScope, a b operand that lies in one of the scope's
 // buffers (the model's parameters) is reordered once into the layout the primitive wants
