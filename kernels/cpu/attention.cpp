@@ -230,6 +230,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
 #pragma omp parallel
   {
+    if (wide) {
+      // 16-bit: every thread sizes its widening scratch before any task is handed out (the dynamic
+      // schedule gives a thread different tasks on each call; growing in a later step would take
+      // fresh pages inside that step).
+      scratch_f32(0, kBr * d);
+      scratch_f32(1, kBc * dv);
+      scratch_f32(2, dv);
+      scratch_f32(7, d);
+    }
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
     float* S = kT + d * kBc;                                       // [Br, Bc] scores, then probs
     float* acc = S + kBr * kBc;                                    // [Br, dv] unnormalised output
@@ -364,6 +373,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 
 #pragma omp parallel
   {
+    if (wide) {  // sized before any task is handed out, as in the forward
+      scratch_f32(0, x.sq * x.group * d);
+      scratch_f32(1, x.sq * x.group * dvh);
+      scratch_f32(2, x.sq * x.group * d);
+      scratch_f32(3, kBc * d);
+      scratch_f32(7, std::max(d, dvh));
+    }
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
     float* vT = kT + d * kBc;                                      // [dv, Bc]
     float* P = vT + dvh * kBc;                                     // [Br, Bc]

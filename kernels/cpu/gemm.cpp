@@ -252,42 +252,49 @@ void widened_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, 
   const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
   // Tiles are independent (each writes its own block of c): one thread per tile, each tile's
   // product single-threaded (oneDNN runs sequentially inside a parallel region), so the widening is
-  // spread over the threads as the product is.
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int64_t ti = 0; ti < tiles_m; ti++) {
-    for (int64_t tj = 0; tj < tiles_n; tj++) {
-      const int64_t i0 = ti * kTileM, j0 = tj * kTileN;
-      const int64_t tm = std::min(kTileM, m - i0), tn = std::min(kTileN, n - j0);
-      float* Aw = scratch_f32(0, tm * k);   // op(a)[i0:i0+tm, :], in a's orientation
-      float* Bw = scratch_f32(1, k * tn);   // op(b)[:, j0:j0+tn], in b's orientation
-      float* Cw = scratch_f32(2, tm * tn);  // the tile of c, fp32
-      // op(a) = a: rows i0.. of a, one block; op(a) = a^T: columns i0.. of every row of a ([k, tm]).
-      if (!trans_a)
-        widen_to_f32(A + i0 * k * as, at, Aw, tm * k);
-      else
-        for (int64_t kk = 0; kk < k; kk++) widen_to_f32(A + (kk * m + i0) * as, at, Aw + kk * tm, tm);
-      // op(b) = b^T: rows j0.. of b ([tn, k]); op(b) = b: columns j0.. of every row of b ([k, tn]).
-      if (trans_b)
-        widen_to_f32(B + j0 * k * bs, bt, Bw, tn * k);
-      else
-        for (int64_t kk = 0; kk < k; kk++) widen_to_f32(B + (kk * n + j0) * bs, bt, Bw + kk * tn, tn);
-      if (beta != 0.0f)
-        for (int64_t i = 0; i < tm; i++) widen_to_f32(C + ((i0 + i) * n + j0) * cs, ct, Cw + i * tn, tn);
-      if (k == 0) {  // empty sum (gemm_bias only; oneDNN rejects zero-sized operands): beta c + bias
-        for (int64_t i = 0; i < tm * tn; i++) Cw[i] = beta != 0.0f ? beta * Cw[i] : 0.0f;
-        if (bias != nullptr)
-          for (int64_t i = 0; i < tm; i++)
-            for (int64_t j = 0; j < tn; j++) Cw[i * tn + j] += load_f32(bias_p, bias_t, j0 + j);
-      } else if (bias != nullptr) {
-        float* bias_w = scratch_f32(3, tn);
-        widen_to_f32(bias_p + j0 * bias_s, bias_t, bias_w, tn);
-        GemmKey key{tm, tn, k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), 1, DType::F32, DType::F32};
-        key.bias = DType::F32;
-        run_matmul(*cached_matmul(key), key, Aw, Bw, Cw, bias_w);
-      } else {
-        fp32_gemm(Aw, trans_a, Bw, trans_b, Cw, tm, tn, k, alpha, beta, 1);
+  // spread over the threads as the product is. Every thread of the team sizes its scratch for the
+  // largest tile before any tile is handed out: which thread gets which tile changes from call to
+  // call (dynamic schedule), and a thread growing its scratch in a later step would take fresh pages
+  // inside that step.
+  const int64_t tm_max = std::min(m, kTileM), tn_max = std::min(n, kTileN);
+#pragma omp parallel
+  {
+    float* Aw = scratch_f32(0, tm_max * k);       // op(a)[i0:i0+tm, :], in a's orientation
+    float* Bw = scratch_f32(1, k * tn_max);       // op(b)[:, j0:j0+tn], in b's orientation
+    float* Cw = scratch_f32(2, tm_max * tn_max);  // the tile of c, fp32
+    float* bias_w = scratch_f32(3, tn_max);
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t ti = 0; ti < tiles_m; ti++) {
+      for (int64_t tj = 0; tj < tiles_n; tj++) {
+        const int64_t i0 = ti * kTileM, j0 = tj * kTileN;
+        const int64_t tm = std::min(kTileM, m - i0), tn = std::min(kTileN, n - j0);
+        // op(a) = a: rows i0.. of a, one block; op(a) = a^T: columns i0.. of every row of a ([k, tm]).
+        if (!trans_a)
+          widen_to_f32(A + i0 * k * as, at, Aw, tm * k);
+        else
+          for (int64_t kk = 0; kk < k; kk++) widen_to_f32(A + (kk * m + i0) * as, at, Aw + kk * tm, tm);
+        // op(b) = b^T: rows j0.. of b ([tn, k]); op(b) = b: columns j0.. of every row of b ([k, tn]).
+        if (trans_b)
+          widen_to_f32(B + j0 * k * bs, bt, Bw, tn * k);
+        else
+          for (int64_t kk = 0; kk < k; kk++) widen_to_f32(B + (kk * n + j0) * bs, bt, Bw + kk * tn, tn);
+        if (beta != 0.0f)
+          for (int64_t i = 0; i < tm; i++) widen_to_f32(C + ((i0 + i) * n + j0) * cs, ct, Cw + i * tn, tn);
+        if (k == 0) {  // empty sum (gemm_bias only; oneDNN rejects zero-sized operands): beta c + bias
+          for (int64_t i = 0; i < tm * tn; i++) Cw[i] = beta != 0.0f ? beta * Cw[i] : 0.0f;
+          if (bias != nullptr)
+            for (int64_t i = 0; i < tm; i++)
+              for (int64_t j = 0; j < tn; j++) Cw[i * tn + j] += load_f32(bias_p, bias_t, j0 + j);
+        } else if (bias != nullptr) {
+          widen_to_f32(bias_p + j0 * bias_s, bias_t, bias_w, tn);
+          GemmKey key{tm, tn, k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), 1, DType::F32, DType::F32};
+          key.bias = DType::F32;
+          run_matmul(*cached_matmul(key), key, Aw, Bw, Cw, bias_w);
+        } else {
+          fp32_gemm(Aw, trans_a, Bw, trans_b, Cw, tm, tn, k, alpha, beta, 1);
+        }
+        for (int64_t i = 0; i < tm; i++) narrow_from_f32(Cw + i * tn, ct, C + ((i0 + i) * n + j0) * cs, tn);
       }
-      for (int64_t i = 0; i < tm; i++) narrow_from_f32(Cw + i * tn, ct, C + ((i0 + i) * n + j0) * cs, tn);
     }
   }
 }

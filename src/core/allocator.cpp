@@ -16,12 +16,13 @@ namespace {
 constexpr std::size_t kAlignment = 256;
 
 // Host memory, aligned and counted; the counts are what memory tests measure (weights per rank,
-// live activations, optimizer state). Blocks of 64 KiB and more (rounded up to 4 KiB, or 64 KiB
-// from 1 MiB) are cached
-// by size when freed and handed out again: a training step allocates the same sizes every
-// micro-batch, and returning them to the system (glibc serves them with mmap) made the kernel
-// zero fresh pages on every reuse - 13 % of an fp32 step in a profile. `allocated` counts live
-// bytes only; `reserved` adds the cached ones.
+// live activations, optimizer state). Blocks of 4 KiB and more (rounded up to 256 B, 4 KiB from
+// 64 KiB, 64 KiB from 1 MiB) are cached by size when freed and handed out again: a training step
+// allocates the same sizes every micro-batch, and returning them to the system (glibc serves them
+// with mmap) made the kernel zero fresh pages on every reuse - 13 % of an fp32 step in a profile.
+// Blocks from 4 KiB (not only from 64 KiB): left to glibc, a small tensor freed and allocated again
+// in another order could be carved from fresh heap pages in any later step (page faults inside the
+// step; test_step_conversions). `allocated` counts live bytes only; `reserved` adds the cached ones.
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes, Stream) override {
@@ -80,7 +81,7 @@ class CpuAllocator final : public Allocator {
   }
 
  private:
-  static constexpr std::size_t kCacheFrom = std::size_t{64} << 10;
+  static constexpr std::size_t kCacheFrom = std::size_t{4} << 10;
   static std::size_t block_size(std::size_t bytes) {
     // Coarser rounding for bigger blocks: more reuse across nearly equal sizes, waste <= 1/16.
     const std::size_t granule = bytes < kCacheFrom               ? kAlignment

@@ -53,11 +53,13 @@ data:
 constexpr int kSteps = 12;
 
 // Minor page faults allowed on one rank over steps 3..12, all together. Steps 1 and 2 touch every
-// buffer for the first time; glibc's heaps settle over them (what is freed is kept: Runtime sets
-// M_MMAP_THRESHOLD / M_TRIM_THRESHOLD, src/comm/runtime.cpp). Measured 2026-11-27 on the loaded
-// 2-core Zen 3 VM over 5 runs of every layout: 0 to 27 (a few first touches by MPI's transports and
-// glibc's per-thread arenas); before the mallopt settings, 145 on one rank in bf16.
-constexpr long kFaultBound = 48;
+// buffer for the first time. After them nothing should be new: glibc keeps what is freed (Runtime
+// sets M_MMAP_THRESHOLD / M_TRIM_THRESHOLD, src/comm/runtime.cpp), the CPU allocator caches blocks
+// from 4 KiB, and the kernels size their thread-local scratch on every thread of the team before a
+// dynamic schedule hands out work. Measured 2026-11-27 on the loaded 2-core Zen 3 VM, 10 runs over
+// the layouts: 0 to 7 (first touches by MPI's transports among them); before these, 145 on one
+// rank in bf16 (glibc trimming), and up to 71 with trimming off alone.
+constexpr long kFaultBound = 16;
 
 long minor_faults() {
   rusage u{};
@@ -79,6 +81,10 @@ StepCosts run_steps(const std::vector<std::string>& overrides) {
   const GPTDataset data = make_gpt_dataset(c, DataSplit::Train);
   const int dp_size = step.state().grid().sizes().data, dp_rank = step.state().coord().dp;
   StepCosts costs;
+  // Sized up front: a vector growing between steps would itself move the heap's layout.
+  for (auto* v : {&costs.passes, &costs.bytes}) v->reserve(kSteps);
+  costs.faults.reserve(kSteps);
+  costs.losses.reserve(kSteps);
   for (int s = 0; s < kSteps; ++s) {
     auto micro_batch = [&data, s, dp_rank, dp_size](int mb) {
       MicroBatch m = data.micro_batch(s, dp_rank, dp_size, mb);
