@@ -47,8 +47,14 @@
 //                                                     layers.{i}.mlp.router.e_score_correction_bias
 //   ...mlp.experts.{e}.{gate,up,down}_proj.weight  -> layers.{i}.mlp.experts.{e}.{gate,up,fc2}.weight
 //   ...mlp.shared_experts.{gate,up,down}_proj.weight -> layers.{i}.mlp.shared_expert.{gate,up,fc2}.weight
-// and the dense layers' mlp.{gate,up,down}_proj as above. Multi-token prediction layers
-// (model.layers.{num_hidden_layers + k}.*) are not imported (import_folder says so in one line).
+// and the dense layers' mlp.{gate,up,down}_proj as above. Multi-token prediction depth k
+// (model.mtp_num_layers = num_nextn_predict_layers; i = num_hidden_layers + k - 1):
+//   model.layers.{i}.{enorm,hnorm}.weight [h]      -> layers.{i}.{enorm,hnorm}.weight
+//   model.layers.{i}.eh_proj.weight [h, 2h]        -> layers.{i}.eh_proj.weight
+//   model.layers.{i}.shared_head.norm.weight [h]   -> layers.{i}.final_norm.weight
+//   model.layers.{i}.<a decoder layer like the last one's> -> layers.{i}.<its names above>
+//   model.layers.{i}.embed_tokens.weight, shared_head.head.weight: copies of model.embed_tokens and
+//   lm_head (must be equal on import; written on export).
 // Biases: q/k/v with model.add_qkv_bias (Qwen2) or model.add_bias; o_proj and the MLP with
 // model.add_bias (Llama's attention_bias together with mlp_bias). Tied models (tie_word_embeddings)
 // have no lm_head; one in the file is accepted only if it equals the embedding.
@@ -88,7 +94,9 @@ struct HfModel {
   Architecture architecture = Architecture::Llama;
   ModelConfig model;
   // DeepSeek-V3's num_nextn_predict_layers: multi-token prediction layers the checkpoint may carry
-  // as model.layers.{num_hidden_layers + k}.*; not imported yet (import_folder says so in one line).
+  // as model.layers.{num_hidden_layers + k - 1}.* (k = 1..D). import_folder imports them as
+  // model.mtp_num_layers when the folder holds them all, without them (said in one line) when it
+  // holds none, and refuses a partial set. `model` itself has mtp_num_layers 0.
   int mtp_layers = 0;
 };
 HfModel model_from_config_json(const std::string& json_text, const std::string& source);

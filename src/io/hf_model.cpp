@@ -964,14 +964,17 @@ std::vector<Entry> llama_entries(const ModelConfig& m, Architecture a) {
 // DeepseekV3ForCausalLM's tensors in config order (the mapping table of the header): latent
 // attention, dense layers below first_k_dense_replace, then MoE layers with their router, expert
 // bias, routed experts (one tensor per expert, as transformers 4.x and 5.x save them) and shared
-// experts (one MLP).
+// experts (one MLP). With model.mtp_num_layers = D, DeepSeek's multi-token prediction layers follow
+// as its checkpoints hold them, model.layers.{L + k - 1}.* for depth k (L = num_hidden_layers):
+// enorm, hnorm, eh_proj, a decoder layer of the last layer's make-up and shared_head.norm (our
+// final_norm). Their embed_tokens and shared_head.head copies are not entries (mtp_copies).
 std::vector<Entry> deepseek_v3_entries(const ModelConfig& m) {
   const int64_t h = m.hidden_size, H = m.num_attention_heads, n = m.qk_nope_head_dim, r = m.qk_rope_head_dim,
                 dv = m.v_head_dim, rq = m.q_lora_rank, c = m.kv_lora_rank, f = m.ffn_hidden_size;
   const int64_t interleaved = m.hf_rope_interleave ? r : 0;
   std::vector<Entry> e;
-  e.push_back({"model.embed_tokens.weight", "embedding.word.weight", {m.vocab_size, h}});
-  for (int i = 0; i < m.num_layers; ++i) {
+  // Layer `i`'s tensors, of the make-up of layer `like` (an MTP layer's is the last layer's).
+  const auto layer = [&](int i, int like) {
     const std::string src = fmt::format("model.layers.{}.", i), dst = fmt::format("layers.{}.", i);
     e.push_back({src + "input_layernorm.weight", dst + "input_norm.weight", {h}});
     if (rq > 0) {
@@ -1001,11 +1004,11 @@ std::vector<Entry> deepseek_v3_entries(const ModelConfig& m) {
     e.push_back({src + "self_attn.kv_b_proj.weight", dst + "attention.kv_up.weight", {H * (n + dv), c}});
     e.push_back({src + "self_attn.o_proj.weight", dst + "attention.proj.weight", {h, H * dv}});
     e.push_back({src + "post_attention_layernorm.weight", dst + "post_attention_norm.weight", {h}});
-    if (!m.is_moe_layer(i)) {
+    if (!m.is_moe_layer(like)) {
       e.push_back({src + "mlp.gate_proj.weight", dst + "mlp.gate.weight", {f, h}});
       e.push_back({src + "mlp.up_proj.weight", dst + "mlp.up.weight", {f, h}});
       e.push_back({src + "mlp.down_proj.weight", dst + "mlp.fc2.weight", {h, f}});
-      continue;
+      return;
     }
     const int64_t fe = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : f,
                   fs = m.moe_shared_expert_ffn_hidden_size;
@@ -1024,10 +1027,34 @@ std::vector<Entry> deepseek_v3_entries(const ModelConfig& m) {
         {src + "mlp.shared_experts.gate_proj.weight", dst + "mlp.shared_expert.gate.weight", {fs, h}});
     e.push_back({src + "mlp.shared_experts.up_proj.weight", dst + "mlp.shared_expert.up.weight", {fs, h}});
     e.push_back({src + "mlp.shared_experts.down_proj.weight", dst + "mlp.shared_expert.fc2.weight", {h, fs}});
-  }
+  };
+  e.push_back({"model.embed_tokens.weight", "embedding.word.weight", {m.vocab_size, h}});
+  for (int i = 0; i < m.num_layers; ++i) layer(i, i);
   e.push_back({"model.norm.weight", "final_norm.weight", {h}});
   if (!m.tie_embeddings) e.push_back({"lm_head.weight", "output.weight", {m.vocab_size, h}});
+  for (int k = 1; k <= m.mtp_num_layers; ++k) {
+    const int i = m.num_layers + k - 1;
+    const std::string src = fmt::format("model.layers.{}.", i), dst = fmt::format("layers.{}.", i);
+    e.push_back({src + "enorm.weight", dst + "enorm.weight", {h}});
+    e.push_back({src + "hnorm.weight", dst + "hnorm.weight", {h}});
+    e.push_back({src + "eh_proj.weight", dst + "eh_proj.weight", {h, 2 * h}});
+    layer(i, m.num_layers - 1);
+    e.push_back({src + "shared_head.norm.weight", dst + "final_norm.weight", {h}});
+  }
   return e;
+}
+
+// DeepSeek's MTP layers carry copies of the shared embedding and output head (its checkpoints hold
+// them per layer; the model shares them): {checkpoint name, the tensor it copies}.
+std::vector<std::pair<std::string, std::string>> mtp_copies(const ModelConfig& m) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (int k = 1; k <= m.mtp_num_layers; ++k) {
+    const std::string src = fmt::format("model.layers.{}.", m.num_layers + k - 1);
+    out.emplace_back(src + "embed_tokens.weight", "model.embed_tokens.weight");
+    out.emplace_back(src + "shared_head.head.weight",
+                     m.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  }
+  return out;
 }
 
 std::vector<Entry> entries_for(const ModelConfig& m, Architecture a) {
@@ -1054,8 +1081,26 @@ std::map<std::string, Tensor> llama_from_hf(const std::map<std::string, Tensor>&
   const std::vector<Entry> entries = entries_for(m, a);
   std::set<std::string> known;
   for (const Entry& e : entries) known.insert(e.hf);
+  const std::map<std::string, std::string> copies = [&] {
+    std::map<std::string, std::string> c;
+    if (a == Architecture::DeepseekV3)
+      for (const auto& [copy, of] : mtp_copies(m)) c[copy] = of;
+    return c;
+  }();
+  for (const auto& [copy, of] : copies) {
+    // The MTP layer's embedding and output head are the model's own: a copy that differs would be
+    // a model other than the one we train.
+    const auto it = hf.find(copy), base = hf.find(of);
+    if (it == hf.end()) fail(fmt::format("{}: missing tensor '{}'", source, copy));
+    check_dtype(it->second, source, copy);
+    if (base != hf.end() && !same_values(it->second, base->second))
+      fail(
+          fmt::format("{}: '{}' differs from '{}'; the multi-token prediction layer must share the "
+                      "model's embedding and output head (a copy, as DeepSeek's checkpoints hold it)",
+                      source, copy, of));
+  }
   for (const auto& [name, t] : hf) {
-    if (known.count(name) || is_llama_buffer(name)) continue;
+    if (known.count(name) || copies.count(name) || is_llama_buffer(name)) continue;
     if (name == "lm_head.weight" && m.tie_embeddings) {
       // Tied: an lm_head that differs from the embedding would be silently lost.
       check_dtype(t, source, name);
@@ -1113,6 +1158,8 @@ std::map<std::string, Tensor> llama_to_hf(const std::map<std::string, Tensor>& p
     if (e.rope > 0) t = permute_rope_rows(t, e, false);
     out[e.hf] = t.to(DType::F32).to(dtype).contiguous().clone();
   }
+  if (a == Architecture::DeepseekV3)
+    for (const auto& [copy, of] : mtp_copies(m)) out[copy] = out.at(of).clone();
   return out;
 }
 
@@ -1330,6 +1377,11 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
   const bool moe = a == Architecture::Qwen3Moe || a == Architecture::Mixtral;
   const bool deepseek = a == Architecture::DeepseekV3;
   if (deepseek) check_deepseek_v3(m);
+  if (m.mtp_num_layers > 0 && !deepseek)
+    fail(
+        fmt::format("{} cannot hold this model: model.mtp_num_layers = {} (multi-token prediction layers: "
+                    "DeepseekV3ForCausalLM can)",
+                    architecture_name(a), m.mtp_num_layers));
   if (m.is_mla() && !deepseek)
     fail(fmt::format("{} cannot hold this model: model.attention = mla (DeepseekV3ForCausalLM can)",
                      architecture_name(a)));
@@ -1453,8 +1505,9 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
     }
     if (deepseek) {
       // DeepseekV3Config of transformers 5.x: head_dim is qk_rope_head_dim (the rotary embedding's
-      // width), qk_head_dim the query/key head; q_lora_rank null for a plain q_proj. No multi-token
-      // prediction layer is written (num_nextn_predict_layers 0: the checkpoint holds none).
+      // width), qk_head_dim the query/key head; q_lora_rank null for a plain q_proj. The multi-token
+      // prediction layers (model.mtp_num_layers) as num_nextn_predict_layers: the folder holds them
+      // as DeepSeek's checkpoints do (transformers' model has none and does not load them).
       j["head_dim"] = m.qk_rope_head_dim;
       j["attention_bias"] = false;
       j["q_lora_rank"] = m.q_lora_rank > 0 ? json(m.q_lora_rank) : json(nullptr);
@@ -1475,7 +1528,7 @@ std::string config_json_for(const ModelConfig& m, Architecture a, const std::str
       j["norm_topk_prob"] = m.moe_norm_topk_prob;
       j["first_k_dense_replace"] = m.moe_first_k_dense_replace;
       j["output_router_logits"] = false;
-      j["num_nextn_predict_layers"] = 0;
+      j["num_nextn_predict_layers"] = m.mtp_num_layers;
       j.erase("num_mtp_layers");
     }
     if (a == Architecture::Mistral || a == Architecture::Mixtral)
@@ -1740,31 +1793,45 @@ std::string config_path_for(const std::string& root) {
   return r + ".yaml";
 }
 
-// DeepSeek's checkpoints carry num_nextn_predict_layers multi-token prediction layers as
-// model.layers.{num_hidden_layers + k}.*. They are not imported yet: removed here, and said so in
-// one line (never silently, and never into a layer of the model). Beyond those layers a tensor is
-// unexpected (from_hf refuses it).
-static void drop_mtp_layers(std::map<std::string, Tensor>& tensors, const HfModel& hf,
-                            const std::string& dir) {
+// DeepSeek's checkpoints carry num_nextn_predict_layers = D multi-token prediction layers as
+// model.layers.{num_hidden_layers + k - 1}.* (k = 1..D); transformers' own saves never do. Returns the
+// model.mtp_num_layers to import with: D when the folder holds every MTP tensor, 0 (said in one line)
+// when it holds none; a partial set is refused. Tensors beyond those layers are unexpected (from_hf
+// refuses them).
+static int mtp_layers_to_import(const std::map<std::string, Tensor>& tensors, const HfModel& hf,
+                                const std::string& dir) {
+  if (hf.mtp_layers == 0) return 0;
   const int first = hf.model.num_layers, last = first + hf.mtp_layers;
-  int64_t dropped = 0;
-  for (auto it = tensors.begin(); it != tensors.end();) {
+  const auto is_mtp = [&](const std::string& name) {
     int layer = -1;
-    if (it->first.starts_with("model.layers.") &&
-        std::sscanf(it->first.c_str(), "model.layers.%d.", &layer) == 1 && layer >= first && layer < last) {
-      it = tensors.erase(it);
-      ++dropped;
-    } else {
-      ++it;
-    }
-  }
-  if (dropped > 0)
+    return name.starts_with("model.layers.") && std::sscanf(name.c_str(), "model.layers.%d.", &layer) == 1 &&
+           layer >= first && layer < last;
+  };
+  ModelConfig with = hf.model;
+  with.mtp_num_layers = hf.mtp_layers;
+  std::vector<std::string> expected;
+  for (const Entry& e : deepseek_v3_entries(with))
+    if (is_mtp(e.hf)) expected.push_back(e.hf);
+  for (const auto& [copy, of] : mtp_copies(with)) expected.push_back(copy);
+  int64_t present = 0;
+  for (const auto& [name, t] : tensors) present += is_mtp(name) ? 1 : 0;
+  const std::string layers = hf.mtp_layers > 1
+                                 ? fmt::format("model.layers.{}.* to model.layers.{}.*", first, last - 1)
+                                 : fmt::format("model.layers.{}.*", first);
+  if (present == 0) {
     logger().warn(
-        "hf: {}: num_nextn_predict_layers = {}: its {} multi-token prediction tensors (model.layers.{}.*{}) "
-        "are "
-        "not imported (MTP import comes later); the model is imported without them",
-        dir, hf.mtp_layers, dropped, first,
-        hf.mtp_layers > 1 ? fmt::format(" to model.layers.{}.*", last - 1) : "");
+        "hf: {}: num_nextn_predict_layers = {}, but the folder holds no multi-token prediction tensors ({}); "
+        "the model is imported without them (model.mtp_num_layers 0)",
+        dir, hf.mtp_layers, layers);
+    return 0;
+  }
+  for (const std::string& name : expected)
+    if (!tensors.count(name))
+      fail(fmt::format(
+          "{}: num_nextn_predict_layers = {}: the multi-token prediction tensors ({}) are incomplete: {} of "
+          "the {} expected are present, '{}' is missing",
+          dir, hf.mtp_layers, layers, present, expected.size(), name));
+  return hf.mtp_layers;
 }
 
 std::string import_folder(const std::string& hf_dir, const std::string& root, Communicator& world,
@@ -1776,8 +1843,11 @@ std::string import_folder(const std::string& hf_dir, const std::string& root, Co
   Config config;
   config.model = hf.model;
   validate_config(config, 1);
-  std::map<std::string, Tensor> tensors = load_folder(hf_dir);
-  if (hf.architecture == Architecture::DeepseekV3) drop_mtp_layers(tensors, hf, hf_dir);
+  const std::map<std::string, Tensor> tensors = load_folder(hf_dir);
+  if (hf.architecture == Architecture::DeepseekV3) {
+    config.model.mtp_num_layers = mtp_layers_to_import(tensors, hf, hf_dir);
+    validate_config(config, 1);
+  }
   const std::map<std::string, Tensor> params =
       from_hf(tensors, hf.architecture, config.model, hf_dir, allow_nonfinite);
   const std::string dir = save_imported(params, config, root,
@@ -1862,6 +1932,9 @@ void export_folder(const std::string& checkpoint_path, const std::string& hf_dir
   got.model.moe_bias_update_speed = expected.model.moe_bias_update_speed;
   got.model.hf_architecture = expected.model.hf_architecture;
   got.model.lora = expected.model.lora;  // adapters are not part of config.json
+  // The MTP layers are num_nextn_predict_layers; their loss weight is a training setting.
+  got.model.mtp_num_layers = back.mtp_layers;
+  got.model.mtp_loss_scaling_factor = expected.model.mtp_loss_scaling_factor;
   validate_config(expected, 1);
   validate_config(got, 1);
   if (config_to_yaml(expected) != config_to_yaml(got))

@@ -21,7 +21,8 @@ attention, the plain per-expert loop), so that the reference is transformers' co
   hf_deepseek_v3_mtp_tiny/   the same model as DeepSeek's own checkpoints lay out their multi-token
                    prediction layer: sharded, model-00002-of-00002.safetensors holds
                    model.layers.4.* (enorm, hnorm, eh_proj, shared_head, embed_tokens, a decoder
-                   layer without its routed experts) and the index lists them; model-00001-of-00002.safetensors is
+                   layer like layer 3, experts included; embed_tokens and shared_head.head copies of
+                   the model's) and the index lists them; model-00001-of-00002.safetensors is
                    hf_deepseek_v3_tiny's model.safetensors (the test copies it in)
 
 The aux-loss-free balancing bias: transformers never updates e_score_correction_bias; this reference
@@ -181,22 +182,25 @@ def load(folder, dtype, **overrides):
 
 def write_mtp(folder, base):
     """DeepSeek's checkpoints carry the multi-token prediction layer as model.layers.{num_hidden_layers}.*
-    (enorm, hnorm, eh_proj, shared_head.{norm, head}, embed_tokens and a decoder layer): a shard of its
-    own here, listed by the index with the base model's shard."""
+    (enorm, hnorm, eh_proj, shared_head.{norm, head}, embed_tokens and a decoder layer of the last
+    layer's make-up, routed experts included): a shard of its own here, listed by the index with the
+    base model's shard. embed_tokens and shared_head.head are copies of the model's embedding and
+    lm_head, as in DeepSeek's checkpoints (the MTP module shares them); the norms are drawn, so that
+    swapping enorm and hnorm would show."""
     torch.manual_seed(SEED + 1)
     n = KWARGS["num_hidden_layers"]
     h = KWARGS["hidden_size"]
     mtp = {}
     for name, t in base.items():
-        if name.startswith(f"model.layers.{n - 1}.") and ".experts." not in name:
+        if name.startswith(f"model.layers.{n - 1}."):
             mtp[name.replace(f"model.layers.{n - 1}.", f"model.layers.{n}.")] = torch.randn(t.shape) * 0.1
     prefix = f"model.layers.{n}."
-    mtp[prefix + "enorm.weight"] = torch.ones(h)
-    mtp[prefix + "hnorm.weight"] = torch.ones(h)
+    mtp[prefix + "enorm.weight"] = 1.0 + 0.1 * torch.randn(h)
+    mtp[prefix + "hnorm.weight"] = 1.0 + 0.1 * torch.randn(h)
     mtp[prefix + "eh_proj.weight"] = torch.randn(h, 2 * h) * 0.1
-    mtp[prefix + "shared_head.norm.weight"] = torch.ones(h)
-    mtp[prefix + "shared_head.head.weight"] = torch.randn(VOCAB, h) * 0.1
-    mtp[prefix + "embed_tokens.weight"] = torch.randn(VOCAB, h) * 0.1
+    mtp[prefix + "shared_head.norm.weight"] = 1.0 + 0.1 * torch.randn(h)
+    mtp[prefix + "shared_head.head.weight"] = base["lm_head.weight"].clone()
+    mtp[prefix + "embed_tokens.weight"] = base["model.embed_tokens.weight"].clone()
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     from safetensors.torch import save_file

@@ -9,7 +9,7 @@
 # make_hf_yarn.py's YaRN-scaled Qwen2 (rope_parameters yarn; saved and trained by transformers),
 # and make_hf_deepseek_v3.py's DeepSeek-V3 (latent attention with rope_interleave, yarn with mscale,
 # sigmoid group-limited routing with the expert bias updated as our trainer does, a shared expert,
-# the first layer dense; its transformers-4.57 config too, and a DeepSeek-style MTP shard):
+# the first layer dense; its transformers-4.57 config too; its MTP layer: hf_deepseek_v3_mtp.sh):
 #  1. each model: --from hf -> pretrain_gpt --config CKPT.yaml --set checkpoint.load=CKPT on one rank
 #     and on tp2 x pp2 (4 ranks; the MoE ones tp2 x pp2 x ep2, DeepSeek-V3 on 8 ranks with dp2) -> its losses equal the reference's (relative 1e-5) -> --to hf ->
 #     the folder's weights equal the reference's after the steps (hf_compare's tolerance), and its
@@ -125,22 +125,7 @@ for want in '"rope_interleave": true' '"q_lora_rank": 12' '"kv_lora_rank": 12' '
 done
 diff <(grep -v '^#' "$work/deepseek_v3_tiny/ckpt.yaml") <(grep -v '^#' "$work/deepseek_v3_t4/ckpt.yaml") ||
   { echo "deepseek_v3: transformers 4.57's config.json reads as another model"; exit 1; }
-# DeepSeek's multi-token prediction layer (model.layers.4.* in a shard of its own): not imported, said in
-# one line; the rest imports as the plain folder does (its export equals the fixture bit for bit:
-# rope_interleave's permutation there and back).
-mtp=$work/deepseek_v3_mtp
-mkdir -p "$mtp/in"
-cp "$fx/hf_deepseek_v3_mtp_tiny/"* "$mtp/in/"
-cp "$fx/hf_deepseek_v3_tiny/model.safetensors" "$mtp/in/model-00001-of-00002.safetensors"
-"$convert" --from hf --input "$mtp/in" --output "$mtp/ckpt" >"$mtp/import.out" 2>"$mtp/import.err" ||
-  { echo "deepseek_v3_mtp: import failed"; cat "$mtp/import.err"; exit 1; }
-[[ $(grep -c 'multi-token prediction' "$mtp/import.err") == 1 ]] &&
-  grep -qF 'num_nextn_predict_layers = 1: its 20 multi-token prediction tensors (model.layers.4.*) are not imported (MTP import comes later)' "$mtp/import.err" ||
-  { echo "deepseek_v3_mtp: expected one line saying the MTP tensors are not imported"; cat "$mtp/import.err"; exit 1; }
-echo "deepseek_v3_mtp: $(grep 'multi-token prediction' "$mtp/import.err" | sed 's/.*hf: //')"
-quiet "$mtp/export.log" "$convert" --to hf --input "$mtp/ckpt" --output "$mtp/hf"
-echo -n "deepseek_v3_mtp import, export: "
-"$compare" equal "$mtp/hf" "$fx/hf_deepseek_v3_tiny"
+# DeepSeek's multi-token prediction layer: hf_deepseek_v3_mtp.sh.
 # Qwen3 (make_hf_qwen3.py, saved and trained by transformers 5): qk-norm and head_dim 8 != 24 / 4.
 grep -q 'qk_norm: true' "$work/qwen3_tiny/ckpt.yaml" && grep -q 'head_dim: 8' "$work/qwen3_tiny/ckpt.yaml" &&
   grep -q '"head_dim": 8' "$work/qwen3_tiny/tp1pp1/hf/config.json" ||
@@ -320,10 +305,6 @@ variant_ds ds_head_dim 's/"qk_head_dim": 12/"qk_head_dim": 16/'
 expect_error ds_head_dim 'qk_head_dim = 16: must equal qk_nope_head_dim + qk_rope_head_dim (12' --from hf --input "$work/ds_head_dim" --output "$work/e24"
 variant_ds ds_layer_freq 's/"topk_group": 2,/"topk_group": 2, "moe_layer_freq": 2,/'
 expect_error ds_layer_freq 'moe_layer_freq = 2: not supported: it changes the model (only 1 is read)' --from hf --input "$work/ds_layer_freq" --output "$work/e25"
-# The MTP shard with num_nextn_predict_layers 0: its tensors are not part of the model.
-mkdir -p "$work/ds_no_mtp" && cp "$mtp/in/"*.safetensors "$mtp/in/model.safetensors.index.json" "$work/ds_no_mtp/"
-sed 's/"num_nextn_predict_layers": 1/"num_nextn_predict_layers": 0/' "$mtp/in/config.json" >"$work/ds_no_mtp/config.json"
-expect_error ds_no_mtp "unexpected tensor 'model.layers.4." --from hf --input "$work/ds_no_mtp" --output "$work/e26"
 refuse_export ds_softmax_export deepseek_v3_tiny moe_router_score_function softmax
 refuse_export ds_no_bias_export deepseek_v3_tiny moe_router_expert_bias false
 refuse_export ds_shared_export deepseek_v3_tiny moe_shared_expert_ffn_hidden_size 12
