@@ -869,6 +869,72 @@ TEST(HfModel, ReadsDeepseekV3) {
   }
 }
 
+// DeepSeek's multi-token prediction layer (hf_deepseek_v3_mtp_tiny: model.layers.4.* beside the
+// tiny model): enorm, hnorm, eh_proj, shared_head.norm and the decoder layer map to layers.4.* bit
+// for bit, the embed_tokens / shared_head.head copies must equal the model's, the export writes them
+// back. The import, training and refusals through convert_checkpoint: hf_deepseek_v3_mtp.sh.
+TEST(HfModel, DeepseekV3MultiTokenPrediction) {
+  TempDir dir;
+  const std::string folder = dir.str("mtp");
+  fs::create_directories(folder);
+  for (const auto& entry : fs::directory_iterator(fixtures_dir() + "/hf_deepseek_v3_mtp_tiny"))
+    fs::copy_file(entry.path(), fs::path(folder) / entry.path().filename());
+  fs::copy_file(fixtures_dir() + "/hf_deepseek_v3_tiny/model.safetensors",
+                fs::path(folder) / "model-00001-of-00002.safetensors");
+  const hf::HfModel ds = hf::model_from_config_json(read(folder + "/config.json"), "mtp");
+  ASSERT_EQ(ds.mtp_layers, 1);
+  ModelConfig m = ds.model;
+  m.mtp_num_layers = ds.mtp_layers;
+  const Tensors hf_tensors = hf::load_folder(folder);
+  const Tensors ours = hf::from_hf(hf_tensors, ds.architecture, m, "mtp");
+  for (const auto& [theirs, mine] : std::vector<std::pair<std::string, std::string>>{
+           {"model.layers.4.enorm.weight", "layers.4.enorm.weight"},
+           {"model.layers.4.hnorm.weight", "layers.4.hnorm.weight"},
+           {"model.layers.4.eh_proj.weight", "layers.4.eh_proj.weight"},
+           {"model.layers.4.shared_head.norm.weight", "layers.4.final_norm.weight"},
+           {"model.layers.4.input_layernorm.weight", "layers.4.input_norm.weight"},
+           {"model.layers.4.self_attn.kv_b_proj.weight", "layers.4.attention.kv_up.weight"},
+           {"model.layers.4.mlp.gate.e_score_correction_bias", "layers.4.mlp.router.e_score_correction_bias"},
+           {"model.layers.4.mlp.experts.7.down_proj.weight", "layers.4.mlp.experts.7.fc2.weight"},
+           {"model.layers.4.mlp.shared_experts.up_proj.weight", "layers.4.mlp.shared_expert.up.weight"}})
+    EXPECT_EQ(ours.at(mine).to_float_vector(), hf_tensors.at(theirs).to_float_vector()) << theirs;
+  // The fixture draws the two norms: a swap would show.
+  EXPECT_NE(ours.at("layers.4.enorm.weight").to_float_vector(),
+            ours.at("layers.4.hnorm.weight").to_float_vector());
+  EXPECT_FALSE(ours.count("layers.4.embed_tokens.weight"));
+  // The model's own parameters (test_mtp's names) and nothing else.
+  EXPECT_EQ(ours.size(), hf::llama_parameter_shapes(m).size());
+  const Tensors back = hf::to_hf(ours, ds.architecture, m);
+  ASSERT_EQ(back.size(), hf_tensors.size());
+  for (const auto& [name, t] : hf_tensors)
+    EXPECT_EQ(back.at(name).to_float_vector(), t.to_float_vector()) << name;
+
+  // A copy that differs from the model's embedding or head: refused, naming both.
+  for (const auto& [copy, of] : std::vector<std::pair<std::string, std::string>>{
+           {"model.layers.4.embed_tokens.weight", "model.embed_tokens.weight"},
+           {"model.layers.4.shared_head.head.weight", "lm_head.weight"}}) {
+    Tensors edited = hf_tensors;
+    Tensor changed = edited.at(copy).to(DType::F32).contiguous().clone();
+    changed.data<float>()[5] += 1.0f;
+    edited[copy] = changed;
+    EXPECT_THAT(error_of([&] { hf::from_hf(edited, ds.architecture, m, "mtp"); }),
+                HasSubstr("mtp: '" + copy + "' differs from '" + of + "'"));
+  }
+  Tensors missing = hf_tensors;
+  missing.erase("model.layers.4.shared_head.head.weight");
+  EXPECT_THAT(error_of([&] { hf::from_hf(missing, ds.architecture, m, "mtp"); }),
+              HasSubstr("missing tensor 'model.layers.4.shared_head.head.weight'"));
+
+  // config.json: num_nextn_predict_layers is model.mtp_num_layers; only DeepSeek-V3 holds MTP.
+  const json written = json::parse(hf::config_json_for(m, ds.architecture, "float32"));
+  EXPECT_EQ(written["num_nextn_predict_layers"], 1);
+  EXPECT_EQ(hf::model_from_config_json(written.dump(), "back").mtp_layers, 1);
+  ModelConfig llama = llama_model();
+  llama.mtp_num_layers = 1;
+  EXPECT_THAT(error_of([&] { hf::config_json_for(llama, hf::Architecture::Llama, "float32"); }),
+              HasSubstr("LlamaForCausalLM cannot hold this model: model.mtp_num_layers = 1"));
+}
+
 TEST(HfModel, WritesAConfigJsonThatReadsBackAsTheModel) {
   for (const char* name : {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}) {
     const hf::HfModel in = hf::model_from_config_json(fixture_config(name).dump(), name);
