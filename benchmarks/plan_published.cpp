@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -41,6 +42,54 @@ constexpr Row kTable1[] = {
     {"529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163}, {"1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163},
 };
 
+// The row's model and published layout with micro-batch `mb`.
+std::string row_yaml(const Row& r, int mb, double dropout) {
+  return fmt::format(R"(
+model:
+  num_layers: {}
+  hidden_size: {}
+  num_attention_heads: {}
+  vocab_size: 51200
+  seq_length: 2048
+  dropout: {}
+parallel: {{tensor: {}, pipeline: {}}}
+train: {{micro_batch_size: {}, global_batch_size: {}, precision: fp16, recompute: full, steps: 1}}
+data: {{path: synthetic}}
+)",
+                     r.layers, r.hidden, r.heads, dropout, r.tp, r.pp, mb, r.batch);
+}
+
+// Compute seconds of one representative's step by op (replayed micro-batches counted), the largest
+// first: where the predicted time goes.
+std::string op_breakdown(const parallel::Config& c, int world_size, int rank,
+                         const parallel::plan::CostModel& cost) {
+  using parallel::TimelineEntry;
+  const parallel::plan::RankTrace t = parallel::plan::trace_step(c, world_size, rank);
+  std::vector<double> times(t.timeline.size() + 1, 0.0);  // difference array of replay coverage
+  for (const TimelineEntry& e : t.timeline)
+    if (e.kind == TimelineEntry::Kind::Replay) {
+      times[static_cast<std::size_t>(e.replay_begin)] += 1;
+      times[static_cast<std::size_t>(e.replay_end)] -= 1;
+    }
+  std::map<std::string, double> seconds;
+  double total = 0, repeat = 1;
+  for (std::size_t i = 0; i < t.timeline.size(); ++i) {
+    repeat += times[i];
+    const TimelineEntry& e = t.timeline[i];
+    if (e.kind != TimelineEntry::Kind::Op) continue;
+    const double s = repeat * cost.op_seconds(e.op);
+    seconds[e.op.op] += s;
+    total += s;
+  }
+  std::vector<std::pair<double, std::string>> sorted;
+  for (const auto& [op, s] : seconds) sorted.emplace_back(s, op);
+  std::sort(sorted.rbegin(), sorted.rend());
+  std::string out = fmt::format("rank {} compute {:.3f} s:", rank, total);
+  for (const auto& [s, op] : sorted)
+    if (s > 0.005 * total) out += fmt::format(" {} {:.3f} ({:.1f} %),", op, s, 100 * s / total);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,13 +99,28 @@ int main(int argc, char** argv) {
   app.add_option("--hardware", hardware, "hardware description")->check(CLI::ExistingFile);
   app.add_option("--rows", rows_arg, "comma-separated row indices (default: all)");
   app.add_option("--micro-batches", micro_batches, "micro-batch sizes to try");
-  bool search = false;
+  bool search = false, breakdown = false;
+  std::string attention = "unfused";
+  double dropout = 0.1;
+  app.add_option("--attention", attention,
+                 "attention kernel of the system planned: unfused (Megatron-LM 2021: the score matrix "
+                 "materialised) or fused (this library's)")
+      ->check(CLI::IsMember({"fused", "unfused"}));
+  app.add_option("--dropout", dropout,
+                 "hidden and attention dropout (Megatron-LM's defaults, 0.1 both; the model's dropout and "
+                 "the unfused attention's)");
+  app.add_flag("--breakdown", breakdown,
+               "after each row, the first stage's compute seconds by op (where the predicted time goes)");
   app.add_flag(
       "--search", search,
       "also search each row's layouts (layout_search.hpp) and print the fastest, its step time against "
       "the published layout's prediction, and the search's time");
   CLI11_PARSE(app, argc, argv);
   const parallel::HardwareDescription hw = parallel::load_hardware(hardware);
+  const parallel::plan::CostOptions options{.attention = attention == "fused"
+                                                             ? parallel::plan::AttentionKernel::Fused
+                                                             : parallel::plan::AttentionKernel::Unfused,
+                                            .attention_dropout = dropout};
   std::vector<int> rows;
   if (rows_arg.empty()) {
     for (int i = 0; i < static_cast<int>(std::size(kTable1)); ++i) rows.push_back(i);
@@ -65,7 +129,8 @@ int main(int argc, char** argv) {
     std::string item;
     while (std::getline(ss, item, ',')) rows.push_back(std::stoi(item));
   }
-  std::printf("hardware: %s (%s)\n\n", hw.name.c_str(), hardware.c_str());
+  std::printf("hardware: %s (%s); attention %s, dropout %g\n\n", hw.name.c_str(), hardware.c_str(),
+              attention.c_str(), dropout);
   std::printf(
       "| model | GPUs | tp | pp | dp | batch | micro-batch | published TFLOP/s/GPU | predicted | predicted / "
       "published | step (s) | bubble | exposed tp / dp / pp (s) | plan time (s) |%s\n"
@@ -84,20 +149,8 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     for (int mb : micro_batches) {
       if ((r.batch / dp) % mb != 0) continue;
-      const std::string yaml = fmt::format(R"(
-model:
-  num_layers: {}
-  hidden_size: {}
-  num_attention_heads: {}
-  vocab_size: 51200
-  seq_length: 2048
-parallel: {{tensor: {}, pipeline: {}}}
-train: {{micro_batch_size: {}, global_batch_size: {}, precision: fp16, recompute: full, steps: 1}}
-data: {{path: synthetic}}
-)",
-                                           r.layers, r.hidden, r.heads, r.tp, r.pp, mb, r.batch);
-      const parallel::Config c = parallel::parse_config(yaml, {}, r.gpus);
-      parallel::plan::StepPlan p = parallel::plan::plan_step(c, r.gpus, hw);
+      const parallel::Config c = parallel::parse_config(row_yaml(r, mb, dropout), {}, r.gpus);
+      parallel::plan::StepPlan p = parallel::plan::plan_step(c, r.gpus, hw, 0, options);
       const double B = r.batch, s = 2048, l = r.layers, h = r.hidden, V = 51200;
       const double flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
       const double tflops = flops / (p.sim.step_time_s * r.gpus) / 1e12;
@@ -135,6 +188,11 @@ data: {{path: synthetic}}
         r.params, r.gpus, r.tp, r.pp, dp, r.batch, best_mb, r.published_tflops, best_tflops, ratio,
         best.sim.step_time_s, 100 * best.sim.bubble_fraction, best.sim.exposed_s.at("tp"),
         best.sim.exposed_s.at("dp"), best.sim.exposed_s.at("pp"), seconds, searched.c_str());
+    if (breakdown) {
+      const parallel::Config c = parallel::parse_config(row_yaml(r, best_mb, dropout), {}, r.gpus);
+      const parallel::plan::CostModel cost(hw, r.gpus, 0, options);
+      std::printf("    %s\n", op_breakdown(c, r.gpus, 0, cost).c_str());
+    }
     std::fflush(stdout);
   }
   std::vector<double> sorted = errors;

@@ -56,10 +56,38 @@ double tree_all_reduce_seconds(double bytes, int n, double bw, double latency);
 double all_reduce_seconds(double bytes, int n, double bw, double latency);   // min of the two
 double ring_gather_seconds(double bytes, int n, double bw, double latency);  // reduce_scatter, all_gather
 
+// How the software being planned runs what the trace records, where it is not this library's
+// kernels: a property of the system (its framework and version), not of the machine (hardware.hpp)
+// and not of the model (config.hpp), stated per plan.
+enum class AttentionKernel {
+  // One fused kernel (flash attention, this library's attention_forward / attention_backward):
+  // the FLOPs as recorded (a causal mask halves them), q, k, v, out and lse through memory.
+  Fused,
+  // The score matrix materialised, as Megatron-LM ran attention in 2021 (Narayanan et al., SC21,
+  // section 4.2): per call, with N = b * heads * s * s_k scores in the compute dtype (e bytes),
+  //   forward:  batched GEMM Q K^T (2 N d FLOPs, writes N e; the whole matrix, a causal mask
+  //             computes every score and masks it), a fused scale-mask-softmax (reads and writes
+  //             N e), dropout on the probabilities when attention_dropout > 0 (reads N e, writes
+  //             N e and a one-byte mask per score), batched GEMM P V (2 N dv, reads N e), and the
+  //             context's permute to [s, b, h] (reads and writes the output);
+  //   backward: dP = dO V^T (writes N e), the dropout's backward (reads N e and the mask, writes
+  //             N e), dV = P^T dO (reads N e), the softmax's backward (reads the probabilities and
+  //             their gradient, writes N e), dQ = dS K and dK = dS^T Q (each reads N e), and the
+  //             gradient's permute.
+  // Each kernel costs as an op does (overhead + max(compute, bytes / bandwidth)), the GEMMs at
+  // the shape curve's efficiency for (s s_k d)^(1/3), the rest at the vector rate.
+  Unfused,
+};
+struct CostOptions {
+  AttentionKernel attention = AttentionKernel::Fused;
+  double attention_dropout = 0;  // Unfused: dropout probability on the attention probabilities
+};
+
 class CostModel {
  public:
   // ranks_per_node <= 0: nodes filled with min(world_size, devices per node) ranks each.
-  CostModel(HardwareDescription hw, int world_size, int ranks_per_node = 0);
+  CostModel(HardwareDescription hw, int world_size, int ranks_per_node = 0, CostOptions options = {});
+  const CostOptions& options() const { return options_; }
   const HardwareDescription& hardware() const { return hw_; }
   int ranks_per_node() const { return ranks_per_node_; }
   // The fraction of one device's compute and memory bandwidth a rank gets: min(1, devices /
@@ -75,7 +103,13 @@ class CostModel {
   double p2p_seconds(int64_t bytes, int a, int b) const;
 
  private:
+  // One kernel: overhead + max(flops at the rate, bytes at the bandwidth); `matmul_size` > 0 takes
+  // the matmul peak of `dtype` at that size's efficiency, else the vector rate.
+  double kernel_seconds(double flops, double bytes, DType dtype, double matmul_size) const;
+  double unfused_attention_seconds(const OpEvent& e) const;
+
   HardwareDescription hw_;
+  CostOptions options_;
   int world_size_;
   int ranks_per_node_;
   double share_;
@@ -197,7 +231,8 @@ struct StepPlan {
   int ranks_per_node = 0;
   double share = 1;
 };
-StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node = 0);
+StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node = 0,
+                   const CostOptions& options = {});
 // plan.json's time fields as one JSON object (step_time_s, tokens_per_s, mfu, ...).
 std::string step_plan_json(const StepPlan& p);
 std::string step_plan_table(const StepPlan& p);

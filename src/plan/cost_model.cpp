@@ -27,8 +27,10 @@ double ring_gather_seconds(double bytes, int n, double bw, double latency) {
   return static_cast<double>(n - 1) / n * bytes / bw + (n - 1) * latency;
 }
 
-CostModel::CostModel(HardwareDescription hw, int world_size, int ranks_per_node)
-    : hw_(std::move(hw)), world_size_(world_size) {
+CostModel::CostModel(HardwareDescription hw, int world_size, int ranks_per_node, CostOptions options)
+    : hw_(std::move(hw)), options_(options), world_size_(world_size) {
+  PARALLEL_CHECK(options_.attention_dropout >= 0 && options_.attention_dropout < 1,
+                 "CostModel: attention_dropout = {} must be in [0, 1)", options_.attention_dropout);
   PARALLEL_CHECK(world_size >= 1, "CostModel: world size {} must be >= 1", world_size);
   ranks_per_node_ = ranks_per_node > 0 ? ranks_per_node : std::min(world_size, hw_.devices_per_node);
   share_ = std::min(1.0, static_cast<double>(hw_.devices_per_node) / ranks_per_node_);
@@ -38,7 +40,55 @@ bool CostModel::is_matmul(const OpEvent& e) const {
   return e.op == "gemm" || e.op == "gemm_bias" || e.op == "attention_forward" || e.op == "attention_backward";
 }
 
+double CostModel::kernel_seconds(double flops, double bytes, DType dtype, double matmul_size) const {
+  const double bw = hw_.memory_bandwidth_GBps * 1e9 * share_;
+  const double rate = matmul_size > 0
+                          ? hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(matmul_size) * share_
+                          : hw_.vector_tflops * 1e12 * share_;
+  return hw_.op_overhead_us * 1e-6 + std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
+}
+
+double CostModel::unfused_attention_seconds(const OpEvent& e) const {
+  const bool forward = e.op == "attention_forward";
+  // forward reads q, k, v; backward reads dout, q, k, v, out, lse (ops.cpp's record order)
+  const Shape& q = e.shapes[forward ? 0 : 1];
+  const Shape& k = e.shapes[forward ? 1 : 2];
+  const Shape& v = e.shapes[forward ? 2 : 3];
+  const DType dtype = e.dtypes[forward ? 0 : 1];
+  const double es = static_cast<double>(dtype_size(dtype));
+  const double s = static_cast<double>(q[0]), b = static_cast<double>(q[1]),
+               heads = static_cast<double>(q[2]);
+  const double d = static_cast<double>(q[3]), sk = static_cast<double>(k[0]), dv = static_cast<double>(v[3]);
+  const double n = b * heads * s * sk;  // scores
+  const double q_bytes = s * b * heads * d * es,
+               k_bytes = static_cast<double>(k[0] * k[1] * k[2] * k[3]) * es;
+  const double v_bytes = static_cast<double>(v[0] * v[1] * v[2] * v[3]) * es,
+               o_bytes = s * b * heads * dv * es;
+  const double size = std::cbrt(s * sk * d), size_v = std::cbrt(s * sk * dv);
+  const bool dropout = options_.attention_dropout > 0;
+  double t = 0;
+  if (forward) {
+    t += kernel_seconds(2 * n * d, q_bytes + k_bytes + n * es, dtype, size);     // Q K^T
+    t += kernel_seconds(5 * n, 2 * n * es, dtype, 0);                            // scale, mask, softmax
+    if (dropout) t += kernel_seconds(2 * n, 2 * n * es + n, dtype, 0);           // dropout, its mask
+    t += kernel_seconds(2 * n * dv, n * es + v_bytes + o_bytes, dtype, size_v);  // P V
+    t += kernel_seconds(0, 2 * o_bytes, dtype, 0);                               // permute to [s, b, h]
+    return t;
+  }
+  t += kernel_seconds(0, 2 * o_bytes, dtype, 0);                               // the gradient's permute
+  t += kernel_seconds(2 * n * dv, o_bytes + v_bytes + n * es, dtype, size_v);  // dP = dO V^T
+  if (dropout) t += kernel_seconds(n, 2 * n * es + n, dtype, 0);               // dropout backward
+  t += kernel_seconds(2 * n * dv, n * es + o_bytes + v_bytes, dtype, size_v);  // dV = P^T dO
+  t += kernel_seconds(4 * n, 3 * n * es, dtype, 0);                            // softmax backward
+  t += kernel_seconds(2 * n * d, n * es + k_bytes + q_bytes, dtype, size);     // dQ = dS K
+  t += kernel_seconds(2 * n * d, n * es + q_bytes + k_bytes, dtype, size);     // dK = dS^T Q
+  return t;
+}
+
 double CostModel::op_seconds(const OpEvent& e) const {
+  if (options_.attention == AttentionKernel::Unfused &&
+      (e.op == "attention_forward" || e.op == "attention_backward"))
+    return unfused_attention_seconds(e);
   const double bytes = static_cast<double>(e.bytes_read + e.bytes_written);
   const double bw = hw_.memory_bandwidth_GBps * 1e9 * share_;
   double rate = hw_.vector_tflops * 1e12 * share_;

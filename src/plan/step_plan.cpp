@@ -64,10 +64,11 @@ double model_flops_per_step(const Config& c) {
   return 3 * forward_per_token * tokens;
 }
 
-StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node) {
+StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node,
+                   const CostOptions& options) {
   StepPlan p;
   p.world_size = world_size;
-  const CostModel cost(hw, world_size, ranks_per_node);
+  const CostModel cost(hw, world_size, ranks_per_node, options);
   p.ranks_per_node = cost.ranks_per_node();
   p.share = cost.share();
   p.oversubscribed = cost.oversubscribed();
