@@ -135,10 +135,10 @@ int main(int argc, char** argv) {
       "| model | GPUs | tp | pp | dp | batch | micro-batch | published TFLOP/s/GPU | predicted | predicted / "
       "published | step (s) | bubble | exposed tp / dp / pp (s) | plan time (s) |%s\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
-      search
-          ? " searched: fastest layout | its step (s) | searched / published-layout step | search time (s) |"
-          : "",
-      search ? "---|---|---|---|" : "");
+      search ? " searched: fastest layout | its step (s) | searched / published-layout step | enumerated / "
+               "simulated / memory plans | search time (s) |"
+             : "",
+      search ? "---|---|---|---|---|" : "");
   std::vector<double> errors;
   for (int i : rows) {
     const Row& r = kTable1[i];
@@ -166,20 +166,21 @@ int main(int argc, char** argv) {
     std::string searched;
     if (search) {
       const std::string yaml = fmt::format(R"(
-model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, vocab_size: 51200, seq_length: 2048}}
+model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, vocab_size: 51200, seq_length: 2048, dropout: {}}}
 train: {{micro_batch_size: 1, global_batch_size: {}, precision: fp16, recompute: full, steps: 1}}
 data: {{path: synthetic}}
 )",
-                                           r.layers, r.hidden, r.heads, r.batch);
+                                           r.layers, r.hidden, r.heads, dropout, r.batch);
       const parallel::Config c = parallel::parse_config(yaml, {}, 1);
-      const parallel::plan::SearchResult found = parallel::plan::search_layouts(c, r.gpus, hw, {.top_k = 1});
+      const parallel::plan::SearchResult found =
+          parallel::plan::search_layouts(c, r.gpus, hw, {.top_k = 1, .cost = options});
       if (found.top.empty()) {
         searched = fmt::format(" none fits | | | {:.1f} |", found.seconds);
       } else {
         const auto& best_layout = found.top.front();
-        searched =
-            fmt::format(" {} | {:.2f} | {:.3f} | {:.1f} |", best_layout.layout, best_layout.step_time_s,
-                        best_layout.step_time_s / best.sim.step_time_s, found.seconds);
+        searched = fmt::format(" {} | {:.2f} | {:.3f} | {} / {} / {} | {:.1f} |", best_layout.layout,
+                               best_layout.step_time_s, best_layout.step_time_s / best.sim.step_time_s,
+                               found.enumerated, found.simulated, found.memory_plans, found.seconds);
       }
     }
     std::printf(

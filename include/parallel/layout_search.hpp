@@ -44,6 +44,7 @@ struct SearchOptions {
   // Simulate every layout that passes the rules and the memory bound (no time bound, no recompute
   // dominance): the brute force the tests hold the search to.
   bool exhaustive = false;
+  CostOptions cost;  // how the planned system's kernels are costed (step_cost.hpp), as plan_step
 };
 
 struct SearchedLayout {
@@ -68,6 +69,8 @@ struct SearchResult {
 SearchResult search_layouts(const Config& base, int world_size, const HardwareDescription& hw,
                             const SearchOptions& options = {});
 std::string layout_name(const Config& c);
+// Pruning 2's bound on a validated layout's largest rank (bytes, the allocator's peak).
+double memory_lower_bound(const Config& c);
 std::string search_table(const SearchResult& r);
 std::string search_json(const SearchResult& r, int world_size, const std::string& hardware);
 

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 
 #include "parallel/error.hpp"
 #include "parallel/memory_plan.hpp"
+#include "parallel/parallel_state.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/precision.hpp"
 #include "parallel/sharding.hpp"
@@ -53,12 +55,21 @@ double layer_weights(const ModelConfig& m, int layer, int ep) {
   return h * (h + 2 * kv) + h * h + mlp;
 }
 
-// Lower bound on a rank's bytes (layout_search.hpp, pruning 2): the fewest layers a stage holds.
+// Lower bound on a rank's bytes (layout_search.hpp, pruning 2): the fewest layers a stage holds, their
+// weights and AdamW moments, and the activations the first stage keeps at the peak of its schedule:
+// under 1F1B and interleaving it runs min(pp, micro-batches) forwards before its first backward, and
+// keeps, per layer and token of each, at least the layer's input (full recompute keeps only that;
+// [s, b, h] split over tp under sequence parallelism), and without full recompute also the
+// attention's q, k and v and the MLP's first output (which the backward reads).
+}  // namespace
+
 double memory_lower_bound(const Config& c) {
   const ParallelConfig& p = c.parallel;
+  const ModelConfig& m = c.model;
   const int stages = p.pipeline;
+  const int layers = m.num_layers / stages;
   double weights = 0;
-  for (int i = 0; i < c.model.num_layers / stages; ++i) weights += layer_weights(c.model, i, p.expert);
+  for (int i = 0; i < layers; ++i) weights += layer_weights(m, i, p.expert);
   weights /= p.tensor;
   const double shards = static_cast<double>(p.data) * p.context;
   const Sharding s = c.optimizer.sharding;
@@ -66,17 +77,49 @@ double memory_lower_bound(const Config& c) {
   const double values = weights * value_bytes / (s == Sharding::OptimGradsParams ? shards : 1.0);
   const double moments =
       c.optimizer.type == OptimizerType::AdamW ? weights * 8 / (s != Sharding::None ? shards : 1.0) : 0.0;
-  return values + moments;
+  double activations = 0;
+  if (m.num_experts == 0 && !m.is_mla()) {
+    const double h = m.hidden_size, tp = p.tensor, sp = p.sequence_parallel ? tp : 1.0;
+    const double groups = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
+    const double kv = h / m.num_attention_heads * groups;
+    const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
+    const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
+    double per_token = h / sp;
+    if (c.train.recompute != Recompute::Full) per_token += (h + 2 * kv) / tp + gated * ffn / tp;
+    const double micro_batches = static_cast<double>(c.train.global_batch_size) /
+                                 (static_cast<double>(c.train.micro_batch_size) * p.data);
+    const bool one_f_one_b = p.pipeline_schedule == PipelineSchedule::OneFOneB ||
+                             p.pipeline_schedule == PipelineSchedule::Interleaved;
+    const double in_flight = one_f_one_b ? std::min<double>(stages, micro_batches) : 1.0;
+    const double tokens = static_cast<double>(c.train.micro_batch_size) * m.seq_length / p.context;
+    activations = layers * in_flight * tokens * per_token * value_bytes;
+  }
+  return values + moments + activations;
 }
 
-// Lower bound on the step time (layout_search.hpp, pruning 3): the compute stream of a rank holding
-// the fewest layers runs every micro-batch's GEMMs and attention at least, each at the rate the
-// cost model gives its size (m n k)^(1/3) at most (a GEMM the model splits further is smaller and
-// slower; the backward's two GEMMs per weight have the forward's size), after the pipeline's fill.
-double time_lower_bound(const Config& c, const HardwareDescription& hw, double share) {
+namespace {
+
+// Lower bound on the step time (layout_search.hpp, pruning 3), for the last pipeline stage (it holds
+// at least num_layers / pp layers and starts after the first micro-batch's forward has passed the
+// stages before it). Its compute stream runs, per micro-batch and layer, at least:
+//   - the GEMMs, each at the rate the cost model gives its size (m n k)^(1/3) at most (a GEMM the
+//     model splits further is smaller and slower; the backward's two GEMMs per weight have the
+//     forward's size), the forward again under full recompute;
+//   - attention: the forward and the backward as the cost model prices the ops the trace records
+//     (their FLOPs, and for the unfused kernel its passes over the scores), the forward again under
+//     full recompute;
+//   - tensor parallelism's forward collectives, which block the compute stream (the backward's are
+//     asynchronous and not counted): per layer the attention's and the MLP's output all-reduce, or
+//     with sequence parallelism their all-gather and reduce-scatter, again under full recompute;
+// and after its last backward, without overlap_grad_reduce and with gradients reduced once a step
+// (sharding none or optim), the data-parallel reduction of its gradients (at 2 bytes an element:
+// no gradient is reduced in less).
+double time_lower_bound(const Config& c, const CostModel& cost, int world_size) {
+  const HardwareDescription& hw = cost.hardware();
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
-  const double rate = hw.matmul_flops(compute_dtype(c.train.precision)) * share;
+  const DType dtype = compute_dtype(c.train.precision);
+  const double rate = hw.matmul_flops(dtype) * cost.share();
   const auto gemm = [&](double mm, double n, double k) {
     return 2 * mm * n * k / (rate * hw.matmul_efficiency_at(std::cbrt(mm * n * k)));
   };
@@ -87,32 +130,119 @@ double time_lower_bound(const Config& c, const HardwareDescription& hw, double s
   const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
   const double tokens = static_cast<double>(c.train.micro_batch_size) * m.seq_length / p.context;
   const double local_seq = static_cast<double>(m.seq_length) / p.context;
-  // Causal attention of this rank's heads over its share of the sequence (forward).
-  const double attention_flops =
-      2.0 * m.seq_length * m.seq_length * c.train.micro_batch_size * (heads / p.tensor) * d / p.context;
-  const double attention =
-      attention_flops / (rate * hw.matmul_efficiency_at(std::cbrt(local_seq * local_seq * d)));
+  const bool full = c.train.recompute == Recompute::Full;
+  // Attention of this rank's heads over its share of the sequence.
+  double attention_forward = 0, attention_backward = 0;
+  if (p.context == 1 && !m.is_mla() && m.head_dim == 0 && m.sliding_window == 0 &&
+      static_cast<int>(heads) % p.tensor == 0 && static_cast<int>(groups) % p.tensor == 0) {
+    const int64_t s = m.seq_length, b = c.train.micro_batch_size, hd = m.hidden_size / m.num_attention_heads;
+    const Shape q{s, b, m.num_attention_heads / p.tensor, hd};
+    const Shape k{s, b, static_cast<int64_t>(groups) / p.tensor, hd};
+    OpEvent f;
+    f.op = "attention_forward";
+    f.shapes = {q, k, k};
+    f.dtypes = {dtype, dtype, dtype};
+    f.flops = 2.0 * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(b) *
+              static_cast<double>(q[2]) * static_cast<double>(2 * hd) / 2;  // causal
+    OpEvent g = f;
+    g.op = "attention_backward";
+    g.shapes = {q, q, k, k};
+    g.dtypes = {dtype, dtype, dtype, dtype};
+    g.flops = 2.5 * f.flops;
+    attention_forward = cost.op_seconds(f);
+    attention_backward = cost.op_seconds(g);
+  } else {
+    const double flops =
+        2.0 * m.seq_length * m.seq_length * c.train.micro_batch_size * (heads / p.tensor) * d / p.context;
+    attention_forward = flops / (rate * hw.matmul_efficiency_at(std::cbrt(local_seq * local_seq * d)));
+    attention_backward = 2.5 * attention_forward;
+  }
+  const auto grid =
+      RankGrid::from_world(world_size, p.tensor, p.pipeline, p.context, p.expert, p.expert_tensor);
+  double tp_collective = 0;  // one forward output's collectives
+  if (p.tensor > 1) {
+    CommEvent e;
+    e.group = "tp";
+    for (int t = 0; t < p.tensor; ++t) e.ranks.push_back(grid.rank(Coord{.tp = t}));
+    e.bytes = static_cast<int64_t>(tokens * h) * static_cast<int64_t>(dtype_size(dtype));
+    e.dtype = dtype;
+    if (p.sequence_parallel) {
+      e.kind = "all_gather";
+      tp_collective = cost.collective_seconds(e);
+      e.kind = "reduce_scatter";
+      tp_collective += cost.collective_seconds(e);
+    } else {
+      e.kind = "all_reduce";
+      tp_collective = cost.collective_seconds(e);
+    }
+  }
   const int layers = m.num_layers / p.pipeline;  // every stage holds at least this many
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, forward_comm = 0, stage_weights = 0;
   for (int i = 0; i < layers; ++i) {
     const bool moe = m.num_experts > 0 && i % std::max(1, m.moe_layer_freq) == 0;
     double g = gemm(tokens, (h + 2 * kv) / p.tensor, h) + gemm(tokens, h, h / p.tensor);
     if (!moe) g += gemm(tokens, gated * ffn / p.tensor, h) + gemm(tokens, h, ffn / p.tensor);
-    forward += g + attention;
-    backward += 2 * g + 2.5 * attention;
+    forward += g + attention_forward;
+    backward += 2 * g + attention_backward;
+    forward_comm += tp_collective * (moe ? 1 : 2);
+    stage_weights += layer_weights(m, i, p.expert) / p.tensor;
   }
   if (p.pipeline == 1) {  // the one stage also has the output layer
     const double out = gemm(tokens, static_cast<double>(m.vocab_size) / p.tensor, h);
     forward += out;
     backward += 2 * out;
   }
-  const double recompute = c.train.recompute == Recompute::Full ? forward : 0.0;
+  const double recompute = full ? forward + forward_comm : 0.0;
   const double micro_batches = static_cast<double>(c.train.global_batch_size) /
                                (static_cast<double>(c.train.micro_batch_size) * p.data);
   // The last stage starts no work before the first micro-batch's forward has passed the pp - 1
   // stages before it (any schedule): pp - 1 chunks of layers / (pp v) layers each.
   const double fill = (p.pipeline - 1) * forward / p.virtual_stages;
-  return fill + micro_batches * (forward + backward + recompute);
+  // 1F1B and interleaved: the last stage's last work is the last micro-batch's backward (of its
+  // first chunk); the pp - 1 stages before it then each run their backward of it in turn (chunks of
+  // layers / (pp v) layers), the first stage last. Zero-bubble schedules defer weight gradients into
+  // that drain, so it is counted for the other two only.
+  const bool drains = p.pipeline_schedule == PipelineSchedule::OneFOneB ||
+                      p.pipeline_schedule == PipelineSchedule::Interleaved;
+  const double drain = drains ? (p.pipeline - 1) * (backward + recompute) / p.virtual_stages : 0.0;
+  double reduction = 0;
+  const Sharding sharding = c.optimizer.sharding;
+  if (!c.optimizer.overlap_grad_reduce && m.num_experts == 0 && p.data * p.context > 1 &&
+      (sharding == Sharding::None || sharding == Sharding::Optim) && c.optimizer.sharding_group_size == 0) {
+    CommEvent e;
+    e.group = "dp";
+    for (int cp = 0; cp < p.context; ++cp)
+      for (int dp = 0; dp < p.data; ++dp)
+        e.ranks.push_back(grid.rank(Coord{.cp = cp, .dp = dp, .pp = p.pipeline - 1}));
+    e.bytes = static_cast<int64_t>(stage_weights * 2);
+    e.dtype = dtype;
+    e.kind = sharding == Sharding::None ? "all_reduce" : "reduce_scatter";
+    reduction = cost.collective_seconds(e);
+  }
+  const double compute_bound =
+      fill + micro_batches * (forward + forward_comm + backward + recompute) + std::max(drain, reduction);
+  // The sharded data-parallel group's stream runs its calls one after another within the step:
+  // under optim_grads_params every micro-batch's forward gathers the stage's parameters (at least
+  // one all-gather of all of them: splitting it only adds latency), and the gradients are
+  // reduce-scattered at least once.
+  double stream_bound = 0;
+  if ((sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams) && m.num_experts == 0 &&
+      p.data * p.context > 1 && c.optimizer.sharding_group_size == 0) {
+    CommEvent e;
+    e.group = "dp";
+    for (int cp = 0; cp < p.context; ++cp)
+      for (int dp = 0; dp < p.data; ++dp) e.ranks.push_back(grid.rank(Coord{.cp = cp, .dp = dp}));
+    e.dtype = dtype;
+    e.kind = "reduce_scatter";
+    e.bytes = static_cast<int64_t>(stage_weights * 2);
+    stream_bound = cost.collective_seconds(e);
+    if (sharding == Sharding::OptimGradsParams) {
+      e.kind = "all_gather";
+      e.bytes = static_cast<int64_t>(stage_weights * static_cast<double>(dtype_size(dtype)));
+      stream_bound += micro_batches * cost.collective_seconds(e);
+    }
+  }
+  return std::max(compute_bound, stream_bound);
 }
 
 }  // namespace
@@ -131,7 +261,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
   result.memory_limit_bytes = hw.memory_GiB * 1024.0 * 1024.0 * 1024.0;
-  const CostModel cost(hw, world_size, options.ranks_per_node);
+  const CostModel cost(hw, world_size, options.ranks_per_node, options.cost);
   const ModelConfig& m = base.model;
   const int node = std::min(world_size, hw.devices_per_node);
 
@@ -197,7 +327,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
                       ++result.rejected_by_memory_bound;
                       continue;
                     }
-                    const double bound = time_lower_bound(c, hw, cost.share());
+                    const double bound = time_lower_bound(c, cost, world_size);
                     candidates.push_back({std::move(c), bound});
                   }
               }
@@ -251,8 +381,11 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
       continue;
     }
     weaker_settled[key] = true;  // unless it turns out not to fit, below
-    const StepPlan p = plan_step(cand.config, world_size, hw, options.ranks_per_node);
+    const StepPlan p = plan_step(cand.config, world_size, hw, options.ranks_per_node, options.cost);
     ++result.simulated;
+    if (std::getenv("SEARCH_DEBUG"))
+      fmt::print(stderr, "{:.4f} {:.4f} {:.3f} {}\n", cand.bound, p.sim.step_time_s,
+                 p.sim.step_time_s / cand.bound, layout_name(cand.config));
     if (p.sim.step_time_s >= kth() && !options.exhaustive) continue;
     int64_t peak = 0;
     const MemoryPlan mem = plan_memory(cand.config, world_size);

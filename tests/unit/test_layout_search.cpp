@@ -84,6 +84,8 @@ TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
   double best = std::numeric_limits<double>::infinity();
   int fits = 0, too_big = 0;
   for (const SearchedLayout& s : all.top) {
+    EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;  // the bounds hold on every layout
+    EXPECT_LE(memory_lower_bound(s.config), static_cast<double>(s.peak_bytes)) << s.layout;
     if (static_cast<double>(s.peak_bytes) > r.memory_limit_bytes) {
       ++too_big;
       continue;
@@ -95,6 +97,21 @@ TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
   EXPECT_GT(fits, 0);
   EXPECT_EQ(r.top.front().step_time_s, best);
   EXPECT_LT(r.simulated, all.simulated);  // the pruning pruned
+}
+
+// The time bound under the unfused attention kernel (its passes over the scores are priced into the
+// bound) and dropout: below the predicted step time of every layout.
+TEST(LayoutSearch, TimeBoundHoldsUnderUnfusedAttention) {
+  SearchOptions o;
+  o.top_k = 1 << 20;
+  o.exhaustive = true;
+  o.micro_batch_sizes = {2};
+  o.cost = {.attention = AttentionKernel::Unfused, .attention_dropout = 0.1};
+  Config c = model();
+  c.model.dropout = 0.1;
+  const SearchResult all = search_layouts(c, 4, machine(1e6), o);
+  ASSERT_GT(all.top.size(), 10u);
+  for (const SearchedLayout& s : all.top) EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;
 }
 
 }  // namespace
