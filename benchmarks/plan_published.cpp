@@ -165,13 +165,8 @@ int main(int argc, char** argv) {
     errors.push_back(std::abs(ratio - 1));
     std::string searched;
     if (search) {
-      const std::string yaml = fmt::format(R"(
-model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, vocab_size: 51200, seq_length: 2048, dropout: {}}}
-train: {{micro_batch_size: 1, global_batch_size: {}, precision: fp16, recompute: full, steps: 1}}
-data: {{path: synthetic}}
-)",
-                                           r.layers, r.hidden, r.heads, dropout, r.batch);
-      const parallel::Config c = parallel::parse_config(yaml, {}, 1);
+      // From the published layout (planned first: the search's warm start), over every layout.
+      const parallel::Config c = parallel::parse_config(row_yaml(r, best_mb, dropout), {}, r.gpus);
       const parallel::plan::SearchResult found =
           parallel::plan::search_layouts(c, r.gpus, hw, {.top_k = 1, .cost = options});
       if (found.top.empty()) {

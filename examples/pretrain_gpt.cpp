@@ -34,6 +34,12 @@ int main(int argc, char** argv) {
                  "with --plan: plan a job of this many ranks (default: the ranks launched), so a large job "
                  "can be planned from one process")
       ->check(CLI::Range(1, 1 << 16));
+  std::string attention_kernel = "fused";
+  app.add_option("--attention-kernel", attention_kernel,
+                 "with --plan --hardware: how the planned system runs attention: fused (this library's "
+                 "kernel) or unfused (the score matrix materialised, as Megatron-LM in 2021, with "
+                 "model.dropout on the probabilities; docs/planner.md)")
+      ->check(CLI::IsMember({"fused", "unfused"}));
   std::string hardware_file;
   app.add_option("--hardware", hardware_file,
                  "with --plan: also predict the step time on this machine (configs/hardware/*.yaml; "
@@ -82,6 +88,10 @@ int main(int argc, char** argv) {
       throw parallel::ConfigError("pretrain_gpt: --ranks-per-node needs --hardware FILE");
     const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
     const parallel::Config config = parallel::load_config(config_file, overrides, world_size);
+    const parallel::plan::CostOptions cost_options{.attention = attention_kernel == "unfused"
+                                                                    ? parallel::plan::AttentionKernel::Unfused
+                                                                    : parallel::plan::AttentionKernel::Fused,
+                                                   .attention_dropout = config.model.dropout};
     if (plan_only) {
       // Every rank, so that all fail alike (one line naming train.output_dir, exit 2).
       parallel::check_writable_dir("train.output_dir", config.train.output_dir,
@@ -90,7 +100,8 @@ int main(int argc, char** argv) {
         if (rt.rank() != 0) return 0;
         const parallel::HardwareDescription hw = parallel::load_hardware(hardware_file);
         const parallel::plan::SearchResult result = parallel::plan::search_layouts(
-            config, world_size, hw, {.top_k = search_top, .ranks_per_node = ranks_per_node});
+            config, world_size, hw,
+            {.top_k = search_top, .ranks_per_node = ranks_per_node, .cost = cost_options});
         std::printf("layouts of %d ranks on %s (%s):\n%s", world_size, hw.name.c_str(), hardware_file.c_str(),
                     parallel::plan::search_table(result).c_str());
         const std::filesystem::path file = std::filesystem::path(config.train.output_dir) / "plan.json";
@@ -111,7 +122,7 @@ int main(int argc, char** argv) {
         if (!hardware_file.empty()) {
           const parallel::HardwareDescription hw = parallel::load_hardware(hardware_file);
           const parallel::plan::StepPlan time =
-              parallel::plan::plan_step(config, world_size, hw, ranks_per_node);
+              parallel::plan::plan_step(config, world_size, hw, ranks_per_node, cost_options);
           std::printf("time on %s (%s):\n%s", hw.name.c_str(), hardware_file.c_str(),
                       parallel::plan::step_plan_table(time).c_str());
           // One object: the time fields first, then the memory plan's.

@@ -45,6 +45,9 @@ struct SearchOptions {
   // dominance): the brute force the tests hold the search to.
   bool exhaustive = false;
   CostOptions cost;  // how the planned system's kernels are costed (step_cost.hpp), as plan_step
+  // Plan the configured layout first (when it is valid for the world size), so that the time bound
+  // prunes against it from the start (branch and bound's warm start).
+  bool seed_with_config = true;
 };
 
 struct SearchedLayout {

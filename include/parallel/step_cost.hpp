@@ -20,9 +20,9 @@
 // collective blocks the compute stream until it is done; an asynchronous one runs beside the ops
 // until the timeline's wait for it. Point-to-point messages start when both sides have posted them.
 // Time the compute stream spends blocked is "exposed": per dimension (group name -> dimension:
-// tp, etp -> tp; cp -> cp; dp, dp_cp, edp -> dp; pp, embedding, model, expert_model -> pp; ep -> ep).
-// A pipeline receive's blocked time beyond its own transfer time is the bubble (waiting for the
-// neighbour to compute), not exposed communication.
+// tp, etp -> tp; cp -> cp; dp, dp_cp, edp, dp_shard, dp_replica (HSDP) -> dp; pp, embedding, model,
+// expert_model -> pp; ep -> ep). A pipeline receive's blocked time beyond its own transfer time is the bubble
+// (waiting for the neighbour to compute), not exposed communication.
 //
 // Cost of one op at a rank's share of its device (hardware.hpp: ranks per node vs devices):
 //   matmul ops (gemm, gemm_bias, attention_*):

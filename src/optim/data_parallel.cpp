@@ -144,6 +144,9 @@ void DataParallel::build(const std::vector<Parameter*>& params, std::vector<std:
     for (int j = 0; j < n / k; ++j) replica_members.push_back(r % k + j * k);
     shard_owned_ = dp_.split_group(shard_members);
     replica_owned_ = dp_.split_group(replica_members);
+    // Named for the planner's simulation, which reports time per parallel dimension (step_cost.hpp).
+    shard_owned_->set_name("dp_shard");
+    replica_owned_->set_name("dp_replica");
     shard_ = shard_owned_.get();
     replica_ = replica_owned_.get();
   }

@@ -136,7 +136,8 @@ double CostModel::p2p_seconds(int64_t bytes, int a, int b) const {
 std::string dimension_of(const std::string& group) {
   if (group == "tp" || group == "etp") return "tp";
   if (group == "cp") return "cp";
-  if (group == "dp" || group == "dp_cp" || group == "edp") return "dp";
+  if (group == "dp" || group == "dp_cp" || group == "edp" || group == "dp_shard" || group == "dp_replica")
+    return "dp";
   if (group == "pp" || group == "embedding" || group == "model" || group == "expert_model" ||
       group == "world")
     return "pp";

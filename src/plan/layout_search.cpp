@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "parallel/error.hpp"
 #include "parallel/memory_plan.hpp"
@@ -56,11 +57,11 @@ double layer_weights(const ModelConfig& m, int layer, int ep) {
 }
 
 // Lower bound on a rank's bytes (layout_search.hpp, pruning 2): the fewest layers a stage holds, their
-// weights and AdamW moments, and the activations the first stage keeps at the peak of its schedule:
-// under 1F1B and interleaving it runs min(pp, micro-batches) forwards before its first backward, and
-// keeps, per layer and token of each, at least the layer's input (full recompute keeps only that;
-// [s, b, h] split over tp under sequence parallelism), and without full recompute also the
-// attention's q, k and v and the MLP's first output (which the backward reads).
+// weights, fp32 gradients and AdamW moments, and the activations the first stage keeps at the peak of its
+// schedule: under 1F1B and interleaving it runs min(pp, micro-batches) forwards before its first backward,
+// and keeps, per layer and token of each, at least the layer's input (full recompute keeps only that; [s, b,
+// h] split over tp under sequence parallelism), and without full recompute also the attention's q, k and v
+// and the MLP's first output (which the backward reads).
 }  // namespace
 
 double memory_lower_bound(const Config& c) {
@@ -94,7 +95,10 @@ double memory_lower_bound(const Config& c) {
     const double tokens = static_cast<double>(c.train.micro_batch_size) * m.seq_length / p.context;
     activations = layers * in_flight * tokens * per_token * value_bytes;
   }
-  return values + moments + activations;
+  // DataParallel's fp32 gradient buffer (grad_buffer.cpp), sharded with the gradients.
+  const bool grads_sharded = s == Sharding::OptimGrads || s == Sharding::OptimGradsParams;
+  const double gradients = weights * 4 / (grads_sharded ? shards : 1.0);
+  return values + moments + gradients + activations;
 }
 
 namespace {
@@ -222,9 +226,11 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   const double compute_bound =
       fill + micro_batches * (forward + forward_comm + backward + recompute) + std::max(drain, reduction);
   // The sharded data-parallel group's stream runs its calls one after another within the step:
-  // under optim_grads_params every micro-batch's forward gathers the stage's parameters (at least
-  // one all-gather of all of them: splitting it only adds latency), and the gradients are
-  // reduce-scattered at least once.
+  // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
+  // micro-batch, so every micro-batch's backward reduce-scatters the stage's fp32 gradients
+  // (grad_buffer.cpp), and under optim_grads_params every micro-batch's forward gathers its
+  // parameters, and its backward again when they were resharded after the forward (at least one
+  // collective of all of them each: splitting one only adds latency).
   double stream_bound = 0;
   if ((sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams) && m.num_experts == 0 &&
       p.data * p.context > 1 && c.optimizer.sharding_group_size == 0) {
@@ -232,14 +238,16 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     e.group = "dp";
     for (int cp = 0; cp < p.context; ++cp)
       for (int dp = 0; dp < p.data; ++dp) e.ranks.push_back(grid.rank(Coord{.cp = cp, .dp = dp}));
-    e.dtype = dtype;
+    e.dtype = DType::F32;
     e.kind = "reduce_scatter";
-    e.bytes = static_cast<int64_t>(stage_weights * 2);
-    stream_bound = cost.collective_seconds(e);
+    e.bytes = static_cast<int64_t>(stage_weights * 4);
+    stream_bound = micro_batches * cost.collective_seconds(e);
     if (sharding == Sharding::OptimGradsParams) {
       e.kind = "all_gather";
+      e.dtype = dtype;
       e.bytes = static_cast<int64_t>(stage_weights * static_cast<double>(dtype_size(dtype)));
-      stream_bound += micro_batches * cost.collective_seconds(e);
+      const double gathers = c.optimizer.reshard_after_forward ? 2 : 1;
+      stream_bound += micro_batches * gathers * cost.collective_seconds(e);
     }
   }
   return std::max(compute_bound, stream_bound);
@@ -249,11 +257,14 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
 
 std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
-  return fmt::format("tp{}{} pp{} v{} dp{} cp{} ep{} {} sharding {} recompute {} mb{}", p.tensor,
-                     p.sequence_parallel ? "+sp" : "", p.pipeline, p.virtual_stages, p.data, p.context,
-                     p.expert, pipeline::schedule_name(p.pipeline_schedule),
-                     sharding_name(c.optimizer.sharding), recompute_name(c.train.recompute),
-                     c.train.micro_batch_size);
+  const char* comms[] = {"p2p", "a2a", "allgather"};
+  return fmt::format(
+      "tp{}{} pp{} v{} dp{} cp{}{} ep{} {} sharding {}{} recompute {} mb{}", p.tensor,
+      p.sequence_parallel ? "+sp" : "", p.pipeline, p.virtual_stages, p.data, p.context,
+      p.context > 1 ? fmt::format(" {}", comms[static_cast<int>(p.context_comm)]) : "", p.expert,
+      pipeline::schedule_name(p.pipeline_schedule), sharding_name(c.optimizer.sharding),
+      c.optimizer.sharding_group_size > 0 ? fmt::format(" hsdp{}", c.optimizer.sharding_group_size) : "",
+      recompute_name(c.train.recompute), c.train.micro_batch_size);
 }
 
 SearchResult search_layouts(const Config& base, int world_size, const HardwareDescription& hw,
@@ -293,43 +304,56 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
               for (Sharding sharding :
                    {Sharding::None, Sharding::Optim, Sharding::OptimGrads, Sharding::OptimGradsParams}) {
                 if (dp * cp == 1 && sharding != Sharding::None) continue;
-                for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full})
-                  for (int mb : options.micro_batch_sizes) {
-                    ++result.enumerated;
-                    Config c = base;
-                    ParallelConfig& p = c.parallel;
-                    p.tensor = tp;
-                    p.pipeline = pp;
-                    p.context = cp;
-                    p.virtual_stages = v;
-                    p.pipeline_schedule = schedule;
-                    p.sequence_parallel = tp > 1;
-                    p.expert = ep;
-                    p.expert_tensor = 1;
-                    p.first_stage_layers = p.last_stage_layers = 0;
-                    p.data = 0;
-                    c.optimizer.sharding = sharding;
-                    c.optimizer.distributed = sharding != Sharding::None;
-                    c.optimizer.sharding_group_size = 0;
-                    if (sharding != Sharding::OptimGradsParams) c.optimizer.overlap_param_gather = false;
-                    c.optimizer.reshard_after_forward = true;
-                    c.train.recompute = recompute;
-                    c.train.micro_batch_size = mb;
-                    try {
-                      validate_config(c, world_size);
-                    } catch (const Error&) {
-                      ++result.rejected_by_rules;
-                      continue;
-                    }
-                    // The bound counts no activations: a stronger recompute cannot pass where a weaker
-                    // failed.
-                    if (result.memory_limit_bytes > 0 && memory_lower_bound(c) > result.memory_limit_bytes) {
-                      ++result.rejected_by_memory_bound;
-                      continue;
-                    }
-                    const double bound = time_lower_bound(c, cost, world_size);
-                    candidates.push_back({std::move(c), bound});
-                  }
+                // HSDP: shard within the dp ranks of a node (tp innermost, then cp, then dp),
+                // replicate across nodes; 0: shard over all of dp (x cp).
+                std::vector<int> shard_groups{0};
+                const int in_node = node / (tp * cp);
+                if (sharding != Sharding::None && in_node >= 2 && in_node < dp * cp &&
+                    (dp * cp) % in_node == 0)
+                  shard_groups.push_back(in_node);
+                const std::vector<ContextComm> context_comms =
+                    cp > 1
+                        ? std::vector<ContextComm>{ContextComm::P2P, ContextComm::A2A, ContextComm::AllGather}
+                        : std::vector<ContextComm>{base.parallel.context_comm};
+                for (int shard_group : shard_groups)
+                  for (ContextComm context_comm : context_comms)
+                    for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full})
+                      for (int mb : options.micro_batch_sizes) {
+                        ++result.enumerated;
+                        Config c = base;
+                        ParallelConfig& p = c.parallel;
+                        p.tensor = tp;
+                        p.pipeline = pp;
+                        p.context = cp;
+                        p.virtual_stages = v;
+                        p.pipeline_schedule = schedule;
+                        p.sequence_parallel = tp > 1;
+                        p.expert = ep;
+                        p.expert_tensor = 1;
+                        p.first_stage_layers = p.last_stage_layers = 0;
+                        p.data = 0;
+                        c.optimizer.sharding = sharding;
+                        c.optimizer.distributed = sharding != Sharding::None;
+                        c.optimizer.sharding_group_size = shard_group;
+                        p.context_comm = context_comm;
+                        if (sharding != Sharding::OptimGradsParams) c.optimizer.overlap_param_gather = false;
+                        c.optimizer.reshard_after_forward = true;
+                        c.train.recompute = recompute;
+                        c.train.micro_batch_size = mb;
+                        try {
+                          validate_config(c, world_size);
+                        } catch (const Error&) {
+                          ++result.rejected_by_rules;
+                          continue;
+                        }
+                        if (result.memory_limit_bytes > 0 &&
+                            memory_lower_bound(c) > result.memory_limit_bytes) {
+                          ++result.rejected_by_memory_bound;
+                          continue;
+                        }
+                        const double bound = time_lower_bound(c, cost, world_size);
+                        candidates.push_back({std::move(c), bound});
+                      }
               }
         }
       }
@@ -368,8 +392,65 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
         return true;
     return false;
   };
+  // Plans one layout: memory first while the top k is not full (every layout that fits would enter
+  // it, so a layout that does not fit costs no simulation), else the simulation first (a layout too
+  // slow for the top k costs no memory plan). Returns false when it does not fit.
+  std::set<std::string> planned;
+  const auto evaluate = [&](Config c, double bound) {
+    const std::string name = layout_name(c);
+    planned.insert(name);
+    int64_t peak = -1;
+    const auto fits = [&] {
+      const MemoryPlan mem = plan_memory(c, world_size);
+      ++result.memory_plans;
+      peak = 0;
+      for (const RankMemoryPlan& r : mem.ranks) peak = std::max(peak, r.allocator_bytes);
+      if (result.memory_limit_bytes > 0 && static_cast<double>(peak) > result.memory_limit_bytes) {
+        ++result.rejected_by_memory;
+        return false;
+      }
+      return true;
+    };
+    const bool full = static_cast<int>(result.top.size()) >= options.top_k;
+    if (!full && !options.exhaustive && !fits()) return false;
+    const StepPlan p = plan_step(c, world_size, hw, options.ranks_per_node, options.cost);
+    ++result.simulated;
+    if (std::getenv("PARALLEL_SEARCH_TRACE"))
+      fmt::print(stderr, "search: bound {:.4g} s, step {:.4g} s ({:.3f} x), {}\n", bound, p.sim.step_time_s,
+                 p.sim.step_time_s / bound, name);
+    if (p.sim.step_time_s >= kth() && !options.exhaustive) return true;  // fit unknown: not refuted
+    if (peak < 0 && !fits()) return false;
+    SearchedLayout s;
+    s.layout = name;
+    s.config = std::move(c);
+    s.step_time_s = p.sim.step_time_s;
+    s.model_tflops_per_device = p.model_tflops_per_device;
+    s.mfu = p.mfu;
+    s.bubble_fraction = p.sim.bubble_fraction;
+    s.time_lower_bound_s = bound;
+    s.peak_bytes = peak;
+    const auto at = std::upper_bound(result.top.begin(), result.top.end(), s.step_time_s,
+                                     [](double t, const SearchedLayout& x) { return t < x.step_time_s; });
+    result.top.insert(at, std::move(s));
+    if (static_cast<int>(result.top.size()) > options.top_k) result.top.pop_back();
+    return true;
+  };
+  // Warm start: the configured layout, when it is valid for this world and passes the memory bound,
+  // is planned first, so that the bound prunes from the start.
+  if (options.seed_with_config && !options.exhaustive) {
+    Config c = base;
+    bool valid = true;
+    try {
+      validate_config(c, world_size);
+    } catch (const Error&) {
+      valid = false;
+    }
+    if (valid && (result.memory_limit_bytes <= 0 || memory_lower_bound(c) <= result.memory_limit_bytes))
+      evaluate(c, time_lower_bound(c, cost, world_size));
+  }
   for (Candidate& cand : candidates) {
     if (!options.exhaustive && cand.bound >= kth()) break;  // every later one is bounded as high
+    if (planned.count(layout_name(cand.config))) continue;
     const std::string key = sibling(cand.config);
     if (!options.exhaustive && weaker_settled[key]) {
       ++result.dominated;
@@ -380,36 +461,10 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
       ++result.implied_too_big;
       continue;
     }
-    weaker_settled[key] = true;  // unless it turns out not to fit, below
-    const StepPlan p = plan_step(cand.config, world_size, hw, options.ranks_per_node, options.cost);
-    ++result.simulated;
-    if (std::getenv("SEARCH_DEBUG"))
-      fmt::print(stderr, "{:.4f} {:.4f} {:.3f} {}\n", cand.bound, p.sim.step_time_s,
-                 p.sim.step_time_s / cand.bound, layout_name(cand.config));
-    if (p.sim.step_time_s >= kth() && !options.exhaustive) continue;
-    int64_t peak = 0;
-    const MemoryPlan mem = plan_memory(cand.config, world_size);
-    ++result.memory_plans;
-    for (const RankMemoryPlan& r : mem.ranks) peak = std::max(peak, r.allocator_bytes);
-    if (result.memory_limit_bytes > 0 && static_cast<double>(peak) > result.memory_limit_bytes) {
-      weaker_settled[key] = false;  // a stronger recompute may fit
-      too_big[frame(cand.config)].push_back(cand.config);
-      ++result.rejected_by_memory;
-      continue;
-    }
-    SearchedLayout s;
-    s.layout = layout_name(cand.config);
-    s.config = std::move(cand.config);
-    s.step_time_s = p.sim.step_time_s;
-    s.model_tflops_per_device = p.model_tflops_per_device;
-    s.mfu = p.mfu;
-    s.bubble_fraction = p.sim.bubble_fraction;
-    s.time_lower_bound_s = cand.bound;
-    s.peak_bytes = peak;
-    const auto at = std::upper_bound(result.top.begin(), result.top.end(), s.step_time_s,
-                                     [](double t, const SearchedLayout& x) { return t < x.step_time_s; });
-    result.top.insert(at, std::move(s));
-    if (static_cast<int>(result.top.size()) > options.top_k) result.top.pop_back();
+    const Config config = cand.config;
+    const bool fit = evaluate(std::move(cand.config), cand.bound);
+    weaker_settled[key] = fit;  // a layout that does not fit leaves a stronger recompute to try
+    if (!fit) too_big[frame(config)].push_back(config);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

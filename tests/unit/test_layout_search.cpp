@@ -14,7 +14,7 @@
 namespace parallel::plan {
 namespace {
 
-HardwareDescription machine(double memory_gib) {
+HardwareDescription machine(double memory_gib, int devices_per_node = 4) {
   return parse_hardware(fmt::format(R"(
 name: test
 device:
@@ -25,12 +25,12 @@ device:
   op_overhead_us: 2
   memory_GiB: {}
 node:
-  devices: 4
+  devices: {}
 links:
   node: {{bandwidth_GBps: 50, latency_us: 2}}
   cluster: {{bandwidth_GBps: 10, latency_us: 5}}
 )",
-                                    memory_gib),
+                                    memory_gib, devices_per_node),
                         "test.yaml");
 }
 
@@ -100,7 +100,8 @@ TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
 }
 
 // The time bound under the unfused attention kernel (its passes over the scores are priced into the
-// bound) and dropout: below the predicted step time of every layout.
+// bound) and dropout, on nodes of 2 devices (so that HSDP, sharding within a node, is enumerated and
+// groups span nodes): below the predicted step time of every layout.
 TEST(LayoutSearch, TimeBoundHoldsUnderUnfusedAttention) {
   SearchOptions o;
   o.top_k = 1 << 20;
@@ -109,9 +110,15 @@ TEST(LayoutSearch, TimeBoundHoldsUnderUnfusedAttention) {
   o.cost = {.attention = AttentionKernel::Unfused, .attention_dropout = 0.1};
   Config c = model();
   c.model.dropout = 0.1;
-  const SearchResult all = search_layouts(c, 4, machine(1e6), o);
+  const SearchResult all = search_layouts(c, 4, machine(1e6, 2), o);
   ASSERT_GT(all.top.size(), 10u);
-  for (const SearchedLayout& s : all.top) EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;
+  int hsdp = 0;
+  for (const SearchedLayout& s : all.top) {
+    EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;
+    EXPECT_LE(memory_lower_bound(s.config), static_cast<double>(s.peak_bytes)) << s.layout;
+    hsdp += s.config.optimizer.sharding_group_size > 0;
+  }
+  EXPECT_GT(hsdp, 0);
 }
 
 }  // namespace
