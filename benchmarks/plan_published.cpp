@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -167,15 +168,17 @@ int main(int argc, char** argv) {
     if (search) {
       // From the published layout (planned first: the search's warm start), over every layout.
       const parallel::Config c = parallel::parse_config(row_yaml(r, best_mb, dropout), {}, r.gpus);
+      const std::clock_t cpu_start = std::clock();
       const parallel::plan::SearchResult found =
           parallel::plan::search_layouts(c, r.gpus, hw, {.top_k = 1, .cost = options});
+      const double cpu = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
       if (found.top.empty()) {
-        searched = fmt::format(" none fits | | | {:.1f} |", found.seconds);
+        searched = fmt::format(" none fits | | | | {:.1f} / {:.1f} |", cpu, found.seconds);
       } else {
         const auto& best_layout = found.top.front();
-        searched = fmt::format(" {} | {:.2f} | {:.3f} | {} / {} / {} | {:.1f} |", best_layout.layout,
+        searched = fmt::format(" {} | {:.2f} | {:.3f} | {} / {} / {} | {:.1f} / {:.1f} |", best_layout.layout,
                                best_layout.step_time_s, best_layout.step_time_s / best.sim.step_time_s,
-                               found.enumerated, found.simulated, found.memory_plans, found.seconds);
+                               found.enumerated, found.simulated, found.memory_plans, cpu, found.seconds);
       }
     }
     std::printf(

@@ -209,15 +209,28 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   const bool drains = p.pipeline_schedule == PipelineSchedule::OneFOneB ||
                       p.pipeline_schedule == PipelineSchedule::Interleaved;
   const double drain = drains ? (p.pipeline - 1) * (backward + recompute) / p.virtual_stages : 0.0;
+  // The group gradients are reduced over first (and sharded over): dp (x cp), or under HSDP the
+  // first sharding_group_size dp ranks (DataParallel's shard group; cp 1 only).
+  const int hsdp = c.optimizer.sharding_group_size;
+  const bool known_group = hsdp == 0 || p.context == 1;
+  const auto shard_group = [&](int stage) {
+    std::vector<int> ranks;
+    if (hsdp > 0) {
+      for (int dp = 0; dp < hsdp; ++dp) ranks.push_back(grid.rank(Coord{.dp = dp, .pp = stage}));
+    } else {
+      for (int cp = 0; cp < p.context; ++cp)
+        for (int dp = 0; dp < p.data; ++dp)
+          ranks.push_back(grid.rank(Coord{.cp = cp, .dp = dp, .pp = stage}));
+    }
+    return ranks;
+  };
   double reduction = 0;
   const Sharding sharding = c.optimizer.sharding;
-  if (!c.optimizer.overlap_grad_reduce && m.num_experts == 0 && p.data * p.context > 1 &&
-      (sharding == Sharding::None || sharding == Sharding::Optim) && c.optimizer.sharding_group_size == 0) {
+  if (!c.optimizer.overlap_grad_reduce && m.num_experts == 0 && p.data * p.context > 1 && known_group &&
+      (sharding == Sharding::None || sharding == Sharding::Optim)) {
     CommEvent e;
     e.group = "dp";
-    for (int cp = 0; cp < p.context; ++cp)
-      for (int dp = 0; dp < p.data; ++dp)
-        e.ranks.push_back(grid.rank(Coord{.cp = cp, .dp = dp, .pp = p.pipeline - 1}));
+    e.ranks = shard_group(p.pipeline - 1);
     e.bytes = static_cast<int64_t>(stage_weights * 2);
     e.dtype = dtype;
     e.kind = sharding == Sharding::None ? "all_reduce" : "reduce_scatter";
@@ -225,7 +238,7 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   }
   const double compute_bound =
       fill + micro_batches * (forward + forward_comm + backward + recompute) + std::max(drain, reduction);
-  // The sharded data-parallel group's stream runs its calls one after another within the step:
+  // The shard group's stream runs its calls one after another within the step:
   // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
   // micro-batch, so every micro-batch's backward reduce-scatters the stage's fp32 gradients
   // (grad_buffer.cpp), and under optim_grads_params every micro-batch's forward gathers its
@@ -233,11 +246,10 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   // collective of all of them each: splitting one only adds latency).
   double stream_bound = 0;
   if ((sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams) && m.num_experts == 0 &&
-      p.data * p.context > 1 && c.optimizer.sharding_group_size == 0) {
+      p.data * p.context > 1 && known_group) {
     CommEvent e;
     e.group = "dp";
-    for (int cp = 0; cp < p.context; ++cp)
-      for (int dp = 0; dp < p.data; ++dp) e.ranks.push_back(grid.rank(Coord{.cp = cp, .dp = dp}));
+    e.ranks = shard_group(0);
     e.dtype = DType::F32;
     e.kind = "reduce_scatter";
     e.bytes = static_cast<int64_t>(stage_weights * 4);
@@ -392,9 +404,9 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
         return true;
     return false;
   };
-  // Plans one layout: memory first while the top k is not full (every layout that fits would enter
-  // it, so a layout that does not fit costs no simulation), else the simulation first (a layout too
-  // slow for the top k costs no memory plan). Returns false when it does not fit.
+  // Plans one layout: memory first (a layout that does not fit costs no simulation; at scale most
+  // layouts the bounds leave are the ones that do not fit, and a memory plan costs about what a
+  // simulation does). Returns false when it does not fit.
   std::set<std::string> planned;
   const auto evaluate = [&](Config c, double bound) {
     const std::string name = layout_name(c);
@@ -411,14 +423,13 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
       }
       return true;
     };
-    const bool full = static_cast<int>(result.top.size()) >= options.top_k;
-    if (!full && !options.exhaustive && !fits()) return false;
+    if (!options.exhaustive && !fits()) return false;
     const StepPlan p = plan_step(c, world_size, hw, options.ranks_per_node, options.cost);
     ++result.simulated;
     if (std::getenv("PARALLEL_SEARCH_TRACE"))
       fmt::print(stderr, "search: bound {:.4g} s, step {:.4g} s ({:.3f} x), {}\n", bound, p.sim.step_time_s,
                  p.sim.step_time_s / bound, name);
-    if (p.sim.step_time_s >= kth() && !options.exhaustive) return true;  // fit unknown: not refuted
+    if (p.sim.step_time_s >= kth() && !options.exhaustive) return true;
     if (peak < 0 && !fits()) return false;
     SearchedLayout s;
     s.layout = name;
