@@ -267,13 +267,27 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
 
 }  // namespace
 
+namespace {
+// parallel.context_comm's spelling (config.cpp).
+const char* context_comm_name(ContextComm comm) {
+  switch (comm) {
+    case ContextComm::P2P:
+      return "p2p";
+    case ContextComm::A2A:
+      return "a2a";
+    case ContextComm::AllGather:
+      return "allgather";
+  }
+  return "?";
+}
+}  // namespace
+
 std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
-  const char* comms[] = {"p2p", "a2a", "allgather"};
   return fmt::format(
       "tp{}{} pp{} v{} dp{} cp{}{} ep{} {} sharding {}{} recompute {} mb{}", p.tensor,
       p.sequence_parallel ? "+sp" : "", p.pipeline, p.virtual_stages, p.data, p.context,
-      p.context > 1 ? fmt::format(" {}", comms[static_cast<int>(p.context_comm)]) : "", p.expert,
+      p.context > 1 ? fmt::format(" {}", context_comm_name(p.context_comm)) : "", p.expert,
       pipeline::schedule_name(p.pipeline_schedule), sharding_name(c.optimizer.sharding),
       c.optimizer.sharding_group_size > 0 ? fmt::format(" hsdp{}", c.optimizer.sharding_group_size) : "",
       recompute_name(c.train.recompute), c.train.micro_batch_size);
@@ -510,12 +524,14 @@ std::string search_json(const SearchResult& r, int world_size, const std::string
         "{:.6g}, \"bubble_fraction\": {:.6g}, \"peak_bytes\": {}, \"time_lower_bound_s\": {:.6g}, "
         "\"tensor\": {}, \"sequence_parallel\": {}, \"pipeline\": {}, \"virtual_stages\": {}, \"data\": {}, "
         "\"context\": {}, \"expert\": {}, \"expert_tensor\": {}, \"pipeline_schedule\": \"{}\", "
-        "\"sharding\": \"{}\", \"recompute\": \"{}\", \"micro_batch_size\": {}}}",
+        "\"sharding\": \"{}\", \"sharding_group_size\": {}, \"context_comm\": \"{}\", \"recompute\": \"{}\", "
+        "\"micro_batch_size\": {}}}",
         layouts.empty() ? "" : ",\n", s.layout, s.step_time_s, s.model_tflops_per_device, s.mfu,
         s.bubble_fraction, s.peak_bytes, s.time_lower_bound_s, p.tensor,
         p.sequence_parallel ? "true" : "false", p.pipeline, p.virtual_stages, p.data, p.context, p.expert,
         p.expert_tensor, pipeline::schedule_name(p.pipeline_schedule),
-        sharding_name(s.config.optimizer.sharding), recompute_name(s.config.train.recompute),
+        sharding_name(s.config.optimizer.sharding), s.config.optimizer.sharding_group_size,
+        context_comm_name(p.context_comm), recompute_name(s.config.train.recompute),
         s.config.train.micro_batch_size);
   }
   return fmt::format(
