@@ -236,8 +236,11 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     e.kind = sharding == Sharding::None ? "all_reduce" : "reduce_scatter";
     reduction = cost.collective_seconds(e);
   }
+  // The reduction follows the last backward of the stage that reduces last: the first stage after
+  // the drain (1F1B, interleaved: its gradients start reducing after its own last backward), or
+  // the last stage.
   const double compute_bound =
-      fill + micro_batches * (forward + forward_comm + backward + recompute) + std::max(drain, reduction);
+      fill + micro_batches * (forward + forward_comm + backward + recompute) + drain + reduction;
   // The shard group's stream runs its calls one after another within the step:
   // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
   // micro-batch, so every micro-batch's backward reduce-scatters the stage's fp32 gradients
