@@ -191,11 +191,12 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     forward_comm += tp_collective * (moe ? 1 : 2);
     stage_weights += layer_weights(m, i, p.expert) / p.tensor;
   }
-  if (p.pipeline == 1) {  // the one stage also has the output layer
-    const double out = gemm(tokens, static_cast<double>(m.vocab_size) / p.tensor, h);
-    forward += out;
-    backward += 2 * out;
-  }
+  // The output layer's GEMMs (forward, and the backward's two), on the stage that holds the last
+  // layer: the one stage, or the last under 1F1B and interleaving (zb-v puts it on the first).
+  double output_layer = 0;
+  if (p.pipeline == 1 || p.pipeline_schedule == PipelineSchedule::OneFOneB ||
+      p.pipeline_schedule == PipelineSchedule::Interleaved)
+    output_layer = 3 * gemm(tokens, static_cast<double>(m.vocab_size) / p.tensor, h);
   const double recompute = full ? forward + forward_comm : 0.0;
   const double micro_batches = static_cast<double>(c.train.global_batch_size) /
                                (static_cast<double>(c.train.micro_batch_size) * p.data);
@@ -240,7 +241,8 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   // the drain (1F1B, interleaved: its gradients start reducing after its own last backward), or
   // the last stage.
   const double compute_bound =
-      fill + micro_batches * (forward + forward_comm + backward + recompute) + drain + reduction;
+      fill + micro_batches * (forward + forward_comm + backward + recompute + output_layer) + drain +
+      reduction;
   // The shard group's stream runs its calls one after another within the step:
   // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
   // micro-batch, so every micro-batch's backward reduce-scatters the stage's fp32 gradients
