@@ -5,6 +5,12 @@
 // fp16 mixed precision and full activation recompute.
 //
 //   build/bin/plan_published [--hardware configs/hardware/dgx_a100_80gb.yaml] [--rows 0,1,...]
+//                            [--attention unfused|fused] [--dropout 0.1] [--breakdown] [--search]
+//
+// The system planned is Megatron-LM's of 2021 as far as the planner can state it: attention unfused
+// (the score matrix materialised; CostOptions, step_cost.hpp) and dropout 0.1 (its defaults for
+// hidden and attention dropout), no sequence parallelism. --search searches each row's model and
+// GPU count from the published layout (the search's warm start).
 //
 // The paper does not state the micro-batch size or the interleaving of every row; as the issue
 // allows, the planner tries micro-batches 1, 2 and 4 (those that divide the batch) and keeps the
