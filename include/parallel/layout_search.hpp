@@ -23,10 +23,11 @@
 //   4. recompute dominance: more recompute adds compute and no communication, so it is assumed
 //      never to make a layout faster; a layout is tried with selective (full) recompute only when
 //      the same layout with none (selective) did not fit memory;
-//   5. memory: a layout that would enter the top k gets the memory plan (plan_memory, the meta
-//      run) and is kept only when its largest rank fits. Memory is assumed monotone: a layout that
-//      did not fit rules out, unplanned and unsimulated, the same layout with a larger micro-batch,
-//      less sharding (none < optim < optim_grads < optim_grads_params) and weaker recompute.
+//   5. memory: each layout gets the memory plan (plan_memory, the meta run) before its simulation
+//      and is kept only when its largest rank fits. Memory is assumed monotone in the micro-batch
+//      and the recompute: a layout that did not fit rules out, unplanned and unsimulated, the same
+//      layout and sharding with a larger micro-batch and weaker recompute. (Not in the sharding
+//      mode: with one OpenMP thread a zb-v layout fitted under optim and not under optim_grads.)
 // Ranked by the predicted step time of plan_step (the same figure `--plan` reports for the layout).
 #include <string>
 #include <vector>

@@ -419,7 +419,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
   const auto known_too_big = [&](const Config& c) {
     for (const Config& y : too_big[frame(c)])
       if (y.train.micro_batch_size <= c.train.micro_batch_size &&
-          y.optimizer.sharding >= c.optimizer.sharding && y.train.recompute >= c.train.recompute)
+          y.optimizer.sharding == c.optimizer.sharding && y.train.recompute >= c.train.recompute)
         return true;
     return false;
   };
