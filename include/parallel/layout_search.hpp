@@ -27,7 +27,7 @@
 //      and is kept only when its largest rank fits. Memory is assumed monotone in the micro-batch
 //      and the recompute: a layout that did not fit rules out, unplanned and unsimulated, the same
 //      layout and sharding with a larger micro-batch and weaker recompute. (Not in the sharding
-//      mode: with one OpenMP thread a zb-v layout fitted under optim and not under optim_grads.)
+//      mode: with one OpenMP thread a zb-v layout fitted under optim, the same with more sharding not.)
 // Ranked by the predicted step time of plan_step (the same figure `--plan` reports for the layout).
 #include <string>
 #include <vector>
