@@ -49,7 +49,7 @@ double layer_weights(const ModelConfig& m, int layer, int ep) {
   const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
   double mlp = (gated + 1) * h * ffn;
-  if (m.num_experts > 0 && layer % std::max(1, m.moe_layer_freq) == 0) {
+  if (m.is_moe_layer(layer)) {
     const double eff = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : ffn;
     mlp = static_cast<double>(m.num_experts) / ep * (gated + 1) * h * eff;
   }
@@ -183,7 +183,7 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   const int layers = m.num_layers / p.pipeline;  // every stage holds at least this many
   double forward = 0, backward = 0, forward_comm = 0, stage_weights = 0;
   for (int i = 0; i < layers; ++i) {
-    const bool moe = m.num_experts > 0 && i % std::max(1, m.moe_layer_freq) == 0;
+    const bool moe = m.is_moe_layer(i);
     double g = gemm(tokens, (h + 2 * kv) / p.tensor, h) + gemm(tokens, h, h / p.tensor);
     if (!moe) g += gemm(tokens, gated * ffn / p.tensor, h) + gemm(tokens, h, ffn / p.tensor);
     forward += g + attention_forward;

@@ -43,7 +43,7 @@ double model_flops_per_step(const Config& c) {
   double layers = 0;
   for (int i = 0; i < m.num_layers; ++i) {
     double mlp = dense_mlp;
-    if (m.num_experts > 0 && i % m.moe_layer_freq == 0) {
+    if (m.is_moe_layer(i)) {
       const double eff = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : ffn;
       mlp = m.moe_router_topk * (gated * h * eff + eff * h) + h * m.num_experts;
       if (m.moe_shared_expert_ffn_hidden_size > 0)
