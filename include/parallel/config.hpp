@@ -63,6 +63,11 @@ enum class OptimizerType { AdamW, Muon };
 // learning rate: MatchRmsAdamW 0.2 * sqrt(max(A, B)) (Moonlight: the update's RMS matches AdamW's,
 // so AdamW's lr and weight decay carry over), Original sqrt(max(1, A / B)) (Keller Jordan's).
 enum class MuonScale { MatchRmsAdamW, Original };
+// optimizer.overlap_update: whether each gradient bucket's AdamW update runs as soon as its
+// reduction is final, overlapping the rest of the backward (docs/optimizer.md#the-overlapped-update).
+// Auto: wherever that is exact and reductions start during the backward; True: required (the
+// config is refused where it cannot be exact); False: never.
+enum class OverlapUpdate { Auto, True, False };
 
 // LoRA fine-tuning (docs/lora.md): low-rank adapters A [rank, in] and B [out, rank] on the target
 // linears, output += (alpha / rank) * B A dropout(x); every other parameter is frozen. rank 0: off.
@@ -245,6 +250,7 @@ struct OptimizerConfig {
   int prefetch_units = 1;             // optim_grads_params: units gathered ahead of the computing one
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
+  OverlapUpdate overlap_update = OverlapUpdate::Auto;
   int64_t bucket_size = 0;              // elements; 0: Megatron's default max(40M, 1M * dp)
   double initial_loss_scale = 65536.0;  // fp16 only
   int loss_scale_window = 1000;         // fp16 only

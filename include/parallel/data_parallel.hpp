@@ -47,6 +47,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -105,7 +106,8 @@ struct DdpEvent {
     ParamUse,
     UnitBegin,
     UnitEnd,
-    ParamsReleased
+    ParamsReleased,
+    BucketReduced  // the bucket-reduced hook ran (the optimizer's overlapped update)
   };
   Kind kind;
   int bucket = -1;                   // -1 for GradReady; the unit for UnitBegin / UnitEnd
@@ -152,10 +154,28 @@ class DataParallel {
   // over dp (all of them, or this rank's shards with the distributed optimizer).
   void finish_grad_sync();
 
+  // The overlapped optimizer update's hook (optimizer.hpp, docs/optimizer.md#the-overlapped-update):
+  // called once per bucket and step with the bucket's index, as soon as its reduction is complete
+  // and its gradients (this rank's shard under the distributed optimizer) are final for the step.
+  // Reductions complete in the order they were launched, alike on every rank, so whatever the hook
+  // issues (the distributed optimizer's all-gather) is issued in one order everywhere:
+  //   - during_backward: when a bucket's reduction is launched in the backward (only the last
+  //     micro-batch's, overlap_grad_reduce), the one launched before it is completed and reported;
+  //     ZeRO-2/3 report a bucket when its last micro-batch's reduction lands.
+  //   - otherwise (pipeline schedules) nothing is reported before finish_grad_sync().
+  // finish_grad_sync() then reports every bucket not yet reported, each right after its
+  // reduction completes, before the later ones are waited for. A gradient for a reported bucket
+  // throws. An empty hook turns it off.
+  using BucketReducedHook = std::function<void(int bucket)>;
+  void set_bucket_reduced_hook(BucketReducedHook hook, bool during_backward);
+
   // Distributed optimizer: all-gathers every bucket's parameters from the ranks' shards, and widens
   // the low-precision parameters into the fp32 working copy. async: returns after launching.
   void start_param_gather(bool async);
   void finish_param_gather();  // idempotent
+  // The same for one bucket (the overlapped update gathers each bucket once it is updated).
+  void start_param_gather(Bucket& bucket, bool async);
+  void finish_param_gather(Bucket& bucket);  // idempotent
 
   // Sharded parameters: gathers every bucket and keeps them until reshard() (checkpoints read and
   // write the values). Otherwise finish_param_gather().
@@ -190,6 +210,7 @@ class DataParallel {
   void launch_reduce(Bucket& bucket);
   void complete_reduce(Bucket& bucket);  // waits; HSDP: all-reduces the shard across groups
   void complete_oldest_sharded_reduce();
+  void report_reduced(int bucket);     // the bucket's gradients are final: the hook, if allowed now
   void finish_gather(Bucket& bucket);  // waits for the bucket's in-flight gather, if any
   void gather(Bucket& bucket);         // sharded parameters: starts the bucket's gather if released
   void release(Bucket& bucket);        // sharded parameters: frees the gathered bucket
@@ -209,6 +230,7 @@ class DataParallel {
     int bucket;
     WorkHandle work;
     Tensor full, out;
+    bool last = false;  // launched in the last micro-batch's backward: the bucket's final reduction
   };
   std::vector<ShardedReduce> reducing_;
   std::vector<std::vector<int>> unit_buckets_;  // per unit
@@ -223,7 +245,14 @@ class DataParallel {
   bool gather_on_use_ = false;  // the parameter-use hook waits for the gathers
   std::unordered_set<const Parameter*> ready_;
   std::vector<int> ready_count_;
-  std::vector<WorkHandle> reduce_work_;  // per bucket; null: not launched this step
+  std::vector<WorkHandle> reduce_work_;  // per bucket; null: not in flight
+  std::vector<char> launched_;           // per bucket: reduction launched this step (unsharded)
+  std::vector<int> pending_;             // launched, not yet completed, in launch order (unsharded)
+  BucketReducedHook reduced_hook_;
+  bool hook_during_backward_ = false;
+  bool finishing_ = false;               // inside finish_grad_sync()
+  std::vector<char> final_;              // per bucket: gradients final this step
+  std::vector<char> reported_;           // per bucket: the hook saw it this step
   std::vector<WorkHandle> gather_work_;  // per bucket; null: nothing in flight
   bool record_ = false;
   std::vector<DdpEvent> events_;

@@ -19,17 +19,26 @@
 // dp shards, then the tp slices) assemble it, every one of them orthogonalises the whole matrix
 // in fp32, and each keeps its own piece.
 //
+// The overlapped update (docs/optimizer.md#the-overlapped-update): begin_overlapped_update(lr)
+// before the step's forward and backward makes each DDP bucket's AdamW update run as soon as that
+// bucket's reduction is final (DataParallel's bucket-reduced hook), during the rest of the backward
+// (and, under the distributed optimizer, its all-gather starts then too); step(lr) then updates
+// the buckets left. Only where that is bitwise the update step() would make: no clipping
+// (clip_grad 0), no fp16 loss scaler, AdamW only (overlap_refusal() says why not otherwise).
+//
 // Precision: fp32 updates the parameters in place. bf16/fp16 keep fp32 main weights in the
 // optimizer and write rounded values back to the model's 16-bit parameters (the DDP buffer's, or -
 // without DDP - the Parameter values themselves), once per step.
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/config.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/loss_scaler.hpp"
+#include "parallel/ops.hpp"
 #include "parallel/parameter.hpp"
 
 namespace parallel {
@@ -110,6 +119,22 @@ class Optimizer {
   // weights were loaded into them), so the next step starts from those weights. No-op for fp32.
   void reset_main_from_params();
 
+  // ---- the overlapped update ----
+  // Why this optimizer cannot update bucket by bucket before step() with bitwise the result of
+  // step()'s own update; empty when it can. Clipping needs the global norm of every gradient and
+  // the fp16 scaler's overflow check every gradient, before any update; Muon orthogonalises whole
+  // matrices with collectives of its own; over plain Parameters there are no buckets.
+  std::string overlap_refusal() const;
+  // Arms the next step (throws what overlap_refusal() says): every bucket of the data_parallels()
+  // is updated with `lr` as soon as its reduction is final, during the backward when
+  // `during_backward` (else from finish_grad_sync(): pipeline schedules). The next step(lr) must
+  // have the same lr; it computes the norm from the same, untouched gradients and updates what is
+  // left. A `skip_update` that then answers true cannot undo the buckets already updated: the step
+  // reports skipped, the rest is not updated and the caller must stop (the trainer's guard only
+  // stops in this mode, train_step.cpp).
+  void begin_overlapped_update(double lr, bool during_backward);
+  bool overlapped_update_armed() const { return overlap_.armed; }
+
  protected:
   // One contiguous range the update touches: a whole parameter (AdamW) or the part of one that
   // lies in this rank's shard (DistributedOptimizer).
@@ -123,6 +148,8 @@ class Optimizer {
     bool muon = false;
     float weight_decay = 0.0f;
     int64_t param_offset = 0;  // where the range starts in the flattened parameter
+    int replica = -1;          // index into data_parallels(); -1: no DDP
+    int bucket = -1;           // the DDP bucket holding the range
   };
   // A Muon matrix of this optimizer's replicas, whether or not this rank holds a piece of it: the
   // ranks that do assemble it together, so every rank of `shard` and `tp` takes part.
@@ -153,6 +180,15 @@ class Optimizer {
   virtual void before_update() {}
   // After the slots are updated and written back (e.g. widen, all-gather).
   virtual void after_update() {}
+  // The overlapped update: before and after one bucket's slots are updated during the backward
+  // (the distributed optimizer finishes a gather still filling the bucket, then starts its gather).
+  virtual void before_bucket_update(int /*replica*/, int /*bucket*/) {}
+  virtual void after_bucket_update(int /*replica*/, int /*bucket*/) {}
+  // Whether the overlapped update already updated the bucket this step.
+  bool updated_early(int replica, int bucket) const {
+    return overlap_.armed &&
+           overlap_.done[static_cast<std::size_t>(replica)][static_cast<std::size_t>(bucket)];
+  }
 
   OptimizerConfig config_;
   Precision precision_;
@@ -166,6 +202,19 @@ class Optimizer {
   Tensor main_, exp_avg_, exp_avg_sq_, momentum_;
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t updates_ = 0;
+
+ private:
+  // AdamW's update of one slot with the step's scalars (s.weight_decay filled in here).
+  static void adamw_slot(Slot& s, ops::AdamWStep h);
+  void update_bucket(int replica, int bucket);  // the bucket-reduced hook's target
+  void disarm();
+  struct Overlap {
+    bool armed = false;
+    double lr = 0.0;
+    ops::AdamWStep h;
+    std::vector<std::vector<std::vector<int>>> slots;  // [replica][bucket]: slot indices
+    std::vector<std::vector<char>> done;               // [replica][bucket]
+  } overlap_;
 };
 
 // Whether optimizer.type muon updates `p` with Muon: a 2-D hidden weight (attention query, key,
@@ -205,6 +254,8 @@ class DistributedOptimizer : public Optimizer {
  private:
   void before_update() override;
   void after_update() override;
+  void before_bucket_update(int replica, int bucket) override;
+  void after_bucket_update(int replica, int bucket) override;
   DataParallel& ddp_;
   DataParallel* experts_ = nullptr;
 };

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/communicator.hpp"
@@ -104,6 +105,13 @@ class TrainStep {
   pipeline::PipelineExecutor& executor() const { return *executor_; }
   pipeline::PipelineExecutor& eval_executor() const { return *eval_executor_; }
   int micro_batches() const { return micro_batches_; }  // per data-parallel rank and step
+  // optimizer.overlap_update resolved (docs/optimizer.md#the-overlapped-update): whether run()
+  // arms the optimizer's overlapped update (not on a step that runs twice for the
+  // silent-data-corruption check), and whether buckets are updated during the backward (one
+  // pipeline stage) or only from finish_grad_sync() (pipeline schedules).
+  bool overlapped_update() const { return overlap_update_; }
+  // "on (during the backward)", "on (after the pipeline schedule)" or "off (WHY)", for the log.
+  const std::string& overlapped_update_description() const { return overlap_description_; }
   // The model's parameter count: every element once, without vocabulary padding. On meta, this
   // rank's own share (the all-reduce moves nothing).
   int64_t parameter_count() const { return parameter_count_; }
@@ -136,6 +144,9 @@ class TrainStep {
   std::unique_ptr<pipeline::PipelineModel> driver_;
   std::unique_ptr<pipeline::PipelineModel> wrapped_;  // wrap_pipeline_model's, around driver_
   int micro_batches_ = 1;
+  bool overlap_update_ = false;
+  bool overlap_during_backward_ = false;
+  std::string overlap_description_;
   int64_t parameter_count_ = 0;
   int64_t construction_peak_ = 0;
   int64_t peak_ = 0;

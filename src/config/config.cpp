@@ -57,6 +57,7 @@ constexpr std::string_view kMoeScoreFunctionNames[] = {"softmax", "sigmoid"};
 constexpr std::string_view kGuardPolicyNames[] = {"stop", "skip", "warn"};
 constexpr std::string_view kOptimizerTypeNames[] = {"adamw", "muon"};
 constexpr std::string_view kMuonScaleNames[] = {"match_rms_adamw", "original"};
+constexpr std::string_view kOverlapUpdateNames[] = {"auto", "true", "false"};
 
 std::span<const std::string_view> names_of(Normalization) { return kNormalizationNames; }
 std::span<const std::string_view> names_of(Activation) { return kActivationNames; }
@@ -76,6 +77,7 @@ std::span<const std::string_view> names_of(MoeScoreFunction) { return kMoeScoreF
 std::span<const std::string_view> names_of(GuardPolicy) { return kGuardPolicyNames; }
 std::span<const std::string_view> names_of(OptimizerType) { return kOptimizerTypeNames; }
 std::span<const std::string_view> names_of(MuonScale) { return kMuonScaleNames; }
+std::span<const std::string_view> names_of(OverlapUpdate) { return kOverlapUpdateNames; }
 
 template <typename T>
 concept NamedEnum = std::is_enum_v<T> && requires(T value) {
@@ -281,6 +283,10 @@ void for_each_field(S& s, F&& f) {
     "optim_grads_params: units whose parameter all-gather runs ahead of the computing one");
   f("overlap_grad_reduce", s.overlap_grad_reduce, "overlap gradient reduction with the backward pass");
   f("overlap_param_gather", s.overlap_param_gather, "overlap parameter all-gather with the forward pass");
+  f("overlap_update", s.overlap_update,
+    "auto, true or false: update each gradient bucket as soon as its reduction is final, during the backward "
+    "(only where bitwise the same: clip_grad 0, no fp16, adamw, no guard that skips; auto: then on when "
+    "reductions start in the backward)");
   f("bucket_size", s.bucket_size, "gradient bucket size in elements (0: max(40M, 1M * data))");
   f("initial_loss_scale", s.initial_loss_scale, "initial dynamic loss scale (fp16 only)");
   f("loss_scale_window", s.loss_scale_window,
@@ -1171,6 +1177,26 @@ void validate_config(Config& c, int world_size) {
   o.distributed = o.sharding != Sharding::None;
   rules.require(!o.overlap_param_gather || o.distributed, o.overlap_param_gather,
                 fmt::format("requires {} = true", rules.key(o.distributed)));
+  // The overlapped update changes no bit of the result, or it is refused: every condition under
+  // which step() would look at all gradients before updating any (optimizer.hpp).
+  if (o.overlap_update == OverlapUpdate::True) {
+    const auto need = [&](bool ok, const std::string& rule) {
+      rules.require(ok, o.overlap_update,
+                    "true requires " + rule + " (docs/optimizer.md#the-overlapped-update)");
+    };
+    need(o.clip_grad == 0, fmt::format("{} = 0: clipping needs the global norm of every gradient before any "
+                                       "update",
+                                       rules.key(o.clip_grad)));
+    need(t.precision != Precision::FP16,
+         fmt::format("{} other than fp16: the loss scaler checks every gradient before any update",
+                     rules.key(t.precision)));
+    need(o.type == OptimizerType::AdamW,
+         fmt::format("{} = adamw: Muon orthogonalises whole matrices", rules.key(o.type)));
+    need(t.nonfinite_policy != GuardPolicy::Skip &&
+             (t.spike_factor == 0 || t.spike_policy != GuardPolicy::Skip),
+         fmt::format("{} and {} other than skip: a skipped update cannot be undone",
+                     rules.key(t.nonfinite_policy), rules.key(t.spike_policy)));
+  }
   rules.require(o.sharding_group_size >= 0, o.sharding_group_size, "must be >= 0");
   if (o.sharding_group_size > 0) {
     rules.require(o.sharding != Sharding::None, o.sharding_group_size,

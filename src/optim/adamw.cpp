@@ -112,8 +112,93 @@ void Optimizer::add_muon_matrices(const std::vector<Parameter*>& params,
   }
 }
 
+void Optimizer::adamw_slot(Slot& s, ops::AdamWStep h) {
+  h.weight_decay = s.weight_decay;
+  // Low precision: the model's 16-bit copy is written from the fp32 main weights in the same pass.
+  if (s.target.defined())
+    ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, s.target, h);
+  else
+    ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
+}
+
+std::string Optimizer::overlap_refusal() const {
+  if (scaler_)
+    return "fp16's loss scaler checks every gradient for an overflow before any update (train.precision "
+           "fp16)";
+  if (config_.clip_grad > 0)
+    return "clipping scales every gradient by the global norm, known only once every bucket is reduced "
+           "(optimizer.clip_grad > 0)";
+  if (config_.type != OptimizerType::AdamW)
+    return "Muon orthogonalises whole matrices with collectives of its own, not bucket by bucket "
+           "(optimizer.type muon)";
+  for (const Slot& s : slots_)
+    if (s.replica < 0) return "an optimizer over plain Parameters has no data-parallel buckets";
+  return {};
+}
+
+void Optimizer::begin_overlapped_update(double lr, bool during_backward) {
+  const std::string refusal = overlap_refusal();
+  PARALLEL_CHECK(refusal.empty(), "Optimizer: no overlapped update: {}", refusal);
+  const std::vector<DataParallel*> replicas = data_parallels();
+  if (overlap_.slots.empty()) {
+    // Slots were made bucket by bucket: list each bucket's once.
+    overlap_.slots.resize(replicas.size());
+    for (std::size_t r = 0; r < replicas.size(); ++r)
+      overlap_.slots[r].resize(replicas[r]->buffer().buckets().size());
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      PARALLEL_CHECK(s.replica >= 0 && s.bucket >= 0, "Optimizer: {} has no bucket", s.param->name);
+      overlap_.slots[static_cast<std::size_t>(s.replica)][static_cast<std::size_t>(s.bucket)].push_back(
+          static_cast<int>(i));
+    }
+  }
+  overlap_.done.assign(replicas.size(), {});
+  for (std::size_t r = 0; r < replicas.size(); ++r)
+    overlap_.done[r].assign(replicas[r]->buffer().buckets().size(), 0);
+  overlap_.lr = lr;
+  // Exactly the scalars step() would use: no clipping (clip_coefficient(norm, 0) is 1).
+  ops::AdamWStep& h = overlap_.h;
+  h.lr = lr;
+  h.beta1 = config_.beta1;
+  h.beta2 = config_.beta2;
+  h.eps = config_.eps;
+  h.step = updates_ + 1;
+  h.grad_scale = 1.0f;
+  overlap_.armed = true;
+  for (std::size_t r = 0; r < replicas.size(); ++r) {
+    const int replica = static_cast<int>(r);
+    replicas[r]->set_bucket_reduced_hook([this, replica](int bucket) { update_bucket(replica, bucket); },
+                                         during_backward);
+  }
+}
+
+void Optimizer::update_bucket(int replica, int bucket) {
+  if (!overlap_.armed) return;
+  char& done = overlap_.done[static_cast<std::size_t>(replica)][static_cast<std::size_t>(bucket)];
+  if (done) return;
+  before_bucket_update(replica, bucket);
+  for (int i : overlap_.slots[static_cast<std::size_t>(replica)][static_cast<std::size_t>(bucket)])
+    adamw_slot(slots_[static_cast<std::size_t>(i)], overlap_.h);
+  done = 1;
+  after_bucket_update(replica, bucket);
+}
+
+void Optimizer::disarm() {
+  if (!overlap_.armed) return;
+  for (DataParallel* d : data_parallels()) d->set_bucket_reduced_hook(nullptr, false);
+  overlap_.armed = false;
+}
+
 StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)>& skip_update) {
   StepResult r;
+  // The overlapped update: finish_grad_sync() has reported every bucket, so every bucket was
+  // updated; what is left is the norm for the result (the gradients are untouched), and the caller's
+  // last word (skip_update), which can no longer undo the updates.
+  const bool overlapped = overlap_.armed;
+  PARALLEL_CHECK(
+      !overlapped || lr == overlap_.lr,
+      "Optimizer: step(lr {}) after begin_overlapped_update(lr {}): the buckets already use the latter", lr,
+      overlap_.lr);
   before_update();
   Communicator* dp = sharded_ ? groups_.dp : nullptr;
   Communicator* expert_dp = sharded_ ? groups_.expert_dp : nullptr;
@@ -152,6 +237,7 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
   }
   if (skip_update && skip_update(r.grad_norm)) {
     r.skipped = true;
+    disarm();
     return r;
   }
   r.clip_coef = clip_coefficient(r.grad_norm, config_.clip_grad);
@@ -164,17 +250,22 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
   h.eps = config_.eps;
   h.step = updates_;
   h.grad_scale = static_cast<float>(r.clip_coef);
-  for (Slot& s : slots_) {
-    if (s.muon) continue;
-    h.weight_decay = s.weight_decay;
-    // Low precision: the model's 16-bit copy is written from the fp32 main weights in the same pass.
-    if (s.target.defined())
-      ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, s.target, h);
-    else
-      ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
+  if (overlapped) {
+    PARALLEL_CHECK(h.step == overlap_.h.step && h.grad_scale == 1.0f,
+                   "Optimizer: the overlapped update's step {} (clip 1) differs from step()'s {} (clip {})",
+                   overlap_.h.step, h.step, h.grad_scale);
+    // Normally none is left: finish_grad_sync() reported every bucket.
+    const std::vector<DataParallel*> replicas = data_parallels();
+    for (std::size_t d = 0; d < replicas.size(); ++d)
+      for (std::size_t b = 0; b < overlap_.done[d].size(); ++b)
+        update_bucket(static_cast<int>(d), static_cast<int>(b));
+  } else {
+    for (Slot& s : slots_)
+      if (!s.muon) adamw_slot(s, h);
   }
   if (!muon_.empty()) muon_update(lr, h.grad_scale);
   after_update();
+  disarm();
   return r;
 }
 
@@ -244,8 +335,8 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
   allocate_state(total, low, first.grad_data().device());
   // The state of each replica's buffer is one contiguous range, in the buffer's own layout.
   int64_t base = 0;
-  for (DataParallel* d : replicas) {
-    ParamAndGradBuffer& buf = d->buffer();
+  for (std::size_t r = 0; r < replicas.size(); ++r) {
+    ParamAndGradBuffer& buf = replicas[r]->buffer();
     if (low) main_.narrow(0, base, buf.numel()).copy_(buf.param_data());
     for (Parameter* p : buf.params()) {
       const int64_t off = buf.offset_of(p), n = p->numel();
@@ -256,6 +347,8 @@ AdamW::AdamW(DataParallel& ddp, const OptimizerConfig& config, OptimizerGroups g
       } else {
         slots_.push_back(make_slot(p, grad, buf.param_data().narrow(0, off, n), Tensor()));
       }
+      slots_.back().replica = static_cast<int>(r);
+      slots_.back().bucket = buf.bucket_of(p);
     }
     base += buf.numel();
   }

@@ -2,6 +2,8 @@
 // distributed optimizer's parameter all-gather.
 #include "parallel/data_parallel.hpp"
 
+#include <algorithm>
+
 #include "parallel/model_chunk.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/precision.hpp"
@@ -165,6 +167,9 @@ void DataParallel::build(const std::vector<Parameter*>& params, std::vector<std:
   ready_count_.assign(n, 0);
   reduce_work_.assign(n, nullptr);
   gather_work_.assign(n, nullptr);
+  launched_.assign(n, 0);
+  final_.assign(n, 0);
+  reported_.assign(n, 0);
 }
 
 void DataParallel::set_up_units() {
@@ -208,6 +213,21 @@ void DataParallel::zero_grad() {
   buffer_->zero_grads();
   ready_.clear();
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(final_.begin(), final_.end(), 0);
+  std::fill(reported_.begin(), reported_.end(), 0);
+}
+
+void DataParallel::set_bucket_reduced_hook(BucketReducedHook hook, bool during_backward) {
+  reduced_hook_ = std::move(hook);
+  hook_during_backward_ = during_backward;
+}
+
+void DataParallel::report_reduced(int bucket) {
+  final_[bucket] = 1;
+  if (!reduced_hook_ || reported_[bucket] || !(hook_during_backward_ || finishing_)) return;
+  reported_[bucket] = 1;
+  record(DdpEvent::Kind::BucketReduced, bucket);
+  reduced_hook_(bucket);
 }
 
 BucketShard DataParallel::shard(const Bucket& bucket) const {
@@ -222,8 +242,15 @@ void DataParallel::launch_reduce(Bucket& bucket) {
   if (shard_grads_) {
     // Into a fresh shard-sized tensor, added to the persistent shard once it lands; the full-size
     // gradient is released now (the reduction holds it until then).
+    // A gradient added to a bucket after the optimizer updated it from the bucket's reduction
+    // would be lost (the last micro-batch's backward was not the bucket's last).
+    PARALLEL_CHECK(!reported_[bucket.index],
+                   "DataParallel: bucket {} is reduced again after its final reduction was reported to the "
+                   "optimizer; call set_is_last_microbatch(false) before every micro-batch but the last",
+                   bucket.index);
     ShardedReduce r;
     r.bucket = bucket.index;
+    r.last = is_last_microbatch_ || finishing_;
     r.full = buffer_->release_grads(bucket);
     if (shard_->size() == 1) {
       r.out = r.full;
@@ -248,12 +275,15 @@ void DataParallel::launch_reduce(Bucket& bucket) {
   } else {
     reduce_work_[bucket.index] = dp_.all_reduce(bucket.grads_view, ReduceOp::Sum, /*async=*/true);
   }
+  launched_[bucket.index] = 1;
+  pending_.push_back(bucket.index);
   record(DdpEvent::Kind::ReduceLaunched, bucket.index);
 }
 
 void DataParallel::complete_reduce(Bucket& bucket) {
   reduce_work_[bucket.index]->wait();
   reduce_work_[bucket.index] = nullptr;
+  pending_.erase(std::find(pending_.begin(), pending_.end(), bucket.index));
   // HSDP: the group's reduce-scatter summed k ranks; the other groups hold the same shard's sums.
   if (replica_ != nullptr && replica_->size() > 1) replica_->all_reduce(bucket.grad_shard, ReduceOp::Sum);
   record(DdpEvent::Kind::ReduceDone, bucket.index);
@@ -267,6 +297,7 @@ void DataParallel::complete_oldest_sharded_reduce() {
   Bucket& bucket = buffer_->buckets()[static_cast<std::size_t>(r.bucket)];
   ops::add_(bucket.grad_shard, r.out);
   record(DdpEvent::Kind::ReduceDone, r.bucket);
+  if (r.last) report_reduced(r.bucket);
 }
 
 void DataParallel::on_grad_ready(Parameter& param) {
@@ -294,40 +325,74 @@ void DataParallel::on_grad_ready(Parameter& param) {
                  "set_is_last_microbatch(false) before every micro-batch but the last",
                  param.name);
   Bucket& bucket = buffer_->buckets()[b];
-  if (++ready_count_[b] == static_cast<int>(bucket.params.size())) launch_reduce(bucket);
+  if (++ready_count_[b] != static_cast<int>(bucket.params.size())) return;
+  launch_reduce(bucket);
+  // The overlapped update: the reduction launched before this one has had a bucket's backward to
+  // progress; complete it and let the optimizer update it while the backward goes on. Always the
+  // previous one, never "whichever is done": the hook may issue collectives (the distributed
+  // optimizer's all-gather), which every rank must issue in the same order.
+  if (reduced_hook_ && hook_during_backward_)
+    while (pending_.size() > 1) {
+      const int done = pending_.front();
+      complete_reduce(buffer_->buckets()[static_cast<std::size_t>(done)]);
+      report_reduced(done);
+    }
 }
 
 void DataParallel::finish_grad_sync() {
+  finishing_ = true;
   if (shard_grads_) {
+    // Buckets whose last reduction landed during the backward while the hook had to wait
+    // (pipeline schedules): their updates run while the rest is reduced.
+    for (const Bucket& b : buffer_->buckets())
+      if (final_[b.index]) report_reduced(b.index);
     // What is still full-size: buckets reduced after finalize_grads (and any a hook never closed).
     for (Bucket& b : buffer_->buckets())
       if (b.grads_view.defined()) launch_reduce(b);
     while (!reducing_.empty()) complete_oldest_sharded_reduce();
   } else {
     for (Bucket& b : buffer_->buckets())
-      if (!reduce_work_[b.index]) launch_reduce(b);
-    for (Bucket& b : buffer_->buckets()) complete_reduce(b);
+      if (!launched_[b.index]) launch_reduce(b);
+    // In launch order, each reported as soon as it completes (before the later ones are waited for).
+    while (!pending_.empty()) {
+      const int done = pending_.front();
+      complete_reduce(buffer_->buckets()[static_cast<std::size_t>(done)]);
+      report_reduced(done);
+    }
   }
+  // Every gradient is final now (a bucket whose reductions all ran before the last micro-batch,
+  // e.g. while the silent-data-corruption check held them back).
+  for (const Bucket& b : buffer_->buckets()) report_reduced(b.index);
+  finishing_ = false;
   ready_.clear();
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), 0);
 }
 
 void DataParallel::start_param_gather(bool async) {
   PARALLEL_CHECK(options_.distributed_optimizer,
                  "DataParallel: parameter all-gather needs the distributed optimizer");
   PARALLEL_CHECK(!shard_params_, "DataParallel: sharded parameters are gathered unit by unit");
-  for (Bucket& b : buffer_->buckets()) {
-    if (gather_work_[b.index]) gather_work_[b.index]->wait();
-    if (shard_->size() == 1) {
-      gather_work_[b.index] = completed_work();
-    } else {
-      // The shard already sits in its slot of the bucket: an in-place all-gather.
-      gather_work_[b.index] = shard_->all_gather(b.param_shard, b.params_view, async);
-    }
-    record(DdpEvent::Kind::GatherLaunched, b.index);
-  }
+  for (Bucket& b : buffer_->buckets()) start_param_gather(b, /*async=*/true);
   if (!async) finish_param_gather();
 }
+
+void DataParallel::start_param_gather(Bucket& b, bool async) {
+  PARALLEL_CHECK(options_.distributed_optimizer && !shard_params_,
+                 "DataParallel: a bucket's parameter all-gather needs the distributed optimizer with whole "
+                 "parameters");
+  if (gather_work_[b.index]) gather_work_[b.index]->wait();
+  if (shard_->size() == 1) {
+    gather_work_[b.index] = completed_work();
+  } else {
+    // The shard already sits in its slot of the bucket: an in-place all-gather.
+    gather_work_[b.index] = shard_->all_gather(b.param_shard, b.params_view, /*async=*/true);
+  }
+  record(DdpEvent::Kind::GatherLaunched, b.index);
+  if (!async) finish_gather(b);
+}
+
+void DataParallel::finish_param_gather(Bucket& bucket) { finish_gather(bucket); }
 
 void DataParallel::finish_gather(Bucket& bucket) {
   if (!gather_work_[bucket.index]) return;

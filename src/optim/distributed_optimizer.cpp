@@ -31,7 +31,9 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
   // hold the parameters' elements only (bind_state).
   allocate_state(total, low, ddp.buffer().device());
   int64_t state_base = 0;
-  for (DataParallel* d : data_parallels()) {
+  const std::vector<DataParallel*> replicas = data_parallels();
+  for (std::size_t r = 0; r < replicas.size(); ++r) {
+    DataParallel* d = replicas[r];
     ParamAndGradBuffer& buf = d->buffer();
     for (const Bucket& b : buf.buckets()) {
       const BucketShard sh = d->shard(b);
@@ -52,6 +54,8 @@ DistributedOptimizer::DistributedOptimizer(DataParallel& ddp, const OptimizerCon
           slots_.push_back(make_slot(p, grad, params, Tensor()));
         }
         slots_.back().param_offset = s_lo - p_lo;
+        slots_.back().replica = static_cast<int>(r);
+        slots_.back().bucket = b.index;
       }
       state_base += sh.count;
     }
@@ -73,19 +77,42 @@ std::vector<DataParallel*> DistributedOptimizer::data_parallels() {
 void DistributedOptimizer::before_update() {
   // With overlap_param_gather a bucket whose parameters the forward never used may still be
   // gathering into the buffer that the update writes this rank's shard of (ZeRO-3: a gather may
-  // still be reading the shard).
-  for (DataParallel* d : data_parallels()) d->finish_param_gather();
+  // still be reading the shard). Buckets the overlapped update already updated are gathering this
+  // step's values: left in flight.
+  const std::vector<DataParallel*> replicas = data_parallels();
+  for (std::size_t r = 0; r < replicas.size(); ++r)
+    for (Bucket& b : replicas[r]->buffer().buckets())
+      if (!updated_early(static_cast<int>(r), b.index)) replicas[r]->finish_param_gather(b);
 }
 
 void DistributedOptimizer::after_update() {
   // ZeRO-3: whatever is still gathered (an evaluation's units kept by reshard_after_forward false)
-  // holds the old values; the next forward gathers the updated shards.
-  for (DataParallel* d : data_parallels()) {
-    if (d->buffer().params_sharded())
+  // holds the old values; the next forward gathers the updated shards. Otherwise every bucket's
+  // gather was started, by the overlapped update or now, in bucket order on every rank.
+  const std::vector<DataParallel*> replicas = data_parallels();
+  for (std::size_t r = 0; r < replicas.size(); ++r) {
+    DataParallel* d = replicas[r];
+    if (d->buffer().params_sharded()) {
       d->reshard();
-    else
-      d->start_param_gather(/*async=*/d->options().overlap_param_gather);
+      continue;
+    }
+    for (Bucket& b : d->buffer().buckets())
+      if (!updated_early(static_cast<int>(r), b.index)) d->start_param_gather(b, /*async=*/true);
+    if (!d->options().overlap_param_gather) d->finish_param_gather();
   }
+}
+
+void DistributedOptimizer::before_bucket_update(int replica, int bucket) {
+  DataParallel* d = data_parallels()[static_cast<std::size_t>(replica)];
+  d->finish_param_gather(d->buffer().buckets()[static_cast<std::size_t>(bucket)]);
+}
+
+void DistributedOptimizer::after_bucket_update(int replica, int bucket) {
+  // The bucket's updated shards go out now, while the backward (or the reductions) go on; ZeRO-3
+  // gathers unit by unit in the next forward instead.
+  DataParallel* d = data_parallels()[static_cast<std::size_t>(replica)];
+  if (!d->buffer().params_sharded())
+    d->start_param_gather(d->buffer().buckets()[static_cast<std::size_t>(bucket)], /*async=*/true);
 }
 
 }  // namespace parallel

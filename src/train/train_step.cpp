@@ -125,6 +125,39 @@ TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
   else
     optimizer_ = std::make_unique<AdamW>(*ddp_, c.optimizer, groups, expert_ddp_.get());
 
+  // The overlapped update (docs/optimizer.md#the-overlapped-update). Exact only where step() would
+  // not look at every gradient before updating any: the optimizer's conditions, and a guard that
+  // never skips (a Stop verdict also declines the update, but the run then ends without saving).
+  {
+    std::string why = optimizer_->overlap_refusal();
+    const TrainConfig& t = c.train;
+    if (why.empty() && (t.nonfinite_policy == GuardPolicy::Skip ||
+                        (t.spike_factor > 0 && t.spike_policy == GuardPolicy::Skip)))
+      why = "the training guard may skip an update (train.nonfinite_policy or train.spike_policy skip)";
+    const Sharding sharding = ddp_->options().sharding;
+    const bool in_backward = c.optimizer.overlap_grad_reduce || sharding == Sharding::OptimGrads ||
+                             sharding == Sharding::OptimGradsParams;
+    switch (c.optimizer.overlap_update) {
+      case OverlapUpdate::False:
+        why = "optimizer.overlap_update false";
+        break;
+      case OverlapUpdate::True:
+        PARALLEL_CHECK(why.empty(), "optimizer.overlap_update: true is not exact here: {}", why);
+        break;
+      case OverlapUpdate::Auto:
+        if (why.empty() && !in_backward)
+          why = "no reduction starts during the backward (optimizer.overlap_grad_reduce false)";
+        break;
+    }
+    overlap_update_ = why.empty();
+    // Pipeline schedules: a wait inside the schedule could stall the stages that wait for this one;
+    // the buckets are updated once the rank's last backward is done (finish_grad_sync).
+    overlap_during_backward_ = c.parallel.pipeline == 1;
+    overlap_description_ = !overlap_update_           ? "off (" + why + ")"
+                           : overlap_during_backward_ ? std::string("on (during the backward)")
+                                                      : std::string("on (after the pipeline schedule)");
+  }
+
   micro_batches_ = c.train.global_batch_size / (c.train.micro_batch_size * grid.sizes().data);
   const bool sp = c.parallel.sequence_parallel && c.parallel.tensor > 1;
   pipeline::ExecutorOptions exec;
@@ -203,7 +236,9 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
     // With several micro-batches every weight is packed once for all of them (ops.hpp's
     // WeightPackingScope); the optimizer writes the weights after the scope. The memory plan's
     // walk counts the packed copies (packs_weights in memory_plan.cpp decides the same way). Under ZeRO-3
-    // param_data() is undefined (gathered weights come and go inside the step): no packing.
+    // param_data() is undefined (gathered weights come and go inside the step): no packing. The
+    // overlapped update writes a bucket's weights inside the scope, but only once the last
+    // micro-batch's backward is done with them: no packed copy of them is read afterwards.
     std::optional<ops::WeightPackingScope> packing;
     if (micro_batches_ > 1 && device_.is_cpu() && ops::WeightPackingScope::enabled())
       packing.emplace(
@@ -218,6 +253,9 @@ StepOutcome TrainStep::run(int64_t step, const pipeline::MicroBatchFn& data, dou
     return f;
   };
   static_cast<DataParallelAwareModel&>(*driver_).hold_reduction(rerun.enabled);
+  // The overlapped update: each bucket updated once its reduction is final. Not when the step runs
+  // twice: the second run must start from the same weights.
+  if (overlap_update_ && !rerun.enabled) optimizer_->begin_overlapped_update(lr, overlap_during_backward_);
   forward_backward();
   if (rerun.flip_first) {
     Tensor& grads = ddp_->buffer().grad_data();

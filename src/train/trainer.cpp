@@ -686,6 +686,8 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   DataParallel& ddp = m.train_step->ddp();
   progress().info("data parallel: {} ranks, sharding {} over {} ranks, {} buckets", ddp.dp().size(),
                   sharding_name(ddp), ddp.shard_group().size(), ddp.buffer().buckets().size());
+  // docs/optimizer.md#the-overlapped-update: said once, with the reason when it is off.
+  progress().info("optimizer: overlapped update {}", m.train_step->overlapped_update_description());
   if (m.train_step->optimizer().uses_muon())
     progress().info(
         "optimizer: muon for the 2-D hidden weights ({} momentum elements here), adamw for the "
