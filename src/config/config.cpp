@@ -1181,8 +1181,7 @@ void validate_config(Config& c, int world_size) {
   // which step() would look at all gradients before updating any (optimizer.hpp).
   if (o.overlap_update == OverlapUpdate::True) {
     const auto need = [&](bool ok, const std::string& rule) {
-      rules.require(ok, o.overlap_update,
-                    "true requires " + rule + " (docs/optimizer.md#the-overlapped-update)");
+      rules.require(ok, o.overlap_update, "requires " + rule + " (docs/optimizer.md#the-overlapped-update)");
     };
     need(o.clip_grad == 0, fmt::format("{} = 0: clipping needs the global norm of every gradient before any "
                                        "update",

@@ -161,6 +161,13 @@ INSTANTIATE_TEST_SUITE_P(
                    {"parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.distributed=true",
                     "train.precision=bf16", "train.global_batch_size=16"}},
         MetaLayout{"dp4_zero3", 4, {"optimizer.sharding=optim_grads_params", "train.global_batch_size=16"}},
+        // The overlapped update: bucket updates and all-gathers issued during the backward.
+        MetaLayout{
+            "dp2_zero1_overlapped_update",
+            2,
+            {"optimizer.distributed=true", "optimizer.overlap_grad_reduce=true",
+             "optimizer.overlap_param_gather=true", "optimizer.clip_grad=0", "optimizer.overlap_update=true",
+             "optimizer.bucket_size=20000", "train.global_batch_size=16"}},
         MetaLayout{"cp2_p2p", 2, {"parallel.context=2", "train.global_batch_size=8"}},
         MetaLayout{"pp2_zb_h1",
                    2,

@@ -5,7 +5,7 @@
 # true and false; the two must log the same losses and gradient norms (the same decimal strings)
 # and write byte-identical checkpoint shards (weights, fp32 main weights, exp_avg, exp_avg_sq):
 #   one rank; dp2 plain AdamW (all-reduce); dp2 ZeRO-1 with overlap_param_gather, fp32 and bf16;
-#   dp2 ZeRO-3; pp2 x dp2 ZeRO-1 (updated after the rank's last backward).
+#   dp2 ZeRO-3; pp2 x dp2 ZeRO-1 (updated after the rank's last backward); MoE ep2 with ZeRO-1.
 # The log says where the update ran, and auto turns it off (naming why) where it would not be exact.
 #   trainer_overlap_update.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
 set -euo pipefail
@@ -64,6 +64,8 @@ pair dp2_z1 2 "${z1[@]}"
 pair dp2_z1_bf16 2 "${z1[@]}" --set train.precision=bf16
 pair dp2_z3 2 --set optimizer.sharding=optim_grads_params
 pair pp2_dp2_z1 4 "${z1[@]}" --set parallel.pipeline=2
+# MoE: the expert replica (over expert-dp) is updated bucket by bucket as well.
+pair moe_ep2_z1 2 "${z1[@]}" --set model.num_experts=4 --set model.moe_router_topk=2 --set parallel.expert=2
 said pp2_dp2_z1_on "optimizer: overlapped update on (after the pipeline schedule)"
 
 # auto: on where exact, off with the reason where not.
@@ -81,6 +83,6 @@ if "${mpiexec[@]}" -np 1 "$pretrain" "${common[@]}" --set train.output_dir="$wor
   echo "overlap_update true with clip_grad 1 was accepted"
   exit 1
 fi
-grep -q "optimizer.overlap_update.*true requires optimizer.clip_grad = 0" "$work/refused.log" ||
+grep -q "optimizer.overlap_update = true: requires optimizer.clip_grad = 0" "$work/refused.log" ||
   { echo "refusal does not name the rule:"; tail -3 "$work/refused.log"; exit 1; }
 echo "trainer_overlap_update: all layouts bitwise equal"
