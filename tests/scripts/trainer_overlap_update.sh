@@ -6,7 +6,8 @@
 # and write byte-identical checkpoint shards (weights, fp32 main weights, exp_avg, exp_avg_sq):
 #   one rank; dp2 plain AdamW (all-reduce); dp2 ZeRO-1 with overlap_param_gather, fp32 and bf16;
 #   dp2 ZeRO-3; pp2 x dp2 ZeRO-1 (updated after the rank's last backward); MoE ep2 with ZeRO-1.
-# The log says where the update ran, and auto turns it off (naming why) where it would not be exact.
+# A guard that stops behaves alike. The log says where the update ran, and auto turns it off
+# (naming why) where it would not be exact.
 #   trainer_overlap_update.sh SOURCE_DIR PRETRAIN_GPT MPIEXEC...
 set -euo pipefail
 src=$1 pretrain=$2
@@ -67,6 +68,28 @@ pair pp2_dp2_z1 4 "${z1[@]}" --set parallel.pipeline=2
 # MoE: the expert replica (over expert-dp) is updated bucket by bucket as well.
 pair moe_ep2_z1 2 "${z1[@]}" --set model.num_experts=4 --set model.moe_router_topk=2 --set parallel.expert=2
 said pp2_dp2_z1_on "optimizer: overlapped update on (after the pipeline schedule)"
+
+# A guard that stops (train.nonfinite_policy stop, the default) after buckets were already updated:
+# a NaN loss injected on rank 1 at step 3. Both runs stop there (exit 3) with the same message and
+# the same metrics (the step counted as skipped), and neither saves a checkpoint.
+stop_run() {  # stop_run NAME OVERLAP
+  local status=0
+  PARALLEL_INJECT_LOSS_SCALE=3:nan:1 "${mpiexec[@]}" -np 2 "$pretrain" "${common[@]}" \
+    --set train.output_dir="$work/$1" --set checkpoint.dir="$work/$1/ckpt" --set optimizer.overlap_update="$2" \
+    >"$work/$1.log" 2>&1 || status=$?
+  [[ $status == 3 ]] || { echo "$1: exit $status, expected 3"; tail -5 "$work/$1.log"; exit 1; }
+  [[ ! -e "$work/$1/ckpt/latest" ]] || { echo "$1: saved a checkpoint after the guard stopped it"; exit 1; }
+}
+stop_run stop_on true
+stop_run stop_off false
+for f in step loss grad_norm skipped skip_reason nonfinite_steps; do
+  diff <(field stop_on $f) <(field stop_off $f) >/dev/null ||
+    { echo "guard stop: metrics field $f differs with the overlapped update"; exit 1; }
+done
+[[ "$(grep -o 'train: step 3: .*' "$work/stop_on.log" | sort -u)" == "$(grep -o 'train: step 3: .*' "$work/stop_off.log" | sort -u)" ]] ||
+  { echo "guard stop: the messages differ"; grep 'train: step 3' "$work"/stop_o*.log; exit 1; }
+grep -q '"skip_reason":"nonfinite"' "$work/stop_on/metrics.jsonl" || { echo "guard stop: step 3 not logged as skipped"; exit 1; }
+echo "guard stop: same exit, message and metrics with the overlapped update"
 
 # auto: on where exact, off with the reason where not.
 run auto_on 1 --set optimizer.overlap_update=auto --set train.steps=1
