@@ -272,9 +272,12 @@ struct DataConfig {
   std::string cache_path;  // directory of blend index files; empty: `cache` beside the first dataset
   std::string split = "969,30,1";
   bool shuffle = true;
-  std::string tokenizer = "gpt2";  // GPT2BPETokenizer | ByteLevel | gpt2 (alias)
-  std::string vocab_file;
-  std::string merge_file;
+  // GPT2BPETokenizer | ByteLevel | gpt2 (alias) | HuggingFace. The trainer reads it for the
+  // end-of-document id and checks its vocabulary fits model.vocab_size (check_tokenizer).
+  std::string tokenizer = "gpt2";
+  std::string vocab_file;      // GPT2BPETokenizer
+  std::string merge_file;      // GPT2BPETokenizer
+  std::string tokenizer_file;  // HuggingFace: the tokenizer.json
   // Documents packed into a sequence (Megatron's keys and semantics; docs/data.md): positions
   // restart after each end-of-document token, attention does not cross documents, and the loss
   // on end-of-document targets is masked out.

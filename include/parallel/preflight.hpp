@@ -18,6 +18,14 @@ void check_writable_dir(const std::string& key, const std::string& dir, const st
 // over it): a directory or a FIFO there throws ConfigError naming `key`, the root and what it is.
 void check_checkpoint_root(const std::string& key, const std::string& dir);
 
+// The tokenizer the trainer reads (data.tokenizer; the end-of-document id for document packing):
+// with a file to read (HuggingFace's data.tokenizer_file, GPT2BPETokenizer's data.vocab_file and
+// data.merge_file) it must load, and its vocabulary (the highest id + 1) must fit model.vocab_size,
+// or the data's ids could index past the embedding. Throws ConfigError naming the key, e.g.
+//   config: data.tokenizer_file = "t.json": the vocabulary (700 ids) is larger than model.vocab_size (512)
+// ByteLevel and GPT2BPETokenizer without files read nothing and pass.
+void check_tokenizer(const Config& config);
+
 // train.output_dir and, when set, checkpoint.dir (writable, and check_checkpoint_root) and
 // train.tensorboard_dir.
 void check_output_dirs(const Config& config, const std::string& tag);

@@ -84,7 +84,7 @@ concept NamedEnum = std::is_enum_v<T> && requires(T value) {
   names_of(value);
 };
 
-constexpr std::string_view kTokenizers[] = {"GPT2BPETokenizer", "ByteLevel", "gpt2"};
+constexpr std::string_view kTokenizers[] = {"GPT2BPETokenizer", "ByteLevel", "gpt2", "HuggingFace"};
 
 // ---- the key tables ----------------------------------------------------------------------------
 // S is the section struct, const or not; f(key, member, description) is called once per key.
@@ -313,9 +313,14 @@ void for_each_field(S& s, F&& f) {
   f("cache_path", s.cache_path,
     "directory of blend index files (empty: `cache` beside the blend's first dataset)");
   f("shuffle", s.shuffle, "shuffle samples each epoch");
-  f("tokenizer", s.tokenizer, "GPT2BPETokenizer, ByteLevel or gpt2 (alias of GPT2BPETokenizer)");
-  f("vocab_file", s.vocab_file, "tokenizer vocabulary file");
-  f("merge_file", s.merge_file, "tokenizer BPE merges file");
+  f("tokenizer", s.tokenizer,
+    "GPT2BPETokenizer, ByteLevel, gpt2 (alias of GPT2BPETokenizer) or HuggingFace (a tokenizer.json: "
+    "data.tokenizer_file)");
+  f("vocab_file", s.vocab_file, "GPT2BPETokenizer: the vocabulary file");
+  f("merge_file", s.merge_file, "GPT2BPETokenizer: the BPE merges file");
+  f("tokenizer_file", s.tokenizer_file,
+    "HuggingFace: the tokenizer.json (preprocess_data's --tokenizer-file; convert_checkpoint --from hf "
+    "sets it)");
   f("reset_position_ids", s.reset_position_ids,
     "positions restart at 0 after each end-of-document token (Megatron's; docs/data.md)");
   f("reset_attention_mask", s.reset_attention_mask,
@@ -324,7 +329,8 @@ void for_each_field(S& s, F&& f) {
     "no loss where the input token is end-of-document, i.e. on predicting the next document's first token "
     "(Megatron's)");
   f("eod_token", s.eod_token,
-    "the end-of-document id the three keys above split at (-1: the tokenizer's, from data.vocab_file)");
+    "the end-of-document id the three keys above split at (-1: the tokenizer's, from data.vocab_file or "
+    "data.tokenizer_file)");
   f("format", s.format,
     "gpt (windows over concatenated documents) or sft (fine-tuning: whole samples with a loss mask, packed "
     "apart; docs/data.md)");
@@ -1248,7 +1254,7 @@ void validate_config(Config& c, int world_size) {
     rules.require(c.data.eod_token < c.model.vocab_size, c.data.eod_token,
                   fmt::format("must be below {} ({})", rules.key(c.model.vocab_size), c.model.vocab_size));
   if ((c.data.reset_position_ids || c.data.reset_attention_mask || c.data.eod_mask_loss) &&
-      c.data.eod_token < 0 && c.data.tokenizer != "ByteLevel")
+      c.data.eod_token < 0 && c.data.tokenizer != "ByteLevel" && c.data.tokenizer != "HuggingFace")
     rules.require(!c.data.vocab_file.empty(), c.data.eod_token,
                   fmt::format("is needed (or {}) to find documents for {}, {} and {}",
                               rules.key(c.data.vocab_file), rules.key(c.data.reset_position_ids),
@@ -1299,6 +1305,14 @@ void validate_config(Config& c, int world_size) {
   rules.require(
       std::find(std::begin(kTokenizers), std::end(kTokenizers), c.data.tokenizer) != std::end(kTokenizers),
       c.data.tokenizer, "must be one of " + join(kTokenizers, ", "));
+  if (c.data.tokenizer == "HuggingFace")
+    rules.require(
+        !c.data.tokenizer_file.empty(), c.data.tokenizer_file,
+        fmt::format("is needed with {} = HuggingFace (the tokenizer.json)", rules.key(c.data.tokenizer)));
+  else
+    rules.require(c.data.tokenizer_file.empty(), c.data.tokenizer_file,
+                  fmt::format("is read only with {} = HuggingFace, not {}", rules.key(c.data.tokenizer),
+                              c.data.tokenizer));
 }
 
 namespace {

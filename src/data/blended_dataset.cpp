@@ -552,9 +552,9 @@ GPTDatasetOptions dataset_options(const Config& config, DataSplit split, const s
   o.sft = config.data.format == "sft";
   if (o.packs_documents() && !o.sft) {
     o.eod = config.data.eod_token >= 0 ? config.data.eod_token
-            : config.data.tokenizer == "ByteLevel"
-                ? ByteLevelTokenizer::kEod
-                : GPT2Tokenizer(config.data.vocab_file, config.data.merge_file).eod();
+                                       : make_tokenizer(config.data.tokenizer, config.data.vocab_file,
+                                                        config.data.merge_file, config.data.tokenizer_file)
+                                             ->eod();
   }
   // A split's own blend uses every document of its datasets (Megatron's --train-data-path).
   o.split = key == "data.path"          ? config.data.split

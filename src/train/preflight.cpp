@@ -7,8 +7,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "parallel/error.hpp"
+#include "parallel/tokenizer.hpp"
 
 namespace parallel {
 namespace {
@@ -60,6 +62,29 @@ void check_checkpoint_root(const std::string& key, const std::string& dir) {
   throw ConfigError(fmt::format(
       "config: {} = \"{}\": {} is {}; it must be the file naming the latest checkpoint (remove or rename it)",
       key, dir, latest.string(), kind));
+}
+
+void check_tokenizer(const Config& config) {
+  const DataConfig& d = config.data;
+  const bool hf = d.tokenizer == "HuggingFace";
+  if (!hf && (d.tokenizer == "ByteLevel" || d.vocab_file.empty())) return;
+  // GPT-2's two files load together, so its errors name both keys (the message names the file).
+  const std::string key = hf ? "data.tokenizer_file" : "data.vocab_file";
+  const std::string& file = hf ? d.tokenizer_file : d.vocab_file;
+  const std::string setting =
+      hf ? fmt::format("data.tokenizer_file = \"{}\"", d.tokenizer_file)
+         : fmt::format("data.vocab_file = \"{}\", data.merge_file = \"{}\"", d.vocab_file, d.merge_file);
+  std::unique_ptr<Tokenizer> tokenizer;
+  try {
+    tokenizer = make_tokenizer(d.tokenizer, d.vocab_file, d.merge_file, d.tokenizer_file);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("config: {}: {}", setting, e.what()));
+  }
+  if (tokenizer->vocab_size() > config.model.vocab_size)
+    throw ConfigError(fmt::format(
+        "config: {} = \"{}\": the vocabulary ({} ids) is larger than model.vocab_size ({}); the model must "
+        "have an embedding row for every id the tokenizer can produce",
+        key, file, tokenizer->vocab_size(), config.model.vocab_size));
 }
 
 void check_output_dirs(const Config& config, const std::string& tag) {

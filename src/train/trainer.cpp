@@ -651,6 +651,9 @@ Trainer::Trainer(const Config& config, MpiCommunicator& world, TrainerOptions tr
   // Before anything is built: an unwritable output or checkpoint directory fails now, not at the
   // first save hours later. Every rank probes (checkpoint shards are written by every rank).
   check_output_dirs(c, "rank" + std::to_string(world.rank()));
+  // And a tokenizer file that is missing, malformed or larger than the vocabulary, before the data
+  // is opened (which reads it for the end-of-document id).
+  check_tokenizer(c);
   // The memory plan, before anything is allocated: a run that cannot fit ends now with one line
   // naming the total, the limit, the biggest term and its keys (memory_plan.hpp).
   // Host memory: MemAvailable and the cgroup's room, shared by the ranks on the node; on a GPU the

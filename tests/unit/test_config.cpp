@@ -839,7 +839,20 @@ const RuleCase kRules[] = {
     {"Tokenizer",
      {"data.tokenizer=bert"},
      1,
-     {"data.tokenizer = \"bert\": must be one of GPT2BPETokenizer, ByteLevel, gpt2"}},
+     {"data.tokenizer = \"bert\": must be one of GPT2BPETokenizer, ByteLevel, gpt2, HuggingFace"}},
+    {"HuggingFaceTokenizerNeedsItsFile",
+     {"data.tokenizer=HuggingFace"},
+     1,
+     {"data.tokenizer_file = \"\": is needed with data.tokenizer = HuggingFace (the tokenizer.json)"}},
+    {"TokenizerFileOnlyWithHuggingFace",
+     {"data.tokenizer=ByteLevel", "data.tokenizer_file=tokenizer.json"},
+     1,
+     {"data.tokenizer_file = \"tokenizer.json\": is read only with data.tokenizer = HuggingFace, not "
+      "ByteLevel"}},
+    {"TokenizerFileNotWithTheDefault",
+     {"data.tokenizer_file=tokenizer.json"},
+     1,
+     {"data.tokenizer_file = \"tokenizer.json\": is read only with data.tokenizer = HuggingFace, not gpt2"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Rules, ConfigRule, ::testing::ValuesIn(kRules),
@@ -887,6 +900,17 @@ TEST(ConfigRules, ValidLayoutsPass) {
   }
   for (const char* tokenizer : {"data.tokenizer=GPT2BPETokenizer", "data.tokenizer=ByteLevel"}) {
     EXPECT_NO_THROW(parse_config("", {tokenizer}, 1)) << tokenizer;
+  }
+  // HuggingFace with its tokenizer.json; document packing takes the end-of-document id from it, so
+  // data.eod_token is not needed (the file itself is read by the trainer: check_tokenizer).
+  {
+    const Config hf = parse_config("",
+                                   {"data.tokenizer=HuggingFace", "data.tokenizer_file=t/tokenizer.json",
+                                    "data.reset_position_ids=true"},
+                                   1);
+    EXPECT_EQ(hf.data.tokenizer, "HuggingFace");
+    EXPECT_EQ(hf.data.tokenizer_file, "t/tokenizer.json");
+    EXPECT_EQ(parse_config(config_to_yaml(hf), {}, 1).data.tokenizer_file, "t/tokenizer.json");
   }
   EXPECT_NO_THROW(parse_config("", {"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2));
   // MoE with every sharding mode; HSDP with 2 replicas over dp 8 and expert-dp 4 (ep 2).

@@ -68,6 +68,44 @@ TEST(Preflight, AnUnwritableDirectoryNamesTheKeyThePathAndTheErrno) {
   fs::remove_all(base);
 }
 
+// data.tokenizer's files are read at start-up: a missing or malformed tokenizer.json and one whose
+// vocabulary is larger than the model's end the run with one line naming the key.
+TEST(Preflight, TheTokenizerFileMustLoadAndFitTheVocabulary) {
+  const std::string gpt2 = parallel::testing::fixtures_dir() + "/hf_tokenizer_gpt2.json";  // 700 ids
+  Config c;
+  c.data.tokenizer = "HuggingFace";
+  c.data.tokenizer_file = gpt2;
+  c.model.vocab_size = 700;
+  EXPECT_NO_THROW(check_tokenizer(c));
+  c.model.vocab_size = 699;
+  const std::string larger = error_of<ConfigError>([&] { check_tokenizer(c); });
+  EXPECT_THAT(larger, HasSubstr("config: data.tokenizer_file = \"" + gpt2 +
+                                "\": the vocabulary (700 ids) is larger than model.vocab_size (699)"));
+  EXPECT_EQ(larger.find('\n'), std::string::npos);
+  c.model.vocab_size = 1024;
+  const fs::path base = scratch("parallel_test_preflight_tokenizer");
+  c.data.tokenizer_file = (base / "missing.json").string();
+  EXPECT_THAT(error_of<ConfigError>([&] { check_tokenizer(c); }),
+              HasSubstr("config: data.tokenizer_file = \"" + c.data.tokenizer_file + "\": "));
+  std::ofstream(base / "broken.json") << "{\"model\": ";
+  c.data.tokenizer_file = (base / "broken.json").string();
+  const std::string broken = error_of<ConfigError>([&] { check_tokenizer(c); });
+  EXPECT_THAT(broken, HasSubstr("config: data.tokenizer_file = \"" + c.data.tokenizer_file + "\": "));
+  EXPECT_THAT(broken, HasSubstr("not valid JSON"));
+  // GPT-2's files are checked when given; ByteLevel and GPT-2 without files read nothing.
+  c.data.tokenizer = "GPT2BPETokenizer";
+  c.data.tokenizer_file.clear();
+  c.data.vocab_file = (base / "missing_encoder.json").string();
+  EXPECT_THAT(error_of<ConfigError>([&] { check_tokenizer(c); }),
+              HasSubstr("config: data.vocab_file = \"" + c.data.vocab_file + "\", data.merge_file = \"\": "));
+  c.data.vocab_file.clear();
+  EXPECT_NO_THROW(check_tokenizer(c));
+  c.data.tokenizer = "ByteLevel";
+  c.model.vocab_size = 100;
+  EXPECT_NO_THROW(check_tokenizer(c));
+  fs::remove_all(base);
+}
+
 TEST(StopSignal, SignalsAreNamed) {
   EXPECT_EQ(signal_name(SIGTERM), "SIGTERM");
   EXPECT_EQ(signal_name(SIGINT), "SIGINT");
