@@ -159,7 +159,9 @@ std::map<std::string, Tensor> load_parameters(const std::string& checkpoint_path
 
 // HF folder -> checkpoint root `root` (step_00000000, latest) plus `root`.yaml: the default
 // training configuration with the folder's model (seq_length: the smallest of
-// max_position_embeddings, Mistral's sliding_window and 4096). Returns the step directory.
+// max_position_embeddings, Mistral's sliding_window and 4096) and, when the folder has a
+// tokenizer.json, data.tokenizer HuggingFace with data.tokenizer_file its absolute path. Returns the
+// step directory.
 std::string import_folder(const std::string& hf_dir, const std::string& root, Communicator& world,
                           bool allow_nonfinite = false);
 

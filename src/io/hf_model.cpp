@@ -1842,6 +1842,13 @@ std::string import_folder(const std::string& hf_dir, const std::string& root, Co
   const HfModel hf = model_from_config_json(read_text(config_file), config_file);
   Config config;
   config.model = hf.model;
+  // The folder's tokenizer.json, when it has one, is the training config's tokenizer (the trainer
+  // reads its end-of-document id and checks its vocabulary against the model's). Absolute, so the
+  // YAML works from any directory.
+  if (const fs::path tokenizer = fs::path(hf_dir) / "tokenizer.json"; fs::is_regular_file(tokenizer)) {
+    config.data.tokenizer = "HuggingFace";
+    config.data.tokenizer_file = fs::absolute(tokenizer).lexically_normal().string();
+  }
   validate_config(config, 1);
   const std::map<std::string, Tensor> tensors = load_folder(hf_dir);
   if (hf.architecture == Architecture::DeepseekV3) {
