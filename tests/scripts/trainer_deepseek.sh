@@ -18,25 +18,9 @@ trap 'rm -rf "$work"' EXIT
 common=(--config "$src/configs/deepseek_v3_tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
   --set optimizer.warmup_steps=0 --set train.steps=6)
 
-run() {  # run NAME RANKS [--set ...]
-  local name=$1 ranks=$2
-  shift 2
-  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" "$@" \
-    >"$work/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
-}
-field() { grep -o "\"$2\":[^,}]*" "$work/$1/metrics.jsonl" | cut -d: -f2; }
-# compare REF RUN TOL [GRAD_TOL]: losses and grad norms of RUN against REF's (relative).
-compare() {
-  local ref=$1 run=$2 tol=$3 gtol=${4:-$3}
-  paste <(field "$ref" loss) <(field "$run" loss) <(field "$ref" grad_norm) <(field "$run" grad_norm) |
-    awk -v name="$run" -v tol="$tol" -v gtol="$gtol" '
-    function rel(a, b) { d = a - b; if (d < 0) d = -d; s = (a < 0 ? -a : a); return d / s }
-    { n++; l = rel($1, $2); g = rel($3, $4); if (l > worst) worst = l; if (g > gworst) gworst = g
-      if (l > tol || g > gtol) { printf "%s: step %d loss %s grad norm %s vs %s %s (tolerance %g / %g)\n", name, n, $2, $4, $1, $3, tol, gtol; bad = 1 } }
-    END { if (n < 6) { printf "%s: %d steps compared\n", name, n; bad = 1 }
-          if (bad) exit 1
-          printf "%s: %d losses and grad norms equal the one-rank run within %g / %g (largest differences %.2g / %.2g)\n", name, n, tol, gtol, worst, gworst }'
-}
+# run, field and compare.
+# shellcheck source=parity_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/parity_common.sh"
 bias() { grep -o '"moe_expert_bias":\[\[[]0-9.e,[-]*\]\]' "$work/$1/metrics.jsonl"; }
 same_bias() {  # same_bias REF RUN: the bias of every step equal, and one value over the ranks
   [[ $(bias "$2" | wc -l) == 6 ]] || { echo "$2: no moe_expert_bias in every line"; exit 1; }

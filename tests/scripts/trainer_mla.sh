@@ -14,25 +14,9 @@ trap 'rm -rf "$work"' EXIT
 common=(--config "$src/configs/mla_tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
   --set optimizer.warmup_steps=0 --set train.steps=6)
 
-run() {  # run NAME RANKS [--set ...]
-  local name=$1 ranks=$2
-  shift 2
-  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" "$@" \
-    >"$work/$name.log" 2>&1 || { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
-}
-field() { grep -o "\"$2\":[^,}]*" "$work/$1/metrics.jsonl" | cut -d: -f2; }
-# compare REF RUN TOL [GRAD_TOL]: losses and grad norms of RUN against REF's (relative).
-compare() {
-  local ref=$1 run=$2 tol=$3 gtol=${4:-$3}
-  paste <(field "$ref" loss) <(field "$run" loss) <(field "$ref" grad_norm) <(field "$run" grad_norm) |
-    awk -v name="$run" -v tol="$tol" -v gtol="$gtol" '
-    function rel(a, b) { d = a - b; if (d < 0) d = -d; s = (a < 0 ? -a : a); return d / s }
-    { n++; l = rel($1, $2); g = rel($3, $4); if (l > worst) worst = l; if (g > gworst) gworst = g
-      if (l > tol || g > gtol) { printf "%s: step %d loss %s grad norm %s vs %s %s (tolerance %g)\n", name, n, $2, $4, $1, $3, tol; bad = 1 } }
-    END { if (n < 6) { printf "%s: %d steps compared\n", name, n; bad = 1 }
-          if (bad) exit 1
-          printf "%s: %d losses and grad norms equal the one-rank run within %g / %g (largest differences %.2g / %.2g)\n", name, n, tol, gtol, worst, gworst }'
-}
+# run, field and compare.
+# shellcheck source=parity_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/parity_common.sh"
 
 run ref 1
 for layout in "tp2_sp 2 --set parallel.tensor=2 --set parallel.sequence_parallel=true" \
