@@ -236,6 +236,11 @@ constexpr KeyRow kKeys[] = {
     {"begin_suppress_tokens", kAll, Use::Inert},
     // Known, and changing the model.
     {"quantization_config", kAll, Use::Refused, "quantized weights"},
+    // DeepSeek-V3's hub folders (and Kimi K2's, Moonlight's) name DeepSeek's own modeling code, the
+    // code transformers' DeepseekV3 was ported from; check_keys allows it when every class it names is
+    // a DeepseekV3 one (inert: the export writes transformers' layout, without it). Any other family,
+    // or other classes: the folder's own model, refused.
+    {"auto_map", kDeepseekV3, Use::Inert},
     {"auto_map", kAll, Use::Refused, "the folder's own modeling code (trust_remote_code)"},
     {"use_mrope", kQwen2, Use::Default, "false"},
 };
@@ -269,6 +274,25 @@ const KeyRow* key_row(std::string_view key, Architecture a) {
   return nullptr;
 }
 
+// A DeepSeek-V3 folder's auto_map: {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+// "AutoModel": "modeling_deepseek.DeepseekV3Model", "AutoModelForCausalLM":
+// "modeling_deepseek.DeepseekV3ForCausalLM"}. Any class that is not one of those three is another model.
+void check_deepseek_auto_map(const json& value, const std::string& source) {
+  static const std::set<std::string> classes = {"DeepseekV3Config", "DeepseekV3Model",
+                                                "DeepseekV3ForCausalLM"};
+  bool ok = value.is_object();
+  for (auto it = value.begin(); ok && it != value.end(); ++it) {
+    const std::string name = it->is_string() ? it->get<std::string>() : "";
+    const std::size_t dot = name.rfind('.');
+    ok = classes.count(dot == std::string::npos ? name : name.substr(dot + 1)) != 0;
+  }
+  if (!ok)
+    fail(
+        fmt::format("{}: auto_map = {}: not supported: it names modeling code other than DeepSeek-V3's own "
+                    "(DeepseekV3Config, DeepseekV3Model, DeepseekV3ForCausalLM)",
+                    source, value.dump()));
+}
+
 // Before reading: every key is in the table, and Default / Refused keys allow the model.
 void check_keys(const json& j, Architecture a, const std::string& source) {
   for (const auto& [key, value] : j.items()) {
@@ -281,6 +305,7 @@ void check_keys(const json& j, Architecture a, const std::string& source) {
     if (row->use == Use::Refused)
       fail(fmt::format("{}: {} = {}: not supported: it changes the model ({})", source, key, value.dump(),
                        row->note));
+    if (key == "auto_map") check_deepseek_auto_map(value, source);
     if (row->use == Use::Default && !value.is_null() && value != json::parse(row->note))
       fail(fmt::format("{}: {} = {}: not supported: it changes the model (only {} is read)", source, key,
                        value.dump(), row->note));

@@ -803,11 +803,22 @@ TEST(HfModel, ReadsDeepseekV3) {
            {"first_k_dense_replace", -1, "first_k_dense_replace = -1: must be >= 0"},
            {"hidden_act", "gelu", "hidden_act = \"gelu\": not supported"},
            {"n_group", 3, "moe_n_group"},  // 8 experts in 3 groups: our config's rule, named by our key
-           {"output_router_logits", true, "output_router_logits = true: not supported"}}) {
+           {"output_router_logits", true, "output_router_logits = true: not supported"},
+           {"auto_map", json{{"AutoModelForCausalLM", "modeling_kimi.KimiForCausalLM"}},
+            "auto_map = {\"AutoModelForCausalLM\":\"modeling_kimi.KimiForCausalLM\"}: not supported: it "
+            "names "
+            "modeling code other than DeepSeek-V3's own"}}) {
     j = fixture_config("deepseek_v3");
     j[key] = value;
     EXPECT_THAT(config_error(j), HasSubstr(message)) << key;
   }
+  // A hub folder's auto_map naming DeepSeek's own DeepseekV3 classes is the same model.
+  j = fixture_config("deepseek_v3");
+  j["auto_map"] = {{"AutoConfig", "configuration_deepseek.DeepseekV3Config"},
+                   {"AutoModel", "modeling_deepseek.DeepseekV3Model"},
+                   {"AutoModelForCausalLM", "modeling_deepseek.DeepseekV3ForCausalLM"}};
+  EXPECT_EQ(config_to_yaml(Config{.model = hf::model_from_config_json(j.dump(), "ds").model}),
+            config_to_yaml(Config{.model = m}));
 
   // rope_interleave: the rope rows of q_up (per head) and kv_down are interleaved in the checkpoint,
   // in rotate-half order here; the export puts them back bit for bit.
