@@ -6,7 +6,8 @@
 #   pp 2 with 1F1B and zb-v (the MTP layers on the stage that computes the loss, rank 0 of the V,
 #   the embedding's gradient summed with the first stage's, untied and tied); dp 2 with ZeRO-3
 #   (optimizer.sharding optim_grads_params); full recompute at tp 2 + sp, selective at pp 2; and bf16
-#   at tp 2 + sp and pp 2 (tolerance below).
+#   (tolerance below) at tp 2 + sp, pp 2 with 1F1B and zb-v, cp 2 with each exchange type, dp 2 with
+#   ZeRO-3, and the MoE model at ep 2 x etp 2.
 #   A DeepSeek-V3-like MoE model (MTP layers with the last layer's MoE) at ep 2 x etp 2 and
 #   pp 2 x ep 2.
 # Checkpoints: 3 steps at pp 2 saved, resumed on one rank to step 6 equal the uninterrupted run
@@ -82,14 +83,22 @@ compare ref resumed 1e-5
 run ref_bf16 1 --set train.precision=bf16
 run tp2_sp_bf16 2 --set train.precision=bf16 --set parallel.tensor=2 --set parallel.sequence_parallel=true
 compare ref_bf16 tp2_sp_bf16 2e-4 3e-3
-run pp2_bf16 2 --set train.precision=bf16 --set parallel.pipeline=2
-compare ref_bf16 pp2_bf16 2e-4 3e-3
+for layout in "pp2_bf16 2 --set parallel.pipeline=2" \
+  "pp2_zbv_bf16 2 --set parallel.pipeline=2 --set parallel.virtual_stages=2 --set parallel.pipeline_schedule=zb-v" \
+  "cp2_p2p_bf16 2 --set parallel.context=2 --set parallel.context_comm=p2p" \
+  "cp2_a2a_bf16 2 --set parallel.context=2 --set parallel.context_comm=a2a" \
+  "cp2_allgather_bf16 2 --set parallel.context=2 --set parallel.context_comm=allgather" \
+  "dp2_zero3_bf16 2 --set optimizer.sharding=optim_grads_params"; do
+  read -r -a args <<<"$layout"
+  run "${args[@]}" --set train.precision=bf16
+  compare ref_bf16 "${args[0]}" 2e-4 3e-3
+done
 
 # DeepSeek-V3-like MoE (sigmoid group-limited routing, expert bias, first layer dense): the MTP
 # layers take the last layer's MoE at ep 2 x etp 2 (4 ranks, dp 4), and at pp 2 with ep 2.
-moe=(--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=64
+moe=(--set model.num_experts=8 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=64
   --set model.moe_first_k_dense_replace=1 --set model.moe_router_score_function=sigmoid
-  --set model.moe_norm_topk_prob=true --set model.moe_n_group=2 --set model.moe_topk_group=1
+  --set model.moe_norm_topk_prob=true --set model.moe_n_group=4 --set model.moe_topk_group=2
   --set model.moe_router_expert_bias=true --set model.moe_bias_update_speed=0.01
   --set model.moe_seq_aux_loss_coeff=0.001)
 run ref_moe 1 "${moe[@]}"
@@ -97,6 +106,9 @@ run ep2_etp2_moe 4 "${moe[@]}" --set parallel.expert=2 --set parallel.expert_ten
 compare ref_moe ep2_etp2_moe 1e-5
 run pp2_ep2_moe 4 "${moe[@]}" --set parallel.expert=2 --set parallel.pipeline=2
 compare ref_moe pp2_ep2_moe 1e-5
+run ref_moe_bf16 1 "${moe[@]}" --set train.precision=bf16
+run ep2_etp2_moe_bf16 4 "${moe[@]}" --set parallel.expert=2 --set parallel.expert_tensor=2 --set train.precision=bf16
+compare ref_moe_bf16 ep2_etp2_moe_bf16 2e-4 3e-3
 
 # The memory plan of the MTP model (the real step on the meta device).
 "${mpiexec[@]}" -np 2 "$pretrain" "${common[@]}" --set parallel.pipeline=2 --set train.output_dir="$work/plan" \
