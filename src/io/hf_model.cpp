@@ -669,20 +669,9 @@ void read_moe(const Fields& f, Architecture a, ModelConfig& m) {
   m.moe_norm_topk_prob = f.boolean("norm_topk_prob", false);
 }
 
-ModelConfig llama_model(const Fields& f, Architecture a) {
-  ModelConfig m;
-  f.has("architectures");
-  f.has("model_type");
-  m.num_layers = checked_layers(f, "num_hidden_layers");
-  m.hidden_size = checked_int(f, "hidden_size");
-  m.num_attention_heads = checked_int(f, "num_attention_heads");
-  m.num_query_groups = checked_int(f, "num_key_value_heads", m.num_attention_heads);
-  m.ffn_hidden_size = checked_int(f, "intermediate_size");
-  m.vocab_size = checked_int(f, "vocab_size");
-  const int64_t default_positions = a == Architecture::Llama     ? 2048
-                                    : a == Architecture::Mistral ? 131072
-                                                                 : 32768;  // Qwen2, Qwen3(-MoE), Mixtral
-  m.max_position_embeddings = checked_int(f, "max_position_embeddings", default_positions);
+// What every Llama-family block shares: RMSNorm, SwiGLU, rope (read_rope), no biases, no dropout
+// (attention_dropout refused), tied embeddings and init std as the config says.
+void read_llama_block(const Fields& f, ModelConfig& m) {
   m.normalization = Normalization::RMSNorm;
   m.activation = Activation::SwiGLU;
   m.position_embedding = PositionEmbedding::Rope;
@@ -697,6 +686,23 @@ ModelConfig llama_model(const Fields& f, Architecture a) {
           "import)");
   m.dropout = 0.0;
   m.add_bias = false;
+}
+
+ModelConfig llama_model(const Fields& f, Architecture a) {
+  ModelConfig m;
+  f.has("architectures");
+  f.has("model_type");
+  m.num_layers = checked_layers(f, "num_hidden_layers");
+  m.hidden_size = checked_int(f, "hidden_size");
+  m.num_attention_heads = checked_int(f, "num_attention_heads");
+  m.num_query_groups = checked_int(f, "num_key_value_heads", m.num_attention_heads);
+  m.ffn_hidden_size = checked_int(f, "intermediate_size");
+  m.vocab_size = checked_int(f, "vocab_size");
+  const int64_t default_positions = a == Architecture::Llama     ? 2048
+                                    : a == Architecture::Mistral ? 131072
+                                                                 : 32768;  // Qwen2, Qwen3(-MoE), Mixtral
+  m.max_position_embeddings = checked_int(f, "max_position_embeddings", default_positions);
+  read_llama_block(f, m);
   m.add_qkv_bias = a == Architecture::Qwen2;
   m.qk_norm = a == Architecture::Qwen3 || a == Architecture::Qwen3Moe;
 
@@ -807,19 +813,7 @@ ModelConfig deepseek_v3_model(const Fields& f, int& mtp_layers) {
   m.ffn_hidden_size = checked_int(f, "intermediate_size", 18432);
   m.vocab_size = checked_int(f, "vocab_size");
   m.max_position_embeddings = checked_int(f, "max_position_embeddings", 4096);
-  m.normalization = Normalization::RMSNorm;
-  m.activation = Activation::SwiGLU;
-  m.position_embedding = PositionEmbedding::Rope;
-  m.norm_epsilon = f.number("rms_norm_eps", 1e-6);
-  read_rope(f, m);
-  m.tie_embeddings = f.boolean("tie_word_embeddings", false);
-  m.init_std = f.number("initializer_range", 0.02);
-  if (const double p = f.number("attention_dropout", 0.0); p != 0.0)
-    f.bad("attention_dropout", f.raw("attention_dropout"),
-          "not supported: it changes the training (model.dropout also drops hidden states; set it after "
-          "import)");
-  m.dropout = 0.0;
-  m.add_bias = false;
+  read_llama_block(f, m);
   if (const std::string act = f.string("hidden_act", "silu"); act != "silu")
     f.bad("hidden_act", json(act), "not supported (only silu: SwiGLU)");
   // attention_bias puts biases on q_a_proj (or q_proj), kv_a_proj_with_mqa and o_proj only.
