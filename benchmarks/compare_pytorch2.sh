@@ -71,7 +71,7 @@ bench() {  # bench NAME L H HEADS V S B STEPS
 
 # Our GEMM kernel and ISA for the record (the trainer logs them at start).
 OMP_NUM_THREADS=$THREADS "$build/bin/pretrain_gpt" --config configs/tiny.yaml --set train.steps=2 \
-  --set train.precision=bf16 --set train.output_dir="$work/probe" 2>&1 | grep -E "CPU GEMM|CPU peak" | sed 's/^.*\] //'
+  --set train.precision=bf16 --set train.output_dir="$work/probe" 2>&1 | grep -E "CPU GEMM|CPU peak" | sed -E 's/^(\[[^]]*\] )+//'
 [[ $which == mini || $which == both ]] && bench mini 6 384 6 8192 256 4 10
 [[ $which == gpt2 || $which == both ]] && bench gpt2-124M 12 768 12 50257 256 4 4
 exit 0
