@@ -138,6 +138,13 @@ class Simulator {
         if (!block_on(s, e.call)) return false;
         ++s.pc;
         return true;
+      case TimelineEntry::Kind::Replay:
+        // cost_timeline expands every replay into the entries it repeats; one left here is a
+        // caller's mistake, named as such rather than reported as a deadlock.
+        PARALLEL_FAIL(
+            "step simulation: rank {} at entry {} is an unexpanded replay (cost the timeline "
+            "with cost_timeline first)",
+            s.rank, s.pc);
     }
     return false;
   }
@@ -266,7 +273,7 @@ void append_op(std::vector<SimEntry>& out, double seconds) {
   if (!out.empty() && out.back().kind == TimelineEntry::Kind::Op)
     out.back().seconds += seconds;
   else
-    out.push_back(SimEntry{.kind = TimelineEntry::Kind::Op, .seconds = seconds});
+    out.push_back(SimEntry{.kind = TimelineEntry::Kind::Op, .seconds = seconds, .comm = {}, .call = -1});
 }
 
 std::vector<SimEntry> cost_range(const std::vector<TimelineEntry>& timeline, std::size_t begin,
