@@ -5,17 +5,22 @@
 // Enumerated: tensor (divisors of the world up to a node's devices: tensor parallelism across nodes
 // is not considered), pipeline (divisors of the rest that divide the layers), virtual stages (1, 2,
 // 4, ... while the chunks divide the layers), context (1, and divisors up to 8 for sequences of
-// 8192 and more), expert (MoE only: divisors of the experts), data (the rest); schedule (1F1B and
-// zb-h1 without virtual stages; interleaved, and zb-v at 2 virtual stages, with them); sharding
-// (none, optim, optim_grads, optim_grads_params when data > 1); recompute (none, selective, full);
-// micro-batch size (1, 2, 4, 8 dividing the per-rank batch). The model, global batch, precision
-// and everything else stay as configured.
+// 8192 and more), expert (MoE only: divisors of the experts), expert-tensor (MoE only: divisors of
+// an expert's width up to a node's devices; ep x etp must divide tp x cp x data), data (the rest);
+// schedule (1F1B and zb-h1 without virtual stages; interleaved, and zb-v at 2 virtual stages, with
+// them); sharding (none, optim, optim_grads, optim_grads_params when data x context > 1), each
+// sharding mode over all of data x context or, HSDP, within groups of every size g that divides
+// data x context, 1 < g < data x context (the rules drop the g MoE's expert-dp does not allow);
+// recompute (none, selective, full); micro-batch size (1, 2, 4, 8 dividing the per-rank batch).
+// The model, global batch, precision and everything else stay as configured.
 //
 // Pruned, in order:
 //   1. the layout rules: validate_config (the same rules a launch is held to);
 //   2. a memory lower bound: a rank holds at least its stage's weights in the compute dtype
-//      (sharded over data under optim_grads_params) and AdamW's two fp32 moments (sharded under
-//      any sharding); a layout whose bound exceeds the device's memory (hardware memory_GiB) goes;
+//      (sharded over data under optim_grads_params), AdamW's two fp32 moments (sharded under any
+//      sharding) and the fp32 gradient buffer - dense weights split over tp, routed experts over
+//      ep x etp and sharded over expert-dp - and an activation floor; a layout whose bound exceeds
+//      the device's memory (hardware memory_GiB) goes;
 //   3. a time lower bound, for branch and bound: the model FLOPs of a device (plus the recomputed
 //      forward under full recompute) at the device's matmul peak times its best shape efficiency.
 //      Layouts are simulated in increasing order of that bound, and the search stops when the
@@ -52,8 +57,10 @@ struct SearchOptions {
 };
 
 struct SearchedLayout {
-  Config config;       // validated for the world size
-  std::string layout;  // "tp8 pp64 v1 dp6 cp1 ep1 1f1b sharding none recompute full mb1"
+  Config config;  // validated for the world size
+  // "tp8 pp64 v1 dp6 cp1 ep1 1f1b sharding none recompute full mb1"; " etp2" after ep when etp > 1,
+  // " hsdp8" after the sharding mode under HSDP.
+  std::string layout;
   double step_time_s = 0;
   double model_tflops_per_device = 0;
   double mfu = 0;

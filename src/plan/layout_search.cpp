@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "parallel/error.hpp"
 #include "parallel/memory_plan.hpp"
@@ -41,19 +42,28 @@ std::vector<int> divisors(int n) {
   return out;
 }
 
-// Weight elements of one transformer layer (dense, or the layer's share of the experts under ep).
-double layer_weights(const ModelConfig& m, int layer, int ep) {
+// Weight elements a rank holds of one transformer layer: the attention and a dense MLP split over
+// tp, and a MoE layer's routed experts, num_experts / ep of them, each split over etp (experts are
+// not split over tp: layout_rules.hpp). The router and shared experts are left out (a lower bound).
+struct LayerWeights {
+  double dense = 0, experts = 0;
+};
+LayerWeights layer_weights(const ModelConfig& m, int layer, const ParallelConfig& p) {
   const double h = m.hidden_size, heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const double kv = h / heads * groups;
   const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
   const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
-  double mlp = (gated + 1) * h * ffn;
+  LayerWeights w;
+  w.dense = h * (h + 2 * kv) + h * h;
   if (m.is_moe_layer(layer)) {
     const double eff = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : ffn;
-    mlp = static_cast<double>(m.num_experts) / ep * (gated + 1) * h * eff;
+    w.experts = static_cast<double>(m.num_experts) / p.expert * (gated + 1) * h * eff / p.expert_tensor;
+  } else {
+    w.dense += (gated + 1) * h * ffn;
   }
-  return h * (h + 2 * kv) + h * h + mlp;
+  w.dense /= p.tensor;
+  return w;
 }
 
 // Lower bound on a rank's bytes (layout_search.hpp, pruning 2): the fewest layers a stage holds, their
@@ -69,15 +79,24 @@ double memory_lower_bound(const Config& c) {
   const ModelConfig& m = c.model;
   const int stages = p.pipeline;
   const int layers = m.num_layers / stages;
-  double weights = 0;
-  for (int i = 0; i < layers; ++i) weights += layer_weights(m, i, p.expert);
-  weights /= p.tensor;
-  const double shards = static_cast<double>(p.data) * p.context;
+  double dense = 0, experts = 0;
+  for (int i = 0; i < layers; ++i) {
+    const LayerWeights w = layer_weights(m, i, p);
+    dense += w.dense;
+    experts += w.experts;
+  }
+  // Sharded state splits over dp x cp (dense), and over expert-dp, tp x cp x dp / (ep x etp), for the
+  // experts; HSDP shards over fewer, so these are the most any sharding divides by.
+  const double dense_shards = static_cast<double>(p.data) * p.context;
+  const double expert_shards =
+      static_cast<double>(p.tensor) * p.context * p.data / (static_cast<double>(p.expert) * p.expert_tensor);
+  const auto held = [&](bool sharded) {
+    return sharded ? dense / dense_shards + experts / expert_shards : dense + experts;
+  };
   const Sharding s = c.optimizer.sharding;
   const double value_bytes = static_cast<double>(dtype_size(compute_dtype(c.train.precision)));
-  const double values = weights * value_bytes / (s == Sharding::OptimGradsParams ? shards : 1.0);
-  const double moments =
-      c.optimizer.type == OptimizerType::AdamW ? weights * 8 / (s != Sharding::None ? shards : 1.0) : 0.0;
+  const double values = held(s == Sharding::OptimGradsParams) * value_bytes;
+  const double moments = c.optimizer.type == OptimizerType::AdamW ? held(s != Sharding::None) * 8 : 0.0;
   double activations = 0;
   if (m.num_experts == 0 && !m.is_mla()) {
     const double h = m.hidden_size, tp = p.tensor, sp = p.sequence_parallel ? tp : 1.0;
@@ -97,7 +116,7 @@ double memory_lower_bound(const Config& c) {
   }
   // DataParallel's fp32 gradient buffer (grad_buffer.cpp), sharded with the gradients.
   const bool grads_sharded = s == Sharding::OptimGrads || s == Sharding::OptimGradsParams;
-  const double gradients = weights * 4 / (grads_sharded ? shards : 1.0);
+  const double gradients = held(grads_sharded) * 4;
   return values + moments + gradients + activations;
 }
 
@@ -189,7 +208,8 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     forward += g + attention_forward;
     backward += 2 * g + attention_backward;
     forward_comm += tp_collective * (moe ? 1 : 2);
-    stage_weights += layer_weights(m, i, p.expert) / p.tensor;
+    const LayerWeights w = layer_weights(m, i, p);
+    stage_weights += w.dense + w.experts;
   }
   // The output layer's GEMMs (forward, and the backward's two), on the stage that holds the last
   // layer: the one stage, or the last under 1F1B and interleaving (zb-v puts it on the first).
@@ -290,9 +310,10 @@ const char* context_comm_name(ContextComm comm) {
 std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
   return fmt::format(
-      "tp{}{} pp{} v{} dp{} cp{}{} ep{} {} sharding {}{} recompute {} mb{}", p.tensor,
+      "tp{}{} pp{} v{} dp{} cp{}{} ep{}{} {} sharding {}{} recompute {} mb{}", p.tensor,
       p.sequence_parallel ? "+sp" : "", p.pipeline, p.virtual_stages, p.data, p.context,
       p.context > 1 ? fmt::format(" {}", context_comm_name(p.context_comm)) : "", p.expert,
+      p.expert_tensor > 1 ? fmt::format(" etp{}", p.expert_tensor) : "",
       pipeline::schedule_name(p.pipeline_schedule), sharding_name(c.optimizer.sharding),
       c.optimizer.sharding_group_size > 0 ? fmt::format(" hsdp{}", c.optimizer.sharding_group_size) : "",
       recompute_name(c.train.recompute), c.train.micro_batch_size);
@@ -315,7 +336,19 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
   std::vector<int> contexts{1};
   if (m.seq_length >= 8192)
     for (int cp : {2, 4, 8}) contexts.push_back(cp);
-  const std::vector<int> experts = m.num_experts > 0 ? divisors(m.num_experts) : std::vector<int>{1};
+  // Expert (MoE only: divisors of the experts) by expert-tensor parallelism (MoE only: divisors of
+  // an expert's width up to a node's devices, as tensor parallelism: not across nodes). The rules
+  // keep the pairs whose ep x etp divides the stage's tp x cp x dp ranks.
+  std::vector<std::pair<int, int>> expert_grids{{1, 1}};
+  if (m.num_experts > 0) {
+    const int width = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size
+                      : m.ffn_hidden_size > 0   ? m.ffn_hidden_size
+                                                : 4 * m.hidden_size;
+    expert_grids.clear();
+    for (int ep : divisors(m.num_experts))
+      for (int etp : divisors(node))
+        if (width % etp == 0) expert_grids.emplace_back(ep, etp);
+  }
   for (int tp : divisors(world_size)) {
     if (tp > node) continue;
     for (int pp : divisors(world_size / tp)) {
@@ -331,17 +364,18 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
           if (v == 2) schedules.push_back(PipelineSchedule::ZeroBubbleV);
           if (pp == 1) schedules = {PipelineSchedule::OneFOneB};
           for (PipelineSchedule schedule : schedules)
-            for (int ep : experts)
+            for (const auto& [ep, etp] : expert_grids)
               for (Sharding sharding :
                    {Sharding::None, Sharding::Optim, Sharding::OptimGrads, Sharding::OptimGradsParams}) {
                 if (dp * cp == 1 && sharding != Sharding::None) continue;
-                // HSDP: shard within the dp ranks of a node (tp innermost, then cp, then dp),
-                // replicate across nodes; 0: shard over all of dp (x cp).
+                // HSDP: shard within groups of g of the dp x cp ranks, replicate across the groups,
+                // for every g dividing dp x cp from 2 to all of them but one (0: shard over all; g 1
+                // shards nothing: the layout without sharding, with more calls). The rules keep the g
+                // that MoE's expert-dp allows.
                 std::vector<int> shard_groups{0};
-                const int in_node = node / (tp * cp);
-                if (sharding != Sharding::None && in_node >= 2 && in_node < dp * cp &&
-                    (dp * cp) % in_node == 0)
-                  shard_groups.push_back(in_node);
+                if (sharding != Sharding::None)
+                  for (int g : divisors(dp * cp))
+                    if (g >= 2 && g < dp * cp) shard_groups.push_back(g);
                 const std::vector<ContextComm> context_comms =
                     cp > 1
                         ? std::vector<ContextComm>{ContextComm::P2P, ContextComm::A2A, ContextComm::AllGather}
@@ -360,7 +394,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
                         p.pipeline_schedule = schedule;
                         p.sequence_parallel = tp > 1;
                         p.expert = ep;
-                        p.expert_tensor = 1;
+                        p.expert_tensor = etp;
                         p.first_stage_layers = p.last_stage_layers = 0;
                         p.data = 0;
                         c.optimizer.sharding = sharding;

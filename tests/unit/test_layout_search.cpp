@@ -5,7 +5,9 @@
 // which also checks the search's time lower bound and recompute dominance on this model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "parallel/config.hpp"
 #include "parallel/layout_search.hpp"
@@ -123,6 +125,64 @@ TEST(LayoutSearch, TimeBoundHoldsUnderUnfusedAttention) {
     hsdp += s.config.optimizer.sharding_group_size > 0;
   }
   EXPECT_GT(hsdp, 0);
+}
+
+// A mixture-of-experts model: expert (1, 2, 4) and expert-tensor parallelism (1, 2, 4: the expert
+// width 64 split up to a node's 4 devices) are enumerated with everything else, and HSDP's group
+// sizes with them. Against the brute force: both bounds hold on every layout (etp > 1 and HSDP ones
+// among them), and under a memory limit that rules out half of the layouts the search's fastest is
+// the brute force's fastest that fits.
+TEST(LayoutSearch, ExpertTensorParallelLayoutsAgainstTheBruteForce) {
+  constexpr int kWorld = 4;
+  const Config moe = parse_config(R"(
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 64,
+        num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_token_dispatcher: alltoall}
+train: {micro_batch_size: 1, global_batch_size: 8, steps: 1, precision: bf16}
+data: {path: synthetic}
+)",
+                                  {}, 1);
+  SearchOptions options;
+  options.micro_batch_sizes = {2};
+  const SearchResult all = [&] {
+    SearchOptions o = options;
+    o.top_k = 1 << 20;
+    o.exhaustive = true;
+    return search_layouts(moe, kWorld, machine(1e6), o);
+  }();
+  std::vector<int64_t> peaks;
+  int etp = 0, hsdp = 0;
+  for (const SearchedLayout& s : all.top) {
+    EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;
+    EXPECT_LE(memory_lower_bound(s.config), static_cast<double>(s.peak_bytes)) << s.layout;
+    Config c = s.config;
+    EXPECT_NO_THROW(validate_config(c, kWorld)) << s.layout;
+    peaks.push_back(s.peak_bytes);
+    etp += s.config.parallel.expert_tensor > 1;
+    hsdp += s.config.optimizer.sharding_group_size > 0;
+  }
+  EXPECT_GT(etp, 0) << "no layout with expert-tensor parallelism was enumerated";
+  EXPECT_GT(hsdp, 0);
+
+  // A limit at the median peak: about half the layouts fit.
+  std::sort(peaks.begin(), peaks.end());
+  ASSERT_FALSE(peaks.empty());
+  const double limit = static_cast<double>(peaks[peaks.size() / 2]);
+  options.top_k = 2;
+  const SearchResult r = search_layouts(moe, kWorld, machine(limit / (1024.0 * 1024.0 * 1024.0)), options);
+  ASSERT_FALSE(r.top.empty());
+  double best = std::numeric_limits<double>::infinity();
+  for (const SearchedLayout& s : all.top)
+    if (static_cast<double>(s.peak_bytes) <= r.memory_limit_bytes) best = std::min(best, s.step_time_s);
+  EXPECT_EQ(r.top.front().step_time_s, best) << r.top.front().layout;
+  for (const SearchedLayout& s : r.top) {
+    EXPECT_LE(static_cast<double>(s.peak_bytes), r.memory_limit_bytes) << s.layout;
+    EXPECT_EQ(s.peak_bytes, largest(s.config, kWorld)) << s.layout;
+  }
+  EXPECT_LT(r.simulated, all.simulated);
+  fmt::print(
+      "moe: {} layouts enumerated, {} valid ({} with etp > 1, {} HSDP); the search simulated {}, "
+      "fastest under {:.2f} MiB: {}\n",
+      all.enumerated, all.top.size(), etp, hsdp, r.simulated, limit / (1 << 20), r.top.front().layout);
 }
 
 }  // namespace
