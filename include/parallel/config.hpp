@@ -194,7 +194,9 @@ struct ParallelConfig {
   // Expert parallelism folds onto the dense ranks (Megatron-Core): experts split over `expert`
   // ranks (times expert_tensor) out of tensor * context * data; it does not divide the world.
   int expert = 1;
-  int expert_tensor = 1;  // tensor parallelism inside experts; accepted only as 1 for now
+  // Tensor parallelism inside experts: each expert's width split over expert_tensor ranks
+  // (moe_ffn_hidden_size divisible by it; layout_rules.hpp).
+  int expert_tensor = 1;
   // Explicit layer counts for the first / last pipeline stage (0: split evenly).
   int first_stage_layers = 0;
   int last_stage_layers = 0;

@@ -32,7 +32,8 @@ f = layouts[0]
 sets = [f"parallel.tensor={f['tensor']}", f"parallel.sequence_parallel={str(f['sequence_parallel']).lower()}",
         f"parallel.pipeline={f['pipeline']}", f"parallel.virtual_stages={f['virtual_stages']}",
         f"parallel.pipeline_schedule={f['pipeline_schedule']}", f"parallel.context={f['context']}",
-        f"parallel.expert={f['expert']}", f"parallel.context_comm={f['context_comm']}",
+        f"parallel.expert={f['expert']}", f"parallel.expert_tensor={f['expert_tensor']}",
+        f"parallel.context_comm={f['context_comm']}",
         f"optimizer.sharding={f['sharding']}", f"optimizer.sharding_group_size={f['sharding_group_size']}",
         f"train.recompute={f['recompute']}", f"train.micro_batch_size={f['micro_batch_size']}"]
 print(repr(f["step_time_s"]))
