@@ -19,8 +19,9 @@
 //   2. a memory lower bound: a rank holds at least its stage's weights in the compute dtype
 //      (sharded over data under optim_grads_params), AdamW's two fp32 moments (sharded under any
 //      sharding) and the fp32 gradient buffer - dense weights split over tp, routed experts over
-//      ep x etp and sharded over expert-dp - and an activation floor; a layout whose bound exceeds
-//      the device's memory (hardware memory_GiB) goes;
+//      ep x etp and sharded over expert-dp, both over their HSDP shard groups under HSDP - and an
+//      activation floor; a layout whose bound exceeds the device's memory (hardware memory_GiB)
+//      goes;
 //   3. a time lower bound, for branch and bound: the model FLOPs of a device (plus the recomputed
 //      forward under full recompute) at the device's matmul peak times its best shape efficiency.
 //      Layouts are simulated in increasing order of that bound, and the search stops when the

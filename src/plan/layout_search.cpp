@@ -85,11 +85,15 @@ double memory_lower_bound(const Config& c) {
     dense += w.dense;
     experts += w.experts;
   }
-  // Sharded state splits over dp x cp (dense), and over expert-dp, tp x cp x dp / (ep x etp), for the
-  // experts; HSDP shards over fewer, so these are the most any sharding divides by.
-  const double dense_shards = static_cast<double>(p.data) * p.context;
-  const double expert_shards =
+  // Sharded state splits over dp x cp (dense) and over expert-dp, tp x cp x dp / (ep x etp), for the
+  // experts; under HSDP the dense over the shard group g, and the experts, keeping the dense
+  // replica count dp x cp / g, over expert-dp / (dp x cp / g) (DataParallelOptions::for_experts).
+  const int hsdp = c.optimizer.sharding_group_size;
+  const double dense_ranks = static_cast<double>(p.data) * p.context;
+  const double expert_dp =
       static_cast<double>(p.tensor) * p.context * p.data / (static_cast<double>(p.expert) * p.expert_tensor);
+  const double dense_shards = hsdp > 0 ? hsdp : dense_ranks;
+  const double expert_shards = hsdp > 0 ? expert_dp / (dense_ranks / hsdp) : expert_dp;
   const auto held = [&](bool sharded) {
     return sharded ? dense / dense_shards + experts / expert_shards : dense + experts;
   };
