@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "parallel/mpi_communicator.hpp"
+#include "parallel/node_local.hpp"
 #include "parallel/parallel_state.hpp"
 
 namespace parallel {
@@ -44,13 +45,6 @@ NodeMap node_map_from_keys(std::span<const int> key_of_rank, std::span<const std
 // every rank holds the same map.
 NodeMap discover_nodes(MpiCommunicator& world, const std::string& host);
 
-// The groups parallel.node_local can name: tp, cp, dp, pp, ep, etp, edp (RankGrid's groups) and
-// shard, the dense HSDP shard group (optimizer.sharding_group_size consecutive ranks of dp x cp;
-// all of dp x cp when 0).
-std::span<const std::string_view> node_local_group_names();
-// parallel.node_local's list: "tp, shard" -> {"tp", "shard"} (blanks around names dropped; an empty
-// entry is kept as "", for the config to refuse); "" -> {}.
-std::vector<std::string> split_group_list(std::string_view list);
 // The world ranks of `name`'s group that holds `rank`. Throws parallel::Error for an unknown name.
 std::vector<int> group_members(const RankGrid& grid, std::string_view name, int rank,
                                int sharding_group_size);

@@ -30,7 +30,7 @@
 #include "parallel/blended_dataset.hpp"
 #include "parallel/error.hpp"
 #include "parallel/layout_rules.hpp"
-#include "parallel/node_map.hpp"
+#include "parallel/node_local.hpp"
 #include "rules.hpp"
 
 namespace parallel {

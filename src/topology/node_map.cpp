@@ -14,8 +14,6 @@
 namespace parallel {
 namespace {
 
-constexpr std::array<std::string_view, 8> kGroupNames = {"tp", "cp", "dp", "pp", "ep", "etp", "edp", "shard"};
-
 // "0-3" for a run of consecutive ranks, else "0,2,4".
 std::string rank_list(const std::vector<int>& ranks) {
   if (ranks.size() > 1 && ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size()))
@@ -103,23 +101,6 @@ NodeMap discover_nodes(MpiCommunicator& world, const std::string& host) {
   return node_map_from_keys(keys, hosts);
 }
 
-std::span<const std::string_view> node_local_group_names() { return kGroupNames; }
-
-std::vector<std::string> split_group_list(std::string_view list) {
-  std::vector<std::string> out;
-  if (list.find_first_not_of(" \t") == std::string_view::npos) return out;
-  while (true) {
-    const auto comma = list.find(',');
-    std::string_view item = list.substr(0, comma);
-    const auto first = item.find_first_not_of(" \t");
-    item = first == std::string_view::npos ? std::string_view()
-                                           : item.substr(first, item.find_last_not_of(" \t") + 1 - first);
-    out.emplace_back(item);
-    if (comma == std::string_view::npos) return out;
-    list.remove_prefix(comma + 1);
-  }
-}
-
 std::vector<int> group_members(const RankGrid& grid, std::string_view name, int rank,
                                int sharding_group_size) {
   if (name == "tp") return grid.tensor_group(rank);
@@ -138,7 +119,7 @@ std::vector<int> group_members(const RankGrid& grid, std::string_view name, int 
     const auto at = static_cast<int>(std::find(dp_cp.begin(), dp_cp.end(), rank) - dp_cp.begin());
     return {dp_cp.begin() + at / k * k, dp_cp.begin() + (at / k + 1) * k};
   }
-  PARALLEL_FAIL("unknown group '{}' ({})", name, fmt::join(kGroupNames, ", "));
+  PARALLEL_FAIL("unknown group '{}' ({})", name, fmt::join(node_local_group_names(), ", "));
 }
 
 std::vector<GroupPlacement> place_groups(const NodeMap& nodes, const RankGrid& grid,
@@ -147,7 +128,7 @@ std::vector<GroupPlacement> place_groups(const NodeMap& nodes, const RankGrid& g
                  "node map of {} ranks for a rank grid of {}", nodes.node_of.size(), grid.world_size());
   std::vector<GroupPlacement> out;
   const bool experts = grid.sizes().expert * grid.sizes().expert_tensor > 1;
-  for (std::string_view name : kGroupNames) {
+  for (std::string_view name : node_local_group_names()) {
     if (!experts && (name == "ep" || name == "etp" || name == "edp")) continue;
     GroupPlacement g{.name = std::string(name)};
     g.size = static_cast<int>(group_members(grid, name, 0, sharding_group_size).size());

@@ -1,6 +1,6 @@
 // NodeMap and group placement (node_map.hpp) against layouts worked out by hand, and
-// parallel.node_local's names. The MPI side (discover_nodes on real nodes) is checked by
-// tests/scripts/multinode.sh on network-namespace nodes.
+// parallel.node_local's names (node_local.hpp). The MPI side (discover_nodes on real nodes) is
+// checked by tests/scripts/multinode.sh on network-namespace nodes.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,6 +8,7 @@
 
 #include "error_of.hpp"
 #include "parallel/config.hpp"
+#include "parallel/node_local.hpp"
 #include "parallel/node_map.hpp"
 
 namespace parallel {
