@@ -5,15 +5,16 @@
 #  1. --from hf imports it as model.mtp_num_layers 1 (no warning); --to hf writes it back equal to the
 #     folder bit for bit (the MTP tensors, embed_tokens / shared_head.head copies included) with
 #     num_nextn_predict_layers 1, and that export imports again;
-#  2. the imported model trains 3 steps with its MTP loss on one rank and on pp2 (losses and MTP
-#     losses equal, relative 1e-5); the trained export imports again (its copies follow the model);
+#  2. the imported model trains 3 steps with its MTP loss on one rank and on pp2 (losses, MTP
+#     losses and gradient norms equal, relative 1e-5); the trained export imports again (its copies
+#     follow the model);
 #  3. the config with transformers' save of the model (no MTP tensors) imports without MTP, said in
 #     one line; one-line refusals: a partial MTP set (num_nextn_predict_layers 2 with one layer's tensors), MTP
 #     with num_nextn_predict_layers 0 (unexpected tensors), and an export of MTP as another
 #     architecture (a Llama with model.mtp_num_layers 1), before reading a weight.
 #   hf_deepseek_v3_mtp.sh SOURCE_DIR CONVERT_CHECKPOINT PRETRAIN_GPT HF_COMPARE MPIEXEC...
 set -euo pipefail
-src=$1 convert=$2 pretrain=$3 compare=$4
+src=$1 convert=$2 pretrain=$3 hf_compare=$4
 shift 4
 mpiexec=("$@")
 fx=$src/tests/reference/fixtures
@@ -52,7 +53,7 @@ quiet "$work/export.log" "$convert" --to hf --input "$work/ckpt" --output "$work
 grep -qF '"num_nextn_predict_layers": 1' "$work/hf/config.json" ||
   { echo "the export lacks num_nextn_predict_layers 1"; cat "$work/hf/config.json"; exit 1; }
 echo -n "import, export: "
-"$compare" equal "$work/hf" "$in"
+"$hf_compare" equal "$work/hf" "$in"
 quiet "$work/import2.log" "$convert" --from hf --input "$work/hf" --output "$work/ckpt2"
 diff <(grep -v '^#' "$work/ckpt.yaml") <(grep -v '^#' "$work/ckpt2.yaml") ||
   { echo "the export reads as another model"; exit 1; }
@@ -63,21 +64,17 @@ train=(--set model.seq_length=8 --set train.global_batch_size=2 --set train.micr
   --set data.path="$fx/hf_tokens_text_document" --set data.split=1,0,0 --set data.shuffle=false
   --set optimizer.lr=0.01 --set optimizer.lr_decay=constant --set optimizer.warmup_steps=0
   --set optimizer.weight_decay=0.1 --set optimizer.clip_grad=0 --set model.dropout=0)
+common=(--config "$work/ckpt.yaml" --set checkpoint.load="$work/ckpt" "${train[@]}")
+# run, field and compare (the MTP loss to the loss's tolerance too).
+# shellcheck source=parity_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/parity_common.sh"
+parity_losses=(loss mtp_loss)
 for pp in 1 2; do
-  run=$work/pp$pp
-  quiet "$run.log" "${mpiexec[@]}" -np "$pp" "$pretrain" --config "$work/ckpt.yaml" \
-    --set checkpoint.load="$work/ckpt" --set checkpoint.dir="$run/ckpt" --set train.output_dir="$run" \
-    --set parallel.pipeline="$pp" "${train[@]}"
-  [[ $(grep -c '"mtp_loss"' "$run/metrics.jsonl") == 3 ]] || { echo "pp$pp: no MTP loss"; cat "$run/metrics.jsonl"; exit 1; }
+  run "pp$pp" "$pp" --set checkpoint.dir="$work/pp$pp/ckpt" --set parallel.pipeline="$pp"
+  [[ $(field "pp$pp" mtp_loss | wc -l) == 3 ]] || { echo "pp$pp: no MTP loss"; cat "$work/pp$pp/metrics.jsonl"; exit 1; }
 done
-same_losses() {  # same_losses A B: the losses and MTP losses of two metrics.jsonl, relative 1e-5
-  paste -d' ' <(grep -o '"\(loss\|mtp_loss\)": *[-0-9.e+]*' "$1" | sed 's/.*: *//') \
-    <(grep -o '"\(loss\|mtp_loss\)": *[-0-9.e+]*' "$2" | sed 's/.*: *//') |
-    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1) || NF != 2) bad = 1; n++ }
-         END { if (bad || n != 6) { print "differ"; exit 1 } print n " values equal" }'
-}
-echo -n "train pp1 vs pp2 (loss, mtp_loss): "
-same_losses "$work/pp1/metrics.jsonl" "$work/pp2/metrics.jsonl"
+echo -n "train pp1 vs pp2: "
+compare pp1 pp2 1e-5 1e-5 3
 quiet "$work/export3.log" "$convert" --to hf --input "$work/pp1/ckpt" --output "$work/hf3"
 quiet "$work/import3.log" "$convert" --from hf --input "$work/hf3" --output "$work/ckpt3"
 grep -qx '  mtp_num_layers: 1' "$work/ckpt3.yaml" || { echo "the trained export lost its MTP layer"; exit 1; }

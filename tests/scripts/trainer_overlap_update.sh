@@ -19,14 +19,12 @@ common=(--config "$src/configs/tiny.yaml" --set train.log_interval=1 --set optim
   --set model.num_layers=4 --set optimizer.clip_grad=0 --set optimizer.bucket_size=12000
   --set optimizer.overlap_grad_reduce=true --set train.steps=6 --set train.global_batch_size=8)
 
-run() {  # run NAME RANKS [--set ...]
-  local name=$1 ranks=$2
-  shift 2
-  "${mpiexec[@]}" -np "$ranks" "$pretrain" "${common[@]}" --set train.output_dir="$work/$name" \
-    --set checkpoint.dir="$work/$name/ckpt" "$@" >"$work/$name.log" 2>&1 ||
-    { echo "$name failed:"; tail -20 "$work/$name.log"; exit 1; }
+# run and field (the checkpoints are compared too: run_saving is run with one in $work/NAME/ckpt).
+# shellcheck source=parity_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/parity_common.sh"
+run_saving() {  # run_saving NAME RANKS [--set ...]
+  run "$1" "$2" --set checkpoint.dir="$work/$1/ckpt" "${@:3}"
 }
-field() { grep -o "\"$2\":[^,}]*" "$work/$1/metrics.jsonl" | cut -d: -f2; }
 said() {  # said NAME TEXT: the run logged TEXT
   grep -qF "$2" "$work/$1.log" || { echo "$1: expected '$2' in its log:"; grep "overlapped update" "$work/$1.log"; exit 1; }
 }
@@ -51,8 +49,8 @@ same() {
 pair() {  # pair NAME RANKS [--set ...]: the layout with the overlapped update on and off
   local name=$1 ranks=$2
   shift 2
-  run "${name}_on" "$ranks" --set optimizer.overlap_update=true "$@"
-  run "${name}_off" "$ranks" --set optimizer.overlap_update=false "$@"
+  run_saving "${name}_on" "$ranks" --set optimizer.overlap_update=true "$@"
+  run_saving "${name}_off" "$ranks" --set optimizer.overlap_update=false "$@"
   same "$name"
 }
 
@@ -92,13 +90,13 @@ grep -q '"skip_reason":"nonfinite"' "$work/stop_on/metrics.jsonl" || { echo "gua
 echo "guard stop: same exit, message and metrics with the overlapped update"
 
 # auto: on where exact, off with the reason where not.
-run auto_on 1 --set optimizer.overlap_update=auto --set train.steps=1
+run_saving auto_on 1 --set optimizer.overlap_update=auto --set train.steps=1
 said auto_on "optimizer: overlapped update on (during the backward)"
-run auto_clip 1 --set optimizer.overlap_update=auto --set optimizer.clip_grad=1 --set train.steps=1
+run_saving auto_clip 1 --set optimizer.overlap_update=auto --set optimizer.clip_grad=1 --set train.steps=1
 said auto_clip "optimizer: overlapped update off (clipping scales every gradient by the global norm"
-run auto_fp16 1 --set optimizer.overlap_update=auto --set train.precision=fp16 --set train.steps=1
+run_saving auto_fp16 1 --set optimizer.overlap_update=auto --set train.precision=fp16 --set train.steps=1
 said auto_fp16 "optimizer: overlapped update off (fp16's loss scaler"
-run auto_guard 1 --set optimizer.overlap_update=auto --set train.nonfinite_policy=skip --set train.steps=1
+run_saving auto_guard 1 --set optimizer.overlap_update=auto --set train.nonfinite_policy=skip --set train.steps=1
 said auto_guard "optimizer: overlapped update off (the training guard may skip"
 # true where it cannot be exact: refused with the key and the rule.
 if "${mpiexec[@]}" -np 1 "$pretrain" "${common[@]}" --set train.output_dir="$work/refused" \
