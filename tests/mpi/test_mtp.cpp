@@ -9,7 +9,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -19,54 +18,25 @@
 #include "mpi_test.hpp"
 #include "parallel/config.hpp"
 #include "parallel/gpt_model.hpp"
-#include "parallel/safetensors.hpp"
-#include "paths.hpp"
+#include "parity.hpp"
+#include "pytorch_fixture.hpp"
 
 namespace parallel {
 namespace {
 
-using Fixture = std::map<std::string, Tensor>;
-using parallel::testing::fixtures_dir;
-
-const Tensor& get(const Fixture& f, const std::string& name) {
-  auto it = f.find(name);
-  if (it == f.end()) PARALLEL_FAIL("fixture has no tensor '{}'", name);
-  return it->second;
-}
+using testing::Fixture;
+using testing::get;
+using testing::is_vocab_param;
 
 double scalar(const Fixture& f, const std::string& name) { return get(f, name).to_float_vector().at(0); }
 
-ModelConfig config_of(const std::map<std::string, std::string>& meta) {
-  const auto at = [&](const std::string& k) {
-    auto it = meta.find(k);
-    if (it == meta.end()) PARALLEL_FAIL("fixture metadata has no '{}'", k);
-    return it->second;
-  };
-  const auto integer = [&](const std::string& k) { return std::stoi(at(k)); };
-  ModelConfig c;
-  c.num_layers = integer("num_layers");
-  c.hidden_size = integer("hidden_size");
-  c.num_attention_heads = integer("num_attention_heads");
-  c.num_query_groups = integer("num_query_groups");
-  c.ffn_hidden_size = integer("ffn_hidden_size");
-  c.vocab_size = integer("vocab_size");
-  c.seq_length = integer("seq_length");
-  c.max_position_embeddings = integer("max_position_embeddings");
-  c.normalization = at("normalization") == "rmsnorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
-  c.activation = at("activation") == "swiglu" ? Activation::SwiGLU : Activation::GeLU;
-  c.position_embedding = PositionEmbedding::Rope;
-  c.add_bias = at("add_bias") == "true";
-  c.tie_embeddings = at("tie_embeddings") == "true";
-  c.norm_epsilon = std::stod(at("norm_epsilon"));
-  c.rope_theta = std::stod(at("rope_theta"));
-  c.mtp_num_layers = integer("mtp_num_layers");
-  c.mtp_loss_scaling_factor = std::stod(at("mtp_loss_scaling_factor"));
-  c.dropout = 0.0;
+// The GPT of the fixture's metadata with its multi-token prediction depths.
+ModelConfig config_of(const std::string& name) {
+  const testing::FixtureMetadata meta = testing::fixture_metadata(name);
+  ModelConfig c = testing::gpt_config_of(meta);
+  c.mtp_num_layers = std::stoi(testing::metadata_at(meta, "mtp_num_layers"));
+  c.mtp_loss_scaling_factor = std::stod(testing::metadata_at(meta, "mtp_loss_scaling_factor"));
   return c;
-}
-
-bool is_vocab_param(const std::string& name) {
-  return name == "embedding.word.weight" || name == "output.weight";
 }
 
 struct MtpModel {
@@ -78,8 +48,8 @@ struct MtpModel {
 // The model of `name` with the fixture's weights (padded vocabulary rows keep their init).
 MtpModel build(const std::string& name) {
   MtpModel s;
-  s.f = safetensors::load(fixtures_dir() + "/" + name + ".safetensors");
-  s.cfg = config_of(safetensors::load_metadata(fixtures_dir() + "/" + name + ".safetensors"));
+  s.f = testing::load_fixture(name);
+  s.cfg = config_of(name);
   Communicator& w = testing::world();
   EXPECT_EQ(w.size(), 1);
   s.model =

@@ -26,7 +26,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -37,34 +36,17 @@
 #include "parallel/config.hpp"
 #include "parallel/gpt_model.hpp"
 #include "parallel/ops.hpp"
-#include "parallel/safetensors.hpp"
 #include "parallel/tensor_parallel.hpp"
-#include "paths.hpp"
+#include "parity.hpp"
+#include "pytorch_fixture.hpp"
 
 namespace parallel {
 namespace {
 
-namespace fs = std::filesystem;
-using Fixture = std::map<std::string, Tensor>;
-
-using parallel::testing::fixtures_dir;
-
-// Fixtures are committed: a missing directory or file is a failure, never a skip.
-Fixture load_fixture(const std::string& name) {
-  const std::string dir = fixtures_dir();
-  if (!fs::is_directory(dir))
-    PARALLEL_FAIL(
-        "PyTorch fixtures missing: {} is not a directory (they are committed; regenerate with "
-        "tests/reference/make_fixtures.py)",
-        dir);
-  return safetensors::load(dir + "/" + name + ".safetensors");
-}
-
-const Tensor& get(const Fixture& f, const std::string& name) {
-  auto it = f.find(name);
-  if (it == f.end()) PARALLEL_FAIL("fixture has no tensor '{}'", name);
-  return it->second;
-}
+using testing::Fixture;
+using testing::get;
+using testing::is_vocab_param;
+using testing::load_fixture;
 
 float scalar(const Fixture& f, const std::string& name) { return get(f, name).to_float_vector().at(0); }
 
@@ -367,40 +349,7 @@ TEST(TpParity, VocabParallelCrossEntropy) {
 
 // ---- the whole GPT -----------------------------------------------------------------------------
 
-ModelConfig config_from_metadata(const std::map<std::string, std::string>& meta) {
-  auto at = [&](const std::string& key) -> const std::string& {
-    auto it = meta.find(key);
-    if (it == meta.end()) PARALLEL_FAIL("fixture metadata has no '{}'", key);
-    return it->second;
-  };
-  auto integer = [&](const std::string& key) { return std::stoi(at(key)); };
-  auto boolean = [&](const std::string& key) { return at(key) == "true"; };
-  ModelConfig c;
-  c.num_layers = integer("num_layers");
-  c.hidden_size = integer("hidden_size");
-  c.num_attention_heads = integer("num_attention_heads");
-  c.num_query_groups = integer("num_query_groups");
-  c.ffn_hidden_size = integer("ffn_hidden_size");
-  c.vocab_size = integer("vocab_size");
-  c.seq_length = integer("seq_length");
-  c.max_position_embeddings = integer("max_position_embeddings");
-  c.normalization = at("normalization") == "rmsnorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
-  c.activation = at("activation") == "swiglu" ? Activation::SwiGLU : Activation::GeLU;
-  c.position_embedding =
-      at("position_embedding") == "rope" ? PositionEmbedding::Rope : PositionEmbedding::Learned;
-  c.add_bias = boolean("add_bias");
-  c.tie_embeddings = boolean("tie_embeddings");
-  c.norm_epsilon = std::stod(at("norm_epsilon"));
-  c.rope_theta = std::stod(at("rope_theta"));
-  c.dropout = 0.0;
-  return c;
-}
-
 constexpr double kGptGradTol = 5e-5;  // see the file comment
-
-bool is_vocab_param(const std::string& name) {
-  return name == "embedding.word.weight" || name == "output.weight";
-}
 
 // Tolerances of a whole-GPT comparison: fp32 against float64 (the file comment), or bf16 against
 // PyTorch's bf16 autocast (below).
@@ -414,8 +363,7 @@ struct GptTolerance {
 void check_gpt(const std::string& fixture_name, const GptTolerance& tol = {}) {
   SCOPED_TRACE(fixture_name);
   const Fixture f = load_fixture(fixture_name);
-  const ModelConfig cfg =
-      config_from_metadata(safetensors::load_metadata(fixtures_dir() + "/" + fixture_name + ".safetensors"));
+  const ModelConfig cfg = testing::gpt_config_of(testing::fixture_metadata(fixture_name));
   const int64_t V = cfg.vocab_size;
   GPTModel model(cfg, ChunkSpec{0, cfg.num_layers, true, true}, GPTModel::Options{.precision = tol.precision},
                  tp1());
