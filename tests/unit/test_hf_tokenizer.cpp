@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "parallel/error.hpp"
 #include "parallel/indexed_dataset.hpp"
 #include "parallel/tokenizer.hpp"
 #include "paths.hpp"
+#include "tokenizer_fixtures.hpp"
 
 namespace parallel {
 namespace {
@@ -23,17 +23,8 @@ using json = nlohmann::json;
 using parallel::testing::fixtures_dir;
 using ::testing::HasSubstr;
 
-json load_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in) << path;  // committed fixtures: missing is a failure
-  std::stringstream s;
-  s << in.rdbuf();
-  return json::parse(s.str());
-}
-
-std::string tokenizer_file(const std::string& kind) {
-  return fixtures_dir() + "/hf_tokenizer_" + kind + ".json";
-}
+using testing::load_json;
+using testing::tokenizer_file;
 
 class HfTokenizerIds : public ::testing::TestWithParam<std::string> {};
 
