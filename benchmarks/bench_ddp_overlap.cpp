@@ -55,11 +55,7 @@ void bench_step(benchmark::State& state, MpiCommunicator& world, bool overlap, b
     oc.prefetch_units = zero3_prefetch;
   }
   DataParallel ddp({&model}, world, DataParallelOptions::from(oc, Precision::FP32));
-  std::unique_ptr<Optimizer> opt;
-  if (distributed)
-    opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups{nullptr, &world});
-  else
-    opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups{nullptr, &world});
+  const std::unique_ptr<Optimizer> opt = make_optimizer(ddp, oc, OptimizerGroups{nullptr, &world});
   std::vector<int32_t> ids(static_cast<std::size_t>(c.seq_length));
   for (std::size_t i = 0; i < ids.size(); ++i)
     ids[i] = static_cast<int32_t>((i * 131 + static_cast<std::size_t>(world.rank()) * 7) % 2048);

@@ -260,4 +260,10 @@ class DistributedOptimizer : public Optimizer {
   DataParallel* experts_ = nullptr;
 };
 
+// The optimizer `ddp`'s layout takes: DistributedOptimizer when its gradients are reduce-scattered
+// (DataParallelOptions::distributed_optimizer, i.e. optimizer.sharding other than none), else
+// AdamW; each refuses the other's layout, so the choice is the layout's, not the caller's.
+std::unique_ptr<Optimizer> make_optimizer(DataParallel& ddp, const OptimizerConfig& config,
+                                          OptimizerGroups groups, DataParallel* experts = nullptr);
+
 }  // namespace parallel

@@ -120,10 +120,7 @@ TrainStep::TrainStep(const Config& config, Communicator& world, Device device)
         std::make_unique<SharedChunkHooks>(raw, std::vector<DataParallel*>{ddp_.get(), expert_ddp_.get()});
   auto groups = OptimizerGroups::from(*state_);
   groups.model_has_experts = moe;
-  if (c.optimizer.distributed)
-    optimizer_ = std::make_unique<DistributedOptimizer>(*ddp_, c.optimizer, groups, expert_ddp_.get());
-  else
-    optimizer_ = std::make_unique<AdamW>(*ddp_, c.optimizer, groups, expert_ddp_.get());
+  optimizer_ = make_optimizer(*ddp_, c.optimizer, groups, expert_ddp_.get());
 
   // The overlapped update (docs/optimizer.md#the-overlapped-update). Exact only where step() would
   // not look at every gradient before updating any: the optimizer's conditions, and a guard that

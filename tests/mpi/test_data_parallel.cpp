@@ -134,11 +134,7 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
   DataParallel ddp({&model}, state.dp(), DataParallelOptions::from(oc, setup.precision));
   EXPECT_EQ(ddp.shard_group().size(), setup.hsdp ? dp / 2 : dp);
   ASSERT_GT(ddp.buffer().buckets().size(), 2u);
-  std::unique_ptr<Optimizer> opt;
-  if (setup.distributed || setup.sharding != Sharding::None)
-    opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups::from(state));
-  else
-    opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups::from(state));
+  const std::unique_ptr<Optimizer> opt = make_optimizer(ddp, oc, OptimizerGroups::from(state));
   LrSchedule schedule(oc, kSteps);
   const int local = kGlobalBatch / dp;
   const Tensor seed = Tensor::full({1}, 1.0 / (local * c.seq_length), DType::F32);

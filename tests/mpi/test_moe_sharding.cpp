@@ -140,11 +140,8 @@ TEST_P(MoEShardedDataParallel, MatchesOneRank) {
   for (const Parameter* p : dense_ddp.params()) EXPECT_FALSE(p->expert) << p->name;
   if (layout.hsdp) EXPECT_EQ(expert_ddp.shard_group().size(), state.edp().size() / 2);
 
-  std::unique_ptr<Optimizer> opt;
-  if (oc.distributed)
-    opt = std::make_unique<DistributedOptimizer>(dense_ddp, oc, OptimizerGroups::from(state), &expert_ddp);
-  else
-    opt = std::make_unique<AdamW>(dense_ddp, oc, OptimizerGroups::from(state), &expert_ddp);
+  const std::unique_ptr<Optimizer> opt =
+      make_optimizer(dense_ddp, oc, OptimizerGroups::from(state), &expert_ddp);
   const int local = kGlobalBatch / dp;
   const Tensor seed = Tensor::full({1}, 1.0 / (local * c.seq_length), DType::F32);
   model.set_moe_loss_scale(1.0 / local);  // DDP averages over dp, the experts' over dp too

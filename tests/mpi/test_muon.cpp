@@ -221,11 +221,7 @@ TEST_P(MuonLayouts, MatchesPyTorch) {
   DataParallel ddp(std::vector<ModelChunk*>{&chunk}, state.dp(),
                    DataParallelOptions::from(oc, Precision::FP32));
   ASSERT_GT(ddp.buffer().buckets().size(), 1u);
-  std::unique_ptr<Optimizer> opt;
-  if (k.sharding != Sharding::None)
-    opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups::from(state));
-  else
-    opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups::from(state));
+  const std::unique_ptr<Optimizer> opt = make_optimizer(ddp, oc, OptimizerGroups::from(state));
   const std::vector<double> lrs = fixture().lrs();
   double worst = 0.0;
   for (int step = 0; step < kSteps; ++step) {

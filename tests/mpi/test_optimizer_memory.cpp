@@ -72,11 +72,7 @@ TEST_P(OptimizerMemory, MatchesMegatronsTable) {
     oc.distributed = tc.sharding != Sharding::None;
     oc.type = tc.type;
     DataParallel ddp({&model}, world(), DataParallelOptions::from(oc, tc.precision));
-    std::unique_ptr<Optimizer> opt;
-    if (oc.distributed)
-      opt = std::make_unique<DistributedOptimizer>(ddp, oc, OptimizerGroups{nullptr, &world()});
-    else
-      opt = std::make_unique<AdamW>(ddp, oc, OptimizerGroups{nullptr, &world()});
+    const std::unique_ptr<Optimizer> opt = make_optimizer(ddp, oc, OptimizerGroups{nullptr, &world()});
     const ParamAndGradBuffer& buf = ddp.buffer();
     const double n = static_cast<double>(buf.numel_unpadded());
     auto measured = [&] {

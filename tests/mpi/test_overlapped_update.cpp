@@ -81,10 +81,7 @@ struct Replica {
         model(small_config(), {0, small_config().num_layers, true, true},
               {.seed = 7, .precision = k.precision}, state.tp()),
         ddp({&model}, state.dp(), DataParallelOptions::from(config, k.precision)) {
-    if (config.distributed)
-      opt = std::make_unique<DistributedOptimizer>(ddp, config, OptimizerGroups::from(state));
-    else
-      opt = std::make_unique<AdamW>(ddp, config, OptimizerGroups::from(state));
+    opt = make_optimizer(ddp, config, OptimizerGroups::from(state));
   }
   StepResult step(int step, double lr, bool overlapped) {
     const ModelConfig c = small_config();

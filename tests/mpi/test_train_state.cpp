@@ -111,10 +111,7 @@ class LayoutRun {
     oc.distributed = layout.distributed;
     ddp_ = std::make_unique<DataParallel>(chunk_ptrs_, state_->dp(),
                                           DataParallelOptions::from(oc, layout.precision));
-    if (layout.distributed)
-      opt_ = std::make_unique<DistributedOptimizer>(*ddp_, oc, OptimizerGroups::from(*state_));
-    else
-      opt_ = std::make_unique<AdamW>(*ddp_, oc, OptimizerGroups::from(*state_));
+    opt_ = make_optimizer(*ddp_, oc, OptimizerGroups::from(*state_));
   }
 
   // Optimizer step `step` (0-based) over this dp rank's share of the global batch.
