@@ -20,11 +20,14 @@
 #include "parallel/safetensors.hpp"
 #include "parity.hpp"
 #include "paths.hpp"
+#include "zigzag_chunks.hpp"
 
 namespace parallel {
 namespace {
 
+using testing::rel_err;
 using testing::world;
+using testing::zigzag_chunks;
 constexpr double kTol = 1e-5;
 constexpr int64_t kBatch = 2;
 
@@ -150,29 +153,6 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- the attention alone against PyTorch on a long sequence -----------------------------------
 
-// This rank's chunks of x along `dim` (0 for [s, b, h, d], 2 for lse [b, h, s]).
-Tensor my_chunks(const Tensor& x, int dim, int rank, int c) {
-  const int64_t L = x.size(dim) / (2 * c);
-  Shape shape = x.shape();
-  shape[dim] = 2 * L;
-  Tensor out = Tensor::empty(shape, x.dtype());
-  Tensor first = out.narrow(dim, 0, L), second = out.narrow(dim, L, L);
-  first.copy_(x.narrow(dim, rank * L, L));
-  second.copy_(x.narrow(dim, (2 * c - 1 - rank) * L, L));
-  return out;
-}
-
-// max |a - b| / max |b| over the tensor.
-double rel_to_max(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
-  double worst = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(y[i])));
-  }
-  return worst / scale;
-}
-
 // tests/reference/make_ring_attention_fixture.py: 1024 tokens, causal GQA in float64. Each rank's rows
 // of out, lse and the gradients: the blocks' log-sum-exp merge and the dK/dV returned around the ring
 // equal one softmax over the whole row.
@@ -189,17 +169,17 @@ TEST(ContextAttentionPyTorch, LongSequenceMergeAndGradients) {
     cp::Attention attention(&cp, comm, scale);
     attention.set_overlap(overlap);
     cp::Attention::Saved saved;
-    const Tensor q = my_chunks(f.at("q"), 0, r, c), k = my_chunks(f.at("k"), 0, r, c),
-                 v = my_chunks(f.at("v"), 0, r, c);
+    const Tensor q = zigzag_chunks(f.at("q"), 0, r, c), k = zigzag_chunks(f.at("k"), 0, r, c),
+                 v = zigzag_chunks(f.at("v"), 0, r, c);
     const Tensor out = attention.forward(q, k, v, saved);
-    EXPECT_LE(rel_to_max(out, my_chunks(f.at("out"), 0, r, c)), kTol) << "out";
-    EXPECT_LE(rel_to_max(saved.lse, my_chunks(f.at("lse"), 2, r, c)), kTol) << "lse";
+    EXPECT_LE(rel_err(out, zigzag_chunks(f.at("out"), 0, r, c)), kTol) << "out";
+    EXPECT_LE(rel_err(saved.lse, zigzag_chunks(f.at("lse"), 2, r, c)), kTol) << "lse";
     Tensor dq = Tensor::empty(q.shape(), DType::F32), dk = Tensor::empty(k.shape(), DType::F32),
            dv = Tensor::empty(v.shape(), DType::F32);
-    attention.backward(my_chunks(f.at("dout"), 0, r, c), saved, dq, dk, dv);
-    EXPECT_LE(rel_to_max(dq, my_chunks(f.at("dq"), 0, r, c)), kTol) << "dq";
-    EXPECT_LE(rel_to_max(dk, my_chunks(f.at("dk"), 0, r, c)), kTol) << "dk";
-    EXPECT_LE(rel_to_max(dv, my_chunks(f.at("dv"), 0, r, c)), kTol) << "dv";
+    attention.backward(zigzag_chunks(f.at("dout"), 0, r, c), saved, dq, dk, dv);
+    EXPECT_LE(rel_err(dq, zigzag_chunks(f.at("dq"), 0, r, c)), kTol) << "dq";
+    EXPECT_LE(rel_err(dk, zigzag_chunks(f.at("dk"), 0, r, c)), kTol) << "dk";
+    EXPECT_LE(rel_err(dv, zigzag_chunks(f.at("dv"), 0, r, c)), kTol) << "dv";
     EXPECT_FALSE(saved.defined());
   }
 }

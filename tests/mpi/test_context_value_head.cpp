@@ -12,40 +12,25 @@
 #include <cmath>
 #include <vector>
 
+#include "compare.hpp"
 #include "mpi_test.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/safetensors.hpp"
 #include "paths.hpp"
+#include "zigzag_chunks.hpp"
 
 namespace parallel {
 namespace {
 
 using testing::world;
+using testing::zigzag_chunks;
 constexpr double kTol = 1e-5;
 
-// This rank's chunks of x along `dim` (0 for [s, b, h, d], 2 for lse [b, h, s]).
-Tensor my_chunks(const Tensor& x, int dim, int rank, int c) {
-  const int64_t L = x.size(dim) / (2 * c);
-  Shape shape = x.shape();
-  shape[dim] = 2 * L;
-  Tensor out = Tensor::empty(shape, x.dtype());
-  Tensor first = out.narrow(dim, 0, L), second = out.narrow(dim, L, L);
-  first.copy_(x.narrow(dim, rank * L, L));
-  second.copy_(x.narrow(dim, (2 * c - 1 - rank) * L, L));
-  return out;
-}
-
-// max |a - b| / max |b| over the tensor.
+// max |a - b| / max |b| over the tensor, for tensors of one shape.
 double rel_to_max(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
-  const std::vector<float> x = a.to_float_vector(), y = b.to_float_vector();
-  double worst = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(y[i])));
-  }
-  return worst / scale;
+  return testing::rel_err(a, b);
 }
 
 struct Result {
@@ -120,21 +105,21 @@ TEST(ContextAttentionValueHead, EveryExchangeMatchesPyTorchAndOneRank) {
       SCOPED_TRACE(std::string(comm_name) + ", " + cs.name);
       cp::Attention attention(&cp, comm, scale);
       cp::Attention::Saved saved;
-      const Tensor out = attention.forward(my_chunks(q, 0, r, c), my_chunks(k, 0, r, c),
-                                           my_chunks(v, 0, r, c), saved, cs.mask);
+      const Tensor out = attention.forward(zigzag_chunks(q, 0, r, c), zigzag_chunks(k, 0, r, c),
+                                           zigzag_chunks(v, 0, r, c), saved, cs.mask);
       const Tensor want_out = cs.want ? cs.want->out : f.at("out");
-      EXPECT_LE(rel_to_max(out, my_chunks(want_out, 0, r, c)), kTol) << "out";
+      EXPECT_LE(rel_to_max(out, zigzag_chunks(want_out, 0, r, c)), kTol) << "out";
       if (comm != ContextComm::A2A) {  // a2a keeps the head-sharded whole sequence's lse
         const Tensor want_lse = cs.want ? cs.want->lse : f.at("lse");
-        EXPECT_LE(rel_to_max(saved.lse, my_chunks(want_lse, 2, r, c)), kTol) << "lse";
+        EXPECT_LE(rel_to_max(saved.lse, zigzag_chunks(want_lse, 2, r, c)), kTol) << "lse";
       }
-      Tensor dq = Tensor::empty(my_chunks(q, 0, r, c).shape(), DType::F32),
-             dk = Tensor::empty(my_chunks(k, 0, r, c).shape(), DType::F32),
-             dv = Tensor::empty(my_chunks(v, 0, r, c).shape(), DType::F32);
-      attention.backward(my_chunks(dout, 0, r, c), saved, dq, dk, dv);
-      EXPECT_LE(rel_to_max(dq, my_chunks(cs.want ? cs.want->dq : f.at("dq"), 0, r, c)), kTol) << "dq";
-      EXPECT_LE(rel_to_max(dk, my_chunks(cs.want ? cs.want->dk : f.at("dk"), 0, r, c)), kTol) << "dk";
-      EXPECT_LE(rel_to_max(dv, my_chunks(cs.want ? cs.want->dv : f.at("dv"), 0, r, c)), kTol) << "dv";
+      Tensor dq = Tensor::empty(zigzag_chunks(q, 0, r, c).shape(), DType::F32),
+             dk = Tensor::empty(zigzag_chunks(k, 0, r, c).shape(), DType::F32),
+             dv = Tensor::empty(zigzag_chunks(v, 0, r, c).shape(), DType::F32);
+      attention.backward(zigzag_chunks(dout, 0, r, c), saved, dq, dk, dv);
+      EXPECT_LE(rel_to_max(dq, zigzag_chunks(cs.want ? cs.want->dq : f.at("dq"), 0, r, c)), kTol) << "dq";
+      EXPECT_LE(rel_to_max(dk, zigzag_chunks(cs.want ? cs.want->dk : f.at("dk"), 0, r, c)), kTol) << "dk";
+      EXPECT_LE(rel_to_max(dv, zigzag_chunks(cs.want ? cs.want->dv : f.at("dv"), 0, r, c)), kTol) << "dv";
     }
   }
 }
