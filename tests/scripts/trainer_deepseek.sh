@@ -18,17 +18,9 @@ trap 'rm -rf "$work"' EXIT
 common=(--config "$src/configs/deepseek_v3_tiny.yaml" --set train.log_interval=1 --set optimizer.lr_decay=constant
   --set optimizer.warmup_steps=0 --set train.steps=6)
 
-# run, field and compare.
+# run, field, compare and same_bias.
 # shellcheck source=parity_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/parity_common.sh"
-bias() { grep -o '"moe_expert_bias":\[\[[]0-9.e,[-]*\]\]' "$work/$1/metrics.jsonl"; }
-same_bias() {  # same_bias REF RUN: the bias of every step equal, and one value over the ranks
-  [[ $(bias "$2" | wc -l) == 6 ]] || { echo "$2: no moe_expert_bias in every line"; exit 1; }
-  diff <(bias "$1") <(bias "$2") >/dev/null ||
-    { echo "$2: expert bias differs from $1:"; paste -d'\n' <(bias "$1") <(bias "$2"); exit 1; }
-  field "$2" moe_expert_bias_spread | awk -v name="$2" '$1 != 0 { print name ": bias differs between ranks by " $1; exit 1 }'
-  echo "$2: expert bias equal to $1's at every step and on every rank"
-}
 
 layouts=("ep2_etp2 4 --set parallel.expert=2 --set parallel.expert_tensor=2"
   "ep2_tp2_sp 2 --set parallel.expert=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true"
