@@ -22,23 +22,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export PARALLEL_LOG_LEVEL=warn
 
-quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on failure
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 || { echo "failed: $*"; tail -20 "$log"; exit 1; }
-}
-expect_error() {  # expect_error NAME FRAGMENT ARGS...: convert_checkpoint ends with exit 1 and one line
-  local name=$1 fragment=$2
-  shift 2
-  local status=0
-  timeout 30 "$convert" "$@" >"$work/$name.out" 2>"$work/$name.err" || status=$?
-  if [[ $status -ne 1 || $(wc -l <"$work/$name.err") -ne 1 ]] || ! grep -qF -- "$fragment" "$work/$name.err"; then
-    echo "$name: expected exit 1 and one line with '$fragment', got exit $status:"
-    cat "$work/$name.err"
-    exit 1
-  fi
-  echo "$name: $(cat "$work/$name.err")"
-}
+# quiet and expect_error.
+# shellcheck source=convert_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/convert_common.sh"
 
 # 1. Import with MTP, export, compare, import the export.
 in=$work/in

@@ -41,11 +41,9 @@ train=(--set model.seq_length=8 --set train.global_batch_size=2 --set train.micr
   --set optimizer.weight_decay=0.1 --set optimizer.beta1=0.9 --set optimizer.beta2=0.95
   --set optimizer.eps=1e-8 --set optimizer.clip_grad=0 --set model.dropout=0)
 
-quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on failure
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 || { echo "failed: $*"; tail -20 "$log"; exit 1; }
-}
+# quiet and expect_error.
+# shellcheck source=convert_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/convert_common.sh"
 
 # 1. Train each model on one rank and on tp2 x pp2; export; compare. FOLDER:AFTER3: the folder
 # tests/reference/fixtures/hf_FOLDER and the reference hf_AFTER3_after3.safetensors. mistral_t5 and
@@ -213,20 +211,7 @@ echo -n "GPT-2 folder round trip: "
 "$compare" equal "$work/gpt2_out" "$work/gpt2" --subset
 grep -q '"GPT2LMHeadModel"' "$work/gpt2_out/config.json" || { echo "GPT-2 exported as another architecture"; exit 1; }
 
-# 4. One-line errors. expect_error NAME FRAGMENT ARGS...
-expect_error() {
-  local name=$1 fragment=$2
-  shift 2
-  local status=0
-  # Under a timeout: each refusal comes at once (num_hidden_layers 1e9 used to run 65 s into an OOM kill).
-  timeout 30 "$convert" "$@" >"$work/$name.out" 2>"$work/$name.err" || status=$?
-  if [[ $status -ne 1 || $(wc -l <"$work/$name.err") -ne 1 ]] || ! grep -qF -- "$fragment" "$work/$name.err"; then
-    echo "$name: expected exit 1 and one line with '$fragment', got exit $status:"
-    cat "$work/$name.err"
-    exit 1
-  fi
-  echo "$name: $(cat "$work/$name.err")"
-}
+# 4. One-line errors (expect_error, convert_common.sh).
 variant() {  # variant NAME SED_EXPR: a copy of the llama fixture with its config.json edited
   mkdir -p "$work/$1"
   cp "$fx/hf_llama_tiny/model.safetensors" "$work/$1/"

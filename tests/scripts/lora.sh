@@ -40,11 +40,10 @@ train=(--set model.seq_length=8 --set train.global_batch_size=2 --set train.micr
   --set model.lora.rank=4 --set model.lora.alpha=8
   --set model.lora.target_modules=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)
 
-quiet() {  # quiet LOG CMD...: run, keep the output in LOG, show its tail on failure
-  local log=$1
-  shift
-  "$@" >"$log" 2>&1 || { echo "failed: $*"; tail -20 "$log"; exit 1; }
-}
+# quiet (convert_common.sh's expect_error wants convert_checkpoint's one line; expect_failure below
+# takes any command that fails).
+# shellcheck source=convert_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/convert_common.sh"
 
 "$convert" --from hf --input "$fx/hf_llama_tiny" --output "$work/base" >/dev/null
 
@@ -135,7 +134,7 @@ done
 paste <(losses "$work/drop1") <(losses "$work/tp1pp1") | awk '
   { if ($1 != $2) differ = 1 } END { if (!differ) { print "dropout 0.2 did not change the losses"; exit 1 } }'
 
-expect_error() {  # expect_error NAME FRAGMENT CMD...
+expect_failure() {  # expect_failure NAME FRAGMENT CMD...: CMD fails and its stderr holds FRAGMENT
   local name=$1 fragment=$2
   shift 2
   local status=0
@@ -205,9 +204,9 @@ for name in moe1 moe_ep2etp2; do
 done
 echo "MoE LoRA: optimizer state for the adapters only (one rank, ep2 x etp2)"
 # Expert adapters are not exported yet: a clear refusal, not a missing-tensor error.
-expect_error moe_peft "cannot be written: PEFT export of expert adapters is not supported yet" \
+expect_failure moe_peft "cannot be written: PEFT export of expert adapters is not supported yet" \
   "$convert" --to peft --input "$work/moe1/ckpt" --output "$work/moe_peft"
-expect_error moe_merge "is a MoE model" "$convert" --to hf --merge-lora --input "$work/moe1/ckpt" \
+expect_failure moe_merge "is a MoE model" "$convert" --to hf --merge-lora --input "$work/moe1/ckpt" \
   --output "$work/moe_merged"
 
 # 7. adapter_config.json, and errors.
@@ -216,11 +215,11 @@ for key in '"peft_type": "LORA"' '"task_type": "CAUSAL_LM"' '"r": 4' '"lora_alph
   '"base_model_name_or_path": "'"$fx/hf_llama_tiny"'"' '"q_proj"' '"down_proj"'; do
   grep -qF -- "$key" "$config" || { echo "adapter_config.json lacks $key"; cat "$config"; exit 1; }
 done
-expect_error unknown_module "model.lora.target_modules = \"q_proj,attn\": unknown module \"attn\"" \
+expect_failure unknown_module "model.lora.target_modules = \"q_proj,attn\": unknown module \"attn\"" \
   "$pretrain" --config "$work/base.yaml" --set model.lora.rank=4 --set model.lora.target_modules=q_proj,attn
-expect_error fc1_on_swiglu "fc1 is the GeLU MLP's input linear" \
+expect_failure fc1_on_swiglu "fc1 is the GeLU MLP's input linear" \
   "$pretrain" --config "$work/base.yaml" --set model.lora.rank=4 --set model.lora.target_modules=fc1
-expect_error no_adapters "is not a LoRA checkpoint" "$convert" --to peft --input "$work/base" --output "$work/e1"
-expect_error merge_without "is not a LoRA checkpoint" "$convert" --to hf --merge-lora --input "$work/base" \
+expect_failure no_adapters "is not a LoRA checkpoint" "$convert" --to peft --input "$work/base" --output "$work/e1"
+expect_failure merge_without "is not a LoRA checkpoint" "$convert" --to hf --merge-lora --input "$work/base" \
   --output "$work/e2"
 echo "lora: all checks passed"
