@@ -29,15 +29,31 @@ PARALLEL_CLONES float row_max_of(const float* l, int64_t n) {
   return lane_max(n, [&](int64_t j) { return l[j]; });
 }
 
+// The exp argument's clamp runs in a loop of its own (vec_math.hpp): inside the exp loop GCC turns
+// it into a branch and the AVX2 clone stays scalar. Same operations as fast_exp, so the same values.
+constexpr int64_t kExpBlock = 256;  // exp arguments staged on the stack, 1 KiB
+
+// The sum is taken in 8 lanes, lane k holding columns = k mod 8, lanes added pairwise at the end:
+// the same order on every ISA (an `omp simd` reduction would follow the vector width).
 PARALLEL_CLONES float row_sum_exp(const float* l, float m, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < n; j++) s += fast_exp(l[j] - m);
-  return s;
+  constexpr int kLanes = 8;
+  float arg[kExpBlock];
+  float lane[kLanes] = {};
+  for (int64_t b = 0; b < n; b += kExpBlock) {
+    const int64_t len = std::min(kExpBlock, n - b);
+    for (int64_t j = 0; j < len; j++) arg[j] = clamp_exp_arg(l[b + j] - m);
+    for (int64_t j = 0; j < len; j++) arg[j] = exp_clamped(arg[j]);
+    int64_t j = 0;
+    for (; j + kLanes <= len; j += kLanes)
+      for (int k = 0; k < kLanes; k++) lane[k] += arg[j + k];
+    for (; j < len; j++) lane[0] += arg[j];  // only the row's last block can be ragged
+  }
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
 PARALLEL_CLONES void row_softmax_grad(const float* l, float m, float g_over_sum, float* d, int64_t n) {
-  for (int64_t j = 0; j < n; j++) d[j] = g_over_sum * fast_exp(l[j] - m);
+  for (int64_t j = 0; j < n; j++) d[j] = clamp_exp_arg(l[j] - m);
+  for (int64_t j = 0; j < n; j++) d[j] = g_over_sum * exp_clamped(d[j]);
 }
 
 }  // namespace

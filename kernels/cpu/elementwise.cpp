@@ -83,38 +83,72 @@ PARALLEL_CLONES void round_f16_chunk(float* x, int64_t n) {
 // ---- gelu ----
 // 0.5 (1 + tanh(u)) == sigmoid(2u) exactly, so y = x * sigmoid(2u): the same function as the
 // tanh form in ops.hpp, without tanh's cancellation near 0 and with an exp that vectorises.
+// sigmoid(z) = 1 / (1 + exp(-z)) is fast_sigmoid spelled out so that the exp argument's clamp runs
+// in a loop of its own over a block (vec_math.hpp: inside the exp loop GCC makes it a branch and
+// the AVX2 clone stays scalar). Same operations in the same order: bitwise fast_sigmoid's result.
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
+constexpr int64_t kExpBlock = 256;  // exp arguments staged on the stack, 1 KiB
 
 PARALLEL_CLONES void gelu_fwd_chunk(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const float v = x[i];
-    const float u = kGeluC * (v + kGeluA * v * v * v);
-    y[i] = v * fast_sigmoid(2.0f * u);
+  float arg[kExpBlock];
+  for (int64_t b = 0; b < n; b += kExpBlock) {
+    const int64_t m = std::min(kExpBlock, n - b);
+    const float* xb = x + b;
+    for (int64_t i = 0; i < m; i++) {
+      const float v = xb[i];
+      const float u = kGeluC * (v + kGeluA * v * v * v);
+      arg[i] = clamp_exp_arg(-(2.0f * u));
+    }
+    for (int64_t i = 0; i < m; i++) y[b + i] = xb[i] * (1.0f / (1.0f + exp_clamped(arg[i])));
   }
 }
 // d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx, du/dx = c (1 + 3 a x^2); s (1 - s) = (1 - tanh^2)/4.
 PARALLEL_CLONES void gelu_bwd_chunk(const float* dy, const float* x, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const float v = x[i];
-    const float u = kGeluC * (v + kGeluA * v * v * v);
-    const float s = fast_sigmoid(2.0f * u);
-    const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
-    dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+  float arg[kExpBlock];
+  for (int64_t b = 0; b < n; b += kExpBlock) {
+    const int64_t m = std::min(kExpBlock, n - b);
+    const float* xb = x + b;
+    for (int64_t i = 0; i < m; i++) {
+      const float v = xb[i];
+      const float u = kGeluC * (v + kGeluA * v * v * v);
+      arg[i] = clamp_exp_arg(-(2.0f * u));
+    }
+    for (int64_t i = 0; i < m; i++) {
+      const float v = xb[i];
+      const float s = 1.0f / (1.0f + exp_clamped(arg[i]));
+      const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+      dx[b + i] = dy[b + i] * (s + 2.0f * v * s * (1.0f - s) * du);
+    }
   }
 }
 
 // ---- swiglu ----
+// The same blocking as gelu: clamp first, then exp and the rest.
 PARALLEL_CLONES void swiglu_fwd_row(const float* gate, const float* up, float* y, int64_t f) {
-  for (int64_t i = 0; i < f; i++) y[i] = gate[i] * fast_sigmoid(gate[i]) * up[i];
+  float arg[kExpBlock];
+  for (int64_t b = 0; b < f; b += kExpBlock) {
+    const int64_t m = std::min(kExpBlock, f - b);
+    for (int64_t i = 0; i < m; i++) arg[i] = clamp_exp_arg(-gate[b + i]);
+    for (int64_t i = 0; i < m; i++) {
+      const float g = gate[b + i];
+      y[b + i] = g * (1.0f / (1.0f + exp_clamped(arg[i]))) * up[b + i];
+    }
+  }
 }
 // y = g s(g) u: dy/dg = u s (1 + g (1 - s)), dy/du = g s.
 PARALLEL_CLONES void swiglu_bwd_row(const float* dy, const float* gate, const float* up, float* dgate,
                                     float* dup, int64_t f) {
-  for (int64_t i = 0; i < f; i++) {
-    const float g = gate[i], s = fast_sigmoid(g);
-    dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = dy[i] * g * s;
+  float arg[kExpBlock];
+  for (int64_t b = 0; b < f; b += kExpBlock) {
+    const int64_t m = std::min(kExpBlock, f - b);
+    for (int64_t i = 0; i < m; i++) arg[i] = clamp_exp_arg(-gate[b + i]);
+    for (int64_t i = 0; i < m; i++) {
+      const int64_t k = b + i;
+      const float g = gate[k], s = 1.0f / (1.0f + exp_clamped(arg[i]));
+      dgate[k] = dy[k] * up[k] * s * (1.0f + g * (1.0f - s));
+      dup[k] = dy[k] * g * s;
+    }
   }
 }
 
