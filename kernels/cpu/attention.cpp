@@ -27,7 +27,9 @@
 namespace parallel::cpu {
 namespace attention_tiles {
 
-#define PARALLEL_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+// x86-64-v3 (AVX2 + FMA), not plain "avx2": GCC's avx2 target has no FMA, so its clone of the tile
+// products ran separate multiplies and adds at half the FMA peak (the avx512f clone has FMA).
+#define PARALLEL_HOT __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
 PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t start, int64_t end, int64_t cols, float scale,
                                 float shift) {
@@ -135,11 +137,13 @@ inline void matmul_acc_edge(float* __restrict C, int64_t ldc, const float* __res
 // whole k loop (one load of B's row segment and four broadcasts of A per k, for 4 kNr FMAs), where
 // the plain loop loads and stores C every few FMAs. Four named accumulators rather than a 2-D
 // array, because GCC turns these into registers (one zmm each under AVX-512) but not the array.
+// On AVX2 each accumulator is two ymm and GCC spilled them to the stack on every k (the clone ran
+// at memory speed); matmul_acc_avx2 below spells the eight ymm out instead.
 constexpr int64_t kMr = 4, kNr = 16;
 
-PARALLEL_HOT void matmul_acc(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs,
-                             int64_t a_cs, const float* __restrict B, int64_t ldb, int64_t M, int64_t N,
-                             int64_t K) {
+__attribute__((target_clones("avx512f", "default"))) void matmul_acc_arrays(
+    float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs, int64_t a_cs,
+    const float* __restrict B, int64_t ldb, int64_t M, int64_t N, int64_t K) {
   const int64_t M_blocked = M - M % kMr, N_blocked = N - N % kNr;
   for (int64_t m = 0; m < M_blocked; m += kMr) {
     const float* a = A + m * a_rs;
@@ -169,6 +173,69 @@ PARALLEL_HOT void matmul_acc(float* __restrict C, int64_t ldc, const float* __re
     matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K);
   if (M_blocked < M)
     matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
+}
+
+// AVX2 + FMA: the same blocks and the same per-element arithmetic (acc = fma(a, b, acc) over k from
+// zero, then c + acc), as GCC vector types, so that the eight accumulators are eight named values.
+typedef float v8f __attribute__((vector_size(32)));
+
+[[gnu::target("avx2,fma"), gnu::always_inline]] inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::target("avx2,fma"), gnu::always_inline]] inline void add_store8(float* p, v8f v) {
+  v += load8(p);
+  std::memcpy(p, &v, sizeof v);
+}
+
+[[gnu::target("avx2,fma")]] void matmul_acc_avx2(float* __restrict C, int64_t ldc, const float* __restrict A,
+                                                 int64_t a_rs, int64_t a_cs, const float* __restrict B,
+                                                 int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  const int64_t M_blocked = M - M % kMr, N_blocked = N - N % kNr;
+  for (int64_t m = 0; m < M_blocked; m += kMr) {
+    const float* a = A + m * a_rs;
+    for (int64_t n = 0; n < N_blocked; n += kNr) {
+      v8f c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+      for (int64_t k = 0; k < K; k++) {
+        const float* b = B + k * ldb + n;
+        const v8f b0 = load8(b), b1 = load8(b + 8);
+        const float a0 = a[k * a_cs], a1 = a[a_rs + k * a_cs], a2 = a[2 * a_rs + k * a_cs],
+                    a3 = a[3 * a_rs + k * a_cs];
+        c00 += a0 * b0;
+        c01 += a0 * b1;
+        c10 += a1 * b0;
+        c11 += a1 * b1;
+        c20 += a2 * b0;
+        c21 += a2 * b1;
+        c30 += a3 * b0;
+        c31 += a3 * b1;
+      }
+      float* c = C + m * ldc + n;
+      add_store8(c, c00);
+      add_store8(c + 8, c01);
+      add_store8(c + ldc, c10);
+      add_store8(c + ldc + 8, c11);
+      add_store8(c + 2 * ldc, c20);
+      add_store8(c + 2 * ldc + 8, c21);
+      add_store8(c + 3 * ldc, c30);
+      add_store8(c + 3 * ldc + 8, c31);
+    }
+  }
+  if (N_blocked < N)
+    matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K);
+  if (M_blocked < M)
+    matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
+}
+
+// AVX-512 and the baseline keep the cloned array version (no AVX2 clone of it: every CPU with
+// AVX2 + FMA takes the explicit one). Decided once (CPUID through libgcc's cached model).
+void matmul_acc(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs, int64_t a_cs,
+                const float* __restrict B, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  static const bool avx2_fma =
+      !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2_fma) return matmul_acc_avx2(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K);
+  matmul_acc_arrays(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K);
 }
 
 // kT[kk, j] = rows[j][kk]: the key (or value) block transposed to [d, Bc], so that the score tile
