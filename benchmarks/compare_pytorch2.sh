@@ -3,6 +3,7 @@
 # fp32 and bf16) against PyTorch 2.x (benchmarks/pytorch2_gpt_step.py: eager and torch.compile,
 # fp32 and bf16 autocast), rounds alternating so every side sees the same machine load.
 #   benchmarks/compare_pytorch2.sh [BUILD_DIR] [ROUNDS] [mini|gpt2|both]
+# PRECISIONS=fp32 (or bf16) runs only that precision's three columns; default both.
 # PyTorch 2.x comes from $TORCH2_DIR (default /tmp/torch2; ../shared/tools/torch2_setup.sh puts it
 # there). Models (issue 12): "mini" 6 layers x 384, 6 heads, vocab 8192, seq 256, batch 4;
 # "gpt2" the GPT-2 124M shape, 12 x 768, 12 heads, vocab 50257, seq 256, batch 4.
@@ -13,6 +14,8 @@ build=${1:-build} rounds=${2:-3} which=${3:-both}
 torch_dir=${TORCH2_DIR:-/tmp/torch2}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # both sides use libgomp; see compare_pytorch.sh
 THREADS=${THREADS:-2}
+PRECISIONS=${PRECISIONS:-fp32 bf16}
+want() { [[ " $PRECISIONS " == *" $1 "* ]]; }
 PYTHONPATH=$torch_dir python3 -c 'import torch' 2>/dev/null ||
   { echo "compare_pytorch2: no PyTorch 2 in $torch_dir (run ../shared/tools/torch2_setup.sh)" >&2; exit 1; }
 work=$(mktemp -d)
@@ -51,12 +54,17 @@ bench() {  # bench NAME L H HEADS V S B STEPS
   printf "%-5s %10s %10s %10s %10s %10s %10s\n" round ours-fp32 eager-fp32 compile-fp32 ours-bf16 eager-bf16 compile-bf16
   for r in $(seq 1 "$rounds"); do
     local a b c d e f
-    a=$(ours "${model[@]}" fp32)
-    b=$(theirs "${shape[@]}" "$THREADS" eager fp32)
-    c=$(theirs "${shape[@]}" "$THREADS" compile fp32)
-    d=$(ours "${model[@]}" bf16)
-    e=$(theirs "${shape[@]}" "$THREADS" eager bf16)
-    f=$(theirs "${shape[@]}" "$THREADS" compile bf16)
+    a=0 b=0 c=0 d=0 e=0 f=0  # 0: precision not run (PRECISIONS)
+    if want fp32; then
+      a=$(ours "${model[@]}" fp32)
+      b=$(theirs "${shape[@]}" "$THREADS" eager fp32)
+      c=$(theirs "${shape[@]}" "$THREADS" compile fp32)
+    fi
+    if want bf16; then
+      d=$(ours "${model[@]}" bf16)
+      e=$(theirs "${shape[@]}" "$THREADS" eager bf16)
+      f=$(theirs "${shape[@]}" "$THREADS" compile bf16)
+    fi
     printf "%-5s %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f\n" "$r" "$a" "$b" "$c" "$d" "$e" "$f"
     ours_f+=("$a") ef+=("$b") cf+=("$c") ours_b+=("$d") eb+=("$e") cb+=("$f")
   done
@@ -64,9 +72,9 @@ bench() {  # bench NAME L H HEADS V S B STEPS
   mf=$(echo "${ours_f[*]}" | median) me=$(echo "${ef[*]}" | median) mc=$(echo "${cf[*]}" | median)
   mb=$(echo "${ours_b[*]}" | median) mbe=$(echo "${eb[*]}" | median) mbc=$(echo "${cb[*]}" | median)
   printf "%-5s %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f\n" median "$mf" "$me" "$mc" "$mb" "$mbe" "$mbc"
-  awk -v a="$mf" -v b="$me" -v c="$mc" -v d="$mb" -v e="$mbe" -v f="$mbc" 'BEGIN {
-    printf "ratios: fp32 ours/eager %.2f, ours/compile %.2f; bf16 ours/eager %.2f, ours/compile %.2f; ours bf16/fp32 %.2f\n",
-      a / b, a / c, d / e, d / f, d / a }'
+  awk -v a="$mf" -v b="$me" -v c="$mc" -v d="$mb" -v e="$mbe" -v f="$mbc" 'function r(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
+    BEGIN { printf "ratios: fp32 ours/eager %s, ours/compile %s; bf16 ours/eager %s, ours/compile %s; ours bf16/fp32 %s\n",
+      r(a, b), r(a, c), r(d, e), r(d, f), r(d, a) }'
 }
 
 # Our GEMM kernel and ISA for the record (the trainer logs them at start).
