@@ -138,7 +138,7 @@ inline void matmul_acc_edge(float* __restrict C, int64_t ldc, const float* __res
 // the plain loop loads and stores C every few FMAs. Four named accumulators rather than a 2-D
 // array, because GCC turns these into registers (one zmm each under AVX-512) but not the array.
 // On AVX2 each accumulator is two ymm and GCC spilled them to the stack on every k (the clone ran
-// at memory speed); matmul_acc_avx2 below spells the eight ymm out instead.
+// at memory speed); matmul_acc_avx2 below keeps its accumulators in named ymm values instead.
 constexpr int64_t kMr = 4, kNr = 16;
 
 __attribute__((target_clones("avx512f", "default"))) void matmul_acc_arrays(
@@ -175,8 +175,8 @@ __attribute__((target_clones("avx512f", "default"))) void matmul_acc_arrays(
     matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
 }
 
-// AVX2 + FMA: the same blocks and the same per-element arithmetic (acc = fma(a, b, acc) over k from
-// zero, then c + acc), as GCC vector types, so that the eight accumulators are eight named values.
+// AVX2 + FMA: the same per-element arithmetic (acc = fma(a, b, acc) over k from zero, then c + acc)
+// as GCC vector types, so that the accumulators are registers.
 typedef float v8f __attribute__((vector_size(32)));
 
 [[gnu::target("avx2,fma"), gnu::always_inline]] inline v8f load8(const float* p) {
@@ -189,38 +189,41 @@ typedef float v8f __attribute__((vector_size(32)));
   std::memcpy(p, &v, sizeof v);
 }
 
+// One R x 16 block of C over the whole k: 2 R accumulators, two loads of B and R broadcasts of A
+// per k. R = 6 (12 accumulators, 12 FMAs per 8 loads) where the rows allow, else R = 4.
+template <int R>
+[[gnu::target("avx2,fma"), gnu::always_inline]] inline void block_avx2(float* __restrict c, int64_t ldc,
+                                                                       const float* __restrict a,
+                                                                       int64_t a_rs, int64_t a_cs,
+                                                                       const float* __restrict b, int64_t ldb,
+                                                                       int64_t K) {
+  v8f lo[R] = {}, hi[R] = {};
+  for (int64_t k = 0; k < K; k++) {
+    const v8f b0 = load8(b + k * ldb), b1 = load8(b + k * ldb + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+      const float ar = a[r * a_rs + k * a_cs];
+      lo[r] += ar * b0;
+      hi[r] += ar * b1;
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; r++) {
+    add_store8(c + r * ldc, lo[r]);
+    add_store8(c + r * ldc + 8, hi[r]);
+  }
+}
+
 [[gnu::target("avx2,fma")]] void matmul_acc_avx2(float* __restrict C, int64_t ldc, const float* __restrict A,
                                                  int64_t a_rs, int64_t a_cs, const float* __restrict B,
                                                  int64_t ldb, int64_t M, int64_t N, int64_t K) {
-  const int64_t M_blocked = M - M % kMr, N_blocked = N - N % kNr;
-  for (int64_t m = 0; m < M_blocked; m += kMr) {
-    const float* a = A + m * a_rs;
-    for (int64_t n = 0; n < N_blocked; n += kNr) {
-      v8f c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
-      for (int64_t k = 0; k < K; k++) {
-        const float* b = B + k * ldb + n;
-        const v8f b0 = load8(b), b1 = load8(b + 8);
-        const float a0 = a[k * a_cs], a1 = a[a_rs + k * a_cs], a2 = a[2 * a_rs + k * a_cs],
-                    a3 = a[3 * a_rs + k * a_cs];
-        c00 += a0 * b0;
-        c01 += a0 * b1;
-        c10 += a1 * b0;
-        c11 += a1 * b1;
-        c20 += a2 * b0;
-        c21 += a2 * b1;
-        c30 += a3 * b0;
-        c31 += a3 * b1;
-      }
-      float* c = C + m * ldc + n;
-      add_store8(c, c00);
-      add_store8(c + 8, c01);
-      add_store8(c + ldc, c10);
-      add_store8(c + ldc + 8, c11);
-      add_store8(c + 2 * ldc, c20);
-      add_store8(c + 2 * ldc + 8, c21);
-      add_store8(c + 3 * ldc, c30);
-      add_store8(c + 3 * ldc + 8, c31);
-    }
+  const int64_t N_blocked = N - N % kNr;
+  const int64_t M6 = M / 6 * 6, M_blocked = M6 + (M - M6) / kMr * kMr;
+  for (int64_t n = 0; n < N_blocked; n += kNr) {
+    int64_t m = 0;
+    for (; m < M6; m += 6) block_avx2<6>(C + m * ldc + n, ldc, A + m * a_rs, a_rs, a_cs, B + n, ldb, K);
+    for (; m < M_blocked; m += kMr)
+      block_avx2<kMr>(C + m * ldc + n, ldc, A + m * a_rs, a_rs, a_cs, B + n, ldb, K);
   }
   if (N_blocked < N)
     matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K);
