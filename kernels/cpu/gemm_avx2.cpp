@@ -1,0 +1,303 @@
+// The AVX2/FMA GEMM (gemm_avx2.hpp): packing that widens, a 6 x 16 micro-kernel, cache blocking
+// for Zen 3 (32 KiB L1d, 512 KiB L2 per core, 32 MiB L3) and an epilogue that narrows once.
+//
+// Loops, outer to inner (BLIS's names):
+//   jc: column panels of c, kNC wide, so that the packed op(b) panel [k, nc] (fp32) stays in L3;
+//       the threads pack it together (one kNR-wide sliver each at a time), then all read it.
+//   rows: each thread owns a contiguous range of c's rows (whole kMR slivers, balanced to within
+//       one sliver), so no two threads write the same element and no reduction is needed.
+//   ic: blocks of kMC rows of the thread's range; pc: blocks of kKC of k. The thread packs
+//       op(a)[ic.., pc..] ([kMC, kKC] fp32, in L2) and runs the micro-kernel over it.
+//   jr, ir: a kNR sliver of the panel ([kKC, 16], 16 KiB, in L1) against each kMR sliver of the
+//       A block: the micro-kernel's 6 x 16 tile of c in 12 ymm registers over kc steps.
+// Conversion work: op(b) is widened once per column panel for all m rows, op(a) once per panel
+// for all nc columns: (k n + m k n / kNC) conversions against 2 m n k flops.
+//
+// c: an fp32 c is accumulated in place (the first k block scales the old c by beta, the later
+// ones add). A 16-bit c is accumulated into a per-thread fp32 block and written once, after the
+// last k block: alpha op(a) op(b) + beta c + bias, rounded by narrow_from_f32 (round to nearest
+// even, dtype.hpp) exactly as every other kernel narrows. Sums run in fp32 in k order within a k
+// block; the blocks' partial sums are added in order. oneDNN's kernels block k their own way, so
+// results can differ from its fp32 product of the widened operands in the last bits.
+//
+// The functions with intrinsics carry a target attribute; the OpenMP region lives in a function
+// without one (GCC outlines the region into a function of its own, which would not inherit it),
+// and gemm_avx2_can_implement keeps the code off CPUs without AVX2, FMA or F16C.
+#include "cpu/gemm_avx2.hpp"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/widen.hpp"
+
+#define PARALLEL_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace parallel::cpu {
+namespace {
+
+constexpr int64_t kMR = 6, kNR = 16;
+constexpr int64_t kKC = 256;                // a [kKC, 16] B sliver is 16 KiB: half of L1d
+constexpr int64_t kMC = 144;                // a [kMC, kKC] A block is 144 KiB: under a third of L2
+constexpr int64_t kPanelBytes = 4ll << 20;  // the packed B panel [k, nc]: 4 MiB of the 32 MiB L3
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Element i of a row-major storage of dtype D, as fp32 (exact for every dtype).
+template <DType D>
+PARALLEL_AVX2 inline float load_one(const void* base, int64_t i) {
+  if constexpr (D == DType::F32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (D == DType::BF16) {
+    const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[i]) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  } else {
+    return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+// Elements i .. i+7, as fp32.
+template <DType D>
+PARALLEL_AVX2 inline __m256 load_eight(const void* base, int64_t i) {
+  if constexpr (D == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (D == DType::BF16)
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else
+      return _mm256_cvtph_ps(h);
+  }
+}
+
+// Columns j0 .. j0+nr-1 of op(b) (nr <= 16), every k, into dst as [k][16], zero past nr.
+template <DType D>
+PARALLEL_AVX2 void pack_b_sliver(const void* B, bool trans_b, int64_t n, int64_t k, int64_t j0, int64_t nr,
+                                 float* dst) {
+  if (!trans_b) {  // op(b)[p][j] = B[p n + j]: 16 contiguous values per p
+    if (nr == kNR) {
+      for (int64_t p = 0; p < k; p++) {
+        _mm256_storeu_ps(dst + p * kNR, load_eight<D>(B, p * n + j0));
+        _mm256_storeu_ps(dst + p * kNR + 8, load_eight<D>(B, p * n + j0 + 8));
+      }
+    } else {
+      for (int64_t p = 0; p < k; p++)
+        for (int64_t j = 0; j < kNR; j++) dst[p * kNR + j] = j < nr ? load_one<D>(B, p * n + j0 + j) : 0.0f;
+    }
+    return;
+  }
+  // op(b)[p][j] = B[j k + p]: one contiguous row of b per column of the sliver.
+  for (int64_t j = 0; j < kNR; j++) {
+    if (j < nr) {
+      const int64_t row = (j0 + j) * k;
+      for (int64_t p = 0; p < k; p++) dst[p * kNR + j] = load_one<D>(B, row + p);
+    } else {
+      for (int64_t p = 0; p < k; p++) dst[p * kNR + j] = 0.0f;
+    }
+  }
+}
+
+// op(a)[i0 .. i0+mc, p0 .. p0+kc] into dst as slivers of kMR rows, each [kc][6], zero past mc.
+template <DType D>
+PARALLEL_AVX2 void pack_a_block(const void* A, bool trans_a, int64_t m, int64_t k, int64_t i0, int64_t mc,
+                                int64_t p0, int64_t kc, float* dst) {
+  for (int64_t s = 0; s * kMR < mc; s++) {
+    const int64_t ib = i0 + s * kMR, mr = std::min(kMR, i0 + mc - ib);
+    float* d = dst + s * kc * kMR;
+    if (trans_a) {  // op(a)[i][p] = A[p m + i]: 6 contiguous values per p
+      for (int64_t p = 0; p < kc; p++) {
+        const int64_t row = (p0 + p) * m + ib;
+        for (int64_t i = 0; i < kMR; i++) d[p * kMR + i] = i < mr ? load_one<D>(A, row + i) : 0.0f;
+      }
+    } else {  // op(a)[i][p] = A[i k + p]: one contiguous row of a per row of the sliver
+      for (int64_t i = 0; i < kMR; i++) {
+        if (i < mr) {
+          const int64_t row = (ib + i) * k + p0;
+          for (int64_t p = 0; p < kc; p++) d[p * kMR + i] = load_one<D>(A, row + p);
+        } else {
+          for (int64_t p = 0; p < kc; p++) d[p * kMR + i] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// c[0..mr, 0..nr] = alpha (A B) + beta c, A a packed [kc][6] sliver, B a packed [kc][16] sliver
+// (row stride kNR). beta == 0 does not read c. The full tile is stored from registers; an edge
+// tile goes through a stack buffer with the same arithmetic (one fma per element).
+PARALLEL_AVX2 void micro_kernel(int64_t kc, const float* A, const float* B, float* C, int64_t ldc, int64_t mr,
+                                int64_t nr, float alpha, float beta) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
+         c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
+         c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
+         c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; p++) {
+    const __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8);
+    __m256 a = _mm256_broadcast_ss(A + 0);
+    c00 = _mm256_fmadd_ps(a, b0, c00);
+    c01 = _mm256_fmadd_ps(a, b1, c01);
+    a = _mm256_broadcast_ss(A + 1);
+    c10 = _mm256_fmadd_ps(a, b0, c10);
+    c11 = _mm256_fmadd_ps(a, b1, c11);
+    a = _mm256_broadcast_ss(A + 2);
+    c20 = _mm256_fmadd_ps(a, b0, c20);
+    c21 = _mm256_fmadd_ps(a, b1, c21);
+    a = _mm256_broadcast_ss(A + 3);
+    c30 = _mm256_fmadd_ps(a, b0, c30);
+    c31 = _mm256_fmadd_ps(a, b1, c31);
+    a = _mm256_broadcast_ss(A + 4);
+    c40 = _mm256_fmadd_ps(a, b0, c40);
+    c41 = _mm256_fmadd_ps(a, b1, c41);
+    a = _mm256_broadcast_ss(A + 5);
+    c50 = _mm256_fmadd_ps(a, b0, c50);
+    c51 = _mm256_fmadd_ps(a, b1, c51);
+    A += kMR;
+    B += kNR;
+  }
+  const __m256 acc[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  if (mr == kMR && nr == kNR) {
+    for (int64_t i = 0; i < kMR; i++) {
+      float* c = C + i * ldc;
+      if (beta == 0.0f) {
+        _mm256_storeu_ps(c, _mm256_mul_ps(acc[i][0], va));
+        _mm256_storeu_ps(c + 8, _mm256_mul_ps(acc[i][1], va));
+      } else {
+        _mm256_storeu_ps(c, _mm256_fmadd_ps(acc[i][0], va, _mm256_mul_ps(vb, _mm256_loadu_ps(c))));
+        _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(acc[i][1], va, _mm256_mul_ps(vb, _mm256_loadu_ps(c + 8))));
+      }
+    }
+    return;
+  }
+  alignas(32) float t[kMR * kNR];
+  for (int64_t i = 0; i < kMR; i++) {
+    _mm256_store_ps(t + i * kNR, acc[i][0]);
+    _mm256_store_ps(t + i * kNR + 8, acc[i][1]);
+  }
+  for (int64_t i = 0; i < mr; i++)
+    for (int64_t j = 0; j < nr; j++) {
+      float& c = C[i * ldc + j];
+      c = beta == 0.0f ? t[i * kNR + j] * alpha : std::fma(t[i * kNR + j], alpha, beta * c);
+    }
+}
+
+// The [mc, nc] block of c at C (row stride ldc) over one k block: A the packed block, B the first
+// sliver of the packed panel (slivers b_stride floats apart, each starting at row pc).
+PARALLEL_AVX2 void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const float* A, const float* B,
+                                int64_t b_stride, float* C, int64_t ldc, float alpha, float beta) {
+  for (int64_t jr = 0; jr < nc; jr += kNR) {
+    const float* b = B + (jr / kNR) * b_stride;
+    for (int64_t ir = 0; ir < mc; ir += kMR)
+      micro_kernel(kc, A + (ir / kMR) * kc * kMR, b, C + ir * ldc + jr, ldc, std::min(kMR, mc - ir),
+                   std::min(kNR, nc - jr), alpha, beta);
+  }
+}
+
+// One row of the block after the last k block: r += beta c_old (16-bit c only: an fp32 c took
+// beta in the first k block) and the bias.
+PARALLEL_AVX2 void finish_row(float* r, const float* old, float beta, const float* bias, int64_t nc) {
+  if (old != nullptr)
+    for (int64_t j = 0; j < nc; j++) r[j] = std::fma(beta, old[j], r[j]);
+  if (bias != nullptr)
+    for (int64_t j = 0; j < nc; j++) r[j] += bias[j];
+}
+
+using PackB = void (*)(const void*, bool, int64_t, int64_t, int64_t, int64_t, float*);
+using PackA = void (*)(const void*, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
+
+PackB pack_b_for(DType d) {
+  switch (d) {
+    case DType::BF16:
+      return pack_b_sliver<DType::BF16>;
+    case DType::F16:
+      return pack_b_sliver<DType::F16>;
+    default:
+      return pack_b_sliver<DType::F32>;
+  }
+}
+
+PackA pack_a_for(DType d) {
+  switch (d) {
+    case DType::BF16:
+      return pack_a_block<DType::BF16>;
+    case DType::F16:
+      return pack_a_block<DType::F16>;
+    default:
+      return pack_a_block<DType::F32>;
+  }
+}
+
+bool supported(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+}  // namespace
+
+bool gemm_avx2_can_implement(const GemmAvx2Problem& p) {
+  static const bool cpu =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return cpu && p.m > 0 && p.n > 0 && p.k > 0 && supported(p.a_type) && supported(p.b_type) &&
+         supported(p.c_type) && (p.bias == nullptr || supported(p.bias_type));
+}
+
+void gemm_avx2_run(const GemmAvx2Problem& p) {
+  const int64_t m = p.m, n = p.n, k = p.k;
+  const bool narrow = p.c_type != DType::F32;
+  // k blocks of equal size (k = 384: two of 192, not 256 + 128).
+  const int64_t kc_max = ceil_div(k, ceil_div(k, kKC));
+  // Column panels of equal size, whole slivers, the packed panel about kPanelBytes.
+  int64_t nc_max = std::max(kNR, kPanelBytes / (4 * k) / kNR * kNR);
+  nc_max = round_up(ceil_div(n, ceil_div(n, nc_max)), kNR);
+  float* panel = scratch_f32(4, nc_max * k);  // the calling thread's: shared by the team
+  const PackA pack_a = pack_a_for(p.a_type);
+  const PackB pack_b = pack_b_for(p.b_type);
+  const int64_t cs = static_cast<int64_t>(dtype_size(p.c_type));
+  char* C = static_cast<char*>(p.c);
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t slivers = ceil_div(m, kMR);
+    const int64_t r0 = std::min(m, slivers * t / threads * kMR),
+                  r1 = std::min(m, slivers * (t + 1) / threads * kMR);
+    float* a_block = scratch_f32(5, kMC * kc_max);
+    float* c_block = narrow ? scratch_f32(6, kMC * nc_max) : nullptr;  // a 16-bit c's fp32 block
+    float* rows = scratch_f32(7, 2 * nc_max);  // the widened bias, then one widened row of the old c
+    float* bias_row = p.bias != nullptr ? rows : nullptr;
+    float* old_row = rows + nc_max;
+    for (int64_t jc = 0; jc < n; jc += nc_max) {
+      const int64_t nc = std::min(nc_max, n - jc), panel_slivers = ceil_div(nc, kNR);
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < panel_slivers; s++)
+        pack_b(p.b, p.trans_b, n, k, jc + s * kNR, std::min(kNR, nc - s * kNR), panel + s * k * kNR);
+      // (the loop's barrier: the panel is complete before anyone reads it)
+      if (bias_row != nullptr) widen_to_f32(offset_ptr(p.bias, p.bias_type, jc), p.bias_type, bias_row, nc);
+      for (int64_t ic = r0; ic < r1; ic += kMC) {
+        const int64_t mc = std::min(kMC, r1 - ic);
+        float* block = narrow ? c_block : reinterpret_cast<float*>(C) + ic * n + jc;
+        const int64_t ldc = narrow ? nc_max : n;
+        for (int64_t pc = 0; pc < k; pc += kc_max) {
+          const int64_t kc = std::min(kc_max, k - pc);
+          pack_a(p.a, p.trans_a, m, k, ic, mc, pc, kc, a_block);
+          const float beta = pc > 0 ? 1.0f : narrow ? 0.0f : p.beta;
+          macro_kernel(mc, nc, kc, a_block, panel + pc * kNR, k * kNR, block, ldc, p.alpha, beta);
+        }
+        if (!narrow && bias_row == nullptr) continue;
+        for (int64_t i = 0; i < mc; i++) {
+          char* c_row = C + ((ic + i) * n + jc) * cs;
+          const bool read_old = narrow && p.beta != 0.0f;
+          if (read_old) widen_to_f32(c_row, p.c_type, old_row, nc);
+          finish_row(block + i * ldc, read_old ? old_row : nullptr, p.beta, bias_row, nc);
+          if (narrow) narrow_from_f32(block + i * ldc, p.c_type, c_row, nc);
+        }
+      }
+#pragma omp barrier  // every thread is done with the panel before the next one overwrites it
+    }
+  }
+}
+
+}  // namespace parallel::cpu
