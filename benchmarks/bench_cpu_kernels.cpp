@@ -114,12 +114,18 @@ const GemmCase kGemmCases[] = {
     {"mlp_down_dgrad", T, 4 * H, H, false, false, 0.0f},
     {"mlp_down_wgrad", H, 4 * H, T, true, false, 1.0f},
     // The mini GPT of benchmarks/compare_pytorch2.sh (h = 384, vocab 8192, 1024 tokens a micro-batch).
-    {"mini_qkv_fwd", T, 3 * 384, 384, false, true, 0.0f},
-    {"mini_qkv_dgrad", T, 384, 3 * 384, false, false, 0.0f},
-    {"mini_qkv_wgrad", 3 * 384, 384, T, true, false, 1.0f},
-    {"mini_mlp_up_fwd", T, 4 * 384, 384, false, true, 0.0f},
-    {"mini_mlp_down_dgrad", T, 4 * 384, 384, false, false, 0.0f},
-    {"mini_mlp_down_wgrad", 384, 4 * 384, T, true, false, 1.0f},
+    {"mini_qkv_fwd", T, 1152, 384, false, true, 0.0f},
+    {"mini_qkv_dgrad", T, 384, 1152, false, false, 0.0f},
+    {"mini_qkv_wgrad", 1152, 384, T, true, false, 1.0f},
+    {"mini_proj_fwd", T, 384, 384, false, true, 0.0f},
+    {"mini_proj_dgrad", T, 384, 384, false, false, 0.0f},
+    {"mini_proj_wgrad", 384, 384, T, true, false, 1.0f},
+    {"mini_mlp_up_fwd", T, 1536, 384, false, true, 0.0f},
+    {"mini_mlp_up_dgrad", T, 384, 1536, false, false, 0.0f},
+    {"mini_mlp_up_wgrad", 1536, 384, T, true, false, 1.0f},
+    {"mini_mlp_down_fwd", T, 384, 1536, false, true, 0.0f},
+    {"mini_mlp_down_dgrad", T, 1536, 384, false, false, 0.0f},
+    {"mini_mlp_down_wgrad", 384, 1536, T, true, false, 1.0f},
     {"mini_head_fwd", T, 8192, 384, false, true, 0.0f},
     {"mini_head_dgrad", T, 384, 8192, false, false, 0.0f},
     {"mini_head_wgrad", 8192, 384, T, true, false, 1.0f},
@@ -157,22 +163,23 @@ void BM_Gemm(benchmark::State& state, GemmCase c, DType dt) {
 
 // The library's own AVX2/FMA GEMM (kernels/cpu/gemm_avx2.hpp) called directly, whatever ops::gemm
 // routes to, so that it runs side by side with BM_Gemm / BM_GemmBf16 on the same shapes.
-void BM_GemmAvx2(benchmark::State& state, GemmCase c, DType dt) {
+// `out`: c's dtype (the step's forward and input-gradient products write a 16-bit c).
+void BM_GemmAvx2(benchmark::State& state, GemmCase c, DType dt, DType out_dt) {
   Tensor a = random_tensor(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, 1).to(dt);
   Tensor b = random_tensor(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, 2).to(dt);
-  Tensor out = Tensor::zeros({c.m, c.n}, DType::F32);
+  Tensor out = Tensor::zeros({c.m, c.n}, out_dt);
   cpu::GemmAvx2Problem p;
   p.m = c.m, p.n = c.n, p.k = c.k;
   p.a = a.data_ptr(), p.a_type = dt, p.trans_a = c.ta;
   p.b = b.data_ptr(), p.b_type = dt, p.trans_b = c.tb;
-  p.c = out.data_ptr(), p.beta = c.beta;
+  p.c = out.data_ptr(), p.c_type = out_dt, p.beta = c.beta;
   if (!cpu::gemm_avx2_can_implement(p)) {
     state.SkipWithError("no AVX2 + FMA + F16C on this CPU");
     return;
   }
   const Timing t = timed_loop(state, [&] { cpu::gemm_avx2_run(p); });
   report_gemm(state, c, dt, t);
-  state.SetLabel(std::string(dtype_name(dt)) + " avx2");
+  state.SetLabel(std::string(dtype_name(dt)) + " -> " + std::string(dtype_name(out_dt)) + " avx2");
 }
 
 // The baseline run side by side with ours: the same product through Eigen (multithreaded with
@@ -406,13 +413,21 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark((std::string("BM_GemmBf16/") + c.name).c_str(), BM_Gemm, c, DType::BF16)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((std::string("BM_GemmAvx2/") + c.name).c_str(), BM_GemmAvx2, c, DType::F32)
+    benchmark::RegisterBenchmark((std::string("BM_GemmAvx2/") + c.name).c_str(), BM_GemmAvx2, c, DType::F32,
+                                 DType::F32)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("BM_GemmAvx2Bf16/") + c.name).c_str(), BM_GemmAvx2, c,
-                                 DType::BF16)
+                                 DType::BF16, DType::F32)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
+    // A 16-bit c where the step has one (forward and input gradient; the weight gradient
+    // accumulates into fp32).
+    if (c.beta == 0.0f)
+      benchmark::RegisterBenchmark((std::string("BM_GemmAvx2Bf16Out/") + c.name).c_str(), BM_GemmAvx2, c,
+                                   DType::BF16, DType::BF16)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("BM_GemmEigen/") + c.name).c_str(), BM_GemmEigen, c)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);

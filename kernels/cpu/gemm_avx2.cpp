@@ -77,6 +77,36 @@ PARALLEL_AVX2 inline __m256 load_eight(const void* base, int64_t i) {
   }
 }
 
+// r[0..7] := its transpose: afterwards r[q] holds element q of every input row, in row order.
+PARALLEL_AVX2 inline void transpose_8x8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
+               t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]),
+               t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]),
+               t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+               s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+               s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+               s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+               s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)),
+               s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+               s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)),
+               s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Lanes 0 .. n-1 set (0 <= n <= 8), for a blend.
+PARALLEL_AVX2 inline __m256 tail_mask(int64_t n) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lanes));
+}
+
 // Columns j0 .. j0+nr-1 of op(b) (nr <= 16), every k, into dst as [k][16], zero past nr.
 template <DType D>
 PARALLEL_AVX2 void pack_b_sliver(const void* B, bool trans_b, int64_t n, int64_t k, int64_t j0, int64_t nr,
@@ -93,36 +123,66 @@ PARALLEL_AVX2 void pack_b_sliver(const void* B, bool trans_b, int64_t n, int64_t
     }
     return;
   }
-  // op(b)[p][j] = B[j k + p]: one contiguous row of b per column of the sliver.
+  // op(b)[p][j] = B[j k + p]: one contiguous row of b per column of the sliver. A full sliver
+  // goes 8 x 8 at a time through registers (eight rows of b in, eight rows of the sliver out).
+  int64_t p0 = 0;
+  if (nr == kNR) {
+    for (; p0 + 8 <= k; p0 += 8)
+      for (int64_t half = 0; half < kNR; half += 8) {
+        __m256 r[8];
+        for (int64_t j = 0; j < 8; j++) r[j] = load_eight<D>(B, (j0 + half + j) * k + p0);
+        transpose_8x8(r);
+        for (int64_t q = 0; q < 8; q++) _mm256_storeu_ps(dst + (p0 + q) * kNR + half, r[q]);
+      }
+  }
   for (int64_t j = 0; j < kNR; j++) {
     if (j < nr) {
       const int64_t row = (j0 + j) * k;
-      for (int64_t p = 0; p < k; p++) dst[p * kNR + j] = load_one<D>(B, row + p);
+      for (int64_t p = p0; p < k; p++) dst[p * kNR + j] = load_one<D>(B, row + p);
     } else {
-      for (int64_t p = 0; p < k; p++) dst[p * kNR + j] = 0.0f;
+      for (int64_t p = p0; p < k; p++) dst[p * kNR + j] = 0.0f;
     }
   }
 }
 
 // op(a)[i0 .. i0+mc, p0 .. p0+kc] into dst as slivers of kMR rows, each [kc][6], zero past mc.
+// The vector paths store 8 floats for each p's 6: the 2 extra land in the next p's (or the next
+// sliver's) slots, which are written after them, and past the last sliver: dst has kPackSlack
+// floats to spare.
+constexpr int64_t kPackSlack = 8;
 template <DType D>
 PARALLEL_AVX2 void pack_a_block(const void* A, bool trans_a, int64_t m, int64_t k, int64_t i0, int64_t mc,
                                 int64_t p0, int64_t kc, float* dst) {
   for (int64_t s = 0; s * kMR < mc; s++) {
     const int64_t ib = i0 + s * kMR, mr = std::min(kMR, i0 + mc - ib);
     float* d = dst + s * kc * kMR;
-    if (trans_a) {  // op(a)[i][p] = A[p m + i]: 6 contiguous values per p
+    if (trans_a && ib + 8 <= m) {  // 8 contiguous values per p, of which the sliver keeps 6
+      for (int64_t p = 0; p < kc; p++) {
+        const __m256 v = load_eight<D>(A, (p0 + p) * m + ib);
+        _mm256_storeu_ps(d + p * kMR,
+                         mr == kMR ? v : _mm256_blendv_ps(_mm256_setzero_ps(), v, tail_mask(mr)));
+      }
+    } else if (trans_a) {  // op(a)[i][p] = A[p m + i]: 6 contiguous values per p
       for (int64_t p = 0; p < kc; p++) {
         const int64_t row = (p0 + p) * m + ib;
         for (int64_t i = 0; i < kMR; i++) d[p * kMR + i] = i < mr ? load_one<D>(A, row + i) : 0.0f;
       }
     } else {  // op(a)[i][p] = A[i k + p]: one contiguous row of a per row of the sliver
+      int64_t p = 0;
+      if (mr == kMR)  // 8 values of each row at a time, transposed through registers
+        for (; p + 8 <= kc; p += 8) {
+          __m256 r[8];
+          for (int64_t i = 0; i < kMR; i++) r[i] = load_eight<D>(A, (ib + i) * k + p0 + p);
+          r[6] = r[7] = _mm256_setzero_ps();
+          transpose_8x8(r);
+          for (int64_t q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * kMR, r[q]);
+        }
       for (int64_t i = 0; i < kMR; i++) {
         if (i < mr) {
           const int64_t row = (ib + i) * k + p0;
-          for (int64_t p = 0; p < kc; p++) d[p * kMR + i] = load_one<D>(A, row + p);
+          for (int64_t q = p; q < kc; q++) d[q * kMR + i] = load_one<D>(A, row + q);
         } else {
-          for (int64_t p = 0; p < kc; p++) d[p * kMR + i] = 0.0f;
+          for (int64_t q = p; q < kc; q++) d[q * kMR + i] = 0.0f;
         }
       }
     }
@@ -138,6 +198,10 @@ PARALLEL_AVX2 void micro_kernel(int64_t kc, const float* A, const float* B, floa
          c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
          c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
          c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < mr; i++) {  // c's tile is read or written after the loop: fetch it now
+    _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + kNR - 1), _MM_HINT_T0);
+  }
   for (int64_t p = 0; p < kc; p++) {
     const __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8);
     __m256 a = _mm256_broadcast_ss(A + 0);
@@ -264,7 +328,7 @@ void gemm_avx2_run(const GemmAvx2Problem& p) {
     const int64_t slivers = ceil_div(m, kMR);
     const int64_t r0 = std::min(m, slivers * t / threads * kMR),
                   r1 = std::min(m, slivers * (t + 1) / threads * kMR);
-    float* a_block = scratch_f32(5, kMC * kc_max);
+    float* a_block = scratch_f32(5, kMC * kc_max + kPackSlack);
     float* c_block = narrow ? scratch_f32(6, kMC * nc_max) : nullptr;  // a 16-bit c's fp32 block
     float* rows = scratch_f32(7, 2 * nc_max);  // the widened bias, then one widened row of the old c
     float* bias_row = p.bias != nullptr ? rows : nullptr;
