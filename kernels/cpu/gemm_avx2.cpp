@@ -25,6 +25,7 @@
 // and gemm_avx2_can_implement keeps the code off CPUs without AVX2, FMA or F16C.
 #include "cpu/gemm_avx2.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -43,6 +44,7 @@ constexpr int64_t kMR = 6, kNR = 16;
 constexpr int64_t kKC = 256;                // a [kKC, 16] B sliver is 16 KiB: half of L1d
 constexpr int64_t kMC = 144;                // a [kMC, kKC] A block is 144 KiB: under a third of L2
 constexpr int64_t kPanelBytes = 4ll << 20;  // the packed B panel [k, nc]: 4 MiB of the 32 MiB L3
+constexpr int64_t kMaxNC = 4096;            // and at most this wide: a 16-bit c's fp32 block is [kMC, nc]
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -189,11 +191,57 @@ PARALLEL_AVX2 void pack_a_block(const void* A, bool trans_a, int64_t m, int64_t 
   }
 }
 
+// The last k block of a 16-bit c: instead of storing the fp32 tile, finish it (beta times the old
+// 16-bit c, the bias) and store it narrowed, so a 16-bit c's block never makes a pass of its own.
+struct Narrow {
+  void* c = nullptr;  // the tile's first element in c (16-bit, row stride ldc)
+  int64_t ldc = 0;
+  DType type = DType::BF16;
+  float beta = 0.0f;            // times the old c (0: c is not read)
+  const float* bias = nullptr;  // the tile's 16 widened bias values, or nullptr
+};
+
+// fp32 lanes rounded to bf16 bit patterns in the low halves (float_to_bf16's arithmetic).
+PARALLEL_AVX2 inline __m256i round_to_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, nan, is_nan);
+}
+
+// 16 fp32 values at v as bf16 / fp16 at dst, rounded to nearest even exactly as narrow_from_f32
+// (bf16: dtype_convert.cpp's bit-pattern rounding, NaN quietened; fp16: F16C).
+PARALLEL_AVX2 inline void narrow_sixteen(__m256 lo, __m256 hi, DType type, uint16_t* dst) {
+  if (type == DType::F16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 8),
+                     _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return;
+  }
+  // packus packs within 128-bit lanes: [lo 0-3, hi 0-3, lo 4-7, hi 4-7]; the permute restores order.
+  const __m256i packed = _mm256_packus_epi32(round_to_bf16(lo), round_to_bf16(hi));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                      _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+PARALLEL_AVX2 inline __m256 load_sixteen_half(const uint16_t* src, DType type, int half) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 8 * half));
+  return type == DType::F16 ? _mm256_cvtph_ps(h)
+                            : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // c[0..mr, 0..nr] = alpha (A B) + beta c, A a packed [kc][6] sliver, B a packed [kc][16] sliver
-// (row stride kNR). beta == 0 does not read c. The full tile is stored from registers; an edge
-// tile goes through a stack buffer with the same arithmetic (one fma per element).
+// (row stride kNR). beta == 0 does not read c. With `narrow`, the result goes on to the 16-bit c as
+// Narrow says and C is only read. The full tile is stored from registers; an edge tile goes
+// through a stack buffer with the same arithmetic (one fma per element; the library's scalar
+// rounding, which the vector one matches).
 PARALLEL_AVX2 void micro_kernel(int64_t kc, const float* A, const float* B, float* C, int64_t ldc, int64_t mr,
-                                int64_t nr, float alpha, float beta) {
+                                int64_t nr, float alpha, float beta, const Narrow* narrow) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
          c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
          c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
@@ -227,6 +275,44 @@ PARALLEL_AVX2 void micro_kernel(int64_t kc, const float* A, const float* B, floa
   }
   const __m256 acc[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  if (narrow != nullptr && mr == kMR && nr == kNR) {
+    const __m256 vnb = _mm256_set1_ps(narrow->beta);
+    for (int64_t i = 0; i < kMR; i++) {
+      uint16_t* out = static_cast<uint16_t*>(narrow->c) + i * narrow->ldc;
+      __m256 v[2];
+      for (int h = 0; h < 2; h++) {
+        v[h] = beta == 0.0f
+                   ? _mm256_mul_ps(acc[i][h], va)
+                   : _mm256_fmadd_ps(acc[i][h], va, _mm256_mul_ps(vb, _mm256_loadu_ps(C + i * ldc + 8 * h)));
+        if (narrow->beta != 0.0f) v[h] = _mm256_fmadd_ps(vnb, load_sixteen_half(out, narrow->type, h), v[h]);
+        if (narrow->bias != nullptr) v[h] = _mm256_add_ps(v[h], _mm256_loadu_ps(narrow->bias + 8 * h));
+      }
+      narrow_sixteen(v[0], v[1], narrow->type, out);
+    }
+    return;
+  }
+  if (narrow != nullptr) {
+    alignas(32) float t[kMR * kNR];
+    for (int64_t i = 0; i < kMR; i++) {
+      _mm256_store_ps(t + i * kNR, acc[i][0]);
+      _mm256_store_ps(t + i * kNR + 8, acc[i][1]);
+    }
+    for (int64_t i = 0; i < mr; i++) {
+      uint16_t* out = static_cast<uint16_t*>(narrow->c) + i * narrow->ldc;
+      for (int64_t j = 0; j < nr; j++) {
+        const float x = t[i * kNR + j];
+        float v = beta == 0.0f ? x * alpha : std::fma(x, alpha, beta * C[i * ldc + j]);
+        if (narrow->beta != 0.0f) {
+          const float old =
+              narrow->type == DType::F16 ? f16_to_float(f16{out[j]}) : bf16_to_float(bf16{out[j]});
+          v = std::fma(narrow->beta, old, v);
+        }
+        if (narrow->bias != nullptr) v += narrow->bias[j];
+        out[j] = narrow->type == DType::F16 ? float_to_f16(v).bits : float_to_bf16(v).bits;
+      }
+    }
+    return;
+  }
   if (mr == kMR && nr == kNR) {
     for (int64_t i = 0; i < kMR; i++) {
       float* c = C + i * ldc;
@@ -254,23 +340,29 @@ PARALLEL_AVX2 void micro_kernel(int64_t kc, const float* A, const float* B, floa
 
 // The [mc, nc] block of c at C (row stride ldc) over one k block: A the packed block, B the first
 // sliver of the packed panel (slivers b_stride floats apart, each starting at row pc).
+// `narrow` (last k block of a 16-bit c): Narrow for the block's first element; each tile's is
+// derived from it.
 PARALLEL_AVX2 void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const float* A, const float* B,
-                                int64_t b_stride, float* C, int64_t ldc, float alpha, float beta) {
+                                int64_t b_stride, float* C, int64_t ldc, float alpha, float beta,
+                                const Narrow* narrow) {
   for (int64_t jr = 0; jr < nc; jr += kNR) {
     const float* b = B + (jr / kNR) * b_stride;
-    for (int64_t ir = 0; ir < mc; ir += kMR)
+    for (int64_t ir = 0; ir < mc; ir += kMR) {
+      Narrow tile;
+      if (narrow != nullptr) {
+        tile = *narrow;
+        tile.c = static_cast<uint16_t*>(narrow->c) + ir * narrow->ldc + jr;
+        if (narrow->bias != nullptr) tile.bias = narrow->bias + jr;
+      }
       micro_kernel(kc, A + (ir / kMR) * kc * kMR, b, C + ir * ldc + jr, ldc, std::min(kMR, mc - ir),
-                   std::min(kNR, nc - jr), alpha, beta);
+                   std::min(kNR, nc - jr), alpha, beta, narrow != nullptr ? &tile : nullptr);
+    }
   }
 }
 
-// One row of the block after the last k block: r += beta c_old (16-bit c only: an fp32 c took
-// beta in the first k block) and the bias.
-PARALLEL_AVX2 void finish_row(float* r, const float* old, float beta, const float* bias, int64_t nc) {
-  if (old != nullptr)
-    for (int64_t j = 0; j < nc; j++) r[j] = std::fma(beta, old[j], r[j]);
-  if (bias != nullptr)
-    for (int64_t j = 0; j < nc; j++) r[j] += bias[j];
+// An fp32 c's row after the last k block: the bias (beta was taken in the first k block).
+PARALLEL_AVX2 void add_bias_row(float* r, const float* bias, int64_t nc) {
+  for (int64_t j = 0; j < nc; j++) r[j] += bias[j];
 }
 
 using PackB = void (*)(const void*, bool, int64_t, int64_t, int64_t, int64_t, float*);
@@ -303,8 +395,12 @@ bool supported(DType d) { return d == DType::F32 || d == DType::BF16 || d == DTy
 }  // namespace
 
 bool gemm_avx2_can_implement(const GemmAvx2Problem& p) {
-  static const bool cpu =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 directly (clang 14's __builtin_cpu_supports does not know "f16c").
+  static const bool cpu = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return cpu && p.m > 0 && p.n > 0 && p.k > 0 && supported(p.a_type) && supported(p.b_type) &&
          supported(p.c_type) && (p.bias == nullptr || supported(p.bias_type));
 }
@@ -315,7 +411,7 @@ void gemm_avx2_run(const GemmAvx2Problem& p) {
   // k blocks of equal size (k = 384: two of 192, not 256 + 128).
   const int64_t kc_max = ceil_div(k, ceil_div(k, kKC));
   // Column panels of equal size, whole slivers, the packed panel about kPanelBytes.
-  int64_t nc_max = std::max(kNR, kPanelBytes / (4 * k) / kNR * kNR);
+  int64_t nc_max = std::clamp(kPanelBytes / (4 * k) / kNR * kNR, kNR, kMaxNC);
   nc_max = round_up(ceil_div(n, ceil_div(n, nc_max)), kNR);
   float* panel = scratch_f32(4, nc_max * k);  // the calling thread's: shared by the team
   const PackA pack_a = pack_a_for(p.a_type);
@@ -329,10 +425,8 @@ void gemm_avx2_run(const GemmAvx2Problem& p) {
     const int64_t r0 = std::min(m, slivers * t / threads * kMR),
                   r1 = std::min(m, slivers * (t + 1) / threads * kMR);
     float* a_block = scratch_f32(5, kMC * kc_max + kPackSlack);
-    float* c_block = narrow ? scratch_f32(6, kMC * nc_max) : nullptr;  // a 16-bit c's fp32 block
-    float* rows = scratch_f32(7, 2 * nc_max);  // the widened bias, then one widened row of the old c
-    float* bias_row = p.bias != nullptr ? rows : nullptr;
-    float* old_row = rows + nc_max;
+    float* c_block = narrow ? scratch_f32(6, kMC * nc_max) : nullptr;        // a 16-bit c's fp32 block
+    float* bias_row = p.bias != nullptr ? scratch_f32(7, nc_max) : nullptr;  // the panel's widened bias
     for (int64_t jc = 0; jc < n; jc += nc_max) {
       const int64_t nc = std::min(nc_max, n - jc), panel_slivers = ceil_div(nc, kNR);
 #pragma omp for schedule(static)
@@ -348,16 +442,15 @@ void gemm_avx2_run(const GemmAvx2Problem& p) {
           const int64_t kc = std::min(kc_max, k - pc);
           pack_a(p.a, p.trans_a, m, k, ic, mc, pc, kc, a_block);
           const float beta = pc > 0 ? 1.0f : narrow ? 0.0f : p.beta;
-          macro_kernel(mc, nc, kc, a_block, panel + pc * kNR, k * kNR, block, ldc, p.alpha, beta);
+          // A 16-bit c: the last k block finishes and narrows each tile in the micro-kernel.
+          Narrow last;
+          last.c = C + (ic * n + jc) * cs, last.ldc = n, last.type = p.c_type, last.beta = p.beta;
+          last.bias = bias_row;
+          macro_kernel(mc, nc, kc, a_block, panel + pc * kNR, k * kNR, block, ldc, p.alpha, beta,
+                       narrow && pc + kc >= k ? &last : nullptr);
         }
-        if (!narrow && bias_row == nullptr) continue;
-        for (int64_t i = 0; i < mc; i++) {
-          char* c_row = C + ((ic + i) * n + jc) * cs;
-          const bool read_old = narrow && p.beta != 0.0f;
-          if (read_old) widen_to_f32(c_row, p.c_type, old_row, nc);
-          finish_row(block + i * ldc, read_old ? old_row : nullptr, p.beta, bias_row, nc);
-          if (narrow) narrow_from_f32(block + i * ldc, p.c_type, c_row, nc);
-        }
+        if (narrow || bias_row == nullptr) continue;
+        for (int64_t i = 0; i < mc; i++) add_bias_row(block + i * ldc, bias_row, nc);
       }
 #pragma omp barrier  // every thread is done with the panel before the next one overwrites it
     }
