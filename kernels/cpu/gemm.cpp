@@ -14,11 +14,11 @@
 // (AMX, AVX512-BF16 dot products, or its own bf16 emulation on plain AVX-512; gemm_isa() names it).
 // Where oneDNN has no implementation (fp16 on CPUs without AVX512-FP16, anything below AVX-512),
 // the library's own AVX2/FMA GEMM runs (gemm_avx2.hpp): it widens the 16-bit operands while
-// packing them for its micro-kernel and narrows c once in its epilogue. On this repository's Zen 3
-// build machine it runs bf16 at 81-86 % of the fp32 FMA peak (process CPU time) where the old tile
-// path (below) ran 61-74 %, and fp32 on par with oneDNN's gemm:jit (docs/benchmarks.md, issue 28),
-// so fp32 stays on oneDNN. A CPU without AVX2 + FMA + F16C still runs the fp32 path tile by tile on
-// operands widened in cache (widened_gemm): slower, same contract.
+// packing them for its micro-kernel and narrows c once in its epilogue. On the Zen 3 build machine
+// the mini GPT step's bf16 GEMMs ran at 77 % of the FMA peak (process CPU time) with it against 66 %
+// on the tile path below; its fp32 (80 %) did not beat oneDNN's gemm:jit (82 %), so fp32 stays on
+// oneDNN (docs/benchmarks.md, "bf16 on AVX2: the library's own GEMM"). A CPU without AVX2 + FMA + F16C still
+// runs the fp32 path tile by tile on operands widened in cache (widened_gemm): slower, same contract.
 //
 // Packed weights: inside an ops::WeightPackingScope, a b operand that lies in one of the scope's
 // buffers (the model's parameters) is reordered once into the layout the primitive wants
