@@ -9,6 +9,8 @@
 # warm-up). Every rank runs one OpenMP thread, as the calibrated description assumes (its device
 # is one core): one or two ranks get a core each, four or eight time-share the two.
 # Prints a markdown table and the median and worst |predicted / measured - 1|.
+# ONLY=REGEX runs the layouts whose label matches (grep -E), e.g. ONLY='^mini' or ONLY='tp2 pp2';
+# PREDICT_ONLY=1 plans without running (the measured column is left empty).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -53,6 +55,7 @@ i=0
 for entry in "${layouts[@]}"; do
   IFS='|' read -r label n model extra <<<"$entry"
   i=$((i + 1))
+  if [[ -n ${ONLY:-} ]] && ! grep -Eq -- "$ONLY" <<<"$label"; then continue; fi
   # shellcheck disable=SC2206
   sets=(--set data.path=synthetic --set train.log_interval=1 --set train.eval_interval=0 --set train.steps=$steps $extra)
   [[ $model == mini ]] && sets=("${mini[@]}" --set train.micro_batch_size=2 --set train.global_batch_size=4 "${sets[@]}")
@@ -61,6 +64,10 @@ for entry in "${layouts[@]}"; do
   "$bin" --config configs/tiny.yaml "${sets[@]}" --set train.output_dir="$pdir" --plan --world-size "$n" \
     --hardware "$hw" --ranks-per-node "$n" >"$pdir/out.txt"
   predicted=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step_time_s'])" "$pdir/plan.json")
+  if [[ -n ${PREDICT_ONLY:-} ]]; then
+    printf '| %s | %s | %.4f | | | |\n' "$label" "$n" "$predicted"
+    continue
+  fi
   OMP_NUM_THREADS=1 mpirun -np "$n" --oversubscribe --allow-run-as-root --bind-to none \
     "$bin" --config configs/tiny.yaml "${sets[@]}" --set train.output_dir="$mdir" >"$mdir/out.txt" 2>&1
   measured=$(python3 - "$mdir/metrics.jsonl" <<'PY'
@@ -75,6 +82,7 @@ PY
   errors+=("$(python3 -c "print(abs($predicted / $measured - 1))")")
   printf '| %s | %s | %.4f | %.4f | %s | %s |\n' "$label" "$n" "$predicted" "$measured" "$ratio" "$load"
 done
+[[ ${#errors[@]} -eq 0 ]] && exit 0
 python3 - "${errors[@]}" <<'PY'
 import statistics, sys
 e = [float(x) for x in sys.argv[1:]]

@@ -6,9 +6,15 @@
 // The device is one core (node.devices: the cores), and ranks run one OpenMP thread each; a job with
 // more ranks than cores time-shares them (the cost model's share, hardware.hpp). Rank 0 times the
 // kernels while rank 1 sleeps (polling a message every 10 ms); then both time MPI messages:
-//   - GEMM (ops::gemm, fp32 and bf16) on m = n = k from 32 to 1024: the best rate per dtype is the
-//     peak, fp32's rate by size over its peak the efficiency curve;
-//   - gelu_forward on a cache-resident tensor (8 FLOPs an element): the vector rate;
+//   - GEMM (ops::gemm, fp32 and bf16) on a linear layer's three products (m = 2s tokens, n = s,
+//     k = s / 2; s from 32 to 1536): the best rate per dtype is the peak, fp32's rate by size over
+//     its peak the efficiency curve;
+//   - gelu_forward on a cache-resident tensor (8 FLOPs an element): the vector rate, the fallback;
+//   - each element-wise, norm, loss, optimizer and attention kernel the trainer's step runs, on
+//     training-sized operands (1024 tokens): its own rate (device.op_tflops), the FLOPs being
+//     those the op records on the meta device (ops.cpp), so the planner's count and the measured
+//     time go together. Per counted FLOP these kernels differ by an order of magnitude (gelu's
+//     tanh against AdamW's streaming update), which one vector rate cannot say;
 //   - ops::add on 3 x 128 MiB: memory bandwidth (bytes read and written over time);
 //   - ops::add on one element: the per-op overhead;
 //   - ping-pong of 8 bytes (latency) and 4 MiB (bandwidth) between the two ranks.
@@ -31,6 +37,7 @@
 #include <thread>
 
 #include "parallel/hardware.hpp"
+#include "parallel/meta.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/runtime.hpp"
 
@@ -82,6 +89,18 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// The rate of one kernel: `run(device)` builds its operands on `device` and runs it once. On the
+// meta device it records the op (its name and counted FLOPs); on the CPU it is timed.
+std::pair<std::string, double> kernel_rate(const std::function<void(parallel::Device)>& run) {
+  parallel::MetaOpRecorder rec;
+  run(parallel::Device::meta());
+  PARALLEL_CHECK(!rec.events().empty(), "calibrate_machine: the kernel recorded no op on meta");
+  const parallel::OpEvent& e = rec.events().back();
+  const double flops = e.flops;
+  const std::string name = e.op;
+  return {name, flops / time_per_call([&] { run(parallel::Device::cpu()); }, 0.1)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,18 +127,29 @@ int main(int argc, char** argv) {
       WorkHandle done = world.recv(flag, 0, 0);
       while (!done->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     } else {
-      // GEMM by size, fp32 and bf16.
+      // GEMM by size, fp32 and bf16, on the shapes a training step runs: a linear layer of m = 2s
+      // tokens, n = s outputs and k = s / 2 inputs (geometric mean s), its three products (forward
+      // x W^T, input gradient dy W, weight gradient dy^T x accumulated), timed together. Sizes
+      // step by 1.5 and 4/3 in turn, so that power-of-two leading dimensions (whose cache-set
+      // conflicts cost oneDNN up to a third at 512) are half of the points, not all of them.
       std::vector<std::pair<double, double>> fp32_rate;
       for (DType dt : {DType::F32, DType::BF16}) {
         double best = 0;
-        for (int n : {32, 64, 128, 256, 512, 1024}) {
-          Tensor a = Tensor::full({n, n}, 0.5f, dt), b = Tensor::full({n, n}, 0.25f, dt),
-                 c = Tensor::empty({n, n}, dt);
-          const double t = time_per_call([&] { ops::gemm(a, false, b, false, c); });
-          const double rate = 2.0 * n * n * n / t;
+        for (int n : {32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536}) {
+          const int64_t m = 2 * n, k = n / 2;
+          Tensor x = Tensor::full({m, k}, 0.5f, dt), w = Tensor::full({n, k}, 0.25f, dt),
+                 y = Tensor::empty({m, n}, dt), dy = Tensor::full({m, n}, 0.125f, dt),
+                 dx = Tensor::empty({m, k}, dt), dw = Tensor::zeros({n, k}, dt);
+          const double t = time_per_call([&] {
+            ops::gemm(x, false, w, true, y);
+            ops::gemm(dy, false, w, false, dx);
+            ops::gemm(dy, true, x, false, dw, 1.0f, 1.0f);
+          });
+          const double rate = 3 * 2.0 * static_cast<double>(m * n * k) / t;
           best = std::max(best, rate);
           if (dt == DType::F32) fp32_rate.emplace_back(n, rate);
-          notes += fmt::format("gemm {} {}^3: {:.2f} GFLOP/s\n", dtype_name(dt), n, rate / 1e9);
+          notes += fmt::format("gemm {} {}x{}x{} (fwd, dgrad, wgrad): {:.2f} GFLOP/s\n", dtype_name(dt), m, n,
+                               k, rate / 1e9);
         }
         hw.matmul_tflops[dt] = best / 1e12;
       }
@@ -129,6 +159,128 @@ int main(int argc, char** argv) {
       {
         Tensor x = Tensor::full({64 * 1024}, 0.5f, DType::F32), y = Tensor::empty({64 * 1024}, DType::F32);
         hw.vector_tflops = 8.0 * 64 * 1024 / time_per_call([&] { ops::gelu_forward(x, y); }) / 1e12;
+      }
+      {
+        // The step's other kernels on training-sized operands: 1024 tokens of width 1024 (a 4x
+        // MLP's 4096 for the activation), a vocabulary of 8192, 4 M parameters for the optimizer,
+        // attention at sequence 512 with head dimension 64.
+        using parallel::Device;
+        const int64_t t = 1024, h = 1024, f = 4 * h, vocab = 8192, params = 4 << 20;
+        auto full = [](const Shape& s, double v, DType dt, Device d) {
+          return d.is_meta() ? Tensor::empty(s, dt, d) : Tensor::full(s, v, dt, d);
+        };
+        std::vector<std::function<void(Device)>> kernels = {
+            [&](Device d) {
+              Tensor x = full({t, f}, 0.5, DType::F32, d), y = full({t, f}, 0, DType::F32, d);
+              ops::gelu_forward(x, y);
+            },
+            [&](Device d) {
+              Tensor x = full({t, f}, 0.5, DType::F32, d), dy = full({t, f}, 0.1, DType::F32, d),
+                     dx = full({t, f}, 0, DType::F32, d);
+              ops::gelu_backward(dy, x, dx);
+            },
+            [&](Device d) {
+              Tensor x = full({t, 2 * f}, 0.5, DType::F32, d), y = full({t, f}, 0, DType::F32, d);
+              ops::swiglu_forward(x, y);
+            },
+            [&](Device d) {
+              Tensor x = full({t, 2 * f}, 0.5, DType::F32, d), dy = full({t, f}, 0.1, DType::F32, d),
+                     dx = full({t, 2 * f}, 0, DType::F32, d);
+              ops::swiglu_backward(dy, x, dx);
+            },
+            [&](Device d) {
+              Tensor x = full({t, h}, 0.5, DType::F32, d), w = full({h}, 1, DType::F32, d),
+                     b = full({h}, 0, DType::F32, d), y = full({t, h}, 0, DType::F32, d),
+                     mean = full({t}, 0, DType::F32, d), rstd = full({t}, 0, DType::F32, d);
+              ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f);
+            },
+            [&](Device d) {
+              Tensor x = full({t, h}, 0.5, DType::F32, d), dy = full({t, h}, 0.1, DType::F32, d),
+                     w = full({h}, 1, DType::F32, d), mean = full({t}, 0.5, DType::F32, d),
+                     rstd = full({t}, 1, DType::F32, d), dx = full({t, h}, 0, DType::F32, d),
+                     dw = full({h}, 0, DType::F32, d), db = full({h}, 0, DType::F32, d);
+              ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+            },
+            [&](Device d) {
+              Tensor x = full({t, h}, 0.5, DType::F32, d), w = full({h}, 1, DType::F32, d),
+                     y = full({t, h}, 0, DType::F32, d), rstd = full({t}, 0, DType::F32, d);
+              ops::rmsnorm_forward(x, w, y, rstd, 1e-5f);
+            },
+            [&](Device d) {
+              Tensor x = full({t, h}, 0.5, DType::F32, d), dy = full({t, h}, 0.1, DType::F32, d),
+                     w = full({h}, 1, DType::F32, d), rstd = full({t}, 1, DType::F32, d),
+                     dx = full({t, h}, 0, DType::F32, d), dw = full({h}, 0, DType::F32, d);
+              ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+            },
+            [&](Device d) {
+              Tensor r = full({t, h}, 0.5, DType::F32, d), br = full({t, h}, 0.1, DType::F32, d),
+                     w = full({h}, 1, DType::F32, d), b = full({h}, 0, DType::F32, d),
+                     sum = full({t, h}, 0, DType::F32, d), y = full({t, h}, 0, DType::F32, d),
+                     mean = full({t}, 0, DType::F32, d), rstd = full({t}, 0, DType::F32, d);
+              ops::residual_norm_forward(r, br, ops::DropoutSpec{}, w, b, sum, y, mean, rstd, 1e-5f);
+            },
+            [&](Device d) {
+              Tensor dy = full({t, h}, 0.1, DType::F32, d), dres = full({t, h}, 0.1, DType::F32, d),
+                     x = full({t, h}, 0.5, DType::F32, d), w = full({h}, 1, DType::F32, d),
+                     mean = full({t}, 0.5, DType::F32, d), rstd = full({t}, 1, DType::F32, d),
+                     dx = full({t, h}, 0, DType::F32, d), dw = full({h}, 0, DType::F32, d),
+                     db = full({h}, 0, DType::F32, d), dbr = full({t, h}, 0, DType::F32, d);
+              ops::norm_backward_residual(dy, dres, x, w, mean, rstd, dx, dw, db, ops::DropoutSpec{}, dbr);
+            },
+            [&](Device d) {
+              Tensor br = full({t, h}, 0.1, DType::F32, d), r = full({t, h}, 0.5, DType::F32, d),
+                     out = full({t, h}, 0, DType::F32, d);
+              ops::dropout_add(br, r, out, ops::DropoutSpec{});
+            },
+            [&](Device d) {
+              Tensor dy = full({t, f}, 0.1, DType::F32, d), db = full({f}, 0, DType::F32, d);
+              ops::bias_backward(dy, db);
+            },
+            [&](Device d) {
+              Tensor logits = full({t, vocab}, 0.5, DType::F32, d), tg = full({t}, 3, DType::I32, d),
+                     mx = full({t}, 0, DType::F32, d), tl = full({t}, 0, DType::F32, d);
+              ops::cross_entropy_local_stats(logits, tg, 0, vocab, mx, tl);
+            },
+            [&](Device d) {
+              Tensor logits = full({t, vocab}, 0.5, DType::F32, d), mx = full({t}, 0.5, DType::F32, d),
+                     se = full({t}, 0, DType::F32, d);
+              ops::cross_entropy_sum_exp(logits, mx, 0, vocab, se);
+            },
+            [&](Device d) {
+              Tensor logits = full({t, vocab}, 0.5, DType::F32, d), tg = full({t}, 3, DType::I32, d),
+                     mx = full({t}, 0.5, DType::F32, d), se = full({t}, 8192, DType::F32, d),
+                     gs = full({t}, 1.0 / 1024, DType::F32, d), dl = full({t, vocab}, 0, DType::F32, d);
+              ops::cross_entropy_backward(logits, tg, mx, se, gs, 0, vocab, dl);
+            },
+            [&](Device d) {
+              Tensor x = full({params}, 0.01, DType::F32, d), acc = full({1}, 0, DType::F32, d);
+              ops::sum_of_squares_accumulate(x, acc);
+            },
+            [&](Device d) {
+              Tensor p = full({params}, 0.01, DType::F32, d), g = full({params}, 0.001, DType::F32, d),
+                     m = full({params}, 0, DType::F32, d), v = full({params}, 0, DType::F32, d);
+              ops::adamw_update_(p, g, m, v, ops::AdamWStep{});
+            },
+            [&](Device d) {
+              Tensor q = full({512, 1, 4, 64}, 0.1, DType::F32, d),
+                     o = full({512, 1, 4, 64}, 0, DType::F32, d), lse = full({1, 4, 512}, 0, DType::F32, d);
+              ops::attention_forward(q, q, q, o, lse, true, 0.125f);
+            },
+            [&](Device d) {
+              Tensor q = full({512, 1, 4, 64}, 0.1, DType::F32, d),
+                     o = full({512, 1, 4, 64}, 0.1, DType::F32, d),
+                     lse = full({1, 4, 512}, 5.0, DType::F32, d),
+                     dq = full({512, 1, 4, 64}, 0, DType::F32, d),
+                     dk = full({512, 1, 4, 64}, 0, DType::F32, d),
+                     dv = full({512, 1, 4, 64}, 0, DType::F32, d);
+              ops::attention_backward(o, q, q, q, o, lse, dq, dk, dv, true, 0.125f);
+            },
+        };
+        for (const auto& k : kernels) {
+          const auto [op, rate] = kernel_rate(k);
+          hw.op_tflops[op] = rate / 1e12;
+          notes += fmt::format("{}: {:.3f} GFLOP/s of its counted FLOPs\n", op, rate / 1e9);
+        }
       }
       {
         const int64_t n = 32 * 1024 * 1024;

@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
                  "with --hardware: ranks placed on each node (default: the machine's devices per node); "
                  "more than its devices time-shares them")
       ->check(CLI::Range(1, 1 << 16));
+  bool breakdown = false;
+  app.add_flag("--breakdown", breakdown,
+               "with --plan and --hardware: also print each stage's predicted compute per op kind (count, "
+               "seconds, share, rate)");
   bool search = false;
   int search_top = 5;
   app.add_flag(
@@ -84,6 +88,8 @@ int main(int argc, char** argv) {
           "pretrain_gpt: --world-size is for --plan only (training uses the ranks launched)");
     if ((!hardware_file.empty() || ranks_per_node > 0) && !plan_only)
       throw parallel::ConfigError("pretrain_gpt: --hardware and --ranks-per-node are for --plan only");
+    if (breakdown && hardware_file.empty())
+      throw parallel::ConfigError("pretrain_gpt: --breakdown needs --plan and --hardware FILE");
     if (ranks_per_node > 0 && hardware_file.empty())
       throw parallel::ConfigError("pretrain_gpt: --ranks-per-node needs --hardware FILE");
     const int world_size = plan_only && plan_world_size > 0 ? plan_world_size : rt.world_size();
@@ -125,6 +131,7 @@ int main(int argc, char** argv) {
               parallel::plan::plan_step(config, world_size, hw, ranks_per_node, cost_options);
           std::printf("time on %s (%s):\n%s", hw.name.c_str(), hardware_file.c_str(),
                       parallel::plan::step_plan_table(time).c_str());
+          if (breakdown) std::printf("%s", parallel::plan::step_plan_breakdown(time).c_str());
           // One object: the time fields first, then the memory plan's.
           std::string fields = parallel::plan::step_plan_json(time);
           fields.erase(fields.find_last_of('}'));

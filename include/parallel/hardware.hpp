@@ -10,6 +10,11 @@
 //         # of the GEMM (attention: of its per-head products); log-linear between the points,
 //         # constant beyond the ends
 //     vector_tflops: 19.5            # everything that is not a matmul (element-wise, norms)
+//     op_tflops: {gelu_forward: 0.001, adamw_update_: 0.01}
+//         # optional, per op kind: the rate of the op's counted FLOPs (ops.cpp's record_op), measured
+//         # by running that kernel (calibrate_machine); it replaces vector_tflops (or, for
+//         # attention, matmul peak x curve) for that op. Element-wise kernels differ by an order of
+//         # magnitude per counted FLOP (a tanh against an add), which one vector rate cannot say.
 //     memory_bandwidth_GBps: 1600    # achievable, one direction summed over read + write
 //     op_overhead_us: 4              # per op: launch / dispatch
 //     memory_GiB: 80
@@ -48,6 +53,7 @@ struct HardwareDescription {
   std::map<DType, double> matmul_tflops;
   std::vector<std::pair<double, double>> matmul_efficiency;  // (GEMM size, fraction), increasing size
   double vector_tflops = 0;
+  std::map<std::string, double> op_tflops;  // per op kind (may be empty)
   double memory_bandwidth_GBps = 0;
   double op_overhead_us = 0;
   double memory_GiB = 0;

@@ -90,6 +90,7 @@ class CostModel {
   const CostOptions& options() const { return options_; }
   const HardwareDescription& hardware() const { return hw_; }
   int ranks_per_node() const { return ranks_per_node_; }
+  int world_size() const { return world_size_; }
   // The fraction of one device's compute and memory bandwidth a rank gets: min(1, devices /
   // ranks_per_node) (hardware.hpp: more ranks than devices time-share them).
   double share() const { return share_; }
@@ -230,11 +231,21 @@ struct StepPlan {
   bool oversubscribed = false;
   int ranks_per_node = 0;
   double share = 1;
+  // Per representative (in `traces` order): each op kind's predicted seconds and count over the
+  // step, replays included (pretrain_gpt --plan --breakdown prints it).
+  struct OpTotal {
+    double seconds = 0;
+    double flops = 0;
+    int64_t count = 0;
+  };
+  std::vector<std::map<std::string, OpTotal>> op_breakdown;
 };
 StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& hw, int ranks_per_node = 0,
                    const CostOptions& options = {});
 // plan.json's time fields as one JSON object (step_time_s, tokens_per_s, mfu, ...).
 std::string step_plan_json(const StepPlan& p);
 std::string step_plan_table(const StepPlan& p);
+// The predicted compute per op kind of each representative, largest first.
+std::string step_plan_breakdown(const StepPlan& p);
 
 }  // namespace parallel::plan

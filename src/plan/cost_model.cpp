@@ -101,6 +101,8 @@ double CostModel::op_seconds(const OpEvent& e) const {
     }
     rate = hw_.matmul_flops(e.dtypes[0]) * hw_.matmul_efficiency_at(size) * share_;
   }
+  // The machine's measured rate of this very kernel, where the description has one.
+  if (const auto it = hw_.op_tflops.find(e.op); it != hw_.op_tflops.end()) rate = it->second * 1e12 * share_;
   const double compute = rate > 0 ? e.flops / rate : 0.0;
   return hw_.op_overhead_us * 1e-6 + std::max(compute, bytes / bw);
 }

@@ -101,7 +101,7 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   hw.name = r.need(root, "", "name").as<std::string>();
   const YAML::Node dev = r.need(root, "", "device");
   r.only_keys(dev, "device",
-              {"matmul_tflops", "matmul_efficiency", "vector_tflops", "memory_bandwidth_GBps",
+              {"matmul_tflops", "matmul_efficiency", "vector_tflops", "op_tflops", "memory_bandwidth_GBps",
                "op_overhead_us", "memory_GiB"});
   const YAML::Node mm = r.need(dev, "device", "matmul_tflops");
   if (!mm.IsMap() || mm.size() == 0) r.fail("device.matmul_tflops", "must map dtypes to TFLOP/s (fp32: 156)");
@@ -134,6 +134,13 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
     }
   }
   hw.vector_tflops = r.number(r.need(dev, "device", "vector_tflops"), "device.vector_tflops", 0);
+  if (const YAML::Node ops = dev["op_tflops"]) {
+    if (!ops.IsMap()) r.fail("device.op_tflops", "must map op names to TFLOP/s (gelu_forward: 0.001)");
+    for (const auto& kv : ops) {
+      const auto op = kv.first.as<std::string>();
+      hw.op_tflops[op] = r.number(kv.second, "device.op_tflops." + op, 0);
+    }
+  }
   hw.memory_bandwidth_GBps =
       r.number(r.need(dev, "device", "memory_bandwidth_GBps"), "device.memory_bandwidth_GBps", 0);
   hw.op_overhead_us = r.number(r.need(dev, "device", "op_overhead_us"), "device.op_overhead_us", 0, true);
@@ -182,8 +189,18 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
     }
     out += "]\n";
   }
-  out += fmt::format("  vector_tflops: {:.6g}\n  memory_bandwidth_GBps: {:.6g}\n  op_overhead_us: {:.6g}\n",
-                     hw.vector_tflops, hw.memory_bandwidth_GBps, hw.op_overhead_us);
+  out += fmt::format("  vector_tflops: {:.6g}\n", hw.vector_tflops);
+  if (!hw.op_tflops.empty()) {
+    out += "  op_tflops: {";
+    first = true;
+    for (const auto& [op, v] : hw.op_tflops) {
+      out += fmt::format("{}{}: {:.6g}", first ? "" : ", ", op, v);
+      first = false;
+    }
+    out += "}\n";
+  }
+  out += fmt::format("  memory_bandwidth_GBps: {:.6g}\n  op_overhead_us: {:.6g}\n", hw.memory_bandwidth_GBps,
+                     hw.op_overhead_us);
   if (hw.memory_GiB > 0) out += fmt::format("  memory_GiB: {:.6g}\n", hw.memory_GiB);
   out += fmt::format("node:\n  devices: {}\nlinks:\n", hw.devices_per_node);
   for (const auto& [label, l] : {std::pair{"node", hw.node_link}, std::pair{"cluster", hw.cluster_link}})

@@ -69,6 +69,16 @@ class Simulator {
   }
 
   SimulationResult run() {
+    if (cost_.oversubscribed())
+      run_shared();
+    else
+      run_dedicated();
+    return result();
+  }
+
+ private:
+  // Each rank on its own device: every rank runs as far as it can, in any order.
+  void run_dedicated() {
     for (;;) {
       bool progress = false, done = true;
       for (std::size_t i = 0; i < sims_.size(); ++i) {
@@ -89,6 +99,85 @@ class Simulator {
         PARALLEL_FAIL("step simulation: the timelines deadlock: {}", where);
       }
     }
+  }
+
+  // Ranks time-share the node's devices (processor sharing). An op span is costed at the static
+  // share (every rank of the node computing); its work on a whole device is seconds x share. At
+  // any moment the ranks that compute split the devices evenly: each progresses at min(1, devices
+  // / computing ranks on the node), while a rank blocked in a wait - a pipeline bubble, a
+  // collective waiting for its partners - leaves its core to the others (Open MPI yields the
+  // processor when idle under --oversubscribe). A representative stands for its stage's width of
+  // ranks, all computing or all blocked together (they are symmetric). With every rank computing
+  // this is the static share; it differs where stages idle in turn (fill, drain, bubbles).
+  void run_shared() {
+    const double share = cost_.share();
+    const int world = cost_.world_size();
+    const double width = static_cast<double>(world) / static_cast<double>(sims_.size());
+    const double nodes = std::max(1.0, static_cast<double>(world) / cost_.ranks_per_node());
+    const double devices = static_cast<double>(cost_.hardware().devices_per_node);
+    std::vector<double> left(sims_.size(), -1);  // work left of the op span being run; < 0: none
+    double now = 0;
+    for (;;) {
+      // Every rank that is not computing and not asleep (clock > now: blocked until a known end)
+      // runs its non-op entries; issuing may complete others' calls, so repeat until nothing moves.
+      bool moved = true;
+      while (moved) {
+        moved = false;
+        for (std::size_t i = 0; i < sims_.size(); ++i) {
+          RankSim& s = sims_[i];
+          while (left[i] < 0 && s.clock <= now && s.pc < s.timeline->size()) {
+            const SimEntry& e = (*s.timeline)[s.pc];
+            if (e.kind == TimelineEntry::Kind::Op) {
+              left[i] = e.seconds * share;
+              moved = true;
+              break;
+            }
+            if (!step(i)) break;
+            moved = true;
+          }
+        }
+      }
+      double computing = 0;
+      bool done = true;
+      for (std::size_t i = 0; i < sims_.size(); ++i) {
+        if (left[i] >= 0) computing += width;
+        if (sims_[i].pc < sims_[i].timeline->size()) done = false;
+      }
+      if (done) break;
+      const double rate = computing > 0 ? std::min(1.0, devices * nodes / computing) : 1.0;
+      double next = std::numeric_limits<double>::infinity();
+      for (std::size_t i = 0; i < sims_.size(); ++i) {
+        if (left[i] >= 0) next = std::min(next, now + left[i] / rate);
+        if (left[i] < 0 && sims_[i].clock > now) next = std::min(next, sims_[i].clock);
+      }
+      if (!std::isfinite(next)) {
+        std::string where;
+        for (const RankSim& s : sims_)
+          if (s.pc < s.timeline->size()) {
+            const SimEntry& e = (*s.timeline)[s.pc];
+            where += fmt::format(
+                "{}rank {} at entry {} ({})", where.empty() ? "" : "; ", s.rank, s.pc,
+                e.kind == TimelineEntry::Kind::Wait ? fmt::format("wait for call {}", e.call) : e.comm.str());
+          }
+        PARALLEL_FAIL("step simulation: the timelines deadlock: {}", where);
+      }
+      for (std::size_t i = 0; i < sims_.size(); ++i) {
+        if (left[i] < 0) continue;
+        RankSim& s = sims_[i];
+        const double ran = next - now;
+        s.out.compute_s += ran;
+        left[i] -= ran * rate;
+        if (left[i] <= 1e-15 || now + left[i] / rate <= next) {
+          left[i] = -1;
+          s.clock = next;
+          ++s.pc;
+        }
+      }
+      now = next;
+    }
+  }
+
+  SimulationResult result() {
     SimulationResult r;
     for (RankSim& s : sims_) {
       double end = s.clock;
@@ -107,7 +196,6 @@ class Simulator {
     return r;
   }
 
- private:
   // Advances rank i by one entry; false when it must wait for another rank.
   bool step(std::size_t i) {
     RankSim& s = sims_[i];

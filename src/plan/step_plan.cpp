@@ -79,6 +79,14 @@ StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& h
     p.hardware_flops += t.flops * stage_width;
     p.timeline_entries += t.timeline.size();
     timelines[r] = cost_timeline(t.timeline, cost);
+    auto& totals = p.op_breakdown.emplace_back();
+    for (const TimelineEntry& e : expand_timeline(t.timeline))
+      if (e.kind == TimelineEntry::Kind::Op) {
+        StepPlan::OpTotal& o = totals[e.op.op];
+        o.seconds += cost.op_seconds(e.op);
+        o.flops += e.op.flops;
+        ++o.count;
+      }
     t.timeline = {};
     p.traces.push_back(std::move(t));
   }
@@ -134,6 +142,26 @@ std::string step_plan_table(const StepPlan& p) {
     const RankTime& r = p.sim.ranks[i];
     out += fmt::format("{:>6} {:>4} {:>9.4g} {:>12.4g} {:>11.4g}\n", i, r.rank, r.end_s, r.compute_s,
                        r.bubble_s);
+  }
+  return out;
+}
+
+std::string step_plan_breakdown(const StepPlan& p) {
+  std::string out;
+  for (std::size_t i = 0; i < p.op_breakdown.size(); ++i) {
+    std::vector<std::pair<std::string, StepPlan::OpTotal>> rows(p.op_breakdown[i].begin(),
+                                                                p.op_breakdown[i].end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    double total = 0;
+    for (const auto& r : rows) total += r.second.seconds;
+    out +=
+        fmt::format("predicted compute of stage {} (rank {}): {:.4g} s\n{:>24} {:>8} {:>11} {:>7} {:>10}\n",
+                    i, p.traces[i].rank, total, "op", "count", "seconds", "share", "GFLOP/s");
+    for (const auto& [name, o] : rows)
+      out += fmt::format("{:>24} {:>8} {:>11.4g} {:>6.1f}% {:>10.3g}\n", name, o.count, o.seconds,
+                         total > 0 ? 100 * o.seconds / total : 0.0,
+                         o.seconds > 0 ? o.flops / o.seconds / 1e9 : 0.0);
   }
   return out;
 }
