@@ -167,7 +167,7 @@ class Simulator {
         const double ran = next - now;
         s.out.compute_s += ran;
         left[i] -= ran * rate;
-        if (left[i] <= 1e-15 || now + left[i] / rate <= next) {
+        if (left[i] <= 1e-12) {  // rounding: the rank whose end was `next`
           left[i] = -1;
           s.clock = next;
           ++s.pc;

@@ -112,6 +112,70 @@ TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
   EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).share(), 1.0);
 }
 
+TEST(OpCost, AMeasuredKernelRateReplacesTheVectorRateAndTheMatmulCurve) {
+  HardwareDescription hw = simple_machine();
+  hw.op_tflops = {{"gelu_forward", 0.25}, {"attention_forward", 0.5}};
+  const CostModel cost(hw, 8);
+  OpEvent g;
+  g.op = "gelu_forward";
+  g.flops = 1e12;
+  EXPECT_DOUBLE_EQ(cost.op_seconds(g), 4.0);  // 1e12 FLOPs at 0.25 TFLOP/s
+  g.op = "add";
+  EXPECT_DOUBLE_EQ(cost.op_seconds(g), 1.0);  // not listed: the vector rate
+  OpEvent a;
+  a.op = "attention_forward";
+  a.dtypes = {DType::F32};
+  a.shapes = {{1024, 1, 8, 64}};
+  a.flops = 1e12;
+  EXPECT_DOUBLE_EQ(cost.op_seconds(a), 2.0);
+  // Written and read back; a non-number is refused with its key.
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_EQ(back.op_tflops, hw.op_tflops);
+  std::string bad = hardware_yaml(hw);
+  bad.replace(bad.find("gelu_forward: 0.25"), 18, "gelu_forward: -1");
+  EXPECT_THROW(
+      {
+        try {
+          parse_hardware(bad, "bad.yaml");
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("device.op_tflops.gelu_forward must be a number > 0"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
+TEST(Simulate, OversubscribedRanksShareTheCoresOfThoseThatCompute) {
+  // Four ranks on a node of two devices (share 0.5), two stages of two ranks each. An op of 1 s of
+  // a whole device is costed 2 s at the static share.
+  HardwareDescription two = simple_machine();
+  two.devices_per_node = 2;
+  const CostModel cost(two, 4, 4);
+  // Both stages compute at once: the static share holds (2 s each).
+  std::map<int, std::vector<TimelineEntry>> both;
+  both[0] = {op(1)};
+  both[2] = {op(1)};
+  EXPECT_DOUBLE_EQ(simulate(both, cost).step_time_s, 2.0);
+  // Stage 1 waits for stage 0: while it waits, stage 0's two ranks have both cores (1 s), then
+  // stage 1 has them (1 s): 2 s, not the static share's 4 s.
+  std::map<int, std::vector<TimelineEntry>> chain;
+  chain[0] = {op(1), comm(0, "send", "pp", {0, 2}, 0, true, {2})};
+  chain[2] = {comm(0, "recv", "pp", {0, 2}, 0, true, {0}), wait(0), op(1)};
+  const SimulationResult r = simulate(chain, cost);
+  EXPECT_DOUBLE_EQ(r.step_time_s, 2.0);
+  EXPECT_DOUBLE_EQ(r.ranks[1].bubble_s, 1.0);
+  EXPECT_DOUBLE_EQ(r.ranks[0].compute_s, 1.0);
+  // In part: stage 1 has 0.5 s of work of its own first. Both compute from 0 at half a device;
+  // stage 1's op ends at 1, then stage 0 alone finishes its last 0.5 s at full speed (1.5), then
+  // stage 1 alone its 1 s (2.5).
+  std::map<int, std::vector<TimelineEntry>> part;
+  part[0] = {op(1), comm(0, "send", "pp", {0, 2}, 0, true, {2})};
+  part[2] = {op(0.5), comm(0, "recv", "pp", {0, 2}, 0, true, {0}), wait(0), op(1)};
+  EXPECT_DOUBLE_EQ(simulate(part, cost).step_time_s, 2.5);
+}
+
 TEST(Simulate, TwoStagePipelineBubble) {
   // Two stages, two micro-batches, forward only, 1 s each; messages cost nothing.
   // Stage 0: F0 [0,1] F1 [1,2]; stage 1 receives at 1 and 2: F0 [1,2] F1 [2,3]. Stage 1 idles
