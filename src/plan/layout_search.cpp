@@ -146,7 +146,14 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
   const DType dtype = compute_dtype(c.train.precision);
-  const double rate = hw.matmul_flops(dtype) * cost.share();
+  // Ranks that oversubscribe a node share its devices among those that compute (processor
+  // sharing, simulate.cpp): the last stage's ranks, computing while the others wait, may get more
+  // than the static share - up to min(1, devices / their number).
+  const double nodes = std::max(1.0, static_cast<double>(world_size) / cost.ranks_per_node());
+  const double stage_ranks = static_cast<double>(world_size) / p.pipeline;
+  const double best_share =
+      cost.oversubscribed() ? std::min(1.0, hw.devices_per_node * nodes / stage_ranks) : cost.share();
+  const double rate = hw.matmul_flops(dtype) * best_share;
   const auto gemm = [&](double mm, double n, double k) {
     return 2 * mm * n * k / (rate * hw.matmul_efficiency_at(std::cbrt(mm * n * k)));
   };
@@ -176,8 +183,8 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     g.shapes = {q, q, k, k};
     g.dtypes = {dtype, dtype, dtype, dtype};
     g.flops = 2.5 * f.flops;
-    attention_forward = cost.op_seconds(f);
-    attention_backward = cost.op_seconds(g);
+    attention_forward = cost.op_seconds(f) * cost.share() / best_share;
+    attention_backward = cost.op_seconds(g) * cost.share() / best_share;
   } else {
     const double flops =
         2.0 * m.seq_length * m.seq_length * c.train.micro_batch_size * (heads / p.tensor) * d / p.context;
