@@ -17,11 +17,12 @@
 // Pruned, in order:
 //   1. the layout rules: validate_config (the same rules a launch is held to);
 //   2. a memory lower bound: a rank holds at least its stage's weights in the compute dtype
-//      (sharded over data under optim_grads_params), AdamW's two fp32 moments (sharded under any
-//      sharding) and the fp32 gradient buffer - dense weights split over tp, routed experts over
-//      ep x etp and sharded over expert-dp, both over their HSDP shard groups under HSDP - and an
-//      activation floor; a layout whose bound exceeds the device's memory (hardware memory_GiB)
-//      goes;
+//      (sharded over data under optim_grads_params), AdamW's two fp32 moments and (bf16 / fp16)
+//      the fp32 main weights (sharded under any sharding) and the fp32 gradient buffer - dense
+//      weights split over tp, routed experts over ep x etp and sharded over expert-dp, both over
+//      their HSDP shard groups under HSDP - and the activations its in-flight micro-batches keep
+//      (kept_activation_bytes_per_layer, measured on the meta device); a layout whose bound
+//      exceeds the device's memory (hardware memory_GiB) goes;
 //   3. a time lower bound, for branch and bound: the model FLOPs of a device (plus the recomputed
 //      forward under full recompute) at the device's matmul peak times its best shape efficiency.
 //      Layouts are simulated in increasing order of that bound, and the search stops when the
@@ -81,8 +82,17 @@ struct SearchResult {
 SearchResult search_layouts(const Config& base, int world_size, const HardwareDescription& hw,
                             const SearchOptions& options = {});
 std::string layout_name(const Config& c);
-// Pruning 2's bound on a validated layout's largest rank (bytes, the allocator's peak).
+// Pruning 2's bound on a validated layout's largest rank (bytes, the allocator's peak); the second
+// form takes kept_activation_bytes_per_layer(c) (the search caches it per layer shape).
 double memory_lower_bound(const Config& c);
+double memory_lower_bound(const Config& c, double kept_per_layer);
+// The bytes one micro-batch keeps for its backward per transformer layer on a rank of the validated
+// layout c, measured, not written down: the model's first layers run forward on the meta device
+// (the layout's tp, sp, cp, ep, recompute, micro-batch, precision and dropout) and the meta
+// allocator's live bytes after one more layer's forward, less before, are the layer's. Dense and
+// MoE layers: the smaller. It depends on the layout only through the layer's shape on a rank
+// (tp, sp, cp and its communication, ep, etp, recompute, micro-batch), not pp, dp or sharding.
+double kept_activation_bytes_per_layer(const Config& c);
 std::string search_table(const SearchResult& r);
 std::string search_json(const SearchResult& r, int world_size, const std::string& hardware);
 

@@ -51,6 +51,7 @@ struct RankMemoryPlan {
 
 struct MemoryPlan {
   std::vector<RankMemoryPlan> ranks;  // by world rank
+  bool complete = true;               // false: stopped early (MetaPlanOptions::stop_above_allocator_bytes)
   const RankMemoryPlan& largest() const;
 };
 
@@ -76,6 +77,12 @@ struct MetaPlanOptions {
   // 2 and 4 layers (periods of the MoE pattern) and every figure is extrapolated linearly to the
   // configured count (0: always run every layer).
   int max_layers = 16;
+  // > 0: whether the layout fits, not its whole plan (the layout search's question). Stages are
+  // planned in the order first, last, then the rest, and the plan stops at the first stage whose
+  // allocator bytes exceed this: its ranks are then the ones of the stages planned so far
+  // (`complete` false; the largest of them exceeds the limit). A plan where every stage stays at or
+  // under it is complete and the same as without it.
+  double stop_above_allocator_bytes = 0;
 };
 MemoryPlan plan_memory_on_meta(const Config& config, int world_size, const MetaPlanOptions& options = {});
 

@@ -69,12 +69,14 @@ LayerWeights layer_weights(const ModelConfig& m, int layer, const ParallelConfig
 // Lower bound on a rank's bytes (layout_search.hpp, pruning 2): the fewest layers a stage holds, their
 // weights, fp32 gradients and AdamW moments, and the activations the first stage keeps at the peak of its
 // schedule: under 1F1B and interleaving it runs min(pp, micro-batches) forwards before its first backward,
-// and keeps, per layer and token of each, at least the layer's input (full recompute keeps only that; [s, b,
-// h] split over tp under sequence parallelism), and without full recompute also the attention's q, k and v
-// and the MLP's first output (which the backward reads).
+// each keeping per layer what kept_activation_bytes_per_layer measured.
 }  // namespace
 
 double memory_lower_bound(const Config& c) {
+  return memory_lower_bound(c, kept_activation_bytes_per_layer(c));
+}
+
+double memory_lower_bound(const Config& c, double kept_per_layer) {
   const ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
   const int stages = p.pipeline;
@@ -101,27 +103,24 @@ double memory_lower_bound(const Config& c) {
   const double value_bytes = static_cast<double>(dtype_size(compute_dtype(c.train.precision)));
   const double values = held(s == Sharding::OptimGradsParams) * value_bytes;
   const double moments = c.optimizer.type == OptimizerType::AdamW ? held(s != Sharding::None) * 8 : 0.0;
-  double activations = 0;
-  if (m.num_experts == 0 && !m.is_mla()) {
-    const double h = m.hidden_size, tp = p.tensor, sp = p.sequence_parallel ? tp : 1.0;
-    const double groups = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
-    const double kv = h / m.num_attention_heads * groups;
-    const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * h;
-    const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
-    double per_token = h / sp;
-    if (c.train.recompute != Recompute::Full) per_token += (h + 2 * kv) / tp + gated * ffn / tp;
-    const double micro_batches = static_cast<double>(c.train.global_batch_size) /
-                                 (static_cast<double>(c.train.micro_batch_size) * p.data);
-    const bool one_f_one_b = p.pipeline_schedule == PipelineSchedule::OneFOneB ||
-                             p.pipeline_schedule == PipelineSchedule::Interleaved;
-    const double in_flight = one_f_one_b ? std::min<double>(stages, micro_batches) : 1.0;
-    const double tokens = static_cast<double>(c.train.micro_batch_size) * m.seq_length / p.context;
-    activations = layers * in_flight * tokens * per_token * value_bytes;
-  }
+  // Under bf16 / fp16 the optimizer updates fp32 main weights (adamw.cpp), sharded with its state.
+  const double main_weights = c.train.precision != Precision::FP32 ? held(s != Sharding::None) * 4 : 0.0;
+  const double micro_batches = static_cast<double>(c.train.global_batch_size) /
+                               (static_cast<double>(c.train.micro_batch_size) * p.data);
+  // The first stage's forwards before its first backward (pipeline/schedules.cpp): pp - 1 warm-up
+  // forwards and one more under 1F1B and ZB-H1, more chunk forwards under interleaving, and under
+  // ZB-V 2 pp - 1 forwards of its first chunk and one of its second (half the stage's layers
+  // each): at least min(pp, micro-batches) micro-batches of the whole stage's layers.
+  const bool warms_up = p.pipeline_schedule == PipelineSchedule::OneFOneB ||
+                        p.pipeline_schedule == PipelineSchedule::Interleaved ||
+                        p.pipeline_schedule == PipelineSchedule::ZeroBubbleH1 ||
+                        p.pipeline_schedule == PipelineSchedule::ZeroBubbleV;
+  const double in_flight = warms_up ? std::min<double>(stages, micro_batches) : 1.0;
+  const double activations = layers * in_flight * kept_per_layer;
   // DataParallel's fp32 gradient buffer (grad_buffer.cpp), sharded with the gradients.
   const bool grads_sharded = s == Sharding::OptimGrads || s == Sharding::OptimGradsParams;
   const double gradients = held(grads_sharded) * 4;
-  return values + moments + gradients + activations;
+  return values + moments + main_weights + gradients + activations;
 }
 
 namespace {
@@ -268,12 +267,33 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     e.kind = sharding == Sharding::None ? "all_reduce" : "reduce_scatter";
     reduction = cost.collective_seconds(e);
   }
+  // HSDP: each shard the shard group reduced is then all-reduced over the replicas (the dp ranks
+  // holding the same shard, one per shard group; DataParallel's dp_replica group), fp32, by a call
+  // that blocks the rank's compute stream: once a step after the last backward with unsharded
+  // gradients (optim), after every micro-batch's backward with sharded ones.
+  double replica = 0;
+  const int replicas = hsdp > 0 ? p.data / hsdp : 1;
+  if (m.num_experts == 0 && p.context == 1 && replicas > 1 && sharding != Sharding::None) {
+    CommEvent e;
+    e.group = "dp_replica";
+    for (int j = 0; j < replicas; ++j)
+      e.ranks.push_back(grid.rank(Coord{.dp = j * hsdp, .pp = p.pipeline - 1}));
+    e.bytes = static_cast<int64_t>(stage_weights * 4 / hsdp);
+    e.dtype = DType::F32;
+    e.kind = "all_reduce";
+    replica = cost.collective_seconds(e);
+  }
+  const bool grads_every_micro_batch =
+      sharding == Sharding::OptimGrads || sharding == Sharding::OptimGradsParams;
+  const double replica_per_micro_batch = grads_every_micro_batch ? replica : 0.0;
+  const double replica_per_step = grads_every_micro_batch ? 0.0 : replica;
   // The reduction follows the last backward of the stage that reduces last: the first stage after
   // the drain (1F1B, interleaved: its gradients start reducing after its own last backward), or
   // the last stage.
-  const double compute_bound =
-      fill + micro_batches * (forward + forward_comm + backward + recompute + output_layer) + drain +
-      reduction;
+  const double compute_bound = fill +
+                               micro_batches * (forward + forward_comm + backward + recompute + output_layer +
+                                                replica_per_micro_batch) +
+                               drain + reduction + replica_per_step;
   // The shard group's stream runs its calls one after another within the step:
   // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
   // micro-batch, so every micro-batch's backward reduce-scatters the stage's fp32 gradients
@@ -344,6 +364,24 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     double bound = 0;
   };
   std::vector<Candidate> candidates;
+  // The measured activations per layer, by the layer's shape on a rank (everything else is the
+  // base's): a few dozen meta runs per search instead of one per layout.
+  std::map<std::string, double> kept_cache;
+  const auto kept_per_layer = [&](const Config& c) {
+    const ParallelConfig& p = c.parallel;
+    const std::string key =
+        fmt::format("tp{} sp{} cp{} {} ep{} etp{} {} mb{}", p.tensor, p.sequence_parallel, p.context,
+                    context_comm_name(p.context_comm), p.expert, p.expert_tensor,
+                    recompute_name(c.train.recompute), c.train.micro_batch_size);
+    auto at = kept_cache.find(key);
+    if (at == kept_cache.end()) {
+      at = kept_cache.emplace(key, kept_activation_bytes_per_layer(c)).first;
+      if (std::getenv("PARALLEL_SEARCH_TRACE"))
+        fmt::print(stderr, "search: {} keeps {:.4g} MiB per layer and micro-batch (measured on meta)\n", key,
+                   at->second / 1048576.0);
+    }
+    return at->second;
+  };
   std::vector<int> contexts{1};
   if (m.seq_length >= 8192)
     for (int cp : {2, 4, 8}) contexts.push_back(cp);
@@ -423,7 +461,7 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
                           continue;
                         }
                         if (result.memory_limit_bytes > 0 &&
-                            memory_lower_bound(c) > result.memory_limit_bytes) {
+                            memory_lower_bound(c, kept_per_layer(c)) > result.memory_limit_bytes) {
                           ++result.rejected_by_memory_bound;
                           continue;
                         }
@@ -477,11 +515,19 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     planned.insert(name);
     int64_t peak = -1;
     const auto fits = [&] {
-      const MemoryPlan mem = plan_memory(c, world_size);
+      // Stopped at the first stage above the limit: a layout that does not fit costs one stage's
+      // run, not pp of them (the plan of one that fits is whole).
+      const MemoryPlan mem =
+          plan_memory_on_meta(c, world_size, {.stop_above_allocator_bytes = result.memory_limit_bytes});
       ++result.memory_plans;
       peak = 0;
       for (const RankMemoryPlan& r : mem.ranks) peak = std::max(peak, r.allocator_bytes);
       if (result.memory_limit_bytes > 0 && static_cast<double>(peak) > result.memory_limit_bytes) {
+        if (std::getenv("PARALLEL_SEARCH_TRACE"))
+          fmt::print(stderr,
+                     "search: bound {:.4g} s, does not fit: {:.4g} GiB (memory bound {:.4g} GiB), {}\n",
+                     bound, static_cast<double>(peak) / (1 << 30),
+                     memory_lower_bound(c, kept_per_layer(c)) / (1 << 30), name);
         ++result.rejected_by_memory;
         return false;
       }
@@ -520,7 +566,8 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     } catch (const Error&) {
       valid = false;
     }
-    if (valid && (result.memory_limit_bytes <= 0 || memory_lower_bound(c) <= result.memory_limit_bytes))
+    if (valid && (result.memory_limit_bytes <= 0 ||
+                  memory_lower_bound(c, kept_per_layer(c)) <= result.memory_limit_bytes))
       evaluate(c, time_lower_bound(c, cost, world_size));
   }
   for (Candidate& cand : candidates) {

@@ -522,11 +522,18 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size, const MetaPlanOp
   const int chunks = c.parallel.pipeline * c.parallel.virtual_stages;
   const bool extrapolate = options.max_layers > 0 && layers > options.max_layers && 4 * period < layers;
   std::map<int, RankMemoryPlan> by_stage;
-  for (int rank = 0; rank < world_size; ++rank) {
-    // One run per pipeline stage: its first rank. The other ranks of a stage hold equal shares of
-    // equal tensors (tp, cp, dp and ep positions differ in which share, not its size).
+  // One run per pipeline stage: its first rank. The other ranks of a stage hold equal shares of
+  // equal tensors (tp, cp, dp and ep positions differ in which share, not its size). First and
+  // last first: they hold the embedding and the output layer, and the first the most micro-batches
+  // in flight, so a plan asked to stop above a limit usually stops after one run.
+  const int stages = c.parallel.pipeline;
+  std::vector<int> order{0};
+  if (stages > 1) order.push_back(stages - 1);
+  for (int pp = 1; pp + 1 < stages; ++pp) order.push_back(pp);
+  bool complete = true;
+  for (int pp : order) {
+    const int rank = grid.rank(Coord{.pp = pp});
     const Coord coord = grid.coord(rank);
-    if (by_stage.count(coord.pp) != 0) continue;
     MetaRun m;
     if (!extrapolate) {
       m = run_on_meta(run, rank, world_size);
@@ -576,11 +583,19 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size, const MetaPlanOp
       r.peak_bytes += term.bytes;
       if (term.name != "schedule") r.allocator_bytes += term.bytes;
     }
+    const bool above = options.stop_above_allocator_bytes > 0 &&
+                       static_cast<double>(r.allocator_bytes) > options.stop_above_allocator_bytes;
     by_stage[coord.pp] = std::move(r);
+    if (above) {
+      complete = false;
+      break;
+    }
   }
   MemoryPlan plan;
+  plan.complete = complete;
   for (int rank = 0; rank < world_size; ++rank) {
     const Coord coord = grid.coord(rank);
+    if (by_stage.count(coord.pp) == 0) continue;
     RankMemoryPlan r = by_stage.at(coord.pp);
     r.rank = rank;
     r.tp = coord.tp;

@@ -185,5 +185,78 @@ data: {path: synthetic}
       all.enumerated, all.top.size(), etp, hsdp, r.simulated, limit / (1 << 20), r.top.front().layout);
 }
 
+// The memory bound's activations are measured (kept_activation_bytes_per_layer: layers run on the
+// meta device), not listed by hand: on a model whose activations outweigh its weights (sequence 256,
+// dropout), under every pipeline schedule the search enumerates, tp with sequence parallelism and
+// each recompute, the bound stays below the memory plan's largest rank, and without full recompute
+// it accounts for most of the plan's activations term (the hand-written floor it replaced counted
+// the layer input, q, k, v and the MLP's first output: about half here, a quarter or less at scale).
+TEST(LayoutSearch, MemoryBoundCountsTheMeasuredActivations) {
+  const Config base = parse_config(R"(
+model: {num_layers: 8, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 256, dropout: 0.1}
+train: {micro_batch_size: 1, global_batch_size: 32, steps: 1, precision: bf16}
+data: {path: synthetic}
+)",
+                                   {}, 1);
+  int checked = 0;
+  for (int tp : {1, 2})
+    for (int pp : {2, 4})
+      for (PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved,
+                                        PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV})
+        for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+          if (tp * pp > 4) continue;
+          Config c = base;
+          c.parallel.tensor = tp;
+          c.parallel.sequence_parallel = tp > 1;
+          c.parallel.pipeline = pp;
+          c.parallel.pipeline_schedule = schedule;
+          const bool chunks =
+              schedule == PipelineSchedule::Interleaved || schedule == PipelineSchedule::ZeroBubbleV;
+          c.parallel.virtual_stages = chunks ? 2 : 1;
+          c.parallel.data = 0;
+          c.train.recompute = recompute;
+          validate_config(c, 4);
+          const std::string name = layout_name(c);
+          int64_t peak = 0, activations = 0;
+          for (const RankMemoryPlan& r : plan_memory(c, 4).ranks)
+            if (r.allocator_bytes > peak) {
+              peak = r.allocator_bytes;
+              for (const MemoryTerm& t : r.terms)
+                if (t.name == "activations") activations = t.bytes;
+            }
+          const double kept = kept_activation_bytes_per_layer(c);
+          EXPECT_GT(kept, 0) << name;
+          const double bound = memory_lower_bound(c, kept);
+          EXPECT_EQ(bound, memory_lower_bound(c)) << name;
+          EXPECT_LE(bound, static_cast<double>(peak)) << name;
+          if (recompute != Recompute::Full)
+            EXPECT_GE(bound - memory_lower_bound(c, 0), 0.6 * static_cast<double>(activations)) << name;
+          ++checked;
+        }
+  EXPECT_EQ(checked, 36);
+}
+
+// The search asks the memory plan only whether a layout fits (MetaPlanOptions::
+// stop_above_allocator_bytes): at the largest rank's peak the plan is whole and the same; a byte
+// below it, it stops at a stage above the limit.
+TEST(LayoutSearch, MemoryPlanStopsAboveTheLimit) {
+  Config c = model();
+  c.parallel.pipeline = 4;
+  c.parallel.data = 0;
+  validate_config(c, 4);
+  const MemoryPlan whole = plan_memory(c, 4);
+  const int64_t peak = largest(c, 4);
+  const MemoryPlan at = plan_memory_on_meta(c, 4, {.stop_above_allocator_bytes = static_cast<double>(peak)});
+  EXPECT_TRUE(at.complete);
+  ASSERT_EQ(at.ranks.size(), whole.ranks.size());
+  for (std::size_t i = 0; i < at.ranks.size(); ++i)
+    EXPECT_EQ(at.ranks[i].allocator_bytes, whole.ranks[i].allocator_bytes);
+  const MemoryPlan below =
+      plan_memory_on_meta(c, 4, {.stop_above_allocator_bytes = static_cast<double>(peak - 1)});
+  EXPECT_FALSE(below.complete);
+  EXPECT_LT(below.ranks.size(), whole.ranks.size());
+  EXPECT_EQ(below.largest().allocator_bytes, peak);
+}
+
 }  // namespace
 }  // namespace parallel::plan
