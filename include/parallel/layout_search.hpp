@@ -23,18 +23,22 @@
 //      their HSDP shard groups under HSDP - and the activations its in-flight micro-batches keep
 //      (kept_activation_bytes_per_layer, measured on the meta device); a layout whose bound
 //      exceeds the device's memory (hardware memory_GiB) goes;
-//   3. a time lower bound, for branch and bound: the model FLOPs of a device (plus the recomputed
-//      forward under full recompute) at the device's matmul peak times its best shape efficiency.
-//      Layouts are simulated in increasing order of that bound, and the search stops when the
-//      bound reaches the k-th best predicted step time;
+//   3. a time lower bound, for branch and bound: the last stage's compute stream (its GEMMs and
+//      attention as the cost model prices them, tensor parallelism's forward collectives, the
+//      pipeline's fill and drain, the gradient reduction after the last backward, and under HSDP
+//      the replicas' blocking all-reduce of each shard) or the shard group's stream, the larger
+//      (docs/planner.md, "Search"). Layouts are simulated in increasing order of that bound, and
+//      the search stops when the bound reaches the k-th best predicted step time;
 //   4. recompute dominance: more recompute adds compute and no communication, so it is assumed
 //      never to make a layout faster; a layout is tried with selective (full) recompute only when
 //      the same layout with none (selective) did not fit memory;
-//   5. memory: each layout gets the memory plan (plan_memory, the meta run) before its simulation
-//      and is kept only when its largest rank fits. Memory is assumed monotone in the micro-batch
-//      and the recompute: a layout that did not fit rules out, unplanned and unsimulated, the same
-//      layout and sharding with a larger micro-batch and weaker recompute. (Not in the sharding
-//      mode: with one OpenMP thread a zb-v layout fitted under optim, the same with more sharding not.)
+//   5. memory: before its simulation a layout's first and last stage are memory-planned
+//      (plan_memory_on_meta, the meta run, stopped at the first stage above the limit), and after
+//      it, only when it would enter the top k, every stage; it is kept only when its largest rank
+//      fits. Memory is assumed monotone in the micro-batch and the recompute: a layout that did not
+//      fit rules out, unplanned and unsimulated, the same layout and sharding with a larger
+//      micro-batch and weaker recompute. (Not in the sharding mode: with one OpenMP thread a zb-v
+//      layout fitted under optim, the same with more sharding not.)
 // Ranked by the predicted step time of plan_step (the same figure `--plan` reports for the layout).
 #include <string>
 #include <vector>

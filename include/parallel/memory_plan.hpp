@@ -51,7 +51,7 @@ struct RankMemoryPlan {
 
 struct MemoryPlan {
   std::vector<RankMemoryPlan> ranks;  // by world rank
-  bool complete = true;               // false: stopped early (MetaPlanOptions::stop_above_allocator_bytes)
+  bool complete = true;  // false: stages left out (MetaPlanOptions::stop_above_allocator_bytes, max_stages)
   const RankMemoryPlan& largest() const;
 };
 
@@ -83,6 +83,9 @@ struct MetaPlanOptions {
   // (`complete` false; the largest of them exceeds the limit). A plan where every stage stays at or
   // under it is complete and the same as without it.
   double stop_above_allocator_bytes = 0;
+  // > 0: plan at most this many stages, in that order (the search's quick check: the first and
+  // last stage); `complete` is false when stages were left out.
+  int max_stages = 0;
 };
 MemoryPlan plan_memory_on_meta(const Config& config, int world_size, const MetaPlanOptions& options = {});
 

@@ -506,41 +506,49 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
         return true;
     return false;
   };
-  // Plans one layout: memory first (a layout that does not fit costs no simulation; at scale most
-  // layouts the bounds leave are the ones that do not fit, and a memory plan costs about what a
-  // simulation does). Returns false when it does not fit.
+  // Plans one layout: memory first, as a quick check of the first and last stage (they hold the
+  // embedding and the output layer, and the first the most micro-batches in flight), stopped at
+  // the first above the limit: a layout that does not fit usually costs one stage's meta run and
+  // no simulation (at scale most layouts the bounds leave do not fit). Then the simulation, and
+  // only for a layout that would enter the top k, the whole memory plan (every stage). Returns
+  // false when it does not fit, true when it fits or its step is no better than the k-th (a
+  // stronger recompute of it can be no faster).
   std::set<std::string> planned;
+  double memory_seconds = 0, simulate_seconds = 0;  // for PARALLEL_SEARCH_TRACE
   const auto evaluate = [&](Config c, double bound) {
     const std::string name = layout_name(c);
     planned.insert(name);
-    int64_t peak = -1;
-    const auto fits = [&] {
-      // Stopped at the first stage above the limit: a layout that does not fit costs one stage's
-      // run, not pp of them (the plan of one that fits is whole).
-      const MemoryPlan mem =
-          plan_memory_on_meta(c, world_size, {.stop_above_allocator_bytes = result.memory_limit_bytes});
+    int64_t peak = -1;  // the whole plan's largest rank, once planned
+    const auto fits = [&](int max_stages) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const MemoryPlan mem = plan_memory_on_meta(
+          c, world_size, {.stop_above_allocator_bytes = result.memory_limit_bytes, .max_stages = max_stages});
+      memory_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ++result.memory_plans;
-      peak = 0;
-      for (const RankMemoryPlan& r : mem.ranks) peak = std::max(peak, r.allocator_bytes);
-      if (result.memory_limit_bytes > 0 && static_cast<double>(peak) > result.memory_limit_bytes) {
+      int64_t largest = 0;
+      for (const RankMemoryPlan& r : mem.ranks) largest = std::max(largest, r.allocator_bytes);
+      if (mem.complete) peak = largest;
+      if (result.memory_limit_bytes > 0 && static_cast<double>(largest) > result.memory_limit_bytes) {
         if (std::getenv("PARALLEL_SEARCH_TRACE"))
           fmt::print(stderr,
                      "search: bound {:.4g} s, does not fit: {:.4g} GiB (memory bound {:.4g} GiB), {}\n",
-                     bound, static_cast<double>(peak) / (1 << 30),
+                     bound, static_cast<double>(largest) / (1 << 30),
                      memory_lower_bound(c, kept_per_layer(c)) / (1 << 30), name);
         ++result.rejected_by_memory;
         return false;
       }
       return true;
     };
-    if (!options.exhaustive && !fits()) return false;
+    if (!options.exhaustive && !fits(2)) return false;
+    const auto t0 = std::chrono::steady_clock::now();
     const StepPlan p = plan_step(c, world_size, hw, options.ranks_per_node, options.cost);
+    simulate_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++result.simulated;
     if (std::getenv("PARALLEL_SEARCH_TRACE"))
       fmt::print(stderr, "search: bound {:.4g} s, step {:.4g} s ({:.3f} x), {}\n", bound, p.sim.step_time_s,
                  p.sim.step_time_s / bound, name);
     if (p.sim.step_time_s >= kth() && !options.exhaustive) return true;
-    if (peak < 0 && !fits()) return false;
+    if (peak < 0 && !fits(0)) return false;
     SearchedLayout s;
     s.layout = name;
     s.config = std::move(c);
@@ -589,6 +597,9 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     if (!fit) too_big[frame(config)].push_back(config);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (std::getenv("PARALLEL_SEARCH_TRACE"))
+    fmt::print(stderr, "search: {:.1f} s, of which {:.1f} s memory plans, {:.1f} s simulations\n",
+               result.seconds, memory_seconds, simulate_seconds);
   return result;
 }
 

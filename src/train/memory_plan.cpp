@@ -532,6 +532,10 @@ MemoryPlan plan_memory_on_meta(const Config& c, int world_size, const MetaPlanOp
   for (int pp = 1; pp + 1 < stages; ++pp) order.push_back(pp);
   bool complete = true;
   for (int pp : order) {
+    if (options.max_stages > 0 && static_cast<int>(by_stage.size()) >= options.max_stages) {
+      complete = false;
+      break;
+    }
     const int rank = grid.rank(Coord{.pp = pp});
     const Coord coord = grid.coord(rank);
     MetaRun m;
