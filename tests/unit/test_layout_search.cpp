@@ -236,6 +236,30 @@ data: {path: synthetic}
   EXPECT_EQ(checked, 36);
 }
 
+// MoE (every second layer, ep enumerated): the measured activations take the smaller of a
+// dense and a MoE layer, and the bound stays below the plan on every layout of a brute force.
+TEST(LayoutSearch, MemoryBoundHoldsOnMoE) {
+  const Config c = parse_config(R"(
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 128,
+        num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_layer_freq: 2}
+train: {micro_batch_size: 1, global_batch_size: 8, steps: 1, precision: bf16}
+data: {path: synthetic}
+)",
+                                {}, 1);
+  SearchOptions o;
+  o.top_k = 1 << 20;
+  o.exhaustive = true;
+  o.micro_batch_sizes = {1};
+  const SearchResult all = search_layouts(c, 4, machine(1e6), o);
+  ASSERT_GT(all.top.size(), 10u);
+  int moe = 0;
+  for (const SearchedLayout& s : all.top) {
+    EXPECT_LE(memory_lower_bound(s.config), static_cast<double>(s.peak_bytes)) << s.layout;
+    moe += s.config.parallel.expert > 1;
+  }
+  EXPECT_GT(moe, 0);
+}
+
 // The search asks the memory plan only whether a layout fits (MetaPlanOptions::
 // stop_above_allocator_bytes): at the largest rank's peak the plan is whole and the same; a byte
 // below it, it stops at a stage above the limit.
