@@ -78,7 +78,8 @@ struct SearchedLayout {
 struct SearchResult {
   std::vector<SearchedLayout> top;  // fastest first
   int enumerated = 0, rejected_by_rules = 0, rejected_by_memory_bound = 0, dominated = 0, simulated = 0,
-      rejected_by_memory = 0, implied_too_big = 0, memory_plans = 0;
+      rejected_by_memory = 0, implied_too_big = 0,
+      memory_plans = 0;  // quick checks (first and last stage) and whole plans
   double seconds = 0;
   double memory_limit_bytes = 0;  // 0: the hardware states none, nothing is rejected for memory
 };
