@@ -497,12 +497,21 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     k.optimizer.sharding = Sharding::None;
     k.optimizer.distributed = false;
     k.optimizer.overlap_param_gather = false;
+    k.optimizer.sharding_group_size = 0;
     return layout_name(k);
+  };
+  // The ranks the state is sharded over: an HSDP shard group, or all of dp x cp. A smaller group
+  // leaves each rank a larger share of the same state (and the same activations), so HSDP's group
+  // size is taken as monotone too: a layout that did not fit rules out its smaller groups.
+  const auto shard_ranks = [](const Config& c) {
+    return c.optimizer.sharding_group_size > 0 ? c.optimizer.sharding_group_size
+                                               : c.parallel.data * c.parallel.context;
   };
   const auto known_too_big = [&](const Config& c) {
     for (const Config& y : too_big[frame(c)])
       if (y.train.micro_batch_size <= c.train.micro_batch_size &&
-          y.optimizer.sharding == c.optimizer.sharding && y.train.recompute >= c.train.recompute)
+          y.optimizer.sharding == c.optimizer.sharding && y.train.recompute >= c.train.recompute &&
+          shard_ranks(y) >= shard_ranks(c))
         return true;
     return false;
   };
