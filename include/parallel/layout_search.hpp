@@ -35,10 +35,11 @@
 //   5. memory: before its simulation a layout's first and last stage are memory-planned
 //      (plan_memory_on_meta, the meta run, stopped at the first stage above the limit), and after
 //      it, only when it would enter the top k, every stage; it is kept only when its largest rank
-//      fits. Memory is assumed monotone in the micro-batch and the recompute: a layout that did not
-//      fit rules out, unplanned and unsimulated, the same layout and sharding with a larger
-//      micro-batch and weaker recompute. (Not in the sharding mode: with one OpenMP thread a zb-v
-//      layout fitted under optim, the same with more sharding not.)
+//      fits. Memory is assumed monotone in the micro-batch, the recompute and the HSDP group: a
+//      layout that did not fit rules out, unplanned and unsimulated, the same layout and sharding
+//      with a larger micro-batch, weaker recompute and no larger shard group. (Not in the
+//      sharding mode: with one OpenMP thread a zb-v layout fitted under optim, the same with more
+//      sharding not.)
 // Ranked by the predicted step time of plan_step (the same figure `--plan` reports for the layout).
 #include <string>
 #include <vector>
