@@ -88,15 +88,7 @@ class Simulator {
       }
       if (done) break;
       if (!progress) {
-        std::string where;
-        for (const RankSim& s : sims_)
-          if (s.pc < s.timeline->size()) {
-            const SimEntry& e = (*s.timeline)[s.pc];
-            where += fmt::format(
-                "{}rank {} at entry {} ({})", where.empty() ? "" : "; ", s.rank, s.pc,
-                e.kind == TimelineEntry::Kind::Wait ? fmt::format("wait for call {}", e.call) : e.comm.str());
-          }
-        PARALLEL_FAIL("step simulation: the timelines deadlock: {}", where);
+        PARALLEL_FAIL("step simulation: the timelines deadlock: {}", blocked_ranks());
       }
     }
   }
@@ -151,15 +143,7 @@ class Simulator {
         if (left[i] < 0 && sims_[i].clock > now) next = std::min(next, sims_[i].clock);
       }
       if (!std::isfinite(next)) {
-        std::string where;
-        for (const RankSim& s : sims_)
-          if (s.pc < s.timeline->size()) {
-            const SimEntry& e = (*s.timeline)[s.pc];
-            where += fmt::format(
-                "{}rank {} at entry {} ({})", where.empty() ? "" : "; ", s.rank, s.pc,
-                e.kind == TimelineEntry::Kind::Wait ? fmt::format("wait for call {}", e.call) : e.comm.str());
-          }
-        PARALLEL_FAIL("step simulation: the timelines deadlock: {}", where);
+        PARALLEL_FAIL("step simulation: the timelines deadlock: {}", blocked_ranks());
       }
       for (std::size_t i = 0; i < sims_.size(); ++i) {
         if (left[i] < 0) continue;
@@ -197,6 +181,19 @@ class Simulator {
   }
 
   // Advances rank i by one entry; false when it must wait for another rank.
+  // Each rank still short of its timeline's end, and the entry it is stuck at.
+  std::string blocked_ranks() const {
+    std::string where;
+    for (const RankSim& s : sims_)
+      if (s.pc < s.timeline->size()) {
+        const SimEntry& e = (*s.timeline)[s.pc];
+        where += fmt::format(
+            "{}rank {} at entry {} ({})", where.empty() ? "" : "; ", s.rank, s.pc,
+            e.kind == TimelineEntry::Kind::Wait ? fmt::format("wait for call {}", e.call) : e.comm.str());
+      }
+    return where;
+  }
+
   bool step(std::size_t i) {
     RankSim& s = sims_[i];
     const SimEntry& e = (*s.timeline)[s.pc];
