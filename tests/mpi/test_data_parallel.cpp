@@ -33,7 +33,13 @@ namespace {
 
 using testing::rel_err;
 using testing::world;
-constexpr double kTol = 1e-5;
+constexpr double kTol = 1e-5;  // gradient norms and clip coefficients, every step
+// Parameters after kSteps AdamW steps. Adam divides each gradient by its own magnitude, so an
+// element whose gradient nearly cancels over the tokens turns rounding noise into an update of
+// order lr: the worst parameter (a tp2 layout's MLP bias) moves with every rounding change of the
+// kernels (6.1e-6 before the AVX2 exp and attention-tile kernels, 1.25e-5 after; every other
+// parameter stays within 4.5e-6, the median 1.8e-7), while the gradient norms still agree to 1e-5.
+constexpr double kParamTol = 2e-5;
 constexpr int kGlobalBatch = 8;  // sequences per step; micro-batches of one sequence
 constexpr int kSteps = 5;
 
@@ -183,7 +189,7 @@ TEST_P(DataParallelParity, MatchesOneRankWithTheGlobalBatch) {
       EXPECT_LE(diff, 1e-3 * oc.lr * kSteps) << p->name << " on rank " << world().rank();
       continue;
     }
-    EXPECT_LE(rel_err(p->value, expected), kTol) << p->name << " on rank " << world().rank();
+    EXPECT_LE(rel_err(p->value, expected), kParamTol) << p->name << " on rank " << world().rank();
   }
 }
 
