@@ -8,13 +8,24 @@
 //     matmul_efficiency: [[128, 0.2], [1024, 0.6], [8192, 0.8]]
 //         # fraction of that peak a GEMM reaches, by its size: the geometric mean (m n k)^(1/3)
 //         # of the GEMM (attention: of its per-head products); log-linear between the points,
-//         # constant beyond the ends
+//         # constant beyond the ends. One list serves every dtype; or one curve per dtype, each a
+//         # fraction of that dtype's peak (fp32 required: the fallback):
+//         #   matmul_efficiency: {fp32: [[32, 0.24], [192, 1]], bf16: [[32, 0.2], [768, 1]]}
 //     vector_tflops: 19.5            # everything that is not a matmul (element-wise, norms)
 //     op_tflops: {gelu_forward: 0.001, adamw_update_: 0.01}
 //         # optional, per op kind: the rate of the op's counted FLOPs (ops.cpp's record_op), measured
 //         # by running that kernel (calibrate_machine); it replaces vector_tflops (or, for
 //         # attention, matmul peak x curve) for that op. Element-wise kernels differ by an order of
 //         # magnitude per counted FLOP (a tanh against an add), which one vector rate cannot say.
+//         # One map serves every dtype; or one map per dtype (a 16-bit kernel widens and narrows
+//         # its blocks, and runs at its own rate):
+//         #   op_tflops: {fp32: {gelu_forward: 0.006}, bf16: {gelu_forward: 0.004}}
+//
+// An op's dtype (plan::op_dtype, step_cost.hpp) is the first 16-bit or 8-bit floating dtype among its
+// operands, read then written, else fp32: the kernel runs its 16-bit variant when any operand is 16-bit
+// (AdamW writing the model's bf16 copy, cross-entropy on bf16 logits). Its curve is that dtype's, else
+// fp32's; its kernel rate that dtype's entry for the op, else fp32's entry, else the matmul peak of
+// the dtype x its curve (matmul ops) or vector_tflops (the rest).
 //     memory_bandwidth_GBps: 1600    # achievable, one direction summed over read + write
 //     op_overhead_us: 4              # per op: launch / dispatch
 //     memory_GiB: 80
@@ -50,10 +61,13 @@ struct LinkLevel {
 struct HardwareDescription {
   std::string name;
   std::string file;  // where it was read from ("" when built in code)
+  using EfficiencyCurve = std::vector<std::pair<double, double>>;  // (GEMM size, fraction), increasing size
   std::map<DType, double> matmul_tflops;
-  std::vector<std::pair<double, double>> matmul_efficiency;  // (GEMM size, fraction), increasing size
+  // Per dtype; the YAML's single list is fp32's entry (which every dtype without its own falls back to).
+  std::map<DType, EfficiencyCurve> matmul_efficiency;
   double vector_tflops = 0;
-  std::map<std::string, double> op_tflops;  // per op kind (may be empty)
+  // Per dtype, per op kind (may be empty); the YAML's single map is fp32's entry, as above.
+  std::map<DType, std::map<std::string, double>> op_tflops;
   double memory_bandwidth_GBps = 0;
   double op_overhead_us = 0;
   double memory_GiB = 0;
@@ -61,10 +75,13 @@ struct HardwareDescription {
   LinkLevel node_link;     // within a node
   LinkLevel cluster_link;  // across nodes
 
-  // The fraction of matmul peak for a GEMM of geometric-mean size `size` (the curve above).
-  double matmul_efficiency_at(double size) const;
+  // The fraction of `dtype`'s matmul peak for a GEMM of geometric-mean size `size`: the dtype's
+  // curve, else fp32's; 1 without a curve.
+  double matmul_efficiency_at(double size, DType dtype = DType::F32) const;
   // Peak matmul FLOP/s for `dtype`: its entry, else fp32's (integer and fp8 fall back to it).
   double matmul_flops(DType dtype) const;
+  // The measured TFLOP/s of kernel `op` in `dtype`: its entry, else fp32's entry; 0 when neither.
+  double op_tflops_for(const std::string& op, DType dtype) const;
 };
 
 // Parses and validates a description; errors name the file, the key and the rule

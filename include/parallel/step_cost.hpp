@@ -26,9 +26,11 @@
 //
 // Cost of one op at a rank's share of its device (hardware.hpp: ranks per node vs devices):
 //   matmul ops (gemm, gemm_bias, attention_*):
-//       overhead + max(flops / (peak(dtype) * efficiency(size) * share), bytes / (bandwidth * share))
+//       overhead + max(flops / (peak(dtype) * efficiency(size, dtype) * share), bytes / (bandwidth * share))
 //       size = (m n k)^(1/3) of a GEMM, (s s_k d)^(1/3) of attention's per-head products
 //   everything else: overhead + max(flops / (vector rate * share), bytes / (bandwidth * share))
+//   where device.op_tflops has the op (in its dtype, else in fp32), that rate replaces both;
+//   dtype = op_dtype(e), the curve is the dtype's (else fp32's)
 // Collectives on n ranks over the slowest link level the group spans (NCCL's formulas; B the full
 // tensor's bytes, bw = link bandwidth / shared_by, a = latency):
 //   all_reduce      min(ring 2(n-1)/n B/bw + 2(n-1) a,  tree 2 B/bw + 2 log2(n) a)
@@ -82,6 +84,12 @@ struct CostOptions {
   AttentionKernel attention = AttentionKernel::Fused;
   double attention_dropout = 0;  // Unfused: dropout probability on the attention probabilities
 };
+
+// The dtype an op's kernel runs in, whose curve and kernel rate price it (hardware.hpp): the first
+// floating dtype other than fp32 among its operands (read, then written), else fp32. The CPU
+// kernels run their 16-bit variant when any operand is 16-bit (ops.hpp, "Precision"): AdamW
+// writing the model's bf16 copy, cross-entropy on bf16 logits, a GEMM on bf16 operands.
+DType op_dtype(const OpEvent& e);
 
 class CostModel {
  public:

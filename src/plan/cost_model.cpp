@@ -27,6 +27,12 @@ double ring_gather_seconds(double bytes, int n, double bw, double latency) {
   return static_cast<double>(n - 1) / n * bytes / bw + (n - 1) * latency;
 }
 
+DType op_dtype(const OpEvent& e) {
+  for (DType t : e.dtypes)
+    if (is_floating(t) && t != DType::F32) return t;
+  return DType::F32;
+}
+
 CostModel::CostModel(HardwareDescription hw, int world_size, int ranks_per_node, CostOptions options)
     : hw_(std::move(hw)), options_(options), world_size_(world_size) {
   PARALLEL_CHECK(options_.attention_dropout >= 0 && options_.attention_dropout < 1,
@@ -43,7 +49,7 @@ bool CostModel::is_matmul(const OpEvent& e) const {
 double CostModel::kernel_seconds(double flops, double bytes, DType dtype, double matmul_size) const {
   const double bw = hw_.memory_bandwidth_GBps * 1e9 * share_;
   const double rate = matmul_size > 0
-                          ? hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(matmul_size) * share_
+                          ? hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(matmul_size, dtype) * share_
                           : hw_.vector_tflops * 1e12 * share_;
   return hw_.op_overhead_us * 1e-6 + std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
 }
@@ -92,6 +98,7 @@ double CostModel::op_seconds(const OpEvent& e) const {
   const double bytes = static_cast<double>(e.bytes_read + e.bytes_written);
   const double bw = hw_.memory_bandwidth_GBps * 1e9 * share_;
   double rate = hw_.vector_tflops * 1e12 * share_;
+  const DType dtype = op_dtype(e);
   if (is_matmul(e) && !e.dtypes.empty()) {
     double size = std::cbrt(std::max(1.0, e.flops / 2.0));
     if (e.op != "gemm" && e.op != "gemm_bias" && !e.shapes.empty() && e.shapes[0].size() == 4) {
@@ -99,10 +106,11 @@ double CostModel::op_seconds(const OpEvent& e) const {
       const double s = static_cast<double>(e.shapes[0][0]), d = static_cast<double>(e.shapes[0][3]);
       size = std::cbrt(s * s * d);
     }
-    rate = hw_.matmul_flops(e.dtypes[0]) * hw_.matmul_efficiency_at(size) * share_;
+    rate = hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(size, dtype) * share_;
   }
-  // The machine's measured rate of this very kernel, where the description has one.
-  if (const auto it = hw_.op_tflops.find(e.op); it != hw_.op_tflops.end()) rate = it->second * 1e12 * share_;
+  // The machine's measured rate of this very kernel in its dtype (else fp32's), where the
+  // description has one.
+  if (const double measured = hw_.op_tflops_for(e.op, dtype); measured > 0) rate = measured * 1e12 * share_;
   const double compute = rate > 0 ? e.flops / rate : 0.0;
   return hw_.op_overhead_us * 1e-6 + std::max(compute, bytes / bw);
 }

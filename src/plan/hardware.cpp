@@ -13,24 +13,36 @@
 
 namespace parallel {
 
-double HardwareDescription::matmul_efficiency_at(double size) const {
-  if (matmul_efficiency.empty()) return 1.0;
-  if (size <= matmul_efficiency.front().first) return matmul_efficiency.front().second;
-  if (size >= matmul_efficiency.back().first) return matmul_efficiency.back().second;
-  for (std::size_t i = 1; i < matmul_efficiency.size(); ++i) {
-    const auto [x1, y1] = matmul_efficiency[i];
+double HardwareDescription::matmul_efficiency_at(double size, DType dtype) const {
+  auto it = matmul_efficiency.find(dtype);
+  if (it == matmul_efficiency.end()) it = matmul_efficiency.find(DType::F32);
+  if (it == matmul_efficiency.end() || it->second.empty()) return 1.0;
+  const EfficiencyCurve& curve = it->second;
+  if (size <= curve.front().first) return curve.front().second;
+  if (size >= curve.back().first) return curve.back().second;
+  for (std::size_t i = 1; i < curve.size(); ++i) {
+    const auto [x1, y1] = curve[i];
     if (size > x1) continue;
-    const auto [x0, y0] = matmul_efficiency[i - 1];
+    const auto [x0, y0] = curve[i - 1];
     const double t = std::log(size / x0) / std::log(x1 / x0);
     return y0 + t * (y1 - y0);
   }
-  return matmul_efficiency.back().second;
+  return curve.back().second;
 }
 
 double HardwareDescription::matmul_flops(DType dtype) const {
   auto it = matmul_tflops.find(dtype);
   if (it == matmul_tflops.end()) it = matmul_tflops.find(DType::F32);
   return it == matmul_tflops.end() ? 0.0 : it->second * 1e12;
+}
+
+double HardwareDescription::op_tflops_for(const std::string& op, DType dtype) const {
+  for (DType t : {dtype, DType::F32}) {
+    const auto rates = op_tflops.find(t);
+    if (rates == op_tflops.end()) continue;
+    if (const auto it = rates->second.find(op); it != rates->second.end()) return it->second;
+  }
+  return 0.0;
 }
 
 namespace {
@@ -69,6 +81,50 @@ struct Reader {
     if (!std::isfinite(v) || (allow_equal ? v < min_exclusive : v <= min_exclusive))
       fail(key, fmt::format("must be a number {} {}, got {}", allow_equal ? ">=" : ">", min_exclusive, v));
     return v;
+  }
+  DType dtype_key(const std::string& name, const std::string& key) const {
+    try {
+      return dtype_from_name(name);
+    } catch (const Error&) {
+      fail(key, "is not a dtype (fp32, bf16, fp16, fp8_e4m3)");
+    }
+  }
+  bool is_dtype_name(const std::string& name) const {
+    try {
+      (void)dtype_from_name(name);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+  HardwareDescription::EfficiencyCurve curve(const YAML::Node& eff, const std::string& where) const {
+    if (!eff.IsSequence() || eff.size() == 0)
+      fail(where, "must be a list of [gemm size, fraction of peak] pairs");
+    HardwareDescription::EfficiencyCurve c;
+    double last = 0;
+    for (std::size_t i = 0; i < eff.size(); ++i) {
+      const std::string key = fmt::format("{}[{}]", where, i);
+      if (!eff[i].IsSequence() || eff[i].size() != 2)
+        fail(key, "must be a pair [gemm size, fraction of peak]");
+      const double size = number(eff[i][0], key + "[0]", 0);
+      const double frac = number(eff[i][1], key + "[1]", 0);
+      if (frac > 1) fail(key + "[1]", fmt::format("is a fraction of peak and must be <= 1, got {}", frac));
+      if (size <= last) fail(key + "[0]", fmt::format("sizes must increase, got {} after {}", size, last));
+      last = size;
+      c.emplace_back(size, frac);
+    }
+    return c;
+  }
+  std::map<std::string, double> op_rates(const YAML::Node& ops, const std::string& where) const {
+    std::map<std::string, double> rates;
+    for (const auto& kv : ops) {
+      const auto op = kv.first.as<std::string>();
+      if (is_dtype_name(op))
+        fail(where + "." + op,
+             "is a dtype: give either {op: TFLOP/s} for every dtype or {dtype: {op: TFLOP/s}}");
+      rates[op] = number(kv.second, where + "." + op, 0);
+    }
+    return rates;
   }
   LinkLevel link(const YAML::Node& n, const std::string& where) const {
     only_keys(n, where, {"bandwidth_GBps", "latency_us", "shared_by"});
@@ -117,28 +173,42 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   }
   if (!hw.matmul_tflops.count(DType::F32))
     r.fail("device.matmul_tflops.fp32", "is missing (the fallback rate)");
+  // matmul_efficiency and op_tflops: one for every dtype (stored as fp32's, the fallback), or a
+  // map of dtypes to one each.
   if (const YAML::Node eff = dev["matmul_efficiency"]) {
-    if (!eff.IsSequence() || eff.size() == 0)
-      r.fail("device.matmul_efficiency", "must be a list of [gemm size, fraction of peak] pairs");
-    double last = 0;
-    for (std::size_t i = 0; i < eff.size(); ++i) {
-      const std::string key = fmt::format("device.matmul_efficiency[{}]", i);
-      if (!eff[i].IsSequence() || eff[i].size() != 2)
-        r.fail(key, "must be a pair [gemm size, fraction of peak]");
-      const double size = r.number(eff[i][0], key + "[0]", 0);
-      const double frac = r.number(eff[i][1], key + "[1]", 0);
-      if (frac > 1) r.fail(key + "[1]", fmt::format("is a fraction of peak and must be <= 1, got {}", frac));
-      if (size <= last) r.fail(key + "[0]", fmt::format("sizes must increase, got {} after {}", size, last));
-      last = size;
-      hw.matmul_efficiency.emplace_back(size, frac);
+    if (eff.IsMap()) {
+      for (const auto& kv : eff) {
+        const auto name = kv.first.as<std::string>();
+        const std::string key = "device.matmul_efficiency." + name;
+        hw.matmul_efficiency[r.dtype_key(name, key)] = r.curve(kv.second, key);
+      }
+      if (!hw.matmul_efficiency.count(DType::F32))
+        r.fail("device.matmul_efficiency.fp32", "is missing (the fallback curve of a per-dtype map)");
+    } else {
+      if (!eff.IsSequence())
+        r.fail("device.matmul_efficiency",
+               "must be a list of [gemm size, fraction of peak] pairs, or map dtypes to such lists");
+      hw.matmul_efficiency[DType::F32] = r.curve(eff, "device.matmul_efficiency");
     }
   }
   hw.vector_tflops = r.number(r.need(dev, "device", "vector_tflops"), "device.vector_tflops", 0);
   if (const YAML::Node ops = dev["op_tflops"]) {
-    if (!ops.IsMap()) r.fail("device.op_tflops", "must map op names to TFLOP/s (gelu_forward: 0.001)");
-    for (const auto& kv : ops) {
-      const auto op = kv.first.as<std::string>();
-      hw.op_tflops[op] = r.number(kv.second, "device.op_tflops." + op, 0);
+    if (!ops.IsMap())
+      r.fail("device.op_tflops",
+             "must map op names to TFLOP/s (gelu_forward: 0.001), or dtypes to such maps (bf16: {...})");
+    bool per_dtype = false;  // the per-dtype form: maps as values
+    for (const auto& kv : ops) per_dtype = per_dtype || kv.second.IsMap();
+    if (per_dtype) {
+      for (const auto& kv : ops) {
+        const auto name = kv.first.as<std::string>();
+        const std::string key = "device.op_tflops." + name;
+        if (!r.is_dtype_name(name))
+          r.fail(key, "is not a dtype: a per-dtype op_tflops maps every key to {op: TFLOP/s}");
+        if (!kv.second.IsMap()) r.fail(key, "must map op names to TFLOP/s (gelu_forward: 0.001)");
+        hw.op_tflops[r.dtype_key(name, key)] = r.op_rates(kv.second, key);
+      }
+    } else {
+      hw.op_tflops[DType::F32] = r.op_rates(ops, "device.op_tflops");
     }
   }
   hw.memory_bandwidth_GBps =
@@ -180,24 +250,32 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
     first = false;
   }
   out += "}\n";
-  if (!hw.matmul_efficiency.empty()) {
-    out += "  matmul_efficiency: [";
-    first = true;
-    for (const auto& [s, f] : hw.matmul_efficiency) {
-      out += fmt::format("{}[{:.6g}, {:.4g}]", first ? "" : ", ", s, f);
-      first = false;
-    }
-    out += "]\n";
+  // One curve (or one map of rates) is written as the single form, which means the same.
+  const auto curve_yaml = [](const HardwareDescription::EfficiencyCurve& c) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < c.size(); ++i)
+      s += fmt::format("{}[{:.6g}, {:.4g}]", i == 0 ? "" : ", ", c[i].first, c[i].second);
+    return s + "]";
+  };
+  const auto rates_yaml = [](const std::map<std::string, double>& rates) {
+    std::string s = "{";
+    for (const auto& [op, v] : rates) s += fmt::format("{}{}: {:.6g}", s.size() == 1 ? "" : ", ", op, v);
+    return s + "}";
+  };
+  if (hw.matmul_efficiency.size() == 1 && hw.matmul_efficiency.count(DType::F32)) {
+    out += "  matmul_efficiency: " + curve_yaml(hw.matmul_efficiency.at(DType::F32)) + "\n";
+  } else if (!hw.matmul_efficiency.empty()) {
+    out += "  matmul_efficiency:\n";
+    for (const auto& [t, c] : hw.matmul_efficiency)
+      out += fmt::format("    {}: {}\n", dtype_name(t), curve_yaml(c));
   }
   out += fmt::format("  vector_tflops: {:.6g}\n", hw.vector_tflops);
-  if (!hw.op_tflops.empty()) {
-    out += "  op_tflops: {";
-    first = true;
-    for (const auto& [op, v] : hw.op_tflops) {
-      out += fmt::format("{}{}: {:.6g}", first ? "" : ", ", op, v);
-      first = false;
-    }
-    out += "}\n";
+  if (hw.op_tflops.size() == 1 && hw.op_tflops.count(DType::F32)) {
+    out += "  op_tflops: " + rates_yaml(hw.op_tflops.at(DType::F32)) + "\n";
+  } else if (!hw.op_tflops.empty()) {
+    out += "  op_tflops:\n";
+    for (const auto& [t, rates] : hw.op_tflops)
+      out += fmt::format("    {}: {}\n", dtype_name(t), rates_yaml(rates));
   }
   out += fmt::format("  memory_bandwidth_GBps: {:.6g}\n  op_overhead_us: {:.6g}\n", hw.memory_bandwidth_GBps,
                      hw.op_overhead_us);

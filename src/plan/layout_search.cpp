@@ -154,7 +154,7 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
       cost.oversubscribed() ? std::min(1.0, hw.devices_per_node * nodes / stage_ranks) : cost.share();
   const double rate = hw.matmul_flops(dtype) * best_share;
   const auto gemm = [&](double mm, double n, double k) {
-    return 2 * mm * n * k / (rate * hw.matmul_efficiency_at(std::cbrt(mm * n * k)));
+    return 2 * mm * n * k / (rate * hw.matmul_efficiency_at(std::cbrt(mm * n * k), dtype));
   };
   const double h = m.hidden_size, heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
@@ -187,7 +187,7 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   } else {
     const double flops =
         2.0 * m.seq_length * m.seq_length * c.train.micro_batch_size * (heads / p.tensor) * d / p.context;
-    attention_forward = flops / (rate * hw.matmul_efficiency_at(std::cbrt(local_seq * local_seq * d)));
+    attention_forward = flops / (rate * hw.matmul_efficiency_at(std::cbrt(local_seq * local_seq * d), dtype));
     attention_backward = 2.5 * attention_forward;
   }
   const auto grid =

@@ -90,7 +90,7 @@ TEST(CollectiveCost, GroupOnOneNodeUsesTheNodeLinkElseTheCluster) {
 
 TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
   HardwareDescription hw = simple_machine();
-  hw.matmul_efficiency = {{100, 0.25}, {10000, 1.0}};
+  hw.matmul_efficiency[DType::F32] = {{100, 0.25}, {10000, 1.0}};
   hw.op_overhead_us = 10;
   hw.memory_bandwidth_GBps = 1;
   const CostModel cost(hw, 8);
@@ -114,7 +114,7 @@ TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
 
 TEST(OpCost, AMeasuredKernelRateReplacesTheVectorRateAndTheMatmulCurve) {
   HardwareDescription hw = simple_machine();
-  hw.op_tflops = {{"gelu_forward", 0.25}, {"attention_forward", 0.5}};
+  hw.op_tflops[DType::F32] = {{"gelu_forward", 0.25}, {"attention_forward", 0.5}};
   const CostModel cost(hw, 8);
   OpEvent g;
   g.op = "gelu_forward";
@@ -145,6 +145,108 @@ TEST(OpCost, AMeasuredKernelRateReplacesTheVectorRateAndTheMatmulCurve) {
         }
       },
       Error);
+}
+
+// A machine with one curve and one set of kernel rates per dtype, whose bf16 figures differ from
+// fp32's by known factors: a bf16 op priced by fp32's figures gets a different time.
+HardwareDescription two_dtype_machine() {
+  return parse_hardware(R"(
+name: two_dtypes
+device:
+  matmul_tflops: {fp32: 1, bf16: 2}
+  matmul_efficiency:
+    fp32: [[100, 1], [10000, 1]]
+    bf16: [[100, 0.25], [10000, 0.5]]
+  vector_tflops: 1
+  op_tflops:
+    fp32: {gelu_forward: 0.5, adamw_update_: 0.25}
+    bf16: {gelu_forward: 0.125}
+  memory_bandwidth_GBps: 1000000
+  op_overhead_us: 0
+node:
+  devices: 8
+links:
+  node: {bandwidth_GBps: 1, latency_us: 0}
+  cluster: {bandwidth_GBps: 0.5, latency_us: 0}
+)",
+                        "two_dtypes.yaml");
+}
+
+TEST(OpCost, ABf16OpIsPricedByTheBf16CurveAndKernelRate) {
+  const HardwareDescription hw = two_dtype_machine();
+  const CostModel cost(hw, 8);
+  OpEvent g;
+  g.op = "gemm";
+  g.flops = 2.0 * 1e9;  // m = n = k = 1000: size 1000, half way on the log scale
+  g.dtypes = {DType::F32, DType::F32, DType::F32};
+  EXPECT_DOUBLE_EQ(cost.op_seconds(g), 2e9 / 1e12);  // fp32: 1 TFLOP/s x 1
+  g.dtypes = {DType::BF16, DType::BF16, DType::BF16};
+  // bf16: its peak 2 TFLOP/s x its curve's 0.375 at size 1000 (fp32's curve would give 1e-3 s)
+  EXPECT_NEAR(hw.matmul_efficiency_at(1000, DType::BF16), 0.375, 1e-12);
+  EXPECT_NEAR(cost.op_seconds(g), 2e9 / (2e12 * 0.375), 1e-15);
+  // A dtype without its own curve takes fp32's (fp16: the fp32 peak too, having no entry).
+  g.dtypes = {DType::F16, DType::F16, DType::F16};
+  EXPECT_DOUBLE_EQ(hw.matmul_efficiency_at(1000, DType::F16), 1.0);
+  EXPECT_DOUBLE_EQ(cost.op_seconds(g), 2e9 / 1e12);
+  // Kernel rates: the op's dtype's entry, else fp32's entry, else the vector rate.
+  OpEvent e;
+  e.op = "gelu_forward";
+  e.flops = 1e12;
+  e.dtypes = {DType::F32, DType::F32};
+  EXPECT_DOUBLE_EQ(cost.op_seconds(e), 2.0);
+  e.dtypes = {DType::BF16, DType::BF16};
+  EXPECT_DOUBLE_EQ(cost.op_seconds(e), 8.0);
+  // AdamW reads fp32 and writes the model's bf16 copy: a bf16 op, priced by fp32's entry for want
+  // of a bf16 one.
+  e.op = "adamw_update_";
+  e.dtypes = {DType::F32, DType::F32, DType::F32, DType::F32,
+              DType::F32, DType::F32, DType::F32, DType::BF16};
+  EXPECT_EQ(op_dtype(e), DType::BF16);
+  EXPECT_DOUBLE_EQ(cost.op_seconds(e), 4.0);
+  e.op = "add";
+  EXPECT_DOUBLE_EQ(cost.op_seconds(e), 1.0);
+  // Integer operands do not make an op integer: cross-entropy's targets beside bf16 logits.
+  e.dtypes = {DType::I32, DType::F32};
+  EXPECT_EQ(op_dtype(e), DType::F32);
+  e.dtypes = {DType::F32, DType::I32, DType::BF16};
+  EXPECT_EQ(op_dtype(e), DType::BF16);
+}
+
+TEST(Hardware, PerDtypeCurvesAndRatesReadBackAndTheSingleFormServesEveryDtype) {
+  const HardwareDescription hw = two_dtype_machine();
+  ASSERT_EQ(hw.matmul_efficiency.size(), 2u);
+  EXPECT_EQ(hw.op_tflops.at(DType::BF16).size(), 1u);
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_EQ(back.matmul_efficiency, hw.matmul_efficiency);
+  EXPECT_EQ(back.op_tflops, hw.op_tflops);
+  EXPECT_EQ(back.matmul_tflops, hw.matmul_tflops);
+  // The single list and map: fp32's entries, which every dtype falls back to.
+  const HardwareDescription one = parse_hardware(R"(
+name: one
+device:
+  matmul_tflops: {fp32: 1, bf16: 2}
+  matmul_efficiency: [[100, 0.25], [10000, 0.5]]
+  vector_tflops: 1
+  op_tflops: {gelu_forward: 0.5}
+  memory_bandwidth_GBps: 1
+  op_overhead_us: 0
+node: {devices: 1}
+links:
+  node: {bandwidth_GBps: 1, latency_us: 0}
+  cluster: {bandwidth_GBps: 1, latency_us: 0}
+)",
+                                                 "one.yaml");
+  ASSERT_EQ(one.matmul_efficiency.size(), 1u);
+  EXPECT_EQ(one.matmul_efficiency.count(DType::F32), 1u);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    EXPECT_NEAR(one.matmul_efficiency_at(1000, t), 0.375, 1e-12);
+    EXPECT_DOUBLE_EQ(one.op_tflops_for("gelu_forward", t), 0.5);
+    EXPECT_DOUBLE_EQ(one.op_tflops_for("add", t), 0.0);
+  }
+  // ... and written back in the single form.
+  const std::string yaml = hardware_yaml(one);
+  EXPECT_NE(yaml.find("matmul_efficiency: [[100, 0.25], [10000, 0.5]]"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("op_tflops: {gelu_forward: 0.5}"), std::string::npos) << yaml;
 }
 
 TEST(Simulate, OversubscribedRanksShareTheCoresOfThoseThatCompute) {
@@ -313,6 +415,45 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
   EXPECT_NE(error_of(with("cluster: {bandwidth_GBps: 0.5, ", "cluster: {"))
                 .find("links.cluster.bandwidth_GBps is missing"),
             std::string::npos);
+}
+
+TEST(Hardware, BadPerDtypeCurvesAndRatesNameTheKey) {
+  const std::string good = hardware_yaml(two_dtype_machine());
+  EXPECT_EQ(error_of(good), "");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const auto at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " in\n" << good;
+    return s.replace(at, from.size(), to);
+  };
+  auto expect_error = [](const std::string& error, const std::string& want) {
+    EXPECT_NE(error.find(want), std::string::npos) << "got: " << error << "\nwant: " << want;
+  };
+  expect_error(error_of(with("    bf16: [[100", "    bf17: [[100")),
+               "bad.yaml: device.matmul_efficiency.bf17 is not a dtype");
+  expect_error(error_of(with("    fp32: [[100, 1]", "    fp16: [[100, 1]")),
+               "device.matmul_efficiency.fp32 is missing (the fallback curve of a per-dtype map)");
+  expect_error(error_of(with("bf16: [[100, 0.25], [10000, 0.5]]", "bf16: [[100, 0.25], [50, 0.5]]")),
+               "device.matmul_efficiency.bf16[1][0] sizes must increase, got 50 after 100");
+  expect_error(error_of(with("bf16: [[100, 0.25], [10000, 0.5]]", "bf16: [[100, 0.25], [10000, 1.5]]")),
+               "device.matmul_efficiency.bf16[1][1] is a fraction of peak and must be <= 1, got 1.5");
+  expect_error(error_of(with("bf16: [[100, 0.25], [10000, 0.5]]", "bf16: 0.5")),
+               "device.matmul_efficiency.bf16 must be a list of [gemm size, fraction of peak] pairs");
+  expect_error(error_of(with("bf16: {gelu_forward: 0.125}", "bf16: {gelu_forward: -1}")),
+               "device.op_tflops.bf16.gelu_forward must be a number > 0, got -1");
+  expect_error(error_of(with("bf16: {gelu_forward: 0.125}", "bf16: 0.125")),
+               "device.op_tflops.bf16 must map op names to TFLOP/s");
+  // The two forms mixed: a dtype among ops, an op among dtypes.
+  expect_error(error_of(with("bf16: {gelu_forward: 0.125}", "gelu_backward: 0.125")),
+               "device.op_tflops.gelu_backward is not a dtype: a per-dtype op_tflops maps every key to");
+  expect_error(error_of(with("    fp32: {adamw_update_", "    fp64: {adamw_update_")),
+               "device.op_tflops.fp64 is not a dtype");
+  std::string mixed = hardware_yaml(simple_machine());
+  const std::string vector_line = "  vector_tflops: 1\n";
+  mixed.replace(mixed.find(vector_line), vector_line.size(),
+                vector_line + "  op_tflops: {gelu_forward: 1, bf16: 2}\n");
+  expect_error(error_of(mixed),
+               "device.op_tflops.bf16 is a dtype: give either {op: TFLOP/s} for every dtype");
 }
 
 TEST(MetaModel, ParametersAreBornOnMetaWithoutHostMemory) {
