@@ -41,6 +41,8 @@ layouts=(
   "mini cp2|2|mini|--set parallel.context=2"
   "mini tp2 pp2|4|mini|--set parallel.tensor=2 --set parallel.pipeline=2"
   "mini pp2 dp2 bf16|4|mini|--set parallel.pipeline=2 --set train.precision=bf16"
+  "mini 1 rank bf16|1|mini|--set train.precision=bf16"
+  "mini dp2 bf16|2|mini|--set train.precision=bf16"
   "mini tp2 dp2, recompute|4|mini|--set parallel.tensor=2 --set train.recompute=full"
   "mini pp4 interleaved|4|mini|--set parallel.pipeline=4 --set parallel.virtual_stages=2 --set model.num_layers=8 --set train.global_batch_size=16"
   "mini dp8|8|mini|--set train.global_batch_size=16"

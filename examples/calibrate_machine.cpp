@@ -7,14 +7,16 @@
 // more ranks than cores time-shares them (the cost model's share, hardware.hpp). Rank 0 times the
 // kernels while rank 1 sleeps (polling a message every 10 ms); then both time MPI messages:
 //   - GEMM (ops::gemm, fp32 and bf16) on a linear layer's three products (m = 2s tokens, n = s,
-//     k = s / 2; s from 32 to 1536): the best rate per dtype is the peak, fp32's rate by size over
-//     its peak the efficiency curve;
+//     k = s / 2; s from 32 to 1536): the best rate per dtype is the peak, each dtype's rate by size
+//     over its peak its efficiency curve (device.matmul_efficiency.fp32, .bf16);
 //   - gelu_forward on a cache-resident tensor (8 FLOPs an element): the vector rate, the fallback;
 //   - each element-wise, norm, loss, optimizer and attention kernel the trainer's step runs, on
 //     training-sized operands (1024 tokens): its own rate (device.op_tflops), the FLOPs being
 //     those the op records on the meta device (ops.cpp), so the planner's count and the measured
 //     time go together. Per counted FLOP these kernels differ by an order of magnitude (gelu's
-//     tanh against AdamW's streaming update), which one vector rate cannot say;
+//     tanh against AdamW's streaming update), which one vector rate cannot say. Each runs in fp32
+//     and, where the bf16 training step runs its 16-bit variant, in bf16 (device.op_tflops.bf16:
+//     a 16-bit kernel widens and narrows its blocks and runs at its own rate);
 //   - ops::add on 3 x 128 MiB: memory bandwidth (bytes read and written over time);
 //   - ops::add on one element: the per-op overhead;
 //   - ping-pong of 8 bytes (latency) and 4 MiB (bandwidth) between the two ranks.
@@ -33,6 +35,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -40,6 +43,7 @@
 #include "parallel/meta.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/runtime.hpp"
+#include "parallel/step_cost.hpp"
 
 namespace {
 
@@ -89,16 +93,23 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-// The rate of one kernel: `run(device)` builds its operands on `device` and runs it once. On the
-// meta device it records the op (its name and counted FLOPs); on the CPU it is timed.
-std::pair<std::string, double> kernel_rate(const std::function<void(parallel::Device)>& run) {
+// The rate of one kernel: `build(device)` makes its operands on `device` and returns the call of
+// the kernel on them. On the meta device the call records the op (its name, counted FLOPs and
+// operand dtypes, whence the dtype the cost model prices it in: plan::op_dtype); on the CPU the
+// call alone is timed, its operands made once beforehand.
+using Runner = std::function<void()>;
+struct KernelRate {
+  std::string op;
+  parallel::DType dtype;
+  double flops_per_s;
+};
+KernelRate kernel_rate(const std::function<Runner(parallel::Device)>& build) {
   parallel::MetaOpRecorder rec;
-  run(parallel::Device::meta());
+  build(parallel::Device::meta())();
   PARALLEL_CHECK(!rec.events().empty(), "calibrate_machine: the kernel recorded no op on meta");
-  const parallel::OpEvent& e = rec.events().back();
-  const double flops = e.flops;
-  const std::string name = e.op;
-  return {name, flops / time_per_call([&] { run(parallel::Device::cpu()); }, 0.1)};
+  const parallel::OpEvent e = rec.events().back();
+  const Runner run = build(parallel::Device::cpu());
+  return {e.op, parallel::plan::op_dtype(e), e.flops / time_per_call(run, 0.1)};
 }
 
 }  // namespace
@@ -132,7 +143,7 @@ int main(int argc, char** argv) {
       // x W^T, input gradient dy W, weight gradient dy^T x accumulated), timed together. Sizes
       // step by 1.5 and 4/3 in turn, so that power-of-two leading dimensions (whose cache-set
       // conflicts cost oneDNN up to a third at 512) are half of the points, not all of them.
-      std::vector<std::pair<double, double>> fp32_rate;
+      std::map<DType, std::vector<std::pair<double, double>>> rate_by_size;
       for (DType dt : {DType::F32, DType::BF16}) {
         double best = 0;
         for (int n : {32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536}) {
@@ -147,15 +158,18 @@ int main(int argc, char** argv) {
           });
           const double rate = 3 * 2.0 * static_cast<double>(m * n * k) / t;
           best = std::max(best, rate);
-          if (dt == DType::F32) fp32_rate.emplace_back(n, rate);
+          rate_by_size[dt].emplace_back(n, rate);
           notes += fmt::format("gemm {} {}x{}x{} (fwd, dgrad, wgrad): {:.2f} GFLOP/s\n", dtype_name(dt), m, n,
                                k, rate / 1e9);
         }
         hw.matmul_tflops[dt] = best / 1e12;
       }
-      const double peak = hw.matmul_tflops[DType::F32] * 1e12;
-      for (const auto& [n, rate] : fp32_rate)
-        hw.matmul_efficiency.emplace_back(n, std::min(1.0, rate / peak));
+      // Each dtype's curve is its rate by size over its own peak.
+      for (const auto& [dt, rates] : rate_by_size) {
+        const double peak = hw.matmul_tflops[dt] * 1e12;
+        for (const auto& [n, rate] : rates)
+          hw.matmul_efficiency[dt].emplace_back(n, std::min(1.0, rate / peak));
+      }
       {
         Tensor x = Tensor::full({64 * 1024}, 0.5f, DType::F32), y = Tensor::empty({64 * 1024}, DType::F32);
         hw.vector_tflops = 8.0 * 64 * 1024 / time_per_call([&] { ops::gelu_forward(x, y); }) / 1e12;
@@ -169,117 +183,147 @@ int main(int argc, char** argv) {
         auto full = [](const Shape& s, double v, DType dt, Device d) {
           return d.is_meta() ? Tensor::empty(s, dt, d) : Tensor::full(s, v, dt, d);
         };
-        std::vector<std::function<void(Device)>> kernels = {
-            [&](Device d) {
-              Tensor x = full({t, f}, 0.5, DType::F32, d), y = full({t, f}, 0, DType::F32, d);
-              ops::gelu_forward(x, y);
-            },
-            [&](Device d) {
-              Tensor x = full({t, f}, 0.5, DType::F32, d), dy = full({t, f}, 0.1, DType::F32, d),
-                     dx = full({t, f}, 0, DType::F32, d);
-              ops::gelu_backward(dy, x, dx);
-            },
-            [&](Device d) {
-              Tensor x = full({t, 2 * f}, 0.5, DType::F32, d), y = full({t, f}, 0, DType::F32, d);
-              ops::swiglu_forward(x, y);
-            },
-            [&](Device d) {
-              Tensor x = full({t, 2 * f}, 0.5, DType::F32, d), dy = full({t, f}, 0.1, DType::F32, d),
-                     dx = full({t, 2 * f}, 0, DType::F32, d);
-              ops::swiglu_backward(dy, x, dx);
-            },
-            [&](Device d) {
-              Tensor x = full({t, h}, 0.5, DType::F32, d), w = full({h}, 1, DType::F32, d),
-                     b = full({h}, 0, DType::F32, d), y = full({t, h}, 0, DType::F32, d),
-                     mean = full({t}, 0, DType::F32, d), rstd = full({t}, 0, DType::F32, d);
-              ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f);
-            },
-            [&](Device d) {
-              Tensor x = full({t, h}, 0.5, DType::F32, d), dy = full({t, h}, 0.1, DType::F32, d),
-                     w = full({h}, 1, DType::F32, d), mean = full({t}, 0.5, DType::F32, d),
-                     rstd = full({t}, 1, DType::F32, d), dx = full({t, h}, 0, DType::F32, d),
-                     dw = full({h}, 0, DType::F32, d), db = full({h}, 0, DType::F32, d);
-              ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
-            },
-            [&](Device d) {
-              Tensor x = full({t, h}, 0.5, DType::F32, d), w = full({h}, 1, DType::F32, d),
-                     y = full({t, h}, 0, DType::F32, d), rstd = full({t}, 0, DType::F32, d);
-              ops::rmsnorm_forward(x, w, y, rstd, 1e-5f);
-            },
-            [&](Device d) {
-              Tensor x = full({t, h}, 0.5, DType::F32, d), dy = full({t, h}, 0.1, DType::F32, d),
-                     w = full({h}, 1, DType::F32, d), rstd = full({t}, 1, DType::F32, d),
-                     dx = full({t, h}, 0, DType::F32, d), dw = full({h}, 0, DType::F32, d);
-              ops::rmsnorm_backward(dy, x, w, rstd, dx, dw);
-            },
-            [&](Device d) {
-              Tensor r = full({t, h}, 0.5, DType::F32, d), br = full({t, h}, 0.1, DType::F32, d),
-                     w = full({h}, 1, DType::F32, d), b = full({h}, 0, DType::F32, d),
-                     sum = full({t, h}, 0, DType::F32, d), y = full({t, h}, 0, DType::F32, d),
-                     mean = full({t}, 0, DType::F32, d), rstd = full({t}, 0, DType::F32, d);
-              ops::residual_norm_forward(r, br, ops::DropoutSpec{}, w, b, sum, y, mean, rstd, 1e-5f);
-            },
-            [&](Device d) {
-              Tensor dy = full({t, h}, 0.1, DType::F32, d), dres = full({t, h}, 0.1, DType::F32, d),
-                     x = full({t, h}, 0.5, DType::F32, d), w = full({h}, 1, DType::F32, d),
-                     mean = full({t}, 0.5, DType::F32, d), rstd = full({t}, 1, DType::F32, d),
-                     dx = full({t, h}, 0, DType::F32, d), dw = full({h}, 0, DType::F32, d),
-                     db = full({h}, 0, DType::F32, d), dbr = full({t, h}, 0, DType::F32, d);
-              ops::norm_backward_residual(dy, dres, x, w, mean, rstd, dx, dw, db, ops::DropoutSpec{}, dbr);
-            },
-            [&](Device d) {
-              Tensor br = full({t, h}, 0.1, DType::F32, d), r = full({t, h}, 0.5, DType::F32, d),
-                     out = full({t, h}, 0, DType::F32, d);
-              ops::dropout_add(br, r, out, ops::DropoutSpec{});
-            },
-            [&](Device d) {
-              Tensor dy = full({t, f}, 0.1, DType::F32, d), db = full({f}, 0, DType::F32, d);
-              ops::bias_backward(dy, db);
-            },
-            [&](Device d) {
-              Tensor logits = full({t, vocab}, 0.5, DType::F32, d), tg = full({t}, 3, DType::I32, d),
-                     mx = full({t}, 0, DType::F32, d), tl = full({t}, 0, DType::F32, d);
-              ops::cross_entropy_local_stats(logits, tg, 0, vocab, mx, tl);
-            },
-            [&](Device d) {
-              Tensor logits = full({t, vocab}, 0.5, DType::F32, d), mx = full({t}, 0.5, DType::F32, d),
-                     se = full({t}, 0, DType::F32, d);
-              ops::cross_entropy_sum_exp(logits, mx, 0, vocab, se);
-            },
-            [&](Device d) {
-              Tensor logits = full({t, vocab}, 0.5, DType::F32, d), tg = full({t}, 3, DType::I32, d),
-                     mx = full({t}, 0.5, DType::F32, d), se = full({t}, 8192, DType::F32, d),
-                     gs = full({t}, 1.0 / 1024, DType::F32, d), dl = full({t, vocab}, 0, DType::F32, d);
-              ops::cross_entropy_backward(logits, tg, mx, se, gs, 0, vocab, dl);
-            },
-            [&](Device d) {
-              Tensor x = full({params}, 0.01, DType::F32, d), acc = full({1}, 0, DType::F32, d);
-              ops::sum_of_squares_accumulate(x, acc);
-            },
-            [&](Device d) {
-              Tensor p = full({params}, 0.01, DType::F32, d), g = full({params}, 0.001, DType::F32, d),
-                     m = full({params}, 0, DType::F32, d), v = full({params}, 0, DType::F32, d);
-              ops::adamw_update_(p, g, m, v, ops::AdamWStep{});
-            },
-            [&](Device d) {
-              Tensor q = full({512, 1, 4, 64}, 0.1, DType::F32, d),
-                     o = full({512, 1, 4, 64}, 0, DType::F32, d), lse = full({1, 4, 512}, 0, DType::F32, d);
-              ops::attention_forward(q, q, q, o, lse, true, 0.125f);
-            },
-            [&](Device d) {
-              Tensor q = full({512, 1, 4, 64}, 0.1, DType::F32, d),
-                     o = full({512, 1, 4, 64}, 0.1, DType::F32, d),
-                     lse = full({1, 4, 512}, 5.0, DType::F32, d),
-                     dq = full({512, 1, 4, 64}, 0, DType::F32, d),
-                     dk = full({512, 1, 4, 64}, 0, DType::F32, d),
-                     dv = full({512, 1, 4, 64}, 0, DType::F32, d);
-              ops::attention_backward(o, q, q, q, o, lse, dq, dk, dv, true, 0.125f);
-            },
+        // Each kernel in fp32 and, where the bf16 step runs its 16-bit variant (docs/optimizer.md,
+        // "Mixed precision"), in bf16: activations and parameter values in the dtype `a`,
+        // parameter gradients and per-row statistics in fp32 (ops.hpp, "Precision"). The
+        // gradient norm's sum of squares reads the fp32 gradients in both; AdamW under bf16 also
+        // writes the model's bf16 copy (its 16-bit variant).
+        const DType f32 = DType::F32;
+        struct Kernel {
+          bool runs_in_16_bit;
+          std::function<Runner(Device, DType)> build;
         };
-        for (const auto& k : kernels) {
-          const auto [op, rate] = kernel_rate(k);
-          hw.op_tflops[op] = rate / 1e12;
-          notes += fmt::format("{}: {:.3f} GFLOP/s of its counted FLOPs\n", op, rate / 1e9);
+        std::vector<Kernel> kernels = {
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, f}, 0.5, a, d), y = full({t, f}, 0, a, d);
+               return [=]() mutable { ops::gelu_forward(x, y); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, f}, 0.5, a, d), dy = full({t, f}, 0.1, a, d), dx = full({t, f}, 0, a, d);
+               return [=]() mutable { ops::gelu_backward(dy, x, dx); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, 2 * f}, 0.5, a, d), y = full({t, f}, 0, a, d);
+               return [=]() mutable { ops::swiglu_forward(x, y); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, 2 * f}, 0.5, a, d), dy = full({t, f}, 0.1, a, d),
+                      dx = full({t, 2 * f}, 0, a, d);
+               return [=]() mutable { ops::swiglu_backward(dy, x, dx); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, h}, 0.5, a, d), w = full({h}, 1, a, d), b = full({h}, 0, a, d),
+                      y = full({t, h}, 0, a, d), mean = full({t}, 0, f32, d), rstd = full({t}, 0, f32, d);
+               return [=]() mutable { ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, h}, 0.5, a, d), dy = full({t, h}, 0.1, a, d), w = full({h}, 1, a, d),
+                      mean = full({t}, 0.5, f32, d), rstd = full({t}, 1, f32, d), dx = full({t, h}, 0, a, d),
+                      dw = full({h}, 0, f32, d), db = full({h}, 0, f32, d);
+               return [=]() mutable { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, h}, 0.5, a, d), w = full({h}, 1, a, d), y = full({t, h}, 0, a, d),
+                      rstd = full({t}, 0, f32, d);
+               return [=]() mutable { ops::rmsnorm_forward(x, w, y, rstd, 1e-5f); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor x = full({t, h}, 0.5, a, d), dy = full({t, h}, 0.1, a, d), w = full({h}, 1, a, d),
+                      rstd = full({t}, 1, f32, d), dx = full({t, h}, 0, a, d), dw = full({h}, 0, f32, d);
+               return [=]() mutable { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor r = full({t, h}, 0.5, a, d), br = full({t, h}, 0.1, a, d), w = full({h}, 1, a, d),
+                      b = full({h}, 0, a, d), sum = full({t, h}, 0, a, d), y = full({t, h}, 0, a, d),
+                      mean = full({t}, 0, f32, d), rstd = full({t}, 0, f32, d);
+               return [=]() mutable {
+                 ops::residual_norm_forward(r, br, ops::DropoutSpec{}, w, b, sum, y, mean, rstd, 1e-5f);
+               };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor dy = full({t, h}, 0.1, a, d), dres = full({t, h}, 0.1, a, d),
+                      x = full({t, h}, 0.5, a, d), w = full({h}, 1, a, d), mean = full({t}, 0.5, f32, d),
+                      rstd = full({t}, 1, f32, d), dx = full({t, h}, 0, a, d), dw = full({h}, 0, f32, d),
+                      db = full({h}, 0, f32, d), dbr = full({t, h}, 0, a, d);
+               return [=]() mutable {
+                 ops::norm_backward_residual(dy, dres, x, w, mean, rstd, dx, dw, db, ops::DropoutSpec{}, dbr);
+               };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor br = full({t, h}, 0.1, a, d), r = full({t, h}, 0.5, a, d), out = full({t, h}, 0, a, d);
+               return [=]() mutable { ops::dropout_add(br, r, out, ops::DropoutSpec{}); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor dy = full({t, f}, 0.1, a, d), db = full({f}, 0, f32, d);
+               return [=]() mutable { ops::bias_backward(dy, db); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor logits = full({t, vocab}, 0.5, a, d), tg = full({t}, 3, DType::I32, d),
+                      mx = full({t}, 0, f32, d), tl = full({t}, 0, f32, d);
+               return [=]() mutable { ops::cross_entropy_local_stats(logits, tg, 0, vocab, mx, tl); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor logits = full({t, vocab}, 0.5, a, d), mx = full({t}, 0.5, f32, d),
+                      se = full({t}, 0, f32, d);
+               return [=]() mutable { ops::cross_entropy_sum_exp(logits, mx, 0, vocab, se); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor logits = full({t, vocab}, 0.5, a, d), tg = full({t}, 3, DType::I32, d),
+                      mx = full({t}, 0.5, f32, d), se = full({t}, 8192, f32, d),
+                      gs = full({t}, 1.0 / 1024, f32, d), dl = full({t, vocab}, 0, a, d);
+               return [=]() mutable { ops::cross_entropy_backward(logits, tg, mx, se, gs, 0, vocab, dl); };
+             }},
+            {false,
+             [&](Device d, DType) -> Runner {
+               Tensor x = full({params}, 0.01, f32, d), acc = full({1}, 0, f32, d);
+               return [=]() mutable { ops::sum_of_squares_accumulate(x, acc); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor p = full({params}, 0.01, f32, d), g = full({params}, 0.001, f32, d),
+                      m = full({params}, 0, f32, d), v = full({params}, 0, f32, d);
+               if (a == f32) return [=]() mutable { ops::adamw_update_(p, g, m, v, ops::AdamWStep{}); };
+               Tensor copy = full({params}, 0, a, d);
+               return [=]() mutable { ops::adamw_update_(p, g, m, v, copy, ops::AdamWStep{}); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor q = full({512, 1, 4, 64}, 0.1, a, d), o = full({512, 1, 4, 64}, 0, a, d),
+                      lse = full({1, 4, 512}, 0, f32, d);
+               return [=]() mutable { ops::attention_forward(q, q, q, o, lse, true, 0.125f); };
+             }},
+            {true,
+             [&](Device d, DType a) -> Runner {
+               Tensor q = full({512, 1, 4, 64}, 0.1, a, d), o = full({512, 1, 4, 64}, 0.1, a, d),
+                      lse = full({1, 4, 512}, 5.0, f32, d), dq = full({512, 1, 4, 64}, 0, a, d),
+                      dk = full({512, 1, 4, 64}, 0, a, d), dv = full({512, 1, 4, 64}, 0, a, d);
+               return
+                   [=]() mutable { ops::attention_backward(o, q, q, q, o, lse, dq, dk, dv, true, 0.125f); };
+             }},
+        };
+        for (DType a : {DType::F32, DType::BF16}) {
+          for (const Kernel& k : kernels) {
+            if (a != f32 && !k.runs_in_16_bit) continue;
+            const KernelRate r = kernel_rate([&](Device d) { return k.build(d, a); });
+            hw.op_tflops[r.dtype][r.op] = r.flops_per_s / 1e12;
+            notes += fmt::format("{} {}: {:.3f} GFLOP/s of its counted FLOPs\n", r.op, dtype_name(r.dtype),
+                                 r.flops_per_s / 1e9);
+          }
         }
       }
       {
