@@ -379,7 +379,10 @@ TEST(Hardware, EveryShippedDescriptionParses) {
     const HardwareDescription hw = load_hardware(entry.path().string());
     EXPECT_FALSE(hw.name.empty()) << entry.path();
     EXPECT_GT(hw.matmul_flops(DType::F32), 0) << entry.path();
-    EXPECT_EQ(parse_hardware(hardware_yaml(hw), "round trip").name, hw.name);  // writes what it reads
+    const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");  // writes what it reads
+    EXPECT_EQ(back.name, hw.name);
+    EXPECT_EQ(back.matmul_efficiency, hw.matmul_efficiency) << entry.path();
+    EXPECT_EQ(back.op_tflops, hw.op_tflops) << entry.path();
     ++count;
   }
   EXPECT_GE(count, 3);
