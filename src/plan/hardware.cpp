@@ -82,12 +82,16 @@ struct Reader {
       fail(key, fmt::format("must be a number {} {}, got {}", allow_equal ? ">=" : ">", min_exclusive, v));
     return v;
   }
+  // A per-dtype map's key: a floating dtype (an integer one has no matmul rate or kernel of its own).
   DType dtype_key(const std::string& name, const std::string& key) const {
+    DType t{};
     try {
-      return dtype_from_name(name);
+      t = dtype_from_name(name);
     } catch (const Error&) {
       fail(key, "is not a dtype (fp32, bf16, fp16, fp8_e4m3)");
     }
+    if (!is_floating(t)) fail(key, "is not a floating dtype (fp32, bf16, fp16, fp8_e4m3)");
+    return t;
   }
   bool is_dtype_name(const std::string& name) const {
     try {

@@ -434,6 +434,8 @@ TEST(Hardware, BadPerDtypeCurvesAndRatesNameTheKey) {
   };
   expect_error(error_of(with("    bf16: [[100", "    bf17: [[100")),
                "bad.yaml: device.matmul_efficiency.bf17 is not a dtype");
+  expect_error(error_of(with("    bf16: [[100", "    int32: [[100")),
+               "bad.yaml: device.matmul_efficiency.int32 is not a floating dtype");
   expect_error(error_of(with("    fp32: [[100, 1]", "    fp16: [[100, 1]")),
                "device.matmul_efficiency.fp32 is missing (the fallback curve of a per-dtype map)");
   expect_error(error_of(with("bf16: [[100, 0.25], [10000, 0.5]]", "bf16: [[100, 0.25], [50, 0.5]]")),
