@@ -1,11 +1,14 @@
 // calibrate_machine: measures this machine and writes its hardware description (hardware.hpp) for
-// the planner. Run it as two ranks with one OpenMP thread each:
+// the planner. Run it as the largest job to be planned here (up to 8 ranks), one OpenMP thread each:
 //
-//   OMP_NUM_THREADS=1 mpirun -np 2 build/bin/calibrate_machine --out configs/hardware/this_cpu.yaml
+//   OMP_NUM_THREADS=1 mpirun -np 8 --oversubscribe --bind-to none \
+//     build/bin/calibrate_machine --out configs/hardware/this_cpu.yaml
 //
 // The device is one core (node.devices: the cores), and ranks run one OpenMP thread each; a job with
 // more ranks than cores time-shares them (the cost model's share, hardware.hpp). Rank 0 times the
-// kernels while rank 1 sleeps (polling a message every 10 ms); then both time MPI messages:
+// kernels while the other ranks sleep (polling a message every millisecond); then ranks 0 and 1
+// time MPI messages, and groups of 2, 4 and 8 ranks small collectives and, beyond one rank a
+// core, what a blocking wait costs (measure_collectives below):
 //   - GEMM (ops::gemm, fp32 and bf16) on a linear layer's three products (m = 2s tokens, n = s,
 //     k = s / 2; s from 32 to 1536): the best rate per dtype is the peak, each dtype's rate by size
 //     over its peak its efficiency curve (device.matmul_efficiency.fp32, .bf16);
@@ -19,10 +22,16 @@
 //     a 16-bit kernel widens and narrows its blocks and runs at its own rate);
 //   - ops::add on 3 x 128 MiB: memory bandwidth (bytes read and written over time);
 //   - ops::add on one element: the per-op overhead;
-//   - ping-pong of 8 bytes (latency) and 4 MiB (bandwidth) between the two ranks.
+//   - ping-pong of 8 bytes (latency) and 4 MiB (bandwidth) between ranks 0 and 1;
+//   - on the first g = 2, 4, 8 ranks: the median time of a small all_reduce, all_gather and
+//     reduce_scatter (links.node.collective_us), and, where g exceeds the cores, the median step
+//     of "compute, then a small blocking all_reduce" beyond its compute at the shared rate and the
+//     collective's own time: what each blocking wait costs an oversubscribed rank
+//     (node.oversubscribed_wait_us).
 // Kernels are timed in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that other processes
 // on a shared machine slow the measurement but do not change it; messages by the fastest of many
-// round trips in wall time (a round trip that was not descheduled).
+// round trips in wall time (a round trip that was not descheduled); collectives and oversubscribed
+// waits by the median, since a step's calls meet whatever the scheduler does.
 #include <fmt/format.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,8 +45,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "parallel/hardware.hpp"
 #include "parallel/meta.hpp"
@@ -112,6 +123,117 @@ KernelRate kernel_rate(const std::function<Runner(parallel::Device)>& build) {
   return {e.op, parallel::plan::op_dtype(e), e.flops / time_per_call(run, 0.1)};
 }
 
+// ---- Communication by group size, and blocking waits on an oversubscribed node ----
+
+// Ranks outside the group being measured sleep until rank 0 releases them, so that they take no
+// core from it.
+void idle_until_released(parallel::MpiCommunicator& world) {
+  parallel::Tensor flag = parallel::Tensor::zeros({1}, parallel::DType::U8);
+  parallel::WorkHandle done = world.recv(flag, 0, 7);
+  while (!done->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void release_from(parallel::MpiCommunicator& world, int first) {
+  parallel::Tensor flag = parallel::Tensor::zeros({1}, parallel::DType::U8);
+  for (int r = first; r < world.size(); ++r) world.send(flag, r, 7)->wait();
+}
+
+// Busy for `us` microseconds of this thread's CPU time (the compute between a step's waits).
+void compute_for(double us) {
+  static volatile double sink = 0;
+  const double end = thread_seconds() + us * 1e-6;
+  double x = 1;
+  while (thread_seconds() < end)
+    for (int i = 0; i < 256; ++i) x = x * 1.0000001 + 1e-9;
+  sink = x;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Wall seconds of each of `n` calls of `f` (after 20 to warm up), on this rank.
+std::vector<double> each_call(const std::function<void()>& f, int n) {
+  for (int i = 0; i < 20; ++i) f();
+  std::vector<double> t;
+  t.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const auto start = Clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return t;
+}
+
+// Every rank calls this. For g = 2, 4, 8 (up to the world size) the first g ranks measure while
+// the others sleep: the median small all_reduce, all_gather and reduce_scatter (two floats per
+// rank), and, where g exceeds `cores`, what a blocking wait costs a rank that time-shares a core
+// (below), the mean over C = 25, 100 and 400 us of compute between waits, as the figure at
+// g / cores ranks per core. Rank 0 fills `hw` and `notes`.
+void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::HardwareDescription& hw,
+                         std::string& notes) {
+  using namespace parallel;
+  std::vector<int> sizes;
+  for (int g : {2, 4, 8})
+    if (g <= world.size()) sizes.push_back(g);
+  std::vector<std::unique_ptr<Communicator>> groups;
+  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int g = sizes[i];
+    if (world.rank() >= g) {
+      idle_until_released(world);
+      continue;
+    }
+    Communicator& group = *groups[i];
+    group.barrier();
+    Tensor one = Tensor::full({2}, 1.0f, DType::F32), all = Tensor::full({2 * g}, 1.0f, DType::F32);
+    const double reduce = median(each_call([&] { group.all_reduce(one); }, 400));
+    const double gather = median(each_call([&] { group.all_gather(one, all); }, 400));
+    const double scatter = median(each_call([&] { group.reduce_scatter(all, one); }, 400));
+    if (world.rank() == 0) {
+      hw.node_link.collective_us["all_reduce"].emplace_back(g, reduce * 1e6);
+      hw.node_link.collective_us["all_gather"].emplace_back(g, gather * 1e6);
+      hw.node_link.collective_us["reduce_scatter"].emplace_back(g, scatter * 1e6);
+      notes += fmt::format(
+          "{} ranks: small all_reduce {:.1f} us, all_gather {:.1f} us, reduce_scatter {:.1f} us "
+          "(median)\n",
+          g, reduce * 1e6, gather * 1e6, scatter * 1e6);
+    }
+    if (g > cores) {
+      // Every rank computes C, then joins a small blocking all_reduce of the group, as a step's
+      // ranks do between their tp / dp collectives. The model's step would be C at the shared
+      // rate (g / cores ranks a core) plus the collective's own median; the rest is what each
+      // blocking wait costs here: the waiter spins, yields and sleeps (the communicator's pacer),
+      // and computes again only when the scheduler gives it a core back.
+      const double per_core = static_cast<double>(g) / cores;
+      double extra_sum = 0;
+      std::string each;
+      for (double c_us : {25.0, 100.0, 400.0}) {
+        const int calls = static_cast<int>(std::clamp(200000.0 / (c_us * per_core), 100.0, 400.0));
+        const double step = median(each_call(
+            [&] {
+              compute_for(c_us);
+              group.all_reduce(one);
+            },
+            calls));
+        const double extra = std::max(0.0, step - c_us * 1e-6 * per_core - reduce);
+        extra_sum += extra;
+        each += fmt::format("{}C = {:.0f} us: step {:.1f} us, extra {:.1f} us", each.empty() ? "" : "; ",
+                            c_us, step * 1e6, extra * 1e6);
+      }
+      if (world.rank() == 0) {
+        hw.oversubscribed_wait_us.emplace_back(per_core, extra_sum / 3 * 1e6);
+        notes +=
+            fmt::format("{} ranks on {} cores, compute C then a blocking all_reduce: {}\n", g, cores, each);
+      }
+    }
+    group.barrier();
+    if (world.rank() == 0) release_from(world, g);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,7 +245,8 @@ int main(int argc, char** argv) {
   using namespace parallel;
   return run_main(argc, argv, [&](Runtime& rt) {
     MpiCommunicator& world = rt.world();
-    PARALLEL_CHECK(world.size() == 2, "calibrate_machine: run it as 2 ranks (mpirun -np 2), got {}",
+    PARALLEL_CHECK(world.size() >= 2,
+                   "calibrate_machine: run it as 2 to 8 ranks (mpirun -np 8 --oversubscribe), got {}",
                    world.size());
     const char* omp = std::getenv("OMP_NUM_THREADS");
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -133,10 +256,8 @@ int main(int argc, char** argv) {
     HardwareDescription hw;
     hw.name = name;
     std::string notes;
-    Tensor flag = Tensor::zeros({1}, DType::U8);
-    if (world.rank() == 1) {
-      WorkHandle done = world.recv(flag, 0, 0);
-      while (!done->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (world.rank() != 0) {
+      idle_until_released(world);
     } else {
       // GEMM by size, fp32 and bf16, on the shapes a training step runs: a linear layer of m = 2s
       // tokens, n = s outputs and k = s / 2 inputs (geometric mean s), its three products (forward
@@ -337,9 +458,9 @@ int main(int argc, char** argv) {
                c = Tensor::empty({1}, DType::F32);
         hw.op_overhead_us = time_per_call([&] { ops::add(a, b, c); }) * 1e6;
       }
-      world.send(flag, 1, 0)->wait();
+      release_from(world, 1);
     }
-    // Ping-pong: one-way time = round trip / 2.
+    // Ping-pong between ranks 0 and 1 (the others sleep): one-way time = round trip / 2.
     auto one_way = [&](int64_t bytes, int trips) {
       Tensor t = Tensor::zeros({bytes}, DType::U8);
       return fastest_call(
@@ -355,11 +476,18 @@ int main(int argc, char** argv) {
                  trips) /
              2;
     };
-    const double small = one_way(8, 2000);
+    double small = 0, big = 0;
     const int64_t big_bytes = 4 << 20;
-    const double big = one_way(big_bytes, 100);
+    if (world.rank() < 2) {
+      small = one_way(8, 2000);
+      big = one_way(big_bytes, 100);
+      if (world.rank() == 0) release_from(world, 2);
+    } else {
+      idle_until_released(world);
+    }
+    hw.node_link.latency_us = small * 1e6;  // rank 0's: measure_collectives subtracts it
+    measure_collectives(world, cores, hw, notes);
     if (world.rank() != 0) return 0;
-    hw.node_link.latency_us = small * 1e6;
     hw.node_link.bandwidth_GBps = static_cast<double>(big_bytes) / std::max(big - small, 1e-9) / 1e9;
     hw.node_link.shared_by = 1;
     hw.cluster_link = hw.node_link;  // one node: never spanned; the node's figures stand in
@@ -372,10 +500,12 @@ int main(int argc, char** argv) {
     const std::string comment = fmt::format(
         "Measured by calibrate_machine (examples/calibrate_machine.cpp) on {}, {} cores, {}; load average "
         "{:.2f} while measuring.\n"
-        "Command: OMP_NUM_THREADS=1 mpirun -np 2 calibrate_machine --out <this file>\n"
+        "Command: OMP_NUM_THREADS=1 mpirun -np {} --oversubscribe --bind-to none calibrate_machine --out "
+        "<this "
+        "file>\n"
         "device = one core (kernels timed in thread CPU time); links.cluster copies links.node (one "
         "machine).\n{}",
-        cpu_model(), cores, date, load[0], notes);
+        cpu_model(), cores, date, load[0], world.size(), notes);
     const std::string yaml = hardware_yaml(hw, comment);
     (void)parse_hardware(yaml, out_path.empty() ? "calibration" : out_path);  // it must read back
     if (out_path.empty()) {

@@ -35,6 +35,24 @@
 //     node:    {bandwidth_GBps: 240, latency_us: 3, shared_by: 1}    # between devices of a node
 //     cluster: {bandwidth_GBps: 23, latency_us: 6, shared_by: 1}     # across nodes
 //
+// Optional, measured terms (calibrate_machine; absent in the GPU descriptions, whose collectives
+// follow the ring / tree formulas from latency_us):
+//
+//   links:
+//     node: {bandwidth_GBps: 7.8, latency_us: 0.5, shared_by: 1,
+//            collective_us: {all_reduce: [[2, 3.1], [4, 12], [8, 35]], all_gather: [...], reduce_scatter:
+//            [...]}}
+//         # the median time of one small collective (a few bytes per rank) by group size: replaces
+//         # the formula's latency part (2 (n-1) latency_us for a ring all-reduce) for that kind;
+//         # linear between the sizes, proportional to n - 1 beyond the largest
+//   node:
+//     devices: 2
+//     oversubscribed_wait_us: [[2, 40], [4, 120]]
+//         # ranks per device -> the extra time each blocking wait costs when ranks time-share the
+//         # devices (the blocked rank spins, then yields, and resumes only when the scheduler gives
+//         # it a core back); linear between the points, flat beyond the ends; 0 when not
+//         # oversubscribed
+//
 // A link's bandwidth is one direction, per link; `shared_by` devices share one link, so each gets
 // bandwidth / shared_by when all send at once (a collective's ranks all do).
 //
@@ -56,6 +74,12 @@ struct LinkLevel {
   double bandwidth_GBps = 0;  // one direction, one link (10^9 bytes / s)
   double latency_us = 0;      // per message (per ring / tree step)
   int shared_by = 1;          // devices sharing one such link
+  // Measured seconds of one small collective by group size, per kind (all_reduce, all_gather,
+  // reduce_scatter): (group size, microseconds), increasing size. Empty: the formula's latency.
+  std::map<std::string, std::vector<std::pair<double, double>>> collective_us;
+
+  // The table's time for `kind` on `n` ranks in seconds, or < 0 when the table has no such kind.
+  double collective_latency_s(const std::string& kind, int n) const;
 };
 
 struct HardwareDescription {
@@ -72,6 +96,9 @@ struct HardwareDescription {
   double op_overhead_us = 0;
   double memory_GiB = 0;
   int devices_per_node = 1;
+  // (ranks per device, microseconds): the extra cost of a blocking wait on an oversubscribed
+  // node, increasing ranks per device. Empty: none.
+  std::vector<std::pair<double, double>> oversubscribed_wait_us;
   LinkLevel node_link;     // within a node
   LinkLevel cluster_link;  // across nodes
 
@@ -82,6 +109,8 @@ struct HardwareDescription {
   double matmul_flops(DType dtype) const;
   // The measured TFLOP/s of kernel `op` in `dtype`: its entry, else fp32's entry; 0 when neither.
   double op_tflops_for(const std::string& op, DType dtype) const;
+  // The extra seconds of one blocking wait at `ranks_per_device` (> 1: oversubscribed), else 0.
+  double oversubscribed_wait_s(double ranks_per_device) const;
 };
 
 // Parses and validates a description; errors name the file, the key and the rule

@@ -110,6 +110,9 @@ class CostModel {
   const LinkLevel& level(const std::vector<int>& ranks) const;
   double collective_seconds(const CommEvent& e) const;
   double p2p_seconds(int64_t bytes, int a, int b) const;
+  // The extra seconds each blocking wait costs a rank of an oversubscribed node
+  // (hardware.hpp's node.oversubscribed_wait_us at this job's ranks per device); 0 otherwise.
+  double oversubscribed_wait_s() const;
 
  private:
   // One kernel: overhead + max(flops at the rate, bytes at the bandwidth); `matmul_size` > 0 takes
@@ -135,6 +138,10 @@ struct RankTime {
   double compute_s = 0;  // busy with ops
   double bubble_s = 0;
   std::map<std::string, double> exposed_s;  // per dimension
+  // Of the exposed time: what its blocking waits cost beyond the calls' own completion because
+  // the node is oversubscribed (CostModel::oversubscribed_wait_s per wait that blocked).
+  double oversubscribed_wait_s = 0;
+  int blocking_waits = 0;  // waits that found their call not yet complete
 };
 
 struct SimulationResult {
@@ -142,6 +149,7 @@ struct SimulationResult {
   std::vector<RankTime> ranks;              // one per representative, in the order given
   double bubble_fraction = 0;               // mean bubble / step time over the representatives
   std::map<std::string, double> exposed_s;  // per dimension: mean over the representatives
+  double oversubscribed_wait_s = 0;         // mean over the representatives (RankTime's)
 };
 
 // A timeline costed for the simulator: consecutive ops merged into one span of compute seconds

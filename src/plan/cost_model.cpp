@@ -129,6 +129,12 @@ double CostModel::collective_seconds(const CommEvent& e) const {
   const LinkLevel& l = level(e.ranks);
   const double bw = l.bandwidth_GBps * 1e9 / l.shared_by, a = l.latency_us * 1e-6;
   const double b = static_cast<double>(e.bytes);
+  // A measured small-collective time for this kind and group size (calibrate_machine) replaces the
+  // formula's latency part; the bandwidth part stays the formula's.
+  if (const double measured = l.collective_latency_s(e.kind, n); measured >= 0) {
+    if (e.kind == "all_reduce") return measured + all_reduce_seconds(b, n, bw, 0);
+    return measured + ring_gather_seconds(b, n, bw, 0);
+  }
   if (e.kind == "all_reduce") return all_reduce_seconds(b, n, bw, a);
   if (e.kind == "reduce_scatter" || e.kind == "all_gather" || e.kind == "all_to_all" ||
       e.kind == "all_to_allv")
@@ -136,6 +142,11 @@ double CostModel::collective_seconds(const CommEvent& e) const {
   if (e.kind == "broadcast") return b / bw + (n - 1) * a;
   if (e.kind == "barrier") return 2.0 * std::ceil(std::log2(static_cast<double>(n))) * a;
   PARALLEL_FAIL("CostModel: no cost formula for a collective of kind '{}'", e.kind);
+}
+
+double CostModel::oversubscribed_wait_s() const {
+  if (!oversubscribed()) return 0;
+  return hw_.oversubscribed_wait_s(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
 }
 
 double CostModel::p2p_seconds(int64_t bytes, int a, int b) const {

@@ -45,6 +45,49 @@ double HardwareDescription::op_tflops_for(const std::string& op, DType dtype) co
   return 0.0;
 }
 
+// The measured communication terms (calibrate_machine): small collectives by group size, and the
+// wait of a rank that time-shares its device.
+namespace {
+
+// Linear between the points, flat beyond the ends.
+double interpolate(const std::vector<std::pair<double, double>>& table, double x) {
+  if (x <= table.front().first) return table.front().second;
+  for (std::size_t i = 1; i < table.size(); ++i) {
+    const auto [x1, y1] = table[i];
+    if (x > x1) continue;
+    const auto [x0, y0] = table[i - 1];
+    return y0 + (x - x0) / (x1 - x0) * (y1 - y0);
+  }
+  return table.back().second;
+}
+
+std::string table_yaml(const std::vector<std::pair<double, double>>& table) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < table.size(); ++i)
+    out += fmt::format("{}[{:.6g}, {:.4g}]", i == 0 ? "" : ", ", table[i].first, table[i].second);
+  return out + "]";
+}
+
+}  // namespace
+
+double LinkLevel::collective_latency_s(const std::string& kind, int n) const {
+  const auto it = collective_us.find(kind);
+  if (it == collective_us.end() || it->second.empty()) return -1;
+  const auto& table = it->second;
+  // Beyond the largest measured group: the latency grows as the ring's n - 1 steps.
+  const auto [n_last, us_last] = table.back();
+  if (n > n_last && n_last > 1) return us_last * (n - 1) / (n_last - 1) * 1e-6;
+  return interpolate(table, n) * 1e-6;
+}
+
+double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const {
+  if (ranks_per_device <= 1 || oversubscribed_wait_us.empty()) return 0;
+  // One rank per device waits for nothing: the curve starts at (1, 0).
+  std::vector<std::pair<double, double>> table{{1.0, 0.0}};
+  table.insert(table.end(), oversubscribed_wait_us.begin(), oversubscribed_wait_us.end());
+  return interpolate(table, ranks_per_device) * 1e-6;
+}
+
 namespace {
 
 struct Reader {
@@ -130,8 +173,24 @@ struct Reader {
     }
     return rates;
   }
+  // [[x, y], ...] with x increasing and > x_min, y >= 0.
+  std::vector<std::pair<double, double>> table(const YAML::Node& n, const std::string& key, double x_min,
+                                               const std::string& what) const {
+    if (!n.IsSequence() || n.size() == 0) fail(key, "must be a list of [" + what + "] pairs");
+    std::vector<std::pair<double, double>> out;
+    for (std::size_t i = 0; i < n.size(); ++i) {
+      const std::string k = fmt::format("{}[{}]", key, i);
+      if (!n[i].IsSequence() || n[i].size() != 2) fail(k, "must be a pair [" + what + "]");
+      const double x = number(n[i][0], k + "[0]", x_min);
+      const double y = number(n[i][1], k + "[1]", 0, true);
+      if (!out.empty() && x <= out.back().first)
+        fail(k + "[0]", fmt::format("must increase, got {} after {}", x, out.back().first));
+      out.emplace_back(x, y);
+    }
+    return out;
+  }
   LinkLevel link(const YAML::Node& n, const std::string& where) const {
-    only_keys(n, where, {"bandwidth_GBps", "latency_us", "shared_by"});
+    only_keys(n, where, {"bandwidth_GBps", "latency_us", "shared_by", "collective_us"});
     LinkLevel l;
     l.bandwidth_GBps = number(need(n, where, "bandwidth_GBps"), where + ".bandwidth_GBps", 0);
     l.latency_us = number(need(n, where, "latency_us"), where + ".latency_us", 0, true);
@@ -140,6 +199,14 @@ struct Reader {
       if (s != std::floor(s))
         fail(where + ".shared_by", fmt::format("must be a whole number >= 1, got {}", s));
       l.shared_by = static_cast<int>(s);
+    }
+    if (const YAML::Node c = n["collective_us"]) {
+      const std::string key = where + ".collective_us";
+      only_keys(c, key, {"all_reduce", "all_gather", "reduce_scatter"});
+      for (const auto& kv : c) {
+        const auto kind = kv.first.as<std::string>();
+        l.collective_us[kind] = table(kv.second, key + "." + kind, 1, "group size > 1, microseconds");
+      }
     }
     return l;
   }
@@ -220,11 +287,14 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   hw.op_overhead_us = r.number(r.need(dev, "device", "op_overhead_us"), "device.op_overhead_us", 0, true);
   if (dev["memory_GiB"]) hw.memory_GiB = r.number(dev["memory_GiB"], "device.memory_GiB", 0);
   const YAML::Node node = r.need(root, "", "node");
-  r.only_keys(node, "node", {"devices"});
+  r.only_keys(node, "node", {"devices", "oversubscribed_wait_us"});
   const double devices = r.number(r.need(node, "node", "devices"), "node.devices", 1, true);
   if (devices != std::floor(devices))
     r.fail("node.devices", fmt::format("must be a whole number >= 1, got {}", devices));
   hw.devices_per_node = static_cast<int>(devices);
+  if (const YAML::Node w = node["oversubscribed_wait_us"])
+    hw.oversubscribed_wait_us =
+        r.table(w, "node.oversubscribed_wait_us", 1, "ranks per device > 1, microseconds");
   const YAML::Node links = r.need(root, "", "links");
   r.only_keys(links, "links", {"node", "cluster"});
   hw.node_link = r.link(r.need(links, "links", "node"), "links.node");
@@ -284,10 +354,24 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   out += fmt::format("  memory_bandwidth_GBps: {:.6g}\n  op_overhead_us: {:.6g}\n", hw.memory_bandwidth_GBps,
                      hw.op_overhead_us);
   if (hw.memory_GiB > 0) out += fmt::format("  memory_GiB: {:.6g}\n", hw.memory_GiB);
-  out += fmt::format("node:\n  devices: {}\nlinks:\n", hw.devices_per_node);
-  for (const auto& [label, l] : {std::pair{"node", hw.node_link}, std::pair{"cluster", hw.cluster_link}})
-    out += fmt::format("  {}: {{bandwidth_GBps: {:.6g}, latency_us: {:.6g}, shared_by: {}}}\n", label,
+  out += fmt::format("node:\n  devices: {}\n", hw.devices_per_node);
+  if (!hw.oversubscribed_wait_us.empty())
+    out += fmt::format("  oversubscribed_wait_us: {}\n", table_yaml(hw.oversubscribed_wait_us));
+  out += "links:\n";
+  for (const auto& [label, l] : {std::pair{"node", hw.node_link}, std::pair{"cluster", hw.cluster_link}}) {
+    out += fmt::format("  {}: {{bandwidth_GBps: {:.6g}, latency_us: {:.6g}, shared_by: {}", label,
                        l.bandwidth_GBps, l.latency_us, l.shared_by);
+    if (!l.collective_us.empty()) {
+      out += ", collective_us: {";
+      bool first_kind = true;
+      for (const auto& [kind, table] : l.collective_us) {
+        out += fmt::format("{}{}: {}", first_kind ? "" : ", ", kind, table_yaml(table));
+        first_kind = false;
+      }
+      out += "}";
+    }
+    out += "}\n";
+  }
   return out;
 }
 

@@ -174,6 +174,7 @@ class Simulator {
     for (RankSim& s : sims_) {
       r.ranks.push_back(s.out);
       for (const auto& [d, t] : s.out.exposed_s) r.exposed_s[d] += t / static_cast<double>(sims_.size());
+      r.oversubscribed_wait_s += s.out.oversubscribed_wait_s / static_cast<double>(sims_.size());
       if (r.step_time_s > 0)
         r.bubble_fraction += s.out.bubble_s / r.step_time_s / static_cast<double>(sims_.size());
     }
@@ -242,6 +243,14 @@ class Simulator {
     const Call& c = it->second;
     if (std::isnan(c.end)) return false;
     const double blocked = std::max(0.0, c.end - s.clock);
+    if (blocked > 0) {
+      // A rank that blocks on an oversubscribed node resumes only when the scheduler gives it a
+      // core back: the measured wait (0 on a node with a device per rank).
+      const double wake = cost_.oversubscribed_wait_s();
+      ++s.out.blocking_waits;
+      s.out.oversubscribed_wait_s += wake;
+      s.out.exposed_s[c.dim] += wake;
+    }
     if (c.p2p && c.dim == "pp") {
       const double wire = std::min(blocked, c.transfer);
       s.out.exposed_s["pp"] += wire;
@@ -249,7 +258,7 @@ class Simulator {
     } else {
       s.out.exposed_s[c.dim] += blocked;
     }
-    s.clock = std::max(s.clock, c.end);
+    s.clock = std::max(s.clock, c.end + (blocked > 0 ? cost_.oversubscribed_wait_s() : 0.0));
     return true;
   }
 

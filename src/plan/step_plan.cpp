@@ -114,8 +114,9 @@ std::string step_plan_json(const StepPlan& p) {
       ex += fmt::format("{}\"{}\": {:.6g}", ex.empty() ? "" : ", ", d, v);
     ranks += fmt::format(
         "{}    {{\"rank\": {}, \"end_s\": {:.6g}, \"compute_s\": {:.6g}, \"bubble_s\": {:.6g}, "
-        "\"exposed_communication_s\": {{{}}}}}",
-        ranks.empty() ? "" : ",\n", r.rank, r.end_s, r.compute_s, r.bubble_s, ex);
+        "\"exposed_communication_s\": {{{}}}, \"blocking_waits\": {}, \"oversubscribed_wait_s\": {:.6g}}}",
+        ranks.empty() ? "" : ",\n", r.rank, r.end_s, r.compute_s, r.bubble_s, ex, r.blocking_waits,
+        r.oversubscribed_wait_s);
   }
   return fmt::format(
       "{{\n  \"step_time_s\": {:.6g},\n  \"tokens_per_s\": {:.6g},\n  \"mfu\": {:.6g},\n  "
@@ -123,9 +124,10 @@ std::string step_plan_json(const StepPlan& p) {
       "{:.6g},\n  \"model_tflops_per_device\": {:.6g},\n  \"model_flops_per_step\": {:.6g},\n  "
       "\"hardware_flops_per_step\": {:.6g},\n  \"exposed_communication_s\": {{{}}},\n  \"ranks_per_node\": "
       "{},\n  "
-      "\"oversubscribed\": {},\n  \"time_per_stage\": [\n{}\n  ]\n}}\n",
+      "\"oversubscribed\": {},\n  \"oversubscribed_wait_s\": {:.6g},\n  \"time_per_stage\": [\n{}\n  ]\n}}\n",
       p.sim.step_time_s, p.tokens_per_s, p.mfu, p.sim.bubble_fraction, p.model_tflops_per_device,
-      p.model_flops, p.hardware_flops, exposed, p.ranks_per_node, p.oversubscribed ? "true" : "false", ranks);
+      p.model_flops, p.hardware_flops, exposed, p.ranks_per_node, p.oversubscribed ? "true" : "false",
+      p.sim.oversubscribed_wait_s, ranks);
 }
 
 std::string step_plan_table(const StepPlan& p) {
@@ -133,8 +135,10 @@ std::string step_plan_table(const StepPlan& p) {
       "step time {:.4g} s, {:.4g} tokens/s, MFU {:.1f} %, {:.3g} model TFLOP/s per device, bubble {:.1f} %\n",
       p.sim.step_time_s, p.tokens_per_s, 100 * p.mfu, p.model_tflops_per_device, 100 * p.sim.bubble_fraction);
   if (p.oversubscribed)
-    out += fmt::format("oversubscribed: {} ranks per node share its devices; each rank gets {:.3g} of one\n",
-                       p.ranks_per_node, p.share);
+    out += fmt::format(
+        "oversubscribed: {} ranks per node share its devices; each rank gets {:.3g} of one, and its "
+        "blocking waits cost {:.4g} s of the step beyond their calls (mean per representative)\n",
+        p.ranks_per_node, p.share, p.sim.oversubscribed_wait_s);
   out += "exposed communication (s):";
   for (const char* d : kDimensions) out += fmt::format(" {} {:.4g}", d, p.sim.exposed_s.at(d));
   out += "\n stage rank   end (s)  compute (s)  bubble (s)\n";

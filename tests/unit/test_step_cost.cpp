@@ -88,6 +88,74 @@ TEST(CollectiveCost, GroupOnOneNodeUsesTheNodeLinkElseTheCluster) {
   EXPECT_DOUBLE_EQ(cost.p2p_seconds(500'000'000, 7, 8), 1.0);
 }
 
+TEST(CollectiveCost, AMeasuredSmallCollectiveReplacesTheLatencyTerm) {
+  // 2 ranks: 10 us, 4 ranks: 30 us measured; the bandwidth term stays the ring's.
+  HardwareDescription hw = simple_machine();
+  hw.node_link.collective_us["all_reduce"] = {{2, 10}, {4, 30}};
+  hw.node_link.collective_us["all_gather"] = {{2, 5}};
+  const CostModel cost(hw, 8);
+  CommEvent e;
+  e.kind = "all_reduce";
+  e.bytes = 1'000'000'000;
+  e.ranks = {0, 1};
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 10e-6 + 1.0);
+  e.bytes = 0;
+  e.ranks = {0, 1, 2};
+  EXPECT_NEAR(cost.collective_seconds(e), 20e-6, 1e-15);  // linear between 2 and 4
+  e.ranks = {0, 1, 2, 3, 4, 5, 6};
+  EXPECT_NEAR(cost.collective_seconds(e), 30e-6 * 6 / 3, 1e-15);  // beyond 4: as n - 1
+  e.kind = "all_gather";
+  e.ranks = {0, 1, 2, 3};
+  EXPECT_NEAR(cost.collective_seconds(e), 5e-6 * 3, 1e-15);
+  e.kind = "reduce_scatter";  // not measured: the formula (no latency on this machine)
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 0.0);
+  // Without the table (the GPU descriptions) nothing changes: the tree's 2 log2(n) latency here.
+  HardwareDescription plain = simple_machine();
+  plain.node_link.latency_us = 1;
+  e.kind = "all_reduce";
+  EXPECT_NEAR(CostModel(plain, 8).collective_seconds(e), 4e-6, 1e-15);
+  // Written and read back.
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_EQ(back.node_link.collective_us, hw.node_link.collective_us);
+  EXPECT_TRUE(back.cluster_link.collective_us.empty());
+}
+
+TEST(Simulate, ABlockingWaitOnAnOversubscribedNodeCostsTheMeasuredWait) {
+  // Two ranks per device (4 ranks, 2 devices) cost 0.5 s a blocking wait, four 1 s; beyond one rank
+  // a device the curve starts at 0 (3 ranks on 2 devices: 1.5 per device -> 0.25 s).
+  HardwareDescription two = simple_machine();
+  two.devices_per_node = 2;
+  two.oversubscribed_wait_us = {{2, 0.5e6}, {4, 1e6}};
+  EXPECT_DOUBLE_EQ(two.oversubscribed_wait_s(1.0), 0.0);
+  EXPECT_DOUBLE_EQ(two.oversubscribed_wait_s(1.5), 0.25);
+  EXPECT_DOUBLE_EQ(two.oversubscribed_wait_s(3.0), 0.75);
+  EXPECT_DOUBLE_EQ(two.oversubscribed_wait_s(8.0), 1.0);
+  EXPECT_DOUBLE_EQ(CostModel(two, 4, 4).oversubscribed_wait_s(), 0.5);
+  EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).oversubscribed_wait_s(), 0.0);  // a device per rank
+  // The pipeline of OversubscribedRanksShareTheCoresOfThoseThatCompute: stage 1 blocks on stage
+  // 0's message (2 s before); it resumes 0.5 s later, and the step moves by that.
+  std::map<int, std::vector<TimelineEntry>> chain;
+  chain[0] = {op(1), comm(0, "send", "pp", {0, 2}, 0, true, {2})};
+  chain[2] = {comm(0, "recv", "pp", {0, 2}, 0, true, {0}), wait(0), op(1)};
+  const SimulationResult r = simulate(chain, CostModel(two, 4, 4));
+  EXPECT_DOUBLE_EQ(r.step_time_s, 2.5);
+  EXPECT_DOUBLE_EQ(r.ranks[1].oversubscribed_wait_s, 0.5);
+  EXPECT_EQ(r.ranks[1].blocking_waits, 1);
+  EXPECT_EQ(r.ranks[0].blocking_waits, 0);          // the sender never waits
+  EXPECT_DOUBLE_EQ(r.oversubscribed_wait_s, 0.25);  // mean over the two representatives
+  // A wait whose call is already complete does not block and costs nothing: stage 1 computes 3 s
+  // of its own first (sharing the cores with stage 0 for the first 2), then finds the message.
+  chain[2].insert(chain[2].begin(), op(3));
+  const SimulationResult late = simulate(chain, CostModel(two, 4, 4));
+  EXPECT_EQ(late.ranks[1].blocking_waits, 0);
+  EXPECT_DOUBLE_EQ(late.oversubscribed_wait_s, 0.0);
+  // Not oversubscribed (a device per rank): the same timelines cost no wait.
+  HardwareDescription four = two;
+  four.devices_per_node = 4;
+  chain[2].erase(chain[2].begin());
+  EXPECT_DOUBLE_EQ(simulate(chain, CostModel(four, 4, 4)).step_time_s, 2.0);
+}
+
 TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
   HardwareDescription hw = simple_machine();
   hw.matmul_efficiency[DType::F32] = {{100, 0.25}, {10000, 1.0}};
@@ -417,6 +485,26 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(with("cluster: {bandwidth_GBps: 0.5, ", "cluster: {"))
                 .find("links.cluster.bandwidth_GBps is missing"),
+            std::string::npos);
+  // The measured communication terms: every error names its key.
+  EXPECT_NE(error_of(with("devices: 8", "devices: 8\n  oversubscribed_wait_us: [[2, 40], [2, 50]]"))
+                .find("bad.yaml: node.oversubscribed_wait_us[1][0] must increase, got 2 after 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("devices: 8", "devices: 8\n  oversubscribed_wait_us: [[1, 40]]"))
+                .find("node.oversubscribed_wait_us[0][0] must be a number > 1, got 1"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(with("devices: 8", "devices: 8\n  oversubscribed_wait_us: 40"))
+          .find("node.oversubscribed_wait_us must be a list of [ranks per device > 1, microseconds] pairs"),
+      std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, collective_us: {all_reduce: [[2, -1]]}}"))
+                .find("links.node.collective_us.all_reduce[0][1] must be a number >= 0, got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, collective_us: {broadcast: [[2, 3]]}}"))
+                .find("links.node.collective_us.broadcast is not a known key"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, collective_us: {all_gather: [[2]]}}"))
+                .find("links.node.collective_us.all_gather[0] must be a pair [group size > 1, microseconds]"),
             std::string::npos);
 }
 
