@@ -8,6 +8,7 @@
 // therefore strided by b * heads * d (or dv), but each row's d floats are contiguous, and every
 // inner loop below runs along such a row (or along a tile row) so that GCC vectorises it without
 // -ffast-math.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -33,7 +34,10 @@ namespace attention_tiles {
 
 PARALLEL_HOT float exp_tile_row(float* __restrict s, int64_t start, int64_t end, int64_t cols, float scale,
                                 float shift) {
-  end = std::max(end, start);
+  // A row whose range starts past the tile would otherwise zero the next row (or, for a tile's last
+  // row, the buffer after the tile).
+  start = std::min(start, cols);
+  end = std::clamp(end, start, cols);
   for (int64_t j = 0; j < start; j++) s[j] = 0.0f;
   for (int64_t j = start; j < end; j++) s[j] = clamp_exp_arg(scale * s[j] - shift);
   float sum = 0.0f;
@@ -50,9 +54,13 @@ PARALLEL_HOT float scaled_row_max(const float* __restrict s, int64_t start, int6
   return lane_max(std::max<int64_t>(end - start, 0), [&](int64_t j) { return scale * s[start + j]; });
 }
 
-PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale,
-                                   float D) {
-  for (int64_t j = 0; j < cols; j++) dp[j] = scale * p[j] * (dp[j] - D);
+PARALLEL_HOT void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t start,
+                                   int64_t end, int64_t cols, float scale, float D) {
+  start = std::min(start, cols);
+  end = std::clamp(end, start, cols);
+  for (int64_t j = 0; j < start; j++) dp[j] = 0.0f;
+  for (int64_t j = start; j < end; j++) dp[j] = scale * p[j] * (dp[j] - D);
+  for (int64_t j = end; j < cols; j++) dp[j] = 0.0f;
 }
 
 void online_softmax_tile(float* S, int64_t rows, int64_t cols, const BlockRanges& r, int64_t j0, float scale,
@@ -107,30 +115,84 @@ namespace {
 using namespace attention_tiles;
 
 // C[m, n] += sum_k A(m, k) * B[k, n] with A(m, k) = A[m * a_rs + k * a_cs], so the same routine
-// computes A @ B (a_cs = 1) and A^T @ B (a_rs = 1). This is the plain version, for the edges the
-// register-blocked one below leaves: the n loop is the vectorised one, and k is unrolled by four
-// so each C row is loaded and stored once per four rank-1 updates.
+// computes A @ B (a_cs = 1) and A^T @ B (a_rs = 1).
+//
+// A mask makes most of a diagonal tile dead, and the products skip it (`Band`): each row m of C
+// either needs only the columns [lo[m], hi[m]) (`Bound::columns`: a score tile, whose other entries
+// nobody reads) or only the depth [lo[m], hi[m]) (`Bound::depth`: A's row m is zero outside it, as a
+// probability row outside its visible keys is). Register blocks take the hull of their rows'
+// ranges; a row with lo >= hi needs nothing. Skipping zero terms of a depth sum leaves each sum
+// exactly as it was (an FMA with a zero product returns its addend), so only the work changes.
+// `overwrite`: C = A B instead of C += A B (C need not be zeroed first; under Bound::columns the
+// entries outside the rows' ranges are left as they were).
+enum class Bound { none, columns, depth };
+struct Band {
+  Bound bound = Bound::none;
+  const int32_t* lo = nullptr;
+  const int32_t* hi = nullptr;
+  bool overwrite = false;
+  // [a, b) = the hull of rows [m, m + R)'s ranges clipped to [0, limit) (a = b = 0 when all are empty);
+  // [0, limit) for the bound this band does not apply to.
+  void hull(Bound which, int64_t m, int64_t R, int64_t limit, int64_t& a, int64_t& b) const {
+    if (bound != which) {
+      a = 0, b = limit;
+      return;
+    }
+    a = limit, b = 0;
+    for (int64_t r = m; r < m + R; r++)
+      if (lo[r] < hi[r]) a = std::min<int64_t>(a, lo[r]), b = std::max<int64_t>(b, hi[r]);
+    a = std::max<int64_t>(a, 0), b = std::min(b, limit);
+    if (a >= b) a = b = 0;
+  }
+};
+
+// The plain version, for the edges the register-blocked ones leave, one row of C at a time: the n
+// loop is the vectorised one, and k is unrolled by four so each C row is loaded and stored once
+// per four rank-1 updates. A depth band is rounded out to the groups of four, so that every sum is
+// grouped as without a band (the groups skipped are all zero).
 inline void matmul_acc_edge(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs,
                             int64_t a_cs, const float* __restrict B, int64_t ldb, int64_t M, int64_t N,
-                            int64_t K) {
+                            int64_t K, const Band& band, int64_t m0, int64_t n0) {
   for (int64_t m = 0; m < M; m++) {
+    int64_t n_lo = 0, n_hi = N, k = 0, k_hi = K;
+    if (band.bound == Bound::columns) {
+      band.hull(Bound::columns, m0 + m, 1, n0 + N, n_lo, n_hi);
+      n_lo = std::max<int64_t>(n_lo - n0, 0), n_hi = std::max<int64_t>(n_hi - n0, 0);
+    } else if (band.bound == Bound::depth) {
+      band.hull(Bound::depth, m0 + m, 1, K, k, k_hi);
+      k = k / 4 * 4;
+      k_hi = std::min((k_hi + 3) / 4 * 4, K);
+    }
     float* __restrict c = C + m * ldc;
+    if (band.overwrite)
+      for (int64_t n = n_lo; n < n_hi; n++) c[n] = 0.0f;
     const float* a = A + m * a_rs;
-    int64_t k = 0;
-    for (; k + 4 <= K; k += 4) {
+    for (; k + 4 <= k_hi; k += 4) {
       const float a0 = a[k * a_cs], a1 = a[(k + 1) * a_cs], a2 = a[(k + 2) * a_cs], a3 = a[(k + 3) * a_cs];
       const float* __restrict b0 = B + k * ldb;
       const float* __restrict b1 = b0 + ldb;
       const float* __restrict b2 = b1 + ldb;
       const float* __restrict b3 = b2 + ldb;
-      for (int64_t n = 0; n < N; n++) c[n] += a0 * b0[n] + a1 * b1[n] + a2 * b2[n] + a3 * b3[n];
+      for (int64_t n = n_lo; n < n_hi; n++) c[n] += a0 * b0[n] + a1 * b1[n] + a2 * b2[n] + a3 * b3[n];
     }
-    for (; k < K; k++) {
+    for (; k < k_hi; k++) {
       const float a0 = a[k * a_cs];
       const float* __restrict b0 = B + k * ldb;
-      for (int64_t n = 0; n < N; n++) c[n] += a0 * b0[n];
+      for (int64_t n = n_lo; n < n_hi; n++) c[n] += a0 * b0[n];
     }
   }
+}
+
+// The edges of a product whose first M_blocked rows and N_blocked columns the blocked kernel did.
+inline void matmul_acc_edges(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs,
+                             int64_t a_cs, const float* __restrict B, int64_t ldb, int64_t M, int64_t N,
+                             int64_t K, int64_t M_blocked, int64_t N_blocked, const Band& band) {
+  if (N_blocked < N)
+    matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K, band,
+                    0, N_blocked);
+  if (M_blocked < M)
+    matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K,
+                    band, M_blocked, 0);
 }
 
 // The same product, register-blocked: a 4 x kNr block of C is accumulated in registers over the
@@ -143,13 +205,17 @@ constexpr int64_t kMr = 4, kNr = 16;
 
 __attribute__((target_clones("avx512f", "default"))) void matmul_acc_arrays(
     float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs, int64_t a_cs,
-    const float* __restrict B, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+    const float* __restrict B, int64_t ldb, int64_t M, int64_t N, int64_t K, const Band& band) {
   const int64_t M_blocked = M - M % kMr, N_blocked = N - N % kNr;
   for (int64_t m = 0; m < M_blocked; m += kMr) {
     const float* a = A + m * a_rs;
-    for (int64_t n = 0; n < N_blocked; n += kNr) {
+    int64_t n_lo, n_hi, k_lo, k_hi;
+    band.hull(Bound::columns, m, kMr, N_blocked, n_lo, n_hi);
+    band.hull(Bound::depth, m, kMr, K, k_lo, k_hi);
+    if (k_lo >= k_hi && !band.overwrite) continue;  // every row's A is zero: C += 0
+    for (int64_t n = n_lo / kNr * kNr; n < n_hi; n += kNr) {
       float acc0[kNr] = {}, acc1[kNr] = {}, acc2[kNr] = {}, acc3[kNr] = {};
-      for (int64_t k = 0; k < K; k++) {
+      for (int64_t k = k_lo; k < k_hi; k++) {
         const float* b = B + k * ldb + n;
         const float a0 = a[k * a_cs], a1 = a[a_rs + k * a_cs], a2 = a[2 * a_rs + k * a_cs],
                     a3 = a[3 * a_rs + k * a_cs];
@@ -161,18 +227,24 @@ __attribute__((target_clones("avx512f", "default"))) void matmul_acc_arrays(
         }
       }
       float* c = C + m * ldc + n;
-      for (int64_t j = 0; j < kNr; j++) {
-        c[j] += acc0[j];
-        c[ldc + j] += acc1[j];
-        c[2 * ldc + j] += acc2[j];
-        c[3 * ldc + j] += acc3[j];
+      if (band.overwrite) {
+        for (int64_t j = 0; j < kNr; j++) {
+          c[j] = acc0[j];
+          c[ldc + j] = acc1[j];
+          c[2 * ldc + j] = acc2[j];
+          c[3 * ldc + j] = acc3[j];
+        }
+      } else {
+        for (int64_t j = 0; j < kNr; j++) {
+          c[j] += acc0[j];
+          c[ldc + j] += acc1[j];
+          c[2 * ldc + j] += acc2[j];
+          c[3 * ldc + j] += acc3[j];
+        }
       }
     }
   }
-  if (N_blocked < N)
-    matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K);
-  if (M_blocked < M)
-    matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
+  matmul_acc_edges(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K, M_blocked, N_blocked, band);
 }
 
 // AVX2 + FMA: the same per-element arithmetic (acc = fma(a, b, acc) over k from zero, then c + acc)
@@ -184,21 +256,19 @@ typedef float v8f __attribute__((vector_size(32)));
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-[[gnu::target("avx2,fma"), gnu::always_inline]] inline void add_store8(float* p, v8f v) {
-  v += load8(p);
+[[gnu::target("avx2,fma"), gnu::always_inline]] inline void store8(float* p, v8f v, bool overwrite) {
+  if (!overwrite) v += load8(p);
   std::memcpy(p, &v, sizeof v);
 }
 
-// One R x 16 block of C over the whole k: 2 R accumulators, two loads of B and R broadcasts of A
-// per k. R = 6 (12 accumulators, 12 FMAs per 8 loads) where the rows allow, else R = 4.
+// One R x 16 block of C over k in [k_lo, k_hi): 2 R accumulators, two loads of B and R broadcasts
+// of A per k. R = 6 (12 accumulators, 12 FMAs per 8 loads) where the rows allow, else R = 4.
 template <int R>
-[[gnu::target("avx2,fma"), gnu::always_inline]] inline void block_avx2(float* __restrict c, int64_t ldc,
-                                                                       const float* __restrict a,
-                                                                       int64_t a_rs, int64_t a_cs,
-                                                                       const float* __restrict b, int64_t ldb,
-                                                                       int64_t K) {
+[[gnu::target("avx2,fma"), gnu::always_inline]] inline void block_avx2(
+    float* __restrict c, int64_t ldc, const float* __restrict a, int64_t a_rs, int64_t a_cs,
+    const float* __restrict b, int64_t ldb, int64_t k_lo, int64_t k_hi, bool overwrite) {
   v8f lo[R] = {}, hi[R] = {};
-  for (int64_t k = 0; k < K; k++) {
+  for (int64_t k = k_lo; k < k_hi; k++) {
     const v8f b0 = load8(b + k * ldb), b1 = load8(b + k * ldb + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
@@ -209,46 +279,114 @@ template <int R>
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; r++) {
-    add_store8(c + r * ldc, lo[r]);
-    add_store8(c + r * ldc + 8, hi[r]);
+    store8(c + r * ldc, lo[r], overwrite);
+    store8(c + r * ldc + 8, hi[r], overwrite);
   }
+}
+
+template <int R>
+[[gnu::target("avx2,fma"), gnu::always_inline]] inline void row_block_avx2(
+    float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs, int64_t a_cs,
+    const float* __restrict B, int64_t ldb, int64_t m, int64_t N_blocked, int64_t K, const Band& band) {
+  int64_t n_lo, n_hi, k_lo, k_hi;
+  band.hull(Bound::columns, m, R, N_blocked, n_lo, n_hi);
+  band.hull(Bound::depth, m, R, K, k_lo, k_hi);
+  if (k_lo >= k_hi && !band.overwrite) return;  // every row's A is zero: C += 0
+  for (int64_t n = n_lo / kNr * kNr; n < n_hi; n += kNr)
+    block_avx2<R>(C + m * ldc + n, ldc, A + m * a_rs, a_rs, a_cs, B + n, ldb, k_lo, k_hi, band.overwrite);
 }
 
 [[gnu::target("avx2,fma")]] void matmul_acc_avx2(float* __restrict C, int64_t ldc, const float* __restrict A,
                                                  int64_t a_rs, int64_t a_cs, const float* __restrict B,
-                                                 int64_t ldb, int64_t M, int64_t N, int64_t K) {
+                                                 int64_t ldb, int64_t M, int64_t N, int64_t K,
+                                                 const Band& band) {
   const int64_t N_blocked = N - N % kNr;
   const int64_t M6 = M / 6 * 6, M_blocked = M6 + (M - M6) / kMr * kMr;
-  for (int64_t n = 0; n < N_blocked; n += kNr) {
-    int64_t m = 0;
-    for (; m < M6; m += 6) block_avx2<6>(C + m * ldc + n, ldc, A + m * a_rs, a_rs, a_cs, B + n, ldb, K);
-    for (; m < M_blocked; m += kMr)
-      block_avx2<kMr>(C + m * ldc + n, ldc, A + m * a_rs, a_rs, a_cs, B + n, ldb, K);
-  }
-  if (N_blocked < N)
-    matmul_acc_edge(C + N_blocked, ldc, A, a_rs, a_cs, B + N_blocked, ldb, M_blocked, N - N_blocked, K);
-  if (M_blocked < M)
-    matmul_acc_edge(C + M_blocked * ldc, ldc, A + M_blocked * a_rs, a_rs, a_cs, B, ldb, M - M_blocked, N, K);
+  int64_t m = 0;
+  for (; m < M6; m += 6) row_block_avx2<6>(C, ldc, A, a_rs, a_cs, B, ldb, m, N_blocked, K, band);
+  for (; m < M_blocked; m += kMr) row_block_avx2<kMr>(C, ldc, A, a_rs, a_cs, B, ldb, m, N_blocked, K, band);
+  matmul_acc_edges(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K, M_blocked, N_blocked, band);
 }
 
 // AVX-512 and the baseline keep the cloned array version (no AVX2 clone of it: every CPU with
 // AVX2 + FMA takes the explicit one). Decided once (CPUID through libgcc's cached model).
 void matmul_acc(float* __restrict C, int64_t ldc, const float* __restrict A, int64_t a_rs, int64_t a_cs,
-                const float* __restrict B, int64_t ldb, int64_t M, int64_t N, int64_t K) {
+                const float* __restrict B, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                const Band& band = {}) {
   static const bool avx2_fma =
       !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2_fma) return matmul_acc_avx2(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K);
-  matmul_acc_arrays(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K);
+  if (avx2_fma) return matmul_acc_avx2(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K, band);
+  matmul_acc_arrays(C, ldc, A, a_rs, a_cs, B, ldb, M, N, K, band);
+}
+
+// The per-row bands of one tile [j0, j0 + cols) of a query block: rows_lo/hi[i] = row i's visible
+// columns of the tile (empty: lo >= hi); cols_lo/hi[j] (when asked) = the hull of the rows that see
+// column j (empty when none does), for the products whose rows are the tile's keys.
+void tile_bands(const BlockRanges& r, int64_t rows, int64_t j0, int64_t cols, int32_t* rows_lo,
+                int32_t* rows_hi, int32_t* cols_lo = nullptr, int32_t* cols_hi = nullptr) {
+  for (int64_t i = 0; i < rows; i++) {
+    const int64_t lo = std::min(r.start(i, j0), cols);
+    rows_lo[i] = static_cast<int32_t>(lo);
+    rows_hi[i] = static_cast<int32_t>(std::max(r.end(i, j0, cols), lo));
+  }
+  if (cols_lo == nullptr) return;
+  for (int64_t j = 0; j < cols; j++) cols_lo[j] = static_cast<int32_t>(rows), cols_hi[j] = 0;
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = rows_lo[i]; j < rows_hi[i]; j++) {
+      cols_lo[j] = std::min<int32_t>(cols_lo[j], static_cast<int32_t>(i));
+      cols_hi[j] = static_cast<int32_t>(i + 1);
+    }
+}
+
+// kT[kk, j] = rows[j][kk] for j in [j_lo, j_hi), kk in [k_lo, k_hi): the plain loop, for what
+// the 8 x 8 blocks below leave.
+inline void transpose_scalar(float* __restrict kT, const float* __restrict rows, int64_t row_stride,
+                             int64_t j_lo, int64_t j_hi, int64_t k_lo, int64_t k_hi) {
+  for (int64_t j = j_lo; j < j_hi; j++) {
+    const float* r = rows + j * row_stride;
+    for (int64_t kk = k_lo; kk < k_hi; kk++) kT[kk * kBc + j] = r[kk];
+  }
+}
+
+// AVX2: 8 x 8 blocks transposed in registers (8 row loads, 24 shuffles, 8 stores), where the plain
+// loop moves one float per load and store: the forward transposes a key tile for every query block
+// that meets it, and the scalar loop cost about a tenth of the tile products.
+[[gnu::target("avx2")]] void transpose_avx2(float* __restrict kT, const float* __restrict rows,
+                                            int64_t row_stride, int64_t cols, int64_t d) {
+  const int64_t cols8 = cols / 8 * 8, d8 = d / 8 * 8;
+  for (int64_t j = 0; j < cols8; j += 8) {
+    const float* r = rows + j * row_stride;
+    for (int64_t kk = 0; kk < d8; kk += 8) {
+      __m256 a[8], t[8];
+      for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_ps(r + i * row_stride + kk);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        a[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        a[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        a[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        a[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+      }
+      float* out = kT + kk * kBc + j;
+      for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(out + i * kBc, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+        _mm256_storeu_ps(out + (i + 4) * kBc, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+      }
+    }
+    transpose_scalar(kT, rows, row_stride, j, j + 8, d8, d);
+  }
+  transpose_scalar(kT, rows, row_stride, cols8, cols, 0, d);
 }
 
 // kT[kk, j] = rows[j][kk]: the key (or value) block transposed to [d, Bc], so that the score tile
 // Q @ K^T becomes a plain A @ B whose inner loop runs along the keys.
 void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t row_stride, int64_t cols,
                      int64_t d) {
-  for (int64_t j = 0; j < cols; j++) {
-    const float* r = rows + j * row_stride;
-    for (int64_t kk = 0; kk < d; kk++) kT[kk * kBc + j] = r[kk];
-  }
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return transpose_avx2(kT, rows, row_stride, cols, d);
+  transpose_scalar(kT, rows, row_stride, 0, cols, 0, d);
 }
 
 // The same from rows of `dt` (row_stride in elements): each 16-bit row is widened on the way.
@@ -256,11 +394,10 @@ void transpose_block(float* __restrict kT, const char* rows, DType dt, int64_t r
                      int64_t d) {
   if (dt == DType::F32) return transpose_block(kT, reinterpret_cast<const float*>(rows), row_stride, cols, d);
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  float* r = scratch_f32(7, d);
-  for (int64_t j = 0; j < cols; j++) {
-    widen_to_f32(rows + j * row_stride * es, dt, r, d);
-    for (int64_t kk = 0; kk < d; kk++) kT[kk * kBc + j] = r[kk];
-  }
+  // Widened a row at a time into [cols, d] scratch, then transposed as fp32 rows.
+  float* r = scratch_f32(7, kBc * d);
+  for (int64_t j = 0; j < cols; j++) widen_to_f32(rows + j * row_stride * es, dt, r + j * d, d);
+  transpose_block(kT, r, d, cols, d);
 }
 
 }  // namespace
@@ -307,7 +444,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
       scratch_f32(0, kBr * d);
       scratch_f32(1, kBc * dv);
       scratch_f32(2, dv);
-      scratch_f32(7, d);
+      scratch_f32(7, kBc * d);
     }
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
     float* S = kT + d * kBc;                                       // [Br, Bc] scores, then probs
@@ -315,6 +452,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
     float* m = acc + kBr * dv;                                     // [Br] running max
     float* l = m + kBr;                                            // [Br] running sum
     BlockRanges ranges;
+    int32_t band_lo[kBr], band_hi[kBr];  // each row's visible columns of the current tile
 
     // (b, head, query block) tasks write disjoint rows of out and lse. Under a causal mask later
     // blocks see more keys, so they are handed out first for a balanced dynamic schedule.
@@ -350,8 +488,12 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           for (int64_t j0 = ranges.empty() ? 0 : ranges.lo / kBc * kBc; j0 < key_end; j0 += kBc) {
             const int64_t cols = std::min(kBc, key_end - j0);
             transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
-            for (int64_t i = 0; i < rows; i++) std::fill(S + i * kBc, S + i * kBc + cols, 0.0f);
-            matmul_acc(S, kBc, q_blk, ldq_blk, 1, kT, kBc, rows, cols, d);  // S = Q_blk K_blk^T
+            // Only the scores each row sees (the diagonal tile's masked half is never computed),
+            // and P V only over them (P is zero elsewhere).
+            tile_bands(ranges, rows, j0, cols, band_lo, band_hi);
+            const Band scores{Bound::columns, band_lo, band_hi, true},
+                visible{Bound::depth, band_lo, band_hi};
+            matmul_acc(S, kBc, q_blk, ldq_blk, 1, kT, kBc, rows, cols, d, scores);  // S = Q_blk K_blk^T
             online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, dv);
             const float* v_blk = reinterpret_cast<const float*>(v_head + j0 * ldv * es);
             int64_t ldv_blk = ldv;
@@ -362,7 +504,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
               v_blk = vw;
               ldv_blk = dv;
             }
-            matmul_acc(acc, dv, S, kBc, 1, v_blk, ldv_blk, rows, dv, cols);  // acc += P V_blk
+            matmul_acc(acc, dv, S, kBc, 1, v_blk, ldv_blk, rows, dv, cols, visible);  // acc += P V_blk
           }
 
           float* o_row = wide ? scratch_f32(2, dv) : nullptr;
@@ -389,12 +531,14 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const AttentionBounds& mask, float softmax_scale) {
   if (attention_bf16_supported(q.dtype(), q.size(3)) && v.size(3) == q.size(3))
     return attention_backward_bf16(dout, q, k, v, out, lse, dq, dk, dv, mask, softmax_scale);
-  // 16-bit without AVX512-BF16: the fp32 kernel below on 16-bit rows, as in the forward. A (b, kv
-  // head) task widens the query and output-gradient rows of its heads once ([sq, group, d]), each
-  // key tile as it is used, and accumulates its dQ rows in fp32 scratch, narrowed when the task
-  // ends; dK and dV rows are narrowed from their accumulators. Same arithmetic, no whole copies.
+  // fp32, and 16-bit without AVX512-BF16 (the same fp32 kernel on 16-bit rows, as in the forward).
+  // A (b, kv head) task packs (widens) the query and output-gradient rows of its heads once into
+  // thread-local scratch ([sq, group, d]), each key tile as it is used, and accumulates its dQ rows
+  // in fp32 scratch, written (narrowed) when the task ends; dK and dV rows are written from their
+  // accumulators. Packed for fp32 too: in place, a block's 64 rows lie b * hq * d floats apart, a
+  // multiple of 4 KiB at GPT-2's shapes, and fall into a few L1 sets, which the products reread.
+  // Same arithmetic either way, no whole-tensor copies.
   const DType dt = q.dtype();
-  const bool wide = dt != DType::F32;
   PARALLEL_CHECK(dout.dtype() == dt && k.dtype() == dt && v.dtype() == dt && out.dtype() == dt &&
                      dq.dtype() == dt && dk.dtype() == dt && dv.dtype() == dt,
                  "attention_backward: dout, q, k, v, out, dq, dk and dv must share a dtype (q {})",
@@ -411,30 +555,15 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   char* dQ = static_cast<char*>(dq.data_ptr());
   char* dK = static_cast<char*>(dk.data_ptr());
   char* dV = static_cast<char*>(dv.data_ptr());
-  const int64_t ldq = x.B * x.hq * x.d;
   const int64_t ldk = x.B * x.hkv * x.d;
   const int64_t ldv = x.B * x.hkv * x.dv;
-  const int64_t ldo = x.B * x.hq * x.dv;  // out, dout
   const int64_t d = x.d, dvh = x.dv;
 
   // D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij, the softmax backward's per-row term, computed
-  // once here instead of once per key tile. [b, hq, sq] like lse: O(s), not O(s^2).
+  // once per row (by the task that owns the row's head) instead of once per key tile. [b, hq, sq]
+  // like lse: O(s), not O(s^2).
   Tensor Dt = Tensor::empty({x.B, x.hq, x.sq}, DType::F32);
   float* Drow = Dt.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < x.B; b++) {
-    for (int64_t h = 0; h < x.hq; h++) {
-      for (int64_t i = 0; i < x.sq; i++) {
-        const int64_t at = ((i * x.B + b) * x.hq * dvh + h * dvh) * es;
-        const float* o = read_f32(O + at, dt, dvh, 0);
-        const float* g = read_f32(dO + at, dt, dvh, 1);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t kk = 0; kk < dvh; kk++) sum += o[kk] * g[kk];
-        Drow[(b * x.hq + h) * x.sq + i] = sum;
-      }
-    }
-  }
 
   const int64_t per_thread = fp32_workspace(x, true).per_thread;
   const int nthreads = omp_get_max_threads();
@@ -443,12 +572,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 
 #pragma omp parallel
   {
-    if (wide) {  // sized before any task is handed out, as in the forward
+    {  // sized before any task is handed out, as in the forward
       scratch_f32(0, x.sq * x.group * d);
       scratch_f32(1, x.sq * x.group * dvh);
       scratch_f32(2, x.sq * x.group * d);
       scratch_f32(3, kBc * d);
-      scratch_f32(7, std::max(d, dvh));
+      scratch_f32(4, x.group * dvh);
+      scratch_f32(7, kBc * std::max(d, dvh));
     }
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
     float* vT = kT + d * kBc;                                      // [dv, Bc]
@@ -460,6 +590,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     // Of b's query blocks, after the tiles (an aggregate: the scratch words hold it as they are).
     BlockRanges* ranges = reinterpret_cast<BlockRanges*>(scratch_base + omp_get_thread_num() * per_thread +
                                                          ranges_offset(fp32_backward_tiles(x)));
+    // A tile's bands (tile_bands): each query row's visible columns, each key column's rows.
+    int32_t rows_lo[kBr], rows_hi[kBr], cols_lo[kBc], cols_hi[kBc];
 
     // A (b, kv head) task owns dK and dV of that kv head and dQ of exactly the query heads of its
     // group, so no two threads ever write the same gradient row: no atomics, no reduction.
@@ -467,33 +599,32 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     for (int64_t b = 0; b < x.B; b++) {
       for (int64_t hk = 0; hk < x.hkv; hk++) {
         const int64_t h_first = hk * x.group;
-        // The task's query, output-gradient and dQ rows: in place for fp32; for 16-bit widened
-        // (dQ accumulated) in scratch laid out [sq, group, d], one row per position.
+        // The task's query, output-gradient and dQ rows, packed in scratch laid out [sq, group, d]
+        // (one row per position, the group's heads side by side), and D of each of its rows (from
+        // the packed dO row).
         const char* q_rows = Q + h_first * d * es;
         const char* do_rows = dO + h_first * dvh * es;
-        const float* Qt = reinterpret_cast<const float*>(Q);
-        const float* dOt = reinterpret_cast<const float*>(dO);
-        float* dQt = reinterpret_cast<float*>(dQ);
-        int64_t ldq_t = ldq, ldo_t = ldo, off_q = b * x.hq * d, off_o = b * x.hq * dvh;
-        if (wide) {
-          const int64_t gq = x.group * d, go = x.group * dvh;
-          float* qw = scratch_f32(0, x.sq * gq);
-          float* dow = scratch_f32(1, x.sq * go);
-          for (int64_t i = 0; i < x.sq; i++) {
-            widen_to_f32(q_rows + (i * x.B + b) * x.hq * d * es, dt, qw + i * gq, gq);
-            widen_to_f32(do_rows + (i * x.B + b) * x.hq * dvh * es, dt, dow + i * go, go);
-          }
-          Qt = qw - h_first * d;  // indexed below as Qt[off_q + i * ldq_t + h * d]
-          dOt = dow - h_first * dvh;
-          dQt = scratch_f32(2, x.sq * gq) - h_first * d;
-          ldq_t = gq;
-          ldo_t = go;
-          off_q = off_o = 0;
-        }
+        const int64_t gq = x.group * d, go = x.group * dvh;
+        float* qw = scratch_f32(0, x.sq * gq);
+        float* dow = scratch_f32(1, x.sq * go);
         for (int64_t i = 0; i < x.sq; i++) {
-          float* g = dQt + off_q + i * ldq_t + h_first * d;
-          std::fill(g, g + x.group * d, 0.0f);
+          widen_to_f32(q_rows + (i * x.B + b) * x.hq * d * es, dt, qw + i * gq, gq);
+          widen_to_f32(do_rows + (i * x.B + b) * x.hq * dvh * es, dt, dow + i * go, go);
+          const float* o_rows = read_f32(O + ((i * x.B + b) * x.hq * dvh + h_first * dvh) * es, dt, go, 4);
+          for (int64_t g = 0; g < x.group; g++) {
+            const float* o = o_rows + g * dvh;
+            const float* gr = dow + i * go + g * dvh;
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t kk = 0; kk < dvh; kk++) sum += o[kk] * gr[kk];
+            Drow[(b * x.hq + h_first + g) * x.sq + i] = sum;
+          }
         }
+        const float* Qt = qw - h_first * d;  // indexed below as Qt[i * ldq_t + h * d]
+        const float* dOt = dow - h_first * dvh;
+        float* dQt = scratch_f32(2, x.sq * gq) - h_first * d;
+        const int64_t ldq_t = gq, ldo_t = go;
+        std::fill(dQt + h_first * d, dQt + h_first * d + x.sq * gq, 0.0f);
         for (int64_t qb = 0; qb < nqb; qb++)
           block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
         const char* k_head = K + (b * x.hkv * d + hk * d) * es;
@@ -503,15 +634,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
           const int64_t cols = std::min(kBc, x.sk - j0);
           transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
           transpose_block(vT, v_head + j0 * ldv * es, dt, ldv, cols, dvh);
-          // The key tile's rows for dQ += dS K: in place for fp32, else widened ([cols, d]).
-          const float* k_blk = reinterpret_cast<const float*>(k_head + j0 * ldk * es);
-          int64_t ldk_blk = ldk;
-          if (wide) {
-            float* kw = scratch_f32(3, kBc * d);
-            for (int64_t j = 0; j < cols; j++) widen_to_f32(k_head + (j0 + j) * ldk * es, dt, kw + j * d, d);
-            k_blk = kw;
-            ldk_blk = d;
-          }
+          // The key tile's rows for dQ += dS K, packed ([cols, d]).
+          float* k_blk = scratch_f32(3, kBc * d);
+          for (int64_t j = 0; j < cols; j++) widen_to_f32(k_head + (j0 + j) * ldk * es, dt, k_blk + j * d, d);
+          const int64_t ldk_blk = d;
           std::fill(dk_acc, dk_acc + cols * d, 0.0f);
           std::fill(dv_acc, dv_acc + cols * dvh, 0.0f);
 
@@ -521,28 +647,37 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
               const BlockRanges& r = ranges[i0 / kBr];
               if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t rows = std::min(kBr, x.sq - i0);
-              const float* q_blk = Qt + off_q + i0 * ldq_t + h * d;
-              const float* do_blk = dOt + off_o + i0 * ldo_t + h * dvh;
-              float* dq_blk = dQt + off_q + i0 * ldq_t + h * d;
+              const float* q_blk = Qt + i0 * ldq_t + h * d;
+              const float* do_blk = dOt + i0 * ldo_t + h * dvh;
+              float* dq_blk = dQt + i0 * ldq_t + h * d;
               const float* lse_blk = L + (b * x.hq + h) * x.sq + i0;
               const float* D_blk = Drow + (b * x.hq + h) * x.sq + i0;
 
+              // The products see only the tile's visible part: the scores P and dP of each row's
+              // visible columns, and the sums over a row's (dQ) or a column's (dK, dV) visible
+              // entries (P and dS are zero elsewhere). A tile every row sees whole needs no band.
+              tile_bands(r, rows, j0, cols, rows_lo, rows_hi, cols_lo, cols_hi);
+              bool whole = rows == kBr;
+              for (int64_t i = 0; i < rows && whole; i++) whole = rows_lo[i] == 0 && rows_hi[i] == cols;
+              const Bound columns = whole ? Bound::none : Bound::columns,
+                          depth = whole ? Bound::none : Bound::depth;
+              const Band scores{columns, rows_lo, rows_hi, true}, row_sums{depth, rows_lo, rows_hi},
+                  col_sums{depth, cols_lo, cols_hi};
+
               // P = exp(scale * Q K^T - lse), recomputed rather than stored by the forward.
-              for (int64_t i = 0; i < rows; i++) std::fill(P + i * kBc, P + i * kBc + cols, 0.0f);
-              matmul_acc(P, kBc, q_blk, ldq_t, 1, kT, kBc, rows, cols, d);
+              matmul_acc(P, kBc, q_blk, ldq_t, 1, kT, kBc, rows, cols, d, scores);
               for (int64_t i = 0; i < rows; i++)
-                exp_tile_row(P + i * kBc, r.start(i, j0), r.end(i, j0, cols), cols, softmax_scale,
-                             lse_blk[i]);
-              matmul_acc(dv_acc, dvh, P, 1, kBc, do_blk, ldo_t, cols, dvh, rows);  // dV += P^T dO
+                exp_tile_row(P + i * kBc, rows_lo[i], rows_hi[i], cols, softmax_scale, lse_blk[i]);
+              matmul_acc(dv_acc, dvh, P, 1, kBc, do_blk, ldo_t, cols, dvh, rows, col_sums);  // dV += P^T dO
 
               // dS = scale * P * (dO V^T - D)
-              for (int64_t i = 0; i < rows; i++) std::fill(dS + i * kBc, dS + i * kBc + cols, 0.0f);
-              matmul_acc(dS, kBc, do_blk, ldo_t, 1, vT, kBc, rows, cols, dvh);
+              matmul_acc(dS, kBc, do_blk, ldo_t, 1, vT, kBc, rows, cols, dvh, scores);
               for (int64_t i = 0; i < rows; i++)
-                dscores_tile_row(P + i * kBc, dS + i * kBc, cols, softmax_scale, D_blk[i]);
+                dscores_tile_row(P + i * kBc, dS + i * kBc, rows_lo[i], rows_hi[i], cols, softmax_scale,
+                                 D_blk[i]);
 
-              matmul_acc(dk_acc, d, dS, 1, kBc, q_blk, ldq_t, cols, d, rows);        // dK += dS^T Q
-              matmul_acc(dq_blk, ldq_t, dS, kBc, 1, k_blk, ldk_blk, rows, d, cols);  // dQ += dS K
+              matmul_acc(dk_acc, d, dS, 1, kBc, q_blk, ldq_t, cols, d, rows, col_sums);        // dK += dS^T Q
+              matmul_acc(dq_blk, ldq_t, dS, kBc, 1, k_blk, ldk_blk, rows, d, cols, row_sums);  // dQ += dS K
             }
           }
 
@@ -552,10 +687,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
             narrow_from_f32(dv_acc + j * dvh, dt, dV + (kv * x.hkv * dvh + hk * dvh) * es, dvh);
           }
         }
-        if (wide)
-          for (int64_t i = 0; i < x.sq; i++)
-            narrow_from_f32(dQt + i * ldq_t + h_first * d, dt,
-                            dQ + ((i * x.B + b) * x.hq * d + h_first * d) * es, x.group * d);
+        for (int64_t i = 0; i < x.sq; i++)
+          narrow_from_f32(dQt + i * ldq_t + h_first * d, dt,
+                          dQ + ((i * x.B + b) * x.hq * d + h_first * d) * es, x.group * d);
       }
     }
   }

@@ -415,7 +415,7 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
               // dS = scale * P * (dO V^T - D)
               dot_pairs(dS, kBc, false, words(do_blk), ldq / 2, 1, vp, kBc, rows, cols, half_d);
               for (int64_t i = 0; i < rows; i++)
-                dscores_tile_row(P + i * kBc, dS + i * kBc, cols, softmax_scale, D_blk[i]);
+                dscores_tile_row(P + i * kBc, dS + i * kBc, 0, cols, cols, softmax_scale, D_blk[i]);
               pair_rows_f32(dsi, kBc, dS, kBc, rows, cols);
               dot_pairs(dk_acc, d, true, dsi, 1, kBc, qi, d, cols, d, row_pairs);  // dK += dS^T Q
               round_rows(dSb, kBc, dS, kBc, rows, cols);

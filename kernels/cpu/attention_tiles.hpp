@@ -94,8 +94,10 @@ float scaled_row_max(const float* __restrict s, int64_t start, int64_t end, floa
 void online_softmax_tile(float* S, int64_t rows, int64_t cols, const BlockRanges& r, int64_t j0, float scale,
                          float* m, float* l, float* acc, int64_t d);
 
-// Backward: dS = scale * P * (dP - D), in place in dp. Masked entries have P = 0, hence dS = 0.
-// The softmax scale is folded in here once instead of into both dK and dQ.
-void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t cols, float scale, float D);
+// Backward: dS = scale * P * (dP - D), in place in dp, for start <= j < end; 0 for the other
+// j < cols (the row's masked entries, where P = 0 and dP need not have been computed). The softmax
+// scale is folded in here once instead of into both dK and dQ.
+void dscores_tile_row(const float* __restrict p, float* __restrict dp, int64_t start, int64_t end,
+                      int64_t cols, float scale, float D);
 
 }  // namespace parallel::cpu::attention_tiles
