@@ -85,6 +85,11 @@ void online_softmax_tile(float* S, int64_t rows, int64_t cols, const BlockRanges
   }
 }
 
+// The forward's query blocks per task: 4 x 64 rows, a whole sequence of 256 (the GPT steps'), so
+// each key tile is transposed (and its values packed) once per head rather than once per block
+// that sees it; the accumulators of the four blocks (66 KiB at dv = 64) stay in L2.
+constexpr int64_t kForwardBlocks = 4;
+
 Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
   Dims x;
   x.dv = v.size(3);
@@ -99,12 +104,13 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
   return x;
 }
 
-// Forward: kT [d, Bc], S [Br, Bc], acc [Br, dv], m, l. Backward: kT [d, Bc], vT [dv, Bc], P, dS
-// [Br, Bc], dk_acc [Bc, d], dv_acc [Bc, dv], then the block ranges.
+// Forward: kT [d, Bc], S [Br, Bc], then acc [Br, dv], m and l of each of a task's kForwardBlocks
+// query blocks. Backward: kT [d, Bc], vT [dv, Bc], P, dS [Br, Bc], dk_acc [Bc, d], dv_acc [Bc, dv],
+// then the block ranges.
 int64_t fp32_backward_tiles(const Dims& x) { return 2 * (x.d + x.dv) * kBc + 2 * kBr * kBc; }
 
 Workspace fp32_workspace(const Dims& x, bool backward) {
-  if (!backward) return {0, x.d * kBc + kBr * kBc + kBr * x.dv + 2 * kBr};
+  if (!backward) return {0, x.d * kBc + kBr * kBc + kForwardBlocks * (kBr * x.dv + 2 * kBr)};
   return {x.B * x.hq * x.sq, ranges_offset(fp32_backward_tiles(x)) + ranges_words(x)};
 }
 
@@ -406,10 +412,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionBounds& mask, float softmax_scale) {
   if (attention_bf16_supported(q.dtype(), q.size(3)) && v.size(3) == q.size(3))
     return attention_forward_bf16(q, k, v, out, lse, mask, softmax_scale);
-  // 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): the fp32 kernel below, reading and
-  // writing 16-bit rows. Each task widens the query rows of its block, each key tile is widened as it
-  // is transposed and each value tile into thread-local scratch (widen.hpp), and the output rows are
-  // narrowed as they are written: the same fp32 arithmetic as on fp32 inputs, no whole-tensor copy.
+  // fp32, and 16-bit inputs without AVX512-BF16 (fp16, or an older CPU): the same fp32 kernel reads
+  // and writes 16-bit rows. Each task widens the query rows of its blocks, each key tile is widened
+  // as it is transposed and each value tile into thread-local scratch (widen.hpp), and the output
+  // rows are narrowed as they are written: the same fp32 arithmetic as on fp32 inputs, no
+  // whole-tensor copy.
   const DType dt = q.dtype();
   const bool wide = dt != DType::F32;
   PARALLEL_CHECK(k.dtype() == dt && v.dtype() == dt && out.dtype() == dt,
@@ -428,6 +435,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   const int64_t ldv = x.B * x.hkv * x.dv;
   const int64_t d = x.d, dv = x.dv;
   const int64_t nqb = (x.sq + kBr - 1) / kBr;
+  const int64_t nqg = (nqb + kForwardBlocks - 1) / kForwardBlocks;
 
   // Per-thread scratch comes from the library allocator so that memory tests see it.
   const int64_t per_thread = fp32_workspace(x, false).per_thread;
@@ -437,88 +445,101 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 
 #pragma omp parallel
   {
-    if (wide) {
-      // 16-bit: every thread sizes its widening scratch before any task is handed out (the dynamic
-      // schedule gives a thread different tasks on each call; growing in a later step would take
-      // fresh pages inside that step).
-      scratch_f32(0, kBr * d);
-      scratch_f32(1, kBc * dv);
-      scratch_f32(2, dv);
-      scratch_f32(7, kBc * d);
-    }
+    // Every thread sizes its widening scratch before any task is handed out (the dynamic schedule
+    // gives a thread different tasks on each call; growing in a later step would take fresh pages
+    // inside that step).
+    if (wide) scratch_f32(0, kForwardBlocks * kBr * d);
+    scratch_f32(1, kBc * dv);
+    scratch_f32(2, dv);
+    scratch_f32(7, kBc * d);
     float* kT = scratch_base + omp_get_thread_num() * per_thread;  // [d, Bc]
     float* S = kT + d * kBc;                                       // [Br, Bc] scores, then probs
-    float* acc = S + kBr * kBc;                                    // [Br, dv] unnormalised output
-    float* m = acc + kBr * dv;                                     // [Br] running max
-    float* l = m + kBr;                                            // [Br] running sum
-    BlockRanges ranges;
+    float* acc_all = S + kBr * kBc;                                // [blocks, Br, dv] unnormalised outputs
+    float* m_all = acc_all + kForwardBlocks * kBr * dv;            // [blocks, Br] running max
+    float* l_all = m_all + kForwardBlocks * kBr;                   // [blocks, Br] running sum
+    BlockRanges ranges[kForwardBlocks];
     int32_t band_lo[kBr], band_hi[kBr];  // each row's visible columns of the current tile
 
-    // (b, head, query block) tasks write disjoint rows of out and lse. Under a causal mask later
-    // blocks see more keys, so they are handed out first for a balanced dynamic schedule.
+    // A task is (b, head, group of kForwardBlocks query blocks): it visits each key tile once for
+    // the whole group (one transpose of K, one packed copy of V) and folds it into every block of
+    // the group that sees it. Tasks write disjoint rows of out and lse. Under a causal mask later
+    // groups see more keys, so they are handed out first for a balanced dynamic schedule.
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < x.B; b++) {
       for (int64_t h = 0; h < x.hq; h++) {
-        for (int64_t qb_rev = 0; qb_rev < nqb; qb_rev++) {
-          const int64_t i0 = (nqb - 1 - qb_rev) * kBr;
-          const int64_t rows = std::min(kBr, x.sq - i0);
+        for (int64_t qg_rev = 0; qg_rev < nqg; qg_rev++) {
+          const int64_t qb0 = (nqg - 1 - qg_rev) * kForwardBlocks;
+          const int64_t nblk = std::min(kForwardBlocks, nqb - qb0);
           const int64_t hk = h / x.group;
-          // The query block: in place for fp32, else its rows widened ([rows, d]).
-          const float* q_blk = reinterpret_cast<const float*>(Q + ((i0 * x.B + b) * x.hq * d + h * d) * es);
-          int64_t ldq_blk = ldq;
-          if (wide) {
-            float* qw = scratch_f32(0, kBr * d);
-            for (int64_t i = 0; i < rows; i++)
-              widen_to_f32(Q + (((i0 + i) * x.B + b) * x.hq * d + h * d) * es, dt, qw + i * d, d);
-            q_blk = qw;
-            ldq_blk = d;
-          }
           const char* k_head = K + (b * x.hkv * d + hk * d) * es;
           const char* v_head = V + (b * x.hkv * dv + hk * dv) * es;
-
-          std::fill(acc, acc + rows * dv, 0.0f);
-          std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-          std::fill(l, l + rows, 0.0f);
-
-          // Only the key tiles that meet some row's visible range (attention_mask.hpp): under a causal
-          // mask none past the block's last query, under documents or a window none before the
-          // block's first visible key. Tiles stay aligned to kBc.
-          block_ranges(mask, b, i0, rows, x.sk, ranges);
-          const int64_t key_end = ranges.empty() ? 0 : ranges.hi;
-          for (int64_t j0 = ranges.empty() ? 0 : ranges.lo / kBc * kBc; j0 < key_end; j0 += kBc) {
-            const int64_t cols = std::min(kBc, key_end - j0);
-            transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
-            // Only the scores each row sees (the diagonal tile's masked half is never computed),
-            // and P V only over them (P is zero elsewhere).
-            tile_bands(ranges, rows, j0, cols, band_lo, band_hi);
-            const Band scores{Bound::columns, band_lo, band_hi, true},
-                visible{Bound::depth, band_lo, band_hi};
-            matmul_acc(S, kBc, q_blk, ldq_blk, 1, kT, kBc, rows, cols, d, scores);  // S = Q_blk K_blk^T
-            online_softmax_tile(S, rows, cols, ranges, j0, softmax_scale, m, l, acc, dv);
-            const float* v_blk = reinterpret_cast<const float*>(v_head + j0 * ldv * es);
-            int64_t ldv_blk = ldv;
+          // The group's key range: the union of its blocks' (attention_mask.hpp).
+          int64_t lo = x.sk, hi = 0;
+          for (int64_t t = 0; t < nblk; t++) {
+            const int64_t i0 = (qb0 + t) * kBr, rows = std::min(kBr, x.sq - i0);
+            block_ranges(mask, b, i0, rows, x.sk, ranges[t]);
+            if (!ranges[t].empty()) lo = std::min(lo, ranges[t].lo), hi = std::max(hi, ranges[t].hi);
+            std::fill(acc_all + t * kBr * dv, acc_all + (t + 1) * kBr * dv, 0.0f);
+            std::fill(m_all + t * kBr, m_all + (t + 1) * kBr, -std::numeric_limits<float>::infinity());
+            std::fill(l_all + t * kBr, l_all + (t + 1) * kBr, 0.0f);
             if (wide) {
-              float* vw = scratch_f32(1, kBc * dv);
-              for (int64_t j = 0; j < cols; j++)
-                widen_to_f32(v_head + (j0 + j) * ldv * es, dt, vw + j * dv, dv);
-              v_blk = vw;
-              ldv_blk = dv;
+              float* qw = scratch_f32(0, kForwardBlocks * kBr * d) + t * kBr * d;
+              for (int64_t i = 0; i < rows; i++)
+                widen_to_f32(Q + (((i0 + i) * x.B + b) * x.hq * d + h * d) * es, dt, qw + i * d, d);
             }
-            matmul_acc(acc, dv, S, kBc, 1, v_blk, ldv_blk, rows, dv, cols, visible);  // acc += P V_blk
+          }
+
+          // Only the key tiles that meet some row's visible range: under a causal mask none past
+          // the group's last query, under documents or a window none before its first visible
+          // key. Tiles stay aligned to kBc.
+          for (int64_t j0 = lo < hi ? lo / kBc * kBc : 0; j0 < hi; j0 += kBc) {
+            const int64_t cols = std::min(kBc, hi - j0);
+            transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
+            // The value tile packed ([cols, dv]): in place its rows lie b * hkv * dv floats apart
+            // and alias in L1, and the group's blocks reread it.
+            float* v_blk = scratch_f32(1, kBc * dv);
+            for (int64_t j = 0; j < cols; j++)
+              widen_to_f32(v_head + (j0 + j) * ldv * es, dt, v_blk + j * dv, dv);
+
+            for (int64_t t = 0; t < nblk; t++) {
+              const BlockRanges& r = ranges[t];
+              if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
+              const int64_t i0 = (qb0 + t) * kBr, rows = std::min(kBr, x.sq - i0);
+              // The query block: in place for fp32, else its rows widened ([rows, d]).
+              const float* q_blk =
+                  wide ? scratch_f32(0, kForwardBlocks * kBr * d) + t * kBr * d
+                       : reinterpret_cast<const float*>(Q + ((i0 * x.B + b) * x.hq * d + h * d) * es);
+              const int64_t ldq_blk = wide ? d : ldq;
+              float* acc = acc_all + t * kBr * dv;
+              // Only the scores each row sees (the diagonal tile's masked half is never computed),
+              // and P V only over them (P is zero elsewhere).
+              tile_bands(r, rows, j0, cols, band_lo, band_hi);
+              const Band scores{Bound::columns, band_lo, band_hi, true},
+                  visible{Bound::depth, band_lo, band_hi};
+              matmul_acc(S, kBc, q_blk, ldq_blk, 1, kT, kBc, rows, cols, d, scores);  // S = Q_blk K_blk^T
+              online_softmax_tile(S, rows, cols, r, j0, softmax_scale, m_all + t * kBr, l_all + t * kBr, acc,
+                                  dv);
+              matmul_acc(acc, dv, S, kBc, 1, v_blk, dv, rows, dv, cols, visible);  // acc += P V_blk
+            }
           }
 
           float* o_row = wide ? scratch_f32(2, dv) : nullptr;
-          for (int64_t i = 0; i < rows; i++) {
-            // l == 0: the row saw no key (possible for a block of context parallelism): zero
-            // output, lse = -inf, which attention_merge and the backward read as "nothing here".
-            const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-            char* o_at = O + (((i0 + i) * x.B + b) * x.hq * dv + h * dv) * es;
-            float* o = wide ? o_row : reinterpret_cast<float*>(o_at);
-            const float* a = acc + i * dv;
-            for (int64_t kk = 0; kk < dv; kk++) o[kk] = a[kk] * inv_l;
-            if (wide) narrow_from_f32(o_row, dt, o_at, dv);
-            L[(b * x.hq + h) * x.sq + i0 + i] =
-                l[i] > 0.0f ? m[i] + std::log(l[i]) : -std::numeric_limits<float>::infinity();
+          for (int64_t t = 0; t < nblk; t++) {
+            const int64_t i0 = (qb0 + t) * kBr, rows = std::min(kBr, x.sq - i0);
+            const float* m = m_all + t * kBr;
+            const float* l = l_all + t * kBr;
+            for (int64_t i = 0; i < rows; i++) {
+              // l == 0: the row saw no key (possible for a block of context parallelism): zero
+              // output, lse = -inf, which attention_merge and the backward read as "nothing here".
+              const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+              char* o_at = O + (((i0 + i) * x.B + b) * x.hq * dv + h * dv) * es;
+              float* o = wide ? o_row : reinterpret_cast<float*>(o_at);
+              const float* a = acc_all + (t * kBr + i) * dv;
+              for (int64_t kk = 0; kk < dv; kk++) o[kk] = a[kk] * inv_l;
+              if (wide) narrow_from_f32(o_row, dt, o_at, dv);
+              L[(b * x.hq + h) * x.sq + i0 + i] =
+                  l[i] > 0.0f ? m[i] + std::log(l[i]) : -std::numeric_limits<float>::infinity();
+            }
           }
         }
       }
