@@ -1546,6 +1546,15 @@ inline std::vector<Row> op_rows(bool speed = false) {
                                        {150, 2, 4, 2, 16, true, 37},                 // window < tile
                                        {200, 1, 2, 1, 64, true, 100},                // window > tile
                                        {140, 1, 2, 1, 32, true, 50, {30, 95, 15}},   // window + docs
+                                       // The CPU products' bands (each row's visible columns, in
+                                       // register blocks of 6 rows x 16 columns) at mask edges:
+                                       // a last query block of 5 rows, a window narrower than a
+                                       // register block, documents of 1 to 5 tokens and document
+                                       // boundaries inside tiles and register blocks.
+                                       {197, 1, 2, 1, 64, true},
+                                       {100, 2, 2, 2, 64, true, 6},
+                                       {200, 1, 3, 1, 64, true, 0, {5, 3, 61, 1, 70, 60}},
+                                       {190, 1, 2, 1, 32, true, 17, {23, 64, 9}},
                                        // a cp block: queries after the keys, rows without a key
                                        {100, 2, 2, 1, 16, true, 60, {45, 80}, 130, 20},
                                        {70, 1, 2, 2, 16, true, 0, {30, 50}, 70, 0},
