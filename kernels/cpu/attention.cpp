@@ -1,7 +1,10 @@
 // Scaled dot-product attention on the CPU, FlashAttention-2 style: the scores are produced one
-// [Br, Bc] tile at a time and folded into the output with an online softmax, so memory is
-// O((Br + Bc) * d + Br * Bc) per thread whatever the sequence length. The backward recomputes
-// the probabilities of each tile from the saved log-sum-exp instead of storing them.
+// [Br, Bc] tile at a time and folded into the output with an online softmax, so no [s, s] matrix
+// exists: the forward's memory is O((Br + Bc) * d + Br * Bc) per thread whatever the sequence
+// length, the backward's adds its task's packed rows (O(s * group * d) per thread, the size of
+// the inputs' own rows, never O(s^2)). The backward recomputes the probabilities of each tile from
+// the saved log-sum-exp instead of storing them. A mask's dead part of a tile is skipped inside the
+// tile products too (Band), not only whole tiles.
 //
 // Layouts: q, dq [s, b, hq, d]; k, dk [s, b, hkv, d]; v, dv [s, b, hkv, dv]; out, dout
 // [s, b, hq, dv]; lse [b, hq, s] (d: query/key head size, dv: value head size). A head's rows are
