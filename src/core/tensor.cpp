@@ -1,5 +1,8 @@
 #include "parallel/tensor.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -152,6 +155,41 @@ void for_each_element(const Shape& shape, const Shape& dst_strides, const Shape&
   }
 }
 
+// The same walk over the elements [begin, end) of that order only: the starting index is decomposed
+// once, so that disjoint ranges can run on different threads.
+template <typename Fn>
+void for_each_element_in(const Shape& shape, const Shape& dst_strides, const Shape& src_strides,
+                         int64_t begin, int64_t end, Fn&& fn) {
+  if (begin >= end) return;
+  const size_t rank = shape.size();
+  std::vector<int64_t> index(rank, 0);
+  int64_t di = 0, si = 0;
+  for (int64_t d = static_cast<int64_t>(rank) - 1, rest = begin; d >= 0; --d) {
+    index[d] = rest % shape[d];
+    rest /= shape[d];
+    di += index[d] * dst_strides[d];
+    si += index[d] * src_strides[d];
+  }
+  for (int64_t k = begin; k < end; ++k) {
+    fn(di, si);
+    for (size_t d = rank; d-- > 0;) {
+      if (++index[d] < shape[d]) {
+        di += dst_strides[d];
+        si += src_strides[d];
+        break;
+      }
+      di -= dst_strides[d] * (shape[d] - 1);
+      si -= src_strides[d] * (shape[d] - 1);
+      index[d] = 0;
+    }
+  }
+}
+
+// Row copies of at least this many bytes in all are split over the OpenMP threads: the q / k / v
+// split of the fused qkv projection and its backward merge move ~9 MB per layer and step of the
+// mini GPT, and one thread alone leaves the other core idle for the whole copy.
+constexpr int64_t kParallelCopyBytes = 1 << 20;
+
 // Host-to-host copy with conversion; both tensors on the CPU, any strides.
 void copy_host(const Tensor& dst, const Tensor& src) {
   void* d = dst.data_ptr();
@@ -182,7 +220,7 @@ void copy_host(const Tensor& dst, const Tensor& src) {
     Shape src_outer(src.strides().begin(), src.strides().end() - 1);
     const std::size_t ss = dtype_size(st);
     auto half = [](DType t) { return t == DType::BF16 || t == DType::F16; };
-    for_each_element(outer, dst_outer, src_outer, [&](int64_t di, int64_t si) {
+    auto copy_row = [&](int64_t di, int64_t si) {
       char* to = static_cast<char*>(d) + di * static_cast<int64_t>(es);
       const char* from = static_cast<const char*>(s) + si * static_cast<int64_t>(ss);
       if (dt == st)
@@ -193,7 +231,16 @@ void copy_host(const Tensor& dst, const Tensor& src) {
         convert_block_from_f32(reinterpret_cast<const float*>(from), dt, to, row);
       else
         for (int64_t i = 0; i < row; ++i) store(to, dt, i, load(from, st, i));
-    });
+    };
+    // Every row is copied or converted on its own, so splitting the rows changes no result.
+    const int64_t rows = shape_numel(outer);
+    const bool split = rows > 1 && rows * row * static_cast<int64_t>(std::max(es, ss)) >= kParallelCopyBytes;
+#pragma omp parallel if (split)
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      for_each_element_in(outer, dst_outer, src_outer, rows * t / threads, rows * (t + 1) / threads,
+                          copy_row);
+    }
     return;
   }
   for_each_element(dst.shape(), dst.strides(), src.strides(), [&](int64_t di, int64_t si) {
