@@ -187,8 +187,9 @@ void for_each_element_in(const Shape& shape, const Shape& dst_strides, const Sha
 
 // Row copies of at least this many bytes in all are split over the OpenMP threads: the q / k / v
 // split of the fused qkv projection and its backward merge move ~9 MB per layer and step of the
-// mini GPT, and one thread alone leaves the other core idle for the whole copy.
-constexpr int64_t kParallelCopyBytes = 1 << 20;
+// mini GPT in fp32 (0.8 MB per tensor in bf16), and one thread alone leaves the other core idle for
+// the whole copy. A fork costs ~10 us; 256 KiB take ~25 us on one core.
+constexpr int64_t kParallelCopyBytes = 256 << 10;
 
 // Host-to-host copy with conversion; both tensors on the CPU, any strides.
 void copy_host(const Tensor& dst, const Tensor& src) {
