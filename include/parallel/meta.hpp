@@ -7,6 +7,11 @@
 //     `allocated` (the requested bytes, no rounding), so memory_stats(Device::meta()).peak_allocated
 //     is the peak a real rank would reach, and reset_peak() works as on any device. No memory is
 //     touched: a meta tensor's data_ptr() is nullptr.
+//   - Per thread: the meta allocator's statistics, the live MetaOpRecorder and MetaTimeline and the
+//     parameter device scope are the calling thread's. memory_stats(Device::meta()) on a thread
+//     counts the meta tensors that thread allocated (one freed on another thread still leaves the
+//     account of the thread that made it), so two threads each running a meta rank (the layout
+//     search's parallel candidates) get the peaks they get alone.
 //   - Ops (ops.hpp) accept meta tensors and run the very checks they run for real ones (defined,
 //     contiguous, one device, dtypes, shapes: ops.cpp has one check path for every device); then,
 //     instead of a kernel, they record an OpEvent into the innermost live MetaOpRecorder (nothing is
@@ -49,8 +54,8 @@ struct OpEvent {
   int64_t workspace_bytes = 0;
 };
 
-// Records the ops run on meta tensors while it lives. Scopes nest: the innermost live recorder
-// receives the events (process-wide, one thread at a time, like the allocator's statistics).
+// Records the ops run on meta tensors while it lives. Scopes nest: the innermost live recorder of
+// the thread receives the thread's events (per thread, like the meta allocator's statistics).
 class MetaOpRecorder {
  public:
   MetaOpRecorder();

@@ -7,7 +7,8 @@
 //
 // MetaOpRecorder (meta.hpp) and CommLog (comm_log.hpp) keep their own lists unchanged; a live
 // MetaTimeline receives the same OpEvents and CommEvents besides, plus the waits. Like
-// MetaOpRecorder it is process-wide and nests (the innermost live one records), one thread at a time.
+// MetaOpRecorder it is per thread and nests (the innermost live one of the thread records), so two
+// threads run two meta ranks at once (the layout search plans candidates in parallel).
 //
 // Waits: MetaCommunicator hands out a handle for every asynchronous call (send and recv always
 // are); its first wait() records a Wait entry naming the call. is_completed() records nothing and

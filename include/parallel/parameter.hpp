@@ -68,7 +68,7 @@ void move_parameters(const std::vector<Parameter*>& params, Device device);
 // are born on the meta allocator - no host memory, no values - and a model far bigger than the host
 // can be planned. Real devices keep creating on the host, where the layout-independent init
 // (init.hpp) fills them before they move (bitwise the same weights on every layout).
-// Process-wide and nesting, one thread at a time, like MetaOpRecorder.
+// Per thread and nesting, like MetaOpRecorder (a model is built on one thread).
 Device parameter_device();
 class ParameterDeviceScope {
  public:

@@ -7,7 +7,7 @@
 
 namespace parallel {
 namespace {
-MetaOpRecorder* g_recorder = nullptr;  // the innermost live recorder
+thread_local MetaOpRecorder* g_recorder = nullptr;  // the innermost live recorder (per thread)
 
 [[noreturn]] void fail_read(const Tensor& t, const std::string& what) {
   PARALLEL_FAIL(

@@ -7,7 +7,7 @@
 
 namespace parallel {
 namespace {
-MetaTimeline* g_timeline = nullptr;
+thread_local MetaTimeline* g_timeline = nullptr;  // the innermost live timeline (per thread)
 }  // namespace
 
 MetaTimeline::MetaTimeline() : outer_(g_timeline) { g_timeline = this; }

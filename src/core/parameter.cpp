@@ -93,7 +93,7 @@ void move_parameters(const std::vector<Parameter*>& params, Device device) {
 }
 
 namespace {
-Device g_parameter_device = Device::cpu();
+thread_local Device g_parameter_device = Device::cpu();
 }  // namespace
 
 Device parameter_device() { return g_parameter_device; }
@@ -103,7 +103,7 @@ ParameterDeviceScope::ParameterDeviceScope(Device device) : outer_(g_parameter_d
 ParameterDeviceScope::~ParameterDeviceScope() { g_parameter_device = outer_; }
 
 namespace {
-bool g_frozen_parameters = false;
+thread_local bool g_frozen_parameters = false;
 }  // namespace
 
 Tensor parameter_grad(const Shape& shape) {
