@@ -463,24 +463,26 @@ std::vector<PairedExchange> paired_exchanges(const ScheduleParams& s,
                                              const std::function<Schedule(const ScheduleParams&)>& schedule) {
   const int p = s.pipeline_size;
   const Placement placement = placement_of(s.kind);
-  std::map<int, std::vector<Run>> theirs;
+  // Per peer, the message sets its runs exchange with this rank (a run mirrors one of ours when
+  // the sets are equal): looked up, not scanned - a step of many micro-batches has hundreds of
+  // runs, and the planner builds an executor per traced rank of every layout it plans.
+  std::map<int, std::set<std::set<MessageId>>> theirs;
   std::vector<PairedExchange> out;
   for (const Run& run : runs_of(p, s.rank, placement, schedule(s))) {
     for (const auto& [peer, ids] : run.with) {
       const auto [sends, receives] = run.directions.at(peer);
       if (!sends || !receives) continue;
-      if (!theirs.count(peer)) {
+      auto mirrors = theirs.find(peer);
+      if (mirrors == theirs.end()) {
         ScheduleParams other = s;
         other.rank = peer;
-        theirs[peer] = runs_of(p, peer, placement, schedule(other));
-      }
-      for (const Run& mirror : theirs[peer]) {
-        auto it = mirror.with.find(s.rank);
-        if (it != mirror.with.end() && it->second == ids) {
-          out.push_back({run.begin, run.end, peer});
-          break;
+        mirrors = theirs.emplace(peer, std::set<std::set<MessageId>>{}).first;
+        for (Run& mirror : runs_of(p, peer, placement, schedule(other))) {
+          auto it = mirror.with.find(s.rank);
+          if (it != mirror.with.end()) mirrors->second.insert(std::move(it->second));
         }
       }
+      if (mirrors->second.count(ids)) out.push_back({run.begin, run.end, peer});
     }
   }
   return out;

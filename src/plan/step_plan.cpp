@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "parallel/error.hpp"
 #include "parallel/parallel_state.hpp"
@@ -79,14 +80,31 @@ StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& h
     p.hardware_flops += t.flops * stage_width;
     p.timeline_entries += t.timeline.size();
     timelines[r] = cost_timeline(t.timeline, cost);
+    // The op breakdown, in the expanded timeline's order (expand_timeline's, so the sums are the
+    // same to the bit) without copying its entries: each recorded op is costed and looked up once,
+    // and a replay adds its range's ops again.
     auto& totals = p.op_breakdown.emplace_back();
-    for (const TimelineEntry& e : expand_timeline(t.timeline))
-      if (e.kind == TimelineEntry::Kind::Op) {
-        StepPlan::OpTotal& o = totals[e.op.op];
-        o.seconds += cost.op_seconds(e.op);
-        o.flops += e.op.flops;
-        ++o.count;
+    std::vector<double> seconds(t.timeline.size(), 0.0);
+    std::vector<StepPlan::OpTotal*> slot(t.timeline.size(), nullptr);
+    for (std::size_t i = 0; i < t.timeline.size(); ++i)
+      if (const TimelineEntry& e = t.timeline[i]; e.kind == TimelineEntry::Kind::Op) {
+        seconds[i] = cost.op_seconds(e.op);
+        slot[i] = &totals[e.op.op];
       }
+    const auto add = [&](std::size_t i) {
+      if (slot[i] == nullptr) return;
+      slot[i]->seconds += seconds[i];
+      slot[i]->flops += t.timeline[i].op.flops;
+      ++slot[i]->count;
+    };
+    for (std::size_t i = 0; i < t.timeline.size(); ++i) {
+      const TimelineEntry& e = t.timeline[i];
+      if (e.kind != TimelineEntry::Kind::Replay) {
+        add(i);
+        continue;
+      }
+      for (auto j = e.replay_begin; j < e.replay_end; ++j) add(static_cast<std::size_t>(j));
+    }
     t.timeline = {};
     p.traces.push_back(std::move(t));
   }
