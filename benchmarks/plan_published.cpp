@@ -5,7 +5,8 @@
 // fp16 mixed precision and full activation recompute.
 //
 //   build/bin/plan_published [--hardware configs/hardware/dgx_a100_80gb.yaml] [--rows 0,1,...]
-//                            [--attention unfused|fused] [--dropout 0.1] [--breakdown] [--search]
+//                            [--attention unfused|fused] [--dropout 0.1] [--breakdown] [--search [--threads
+//                            N]]
 //
 // The system planned is Megatron-LM's of 2021 as far as the planner can state it: attention unfused
 // (the score matrix materialised; CostOptions, step_cost.hpp) and dropout 0.1 (its defaults for
@@ -107,6 +108,11 @@ int main(int argc, char** argv) {
   app.add_option("--rows", rows_arg, "comma-separated row indices (default: all)");
   app.add_option("--micro-batches", micro_batches, "micro-batch sizes to try");
   bool search = false, breakdown = false;
+  int search_threads = 0;
+  app.add_option("--threads", search_threads,
+                 "with --search: threads that plan layouts at once (0: the machine's hardware threads; the "
+                 "result is the same for any number)")
+      ->check(CLI::Range(0, 256));
   std::string attention = "unfused";
   double dropout = 0.1;
   app.add_option("--attention", attention,
@@ -175,8 +181,8 @@ int main(int argc, char** argv) {
       // From the published layout (planned first: the search's warm start), over every layout.
       const parallel::Config c = parallel::parse_config(row_yaml(r, best_mb, dropout), {}, r.gpus);
       const std::clock_t cpu_start = std::clock();
-      const parallel::plan::SearchResult found =
-          parallel::plan::search_layouts(c, r.gpus, hw, {.top_k = 1, .cost = options});
+      const parallel::plan::SearchResult found = parallel::plan::search_layouts(
+          c, r.gpus, hw, {.top_k = 1, .cost = options, .threads = search_threads});
       const double cpu = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
       if (found.top.empty()) {
         searched = fmt::format(" none fits | | | | {:.1f} / {:.1f} |", cpu, found.seconds);

@@ -63,6 +63,11 @@ int main(int argc, char** argv) {
       "memory, rank them by predicted step time, print the best and write them to plan.json "
       "(docs/planner.md \"Search\")");
   app.add_option("--top", search_top, "with --search: how many layouts to keep")->check(CLI::Range(1, 1000));
+  int search_threads = 0;
+  app.add_option("--search-threads", search_threads,
+                 "with --search: threads that plan layouts at once (0: the machine's hardware threads; the "
+                 "result is the same for any number)")
+      ->check(CLI::Range(0, 256));
   bool plan_on_meta = false;
   app.add_flag("--meta", plan_on_meta,
                "with --plan: plan by running the trainer's first two steps on the meta device, once per "
@@ -105,9 +110,12 @@ int main(int argc, char** argv) {
       if (search) {
         if (rt.rank() != 0) return 0;
         const parallel::HardwareDescription hw = parallel::load_hardware(hardware_file);
-        const parallel::plan::SearchResult result = parallel::plan::search_layouts(
-            config, world_size, hw,
-            {.top_k = search_top, .ranks_per_node = ranks_per_node, .cost = cost_options});
+        const parallel::plan::SearchResult result =
+            parallel::plan::search_layouts(config, world_size, hw,
+                                           {.top_k = search_top,
+                                            .ranks_per_node = ranks_per_node,
+                                            .cost = cost_options,
+                                            .threads = search_threads});
         std::printf("layouts of %d ranks on %s (%s):\n%s", world_size, hw.name.c_str(), hardware_file.c_str(),
                     parallel::plan::search_table(result).c_str());
         const std::filesystem::path file = std::filesystem::path(config.train.output_dir) / "plan.json";

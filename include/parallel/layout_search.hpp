@@ -61,6 +61,11 @@ struct SearchOptions {
   // Plan the configured layout first (when it is valid for the world size), so that the time bound
   // prunes against it from the start (branch and bound's warm start).
   bool seed_with_config = true;
+  // Threads that plan layouts (memory plans and simulations) at once; 0: the machine's hardware
+  // threads. The result (the top k, their order and every count) is the same for any number:
+  // layouts are planned ahead on worker threads and taken in the sequential search's order
+  // (docs/planner.md, "Search"). Each plan's meta run counts only its own thread's tensors (meta.hpp).
+  int threads = 0;
 };
 
 struct SearchedLayout {

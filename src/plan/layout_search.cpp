@@ -3,14 +3,19 @@
 #include "parallel/layout_search.hpp"
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <future>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "parallel/error.hpp"
@@ -519,52 +524,116 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
   // embedding and the output layer, and the first the most micro-batches in flight), stopped at
   // the first above the limit: a layout that does not fit usually costs one stage's meta run and
   // no simulation (at scale most layouts the bounds leave do not fit). Then the simulation, and
-  // only for a layout that would enter the top k, the whole memory plan (every stage). Returns
-  // false when it does not fit, true when it fits or its step is no better than the k-th (a
-  // stronger recompute of it can be no faster).
+  // only for a layout that would enter the top k, the whole memory plan (every stage).
+  //
+  // Both cores: the planning of a layout (`plan`, a pure function of the layout and of the k-th
+  // step when it started) runs on worker threads, ahead of the sequential search, for the next
+  // candidates the search's state so far would plan; its result is taken (`commit`) in the
+  // sequential order, with the state the sequential search has there. Every pruning decision is
+  // monotone (the k-th step only falls; layouts ruled dominated, planned or too big stay so), so a
+  // candidate the search reaches was planned ahead unless a later decision skips it, and a plan
+  // made ahead holds everything its commit reads (a whole plan is needed only below the k-th step,
+  // which was no lower when the plan started). Counts, the top k and their order are those of one
+  // thread; what a thread planned for a candidate the search then skipped is dropped.
+  struct Planned {
+    bool quick_done = false, quick_complete = false, simulated = false, whole_done = false;
+    int64_t quick_largest = 0, whole_largest = 0;
+    double step_time_s = 0, model_tflops_per_device = 0, mfu = 0, bubble_fraction = 0;
+    double memory_seconds = 0, simulate_seconds = 0;
+    std::exception_ptr error;  // thrown where the next step (quick, simulation, whole) would be
+  };
+  const double limit = result.memory_limit_bytes;
+  const auto above_limit = [limit](int64_t bytes) { return limit > 0 && static_cast<double>(bytes) > limit; };
+  const auto plan = [&, limit](const Config& c, double kth_then) {
+    Planned out;
+    try {
+      const auto memory = [&](int max_stages, bool& complete) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const MemoryPlan mem = plan_memory_on_meta(
+            c, world_size, {.stop_above_allocator_bytes = limit, .max_stages = max_stages});
+        out.memory_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        int64_t largest = 0;
+        for (const RankMemoryPlan& r : mem.ranks) largest = std::max(largest, r.allocator_bytes);
+        complete = mem.complete;
+        return largest;
+      };
+      if (!options.exhaustive) {
+        out.quick_largest = memory(2, out.quick_complete);
+        out.quick_done = true;
+        if (above_limit(out.quick_largest)) return out;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const StepPlan p = plan_step(c, world_size, hw, options.ranks_per_node, options.cost);
+      out.simulate_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      out.simulated = true;
+      out.step_time_s = p.sim.step_time_s;
+      out.model_tflops_per_device = p.model_tflops_per_device;
+      out.mfu = p.mfu;
+      out.bubble_fraction = p.sim.bubble_fraction;
+      if ((options.exhaustive || out.step_time_s < kth_then) && !out.quick_complete) {
+        bool complete = false;
+        out.whole_largest = memory(0, complete);
+        out.whole_done = true;
+      }
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+    return out;
+  };
+  // The sequential search's step for one layout, from its plan. Returns false when it does not
+  // fit, true when it fits or its step is no better than the k-th (a stronger recompute of it can
+  // be no faster).
   std::set<std::string> planned;
   double memory_seconds = 0, simulate_seconds = 0;  // for PARALLEL_SEARCH_TRACE
-  const auto evaluate = [&](Config c, double bound) {
+  const bool trace = std::getenv("PARALLEL_SEARCH_TRACE") != nullptr;
+  const auto commit = [&](Config c, double bound, Planned done) {
     const std::string name = layout_name(c);
     planned.insert(name);
-    int64_t peak = -1;  // the whole plan's largest rank, once planned
-    const auto fits = [&](int max_stages) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const MemoryPlan mem = plan_memory_on_meta(
-          c, world_size, {.stop_above_allocator_bytes = result.memory_limit_bytes, .max_stages = max_stages});
-      memory_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ++result.memory_plans;
-      int64_t largest = 0;
-      for (const RankMemoryPlan& r : mem.ranks) largest = std::max(largest, r.allocator_bytes);
-      if (mem.complete) peak = largest;
-      if (result.memory_limit_bytes > 0 && static_cast<double>(largest) > result.memory_limit_bytes) {
-        if (std::getenv("PARALLEL_SEARCH_TRACE"))
-          fmt::print(stderr,
-                     "search: bound {:.4g} s, does not fit: {:.4g} GiB (memory bound {:.4g} GiB), {}\n",
-                     bound, static_cast<double>(largest) / (1 << 30),
-                     memory_lower_bound(c, kept_per_layer(c)) / (1 << 30), name);
-        ++result.rejected_by_memory;
-        return false;
-      }
-      return true;
+    const auto rethrow_unless = [&](bool reached) {
+      if (!reached && done.error) std::rethrow_exception(done.error);
     };
-    if (!options.exhaustive && !fits(2)) return false;
-    const auto t0 = std::chrono::steady_clock::now();
-    const StepPlan p = plan_step(c, world_size, hw, options.ranks_per_node, options.cost);
-    simulate_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    memory_seconds += done.memory_seconds;
+    simulate_seconds += done.simulate_seconds;
+    const auto does_not_fit = [&](int64_t largest) {
+      if (trace)
+        fmt::print(stderr, "search: bound {:.4g} s, does not fit: {:.4g} GiB (memory bound {:.4g} GiB), {}\n",
+                   bound, static_cast<double>(largest) / (1 << 30),
+                   memory_lower_bound(c, kept_per_layer(c)) / (1 << 30), name);
+      ++result.rejected_by_memory;
+      return false;
+    };
+    int64_t peak = -1;  // the whole plan's largest rank, once planned
+    if (!options.exhaustive) {
+      rethrow_unless(done.quick_done);
+      ++result.memory_plans;
+      if (done.quick_complete) peak = done.quick_largest;
+      if (above_limit(done.quick_largest)) return does_not_fit(done.quick_largest);
+    }
+    rethrow_unless(done.simulated);
     ++result.simulated;
-    if (std::getenv("PARALLEL_SEARCH_TRACE"))
-      fmt::print(stderr, "search: bound {:.4g} s, step {:.4g} s ({:.3f} x), {}\n", bound, p.sim.step_time_s,
-                 p.sim.step_time_s / bound, name);
-    if (p.sim.step_time_s >= kth() && !options.exhaustive) return true;
-    if (peak < 0 && !fits(0)) return false;
+    if (trace)
+      fmt::print(stderr, "search: bound {:.4g} s, step {:.4g} s ({:.3f} x), {}\n", bound, done.step_time_s,
+                 done.step_time_s / bound, name);
+    if (done.step_time_s >= kth() && !options.exhaustive) return true;
+    if (peak < 0) {
+      if (!done.whole_done) {  // not planned ahead (it cannot happen: kth() only falls); plan it now
+        const Planned again = plan(c, kth());
+        if (again.error) std::rethrow_exception(again.error);
+        done.whole_done = again.whole_done;
+        done.whole_largest = again.whole_largest;
+      }
+      rethrow_unless(done.whole_done);
+      ++result.memory_plans;
+      peak = done.whole_largest;
+      if (above_limit(peak)) return does_not_fit(peak);
+    }
     SearchedLayout s;
     s.layout = name;
     s.config = std::move(c);
-    s.step_time_s = p.sim.step_time_s;
-    s.model_tflops_per_device = p.model_tflops_per_device;
-    s.mfu = p.mfu;
-    s.bubble_fraction = p.sim.bubble_fraction;
+    s.step_time_s = done.step_time_s;
+    s.model_tflops_per_device = done.model_tflops_per_device;
+    s.mfu = done.mfu;
+    s.bubble_fraction = done.bubble_fraction;
     s.time_lower_bound_s = bound;
     s.peak_bytes = peak;
     const auto at = std::upper_bound(result.top.begin(), result.top.end(), s.step_time_s,
@@ -572,6 +641,102 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
     result.top.insert(at, std::move(s));
     if (static_cast<int>(result.top.size()) > options.top_k) result.top.pop_back();
     return true;
+  };
+  // Plans on worker threads (SearchOptions::threads; one: on this thread, as it is reached). Each
+  // worker runs with this thread's OpenMP thread count (a kernel's workspace on meta depends on it).
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int omp_threads = omp_get_max_threads();
+  std::map<std::size_t, std::future<Planned>> ahead;  // candidate index -> its plan, started
+  int dropped = 0;                                    // planned ahead, then skipped (for the trace)
+  // Each candidate's name and pruning keys, made once (the look-ahead asks often).
+  struct Keys {
+    std::string name, sibling, frame;
+  };
+  std::vector<std::optional<Keys>> keys(candidates.size());
+  const auto keys_of = [&](std::size_t i) -> const Keys& {
+    if (!keys[i]) {
+      const Config& c = candidates[i].config;
+      keys[i] = Keys{layout_name(c), sibling(c), frame(c)};
+    }
+    return *keys[i];
+  };
+  // Whether the search, in its state now, would plan candidate i (a layout it would skip now it
+  // skips later too).
+  const auto would_plan = [&](std::size_t i) {
+    const Candidate& cand = candidates[i];
+    const Keys& k = keys_of(i);
+    if (!options.exhaustive) {
+      if (cand.bound >= kth()) return false;
+      const auto settled = weaker_settled.find(k.sibling);
+      if (settled != weaker_settled.end() && settled->second) return false;
+      if (known_too_big(cand.config)) return false;
+    }
+    return planned.count(k.name) == 0;
+  };
+  // Whether the outcome of candidate i, planned but not yet taken, may rule out a later j: j is
+  // i with more recompute (dominated if i fits), or i would imply j does not fit (pruning 5).
+  // Such a j is not planned ahead while i is open: at scale most layouts do not fit, and
+  // planning their implied siblings ahead would be work thrown away.
+  const auto may_rule_out = [&](std::size_t i, std::size_t j) {
+    if (options.exhaustive) return false;
+    const Keys &a = keys_of(i), &b = keys_of(j);
+    if (a.sibling == b.sibling) return true;
+    const Config &x = candidates[i].config, &y = candidates[j].config;
+    return a.frame == b.frame && x.train.micro_batch_size <= y.train.micro_batch_size &&
+           x.optimizer.sharding == y.optimizer.sharding && x.train.recompute >= y.train.recompute &&
+           shard_ranks(x) >= shard_ranks(y);
+  };
+  // Starts plans ahead while fewer than `threads` run: the first candidates from `from` (the one
+  // the search reached) within a window that the search would plan now and no open earlier
+  // candidate may rule out. Plans of candidates before `from` (the search skipped them) are
+  // dropped once they finish. A scan that found nothing is not repeated until something changed.
+  constexpr std::size_t kWindow = 512;
+  int64_t changes = 0, fruitless_at = -1;  // commits and finished plans; the last empty scan's
+  const auto start_ahead = [&](std::size_t from) {
+    if (threads <= 1) return;
+    int running = 0, ready_count = 0;
+    for (auto at = ahead.begin(); at != ahead.end();) {
+      const bool ready = at->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+      if (ready && at->first < from) {
+        at = ahead.erase(at);
+        ++dropped;
+        continue;
+      }
+      running += ready ? 0 : 1;
+      ready_count += ready ? 1 : 0;
+      ++at;
+    }
+    if (running >= threads || changes + ready_count == fruitless_at) return;
+    bool started = false;
+    for (std::size_t j = from; j < std::min(candidates.size(), from + kWindow) && running < threads; ++j) {
+      if (ahead.count(j) || !would_plan(j)) continue;
+      bool open_before = false;
+      for (auto at = ahead.lower_bound(from); at != ahead.end() && at->first < j && !open_before; ++at)
+        open_before = may_rule_out(at->first, j);
+      if (open_before) continue;
+      const double kth_then = kth();
+      ahead.emplace(j, std::async(std::launch::async, [&plan, &candidates, j, kth_then, omp_threads] {
+                      omp_set_num_threads(omp_threads);
+                      return plan(candidates[j].config, kth_then);
+                    }));
+      ++running;
+      started = true;
+    }
+    fruitless_at = started ? -1 : changes + ready_count;
+  };
+  // The plan of candidate i, which the search has reached: the one started ahead, or made here.
+  const auto planned_for = [&](std::size_t i) {
+    ++changes;
+    start_ahead(i);
+    auto at = ahead.find(i);
+    if (at == ahead.end()) return plan(candidates[i].config, kth());
+    // While it runs, keep the other threads busy with the next candidates.
+    while (at->second.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) start_ahead(i);
+    Planned out = at->second.get();
+    ahead.erase(at);
+    return out;
   };
   // Warm start: the configured layout, when it is valid for this world and passes the memory bound,
   // is planned first, so that the bound prunes from the start.
@@ -584,31 +749,46 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
       valid = false;
     }
     if (valid && (result.memory_limit_bytes <= 0 ||
-                  memory_lower_bound(c, kept_per_layer(c)) <= result.memory_limit_bytes))
-      evaluate(c, time_lower_bound(c, cost, world_size));
+                  memory_lower_bound(c, kept_per_layer(c)) <= result.memory_limit_bytes)) {
+      const double bound = time_lower_bound(c, cost, world_size);
+      const Config seed = c;
+      commit(std::move(c), bound, plan(seed, kth()));
+    }
   }
-  for (Candidate& cand : candidates) {
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    Candidate& cand = candidates[i];
     if (!options.exhaustive && cand.bound >= kth()) break;  // every later one is bounded as high
-    if (planned.count(layout_name(cand.config))) continue;
-    const std::string key = sibling(cand.config);
-    if (!options.exhaustive && weaker_settled[key]) {
+    const Keys k = keys_of(i);
+    if (planned.count(k.name)) continue;
+    if (!options.exhaustive && weaker_settled[k.sibling]) {
       ++result.dominated;
       continue;
     }
     if (!options.exhaustive && known_too_big(cand.config)) {
-      weaker_settled[key] = false;
+      weaker_settled[k.sibling] = false;
       ++result.implied_too_big;
       continue;
     }
     const Config config = cand.config;
-    const bool fit = evaluate(std::move(cand.config), cand.bound);
-    weaker_settled[key] = fit;  // a layout that does not fit leaves a stronger recompute to try
-    if (!fit) too_big[frame(config)].push_back(config);
+    const bool fit = commit(std::move(cand.config), cand.bound, planned_for(i));
+    weaker_settled[k.sibling] = fit;  // a layout that does not fit leaves a stronger recompute to try
+    if (!fit) too_big[k.frame].push_back(config);
+    ++changes;
+    start_ahead(i + 1);
   }
+  // Plans started ahead for candidates the search then skipped or did not reach: wait for them
+  // (they read `candidates` and `plan`), and drop them.
+  for (auto& [i, f] : ahead) {
+    f.wait();
+    ++dropped;
+  }
+  ahead.clear();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (std::getenv("PARALLEL_SEARCH_TRACE"))
-    fmt::print(stderr, "search: {:.1f} s, of which {:.1f} s memory plans, {:.1f} s simulations\n",
-               result.seconds, memory_seconds, simulate_seconds);
+    fmt::print(stderr,
+               "search: {:.1f} s, of which {:.1f} s memory plans, {:.1f} s simulations (thread seconds, "
+               "{} threads); {} planned ahead and dropped\n",
+               result.seconds, memory_seconds, simulate_seconds, threads, dropped);
   return result;
 }
 

@@ -105,6 +105,58 @@ TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
   EXPECT_LT(r.simulated, all.simulated);  // the pruning pruned
 }
 
+// Planning on several threads (SearchOptions::threads) gives the sequential search's result: the
+// same top k in the same order, the same times, peaks and bounds, and the same counts - on the
+// dense model under a limit that rules layouts out (so that fits and dominance decide what is
+// planned) and on a MoE model, on 1, 2 and 4 threads.
+TEST(LayoutSearch, ThreadsGiveTheSequentialResult) {
+  const Config moe = parse_config(R"(
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 64,
+        num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_token_dispatcher: alltoall}
+train: {micro_batch_size: 1, global_batch_size: 8, steps: 1, precision: bf16}
+data: {path: synthetic}
+)",
+                                  {}, 1);
+  struct Case {
+    Config config;
+    double limit_gib;
+  };
+  for (const Case& k : {Case{model(), 4.0 / 1024}, Case{moe, 3.0 / 1024}}) {
+    const auto search = [&](int threads) {
+      SearchOptions o;
+      o.top_k = 6;
+      o.micro_batch_sizes = {1, 2};
+      o.threads = threads;
+      return search_layouts(k.config, 4, machine(k.limit_gib), o);
+    };
+    const SearchResult one = search(1);
+    ASSERT_GE(one.top.size(), 2u);
+    EXPECT_GT(one.rejected_by_memory + one.implied_too_big, 0) << "the limit should rule layouts out";
+    for (int threads : {2, 4}) {
+      const SearchResult many = search(threads);
+      ASSERT_EQ(many.top.size(), one.top.size()) << threads;
+      for (std::size_t i = 0; i < one.top.size(); ++i) {
+        EXPECT_EQ(many.top[i].layout, one.top[i].layout) << threads << " threads, #" << i;
+        EXPECT_EQ(many.top[i].step_time_s, one.top[i].step_time_s) << one.top[i].layout;
+        EXPECT_EQ(many.top[i].peak_bytes, one.top[i].peak_bytes) << one.top[i].layout;
+        EXPECT_EQ(many.top[i].time_lower_bound_s, one.top[i].time_lower_bound_s) << one.top[i].layout;
+        EXPECT_EQ(many.top[i].mfu, one.top[i].mfu) << one.top[i].layout;
+      }
+      EXPECT_EQ(many.enumerated, one.enumerated);
+      EXPECT_EQ(many.rejected_by_rules, one.rejected_by_rules);
+      EXPECT_EQ(many.rejected_by_memory_bound, one.rejected_by_memory_bound);
+      EXPECT_EQ(many.dominated, one.dominated);
+      EXPECT_EQ(many.simulated, one.simulated);
+      EXPECT_EQ(many.memory_plans, one.memory_plans);
+      EXPECT_EQ(many.rejected_by_memory, one.rejected_by_memory);
+      EXPECT_EQ(many.implied_too_big, one.implied_too_big);
+    }
+    fmt::print("{}: {} simulated, {} memory plans, {} did not fit, fastest {}\n",
+               k.config.model.num_experts > 0 ? "moe" : "dense", one.simulated, one.memory_plans,
+               one.rejected_by_memory, one.top.front().layout);
+  }
+}
+
 // The time bound under the unfused attention kernel (its passes over the scores are priced into the
 // bound) and dropout, on nodes of 2 devices (so that HSDP, sharding within a node, is enumerated and
 // groups span nodes): below the predicted step time of every layout.
