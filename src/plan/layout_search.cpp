@@ -130,6 +130,84 @@ double memory_lower_bound(const Config& c, double kept_per_layer) {
 
 namespace {
 
+// One transformer layer's share of the time bound, per micro-batch: compute-stream seconds of its
+// forward and backward, and the seconds of the collectives that block the stream in each.
+struct LayerBound {
+  double forward = 0, backward = 0, forward_comm = 0, backward_comm = 0;
+};
+
+// A MoE layer's experts and dispatch on the last stage's rank, under the meta run's stated
+// assumption of balanced routing (moe.cpp: every rank routes alike, each expert receives
+// T k / E of a rank's T tokens' k assignments, up to the capacity): after the ep dispatch (and
+// etp's gather) each of the rank's E / ep local experts runs its two GEMMs on ep x etp x T k / E
+// rows at width F / etp, the backward two per weight; alltoall exchanges the counts and sends the
+// rows out and back (all_to_allv, in forward and backward alike), allgather gathers the rows and
+// reduce-scatters the results in fp32, and etp > 1 gathers the rows and reduce-scatters the
+// outputs over the etp group. T is taken as the micro-batch's tokens over cp and tp (fewer than
+// the layer routes without sequence parallelism: still a bound); the router, the permutation and
+// shared experts are left out.
+template <class GemmOp>
+LayerBound moe_layer_bound(const Config& c, const CostModel& cost, const RankGrid& grid,
+                           const GemmOp& gemm_op) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  const DType dtype = compute_dtype(c.train.precision);
+  const double bytes = static_cast<double>(dtype_size(dtype));
+  const double h = m.hidden_size, experts = m.num_experts, k = m.moe_router_topk;
+  const double ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4.0 * m.hidden_size;
+  const double width = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : ffn;
+  const double gated = m.activation == Activation::SwiGLU ? 2 : 1;
+  const double tokens =
+      std::floor(static_cast<double>(c.train.micro_batch_size) * (m.seq_length / p.context) / p.tensor);
+  double per_expert = std::floor(tokens * k / experts);  // rows a rank sends each expert
+  if (m.moe_capacity_factor > 0)
+    per_expert = std::min(per_expert, std::ceil(m.moe_capacity_factor * tokens * k / experts));
+  LayerBound b;
+  if (per_expert <= 0) return b;
+  const double local = experts / p.expert;
+  const double rows = static_cast<double>(p.expert) * p.expert_tensor * per_expert;  // a local expert's
+  const double f = width / p.expert_tensor;
+  const double gemms = local * (gemm_op(rows, gated * f, h) + gemm_op(rows, h, f));
+  b.forward = gemms;
+  b.backward = 2 * gemms;
+  const int rank = grid.rank(Coord{.pp = p.pipeline - 1});
+  const auto collective = [&](const char* kind, const char* group, const std::vector<int>& ranks, double n,
+                              DType dt) {
+    CommEvent e;
+    e.kind = kind;
+    e.group = group;
+    e.ranks = ranks;
+    e.bytes = static_cast<int64_t>(n);
+    e.dtype = dt;
+    return cost.collective_seconds(e);
+  };
+  const double sent = experts * per_expert;  // rows this rank sends (and, balanced, receives)
+  if (p.expert > 1) {
+    const std::vector<int> ep = grid.expert_group(rank);
+    if (m.moe_token_dispatcher == MoeDispatcher::AllToAll) {
+      const double out_and_back = 2 * collective("all_to_allv", "ep", ep, sent * h * bytes, dtype);
+      b.forward_comm += collective("all_to_all", "ep", ep, experts * 8, DType::I64) + out_and_back;
+      b.backward_comm += out_and_back;
+    } else {
+      const double gathered = sent * p.expert * h;  // elements: every rank's rows, padded to the longest
+      const double out_and_back = collective("all_gather", "ep", ep, gathered * bytes, dtype) +
+                                  collective("reduce_scatter", "ep", ep, gathered * 4, DType::F32);
+      b.forward_comm += collective("all_gather", "ep", ep, experts * p.expert * 8, DType::I64) + out_and_back;
+      b.backward_comm += out_and_back;
+    }
+  }
+  if (p.expert_tensor > 1) {
+    const std::vector<int> etp = grid.expert_tensor_group(rank);
+    const double gathered = sent * p.expert_tensor * h;
+    const double out_and_back = collective("all_gather", "etp", etp, gathered * bytes, dtype) +
+                                collective("reduce_scatter", "etp", etp, gathered * bytes, dtype);
+    b.forward_comm +=
+        collective("all_gather", "etp", etp, local * p.expert_tensor * 8, DType::I64) + out_and_back;
+    b.backward_comm += out_and_back;
+  }
+  return b;
+}
+
 // Lower bound on the step time (layout_search.hpp, pruning 3), for the last pipeline stage (it holds
 // at least num_layers / pp layers and starts after the first micro-batch's forward has passed the
 // stages before it). Its compute stream runs, per micro-batch and layer, at least:
@@ -160,6 +238,10 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   const double rate = hw.matmul_flops(dtype) * best_share;
   const auto gemm = [&](double mm, double n, double k) {
     return 2 * mm * n * k / (rate * hw.matmul_efficiency_at(std::cbrt(mm * n * k), dtype));
+  };
+  // A GEMM the trace records as (at least) one op: the cost model adds its per-op overhead.
+  const auto gemm_op = [&](double mm, double n, double k) {
+    return hw.op_overhead_us * 1e-6 + gemm(mm, n, k);
   };
   const double h = m.hidden_size, heads = m.num_attention_heads;
   const double groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
@@ -215,14 +297,36 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     }
   }
   const int layers = m.num_layers / p.pipeline;  // every stage holds at least this many
-  double forward = 0, backward = 0, forward_comm = 0, stage_weights = 0;
+  // A dense layer's share: its GEMMs (one op each, the backward's two per weight), attention and
+  // tensor parallelism's two forward collectives.
+  const double attention_gemms =
+      gemm_op(tokens, (h + 2 * kv) / p.tensor, h) + gemm_op(tokens, h, h / p.tensor);
+  const double mlp_gemms = gemm_op(tokens, gated * ffn / p.tensor, h) + gemm_op(tokens, h, ffn / p.tensor);
+  const LayerBound dense{.forward = attention_gemms + mlp_gemms + attention_forward,
+                         .backward = 2 * (attention_gemms + mlp_gemms) + attention_backward,
+                         .forward_comm = 2 * tp_collective};
+  // A MoE layer's: attention as above and one tp collective (the experts are not split over tp),
+  // the experts' GEMMs under balanced routing and the dispatch that blocks the stream.
+  const LayerBound moe = m.num_experts > 0 ? moe_layer_bound(c, cost, grid, gemm_op) : LayerBound{};
+  const LayerBound moe_layer{.forward = attention_gemms + attention_forward + moe.forward,
+                             .backward = 2 * attention_gemms + attention_backward + moe.backward,
+                             .forward_comm = tp_collective + moe.forward_comm,
+                             .backward_comm = moe.backward_comm};
+  // Which of the stage's layers are MoE depends on the stage; when the model has both kinds each
+  // layer counts the smaller of the two (per term: the bound grows with each).
+  bool has_dense = false, has_moe = false;
+  for (int j = 0; j < m.num_layers; ++j) (m.is_moe_layer(j) ? has_moe : has_dense) = true;
+  const LayerBound layer =
+      !has_moe     ? dense
+      : !has_dense ? moe_layer
+                   : LayerBound{.forward = std::min(dense.forward, moe_layer.forward),
+                                .backward = std::min(dense.backward, moe_layer.backward),
+                                .forward_comm = std::min(dense.forward_comm, moe_layer.forward_comm),
+                                .backward_comm = 0};
+  const double forward = layers * layer.forward, backward = layers * layer.backward;
+  const double forward_comm = layers * layer.forward_comm, backward_comm = layers * layer.backward_comm;
+  double stage_weights = 0;
   for (int i = 0; i < layers; ++i) {
-    const bool moe = m.is_moe_layer(i);
-    double g = gemm(tokens, (h + 2 * kv) / p.tensor, h) + gemm(tokens, h, h / p.tensor);
-    if (!moe) g += gemm(tokens, gated * ffn / p.tensor, h) + gemm(tokens, h, ffn / p.tensor);
-    forward += g + attention_forward;
-    backward += 2 * g + attention_backward;
-    forward_comm += tp_collective * (moe ? 1 : 2);
     const LayerWeights w = layer_weights(m, i, p);
     stage_weights += w.dense + w.experts;
   }
@@ -231,7 +335,7 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   double output_layer = 0;
   if (p.pipeline == 1 || p.pipeline_schedule == PipelineSchedule::OneFOneB ||
       p.pipeline_schedule == PipelineSchedule::Interleaved)
-    output_layer = 3 * gemm(tokens, static_cast<double>(m.vocab_size) / p.tensor, h);
+    output_layer = 3 * gemm_op(tokens, static_cast<double>(m.vocab_size) / p.tensor, h);
   const double recompute = full ? forward + forward_comm : 0.0;
   const double micro_batches = static_cast<double>(c.train.global_batch_size) /
                                (static_cast<double>(c.train.micro_batch_size) * p.data);
@@ -296,8 +400,8 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   // the drain (1F1B, interleaved: its gradients start reducing after its own last backward), or
   // the last stage.
   const double compute_bound = fill +
-                               micro_batches * (forward + forward_comm + backward + recompute + output_layer +
-                                                replica_per_micro_batch) +
+                               micro_batches * (forward + forward_comm + backward + backward_comm +
+                                                recompute + output_layer + replica_per_micro_batch) +
                                drain + reduction + replica_per_step;
   // The shard group's stream runs its calls one after another within the step:
   // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
