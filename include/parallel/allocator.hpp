@@ -35,7 +35,8 @@ class Allocator {
 };
 
 // The process-wide allocator of a device (like the CUDA context itself, there is one per device
-// per process; everything that is parallel state is passed explicitly, this is not).
+// per process; everything that is parallel state is passed explicitly, this is not). The meta
+// device's statistics are the calling thread's (meta.hpp), so that two threads plan at once.
 Allocator& allocator_for(Device device);
 MemoryStats memory_stats(Device device);
 

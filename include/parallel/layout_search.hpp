@@ -23,8 +23,9 @@
 //      their HSDP shard groups under HSDP - and the activations its in-flight micro-batches keep
 //      (kept_activation_bytes_per_layer, measured on the meta device); a layout whose bound
 //      exceeds the device's memory (hardware memory_GiB) goes;
-//   3. a time lower bound, for branch and bound: the last stage's compute stream (its GEMMs and
-//      attention as the cost model prices them, tensor parallelism's forward collectives, the
+//   3. a time lower bound, for branch and bound: the last stage's compute stream (its GEMMs, a MoE
+//      layer's experts under balanced routing among them, and attention as the cost model prices
+//      them, tensor parallelism's forward collectives and a MoE layer's dispatch, the
 //      pipeline's fill and drain, the gradient reduction after the last backward, and under HSDP
 //      the replicas' blocking all-reduce of each shard) or the shard group's stream, the larger
 //      (docs/planner.md, "Search"). Layouts are simulated in increasing order of that bound, and

@@ -213,13 +213,15 @@ LayerBound moe_layer_bound(const Config& c, const CostModel& cost, const RankGri
 // stages before it). Its compute stream runs, per micro-batch and layer, at least:
 //   - the GEMMs, each at the rate the cost model gives its size (m n k)^(1/3) at most (a GEMM the
 //     model splits further is smaller and slower; the backward's two GEMMs per weight have the
-//     forward's size), the forward again under full recompute;
+//     forward's size) plus one op's overhead, the forward again under full recompute; in a MoE
+//     layer the experts' GEMMs under balanced routing (moe_layer_bound);
 //   - attention: the forward and the backward as the cost model prices the ops the trace records
 //     (their FLOPs, and for the unfused kernel its passes over the scores), the forward again under
 //     full recompute;
 //   - tensor parallelism's forward collectives, which block the compute stream (the backward's are
 //     asynchronous and not counted): per layer the attention's and the MLP's output all-reduce, or
 //     with sequence parallelism their all-gather and reduce-scatter, again under full recompute;
+//   - a MoE layer's dispatch, which blocks the stream in forward and backward (moe_layer_bound);
 // and after its last backward, without overlap_grad_reduce and with gradients reduced once a step
 // (sharding none or optim), the data-parallel reduction of its gradients (at 2 bytes an element:
 // no gradient is reduced in less).
