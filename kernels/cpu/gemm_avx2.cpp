@@ -1,24 +1,30 @@
 // The AVX2/FMA GEMM (gemm_avx2.hpp): packing that widens, a 6 x 16 micro-kernel, cache blocking
 // for Zen 3 (32 KiB L1d, 512 KiB L2 per core, 32 MiB L3) and an epilogue that narrows once.
 //
-// Loops, outer to inner (BLIS's names):
-//   jc: column panels of c, kNC wide, so that the packed op(b) panel [k, nc] (fp32) stays in L3;
-//       the threads pack it together (one kNR-wide sliver each at a time), then all read it.
+// Loops, outer to inner (BLIS's names and order):
+//   jc: column panels of c, at most kNC wide (equal widths, whole slivers).
+//   pc: blocks of at most kKC of k (equal sizes). The threads pack op(b)[pc.., jc..] together
+//       ([kc, nc] fp32, slivers of [kc][16], up to 4 MiB: in L3), then all read it. Two such
+//       buffers alternate, so one barrier a block suffices (a thread packs block p + 1 only after
+//       every thread has passed the barrier behind block p - 1's use of the same buffer).
 //   rows: each thread owns a contiguous range of c's rows (whole kMR slivers, balanced to within
 //       one sliver), so no two threads write the same element and no reduction is needed.
-//   ic: blocks of kMC rows of the thread's range; pc: blocks of kKC of k. The thread packs
-//       op(a)[ic.., pc..] ([kMC, kKC] fp32, in L2) and runs the micro-kernel over it.
-//   jr, ir: a kNR sliver of the panel ([kKC, 16], 16 KiB, in L1) against each kMR sliver of the
+//   ic: the thread's rows in blocks of at most kMC (equal sizes, whole slivers). The thread packs
+//       op(a)[ic.., pc..] ([mc, kc] fp32, in L2) and runs the micro-kernel over it.
+//   jr, ir: a kNR sliver of the B block ([kc, 16], 16 KiB, in L1) against each kMR sliver of the
 //       A block: the micro-kernel's 6 x 16 tile of c in 12 ymm registers over kc steps.
-// Conversion work: op(b) is widened once per column panel for all m rows, op(a) once per panel
-// for all nc columns: (k n + m k n / kNC) conversions against 2 m n k flops.
+// Packing work: op(b) once (k n), op(a) once per column panel (m k n / kNC): for every shape of
+// the GPT step but the 50257-wide LM head, each operand is packed (and widened) exactly once.
+// (Until 2026-11-27 the B panel held the whole k, which made panels narrow for a long k: the
+// GPT-2 LM head's input gradient, k = 50257, packed its A 48 times.)
 //
 // c: an fp32 c is accumulated in place (the first k block scales the old c by beta, the later
-// ones add). A 16-bit c is accumulated into a per-thread fp32 block and written once, after the
-// last k block: alpha op(a) op(b) + beta c + bias, rounded by narrow_from_f32 (round to nearest
-// even, dtype.hpp) exactly as every other kernel narrows. Sums run in fp32 in k order within a k
-// block; the blocks' partial sums are added in order. oneDNN's kernels block k their own way, so
-// results can differ from its fp32 product of the widened operands in the last bits.
+// ones add, the last adds the bias). A 16-bit c over one k block is finished and narrowed in the
+// micro-kernel's epilogue; over several, the thread's rows of the panel accumulate in fp32 scratch
+// and the last k block narrows: alpha op(a) op(b) + beta c + bias, rounded to nearest even
+// exactly as narrow_from_f32 (dtype.hpp). Sums run in fp32 in k order within a k block; the
+// blocks' partial sums are added in order. oneDNN's kernels block k their own way, so results
+// can differ from its fp32 product in the last bits.
 //
 // The functions with intrinsics carry a target attribute; the OpenMP region lives in a function
 // without one (GCC outlines the region into a function of its own, which would not inherit it),
@@ -41,10 +47,10 @@ namespace parallel::cpu {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = 16;
-constexpr int64_t kKC = 256;                // a [kKC, 16] B sliver is 16 KiB: half of L1d
-constexpr int64_t kMC = 144;                // a [kMC, kKC] A block is 144 KiB: under a third of L2
-constexpr int64_t kPanelBytes = 4ll << 20;  // the packed B panel [k, nc]: 4 MiB of the 32 MiB L3
-constexpr int64_t kMaxNC = 4096;            // and at most this wide: a 16-bit c's fp32 block is [kMC, nc]
+constexpr int64_t kKC = 256;    // a [kKC, 16] B sliver is 16 KiB: half of L1d
+constexpr int64_t kMC = 144;    // a [kMC, kKC] A block is 144 KiB: under a third of L2
+constexpr int64_t kNC = 4096;   // a [kKC, kNC] B block is 4 MiB of the 32 MiB L3
+constexpr int64_t kAlign = 16;  // packed buffers start on a 64-byte line (16 floats)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -109,83 +115,100 @@ PARALLEL_AVX2 inline __m256 tail_mask(int64_t n) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lanes));
 }
 
-// Columns j0 .. j0+nr-1 of op(b) (nr <= 16), every k, into dst as [k][16], zero past nr.
+// Rows p0 .. p0+kc-1 of columns j0 .. j0+nr-1 of op(b) (nr <= 16) into dst as [kc][16], zero past
+// nr.
 template <DType D>
 PARALLEL_AVX2 void pack_b_sliver(const void* B, bool trans_b, int64_t n, int64_t k, int64_t j0, int64_t nr,
-                                 float* dst) {
+                                 int64_t p0, int64_t kc, float* dst) {
   if (!trans_b) {  // op(b)[p][j] = B[p n + j]: 16 contiguous values per p
     if (nr == kNR) {
-      for (int64_t p = 0; p < k; p++) {
-        _mm256_storeu_ps(dst + p * kNR, load_eight<D>(B, p * n + j0));
-        _mm256_storeu_ps(dst + p * kNR + 8, load_eight<D>(B, p * n + j0 + 8));
+      for (int64_t p = 0; p < kc; p++) {
+        _mm256_storeu_ps(dst + p * kNR, load_eight<D>(B, (p0 + p) * n + j0));
+        _mm256_storeu_ps(dst + p * kNR + 8, load_eight<D>(B, (p0 + p) * n + j0 + 8));
       }
     } else {
-      for (int64_t p = 0; p < k; p++)
-        for (int64_t j = 0; j < kNR; j++) dst[p * kNR + j] = j < nr ? load_one<D>(B, p * n + j0 + j) : 0.0f;
+      for (int64_t p = 0; p < kc; p++)
+        for (int64_t j = 0; j < kNR; j++)
+          dst[p * kNR + j] = j < nr ? load_one<D>(B, (p0 + p) * n + j0 + j) : 0.0f;
     }
     return;
   }
   // op(b)[p][j] = B[j k + p]: one contiguous row of b per column of the sliver. A full sliver
   // goes 8 x 8 at a time through registers (eight rows of b in, eight rows of the sliver out).
-  int64_t p0 = 0;
+  int64_t p = 0;
   if (nr == kNR) {
-    for (; p0 + 8 <= k; p0 += 8)
+    for (; p + 8 <= kc; p += 8)
       for (int64_t half = 0; half < kNR; half += 8) {
         __m256 r[8];
-        for (int64_t j = 0; j < 8; j++) r[j] = load_eight<D>(B, (j0 + half + j) * k + p0);
+        for (int64_t j = 0; j < 8; j++) r[j] = load_eight<D>(B, (j0 + half + j) * k + p0 + p);
         transpose_8x8(r);
-        for (int64_t q = 0; q < 8; q++) _mm256_storeu_ps(dst + (p0 + q) * kNR + half, r[q]);
+        for (int64_t q = 0; q < 8; q++) _mm256_storeu_ps(dst + (p + q) * kNR + half, r[q]);
       }
   }
   for (int64_t j = 0; j < kNR; j++) {
     if (j < nr) {
-      const int64_t row = (j0 + j) * k;
-      for (int64_t p = p0; p < k; p++) dst[p * kNR + j] = load_one<D>(B, row + p);
+      const int64_t row = (j0 + j) * k + p0;
+      for (int64_t q = p; q < kc; q++) dst[q * kNR + j] = load_one<D>(B, row + q);
     } else {
-      for (int64_t p = p0; p < k; p++) dst[p * kNR + j] = 0.0f;
+      for (int64_t q = p; q < kc; q++) dst[q * kNR + j] = 0.0f;
     }
   }
 }
 
 // op(a)[i0 .. i0+mc, p0 .. p0+kc] into dst as slivers of kMR rows, each [kc][6], zero past mc.
-// The vector paths store 8 floats for each p's 6: the 2 extra land in the next p's (or the next
-// sliver's) slots, which are written after them, and past the last sliver: dst has kPackSlack
-// floats to spare.
+// The vector paths store 8 floats for each p's 6: the 2 extra land in slots written after them, or
+// past the last sliver: dst has kPackSlack floats to spare.
 constexpr int64_t kPackSlack = 8;
 template <DType D>
 PARALLEL_AVX2 void pack_a_block(const void* A, bool trans_a, int64_t m, int64_t k, int64_t i0, int64_t mc,
                                 int64_t p0, int64_t kc, float* dst) {
-  for (int64_t s = 0; s * kMR < mc; s++) {
+  const int64_t slivers = ceil_div(mc, kMR);
+  if (trans_a) {
+    // op(a)[i][p] = A[p m + i]: row p of A holds the block's mc values of p contiguously. Row by
+    // row, so that each cache line of A is read once for all the slivers it feeds (one sliver at
+    // a time would walk A with a stride of m floats, a multiple of 4 KiB for m = 1024 .. 8192,
+    // and lose its lines to the L1's set conflicts before the next sliver reads them). An 8-float
+    // store's 2 extra floats land in the same sliver's next p, written after it; the last p's
+    // would land in the next sliver's p = 0, written before it, so the last p stores exactly 6.
+    const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+    for (int64_t p = 0; p < kc; p++) {
+      const int64_t row = (p0 + p) * m;
+      for (int64_t s = 0; s < slivers; s++) {
+        const int64_t ib = i0 + s * kMR, mr = std::min(kMR, i0 + mc - ib);
+        float* d = dst + s * kc * kMR + p * kMR;
+        if (ib + 8 <= m) {
+          __m256 v = load_eight<D>(A, row + ib);
+          if (mr < kMR) v = _mm256_blendv_ps(_mm256_setzero_ps(), v, tail_mask(mr));
+          if (p + 1 < kc)
+            _mm256_storeu_ps(d, v);
+          else
+            _mm256_maskstore_ps(d, six, v);
+        } else {
+          for (int64_t i = 0; i < kMR; i++) d[i] = i < mr ? load_one<D>(A, row + ib + i) : 0.0f;
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t s = 0; s < slivers; s++) {
     const int64_t ib = i0 + s * kMR, mr = std::min(kMR, i0 + mc - ib);
     float* d = dst + s * kc * kMR;
-    if (trans_a && ib + 8 <= m) {  // 8 contiguous values per p, of which the sliver keeps 6
-      for (int64_t p = 0; p < kc; p++) {
-        const __m256 v = load_eight<D>(A, (p0 + p) * m + ib);
-        _mm256_storeu_ps(d + p * kMR,
-                         mr == kMR ? v : _mm256_blendv_ps(_mm256_setzero_ps(), v, tail_mask(mr)));
+    // op(a)[i][p] = A[i k + p]: one contiguous row of a per row of the sliver
+    int64_t p = 0;
+    if (mr == kMR)  // 8 values of each row at a time, transposed through registers
+      for (; p + 8 <= kc; p += 8) {
+        __m256 r[8];
+        for (int64_t i = 0; i < kMR; i++) r[i] = load_eight<D>(A, (ib + i) * k + p0 + p);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose_8x8(r);
+        for (int64_t q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * kMR, r[q]);
       }
-    } else if (trans_a) {  // op(a)[i][p] = A[p m + i]: 6 contiguous values per p
-      for (int64_t p = 0; p < kc; p++) {
-        const int64_t row = (p0 + p) * m + ib;
-        for (int64_t i = 0; i < kMR; i++) d[p * kMR + i] = i < mr ? load_one<D>(A, row + i) : 0.0f;
-      }
-    } else {  // op(a)[i][p] = A[i k + p]: one contiguous row of a per row of the sliver
-      int64_t p = 0;
-      if (mr == kMR)  // 8 values of each row at a time, transposed through registers
-        for (; p + 8 <= kc; p += 8) {
-          __m256 r[8];
-          for (int64_t i = 0; i < kMR; i++) r[i] = load_eight<D>(A, (ib + i) * k + p0 + p);
-          r[6] = r[7] = _mm256_setzero_ps();
-          transpose_8x8(r);
-          for (int64_t q = 0; q < 8; q++) _mm256_storeu_ps(d + (p + q) * kMR, r[q]);
-        }
-      for (int64_t i = 0; i < kMR; i++) {
-        if (i < mr) {
-          const int64_t row = (ib + i) * k + p0;
-          for (int64_t q = p; q < kc; q++) d[q * kMR + i] = load_one<D>(A, row + q);
-        } else {
-          for (int64_t q = p; q < kc; q++) d[q * kMR + i] = 0.0f;
-        }
+    for (int64_t i = 0; i < kMR; i++) {
+      if (i < mr) {
+        const int64_t row = (ib + i) * k + p0;
+        for (int64_t q = p; q < kc; q++) d[q * kMR + i] = load_one<D>(A, row + q);
+      } else {
+        for (int64_t q = p; q < kc; q++) d[q * kMR + i] = 0.0f;
       }
     }
   }
@@ -247,8 +270,14 @@ PARALLEL_AVX2 void micro_kernel(int64_t kc, const float* A, const float* B, floa
          c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps(),
          c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
   for (int64_t i = 0; i < mr; i++) {  // c's tile is read or written after the loop: fetch it now
-    _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + kNR - 1), _MM_HINT_T0);
+    if (narrow != nullptr) {
+      _mm_prefetch(static_cast<const char*>(narrow->c) + 2 * i * narrow->ldc, _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(narrow->c) + 2 * (i * narrow->ldc + kNR - 1), _MM_HINT_T0);
+    }
+    if (C != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(C + i * ldc + kNR - 1), _MM_HINT_T0);
+    }
   }
   for (int64_t p = 0; p < kc; p++) {
     const __m256 b0 = _mm256_loadu_ps(B), b1 = _mm256_loadu_ps(B + 8);
@@ -354,8 +383,9 @@ PARALLEL_AVX2 void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const float*
         tile.c = static_cast<uint16_t*>(narrow->c) + ir * narrow->ldc + jr;
         if (narrow->bias != nullptr) tile.bias = narrow->bias + jr;
       }
-      micro_kernel(kc, A + (ir / kMR) * kc * kMR, b, C + ir * ldc + jr, ldc, std::min(kMR, mc - ir),
-                   std::min(kNR, nc - jr), alpha, beta, narrow != nullptr ? &tile : nullptr);
+      micro_kernel(kc, A + (ir / kMR) * kc * kMR, b, C != nullptr ? C + ir * ldc + jr : nullptr, ldc,
+                   std::min(kMR, mc - ir), std::min(kNR, nc - jr), alpha, beta,
+                   narrow != nullptr ? &tile : nullptr);
     }
   }
 }
@@ -365,7 +395,7 @@ PARALLEL_AVX2 void add_bias_row(float* r, const float* bias, int64_t nc) {
   for (int64_t j = 0; j < nc; j++) r[j] += bias[j];
 }
 
-using PackB = void (*)(const void*, bool, int64_t, int64_t, int64_t, int64_t, float*);
+using PackB = void (*)(const void*, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 using PackA = void (*)(const void*, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 
 PackB pack_b_for(DType d) {
@@ -405,15 +435,22 @@ bool gemm_avx2_can_implement(const GemmAvx2Problem& p) {
          supported(p.c_type) && (p.bias == nullptr || supported(p.bias_type));
 }
 
+// p rounded up to the next 64-byte boundary (scratch slots are allocated kAlign floats larger).
+float* aligned(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~static_cast<uintptr_t>(63));
+}
+
 void gemm_avx2_run(const GemmAvx2Problem& p) {
   const int64_t m = p.m, n = p.n, k = p.k;
   const bool narrow = p.c_type != DType::F32;
-  // k blocks of equal size (k = 384: two of 192, not 256 + 128).
-  const int64_t kc_max = ceil_div(k, ceil_div(k, kKC));
-  // Column panels of equal size, whole slivers, the packed panel about kPanelBytes.
-  int64_t nc_max = std::clamp(kPanelBytes / (4 * k) / kNR * kNR, kNR, kMaxNC);
-  nc_max = round_up(ceil_div(n, ceil_div(n, nc_max)), kNR);
-  float* panel = scratch_f32(4, nc_max * k);  // the calling thread's: shared by the team
+  // k blocks of equal size (k = 384: two of 192, not 256 + 128); column panels of equal size,
+  // whole slivers.
+  const int64_t k_blocks = ceil_div(k, kKC), kc_max = ceil_div(k, k_blocks);
+  const int64_t nc_max = round_up(ceil_div(n, ceil_div(n, kNC)), kNR);
+  // Two B blocks, the calling thread's: shared by the team. While the threads multiply with one,
+  // the first to finish packs the next k block into the other, so one barrier a block suffices.
+  const int64_t b_block = kc_max * nc_max;
+  float* b_blocks = aligned(scratch_f32(4, 2 * b_block + kAlign));
   const PackA pack_a = pack_a_for(p.a_type);
   const PackB pack_b = pack_b_for(p.b_type);
   const int64_t cs = static_cast<int64_t>(dtype_size(p.c_type));
@@ -424,35 +461,46 @@ void gemm_avx2_run(const GemmAvx2Problem& p) {
     const int64_t slivers = ceil_div(m, kMR);
     const int64_t r0 = std::min(m, slivers * t / threads * kMR),
                   r1 = std::min(m, slivers * (t + 1) / threads * kMR);
-    float* a_block = scratch_f32(5, kMC * kc_max + kPackSlack);
-    float* c_block = narrow ? scratch_f32(6, kMC * nc_max) : nullptr;        // a 16-bit c's fp32 block
+    // The thread's rows in blocks of equal size (192 rows: two of 96, not 144 + 48), whole slivers.
+    const int64_t rows = r1 - r0,
+                  mc_max = rows > 0 ? round_up(ceil_div(rows, ceil_div(rows, kMC)), kMR) : kMR;
+    float* a_block = aligned(scratch_f32(5, mc_max * kc_max + kPackSlack + kAlign));
+    // A 16-bit c over several k blocks: the thread's rows of the panel accumulate in fp32 here.
+    float* c_acc = narrow && k_blocks > 1
+                       ? aligned(scratch_f32(6, std::max<int64_t>(rows, 1) * nc_max + kAlign))
+                       : nullptr;
     float* bias_row = p.bias != nullptr ? scratch_f32(7, nc_max) : nullptr;  // the panel's widened bias
+    int64_t use = 0;  // B blocks packed so far: which of the two the next one goes to
     for (int64_t jc = 0; jc < n; jc += nc_max) {
       const int64_t nc = std::min(nc_max, n - jc), panel_slivers = ceil_div(nc, kNR);
-#pragma omp for schedule(static)
-      for (int64_t s = 0; s < panel_slivers; s++)
-        pack_b(p.b, p.trans_b, n, k, jc + s * kNR, std::min(kNR, nc - s * kNR), panel + s * k * kNR);
-      // (the loop's barrier: the panel is complete before anyone reads it)
       if (bias_row != nullptr) widen_to_f32(offset_ptr(p.bias, p.bias_type, jc), p.bias_type, bias_row, nc);
-      for (int64_t ic = r0; ic < r1; ic += kMC) {
-        const int64_t mc = std::min(kMC, r1 - ic);
-        float* block = narrow ? c_block : reinterpret_cast<float*>(C) + ic * n + jc;
-        const int64_t ldc = narrow ? nc_max : n;
-        for (int64_t pc = 0; pc < k; pc += kc_max) {
-          const int64_t kc = std::min(kc_max, k - pc);
+      for (int64_t pc = 0; pc < k; pc += kc_max, use++) {
+        const int64_t kc = std::min(kc_max, k - pc);
+        const bool last = pc + kc >= k;
+        float* panel = b_blocks + (use % 2) * b_block;
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < panel_slivers; s++)
+          pack_b(p.b, p.trans_b, n, k, jc + s * kNR, std::min(kNR, nc - s * kNR), pc, kc,
+                 panel + s * kc * kNR);
+        // (the loop's barrier: the block is complete before anyone reads it, and everyone is done
+        // with the block before last in this buffer)
+        for (int64_t ic = r0; ic < r1; ic += mc_max) {
+          const int64_t mc = std::min(mc_max, r1 - ic);
           pack_a(p.a, p.trans_a, m, k, ic, mc, pc, kc, a_block);
+          float* block = narrow ? (c_acc != nullptr ? c_acc + (ic - r0) * nc_max : nullptr)
+                                : reinterpret_cast<float*>(C) + ic * n + jc;
+          const int64_t ldc = narrow ? nc_max : n;
           const float beta = pc > 0 ? 1.0f : narrow ? 0.0f : p.beta;
           // A 16-bit c: the last k block finishes and narrows each tile in the micro-kernel.
-          Narrow last;
-          last.c = C + (ic * n + jc) * cs, last.ldc = n, last.type = p.c_type, last.beta = p.beta;
-          last.bias = bias_row;
-          macro_kernel(mc, nc, kc, a_block, panel + pc * kNR, k * kNR, block, ldc, p.alpha, beta,
-                       narrow && pc + kc >= k ? &last : nullptr);
+          Narrow fin;
+          fin.c = C + (ic * n + jc) * cs, fin.ldc = n, fin.type = p.c_type, fin.beta = p.beta;
+          fin.bias = bias_row;
+          macro_kernel(mc, nc, kc, a_block, panel, kc * kNR, block, ldc, p.alpha, beta,
+                       narrow && last ? &fin : nullptr);
+          if (narrow || bias_row == nullptr || !last) continue;
+          for (int64_t i = 0; i < mc; i++) add_bias_row(block + i * ldc, bias_row, nc);
         }
-        if (narrow || bias_row == nullptr) continue;
-        for (int64_t i = 0; i < mc; i++) add_bias_row(block + i * ldc, bias_row, nc);
       }
-#pragma omp barrier  // every thread is done with the panel before the next one overwrites it
     }
   }
 }

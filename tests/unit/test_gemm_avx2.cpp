@@ -160,6 +160,21 @@ TEST(GemmAvx2, SeveralKBlocksAndColumnPanels) {
     }
 }
 
+// The loops' other edges: two column panels (n > 4096) of a 16-bit c accumulated over several
+// k blocks in fp32 scratch and narrowed on the last; a thread's rows in uneven blocks of whole
+// slivers (m = 400: 200 rows a thread, two blocks of 102 and 98); op(a) = a^T packed row by row of
+// a, where the last k of a block stores exactly 6 floats per sliver (k = 520: blocks of 174 and 172).
+TEST(GemmAvx2, WidePanelsUnevenRowBlocksAndTransposedA) {
+  if (!have_cpu()) GTEST_SKIP() << "no AVX2 + FMA + F16C on this CPU";
+  for (const DType d : {DType::F32, DType::BF16, DType::F16}) {
+    check({7, 4200, 300, false, true, d, d, d, 1.0f, d == DType::F32 ? 0.0f : 0.5f, true, d});
+    check({5, 4113, 70, true, false, d, d, DType::F32, 1.0f, 1.0f, false, d});
+    for (int tr = 0; tr < 4; tr++)
+      check({400, 37, 520, (tr & 1) != 0, (tr & 2) != 0, d, d, tr < 2 ? DType::F32 : d, 1.0f,
+             tr == 1 ? 1.0f : 0.0f, tr == 3, DType::F32});
+  }
+}
+
 // A 16-bit c is the library's rounding (float_to_bf16 / float_to_f16) of the fp32 result the same
 // GEMM writes into an fp32 c: one rounding, in the epilogue.
 TEST(GemmAvx2, SixteenBitOutputIsTheRoundedFp32Output) {
