@@ -2,7 +2,8 @@
 //
 //   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=N] [benchmark flags]
 //
-// gemm reports GFLOP/s and "% of peak" per dtype (BM_Gemm fp32, BM_GemmBf16 bf16 operands), the peak
+// gemm reports GFLOP/s and "% of peak" per dtype (BM_Gemm fp32, BM_GemmBf16 bf16 operands: what
+// ops::gemm runs; BM_GemmOnednn: fp32 through oneDNN; BM_GemmAvx2*: the own AVX2 GEMM), the peak
 // being --peak_gflops, else $PARALLEL_CPU_PEAK_GFLOPS, else this CPU's peak for that precision
 // measured at start on all OpenMP threads (hardware_peak.hpp: fp32 FMA; bf16 AMX / AVX512-BF16 or,
 // without them, fp32 FMA); the
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/cpu/cpu_ops.hpp"
 #include "../kernels/cpu/gemm_avx2.hpp"
 #include "parallel/config.hpp"
 #include "parallel/hardware_peak.hpp"
@@ -113,6 +115,13 @@ const GemmCase kGemmCases[] = {
     {"mlp_down_fwd", T, H, 4 * H, false, true, 0.0f},
     {"mlp_down_dgrad", T, 4 * H, H, false, false, 0.0f},
     {"mlp_down_wgrad", H, 4 * H, T, true, false, 1.0f},
+    {"proj_fwd", T, H, H, false, true, 0.0f},
+    {"proj_dgrad", T, H, H, false, false, 0.0f},
+    {"proj_wgrad", H, H, T, true, false, 1.0f},
+    // GPT-2's LM head (vocab 50257): k = 50257 for the input gradient, m = 50257 for the weight's.
+    {"head_fwd", T, 50257, H, false, true, 0.0f},
+    {"head_dgrad", T, H, 50257, false, false, 0.0f},
+    {"head_wgrad", 50257, H, T, true, false, 1.0f},
     // The mini GPT of benchmarks/compare_pytorch2.sh (h = 384, vocab 8192, 1024 tokens a micro-batch).
     {"mini_qkv_fwd", T, 1152, 384, false, true, 0.0f},
     {"mini_qkv_dgrad", T, 384, 1152, false, false, 0.0f},
@@ -159,6 +168,17 @@ void BM_Gemm(benchmark::State& state, GemmCase c, DType dt) {
   state.SetLabel(std::string(dtype_name(dt)) + " " + std::to_string(c.m) + "x" + std::to_string(c.k) +
                  (c.ta ? "^T" : "") + " @ " + std::to_string(c.k) + "x" + std::to_string(c.n) +
                  (c.tb ? "^T" : ""));
+}
+
+// fp32 through oneDNN (gemm:jit / dnnl_sgemm) whatever ops::gemm routes fp32 to on this CPU, so that
+// the own GEMM's fp32 (BM_GemmAvx2) runs beside it in the same binary.
+void BM_GemmOnednn(benchmark::State& state, GemmCase c) {
+  Tensor a = random_tensor(c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, 1);
+  Tensor b = random_tensor(c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, 2);
+  Tensor out = Tensor::zeros({c.m, c.n}, DType::F32);
+  const Timing t = timed_loop(state, [&] { cpu::gemm_onednn_f32(a, c.ta, b, c.tb, out, 1.0f, c.beta); });
+  report_gemm(state, c, DType::F32, t);
+  state.SetLabel("f32 oneDNN");
 }
 
 // The library's own AVX2/FMA GEMM (kernels/cpu/gemm_avx2.hpp) called directly, whatever ops::gemm
@@ -408,6 +428,9 @@ int main(int argc, char** argv) {
   // Ours and the Eigen baseline alternate, so both see the same machine load.
   for (const GemmCase& c : kGemmCases) {
     benchmark::RegisterBenchmark((std::string("BM_Gemm/") + c.name).c_str(), BM_Gemm, c, DType::F32)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("BM_GemmOnednn/") + c.name).c_str(), BM_GemmOnednn, c)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("BM_GemmBf16/") + c.name).c_str(), BM_Gemm, c, DType::BF16)

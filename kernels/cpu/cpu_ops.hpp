@@ -17,6 +17,9 @@ namespace parallel::cpu {
 // ---- dense algebra (gemm.cpp, elementwise.cpp) ---------------------------------------------
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c);
+// The fp32 gemm through oneDNN whatever gemm routes it to (benchmarks run it beside the own GEMM).
+void gemm_onednn_f32(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+                     float beta);
 // oneDNN's name for the implementation it picks for a GEMM with these operands on this CPU (e.g.
 // "brg:avx512_core_bf16"), for benchmarks and logs.
 // ops::WeightPackingScope's CPU side (gemm.cpp): the buffers whose GEMM operands are packed once.

@@ -14,11 +14,12 @@
 // (AMX, AVX512-BF16 dot products, or its own bf16 emulation on plain AVX-512; gemm_isa() names it).
 // Where oneDNN has no implementation (fp16 on CPUs without AVX512-FP16, anything below AVX-512),
 // the library's own AVX2/FMA GEMM runs (gemm_avx2.hpp): it widens the 16-bit operands while
-// packing them for its micro-kernel and narrows c once in its epilogue. On the Zen 3 build machine
-// the mini GPT step's bf16 GEMMs ran at 77 % of the FMA peak (process CPU time) with it against 66 %
-// on the tile path below; its fp32 (80 %) did not beat oneDNN's gemm:jit (82 %), so fp32 stays on
-// oneDNN (docs/benchmarks.md, "bf16 on AVX2: the library's own GEMM"). A CPU without AVX2 + FMA + F16C still
-// runs the fp32 path tile by tile on operands widened in cache (widened_gemm): slower, same contract.
+// packing them for its micro-kernel and narrows c once in its epilogue. Since its loops were
+// reordered (BLIS's order, 2026-11-27) it also beats oneDNN's fp32 gemm:jit on this class of CPU
+// (AVX2 + FMA, no AVX-512), so fp32 GEMMs go to it there too, by a fixed rule per shape
+// (own_fp32_gemm; docs/benchmarks.md, "Issue 28: the own GEMM for fp32 too"). A CPU without
+// AVX2 + FMA + F16C still runs the fp32 path tile by tile on operands widened in cache
+// (widened_gemm): slower, same contract.
 //
 // Packed weights: inside an ops::WeightPackingScope, a b operand that lies in one of the scope's
 // buffers (the model's parameters) is reordered once into the layout the primitive wants
@@ -326,6 +327,25 @@ bool packable(const Tensor& b) {
          is_scope_weight(b.data_ptr(), b.numel() * static_cast<int64_t>(dtype_size(b.dtype())));
 }
 
+// fp32 on a CPU whose best oneDNN kernel is its AVX2 sgemm (AVX2 + FMA, no AVX-512): the own
+// GEMM, except for a forward product wider than one of its column panels (op(b) = W^T, n > 4096:
+// the LM head's forward, where it repacks op(a) once per panel and oneDNN measured faster).
+// Measured on the Zen 3 build machine over the GPT step's shapes, medians of 3 rounds of process
+// CPU time (docs/benchmarks.md, "Issue 28: the own GEMM for fp32 too"): the own kernel at 86-87 %
+// of the FMA peak over a step's GEMMs against oneDNN's 84 %, ahead most on the weight gradients
+// (op(a) = dy^T: 86-89 % against 71-85 %); oneDNN 86 % against 82 % on GPT-2's head forward.
+// Changes fp32 rounding against oneDNN in the last bits (another blocking of k); the choice
+// depends only on the CPU and the shape, so a run is deterministic.
+bool own_fp32_gemm(const GemmAvx2Problem& p) {
+  static const bool avx2_class = [] {
+    GemmAvx2Problem probe;
+    probe.m = probe.n = probe.k = 1;
+    return gemm_avx2_can_implement(probe) && !__builtin_cpu_supports("avx512f");
+  }();
+  if (!avx2_class || !gemm_avx2_can_implement(p)) return false;
+  return !(p.trans_b && p.n > 4096);
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
@@ -341,6 +361,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     narrow_from_f32(C.data(), c.dtype(), c.data_ptr(), m * n);
     return;
   }
+  if (a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32) {
+    if (const GemmAvx2Problem p = avx2_problem(a, trans_a, b, trans_b, c, alpha, beta); own_fp32_gemm(p))
+      return gemm_avx2_run(p);
+  }
   if (a.dtype() == DType::F32)
     return fp32_gemm(a.data<float>(), trans_a, b.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
                      beta);
@@ -354,6 +378,16 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   widened_gemm(a, trans_a, b, trans_b, c, alpha, beta);
 }
 
+void gemm_onednn_f32(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+                     float beta) {
+  guard_signals();
+  PARALLEL_CHECK(a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32,
+                 "gemm_onednn_f32: every operand must be fp32");
+  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0 || k == 0) return gemm(a, trans_a, b, trans_b, c, alpha, beta);
+  fp32_gemm(a.data<float>(), trans_a, b.data<float>(), trans_b, c.data<float>(), m, n, k, alpha, beta);
+}
+
 // c = op(a) op(b) + bias in one primitive: the bias is added to the fp32 accumulator before the
 // single rounding to c's dtype (a separate add after a 16-bit GEMM would round twice), and the
 // pass over c that a separate add costs is gone. Where oneDNN has no kernel, the product and the
@@ -361,6 +395,12 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c) {
   guard_signals();
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  if (a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32) {
+    // The own GEMM adds the bias in its epilogue (after the whole fp32 sum, as oneDNN's matmul does).
+    if (const GemmAvx2Problem p = avx2_problem(a, trans_a, b, trans_b, c, 1.0f, 0.0f, &bias);
+        own_fp32_gemm(p))
+      return gemm_avx2_run(p);
+  }
   if (m > 0 && n > 0 && k > 0) {
     GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(),
                 a.dtype(), c.dtype()};
@@ -382,6 +422,13 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
 }
 
 std::string gemm_implementation(DType operands) {
+  if (operands == DType::F32) {
+    GemmAvx2Problem p;
+    p.m = p.n = p.k = 256;
+    if (own_fp32_gemm(p))
+      return "own avx2/fma GEMM (oneDNN gemm:jit for forward products with n > 4096), this CPU has no "
+             "AVX-512";
+  }
   const GemmKey key{
       256, 256, 256, false, true, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(), operands, DType::F32};
   const char* isa = "";
