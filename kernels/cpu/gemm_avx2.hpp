@@ -1,10 +1,11 @@
 #pragma once
 // The library's own GEMM for x86-64 CPUs with AVX2 + FMA + F16C and no 16-bit GEMM in oneDNN
 // (Zen 2/3, Haswell .. Skylake client): c = alpha op(a) op(b) + beta c (+ bias), every operand
-// fp32, bf16 or fp16, accumulated in fp32.
+// fp32, bf16 or fp16, accumulated in fp32. ops::gemm runs it for 16-bit operands on such CPUs, and
+// for fp32 on those without AVX-512 (gemm.cpp says for which shapes).
 //
 // GotoBLAS/BLIS layering, plain: a 6 x 16 register-blocked FMA micro-kernel (12 ymm accumulators)
-// over packed panels. op(b) is packed once per column panel, shared by the threads; op(a) is packed
+// over packed blocks. op(b) is packed in [kKC x kNC] blocks shared by the threads; op(a) is packed
 // per thread in [kMC x kKC] blocks. 16-bit operands are widened to fp32 inside the packing (bf16: a
 // shift by 16; fp16: F16C), so no operand is ever converted as a pass of its own, and a 16-bit c is
 // narrowed once, in the epilogue, by the library's conversion (round to nearest even, dtype.hpp).

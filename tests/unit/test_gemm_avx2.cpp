@@ -151,7 +151,7 @@ TEST(GemmAvx2, OddShapesEveryTransposeAndDtype) {
 
 TEST(GemmAvx2, SeveralKBlocksAndColumnPanels) {
   if (!have_cpu()) GTEST_SKIP() << "no AVX2 + FMA + F16C on this CPU";
-  // k = 600: three k blocks of 200; k = 1100, n = 1000: two column panels (4 MiB / (4 k) < n).
+  // k = 600: three k blocks of 200; k = 1100: five of 220, over a 1000-wide panel.
   for (const DType d : {DType::F32, DType::BF16, DType::F16})
     for (int tr = 0; tr < 4; tr++) {
       check({37, 45, 600, (tr & 1) != 0, (tr & 2) != 0, d, d, d, 1.0f, tr == 1 ? 1.0f : 0.0f, tr == 2, d});
