@@ -16,7 +16,8 @@
 // the library's own AVX2/FMA GEMM runs (gemm_avx2.hpp): it widens the 16-bit operands while
 // packing them for its micro-kernel and narrows c once in its epilogue. Since its loops were
 // reordered (BLIS's order, 2026-11-27) it also beats oneDNN's fp32 gemm:jit on this class of CPU
-// (AVX2 + FMA, no AVX-512), so fp32 GEMMs go to it there too, by a fixed rule per shape
+// (AVX2 + FMA, no AVX-512) in the GEMM benchmark, but not inside the training step (mini 0.92 of
+// oneDNN's tokens/s on an idle Zen 3), so fp32 stays on oneDNN unless PARALLEL_CPU_FP32_GEMM=own
 // (own_fp32_gemm; docs/benchmarks.md, "Issue 28: the own GEMM for fp32 too"). A CPU without
 // AVX2 + FMA + F16C still runs the fp32 path tile by tile on operands widened in cache
 // (widened_gemm): slower, same contract.
@@ -38,6 +39,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -335,14 +337,29 @@ bool packable(const Tensor& b) {
 // of the FMA peak over a step's GEMMs against oneDNN's 84 %, ahead most on the weight gradients
 // (op(a) = dy^T: 86-89 % against 71-85 %); oneDNN 86 % against 82 % on GPT-2's head forward.
 // Changes fp32 rounding against oneDNN in the last bits (another blocking of k); the choice
-// depends only on the CPU and the shape, so a run is deterministic.
+// depends only on the CPU, the shape and the environment, so a run is deterministic.
+// Off by default: inside the mini GPT's fp32 step on the same idle machine the route measured 0.90-0.94
+// of oneDNN's tokens/s (3 alternating rounds, 2026-11-27 15:53), GPT-2 0.97-1.03; why the
+// benchmark's lead does not carry into the step is not found. PARALLEL_CPU_FP32_GEMM=own turns it
+// on (for that investigation), =onednn or unset keeps oneDNN.
+bool own_fp32_gemm_requested() {
+  static const bool own = [] {
+    const char* v = std::getenv("PARALLEL_CPU_FP32_GEMM");
+    if (v == nullptr || std::string(v) == "onednn") return false;
+    if (std::string(v) == "own") return true;
+    PARALLEL_CHECK(false, "PARALLEL_CPU_FP32_GEMM must be 'onednn' or 'own', got '{}'", v);
+    return false;
+  }();
+  return own;
+}
+
 bool own_fp32_gemm(const GemmAvx2Problem& p) {
   static const bool avx2_class = [] {
     GemmAvx2Problem probe;
     probe.m = probe.n = probe.k = 1;
     return gemm_avx2_can_implement(probe) && !__builtin_cpu_supports("avx512f");
   }();
-  if (!avx2_class || !gemm_avx2_can_implement(p)) return false;
+  if (!own_fp32_gemm_requested() || !avx2_class || !gemm_avx2_can_implement(p)) return false;
   return !(p.trans_b && p.n > 4096);
 }
 
