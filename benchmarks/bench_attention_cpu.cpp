@@ -21,6 +21,7 @@
 #include <omp.h>
 #include <time.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -192,24 +193,13 @@ BENCHMARK(BM_MaskedBackward)
     ->Unit(benchmark::kMillisecond);
 
 // {s, b, bf16, heads}: 1024 tokens either way; GPT-2 small's 12 heads and the mini GPT's 6.
-BENCHMARK(BM_AttentionForward)
-    ->Args({256, 4, 0, 6})
-    ->Args({256, 4, 1, 6})
-    ->Args({256, 4, 0, 12})
-    ->Args({256, 4, 1, 12})
-    ->Args({1024, 1, 0, 12})
-    ->Args({1024, 1, 1, 12})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AttentionBackward)
-    ->Args({256, 4, 0, 6})
-    ->Args({256, 4, 1, 6})
-    ->Args({256, 4, 0, 12})
-    ->Args({256, 4, 1, 12})
-    ->Args({1024, 1, 0, 12})
-    ->Args({1024, 1, 1, 12})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+static void step_shapes(benchmark::internal::Benchmark* b) {
+  for (const auto& [s, batch, heads] : {std::array<int64_t, 3>{256, 4, 6}, {256, 4, 12}, {1024, 1, 12}})
+    for (int64_t bf16 : {0, 1}) b->Args({s, batch, bf16, heads});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_AttentionForward)->Apply(step_shapes);
+BENCHMARK(BM_AttentionBackward)->Apply(step_shapes);
 
 int main(int argc, char** argv) {
   // The measured peaks, taken before any benchmark loads the cores.

@@ -132,31 +132,8 @@ void store(void* base, DType t, int64_t i, double v) {
   PARALLEL_FAIL("no host arithmetic for dtype {}", dtype_name(t));
 }
 
-// Calls fn(dst_index, src_index) for every element in row-major order of `shape`.
-template <typename Fn>
-void for_each_element(const Shape& shape, const Shape& dst_strides, const Shape& src_strides, Fn&& fn) {
-  const int64_t n = shape_numel(shape);
-  if (n == 0) return;
-  const size_t rank = shape.size();
-  std::vector<int64_t> index(rank, 0);
-  int64_t di = 0, si = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    fn(di, si);
-    for (size_t d = rank; d-- > 0;) {
-      if (++index[d] < shape[d]) {
-        di += dst_strides[d];
-        si += src_strides[d];
-        break;
-      }
-      di -= dst_strides[d] * (shape[d] - 1);
-      si -= src_strides[d] * (shape[d] - 1);
-      index[d] = 0;
-    }
-  }
-}
-
-// The same walk over the elements [begin, end) of that order only: the starting index is decomposed
-// once, so that disjoint ranges can run on different threads.
+// Calls fn(dst_index, src_index) for the elements [begin, end) of the row-major order of `shape`:
+// the starting index is decomposed once, so that disjoint ranges can run on different threads.
 template <typename Fn>
 void for_each_element_in(const Shape& shape, const Shape& dst_strides, const Shape& src_strides,
                          int64_t begin, int64_t end, Fn&& fn) {
@@ -183,6 +160,12 @@ void for_each_element_in(const Shape& shape, const Shape& dst_strides, const Sha
       index[d] = 0;
     }
   }
+}
+
+// Calls fn(dst_index, src_index) for every element in row-major order of `shape`.
+template <typename Fn>
+void for_each_element(const Shape& shape, const Shape& dst_strides, const Shape& src_strides, Fn&& fn) {
+  for_each_element_in(shape, dst_strides, src_strides, 0, shape_numel(shape), std::forward<Fn>(fn));
 }
 
 // Row copies of at least this many bytes in all are split over the OpenMP threads: the q / k / v
