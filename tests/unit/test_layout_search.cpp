@@ -45,6 +45,17 @@ data: {path: synthetic}
                       {}, 1);
 }
 
+// 4 experts, top 2, all-to-all dispatch: small enough to brute-force every layout of 4 ranks.
+Config moe_model() {
+  return parse_config(R"(
+model: {num_layers: 4, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 64,
+        num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_token_dispatcher: alltoall}
+train: {micro_batch_size: 1, global_batch_size: 8, steps: 1, precision: bf16}
+data: {path: synthetic}
+)",
+                      {}, 1);
+}
+
 int64_t largest(const Config& c, int world) {
   int64_t peak = 0;
   for (const RankMemoryPlan& r : plan_memory(c, world).ranks) peak = std::max(peak, r.allocator_bytes);
@@ -110,13 +121,7 @@ TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
 // dense model under a limit that rules layouts out (so that fits and dominance decide what is
 // planned) and on a MoE model, on 1, 2 and 4 threads.
 TEST(LayoutSearch, ThreadsGiveTheSequentialResult) {
-  const Config moe = parse_config(R"(
-model: {num_layers: 4, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 64,
-        num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_token_dispatcher: alltoall}
-train: {micro_batch_size: 1, global_batch_size: 8, steps: 1, precision: bf16}
-data: {path: synthetic}
-)",
-                                  {}, 1);
+  const Config moe = moe_model();
   struct Case {
     Config config;
     double limit_gib;
@@ -186,13 +191,7 @@ TEST(LayoutSearch, TimeBoundHoldsUnderUnfusedAttention) {
 // the brute force's fastest that fits.
 TEST(LayoutSearch, ExpertTensorParallelLayoutsAgainstTheBruteForce) {
   constexpr int kWorld = 4;
-  const Config moe = parse_config(R"(
-model: {num_layers: 4, hidden_size: 64, num_attention_heads: 2, vocab_size: 512, seq_length: 64,
-        num_experts: 4, moe_router_topk: 2, moe_ffn_hidden_size: 64, moe_token_dispatcher: alltoall}
-train: {micro_batch_size: 1, global_batch_size: 8, steps: 1, precision: bf16}
-data: {path: synthetic}
-)",
-                                  {}, 1);
+  const Config moe = moe_model();
   SearchOptions options;
   options.micro_batch_sizes = {2};
   const SearchResult all = [&] {
