@@ -13,6 +13,7 @@
 #include "parallel/allocator.hpp"
 #include "parallel/conversion_passes.hpp"
 #include "parallel/meta.hpp"
+#include "parallel/op_times.hpp"
 
 namespace parallel {
 
@@ -396,6 +397,7 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 void Tensor::copy_(const Tensor& src, Stream stream) {
+  const ops::OpTimeSpan op_time("copy_");
   PARALLEL_CHECK(shape_ == src.shape_, "copy_: shape {} from {}", shape_str(shape_), shape_str(src.shape_));
   if (numel() == 0) return;
   if (device_.is_meta() || src.device_.is_meta()) return meta::copy(*this, src);
@@ -454,6 +456,7 @@ void Tensor::copy_(const Tensor& src, Stream stream) {
 }
 
 void Tensor::fill_(double value, Stream stream) {
+  const ops::OpTimeSpan op_time("fill_");
   if (numel() == 0) return;
   if (device_.is_meta()) return meta::record_op("fill_", 0.0, {}, {this});
   if (device_.is_cuda()) {

@@ -18,6 +18,7 @@
 #include "parallel/build_config.hpp"
 #include "parallel/error.hpp"
 #include "parallel/meta.hpp"
+#include "parallel/op_times.hpp"
 #if PARALLEL_HAVE_CUDA
 #include "cuda/cuda_loss_ops.hpp"
 #include "cuda/cuda_ops.hpp"
@@ -148,6 +149,7 @@ void check_gemm_shapes(const char* op, const Tensor& a, bool trans_a, const Tens
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
           Stream stream) {
+  const OpTimeSpan op_time("gemm");
   const Checked k = check_args("gemm", {{a, "a"}, {b, "b"}, {c, "c", Want::Param}});
   check_gemm_shapes("gemm", a, trans_a, b, trans_b, c);
   if (k.device.is_meta())
@@ -162,6 +164,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c,
                Stream stream) {
+  const OpTimeSpan op_time("gemm_bias");
   const Checked k = check_args("gemm_bias", {{a, "a"}, {b, "b"}, {bias, "bias", Want::Param}, {c, "c"}});
   check_1d("gemm_bias", bias, "bias");
   check_last_dim("gemm_bias", c, "c", bias.numel(), "bias size");
@@ -204,6 +207,7 @@ bool WeightPackingScope::packs(DType dtype) { return dtype != DType::F32 && cpu:
 std::string gemm_implementation(DType dtype) { return cpu::gemm_implementation(dtype); }
 
 void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
+  const OpTimeSpan op_time("add_bias");
   const Checked k = check_args("add_bias", {{y, "y"}, {bias, "bias", Want::Param}});
   check_1d("add_bias", bias, "bias");
   check_last_dim("add_bias", y, "y", bias.numel(), "bias size");
@@ -216,6 +220,7 @@ void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
 }
 
 void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
+  const OpTimeSpan op_time("bias_backward");
   const Checked k = check_args("bias_backward", {{dy, "dy"}, {dbias, "dbias", Want::F32}});
   check_1d("bias_backward", dbias, "dbias");
   check_last_dim("bias_backward", dy, "dy", dbias.numel(), "dbias size");
@@ -230,6 +235,7 @@ void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
 // ---- element-wise -----------------------------------------------------------------------------
 
 void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
+  const OpTimeSpan op_time("add");
   const Checked k = check_args("add", {{a, "a"}, {b, "b"}, {out, "out"}});
   check_same_shape("add", a, "a", b, "b");
   check_same_shape("add", a, "a", out, "out");
@@ -241,6 +247,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
 }
 
 void add_(Tensor& a, const Tensor& b, Stream stream) {
+  const OpTimeSpan op_time("add_");
   const Checked k = check_args("add_", {{a, "a"}, {b, "b"}});
   check_same_shape("add_", a, "a", b, "b");
   if (k.device.is_meta()) return meta::record_op("add_", static_cast<double>(a.numel()), {&a, &b}, {&a});
@@ -251,6 +258,7 @@ void add_(Tensor& a, const Tensor& b, Stream stream) {
 }
 
 void scale_(Tensor& a, float alpha, Stream stream) {
+  const OpTimeSpan op_time("scale_");
   const Checked k = check_args("scale_", {{a, "a"}});
   if (k.device.is_meta()) return meta::record_op("scale_", static_cast<double>(a.numel()), {&a}, {&a});
   if (k.device.is_cuda()) {
@@ -263,6 +271,7 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream) {
   PARALLEL_CHECK(precision == DType::F32 || precision == DType::BF16 || precision == DType::F16,
                  "ops::round_to_precision_: precision must be fp32, bf16 or fp16, got {}",
                  dtype_name(precision));
+  const OpTimeSpan op_time("round_to_precision_");
   const Checked k = check_args("round_to_precision_", {{x, "x", Want::F32}});
   if (precision == DType::F32) return;
   if (k.device.is_meta())
@@ -275,6 +284,7 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
+  const OpTimeSpan op_time("gelu_forward");
   const Checked k = check_args("gelu_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("gelu_forward", x, "x", y, "y");
   if (k.device.is_meta())
@@ -286,6 +296,7 @@ void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream) {
+  const OpTimeSpan op_time("gelu_backward");
   const Checked k = check_args("gelu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_same_shape("gelu_backward", dy, "dy", x, "x");
   check_same_shape("gelu_backward", dx, "dx", x, "x");
@@ -308,6 +319,7 @@ void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* 
 }  // namespace
 
 void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
+  const OpTimeSpan op_time("swiglu_forward");
   const Checked k = check_args("swiglu_forward", {{x, "x"}, {y, "y"}});
   check_swiglu("swiglu_forward", x, y, "y");
   if (k.device.is_meta())
@@ -319,6 +331,7 @@ void swiglu_forward(const Tensor& x, Tensor& y, Stream stream) {
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream) {
+  const OpTimeSpan op_time("swiglu_backward");
   const Checked k = check_args("swiglu_backward", {{dy, "dy"}, {x, "x"}, {dx, "dx"}});
   check_swiglu("swiglu_backward", x, dy, "dy");
   check_same_shape("swiglu_backward", dx, "dx", x, "x");
@@ -331,6 +344,7 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream strea
 }
 
 void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset, Stream stream) {
+  const OpTimeSpan op_time("dropout_forward");
   const Checked k = check_args("dropout_forward", {{x, "x"}, {y, "y"}});
   check_same_shape("dropout_forward", x, "x", y, "y");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_forward: p = {} must be in [0, 1]", p);
@@ -343,6 +357,7 @@ void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_
 }
 
 void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint64_t offset, Stream stream) {
+  const OpTimeSpan op_time("dropout_backward");
   const Checked k = check_args("dropout_backward", {{dy, "dy"}, {dx, "dx"}});
   check_same_shape("dropout_backward", dy, "dy", dx, "dx");
   PARALLEL_CHECK(p >= 0.0f && p <= 1.0f, "ops::dropout_backward: p = {} must be in [0, 1]", p);
@@ -359,6 +374,7 @@ void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y, Tensor& mean,
                        Tensor& rstd, float eps, Stream stream) {
   const char* op = "layernorm_forward";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{x, "x"},
                                     {weight, "weight", Want::Param},
                                     {bias, "bias", Want::Param},
@@ -383,6 +399,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream) {
   const char* op = "layernorm_backward";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{dy, "dy"},
                                     {x, "x"},
                                     {weight, "weight", Want::Param},
@@ -411,6 +428,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                      Stream stream) {
   const char* op = "rmsnorm_forward";
+  const OpTimeSpan op_time(op);
   const Checked k =
       check_args(op, {{x, "x"}, {weight, "weight", Want::Param}, {y, "y"}, {rstd, "rstd", Want::F32}});
   check_1d(op, weight, "weight");
@@ -429,6 +447,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& r
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight, Stream stream) {
   const char* op = "rmsnorm_backward";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{dy, "dy"},
                                     {x, "x"},
                                     {weight, "weight", Want::Param},
@@ -467,6 +486,7 @@ void residual_norm_forward(const Tensor& residual, const Tensor& branch, const D
   const bool layernorm = bias.defined();
   PARALLEL_CHECK(layernorm == mean.defined(),
                  "ops::{}: bias and mean must both be defined (LayerNorm) or both undefined (RMSNorm)", op);
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{residual, "residual"},
                                     {branch, "branch"},
                                     {weight, "weight", Want::Param},
@@ -513,6 +533,7 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
   const bool layernorm = mean.defined();
   PARALLEL_CHECK(layernorm == dbias.defined(),
                  "ops::{}: mean and dbias must both be defined (LayerNorm) or both undefined (RMSNorm)", op);
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{dy, "dy"},
                                     {dresidual, "dresidual"},
                                     {x, "x"},
@@ -561,6 +582,7 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
 void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, const DropoutSpec& drop,
                  Stream stream) {
   const char* op = "dropout_add";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{branch, "branch"}, {residual, "residual"}, {out, "out"}});
   check_same_shape(op, residual, "residual", branch, "branch");
   check_same_shape(op, out, "out", branch, "branch");
@@ -677,6 +699,7 @@ AttentionBounds attention_bounds(const char* op, const Tensor& q, const Tensor& 
 }  // namespace
 
 void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream stream) {
+  const OpTimeSpan op_time("rope_forward");
   const Checked k = check_args("rope_forward", {{x, "x"}});
   check_rope("rope_forward", x, rope);
   if (k.device.is_meta())
@@ -688,6 +711,7 @@ void rope_forward(Tensor& x, int64_t position_offset, const Rope& rope, Stream s
 }
 
 void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream stream) {
+  const OpTimeSpan op_time("rope_backward");
   const Checked k = check_args("rope_backward", {{dx, "dx"}});
   check_rope("rope_backward", dx, rope);
   if (k.device.is_meta())
@@ -701,6 +725,7 @@ void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionMask& mask, float softmax_scale, Stream stream) {
   const char* op = "attention_forward";
+  const OpTimeSpan op_time(op);
   const Checked c = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse", Want::F32}});
   check_attention(op, q, k, v, out, lse);
   const AttentionBounds bounds = attention_bounds(op, q, k, mask);
@@ -716,6 +741,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_merge(Tensor& out_acc, Tensor& lse_acc, const Tensor& out_blk, const Tensor& lse_blk,
                      int64_t q0, Stream stream) {
   const char* op = "attention_merge";
+  const OpTimeSpan op_time(op);
   const Checked c = check_args(op, {{out_blk, "out_blk"},
                                     {out_acc, "out_acc", Want::F32},
                                     {lse_acc, "lse_acc", Want::F32},
@@ -772,6 +798,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionMask& mask, float softmax_scale, Stream stream) {
   const char* op = "attention_backward";
+  const OpTimeSpan op_time(op);
   const Checked c = check_args(op, {{dout, "dout"},
                                     {q, "q"},
                                     {k, "k"},
@@ -827,6 +854,7 @@ void check_ce(const char* op, const Tensor& logits, std::initializer_list<Arg> r
 void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, Tensor& out,
                        Stream stream) {
   const char* op = "embedding_forward";
+  const OpTimeSpan op_time(op);
   const Checked k =
       check_args(op, {{tokens, "tokens", Want::I32}, {weight, "weight", Want::Param}, {out, "out"}});
   check_embedding(op, tokens, weight, "weight", out, "out");
@@ -840,6 +868,7 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab
 void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dweight,
                         Stream stream) {
   const char* op = "embedding_backward";
+  const OpTimeSpan op_time(op);
   const Checked k =
       check_args(op, {{tokens, "tokens", Want::I32}, {dout, "dout"}, {dweight, "dweight", Want::F32}});
   check_embedding(op, tokens, dweight, "dweight", dout, "dout");
@@ -855,6 +884,7 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_
 void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
                                int64_t vocab_size, Tensor& row_max, Tensor& target_logit, Stream stream) {
   const char* op = "cross_entropy_local_stats";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{logits, "logits"},
                                     {targets, "targets", Want::I32},
                                     {row_max, "row_max", Want::F32},
@@ -874,6 +904,7 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
 void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
                            int64_t vocab_size, Tensor& sum_exp, Stream stream) {
   const char* op = "cross_entropy_sum_exp";
+  const OpTimeSpan op_time(op);
   const Checked k =
       check_args(op, {{logits, "logits"}, {row_max, "row_max", Want::F32}, {sum_exp, "sum_exp", Want::F32}});
   check_ce(op, logits, {{row_max, "row_max"}, {sum_exp, "sum_exp"}}, vocab_start, vocab_size);
@@ -890,6 +921,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits, Stream stream) {
   const char* op = "cross_entropy_backward";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{logits, "logits"},
                                     {targets, "targets", Want::I32},
                                     {row_max, "row_max", Want::F32},
@@ -914,6 +946,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_loss(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                         Tensor& loss, Stream stream) {
   const char* op = "cross_entropy_loss";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{row_max, "row_max", Want::F32},
                                     {sum_exp, "sum_exp", Want::F32},
                                     {target_logit, "target_logit", Want::F32},
@@ -947,6 +980,7 @@ void check_gather(const char* op, const Tensor& src, const Tensor& index, const 
 
 void gather_rows(const Tensor& src, const Tensor& index, Tensor& out, Stream stream) {
   const char* op = "gather_rows";
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{src, "src"}, {index, "index", Want::I64}, {out, "out"}});
   check_gather(op, src, index, out);
   if (out.numel() == 0) return;
@@ -958,6 +992,7 @@ void gather_rows(const Tensor& src, const Tensor& index, Tensor& out, Stream str
 void gather_rows_scaled(const Tensor& src, const Tensor& index, const Tensor& scale, Tensor& out,
                         Stream stream) {
   const char* op = "gather_rows_scaled";
+  const OpTimeSpan op_time(op);
   const Checked k =
       check_args(op, {{src, "src"}, {index, "index", Want::I64}, {scale, "scale", Want::F32}, {out, "out"}});
   check_gather(op, src, index, out);
@@ -974,6 +1009,7 @@ void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weigh
                      Stream stream) {
   const char* op = "gather_sum_rows";
   // out is fp32 or src's dtype: checked as a statistic-like argument apart from the activations.
+  const OpTimeSpan op_time(op);
   const Checked k = check_args(op, {{src, "src"}, {index, "index", Want::I64}});
   PARALLEL_CHECK(out.defined() && out.is_contiguous() && out.device() == k.device,
                  "ops::{}: out must be defined, contiguous and on {}", op, k.device.str());
@@ -1000,6 +1036,7 @@ void gather_sum_rows(const Tensor& src, const Tensor& index, const Tensor& weigh
 
 void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out, Stream stream) {
   const char* op = "row_dot";
+  const OpTimeSpan op_time(op);
   const Checked k =
       check_args(op, {{a, "a"}, {b, "b"}, {index, "index", Want::I64}, {out, "out", Want::F32}});
   check_2d(op, a, "a");
@@ -1019,6 +1056,7 @@ void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out,
 // ---- reductions -------------------------------------------------------------------------------
 
 double sum_of_squares(const Tensor& x, Stream stream) {
+  const OpTimeSpan op_time("sum_of_squares");
   const Checked k = check_args("sum_of_squares", {{x, "x"}});
   if (k.device.is_meta()) meta::refuse_read(x, "ops::sum_of_squares (a host value)");
   count_host_read();  // the result is a host value, on any device
@@ -1029,6 +1067,7 @@ double sum_of_squares(const Tensor& x, Stream stream) {
 }
 
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream) {
+  const OpTimeSpan op_time("sum_of_squares_accumulate");
   const Checked k = check_args("sum_of_squares_accumulate", {{x, "x", Want::F32}, {acc, "acc", Want::F32}});
   PARALLEL_CHECK(acc.numel() == 1, "ops::sum_of_squares_accumulate: acc {} must have one element", acc.str());
   if (k.device.is_meta())
@@ -1039,6 +1078,7 @@ void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream) {
 }
 
 void normalize_(Tensor& x, float eps, Stream stream) {
+  const OpTimeSpan op_time("normalize_");
   const Checked k = check_args("normalize_", {{x, "x", Want::F32}});
   PARALLEL_CHECK(eps > 0.0f, "ops::normalize_: eps {} must be > 0", eps);
   if (k.device.is_meta())
@@ -1052,6 +1092,7 @@ void normalize_(Tensor& x, float eps, Stream stream) {
 namespace {
 Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                     const AdamWStep& h) {
+  const OpTimeSpan op_time("adamw_update_");
   const Checked k = check_args("adamw_update_", {{param, "param", Want::F32},
                                                  {grad, "grad", Want::F32},
                                                  {exp_avg, "exp_avg", Want::F32},
@@ -1067,6 +1108,7 @@ Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& 
 
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWStep& h,
                    Stream stream) {
+  const OpTimeSpan op_time("adamw_update_");
   const Checked k = check_adamw(param, grad, exp_avg, exp_avg_sq, h);
   if (k.device.is_meta())
     return meta::record_op("adamw_update_", 12.0 * static_cast<double>(param.numel()),
@@ -1077,6 +1119,7 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
 
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& model_copy,
                    const AdamWStep& h, Stream stream) {
+  const OpTimeSpan op_time("adamw_update_");
   const Checked k = check_adamw(param, grad, exp_avg, exp_avg_sq, h);
   PARALLEL_CHECK(model_copy.dtype() == DType::BF16 || model_copy.dtype() == DType::F16,
                  "ops::adamw_update_: model_copy is {}, expected bf16 or fp16",

@@ -1,10 +1,12 @@
 #include "parallel/trainer.hpp"
 
+#include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +29,7 @@
 #include "parallel/lr_schedule.hpp"
 #include "parallel/memory_plan.hpp"
 #include "parallel/node_map.hpp"
+#include "parallel/op_times.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/optimizer.hpp"
 #include "parallel/parallel_state.hpp"
@@ -44,6 +47,51 @@ namespace parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The measured counterpart of `pretrain_gpt --plan --breakdown` (PARALLEL_OP_TIMES=1, op_times.hpp):
+// per step, each op's calls and wall time, the communication waits, and the rest of the timed step
+// (allocation outside the ops, views, host loops, the trainer's own work), as means over the steps
+// after the first `warmup_steps` (benchmarks/plan_validation.sh's default warm-up).
+struct OpTimesReport {
+  static constexpr int64_t warmup_steps = 3;
+  bool started = false;
+  int64_t steps = 0;
+  double step_seconds = 0, wait_seconds = 0;
+
+  void start() {
+    ops::reset_op_times();
+    started = true;
+  }
+  void add_step(double seconds, double waited) {
+    if (!started) return;
+    ++steps;
+    step_seconds += seconds;
+    wait_seconds += waited;
+  }
+  void print(int rank) const {
+    if (!started || steps == 0) return;
+    const auto times = ops::op_times();
+    std::vector<std::pair<std::string, ops::OpTime>> rows(times.begin(), times.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    const double n = static_cast<double>(steps);
+    double ops_seconds = 0;
+    int64_t calls = 0;
+    std::string out = fmt::format("op times, rank {}, mean of {} steps (us per step):\n", rank, steps);
+    out += fmt::format("{:>28} {:>8} {:>10} {:>8}\n", "op", "calls", "us", "us/call");
+    for (const auto& [op, t] : rows) {
+      ops_seconds += t.seconds;
+      calls += t.calls;
+      out += fmt::format("{:>28} {:>8.1f} {:>10.1f} {:>8.2f}\n", op, static_cast<double>(t.calls) / n,
+                         t.seconds / n * 1e6, t.seconds / static_cast<double>(t.calls) * 1e6);
+    }
+    out +=
+        fmt::format("step {:.1f} us = ops {:.1f} ({:.1f} calls) + communication waits {:.1f} + rest {:.1f}\n",
+                    step_seconds / n * 1e6, ops_seconds / n * 1e6, static_cast<double>(calls) / n,
+                    wait_seconds / n * 1e6, (step_seconds - ops_seconds - wait_seconds) / n * 1e6);
+    std::fputs(out.c_str(), stderr);
+  }
+};
 
 // The process's minor page faults so far: a fault inside a step after the first means the step
 // touched a page it had not touched before (a buffer newly mapped, or handed back to the OS and
@@ -839,8 +887,11 @@ int64_t Trainer::train() {
   // Straggler detection: each rank's time outside communication waits, summed between log lines.
   double busy_since_log = 0;
   int64_t steps_since_log = 0;
+  // PARALLEL_OP_TIMES=1 (op_times.hpp): the ops' wall time over the steps after the warm-up.
+  OpTimesReport op_report;
 
   while (m.step < c.train.steps) {
+    if (ops::op_times_enabled() && m.step - first_step == OpTimesReport::warmup_steps) op_report.start();
     const auto start = Clock::now();
     const double waited_before = comm_wait_seconds();
     const int64_t reads_before = host_reads();
@@ -885,6 +936,7 @@ int64_t Trainer::train() {
 
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     busy_since_log += std::max(0.0, seconds - (comm_wait_seconds() - waited_before));
+    op_report.add_step(seconds, comm_wait_seconds() - waited_before);
     ++steps_since_log;
     StepMetrics s;
     s.step = m.step;
@@ -949,6 +1001,7 @@ int64_t Trainer::train() {
       break;
     }
   }
+  op_report.print(m.world.rank());
   // The end of training (or a stop) waits for the last asynchronous save and publishes it.
   m.finish_async_save(nullptr);
   return m.step;
