@@ -123,6 +123,54 @@ KernelRate kernel_rate(const std::function<Runner(parallel::Device)>& build) {
   return {e.op, parallel::plan::op_dtype(e), e.flops / time_per_call(run, 0.1)};
 }
 
+// ---- What an op costs beyond its work ----
+
+// The per-op overhead as a step pays it, and the attention kernel's fixed cost per (batch, head)
+// pair (hw.op_fixed_us), on rank 0 in thread CPU time, after the kernel rates (it reads them).
+//
+// A layer allocates each op's output before the call and frees it after (ops write, never
+// allocate: ops.hpp), so the overhead is the time of an op on one element whose output is
+// allocated and freed around the call: the argument checks, the dispatch, the Tensor and its
+// storage, the allocator (a one-element add on a preallocated output, what this measured before,
+// gave 1.2 us where ops of microseconds in the tiny model's step took 2-3 us each; docs/planner.md,
+// "Where the tiny step's time goes").
+//
+// Attention splits its work into (batch, head) pairs, each with its own setup (key tile
+// transposes, accumulators), which its rate at sequence 512 and head dimension 64 does not show:
+// at sequence 32 and head dimension 16 a call took 6-8 times its work at that rate. The fixed cost
+// is the time of one pair at sequence 32, head dimension 16, less that pair's FLOPs at the rate.
+void measure_fixed_costs(parallel::HardwareDescription& hw, std::string& notes) {
+  using namespace parallel;
+  {
+    const Tensor a = Tensor::full({1}, 1.0f, DType::F32), b = Tensor::full({1}, 2.0f, DType::F32);
+    hw.op_overhead_us = time_per_call([&] {
+                          Tensor c = Tensor::empty({1}, DType::F32);
+                          ops::add(a, b, c);
+                        }) *
+                        1e6;
+    notes += fmt::format("op overhead (a one-element add, its output allocated and freed): {:.2f} us\n",
+                         hw.op_overhead_us);
+  }
+  const int64_t s = 32, d = 16;
+  const double flops = 4.0 * s * s * d / 2;  // causal: ops.cpp's attention_flops
+  Tensor q = Tensor::full({s, 1, 1, d}, 0.1f, DType::F32), o = Tensor::zeros({s, 1, 1, d}, DType::F32),
+         lse = Tensor::zeros({1, 1, s}, DType::F32), dq = Tensor::zeros({s, 1, 1, d}, DType::F32),
+         dk = Tensor::zeros({s, 1, 1, d}, DType::F32), dv = Tensor::zeros({s, 1, 1, d}, DType::F32);
+  const double forward = time_per_call([&] { ops::attention_forward(q, q, q, o, lse, true, 0.25f); });
+  const double backward =
+      time_per_call([&] { ops::attention_backward(o, q, q, q, o, lse, dq, dk, dv, true, 0.25f); });
+  const auto fixed = [&](const char* op, double seconds, double op_flops) {
+    const double rate = hw.op_tflops_for(op, DType::F32) * 1e12;
+    const double work = rate > 0 ? op_flops / rate : 0.0;
+    hw.op_fixed_us[op] = std::max(0.0, seconds - work - hw.op_overhead_us * 1e-6) * 1e6;
+    notes += fmt::format(
+        "{} at sequence {}, head dimension {}, one pair: {:.2f} us, its FLOPs at the rate {:.2f} us\n", op, s,
+        d, seconds * 1e6, work * 1e6);
+  };
+  fixed("attention_forward", forward, flops);
+  fixed("attention_backward", backward, 2.5 * flops);
+}
+
 // ---- Communication by group size, and blocking waits on an oversubscribed node ----
 
 // Ranks outside the group being measured sleep until rank 0 releases them, so that they take no
@@ -453,11 +501,7 @@ int main(int argc, char** argv) {
                c = Tensor::empty({n}, DType::F32);
         hw.memory_bandwidth_GBps = 3.0 * 4 * n / time_per_call([&] { ops::add(a, b, c); }, 0.3) / 1e9;
       }
-      {
-        Tensor a = Tensor::full({1}, 1.0f, DType::F32), b = Tensor::full({1}, 2.0f, DType::F32),
-               c = Tensor::empty({1}, DType::F32);
-        hw.op_overhead_us = time_per_call([&] { ops::add(a, b, c); }) * 1e6;
-      }
+      measure_fixed_costs(hw, notes);
       release_from(world, 1);
     }
     // Ping-pong between ranks 0 and 1 (the others sleep): one-way time = round trip / 2.

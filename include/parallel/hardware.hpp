@@ -27,7 +27,12 @@
 // fp32's; its kernel rate that dtype's entry for the op, else fp32's entry, else the matmul peak of
 // the dtype x its curve (matmul ops) or vector_tflops (the rest).
 //     memory_bandwidth_GBps: 1600    # achievable, one direction summed over read + write
-//     op_overhead_us: 4              # per op: launch / dispatch
+//     op_overhead_us: 4              # per op: launch / dispatch (a CPU: also the output's allocation)
+//     op_fixed_us: {attention_forward: 5, attention_backward: 7}
+//         # optional, per op kind: a kernel's own fixed cost beyond op_overhead_us, in microseconds per
+//         # call, and for attention per (batch x head) pair, the unit its work is split into; measured
+//         # by calibrate_machine on a small operand (the kernel's time there less its work at its
+//         # op_tflops rate). One map for every dtype. Absent: 0
 //     memory_GiB: 80
 //   node:
 //     devices: 8                     # devices per node (a CPU: its cores)
@@ -94,6 +99,8 @@ struct HardwareDescription {
   std::map<DType, std::map<std::string, double>> op_tflops;
   double memory_bandwidth_GBps = 0;
   double op_overhead_us = 0;
+  // Per op kind, microseconds per call (attention: per batch x head pair) beyond op_overhead_us.
+  std::map<std::string, double> op_fixed_us;
   double memory_GiB = 0;
   int devices_per_node = 1;
   // (ranks per device, microseconds): the extra cost of a blocking wait on an oversubscribed
@@ -109,6 +116,9 @@ struct HardwareDescription {
   double matmul_flops(DType dtype) const;
   // The measured TFLOP/s of kernel `op` in `dtype`: its entry, else fp32's entry; 0 when neither.
   double op_tflops_for(const std::string& op, DType dtype) const;
+  // The fixed seconds of one call of `op` beyond op_overhead_us: op_fixed_us[op] x `units` (1, or the
+  // batch x head pairs of an attention call); 0 when the description has no entry.
+  double op_fixed_s(const std::string& op, double units = 1) const;
   // The extra seconds of one blocking wait at `ranks_per_device` (> 1: oversubscribed), else 0.
   double oversubscribed_wait_s(double ranks_per_device) const;
 };

@@ -90,6 +90,9 @@ struct CostOptions {
 // kernels run their 16-bit variant when any operand is 16-bit (ops.hpp, "Precision"): AdamW
 // writing the model's bf16 copy, cross-entropy on bf16 logits, a GEMM on bf16 operands.
 DType op_dtype(const OpEvent& e);
+// How many times an op pays its kernel's fixed cost (HardwareDescription::op_fixed_us): the
+// (batch, head) pairs of an attention call, else 1.
+double fixed_cost_units(const OpEvent& e);
 
 class CostModel {
  public:

@@ -51,7 +51,16 @@ double CostModel::kernel_seconds(double flops, double bytes, DType dtype, double
   const double rate = matmul_size > 0
                           ? hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(matmul_size, dtype) * share_
                           : hw_.vector_tflops * 1e12 * share_;
-  return hw_.op_overhead_us * 1e-6 + std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
+  return hw_.op_overhead_us * 1e-6 / share_ + std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
+}
+
+double fixed_cost_units(const OpEvent& e) {
+  // Attention's first operand is q (forward) or dout (backward), both [s, b, heads, d]: the kernel
+  // splits its work per (batch, head) pair, and each pair pays its setup.
+  if ((e.op == "attention_forward" || e.op == "attention_backward") && !e.shapes.empty() &&
+      e.shapes[0].size() == 4)
+    return static_cast<double>(e.shapes[0][1] * e.shapes[0][2]);
+  return 1.0;
 }
 
 double CostModel::unfused_attention_seconds(const OpEvent& e) const {
@@ -112,7 +121,10 @@ double CostModel::op_seconds(const OpEvent& e) const {
   // description has one.
   if (const double measured = hw_.op_tflops_for(e.op, dtype); measured > 0) rate = measured * 1e12 * share_;
   const double compute = rate > 0 ? e.flops / rate : 0.0;
-  return hw_.op_overhead_us * 1e-6 + std::max(compute, bytes / bw);
+  // The overhead and the fixed cost are the rank's own work (on a CPU: its core's), so they are
+  // time-shared as its kernels are.
+  return (hw_.op_overhead_us * 1e-6 + hw_.op_fixed_s(e.op, fixed_cost_units(e))) / share_ +
+         std::max(compute, bytes / bw);
 }
 
 const LinkLevel& CostModel::level(const std::vector<int>& ranks) const {

@@ -45,6 +45,11 @@ double HardwareDescription::op_tflops_for(const std::string& op, DType dtype) co
   return 0.0;
 }
 
+double HardwareDescription::op_fixed_s(const std::string& op, double units) const {
+  const auto it = op_fixed_us.find(op);
+  return it == op_fixed_us.end() ? 0.0 : it->second * 1e-6 * units;
+}
+
 // The measured communication terms (calibrate_machine): small collectives by group size, and the
 // wait of a rank that time-shares its device.
 namespace {
@@ -229,7 +234,7 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   const YAML::Node dev = r.need(root, "", "device");
   r.only_keys(dev, "device",
               {"matmul_tflops", "matmul_efficiency", "vector_tflops", "op_tflops", "memory_bandwidth_GBps",
-               "op_overhead_us", "memory_GiB"});
+               "op_overhead_us", "op_fixed_us", "memory_GiB"});
   const YAML::Node mm = r.need(dev, "device", "matmul_tflops");
   if (!mm.IsMap() || mm.size() == 0) r.fail("device.matmul_tflops", "must map dtypes to TFLOP/s (fp32: 156)");
   for (const auto& kv : mm) {
@@ -285,6 +290,16 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   hw.memory_bandwidth_GBps =
       r.number(r.need(dev, "device", "memory_bandwidth_GBps"), "device.memory_bandwidth_GBps", 0);
   hw.op_overhead_us = r.number(r.need(dev, "device", "op_overhead_us"), "device.op_overhead_us", 0, true);
+  if (const YAML::Node fixed = dev["op_fixed_us"]) {
+    if (!fixed.IsMap())
+      r.fail("device.op_fixed_us", "must map op names to microseconds per call (attention_forward: 5)");
+    for (const auto& kv : fixed) {
+      const auto op = kv.first.as<std::string>();
+      if (kv.second.IsMap())
+        r.fail("device.op_fixed_us." + op, "must be a number of microseconds (one map serves every dtype)");
+      hw.op_fixed_us[op] = r.number(kv.second, "device.op_fixed_us." + op, 0, true);
+    }
+  }
   if (dev["memory_GiB"]) hw.memory_GiB = r.number(dev["memory_GiB"], "device.memory_GiB", 0);
   const YAML::Node node = r.need(root, "", "node");
   r.only_keys(node, "node", {"devices", "oversubscribed_wait_us"});
@@ -353,6 +368,7 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   }
   out += fmt::format("  memory_bandwidth_GBps: {:.6g}\n  op_overhead_us: {:.6g}\n", hw.memory_bandwidth_GBps,
                      hw.op_overhead_us);
+  if (!hw.op_fixed_us.empty()) out += "  op_fixed_us: " + rates_yaml(hw.op_fixed_us) + "\n";
   if (hw.memory_GiB > 0) out += fmt::format("  memory_GiB: {:.6g}\n", hw.memory_GiB);
   out += fmt::format("node:\n  devices: {}\n", hw.devices_per_node);
   if (!hw.oversubscribed_wait_us.empty())

@@ -1,7 +1,8 @@
 // trace_step: the planner's run of one training step on meta (step_cost.hpp): the trainer's own
 // step (TrainStep: ParallelState over a MetaCommunicator, the real GPTModel chunks, the pipeline
 // executor with the configured schedule, DataParallel/ZeRO, finalize_grads, the optimizer and the
-// loss read-back's all-reduce), fed synthetic meta token tensors of the micro-batch's shape.
+// loss read-back's all-reduce), fed synthetic meta token tensors of the micro-batch's shape, then
+// the trainer's per-step all-reduce of its maxima, which its timed span also holds.
 #include <memory>
 #include <optional>
 
@@ -42,6 +43,11 @@ RankTrace trace_once(const Config& c, int world_size, int rank, bool replay) {
     };
     timeline.emplace();
     step.run(0, micro_batch, 1e-3);
+    // What else the trainer's timed span holds (trainer.cpp, Trainer::train): after the step, the
+    // per-step maxima (host reads, allocator peak, conversions, page faults: 4 int64 on the host)
+    // all-reduced over the world, a small blocking collective every rank joins.
+    Tensor maxima = Tensor::zeros({4}, DType::I64);
+    world.all_reduce(maxima, ReduceOp::Max);
     trace.peak_bytes = static_cast<int64_t>(alloc.stats().peak_allocated) - base;
   }
   trace.timeline = timeline->entries();

@@ -2,6 +2,7 @@
 // hardware descriptions (hardware.hpp), and the step traced on meta (trace_step).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -213,6 +214,38 @@ TEST(OpCost, AMeasuredKernelRateReplacesTheVectorRateAndTheMatmulCurve) {
         }
       },
       Error);
+}
+
+TEST(OpCost, AKernelsFixedCostIsPerCallAndPerAttentionHeadPair) {
+  // op_fixed_us (calibrate_machine: a kernel's time on a small operand less its work at its rate):
+  // added once per call, for attention once per (batch, head) pair of its q (forward) or dout
+  // (backward) [s, b, heads, d]; an op without an entry pays only the overhead.
+  HardwareDescription hw = simple_machine();
+  hw.op_overhead_us = 1;
+  hw.op_fixed_us = {{"gelu_forward", 3}, {"attention_forward", 2}, {"attention_backward", 5}};
+  const CostModel cost(hw, 8);
+  OpEvent g;
+  g.op = "gelu_forward";
+  EXPECT_DOUBLE_EQ(cost.op_seconds(g), 4e-6);
+  g.op = "add";
+  EXPECT_DOUBLE_EQ(cost.op_seconds(g), 1e-6);
+  OpEvent a;
+  a.op = "attention_forward";
+  a.dtypes = {DType::F32};
+  a.shapes = {{32, 2, 4, 16}, {32, 2, 4, 16}, {32, 2, 4, 16}};
+  EXPECT_DOUBLE_EQ(fixed_cost_units(a), 8);
+  EXPECT_DOUBLE_EQ(cost.op_seconds(a), 1e-6 + 8 * 2e-6);
+  a.op = "attention_backward";  // dout first, q's shape
+  EXPECT_DOUBLE_EQ(cost.op_seconds(a), 1e-6 + 8 * 5e-6);
+  // They are the rank's own work: on a node where two ranks share a device, each costs twice.
+  HardwareDescription two = hw;
+  two.devices_per_node = 2;
+  EXPECT_DOUBLE_EQ(CostModel(two, 4, 4).op_seconds(a), 2 * (1e-6 + 8 * 5e-6));
+  // Written and read back.
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_EQ(back.op_fixed_us, hw.op_fixed_us);
+  EXPECT_DOUBLE_EQ(back.op_fixed_s("attention_forward", 8), 16e-6);
+  EXPECT_DOUBLE_EQ(back.op_fixed_s("add"), 0.0);
 }
 
 // A machine with one curve and one set of kernel rates per dtype, whose bf16 figures differ from
@@ -451,6 +484,7 @@ TEST(Hardware, EveryShippedDescriptionParses) {
     EXPECT_EQ(back.name, hw.name);
     EXPECT_EQ(back.matmul_efficiency, hw.matmul_efficiency) << entry.path();
     EXPECT_EQ(back.op_tflops, hw.op_tflops) << entry.path();
+    EXPECT_EQ(back.op_fixed_us, hw.op_fixed_us) << entry.path();
     ++count;
   }
   EXPECT_GE(count, 3);
@@ -505,6 +539,20 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, collective_us: {all_gather: [[2]]}}"))
                 .find("links.node.collective_us.all_gather[0] must be a pair [group size > 1, microseconds]"),
+            std::string::npos);
+  // The kernels' fixed costs: microseconds >= 0 per op, one map for every dtype.
+  const std::string overhead = "op_overhead_us: 0";
+  EXPECT_NE(error_of(with(overhead, overhead + "\n  op_fixed_us: {attention_forward: -1}"))
+                .find("bad.yaml: device.op_fixed_us.attention_forward must be a number >= 0, got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(overhead, overhead + "\n  op_fixed_us: 3"))
+                .find("bad.yaml: device.op_fixed_us must map op names to microseconds per call"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(overhead, overhead + "\n  op_fixed_us: {fp32: {attention_forward: 1}}"))
+                .find("bad.yaml: device.op_fixed_us.fp32 must be a number of microseconds"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(overhead, overhead + "\n  op_fixed_us: {attention_forward: many}"))
+                .find("device.op_fixed_us.attention_forward must be a number"),
             std::string::npos);
 }
 
@@ -611,6 +659,26 @@ data: {path: synthetic}
   }
   EXPECT_GE(receives, 2);  // 2 micro-batches (8 sequences, micro-batch 2, dp 2)
   EXPECT_GE(waits, receives);
+}
+
+TEST(StepPlan, TheTraceEndsWithTheTrainersPerStepAllReduceOverTheWorld) {
+  // The trainer's timed span (trainer.cpp) holds, after TrainStep's step, an all-reduce of 4 int64
+  // maxima over the world: the trace ends with it, so every rank of a job meets there.
+  const Config c = parse_config(R"(
+model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, vocab_size: 512, seq_length: 32}
+train: {micro_batch_size: 2, global_batch_size: 8, steps: 1}
+data: {path: synthetic}
+)",
+                                {}, 2);
+  const RankTrace t = trace_step(c, 2, 1);
+  const auto last = std::find_if(t.timeline.rbegin(), t.timeline.rend(),
+                                 [](const TimelineEntry& e) { return e.kind == TimelineEntry::Kind::Comm; });
+  ASSERT_NE(last, t.timeline.rend());
+  EXPECT_EQ(last->comm.kind, "all_reduce");
+  EXPECT_EQ(last->comm.bytes, 32);
+  EXPECT_EQ(last->comm.dtype, DType::I64);
+  EXPECT_EQ(last->comm.ranks, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(last->comm.async);
 }
 
 }  // namespace
