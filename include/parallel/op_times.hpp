@@ -2,9 +2,10 @@
 // Opt-in wall time of the real ops, to hold a measured step against the planner's priced one
 // (`pretrain_gpt --plan --breakdown`; docs/planner.md, "Where the tiny step's time goes").
 //
-// With PARALLEL_OP_TIMES=1 in the environment, every call of an `ops::` function on a CPU or CUDA
-// tensor adds its wall time, from the start of its argument checks to its return, to its op's
-// entry on the calling thread (an op called inside another op counts in the outer one). Off (the
+// With PARALLEL_OP_TIMES=1 in the environment, every call of an `ops::` function (and of
+// Tensor::copy_ / fill_, which the meta step records as ops) adds its wall time, from the start of
+// its argument checks to its return, to its op's entry on the calling thread (an op called inside
+// another op counts in the outer one; a meta call counts the time of its recording). Off (the
 // default), an op pays one branch on a flag read once. CUDA ops are timed as issued, not as run.
 // The trainer resets the counts after its warm-up steps and prints, at the end, the ops' share of
 // the step beside the communication waits and the rest (docs/planner.md).
