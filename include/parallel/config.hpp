@@ -131,6 +131,9 @@ struct ModelConfig {
   double moe_bias_update_speed = 0.001;    // the bias's step per optimizer update
   double moe_seq_aux_loss_coeff = 0.0;     // DeepSeek-V3's sequence-wise balance loss (alpha)
   int moe_first_k_dense_replace = 0;       // layers below this one keep the dense MLP
+  // Benchmarking: every expert gets exactly its share of the assignments whatever the scores (token
+  // t's j-th choice expert (t k + j) mod E, the meta run's assumption; router.hpp). Changes the routing.
+  bool moe_router_force_load_balancing = false;
   bool is_moe_layer(int layer) const {
     return num_experts > 0 && layer >= moe_first_k_dense_replace && layer % moe_layer_freq == 0;
   }

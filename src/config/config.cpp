@@ -136,6 +136,9 @@ void for_each_field(S& s, F&& f) {
   f("moe_topk_group", s.moe_topk_group, "each token's experts come from its best this-many groups");
   f("moe_router_expert_bias", s.moe_router_expert_bias,
     "auxiliary-loss-free balancing: a per-expert bias on the scores that only chooses experts");
+  f("moe_router_force_load_balancing", s.moe_router_force_load_balancing,
+    "benchmarking: route token t's j-th choice to expert (t k + j) mod E whatever the scores, so every "
+    "expert gets its exact share (changes the model's routing)");
   f("moe_bias_update_speed", s.moe_bias_update_speed,
     "the expert bias's step per update: bias += speed * sign(mean load - load)");
   f("moe_seq_aux_loss_coeff", s.moe_seq_aux_loss_coeff, "weight of the sequence-wise balance loss (0: off)");
@@ -926,6 +929,8 @@ void validate_config(Config& c, int world_size) {
                     "experts",
                     rules.key(m.moe_topk_group), m.moe_topk_group * (m.num_experts / m.moe_n_group)));
   }
+  rules.require(!m.moe_router_force_load_balancing || m.num_experts > 0, m.moe_router_force_load_balancing,
+                fmt::format("requires {} > 0 (there is no router to force)", rules.key(m.num_experts)));
   if (m.moe_ffn_hidden_size == 0) m.moe_ffn_hidden_size = m.ffn_hidden_size;
   // Multi-token prediction.
   rules.at_least(m.mtp_num_layers, 0);

@@ -1329,8 +1329,8 @@ static json rope_parameters_json(const ModelConfig& m) {
 
 // The router options Qwen3-MoE and Mixtral can hold (docs/model.md, "Routing"): softmax scores, the
 // top k of all experts, unscaled weights renormalised or not (Mixtral: always), no expert bias, no
-// sequence-wise balance loss, a MoE layer from the first layer on. Anything else is refused in one
-// line naming the key.
+// sequence-wise balance loss, a MoE layer from the first layer on, the top-k chosen by score (not
+// forced to balance). Anything else is refused in one line naming the key.
 static void check_router(const ModelConfig& m, Architecture a) {
   const std::string_view name = architecture_name(a);
   const auto refuse = [&](std::string_view key, const std::string& value, std::string_view rule) {
@@ -1342,6 +1342,8 @@ static void check_router(const ModelConfig& m, Architecture a) {
   if (m.moe_topk_group != 1)
     refuse("moe_topk_group", std::to_string(m.moe_topk_group), "it has no expert groups");
   if (m.moe_router_expert_bias) refuse("moe_router_expert_bias", "true", "its router has no expert bias");
+  if (m.moe_router_force_load_balancing)
+    refuse("moe_router_force_load_balancing", "true", "its router chooses the top-k scores");
   if (m.moe_routed_scaling_factor != 1.0)
     refuse("moe_routed_scaling_factor", fmt::format("{}", m.moe_routed_scaling_factor),
            "it does not scale the routed experts' weights");
@@ -1375,6 +1377,8 @@ static void check_deepseek_v3(const ModelConfig& m) {
     refuse("moe_router_score_function", "softmax", "it scores the experts by a sigmoid");
   if (!m.moe_router_expert_bias)
     refuse("moe_router_expert_bias", "false", "its router always chooses with an expert bias");
+  if (m.moe_router_force_load_balancing)
+    refuse("moe_router_force_load_balancing", "true", "its router chooses the top-k scores");
   if (m.moe_layer_freq != 1)
     refuse("moe_layer_freq", std::to_string(m.moe_layer_freq),
            "every layer from first_k_dense_replace on is a MoE layer");

@@ -20,6 +20,17 @@ Router::Router(const ModelConfig& config, int layer)
   }
 }
 
+namespace {
+
+// The balanced choice (router.hpp): token t's j-th choice is expert (t k + j) mod E, so over T tokens
+// each expert gets T k / E assignments (within one when E does not divide T k), and k <= E choices
+// of a token are distinct.
+int32_t balanced_choice(int64_t t, int64_t j, int64_t k, int64_t E) {
+  return static_cast<int32_t>((t * k + j) % E);
+}
+
+}  // namespace
+
 void Router::route(const float* logits, int64_t T, int64_t B, Routing& r) const {
   const int64_t E = experts_, k = topk_;
   const auto Es = static_cast<std::size_t>(E);
@@ -73,10 +84,14 @@ void Router::route(const float* logits, int64_t T, int64_t B, Routing& r) const 
       for (std::size_t e = 0; e < Es; ++e)
         if (!keep[e / static_cast<std::size_t>(per_group)]) choose[e] = -INFINITY;
     }
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return choose[a] > choose[b] || (choose[a] == choose[b] && a < b);
-    });
+    if (c_.moe_router_force_load_balancing) {
+      for (int64_t j = 0; j < k; ++j) order[static_cast<std::size_t>(j)] = balanced_choice(t, j, k, E);
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return choose[a] > choose[b] || (choose[a] == choose[b] && a < b);
+      });
+    }
     // Combine weights from the scores without the bias.
     double chosen = 0;
     for (int64_t j = 0; j < k; ++j) chosen += s[order[static_cast<std::size_t>(j)]];
@@ -101,7 +116,7 @@ void Router::route_balanced(int64_t T, int64_t B, Routing& r) const {
   r.weight.assign(static_cast<std::size_t>(T * k), 1.0f / static_cast<float>(k));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j)
-      r.choice[static_cast<std::size_t>(t * k + j)] = static_cast<int32_t>((t * k + j) % E);
+      r.choice[static_cast<std::size_t>(t * k + j)] = balanced_choice(t, j, k, E);
 }
 
 namespace {

@@ -8,7 +8,10 @@
 //   c        = s + bias                      bias: aux-loss-free balancing, only for choosing
 //   groups   : n_group groups of E / n_group experts; a group's score is the sum of its two best c;
 //              only the best topk_group groups are eligible (n_group 1: all)
-//   choice   = top-k of c over the eligible experts (ties to the lower expert index)
+//   choice   = top-k of c over the eligible experts (ties to the lower expert index); with
+//              moe_router_force_load_balancing (benchmarking): expert (t k + j) mod E for token t's
+//              j-th choice, whatever the scores, groups and bias - every expert gets its exact share,
+//              the choice a meta run assumes (route_balanced)
 //   w_j      = s[e_j] (/ sum_j s[e_j] with norm_topk_prob) * routed_scaling_factor
 // The balance losses see normalised scores s' (s for softmax, s / sum_e s for sigmoid):
 //   aux      = aux_coeff * E / (k T^2) * sum_e count_e * sum_t s'[t, e]      (Switch / GShard)
@@ -40,7 +43,9 @@ class Router {
     std::vector<int32_t> choice;        // [T, k] chosen experts, best first
     std::vector<float> weight;          // [T, k] combine weights
   };
-  // Routes T tokens of B sequences from their logits (host, [T, E]).
+  // Routes T tokens of B sequences from their logits (host, [T, E]). Under
+  // moe_router_force_load_balancing the choice is route_balanced's and the weights, losses and
+  // gradients follow from the scores of the experts so chosen.
   void route(const float* logits, int64_t tokens, int64_t sequences, Routing& r) const;
   // A meta run's stated assumption (meta.hpp): balanced routing, token t's j-th choice expert
   // (t k + j) mod E with weight 1 / k, whatever the options (no values to route on).

@@ -572,6 +572,53 @@ TEST(ExpertTensorParallel, IdleExpertsGatherNoRows) {
   }
 }
 
+// model.moe_router_force_load_balancing (benchmarking): with a router whose expert 0 always wins,
+// the forced router still gives every expert its exact share - token t's j-th choice is expert
+// (t k + j) mod E, the meta run's assumption - and the combine weights are the softmax scores of the
+// experts so chosen; off, the same layer sends every assignment to expert 0 (the knob is what
+// balances).
+TEST(MoERouting, ForceLoadBalancingGivesEveryExpertItsShare) {
+  auto solo = world().split(world().rank(), 0);
+  for (const bool force : {false, true}) {
+    ModelConfig c = moe_config(4, 2, MoeDispatcher::AllToAll, false);
+    c.moe_router_force_load_balancing = force;
+    model::LayerEnv env;
+    env.config = &c;
+    env.tp = solo.get();
+    env.hidden = c.hidden_size;
+    env.ffn = c.moe_ffn_hidden_size;
+    model::MoELayer layer(env, 0);
+    for (Parameter* p : layer.parameters()) init_normal(*p, 7, 0.05f);
+    std::vector<float> router(static_cast<std::size_t>(c.num_experts * c.hidden_size), -0.1f);
+    std::fill(router.begin(), router.begin() + c.hidden_size, 0.1f);
+    layer.router.value.copy_(Tensor::from_vector(router, {c.num_experts, c.hidden_size}));
+    const int64_t S = 6, B = 2, T = S * B, k = c.moe_router_topk, E = c.num_experts;
+    std::vector<float> x(static_cast<std::size_t>(T * c.hidden_size));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.1f + 0.01f * static_cast<float>((i * 7) % 17);
+    model::MoELayer::Context ctx;
+    Tensor y = layer.forward(Tensor::from_vector(x, {S, B, c.hidden_size}), ctx, true);
+    const auto& counts = layer.stats().tokens_per_expert;
+    ASSERT_EQ(static_cast<int64_t>(counts.size()), E);
+    // Off: expert 0 first for every token, then the tie among the rest to the lowest index, 1.
+    const std::vector<int64_t> expected = force ? std::vector<int64_t>(static_cast<std::size_t>(E), T * k / E)
+                                                : std::vector<int64_t>{T, T, 0, 0};
+    EXPECT_EQ(counts, expected) << "force " << force;
+    if (!force) continue;
+    const model::Router::Routing& r = ctx.routing;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const auto a = static_cast<std::size_t>(t * k + j);
+        ASSERT_EQ(r.choice[a], (t * k + j) % E) << "token " << t << " choice " << j;
+        EXPECT_FLOAT_EQ(r.weight[a], r.scores[static_cast<std::size_t>(t * E + r.choice[a])]);
+      }
+    }
+    // The backward runs on the forced choice (the router's gradient through the chosen scores).
+    Tensor dx = layer.backward(Tensor::full({S, B, c.hidden_size}, 0.5, DType::F32), ctx);
+    EXPECT_GT(testing::max_abs(layer.router.grad), 0.0);
+    EXPECT_TRUE(dx.defined());
+  }
+}
+
 // bf16 follows the precision policy (16-bit activations and parameter copy, fp32 router logits and
 // gradients): the loss stays within bf16 rounding of the fp32 model's, gradients are finite.
 TEST(MoEPrecision, Bf16IsCloseToFp32) {
