@@ -30,8 +30,10 @@ struct MetaLayout {
   const char* label;
   int world_size;
   std::vector<std::string> overrides;
-  // MoE: the meta run routes balanced (moe.cpp), the real router routes by its weights, so what
-  // depends on the routing (the dispatch's all_to_allv bytes, and the peak) may differ.
+  // MoE without model.moe_router_force_load_balancing: the meta run routes balanced (moe.cpp), the
+  // real router routes by its weights, so what depends on the routing (the dispatch's all_to_allv
+  // bytes, and the peak) may differ. With it, the real router chooses as the meta run does and the
+  // layout is not `routed`.
   bool routed = false;
 };
 inline void PrintTo(const MetaLayout& l, std::ostream* os) { *os << l.label; }

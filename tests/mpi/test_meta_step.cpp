@@ -74,9 +74,10 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
     for (const CommEvent& e : m) std::printf("%s rank %d: %s\n", GetParam().label, w.rank(), e.str().c_str());
   EXPECT_GT(r.size(), 0u);
   EXPECT_EQ(m.size(), r.size()) << GetParam().label << " rank " << w.rank();
-  // MoE: the token dispatch's bytes follow the routing - balanced on meta, the router's choice on
-  // the real rank - so an all_to_allv is compared without its bytes (kind, group, members, dtype,
-  // order and everything else still equal); the sums are printed side by side.
+  // MoE routed by the router's weights (`routed`): the token dispatch's bytes follow the routing -
+  // balanced on meta, the router's choice on the real rank - so an all_to_allv is compared without
+  // its bytes (kind, group, members, dtype, order and everything else still equal); the sums are
+  // printed side by side. Under model.moe_router_force_load_balancing the bytes are compared too.
   const bool routed = GetParam().routed;
   int64_t meta_dispatch = 0, real_dispatch = 0;
   for (std::size_t i = 0; i < std::min(m.size(), r.size()); ++i) {
@@ -132,7 +133,8 @@ TEST_P(MetaStepTest, MetaRankIssuesTheRealRanksCollectivesAndPeak) {
   int64_t sent = 0;
   for (const CommEvent& e : r)
     if (e.kind == "send" || e.kind == "batch_p2p") sent += e.bytes;
-  // MoE: the expert activations follow the routing, so only the 10 % bound below holds.
+  // MoE routed by the weights: the expert activations follow the routing, so only the 10 % bound
+  // below holds.
   if (!routed) {
     EXPECT_GE(real.peak_bytes, meta.peak_bytes) << GetParam().label << " rank " << w.rank();
     EXPECT_LE(real.peak_bytes - meta.peak_bytes, sent) << GetParam().label << " rank " << w.rank();
@@ -207,17 +209,39 @@ INSTANTIATE_TEST_SUITE_P(
                    4,
                    {"optimizer.sharding=optim_grads_params", "optimizer.sharding_group_size=2",
                     "train.global_batch_size=16"}},
+        // MoE with the router forced to balance (model.moe_router_force_load_balancing): the real
+        // router then chooses what the meta run assumes, so the dispatch's bytes and the peaks are
+        // compared like any other layout's.
         MetaLayout{"moe_ep2",
                    2,
                    {"model.num_experts=4", "model.moe_router_topk=2", "parallel.expert=2",
-                    "model.moe_token_dispatcher=alltoall", "train.global_batch_size=16"},
-                   true},
+                    "model.moe_token_dispatcher=alltoall", "model.moe_router_force_load_balancing=true",
+                    "train.global_batch_size=16"}},
         MetaLayout{"moe_ep2_tp2_sp_distributed",
                    4,
                    {"model.num_experts=4", "model.moe_router_topk=2", "parallel.expert=2",
                     "parallel.tensor=2", "parallel.sequence_parallel=true", "optimizer.distributed=true",
+                    "model.moe_token_dispatcher=alltoall", "model.moe_router_force_load_balancing=true",
+                    "train.global_batch_size=16"}},
+        // The same without forcing: the router routes by its weights, so the dispatch's bytes and
+        // the peak follow the routing (compared through sums and the 10 % bound).
+        MetaLayout{"moe_ep2_routed",
+                   2,
+                   {"model.num_experts=4", "model.moe_router_topk=2", "parallel.expert=2",
                     "model.moe_token_dispatcher=alltoall", "train.global_batch_size=16"},
                    true},
+        MetaLayout{"pp2_zb_v",
+                   2,
+                   {"parallel.pipeline=2", "parallel.virtual_stages=2", "parallel.pipeline_schedule=zb-v",
+                    "train.global_batch_size=16"}},
+        MetaLayout{"pp2_dualpipe_v",
+                   2,
+                   {"parallel.pipeline=2", "parallel.virtual_stages=2",
+                    "parallel.pipeline_schedule=dualpipe-v", "train.global_batch_size=16"}},
+        MetaLayout{"pp4_zb_v",
+                   4,
+                   {"parallel.pipeline=4", "parallel.virtual_stages=2", "parallel.pipeline_schedule=zb-v",
+                    "model.num_layers=8", "train.global_batch_size=32"}},
         MetaLayout{"pp4_interleaved",
                    4,
                    {"parallel.pipeline=4", "parallel.virtual_stages=2", "model.num_layers=8",
