@@ -52,6 +52,7 @@
 
 #include "cpu/cpu_ops.hpp"
 #include "cpu/gemm_avx2.hpp"
+#include "cpu/gemm_times.hpp"
 #include "cpu/widen.hpp"
 #include "parallel/error.hpp"
 #include "parallel/signal_handler.hpp"
@@ -369,6 +370,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   guard_signals();  // a thread-local load after the first call in this thread
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0) return;
+  GemmTimer timer(m, n, k, trans_a, trans_b, false);
   if (k == 0) {  // empty sum: only the beta term is left (oneDNN would reject zero-sized operands)
     std::vector<float> C(static_cast<size_t>(m * n), 0.0f);
     if (beta != 0.0f) {
@@ -379,8 +381,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     return;
   }
   if (a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32) {
-    if (const GemmAvx2Problem p = avx2_problem(a, trans_a, b, trans_b, c, alpha, beta); own_fp32_gemm(p))
+    if (const GemmAvx2Problem p = avx2_problem(a, trans_a, b, trans_b, c, alpha, beta); own_fp32_gemm(p)) {
+      timer.set_route("own");
       return gemm_avx2_run(p);
+    }
   }
   if (a.dtype() == DType::F32)
     return fp32_gemm(a.data<float>(), trans_a, b.data<float>(), trans_b, c.data<float>(), m, n, k, alpha,
@@ -412,11 +416,14 @@ void gemm_onednn_f32(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, Tensor& c) {
   guard_signals();
   const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  GemmTimer timer(m, n, k, trans_a, trans_b, true);
   if (a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32) {
     // The own GEMM adds the bias in its epilogue (after the whole fp32 sum, as oneDNN's matmul does).
     if (const GemmAvx2Problem p = avx2_problem(a, trans_a, b, trans_b, c, 1.0f, 0.0f, &bias);
-        own_fp32_gemm(p))
+        own_fp32_gemm(p)) {
+      timer.set_route("own");
       return gemm_avx2_run(p);
+    }
   }
   if (m > 0 && n > 0 && k > 0) {
     GemmKey key{m,         n,        k, trans_a, trans_b, bits_of(1.0f), bits_of(0.0f), omp_get_max_threads(),
