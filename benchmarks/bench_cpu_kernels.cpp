@@ -1,6 +1,7 @@
 // Throughput of the CPU ops on GPT-2 small shapes (h = 768, 4 x 256 = 1024 tokens, vocab 50304).
 //
-//   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=N] [benchmark flags]
+//   OMP_NUM_THREADS=2 ./bench_cpu_kernels [--peak_gflops=N] [--cold] [benchmark flags]
+// --cold: caches flushed before every timed iteration (evict_caches), as the step leaves them.
 //
 // gemm reports GFLOP/s and "% of peak" per dtype (BM_Gemm fp32, BM_GemmBf16 bf16 operands: what
 // ops::gemm runs; BM_GemmOnednn: fp32 through oneDNN; BM_GemmAvx2*: the own AVX2 GEMM), the peak
@@ -69,11 +70,29 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// Cold caches: before each timed iteration, 64 MiB (twice the L3 of the machines we measure on) are
+// written outside the timing, so the operands come from memory as in a training step, where every
+// GEMM's inputs were last touched by other ops and its output is a buffer last used a layer ago.
+bool g_cold = false;
+
+void evict_caches() {
+  static std::vector<float> junk(size_t{16} << 20);
+  static float v = 0.0f;
+  v += 1.0f;
+  std::fill(junk.begin(), junk.end(), v);
+  benchmark::DoNotOptimize(junk.data());
+}
+
 template <typename F>
 Timing timed_loop(benchmark::State& state, F&& body) {
   body();  // warm-up: primitive creation, first-touch page faults
   Timing t;
   for (auto _ : state) {
+    if (g_cold) {
+      state.PauseTiming();
+      evict_caches();
+      state.ResumeTiming();
+    }
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = process_cpu_seconds();
     body();
@@ -412,6 +431,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     if (std::strncmp(argv[i], "--peak_gflops=", 14) == 0)
       g_peak_gflops = std::atof(argv[i] + 14);
+    else if (std::strcmp(argv[i], "--cold") == 0)
+      g_cold = true;
     else
       argv[kept++] = argv[i];
   }
