@@ -16,9 +16,10 @@
 // the library's own AVX2/FMA GEMM runs (gemm_avx2.hpp): it widens the 16-bit operands while
 // packing them for its micro-kernel and narrows c once in its epilogue. Since its loops were
 // reordered (BLIS's order, 2026-11-27) it also beats oneDNN's fp32 gemm:jit on this class of CPU
-// (AVX2 + FMA, no AVX-512) in the GEMM benchmark, but not inside the training step (mini 0.92 of
-// oneDNN's tokens/s on an idle Zen 3), so fp32 stays on oneDNN unless PARALLEL_CPU_FP32_GEMM=own
-// (own_fp32_gemm; docs/benchmarks.md, "Issue 28: the own GEMM for fp32 too"). A CPU without
+// (AVX2 + FMA, no AVX-512) in the GEMM benchmark's process CPU time with warm caches, but not in
+// wall time with the cold caches a training step leaves (mini 0.95 of oneDNN's tokens/s), so fp32
+// stays on oneDNN unless PARALLEL_CPU_FP32_GEMM=own (own_fp32_gemm; docs/benchmarks.md, "The own
+// fp32 GEMM inside the step"). A CPU without
 // AVX2 + FMA + F16C still runs the fp32 path tile by tile on operands widened in cache
 // (widened_gemm): slower, same contract.
 //
@@ -339,10 +340,14 @@ bool packable(const Tensor& b) {
 // (op(a) = dy^T: 86-89 % against 71-85 %); oneDNN 86 % against 82 % on GPT-2's head forward.
 // Changes fp32 rounding against oneDNN in the last bits (another blocking of k); the choice
 // depends only on the CPU, the shape and the environment, so a run is deterministic.
-// Off by default: inside the mini GPT's fp32 step on the same idle machine the route measured 0.90-0.94
-// of oneDNN's tokens/s (3 alternating rounds, 2026-11-27 15:53), GPT-2 0.97-1.03; why the
-// benchmark's lead does not carry into the step is not found. PARALLEL_CPU_FP32_GEMM=own turns it
-// on (for that investigation), =onednn or unset keeps oneDNN.
+// Off by default: inside the mini GPT's fp32 step the route measured 0.90-0.94 of oneDNN's
+// tokens/s on an idle machine (2026-11-27 15:53), and 0.89-0.95 after the kernel's barriers were
+// replaced by shared counters (18:10, load 6-7). Why the benchmark's lead did not carry over
+// (docs/benchmarks.md, "The own fp32 GEMM inside the step"): that benchmark timed process CPU time
+// with the operands in the L3; in wall time, with the operands cold from memory as the step leaves
+// them (bench_cpu_kernels --cold), the own kernel's micro-kernel and packing run ~5-15 % behind
+// oneDNN's JIT sgemm on most of the step's shapes. PARALLEL_CPU_FP32_GEMM=own turns it on,
+// =onednn or unset keeps oneDNN.
 bool own_fp32_gemm_requested() {
   static const bool own = [] {
     const char* v = std::getenv("PARALLEL_CPU_FP32_GEMM");

@@ -1,30 +1,38 @@
 // The AVX2/FMA GEMM (gemm_avx2.hpp): packing that widens, a 6 x 16 micro-kernel, cache blocking
-// for Zen 3 (32 KiB L1d, 512 KiB L2 per core, 32 MiB L3) and an epilogue that narrows once.
+// for Zen 3 (32 KiB L1d, 512 KiB L2 per core, 32 MiB L3), dynamic work sharing between the
+// threads and an epilogue that narrows once.
 //
-// Loops, outer to inner (BLIS's names and order):
+// Loops, outer to inner (BLIS's names and order), in one OpenMP region with no barrier inside:
 //   jc: column panels of c, at most kNC wide (equal widths, whole slivers).
-//   pc: blocks of at most kKC of k (equal sizes). The threads pack op(b)[pc.., jc..] together
-//       ([kc, nc] fp32, slivers of [kc][16], up to 4 MiB: in L3), then all read it. Two such
-//       buffers alternate, so one barrier a block suffices (a thread packs block p + 1 only after
-//       every thread has passed the barrier behind block p - 1's use of the same buffer).
-//   rows: each thread owns a contiguous range of c's rows (whole kMR slivers, balanced to within
-//       one sliver), so no two threads write the same element and no reduction is needed.
-//   ic: the thread's rows in blocks of at most kMC (equal sizes, whole slivers). The thread packs
-//       op(a)[ic.., pc..] ([mc, kc] fp32, in L2) and runs the micro-kernel over it.
+//   pc: blocks of at most kKC of k (equal sizes). A (panel, k block) is a phase. The threads pack
+//       op(b)[pc.., jc..] together ([kc, nc] fp32, slivers of [kc][16], up to 4 MiB: in L3),
+//       sliver by sliver from a shared counter, and wait only for the slivers still being packed.
+//       Two such buffers alternate: a thread free early packs the next phase while the other
+//       finishes this one (it waits first for the phase before this one to be done with it).
+//   ic: row blocks of c (equal sizes, whole slivers, at most kMC rows, at least
+//       kRowBlocksPerThread a thread where m allows), taken from a shared counter by whichever
+//       thread is free (a row block waits for its own previous phase only), so no two threads
+//       write the same element and a thread that lost its core or started late costs the other at
+//       most one block. The thread packs op(a)[ic.., pc..] ([mc, kc] fp32, in L2) and runs the
+//       micro-kernel over it.
 //   jr, ir: a kNR sliver of the B block ([kc, 16], 16 KiB, in L1) against each kMR sliver of the
 //       A block: the micro-kernel's 6 x 16 tile of c in 12 ymm registers over kc steps.
 // Packing work: op(b) once (k n), op(a) once per column panel (m k n / kNC): for every shape of
 // the GPT step but the 50257-wide LM head, each operand is packed (and widened) exactly once.
-// (Until 2026-11-27 the B panel held the whole k, which made panels narrow for a long k: the
-// GPT-2 LM head's input gradient, k = 50257, packed its A 48 times.)
-//
+// Why no barriers (2026-11-27, docs/benchmarks.md "The own fp32 GEMM inside the step"): with the
+// OpenMP threads passive, each barrier puts the early thread to sleep, and a static split of the
+// rows makes both threads wait for the slower; that waiting does not show in process CPU time,
+// which is what the GEMM benchmark's cpu_%peak measured. Tried and dropped: op(b) packed for up
+// to 8 MiB of k at a time (fewer phases) made the step's GEMMs ~1.1x slower (a larger packed
+// block in a cache the step's activations already fill), and packing 4 slivers a task, a row of b
+// at a time, measured no better.
 // c: an fp32 c is accumulated in place (the first k block scales the old c by beta, the later
 // ones add, the last adds the bias). A 16-bit c over one k block is finished and narrowed in the
-// micro-kernel's epilogue; over several, the thread's rows of the panel accumulate in fp32 scratch
-// and the last k block narrows: alpha op(a) op(b) + beta c + bias, rounded to nearest even
-// exactly as narrow_from_f32 (dtype.hpp). Sums run in fp32 in k order within a k block; the
-// blocks' partial sums are added in order. oneDNN's kernels block k their own way, so results
-// can differ from its fp32 product in the last bits.
+// micro-kernel's epilogue; over several, the panel's rows accumulate in fp32 scratch ([m, nc],
+// the calling thread's) and the last k block narrows: alpha op(a) op(b) + beta c + bias, rounded to nearest
+// even exactly as narrow_from_f32 (dtype.hpp). Sums run in fp32 in k order within a k block; the blocks'
+// partial sums are added in order. oneDNN's kernels block k their own way, so results can differ from its
+// fp32 product in the last bits.
 //
 // The functions with intrinsics carry a target attribute; the OpenMP region lives in a function
 // without one (GCC outlines the region into a function of its own, which would not inherit it),
@@ -34,10 +42,13 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "cpu/widen.hpp"
 
@@ -47,10 +58,11 @@ namespace parallel::cpu {
 namespace {
 
 constexpr int64_t kMR = 6, kNR = 16;
-constexpr int64_t kKC = 256;    // a [kKC, 16] B sliver is 16 KiB: half of L1d
-constexpr int64_t kMC = 144;    // a [kMC, kKC] A block is 144 KiB: under a third of L2
-constexpr int64_t kNC = 4096;   // a [kKC, kNC] B block is 4 MiB of the 32 MiB L3
-constexpr int64_t kAlign = 16;  // packed buffers start on a 64-byte line (16 floats)
+constexpr int64_t kKC = 256;                // a [kKC, 16] B sliver is 16 KiB: half of L1d
+constexpr int64_t kMC = 144;                // a [kMC, kKC] A block is 144 KiB: under a third of L2
+constexpr int64_t kNC = 4096;               // a [kKC, kNC] B block is 4 MiB of the 32 MiB L3
+constexpr int64_t kAlign = 16;              // packed buffers start on a 64-byte line (16 floats)
+constexpr int64_t kRowBlocksPerThread = 4;  // dynamic row blocks: the last ones even out the threads
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -440,66 +452,99 @@ float* aligned(float* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~static_cast<uintptr_t>(63));
 }
 
+namespace {
+
+// One phase's shared counters: packing tasks handed out and finished, row blocks handed out and
+// finished.
+struct PhaseCounters {
+  std::atomic<int64_t> pack_next{0}, pack_done{0}, row_next{0}, rows_done{0};
+};
+
+// Until `done` reaches `target`. Every wait is for work another thread has already taken, so it
+// is short unless that thread lost its core, in which case yielding gives it back.
+void wait_for(const std::atomic<int64_t>& done, int64_t target) {
+  for (int spins = 0; done.load(std::memory_order_acquire) < target; spins++) {
+    _mm_pause();
+    if (spins >= 2000) sched_yield();
+  }
+}
+
+}  // namespace
+
 void gemm_avx2_run(const GemmAvx2Problem& p) {
   const int64_t m = p.m, n = p.n, k = p.k;
   const bool narrow = p.c_type != DType::F32;
   // k blocks of equal size (k = 384: two of 192, not 256 + 128); column panels of equal size,
-  // whole slivers.
+  // whole slivers. A phase is one k block of one panel, panel by panel.
   const int64_t k_blocks = ceil_div(k, kKC), kc_max = ceil_div(k, k_blocks);
   const int64_t nc_max = round_up(ceil_div(n, ceil_div(n, kNC)), kNR);
-  // Two B blocks, the calling thread's: shared by the team. While the threads multiply with one,
-  // the first to finish packs the next k block into the other, so one barrier a block suffices.
+  const int64_t phases = ceil_div(n, nc_max) * k_blocks;
+  // Row blocks of equal size, whole slivers, at most kMC rows, and at least kRowBlocksPerThread a
+  // thread where m allows, so that the last blocks even out what the threads got done.
+  const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t row_blocks_min = std::min(ceil_div(m, kMR), kRowBlocksPerThread * threads);
+  const int64_t mc_max = round_up(ceil_div(m, std::max(ceil_div(m, kMC), row_blocks_min)), kMR);
+  const int64_t row_blocks = ceil_div(m, mc_max);
+  // Two phases' packed op(b), the calling thread's scratch, shared by the team: phase ph + 1 is
+  // packed while phase ph's last row blocks run.
   const int64_t b_block = kc_max * nc_max;
   float* b_blocks = aligned(scratch_f32(4, 2 * b_block + kAlign));
+  // A 16-bit c over several k blocks accumulates the panel in fp32 here (row block ic at row ic).
+  float* c_acc = narrow && k_blocks > 1 ? aligned(scratch_f32(6, m * nc_max + kAlign)) : nullptr;
+  std::unique_ptr<PhaseCounters[]> counters(new PhaseCounters[phases]);
+  // Per row block, the phases done: a row block starts a phase only after it has finished the
+  // phase before (same panel: the earlier k blocks of the same c; another panel: a 16-bit c's
+  // fp32 rows in c_acc, which the panels share).
+  std::unique_ptr<std::atomic<int64_t>[]> row_phases(new std::atomic<int64_t>[row_blocks]);
+  for (int64_t r = 0; r < row_blocks; r++) row_phases[r].store(0, std::memory_order_relaxed);
   const PackA pack_a = pack_a_for(p.a_type);
   const PackB pack_b = pack_b_for(p.b_type);
   const int64_t cs = static_cast<int64_t>(dtype_size(p.c_type));
   char* C = static_cast<char*>(p.c);
 #pragma omp parallel
   {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t slivers = ceil_div(m, kMR);
-    const int64_t r0 = std::min(m, slivers * t / threads * kMR),
-                  r1 = std::min(m, slivers * (t + 1) / threads * kMR);
-    // The thread's rows in blocks of equal size (192 rows: two of 96, not 144 + 48), whole slivers.
-    const int64_t rows = r1 - r0,
-                  mc_max = rows > 0 ? round_up(ceil_div(rows, ceil_div(rows, kMC)), kMR) : kMR;
     float* a_block = aligned(scratch_f32(5, mc_max * kc_max + kPackSlack + kAlign));
-    // A 16-bit c over several k blocks: the thread's rows of the panel accumulate in fp32 here.
-    float* c_acc = narrow && k_blocks > 1
-                       ? aligned(scratch_f32(6, std::max<int64_t>(rows, 1) * nc_max + kAlign))
-                       : nullptr;
     float* bias_row = p.bias != nullptr ? scratch_f32(7, nc_max) : nullptr;  // the panel's widened bias
-    int64_t use = 0;  // B blocks packed so far: which of the two the next one goes to
-    for (int64_t jc = 0; jc < n; jc += nc_max) {
-      const int64_t nc = std::min(nc_max, n - jc), panel_slivers = ceil_div(nc, kNR);
-      if (bias_row != nullptr) widen_to_f32(offset_ptr(p.bias, p.bias_type, jc), p.bias_type, bias_row, nc);
-      for (int64_t pc = 0; pc < k; pc += kc_max, use++) {
-        const int64_t kc = std::min(kc_max, k - pc);
-        const bool last = pc + kc >= k;
-        float* panel = b_blocks + (use % 2) * b_block;
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < panel_slivers; s++)
-          pack_b(p.b, p.trans_b, n, k, jc + s * kNR, std::min(kNR, nc - s * kNR), pc, kc,
-                 panel + s * kc * kNR);
-        // (the loop's barrier: the block is complete before anyone reads it, and everyone is done
-        // with the block before last in this buffer)
-        for (int64_t ic = r0; ic < r1; ic += mc_max) {
-          const int64_t mc = std::min(mc_max, r1 - ic);
-          pack_a(p.a, p.trans_a, m, k, ic, mc, pc, kc, a_block);
-          float* block = narrow ? (c_acc != nullptr ? c_acc + (ic - r0) * nc_max : nullptr)
-                                : reinterpret_cast<float*>(C) + ic * n + jc;
-          const int64_t ldc = narrow ? nc_max : n;
-          const float beta = pc > 0 ? 1.0f : narrow ? 0.0f : p.beta;
-          // A 16-bit c: the last k block finishes and narrows each tile in the micro-kernel.
-          Narrow fin;
-          fin.c = C + (ic * n + jc) * cs, fin.ldc = n, fin.type = p.c_type, fin.beta = p.beta;
-          fin.bias = bias_row;
-          macro_kernel(mc, nc, kc, a_block, panel, kc * kNR, block, ldc, p.alpha, beta,
-                       narrow && last ? &fin : nullptr);
-          if (narrow || bias_row == nullptr || !last) continue;
+    int64_t bias_jc = -1;                                                    // the panel it holds
+    for (int64_t ph = 0; ph < phases; ph++) {
+      PhaseCounters& ctr = counters[ph];
+      const int64_t jc = ph / k_blocks * nc_max, nc = std::min(nc_max, n - jc),
+                    panel_slivers = ceil_div(nc, kNR);
+      const int64_t pc = ph % k_blocks * kc_max, kc = std::min(kc_max, k - pc);
+      const bool last = pc + kc >= k;
+      float* panel = b_blocks + (ph % 2) * b_block;
+      // Pack op(b)'s block, a [kc, 16] sliver a task, whoever is free, once every row block of
+      // phase ph - 2 (the buffer's last user) is done.
+      if (ph >= 2 && ctr.pack_next.load(std::memory_order_relaxed) < panel_slivers)
+        wait_for(counters[ph - 2].rows_done, row_blocks);
+      for (int64_t s; (s = ctr.pack_next.fetch_add(1, std::memory_order_relaxed)) < panel_slivers;) {
+        pack_b(p.b, p.trans_b, n, k, jc + s * kNR, std::min(kNR, nc - s * kNR), pc, kc, panel + s * kc * kNR);
+        ctr.pack_done.fetch_add(1, std::memory_order_release);
+      }
+      wait_for(ctr.pack_done, panel_slivers);
+      if (bias_row != nullptr && bias_jc != jc) {
+        widen_to_f32(offset_ptr(p.bias, p.bias_type, jc), p.bias_type, bias_row, nc);
+        bias_jc = jc;
+      }
+      // Row blocks, whoever is free.
+      for (int64_t r; (r = ctr.row_next.fetch_add(1, std::memory_order_relaxed)) < row_blocks;) {
+        wait_for(row_phases[r], ph);
+        const int64_t ic = r * mc_max, mc = std::min(mc_max, m - ic);
+        pack_a(p.a, p.trans_a, m, k, ic, mc, pc, kc, a_block);
+        float* block = narrow ? (c_acc != nullptr ? c_acc + ic * nc_max : nullptr)
+                              : reinterpret_cast<float*>(C) + ic * n + jc;
+        const int64_t ldc = narrow ? nc_max : n;
+        const float beta = pc > 0 ? 1.0f : narrow ? 0.0f : p.beta;
+        // A 16-bit c: the last k block finishes and narrows each tile in the micro-kernel.
+        Narrow fin;
+        fin.c = C + (ic * n + jc) * cs, fin.ldc = n, fin.type = p.c_type, fin.beta = p.beta;
+        fin.bias = bias_row;
+        macro_kernel(mc, nc, kc, a_block, panel, kc * kNR, block, ldc, p.alpha, beta,
+                     narrow && last ? &fin : nullptr);
+        if (!narrow && bias_row != nullptr && last)
           for (int64_t i = 0; i < mc; i++) add_bias_row(block + i * ldc, bias_row, nc);
-        }
+        row_phases[r].store(ph + 1, std::memory_order_release);
+        ctr.rows_done.fetch_add(1, std::memory_order_release);
       }
     }
   }

@@ -6,9 +6,12 @@
 //
 // GotoBLAS/BLIS layering, plain: a 6 x 16 register-blocked FMA micro-kernel (12 ymm accumulators)
 // over packed blocks. op(b) is packed in [kKC x kNC] blocks shared by the threads; op(a) is packed
-// per thread in [kMC x kKC] blocks. 16-bit operands are widened to fp32 inside the packing (bf16: a
-// shift by 16; fp16: F16C), so no operand is ever converted as a pass of its own, and a 16-bit c is
-// narrowed once, in the epilogue, by the library's conversion (round to nearest even, dtype.hpp).
+// per thread in [kMC x kKC] blocks. The threads share the work through counters (packing slivers,
+// row blocks), not a static split with barriers. Results do not depend on the thread count or on
+// which thread computes what (each element's sum runs in the same order). 16-bit operands are widened to fp32
+// inside the packing (bf16: a shift by 16; fp16: F16C), so no operand is ever converted as a pass of its own,
+// and a 16-bit c is narrowed once, in the epilogue, by the library's conversion (round to nearest even,
+// dtype.hpp).
 //
 // Use: gemm_avx2_can_implement(p) says whether this CPU and these dtypes are supported;
 // gemm_avx2_run(p) runs it on the OpenMP threads (one thread inside a parallel region). Its

@@ -175,6 +175,16 @@ TEST(GemmAvx2, WidePanelsUnevenRowBlocksAndTransposedA) {
   }
 }
 
+// Many phases (a panel and a k block each) and few rows: a 4096-wide panel over 4 k blocks of 250,
+// 5 rows in one row block, so one thread packs while the other waits on each phase's last
+// slivers; an fp32 c adds each block to the last, a 16-bit c accumulates in fp32 scratch.
+TEST(GemmAvx2, ManyPhasesFewRows) {
+  if (!have_cpu()) GTEST_SKIP() << "no AVX2 + FMA + F16C on this CPU";
+  for (const DType d : {DType::F32, DType::BF16, DType::F16})
+    for (int tr = 0; tr < 4; tr++)
+      check({5, 4096, 1000, (tr & 1) != 0, (tr & 2) != 0, d, d, d, 1.0f, tr == 1 ? 0.5f : 0.0f, tr != 1, d});
+}
+
 // A 16-bit c is the library's rounding (float_to_bf16 / float_to_f16) of the fp32 result the same
 // GEMM writes into an fp32 c: one rounding, in the epilogue.
 TEST(GemmAvx2, SixteenBitOutputIsTheRoundedFp32Output) {
