@@ -341,8 +341,9 @@ bool packable(const Tensor& b) {
 // Changes fp32 rounding against oneDNN in the last bits (another blocking of k); the choice
 // depends only on the CPU, the shape and the environment, so a run is deterministic.
 // Off by default: inside the mini GPT's fp32 step the route measured 0.90-0.94 of oneDNN's
-// tokens/s on an idle machine (2026-11-27 15:53), and 0.89-0.95 after the kernel's barriers were
-// replaced by shared counters (18:10, load 6-7). Why the benchmark's lead did not carry over
+// tokens/s on an idle machine (2026-11-27 15:53), and 0.89-0.95 (3 rounds) and a tie (7 rounds)
+// after the kernel's barriers were replaced by shared counters (18:10-18:28, load 6-7): never
+// reliably ahead. Why the benchmark's lead did not carry over
 // (docs/benchmarks.md, "The own fp32 GEMM inside the step"): that benchmark timed process CPU time
 // with the operands in the L3; in wall time, with the operands cold from memory as the step leaves
 // them (bench_cpu_kernels --cold), the own kernel's micro-kernel and packing run ~5-15 % behind
