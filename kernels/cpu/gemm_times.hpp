@@ -2,12 +2,13 @@
 // An opt-in record of the time each CPU GEMM call takes, by route and shape, for finding where a
 // training step's GEMM time goes (docs/benchmarks.md, "The own fp32 GEMM inside the step").
 //
-// PARALLEL_GEMM_TIMES=1 turns it on: every ops::gemm / gemm_bias call on the CPU is timed (wall
-// clock around the whole call, operands as the step leaves them in cache) and, at process exit, a
-// table goes to stderr: route, m, n, k, transposes, bias, calls, median and total milliseconds,
-// GFLOP/s at the median, and the median process CPU time a call takes over the thread count
-// (what the threads computed, not counting a thread's waits: the benchmark's cpu_%peak). Unset, a
-// call costs one load of a static flag.
+// PARALLEL_OP_TIMES (parallel/op_times.hpp) gives each op's total; this splits the CPU GEMMs by
+// route and shape, with the CPU time beside the wall time. PARALLEL_GEMM_TIMES=1 turns it on: every ops::gemm
+// / gemm_bias call on the CPU is timed (wall clock around the whole call, operands as the step leaves them in
+// cache) and, at process exit, a table goes to stderr: route, m, n, k, transposes, bias, calls, median and
+// total milliseconds, GFLOP/s at the median, and the median process CPU time a call takes over the thread
+// count (what the threads computed, not counting a thread's waits: the benchmark's cpu_%peak). Unset, a call
+// costs one load of a static flag.
 #include <chrono>
 #include <cstdint>
 
