@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "adamw_scalars.hpp"
+#include "cpu/bf16_io.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/widen.hpp"
 
@@ -50,19 +51,11 @@ inline void update_loop(const kernels::AdamWScalars& k, const float* g, float* p
   for (int64_t i = 0; i < n; ++i) update_one<kClip>(k, g[i], p[i], m[i], v[i]);
 }
 
-// bf16 round to nearest even on the bit pattern, NaN quietened: float_to_bf16 (dtype.hpp) exactly.
-inline uint16_t to_bf16_bits(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t nan = (u >> 16) | 0x40u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
 template <bool kClip>
 inline void update_loop_bf16(const kernels::AdamWScalars& k, const float* g, float* p, float* m, float* v,
                              uint16_t* out, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_bits(update_one<kClip>(k, g[i], p[i], m[i], v[i]));
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(update_one<kClip>(k, g[i], p[i], m[i], v[i]));
 }
 
 PARALLEL_CLONES void update_block(kernels::AdamWScalars k, const float* g, float* p, float* m, float* v,

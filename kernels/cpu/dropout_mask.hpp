@@ -8,6 +8,8 @@
 // (kernels/cuda/elementwise.cu) draws the same numbers.
 #include <cstdint>
 
+#include "cpu/bf16_io.hpp"
+
 // The generator is three 64-bit multiplies per element: AVX-512 vectorises them only with AVX512DQ
 // (vpmullq), which plain "avx512f" clones do not enable, so dropout's loops get an x86-64-v4 clone
 // (AVX512F/BW/CD/DQ/VL) of their own.
@@ -40,30 +42,37 @@ struct DropoutMask {
   bool active() const { return p > 0.0f; }
 };
 
-// The loops, inline so that each kernel's target_clones wrapper compiles them for its own ISA.
+// The loops, inline so that each kernel's target_clones wrapper compiles them for its own ISA, and
+// templates over the storage types (float, or uint16_t bf16 bits: bf16_io.hpp) so that a bf16
+// kernel reads and writes its tensors in the loop itself.
 // Element i of a row is element first + i of the tensor. out may be the input (or, for
 // dropout_add_row, the branch or the residual), element for element: `omp simd` says there is no
 // other overlap, which GCC cannot prove (out could alias m's fields) and would otherwise not
 // vectorise. m's fields are read into locals for the same reason.
-inline void dropout_row(const DropoutMask& m, const float* in, float* out, int64_t n, uint64_t first) {
+template <class In, class Out>
+[[gnu::always_inline]] inline void dropout_row(const DropoutMask& m, const In* in, Out* out, int64_t n,
+                                               uint64_t first) {
   const float p = m.p, scale = m.scale;
   const uint64_t key = m.key;
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) out[i] = uniform(key, first + i) >= p ? in[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; i++)
+    store_elem(out, i, uniform(key, first + i) >= p ? load_elem(in, i) * scale : 0.0f);
 }
 // out = residual + dropout(branch); the plain add when p == 0.
-inline void dropout_add_row(const DropoutMask& m, const float* branch, const float* residual, float* out,
-                            int64_t n, uint64_t first) {
+template <class T, class Out>
+[[gnu::always_inline]] inline void dropout_add_row(const DropoutMask& m, const T* branch, const T* residual,
+                                                   Out* out, int64_t n, uint64_t first) {
   const float p = m.p, scale = m.scale;
   const uint64_t key = m.key;
   if (p == 0.0f) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) out[i] = residual[i] + branch[i];
+    for (int64_t i = 0; i < n; i++) store_elem(out, i, load_elem(residual, i) + load_elem(branch, i));
     return;
   }
 #pragma omp simd
   for (int64_t i = 0; i < n; i++)
-    out[i] = residual[i] + (uniform(key, first + i) >= p ? branch[i] * scale : 0.0f);
+    store_elem(out, i,
+               load_elem(residual, i) + (uniform(key, first + i) >= p ? load_elem(branch, i) * scale : 0.0f));
 }
 
 }  // namespace parallel::cpu

@@ -2,8 +2,10 @@
 // is a small function cloned for AVX-512 / AVX2 / baseline (chosen at load time) and called on
 // per-thread chunks from an OpenMP loop: the clones cannot live inside the OpenMP region itself,
 // because GCC outlines the region into a separate function that target_clones would not see.
-// bf16/fp16 tensors are widened chunk by chunk into per-thread fp32 scratch (widen.hpp), so the
-// same fp32 loops serve every dtype.
+// The loops are templates over the storage type: fp32 and bf16 tensors are read and written in
+// place (bf16_io.hpp: the widen and the narrow happen inside the loop, one pass over memory, fp32
+// arithmetic, results bitwise those of widening, the fp32 loop and narrowing). fp16 tensors are
+// widened chunk by chunk into per-thread fp32 scratch (widen.hpp) and run the fp32 loops.
 #include <omp.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/bf16_io.hpp"
 #include "cpu/cpu_ops.hpp"
 #include "cpu/dropout_mask.hpp"
 #include "cpu/vec_math.hpp"
@@ -37,15 +40,42 @@ void parallel_chunks(int64_t n, F&& body) {
 }
 
 // ---- bias, add, scale ----
+// Each loop is an always-inline template and a cloned function per storage type that calls it:
+// target_clones on the templates themselves would not be seen through their instantiations.
+// `uint16_t` is bf16 storage (bf16_io.hpp). out may be an input, element for element (add_,
+// scale_), which `omp simd` tells GCC instead of a runtime overlap check.
+using bf16_t = uint16_t;
 
-PARALLEL_CLONES void add_row(float* y, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] += b[i];
+template <class Y, class B>
+[[gnu::always_inline]] inline void add_row_t(Y* y, const B* b, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) store_elem(y, i, load_elem(y, i) + load_elem(b, i));
 }
+template <class T>
+[[gnu::always_inline]] inline void add_into_t(const T* a, const T* b, T* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) store_elem(out, i, load_elem(a, i) + load_elem(b, i));
+}
+template <class T>
+[[gnu::always_inline]] inline void scale_into_t(const T* a, T* out, float alpha, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) store_elem(out, i, load_elem(a, i) * alpha);
+}
+
+PARALLEL_CLONES void add_row(float* y, const float* b, int64_t n) { add_row_t(y, b, n); }
+PARALLEL_CLONES void add_row(bf16_t* y, const float* b, int64_t n) { add_row_t(y, b, n); }
+PARALLEL_CLONES void add_row(float* y, const bf16_t* b, int64_t n) { add_row_t(y, b, n); }
 PARALLEL_CLONES void add_into(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  add_into_t(a, b, out, n);
 }
-PARALLEL_CLONES void scale_into(float* a, float alpha, int64_t n) {
-  for (int64_t i = 0; i < n; i++) a[i] *= alpha;
+PARALLEL_CLONES void add_into(const bf16_t* a, const bf16_t* b, bf16_t* out, int64_t n) {
+  add_into_t(a, b, out, n);
+}
+PARALLEL_CLONES void scale_into(const float* a, float* out, float alpha, int64_t n) {
+  scale_into_t(a, out, alpha, n);
+}
+PARALLEL_CLONES void scale_into(const bf16_t* a, bf16_t* out, float alpha, int64_t n) {
+  scale_into_t(a, out, alpha, n);
 }
 
 // ---- rounding to bf16 / fp16 (mixed-precision emulation) ----
@@ -90,66 +120,101 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 constexpr int64_t kExpBlock = 256;  // exp arguments staged on the stack, 1 KiB
 
-PARALLEL_CLONES void gelu_fwd_chunk(const float* x, float* y, int64_t n) {
+template <class T>
+[[gnu::always_inline]] inline void gelu_fwd_t(const T* x, T* y, int64_t n) {
   float arg[kExpBlock];
   for (int64_t b = 0; b < n; b += kExpBlock) {
     const int64_t m = std::min(kExpBlock, n - b);
-    const float* xb = x + b;
+    const T* xb = x + b;
+    T* yb = y + b;
     for (int64_t i = 0; i < m; i++) {
-      const float v = xb[i];
+      const float v = load_elem(xb, i);
       const float u = kGeluC * (v + kGeluA * v * v * v);
       arg[i] = clamp_exp_arg(-(2.0f * u));
     }
-    for (int64_t i = 0; i < m; i++) y[b + i] = xb[i] * (1.0f / (1.0f + exp_clamped(arg[i])));
+    for (int64_t i = 0; i < m; i++)
+      store_elem(yb, i, load_elem(xb, i) * (1.0f / (1.0f + exp_clamped(arg[i]))));
   }
 }
 // d/dx [x s(2u)] = s + x * 2 s (1 - s) * du/dx, du/dx = c (1 + 3 a x^2); s (1 - s) = (1 - tanh^2)/4.
-PARALLEL_CLONES void gelu_bwd_chunk(const float* dy, const float* x, float* dx, int64_t n) {
+template <class T>
+[[gnu::always_inline]] inline void gelu_bwd_t(const T* dy, const T* x, T* dx, int64_t n) {
   float arg[kExpBlock];
   for (int64_t b = 0; b < n; b += kExpBlock) {
     const int64_t m = std::min(kExpBlock, n - b);
-    const float* xb = x + b;
+    const T* xb = x + b;
+    const T* dyb = dy + b;
+    T* dxb = dx + b;
     for (int64_t i = 0; i < m; i++) {
-      const float v = xb[i];
+      const float v = load_elem(xb, i);
       const float u = kGeluC * (v + kGeluA * v * v * v);
       arg[i] = clamp_exp_arg(-(2.0f * u));
     }
     for (int64_t i = 0; i < m; i++) {
-      const float v = xb[i];
+      const float v = load_elem(xb, i);
       const float s = 1.0f / (1.0f + exp_clamped(arg[i]));
       const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
-      dx[b + i] = dy[b + i] * (s + 2.0f * v * s * (1.0f - s) * du);
+      store_elem(dxb, i, load_elem(dyb, i) * (s + 2.0f * v * s * (1.0f - s) * du));
     }
   }
+}
+PARALLEL_CLONES void gelu_fwd_chunk(const float* x, float* y, int64_t n) { gelu_fwd_t(x, y, n); }
+PARALLEL_CLONES void gelu_fwd_chunk(const bf16_t* x, bf16_t* y, int64_t n) { gelu_fwd_t(x, y, n); }
+PARALLEL_CLONES void gelu_bwd_chunk(const float* dy, const float* x, float* dx, int64_t n) {
+  gelu_bwd_t(dy, x, dx, n);
+}
+PARALLEL_CLONES void gelu_bwd_chunk(const bf16_t* dy, const bf16_t* x, bf16_t* dx, int64_t n) {
+  gelu_bwd_t(dy, x, dx, n);
 }
 
 // ---- swiglu ----
 // The same blocking as gelu: clamp first, then exp and the rest.
-PARALLEL_CLONES void swiglu_fwd_row(const float* gate, const float* up, float* y, int64_t f) {
+template <class T>
+[[gnu::always_inline]] inline void swiglu_fwd_t(const T* gate, const T* up, T* y, int64_t f) {
   float arg[kExpBlock];
   for (int64_t b = 0; b < f; b += kExpBlock) {
     const int64_t m = std::min(kExpBlock, f - b);
-    for (int64_t i = 0; i < m; i++) arg[i] = clamp_exp_arg(-gate[b + i]);
+    const T* gb = gate + b;
+    const T* ub = up + b;
+    T* yb = y + b;
+    for (int64_t i = 0; i < m; i++) arg[i] = clamp_exp_arg(-load_elem(gb, i));
     for (int64_t i = 0; i < m; i++) {
-      const float g = gate[b + i];
-      y[b + i] = g * (1.0f / (1.0f + exp_clamped(arg[i]))) * up[b + i];
+      const float g = load_elem(gb, i);
+      store_elem(yb, i, g * (1.0f / (1.0f + exp_clamped(arg[i]))) * load_elem(ub, i));
     }
   }
 }
 // y = g s(g) u: dy/dg = u s (1 + g (1 - s)), dy/du = g s.
-PARALLEL_CLONES void swiglu_bwd_row(const float* dy, const float* gate, const float* up, float* dgate,
-                                    float* dup, int64_t f) {
+template <class T>
+[[gnu::always_inline]] inline void swiglu_bwd_t(const T* dy, const T* gate, const T* up, T* dgate, T* dup,
+                                                int64_t f) {
   float arg[kExpBlock];
   for (int64_t b = 0; b < f; b += kExpBlock) {
     const int64_t m = std::min(kExpBlock, f - b);
-    for (int64_t i = 0; i < m; i++) arg[i] = clamp_exp_arg(-gate[b + i]);
+    const T* gb = gate + b;
+    for (int64_t i = 0; i < m; i++) arg[i] = clamp_exp_arg(-load_elem(gb, i));
     for (int64_t i = 0; i < m; i++) {
       const int64_t k = b + i;
-      const float g = gate[k], s = 1.0f / (1.0f + exp_clamped(arg[i]));
-      dgate[k] = dy[k] * up[k] * s * (1.0f + g * (1.0f - s));
-      dup[k] = dy[k] * g * s;
+      const float g = load_elem(gate, k), s = 1.0f / (1.0f + exp_clamped(arg[i]));
+      const float d = load_elem(dy, k);
+      store_elem(dgate, k, d * load_elem(up, k) * s * (1.0f + g * (1.0f - s)));
+      store_elem(dup, k, d * g * s);
     }
   }
+}
+PARALLEL_CLONES void swiglu_fwd_row(const float* gate, const float* up, float* y, int64_t f) {
+  swiglu_fwd_t(gate, up, y, f);
+}
+PARALLEL_CLONES void swiglu_fwd_row(const bf16_t* gate, const bf16_t* up, bf16_t* y, int64_t f) {
+  swiglu_fwd_t(gate, up, y, f);
+}
+PARALLEL_CLONES void swiglu_bwd_row(const float* dy, const float* gate, const float* up, float* dgate,
+                                    float* dup, int64_t f) {
+  swiglu_bwd_t(dy, gate, up, dgate, dup, f);
+}
+PARALLEL_CLONES void swiglu_bwd_row(const bf16_t* dy, const bf16_t* gate, const bf16_t* up, bf16_t* dgate,
+                                    bf16_t* dup, int64_t f) {
+  swiglu_bwd_t(dy, gate, up, dgate, dup, f);
 }
 
 // ---- dropout ----
@@ -159,48 +224,67 @@ PARALLEL_DROPOUT_CLONES void dropout_chunk(const DropoutMask& m, const float* x,
                                            uint64_t first) {
   dropout_row(m, x, y, n, first);
 }
+PARALLEL_DROPOUT_CLONES void dropout_chunk(const DropoutMask& m, const bf16_t* x, bf16_t* y, int64_t n,
+                                           uint64_t first) {
+  dropout_row(m, x, y, n, first);
+}
 PARALLEL_DROPOUT_CLONES void dropout_add_chunk(const DropoutMask& m, const float* branch,
                                                const float* residual, float* out, int64_t n, uint64_t first) {
   dropout_add_row(m, branch, residual, out, n, first);
 }
-
-void dropout(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
-  const DType dt = x.dtype();
-  const int64_t n = x.numel();
-  if (p == 0.0f) {
-    if (y.data_ptr() != x.data_ptr()) std::memcpy(y.data_ptr(), x.data_ptr(), x.nbytes());
-    return;
-  }
-  const DropoutMask m(p, seed, offset);
-  parallel_chunks(n, [&](int64_t b, int64_t e) {
-    const float* in = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
-    float* out = write_f32(offset_ptr(y.data_ptr(), dt, b), dt, e - b, 1);
-    dropout_chunk(m, in, out, e - b, m.first + b);
-    write_back(out, dt, offset_ptr(y.data_ptr(), dt, b), e - b);
-  });
+PARALLEL_DROPOUT_CLONES void dropout_add_chunk(const DropoutMask& m, const bf16_t* branch,
+                                               const bf16_t* residual, bf16_t* out, int64_t n,
+                                               uint64_t first) {
+  dropout_add_row(m, branch, residual, out, n, first);
 }
 
-// The flat element-wise ops on any floating dtype: widen the inputs' chunk, run the fp32 loop,
-// narrow the output chunk. `body(inputs..., out, n)` sees fp32 pointers.
+// The flat element-wise ops on any floating dtype, chunk by chunk: `body(begin, inputs..., out, n)`
+// is a generic callable given the chunk's first element and typed pointers to the chunk. fp32 and bf16
+// tensors are passed as they are (float, uint16_t); fp16 chunks are widened into scratch, run as fp32, and
+// the output narrowed.
 template <typename F>
 void unary_chunks(const Tensor& x, Tensor& out, F&& body) {
   const DType dt = x.dtype();
   parallel_chunks(x.numel(), [&](int64_t b, int64_t e) {
-    const float* in = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
-    float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 1);
-    body(in, o, e - b);
-    write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+    if (dt == DType::F32) {
+      body(b, x.data<float>() + b, out.data<float>() + b, e - b);
+    } else if (dt == DType::BF16) {
+      body(b, static_cast<const bf16_t*>(x.data_ptr()) + b, static_cast<bf16_t*>(out.data_ptr()) + b, e - b);
+    } else {
+      const float* in = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
+      float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 1);
+      body(b, in, o, e - b);
+      write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+    }
   });
 }
 template <typename F>
 void binary_chunks(const Tensor& x, const Tensor& z, Tensor& out, F&& body) {
   const DType dt = x.dtype();
   parallel_chunks(x.numel(), [&](int64_t b, int64_t e) {
-    const float* in0 = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
-    const float* in1 = read_f32(offset_ptr(z.data_ptr(), dt, b), dt, e - b, 1);
-    float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 2);
-    body(in0, in1, o, e - b);
-    write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+    if (dt == DType::F32) {
+      body(b, x.data<float>() + b, z.data<float>() + b, out.data<float>() + b, e - b);
+    } else if (dt == DType::BF16) {
+      body(b, static_cast<const bf16_t*>(x.data_ptr()) + b, static_cast<const bf16_t*>(z.data_ptr()) + b,
+           static_cast<bf16_t*>(out.data_ptr()) + b, e - b);
+    } else {
+      const float* in0 = read_f32(offset_ptr(x.data_ptr(), dt, b), dt, e - b, 0);
+      const float* in1 = read_f32(offset_ptr(z.data_ptr(), dt, b), dt, e - b, 1);
+      float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 2);
+      body(b, in0, in1, o, e - b);
+      write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+    }
+  });
+}
+
+void dropout(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset) {
+  if (p == 0.0f) {
+    if (y.data_ptr() != x.data_ptr()) std::memcpy(y.data_ptr(), x.data_ptr(), x.nbytes());
+    return;
+  }
+  const DropoutMask m(p, seed, offset);
+  unary_chunks(x, y, [&](int64_t b, const auto* in, auto* out, int64_t n) {
+    dropout_chunk(m, in, out, n, m.first + static_cast<uint64_t>(b));
   });
 }
 
@@ -214,11 +298,17 @@ void add_bias(Tensor& y, const Tensor& bias) {
   const float* B = read_f32(bias.data_ptr(), bias.dtype(), h, 7);
 #pragma omp parallel for schedule(static) if (rows * h > 2 * kChunk)
   for (int64_t r = 0; r < rows; r++) {
-    void* yr = offset_ptr(y.data_ptr(), dt, r * h);
-    float* Y = write_f32(yr, dt, h, 0);
-    if (dt != DType::F32) widen_to_f32(yr, dt, Y, h);
-    add_row(Y, B, h);
-    write_back(Y, dt, yr, h);
+    if (dt == DType::F32) {
+      add_row(y.data<float>() + r * h, B, h);
+    } else if (dt == DType::BF16) {
+      add_row(static_cast<bf16_t*>(y.data_ptr()) + r * h, B, h);
+    } else {
+      void* yr = offset_ptr(y.data_ptr(), dt, r * h);
+      float* Y = write_f32(yr, dt, h, 0);
+      widen_to_f32(yr, dt, Y, h);
+      add_row(Y, B, h);
+      write_back(Y, dt, yr, h);
+    }
   }
 }
 
@@ -242,25 +332,28 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   for (int64_t blk = 0; blk < blocks; blk++) {
     const int64_t c0 = blk * cols, nc = std::min(h, c0 + cols) - c0;
     float acc[kCols] = {};
-    for (int64_t r = 0; r < rows; r++)
-      add_row(acc, read_f32(offset_ptr(dy.data_ptr(), dt, r * h + c0), dt, nc, 0), nc);
+    for (int64_t r = 0; r < rows; r++) {
+      if (dt == DType::BF16)
+        add_row(acc, static_cast<const bf16_t*>(dy.data_ptr()) + r * h + c0, nc);
+      else
+        add_row(acc, read_f32(offset_ptr(dy.data_ptr(), dt, r * h + c0), dt, nc, 0), nc);
+    }
     add_row(dB + c0, acc, nc);
   }
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  binary_chunks(a, b, out, [](const float* A, const float* B, float* O, int64_t n) { add_into(A, B, O, n); });
+  binary_chunks(a, b, out,
+                [](int64_t, const auto* A, const auto* B, auto* O, int64_t n) { add_into(A, B, O, n); });
 }
 
 void add_(Tensor& a, const Tensor& b) {
-  binary_chunks(a, b, a, [](const float* A, const float* B, float* O, int64_t n) { add_into(A, B, O, n); });
+  binary_chunks(a, b, a,
+                [](int64_t, const auto* A, const auto* B, auto* O, int64_t n) { add_into(A, B, O, n); });
 }
 
 void scale_(Tensor& a, float alpha) {
-  unary_chunks(a, a, [alpha](const float* A, float* O, int64_t n) {
-    if (O != A) std::memcpy(O, A, static_cast<size_t>(n) * sizeof(float));
-    scale_into(O, alpha, n);
-  });
+  unary_chunks(a, a, [alpha](int64_t, const auto* A, auto* O, int64_t n) { scale_into(A, O, alpha, n); });
 }
 
 void round_to_bf16_(Tensor& x) {
@@ -274,24 +367,34 @@ void round_to_f16_(Tensor& x) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {
-  unary_chunks(x, y, [](const float* X, float* Y, int64_t n) { gelu_fwd_chunk(X, Y, n); });
+  unary_chunks(x, y, [](int64_t, const auto* X, auto* Y, int64_t n) { gelu_fwd_chunk(X, Y, n); });
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
-  binary_chunks(dy, x, dx,
-                [](const float* D, const float* X, float* dX, int64_t n) { gelu_bwd_chunk(D, X, dX, n); });
+  binary_chunks(dy, x, dx, [](int64_t, const auto* D, const auto* X, auto* dX, int64_t n) {
+    gelu_bwd_chunk(D, X, dX, n);
+  });
 }
 
+// Row-wise: x is [rows, 2f] (gate | up), y [rows, f]. fp32 and bf16 rows are used in place.
 void swiglu_forward(const Tensor& x, Tensor& y) {
   const int64_t f = y.size(-1), rows = f == 0 ? 0 : y.numel() / f;
   const DType dt = x.dtype();
 #pragma omp parallel for schedule(static) if (rows * f > 2 * kChunk)
   for (int64_t r = 0; r < rows; r++) {
-    const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * 2 * f), dt, 2 * f, 0);
-    void* yr = offset_ptr(y.data_ptr(), dt, r * f);
-    float* Y = write_f32(yr, dt, f, 1);
-    swiglu_fwd_row(X, X + f, Y, f);
-    write_back(Y, dt, yr, f);
+    if (dt == DType::F32) {
+      const float* X = x.data<float>() + r * 2 * f;
+      swiglu_fwd_row(X, X + f, y.data<float>() + r * f, f);
+    } else if (dt == DType::BF16) {
+      const bf16_t* X = static_cast<const bf16_t*>(x.data_ptr()) + r * 2 * f;
+      swiglu_fwd_row(X, X + f, static_cast<bf16_t*>(y.data_ptr()) + r * f, f);
+    } else {
+      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * 2 * f), dt, 2 * f, 0);
+      void* yr = offset_ptr(y.data_ptr(), dt, r * f);
+      float* Y = write_f32(yr, dt, f, 1);
+      swiglu_fwd_row(X, X + f, Y, f);
+      write_back(Y, dt, yr, f);
+    }
   }
 }
 
@@ -300,12 +403,22 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const DType dt = x.dtype();
 #pragma omp parallel for schedule(static) if (rows * f > 2 * kChunk)
   for (int64_t r = 0; r < rows; r++) {
-    const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * f), dt, f, 0);
-    const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * 2 * f), dt, 2 * f, 1);
-    void* dxr = offset_ptr(dx.data_ptr(), dt, r * 2 * f);
-    float* dX = write_f32(dxr, dt, 2 * f, 2);
-    swiglu_bwd_row(D, X, X + f, dX, dX + f, f);
-    write_back(dX, dt, dxr, 2 * f);
+    if (dt == DType::F32) {
+      const float* X = x.data<float>() + r * 2 * f;
+      float* dX = dx.data<float>() + r * 2 * f;
+      swiglu_bwd_row(dy.data<float>() + r * f, X, X + f, dX, dX + f, f);
+    } else if (dt == DType::BF16) {
+      const bf16_t* X = static_cast<const bf16_t*>(x.data_ptr()) + r * 2 * f;
+      bf16_t* dX = static_cast<bf16_t*>(dx.data_ptr()) + r * 2 * f;
+      swiglu_bwd_row(static_cast<const bf16_t*>(dy.data_ptr()) + r * f, X, X + f, dX, dX + f, f);
+    } else {
+      const float* D = read_f32(offset_ptr(dy.data_ptr(), dt, r * f), dt, f, 0);
+      const float* X = read_f32(offset_ptr(x.data_ptr(), dt, r * 2 * f), dt, 2 * f, 1);
+      void* dxr = offset_ptr(dx.data_ptr(), dt, r * 2 * f);
+      float* dX = write_f32(dxr, dt, 2 * f, 2);
+      swiglu_bwd_row(D, X, X + f, dX, dX + f, f);
+      write_back(dX, dt, dxr, 2 * f);
+    }
   }
 }
 
@@ -319,14 +432,9 @@ void dropout_backward(const Tensor& dy, Tensor& dx, float p, uint64_t seed, uint
 
 void dropout_add(const Tensor& branch, const Tensor& residual, Tensor& out, float p, uint64_t seed,
                  uint64_t offset) {
-  const DType dt = branch.dtype();
   const DropoutMask m(p, seed, offset);
-  parallel_chunks(branch.numel(), [&](int64_t b, int64_t e) {
-    const float* br = read_f32(offset_ptr(branch.data_ptr(), dt, b), dt, e - b, 0);
-    const float* re = read_f32(offset_ptr(residual.data_ptr(), dt, b), dt, e - b, 1);
-    float* o = write_f32(offset_ptr(out.data_ptr(), dt, b), dt, e - b, 2);
-    dropout_add_chunk(m, br, re, o, e - b, m.first + b);
-    write_back(o, dt, offset_ptr(out.data_ptr(), dt, b), e - b);
+  binary_chunks(branch, residual, out, [&](int64_t b, const auto* br, const auto* re, auto* o, int64_t n) {
+    dropout_add_chunk(m, br, re, o, n, m.first + static_cast<uint64_t>(b));
   });
 }
 

@@ -26,13 +26,15 @@ PARALLEL_CLONES void bf16_to_f32_block(const uint16_t* src, float* dst, int64_t 
 }
 
 // Round to nearest even on the bit pattern; NaN keeps its top bits with the quiet bit set, as
-// float_to_bf16 does.
+// float_to_bf16 does. Spelled as kernels/cpu/bf16_io.hpp's bf16_bits (32-bit lanes, NaN by a float
+// compare), which GCC vectorises in about two thirds of the operations of the 16-bit spelling.
 PARALLEL_CLONES void f32_to_bf16_block(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    const uint32_t u = std::bit_cast<uint32_t>(src[i]);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x40u;
-    dst[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+    const float x = src[i];
+    const uint32_t u = std::bit_cast<uint32_t>(x);
+    const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    const uint32_t quiet = u | 0x00400000u;
+    dst[i] = static_cast<uint16_t>((x != x ? quiet : rounded) >> 16);
   }
 }
 
