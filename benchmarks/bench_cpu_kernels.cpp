@@ -251,36 +251,110 @@ void BM_GemmEigen(benchmark::State& state, GemmCase c) {
 
 // ---- memory-bound ops -------------------------------------------------------------------------
 
+// Arg 0 (where taken): the activations' dtype, 0 fp32, 1 bf16 (weights in the same dtype, as the
+// model copy of a bf16 step; statistics and weight gradients fp32). Bytes count each dtype's own
+// size, so fp32 and bf16 rows compare by time (the same element count) and by GB/s.
+DType act_dtype(const benchmark::State& state) { return state.range(0) == 1 ? DType::BF16 : DType::F32; }
+double act_bytes(DType dt) { return static_cast<double>(dtype_size(dt)); }
+
 void BM_LayerNormForward(benchmark::State& state) {
-  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4), b = random_tensor({H}, 5);
-  Tensor y = Tensor::zeros({T, H}, DType::F32), mean = Tensor::zeros({T}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, H}, 3).to(dt), w = random_tensor({H}, 4).to(dt),
+         b = random_tensor({H}, 5).to(dt);
+  Tensor y = Tensor::zeros({T, H}, dt), mean = Tensor::zeros({T}, DType::F32);
   Tensor rstd = Tensor::zeros({T}, DType::F32);
   const Timing s = timed_loop(state, [&] { ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f); });
-  report_bytes(state, s, 2.0 * T * H * sizeof(float));  // read x, write y
+  report_bytes(state, s, 2.0 * T * H * act_bytes(dt));  // read x, write y
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 void BM_LayerNormBackward(benchmark::State& state) {
-  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4), b = random_tensor({H}, 5);
-  Tensor y = Tensor::zeros({T, H}, DType::F32), mean = Tensor::zeros({T}, DType::F32);
-  Tensor rstd = Tensor::zeros({T}, DType::F32), dy = random_tensor({T, H}, 6),
-         dx = Tensor::zeros({T, H}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, H}, 3).to(dt), w = random_tensor({H}, 4).to(dt),
+         b = random_tensor({H}, 5).to(dt);
+  Tensor y = Tensor::zeros({T, H}, dt), mean = Tensor::zeros({T}, DType::F32);
+  Tensor rstd = Tensor::zeros({T}, DType::F32), dy = random_tensor({T, H}, 6).to(dt),
+         dx = Tensor::zeros({T, H}, dt);
   Tensor dw = Tensor::zeros({H}, DType::F32), db = Tensor::zeros({H}, DType::F32);
   ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f);
   const Timing s = timed_loop(state, [&] { ops::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
-  report_bytes(state, s, 3.0 * T * H * sizeof(float));  // read dy and x, write dx
+  report_bytes(state, s, 3.0 * T * H * act_bytes(dt));  // read dy and x, write dx
+  state.SetLabel(std::string(dtype_name(dt)));
+}
+
+// The residual stream's fused ops (ops.hpp) as a GPT layer runs them: sum = residual + branch and
+// LayerNorm(sum); the backward with the residual gradient added. Dropout off (the default).
+void BM_ResidualNormForward(benchmark::State& state) {
+  const DType dt = act_dtype(state);
+  Tensor r = random_tensor({T, H}, 3).to(dt), br = random_tensor({T, H}, 13).to(dt);
+  Tensor w = random_tensor({H}, 4).to(dt), b = random_tensor({H}, 5).to(dt);
+  Tensor sum = Tensor::zeros({T, H}, dt), y = Tensor::zeros({T, H}, dt),
+         mean = Tensor::zeros({T}, DType::F32);
+  Tensor rstd = Tensor::zeros({T}, DType::F32);
+  const Timing s = timed_loop(
+      state, [&] { ops::residual_norm_forward(r, br, ops::DropoutSpec{}, w, b, sum, y, mean, rstd, 1e-5f); });
+  report_bytes(state, s, 4.0 * T * H * act_bytes(dt));  // read residual and branch, write sum and y
+  state.SetLabel(std::string(dtype_name(dt)));
+}
+
+void BM_NormBackwardResidual(benchmark::State& state) {
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, H}, 3).to(dt), w = random_tensor({H}, 4).to(dt),
+         b = random_tensor({H}, 5).to(dt);
+  Tensor y = Tensor::zeros({T, H}, dt), mean = Tensor::zeros({T}, DType::F32);
+  Tensor rstd = Tensor::zeros({T}, DType::F32), dy = random_tensor({T, H}, 6).to(dt),
+         dres = random_tensor({T, H}, 14).to(dt), dx = Tensor::zeros({T, H}, dt), none;
+  Tensor dw = Tensor::zeros({H}, DType::F32), db = Tensor::zeros({H}, DType::F32);
+  ops::layernorm_forward(x, w, b, y, mean, rstd, 1e-5f);
+  const Timing s = timed_loop(state, [&] {
+    ops::norm_backward_residual(dy, dres, x, w, mean, rstd, dx, dw, db, ops::DropoutSpec{}, none);
+  });
+  report_bytes(state, s, 4.0 * T * H * act_bytes(dt));  // read dy, dresidual and x, write dx
+  state.SetLabel(std::string(dtype_name(dt)));
+}
+
+// out = residual + dropout(branch) with p = 0.1 over [T, H].
+void BM_DropoutAdd(benchmark::State& state) {
+  const DType dt = act_dtype(state);
+  Tensor r = random_tensor({T, H}, 3).to(dt), br = random_tensor({T, H}, 13).to(dt),
+         out = Tensor::zeros({T, H}, dt);
+  const Timing s = timed_loop(state, [&] { ops::dropout_add(br, r, out, ops::DropoutSpec{0.1f, 7, 0}); });
+  report_bytes(state, s, 3.0 * T * H * act_bytes(dt));
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 void BM_GeluForward(benchmark::State& state) {
-  Tensor x = random_tensor({T, 4 * H}, 7), y = Tensor::zeros({T, 4 * H}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, 4 * H}, 7).to(dt), y = Tensor::zeros({T, 4 * H}, dt);
   const Timing s = timed_loop(state, [&] { ops::gelu_forward(x, y); });
-  report_bytes(state, s, 2.0 * T * 4 * H * sizeof(float));
+  report_bytes(state, s, 2.0 * T * 4 * H * act_bytes(dt));
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 void BM_GeluBackward(benchmark::State& state) {
-  Tensor x = random_tensor({T, 4 * H}, 7), dy = random_tensor({T, 4 * H}, 8),
-         dx = Tensor::zeros({T, 4 * H}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, 4 * H}, 7).to(dt), dy = random_tensor({T, 4 * H}, 8).to(dt),
+         dx = Tensor::zeros({T, 4 * H}, dt);
   const Timing s = timed_loop(state, [&] { ops::gelu_backward(dy, x, dx); });
-  report_bytes(state, s, 3.0 * T * 4 * H * sizeof(float));
+  report_bytes(state, s, 3.0 * T * 4 * H * act_bytes(dt));
+  state.SetLabel(std::string(dtype_name(dt)));
+}
+
+// y[T, 4H] += bias and dbias += column sums of dy[T, 4H] (the MLP's first linear).
+void BM_BiasForward(benchmark::State& state) {
+  const DType dt = act_dtype(state);
+  Tensor y = random_tensor({T, 4 * H}, 7).to(dt), bias = random_tensor({4 * H}, 8).to(dt);
+  const Timing s = timed_loop(state, [&] { ops::add_bias(y, bias); });
+  report_bytes(state, s, 2.0 * T * 4 * H * act_bytes(dt));
+  state.SetLabel(std::string(dtype_name(dt)));
+}
+
+void BM_BiasBackward(benchmark::State& state) {
+  const DType dt = act_dtype(state);
+  Tensor dy = random_tensor({T, 4 * H}, 7).to(dt), db = Tensor::zeros({4 * H}, DType::F32);
+  const Timing s = timed_loop(state, [&] { ops::bias_backward(dy, db); });
+  report_bytes(state, s, 1.0 * T * 4 * H * act_bytes(dt));
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 // The whole vocab-parallel cross-entropy on one rank: local stats, sum of exps, backward. The
@@ -302,35 +376,44 @@ void BM_SoftmaxCrossEntropy(benchmark::State& state) {
 }
 
 void BM_RmsNormForward(benchmark::State& state) {
-  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4);
-  Tensor y = Tensor::zeros({T, H}, DType::F32), rstd = Tensor::zeros({T}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, H}, 3).to(dt), w = random_tensor({H}, 4).to(dt);
+  Tensor y = Tensor::zeros({T, H}, dt), rstd = Tensor::zeros({T}, DType::F32);
   const Timing s = timed_loop(state, [&] { ops::rmsnorm_forward(x, w, y, rstd, 1e-6f); });
-  report_bytes(state, s, 2.0 * T * H * sizeof(float));  // read x, write y
+  report_bytes(state, s, 2.0 * T * H * act_bytes(dt));  // read x, write y
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 void BM_RmsNormBackward(benchmark::State& state) {
-  Tensor x = random_tensor({T, H}, 3), w = random_tensor({H}, 4), dy = random_tensor({T, H}, 6);
-  Tensor y = Tensor::zeros({T, H}, DType::F32), rstd = Tensor::zeros({T}, DType::F32);
-  Tensor dx = Tensor::zeros({T, H}, DType::F32), dw = Tensor::zeros({H}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, H}, 3).to(dt), w = random_tensor({H}, 4).to(dt),
+         dy = random_tensor({T, H}, 6).to(dt);
+  Tensor y = Tensor::zeros({T, H}, dt), rstd = Tensor::zeros({T}, DType::F32);
+  Tensor dx = Tensor::zeros({T, H}, dt), dw = Tensor::zeros({H}, DType::F32);
   ops::rmsnorm_forward(x, w, y, rstd, 1e-6f);
   const Timing s = timed_loop(state, [&] { ops::rmsnorm_backward(dy, x, w, rstd, dx, dw); });
-  report_bytes(state, s, 3.0 * T * H * sizeof(float));  // read dy and x, write dx
+  report_bytes(state, s, 3.0 * T * H * act_bytes(dt));  // read dy and x, write dx
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 // SwiGLU with f = 2048 (~8/3 h, the usual SwiGLU width for h = 768): x [T, 2f] -> y [T, f].
 constexpr int64_t F = 2048;
 
 void BM_SwigluForward(benchmark::State& state) {
-  Tensor x = random_tensor({T, 2 * F}, 7, -4.0f, 4.0f), y = Tensor::zeros({T, F}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, 2 * F}, 7, -4.0f, 4.0f).to(dt), y = Tensor::zeros({T, F}, dt);
   const Timing s = timed_loop(state, [&] { ops::swiglu_forward(x, y); });
-  report_bytes(state, s, 3.0 * T * F * sizeof(float));  // read x (2f), write y (f)
+  report_bytes(state, s, 3.0 * T * F * act_bytes(dt));  // read x (2f), write y (f)
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 void BM_SwigluBackward(benchmark::State& state) {
-  Tensor x = random_tensor({T, 2 * F}, 7, -4.0f, 4.0f), dy = random_tensor({T, F}, 8);
-  Tensor dx = Tensor::zeros({T, 2 * F}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor x = random_tensor({T, 2 * F}, 7, -4.0f, 4.0f).to(dt), dy = random_tensor({T, F}, 8).to(dt);
+  Tensor dx = Tensor::zeros({T, 2 * F}, dt);
   const Timing s = timed_loop(state, [&] { ops::swiglu_backward(dy, x, dx); });
-  report_bytes(state, s, 5.0 * T * F * sizeof(float));  // read dy (f) and x (2f), write dx (2f)
+  report_bytes(state, s, 5.0 * T * F * act_bytes(dt));  // read dy (f) and x (2f), write dx (2f)
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 // RoPE over q of the T tokens: [s 256, b 4, heads 12, d 64], rotated in place (read and write).
@@ -409,15 +492,20 @@ void BM_EmbeddingBackward(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_LayerNormForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_LayerNormBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_GeluForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_GeluBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LayerNormForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LayerNormBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ResidualNormForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_NormBackwardResidual)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DropoutAdd)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BiasForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BiasBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SoftmaxCrossEntropy)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_RmsNormForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_RmsNormBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SwigluForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SwigluBackward)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RmsNormForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RmsNormBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RopeForward)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AdamWStep)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_InitNormal)->UseRealTime()->Unit(benchmark::kMillisecond);
