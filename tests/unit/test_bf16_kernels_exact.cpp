@@ -211,6 +211,30 @@ TEST(Bf16KernelsExact, Norms) {
   }
 }
 
+// Vocab-parallel cross-entropy's pieces on a rank holding columns [4000, 8100) of a 8090-word
+// vocabulary (the last 10 local columns are padding), targets inside, outside and at the edges.
+TEST(Bf16KernelsExact, CrossEntropy) {
+  const int64_t n = 9, v = 4100, start = 4000, vocab = 8090;
+  Tensor logits = bf16_input({n, v}, 30, -6, 6, false);
+  Tensor targets =
+      Tensor::from_vector(std::vector<int32_t>{4000, 8089, 7, 4555, 8099, 6000, 4001, 8088, 5000}, {n});
+  Tensor grad = Tensor::full({n}, 1.0 / 9, kF32);
+  Tensor l32 = widen(logits);
+  Tensor mx = Tensor::zeros({n}, kF32), tl = Tensor::zeros({n}, kF32), se = Tensor::zeros({n}, kF32);
+  Tensor mx32 = Tensor::zeros({n}, kF32), tl32 = Tensor::zeros({n}, kF32), se32 = Tensor::zeros({n}, kF32);
+  ops::cross_entropy_local_stats(logits, targets, start, vocab, mx, tl);
+  ops::cross_entropy_local_stats(l32, targets, start, vocab, mx32, tl32);
+  expect_same_bits(mx, mx32, "row_max");
+  expect_same_bits(tl, tl32, "target_logit");
+  ops::cross_entropy_sum_exp(logits, mx, start, vocab, se);
+  ops::cross_entropy_sum_exp(l32, mx32, start, vocab, se32);
+  expect_same_bits(se, se32, "sum_exp");
+  Tensor d = Tensor::full({n, v}, 1.0, kBF16), d32 = Tensor::zeros({n, v}, kF32);
+  ops::cross_entropy_backward(logits, targets, mx, se, grad, start, vocab, d);
+  ops::cross_entropy_backward(l32, targets, mx32, se32, grad, start, vocab, d32);
+  expect_same_bits(d, d32.to(kBF16), "dlogits");
+}
+
 // fp32 patterns that plain rounding would turn into inf, -0 or 0 instead of a quiet NaN, next to
 // ties and the largest finite values, through Tensor::to (dtype_convert.cpp) and through AdamW's
 // bf16 model copy (the update multiplies by the decay and adds: NaN payloads survive quietened).
