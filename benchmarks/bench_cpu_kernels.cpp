@@ -358,10 +358,11 @@ void BM_BiasBackward(benchmark::State& state) {
 }
 
 // The whole vocab-parallel cross-entropy on one rank: local stats, sum of exps, backward. The
-// logits are read three times and dlogits written once: 4 passes over [T, V].
+// logits are read three times and dlogits written once: 4 passes over [T, V]. Arg: fp32, bf16.
 void BM_SoftmaxCrossEntropy(benchmark::State& state) {
   constexpr int64_t V = 50304, vocab = 50257;
-  Tensor logits = random_tensor({T, V}, 9, -5.0f, 5.0f), dlogits = Tensor::zeros({T, V}, DType::F32);
+  const DType dt = act_dtype(state);
+  Tensor logits = random_tensor({T, V}, 9, -5.0f, 5.0f).to(dt), dlogits = Tensor::zeros({T, V}, dt);
   std::vector<int32_t> tv(T);
   for (int64_t i = 0; i < T; i++) tv[i] = static_cast<int32_t>((i * 7919) % vocab);
   Tensor targets = Tensor::from_vector(tv, {T}), g = Tensor::full({T}, 1.0 / T, DType::F32);
@@ -372,7 +373,8 @@ void BM_SoftmaxCrossEntropy(benchmark::State& state) {
     ops::cross_entropy_sum_exp(logits, row_max, 0, vocab, sum_exp);
     ops::cross_entropy_backward(logits, targets, row_max, sum_exp, g, 0, vocab, dlogits);
   });
-  report_bytes(state, s, 4.0 * T * V * sizeof(float));
+  report_bytes(state, s, 4.0 * T * V * act_bytes(dt));
+  state.SetLabel(std::string(dtype_name(dt)));
 }
 
 void BM_RmsNormForward(benchmark::State& state) {
@@ -501,7 +503,7 @@ BENCHMARK(BM_GeluForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicro
 BENCHMARK(BM_GeluBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BiasForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BiasBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_SoftmaxCrossEntropy)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SoftmaxCrossEntropy)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_RmsNormForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_RmsNormBackward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SwigluForward)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMicrosecond);
