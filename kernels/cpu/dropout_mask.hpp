@@ -6,7 +6,10 @@
 // mix(key + (i + 1) * golden), a counter-based generator that passes BigCrush, so element i's
 // decision depends only on (seed, offset + i), whatever the split of the tensor. CUDA's kernel
 // (kernels/cuda/elementwise.cu) draws the same numbers.
+#include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/bf16_io.hpp"
 
@@ -49,14 +52,42 @@ struct DropoutMask {
 // dropout_add_row, the branch or the residual), element for element: `omp simd` says there is no
 // other overlap, which GCC cannot prove (out could alias m's fields) and would otherwise not
 // vectorise. m's fields are read into locals for the same reason.
+// 16-bit storage. The generator's 64-bit multiplies keep its loop scalar below AVX-512 DQ, and in
+// one loop with the element they kept the bf16 widening and rounding scalar too. So a block of
+// kMaskBlock elements is done in two loops. dropout_row: the keep decisions into a mask, then
+// `x * scale & mask` (x * scale or +0.0f, the values of `keep ? x * scale : 0.0f`; the product is
+// taken for every element, since under -ftrapping-math GCC will not speculate a conditional one
+// and the loop would stay scalar). dropout_add_row: the fp32 loop's own expression into an fp32
+// block, then the rounding: an add after the dropped product is where GCC may fuse a (masked)
+// FMA on some ISAs, and the same expression keeps that choice the fp32 kernel's. fp32 keeps the
+// one loop.
+constexpr int64_t kMaskBlock = 256;
+
+[[gnu::always_inline]] inline void keep_mask(uint32_t* mask, uint64_t key, float p, uint64_t first,
+                                             int64_t n) {
+  for (int64_t i = 0; i < n; i++) mask[i] = uniform(key, first + i) >= p ? ~0u : 0u;
+}
+[[gnu::always_inline]] inline float masked(float x, uint32_t mask) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(x) & mask);
+}
+
 template <class In, class Out>
 [[gnu::always_inline]] inline void dropout_row(const DropoutMask& m, const In* in, Out* out, int64_t n,
                                                uint64_t first) {
   const float p = m.p, scale = m.scale;
   const uint64_t key = m.key;
+  if constexpr (std::is_same_v<In, float> && std::is_same_v<Out, float>) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++)
-    store_elem(out, i, uniform(key, first + i) >= p ? load_elem(in, i) * scale : 0.0f);
+    for (int64_t i = 0; i < n; i++) out[i] = uniform(key, first + i) >= p ? in[i] * scale : 0.0f;
+  } else {
+    uint32_t mask[kMaskBlock];
+    for (int64_t b = 0; b < n; b += kMaskBlock) {
+      const int64_t len = std::min(kMaskBlock, n - b);
+      keep_mask(mask, key, p, first + static_cast<uint64_t>(b), len);
+#pragma omp simd
+      for (int64_t i = 0; i < len; i++) store_elem(out, b + i, masked(load_elem(in, b + i) * scale, mask[i]));
+    }
+  }
 }
 // out = residual + dropout(branch); the plain add when p == 0.
 template <class T, class Out>
@@ -69,10 +100,23 @@ template <class T, class Out>
     for (int64_t i = 0; i < n; i++) store_elem(out, i, load_elem(residual, i) + load_elem(branch, i));
     return;
   }
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<Out, float>) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++)
-    store_elem(out, i,
-               load_elem(residual, i) + (uniform(key, first + i) >= p ? load_elem(branch, i) * scale : 0.0f));
+    for (int64_t i = 0; i < n; i++)
+      out[i] = residual[i] + (uniform(key, first + i) >= p ? branch[i] * scale : 0.0f);
+  } else {
+    float sum[kMaskBlock];
+    for (int64_t b = 0; b < n; b += kMaskBlock) {
+      const int64_t len = std::min(kMaskBlock, n - b);
+      const T* br = branch + b;
+      const T* re = residual + b;
+#pragma omp simd
+      for (int64_t i = 0; i < len; i++)
+        sum[i] = load_elem(re, i) + (uniform(key, first + b + i) >= p ? load_elem(br, i) * scale : 0.0f);
+#pragma omp simd
+      for (int64_t i = 0; i < len; i++) store_elem(out, b + i, sum[i]);
+    }
+  }
 }
 
 }  // namespace parallel::cpu

@@ -180,17 +180,22 @@ PARALLEL_DROPOUT_CLONES void dropout_grad_row(const DropoutMask& m, const float*
                                               int64_t h, uint64_t first) {
   dropout_row(m, dx, dbranch, h, first);
 }
-// The bf16 input gradient and its dropout for the branch from the fp32 gradient row, in one loop:
-// dx = bf16(dx32), dbranch = bf16(dropout(dx32)), as narrowing after dropout_grad_row would give.
+// The bf16 input gradient and its dropout for the branch from the fp32 gradient row, in one pass:
+// dx = bf16(dx32), dbranch = bf16(dropout(dx32)), as narrowing after dropout_grad_row would give
+// (the keep decisions block by block first: dropout_mask.hpp).
 PARALLEL_DROPOUT_CLONES void narrow_dropout_grad_row(const DropoutMask& m, const float* dx32, bf16_t* dx,
                                                      bf16_t* dbranch, int64_t h, uint64_t first) {
-  const float p = m.p, scale = m.scale;
-  const uint64_t key = m.key;
+  const float scale = m.scale;
+  uint32_t mask[kMaskBlock];
+  for (int64_t b = 0; b < h; b += kMaskBlock) {
+    const int64_t len = std::min(kMaskBlock, h - b);
+    keep_mask(mask, m.key, m.p, first + static_cast<uint64_t>(b), len);
 #pragma omp simd
-  for (int64_t i = 0; i < h; i++) {
-    const float d = dx32[i];
-    store_elem(dx, i, d);
-    store_elem(dbranch, i, uniform(key, first + i) >= p ? d * scale : 0.0f);
+    for (int64_t i = 0; i < len; i++) {
+      const float d = dx32[b + i];
+      store_elem(dx, b + i, d);
+      store_elem(dbranch, b + i, masked(d * scale, mask[i]));
+    }
   }
 }
 
