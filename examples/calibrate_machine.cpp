@@ -27,7 +27,11 @@
 //     reduce_scatter (links.node.collective_us), and, where g exceeds the cores, the median step
 //     of "compute, then a small blocking all_reduce" beyond its compute at the shared rate and the
 //     collective's own time: what each blocking wait costs an oversubscribed rank
-//     (node.oversubscribed_wait_us).
+//     (node.oversubscribed_wait_us);
+//   - on ranks 0 and 1: all_reduce, reduce_scatter, all_gather and send from 64 KiB to 64 MiB,
+//     issued asynchronously and waited for as the step does (links.node.bus_GBps), and whether an
+//     asynchronous call progresses while its rank computes (links.node.async_progress);
+//     measure_large_messages below.
 // Kernels are timed in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that other processes
 // on a shared machine slow the measurement but do not change it; messages by the fastest of many
 // round trips in wall time (a round trip that was not descheduled); collectives and oversubscribed
@@ -282,6 +286,123 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
   }
 }
 
+// ---- Large messages: bandwidth as the step uses the link, and asynchronous progress ----
+
+// Ranks 0 and 1 measure while the others sleep. For each kind a step issues (all_reduce,
+// reduce_scatter, all_gather; send for pipeline and context-parallel messages) and message sizes
+// from 64 KiB to 64 MiB (a whole tensor's bytes, as the cost formulas count them): the median
+// wall time of the call issued asynchronously and then waited for, as the trainer does, less the
+// small call's median (links.node.collective_us at 2 ranks; a send: the 8-byte latency), as
+// nccl-tests' bus bandwidth (links.node.bus_GBps). On a CPU these calls are bound by memory - the
+// reduction, MPI's temporary buffers and their first-touch page faults - not by the link, so a
+// 64 MiB all-reduce runs an order of magnitude below a cache-resident ping-pong.
+// Then whether an asynchronous call progresses while its rank computes (links.node.async_progress):
+// an 8 MiB all_reduce and an 8 MiB exchange (both ranks send and receive, as context parallelism's
+// ring does) issued, then C of compute (C = the call's own median time), then waited. A call that
+// progresses ends the step at about max(C, T); one that does not, at C + T.
+void measure_large_messages(parallel::MpiCommunicator& world, parallel::HardwareDescription& hw,
+                            std::string& notes) {
+  using namespace parallel;
+  std::unique_ptr<Communicator> pair = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+  if (world.rank() >= 2) {
+    idle_until_released(world);
+    return;
+  }
+  Communicator& g = *pair;
+  const int peer = 1 - g.rank();
+  const auto small_s = [&](const std::string& kind) {
+    if (kind == "send") return hw.node_link.latency_us * 1e-6;
+    const auto& t = hw.node_link.collective_us[kind];
+    return t.empty() ? 0.0 : t.front().second * 1e-6;
+  };
+  std::string line;
+  for (const std::string kind : {"all_reduce", "reduce_scatter", "all_gather", "send"}) {
+    line = kind + " bus GB/s by size:";
+    for (const int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{8} << 20, int64_t{64} << 20}) {
+      const int64_t n = bytes / 4;
+      Tensor full = Tensor::full({n}, 1.0f, DType::F32), half = Tensor::full({n / 2}, 1.0f, DType::F32);
+      const int calls = bytes >= (int64_t{64} << 20) ? 5 : bytes >= (int64_t{8} << 20) ? 9 : 31;
+      std::function<void()> call;
+      double factor = 1;  // nccl-tests' bus factor on 2 ranks
+      if (kind == "all_reduce") {
+        call = [&] { g.all_reduce(full, ReduceOp::Sum, true)->wait(); };
+      } else if (kind == "reduce_scatter") {
+        call = [&] { g.reduce_scatter(full, half, ReduceOp::Sum, true)->wait(); };
+        factor = 0.5;
+      } else if (kind == "all_gather") {
+        call = [&] { g.all_gather(half, full, true)->wait(); };
+        factor = 0.5;
+      } else {
+        call = [&] {  // one way = half a round trip
+          if (g.rank() == 0) {
+            g.send(full, peer, 0)->wait();
+            g.recv(full, peer, 0)->wait();
+          } else {
+            g.recv(full, peer, 0)->wait();
+            g.send(full, peer, 0)->wait();
+          }
+        };
+      }
+      g.barrier();
+      std::vector<double> t;
+      for (int i = 0; i < calls + 1; ++i) {
+        g.barrier();
+        const auto start = Clock::now();
+        call();
+        if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      double seconds = median(t) / (kind == "send" ? 2.0 : 1.0);
+      seconds = std::max(seconds - small_s(kind), seconds * 0.05);
+      const double gbps = factor * static_cast<double>(bytes) / seconds / 1e9;
+      if (world.rank() == 0) hw.node_link.bus_GBps[kind].emplace_back(static_cast<double>(bytes), gbps);
+      line += fmt::format(" {} KiB {:.2f};", bytes >> 10, gbps);
+    }
+    if (world.rank() == 0) notes += line + "\n";
+  }
+  // Asynchronous progress.
+  const int64_t n = (int64_t{8} << 20) / 4;
+  Tensor a = Tensor::full({n}, 1.0f, DType::F32), b = Tensor::full({n}, 1.0f, DType::F32);
+  const auto exchange = [&] {
+    std::vector<P2POp> ops{P2POp{.kind = P2POp::Kind::Send, .tensor = a, .peer = peer, .tag = 1},
+                           P2POp{.kind = P2POp::Kind::Recv, .tensor = b, .peer = peer, .tag = 1}};
+    return g.batch_p2p(ops);
+  };
+  double worst_overlap = 1;
+  for (const std::string kind : {"all_reduce", "exchange"}) {
+    const auto issue = [&] {
+      return kind == "all_reduce" ? g.all_reduce(a, ReduceOp::Sum, true) : exchange();
+    };
+    std::vector<double> alone, overlapped;
+    for (int i = 0; i < 8; ++i) {
+      g.barrier();
+      auto start = Clock::now();
+      issue()->wait();
+      alone.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    const double call_s = median(alone);
+    for (int i = 0; i < 8; ++i) {
+      g.barrier();
+      const auto start = Clock::now();
+      WorkHandle h = issue();
+      compute_for(call_s * 1e6);
+      h->wait();
+      overlapped.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    const double step = median(overlapped);
+    // 1: the call ran entirely beside the compute; 0: after it.
+    const double overlap = std::clamp((2 * call_s - step) / call_s, 0.0, 1.0);
+    worst_overlap = std::min(worst_overlap, overlap);
+    if (world.rank() == 0)
+      notes += fmt::format(
+          "async {} of 8 MiB: alone {:.2f} ms; issued, {:.2f} ms of compute, waited: {:.2f} ms (overlap "
+          "{:.2f})\n",
+          kind, call_s * 1e3, call_s * 1e3, step * 1e3, overlap);
+  }
+  hw.node_link.async_progress = worst_overlap >= 0.5;
+  g.barrier();
+  if (world.rank() == 0) release_from(world, 2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -531,6 +652,7 @@ int main(int argc, char** argv) {
     }
     hw.node_link.latency_us = small * 1e6;  // rank 0's: measure_collectives subtracts it
     measure_collectives(world, cores, hw, notes);
+    if (world.size() >= 2) measure_large_messages(world, hw, notes);
     if (world.rank() != 0) return 0;
     hw.node_link.bandwidth_GBps = static_cast<double>(big_bytes) / std::max(big - small, 1e-9) / 1e9;
     hw.node_link.shared_by = 1;

@@ -50,6 +50,21 @@
 //         # the median time of one small collective (a few bytes per rank) by group size: replaces
 //         # the formula's latency part (2 (n-1) latency_us for a ring all-reduce) for that kind;
 //         # linear between the sizes, proportional to n - 1 beyond the largest
+//     node: {..., bus_GBps: {all_reduce: [[65536, 1.2], [67108864, 0.7]], reduce_scatter: [...],
+//                            all_gather: [...], send: [...]}}
+//         # the bus bandwidth (nccl-tests' busbw: the formula's B / bw term is factor x B / busbw,
+//         # factor 2 (n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for a
+//         # send) that a call of that kind reaches by message size (the whole tensor's bytes, as
+//         # in the formulas): measured on 2 ranks as the step issues calls (asynchronous, then
+//         # waited), beyond the small call's time. Replaces bandwidth_GBps for that kind; linear in
+//         # log(bytes) between the sizes, flat beyond the ends. A CPU's large collectives are
+//         # bound by memory (the reduction, the library's temporary buffers and their page
+//         # faults), not by the link: 0.7-1.3 GB/s for a 56 MB all-reduce where a cache-resident
+//         # 4 MiB ping-pong reaches 10.
+//     node: {..., async_progress: false}
+//         # whether an asynchronous call makes progress while its rank computes (default true:
+//         # NCCL's streams). MPI without a progress thread advances a nonblocking call only inside
+//         # MPI calls, so a call issued before compute runs when its rank waits for it.
 //   node:
 //     devices: 2
 //     oversubscribed_wait_us: [[2, 40], [4, 120]]
@@ -82,9 +97,17 @@ struct LinkLevel {
   // Measured seconds of one small collective by group size, per kind (all_reduce, all_gather,
   // reduce_scatter): (group size, microseconds), increasing size. Empty: the formula's latency.
   std::map<std::string, std::vector<std::pair<double, double>>> collective_us;
+  // Measured bus bandwidth by message size, per kind (all_reduce, reduce_scatter, all_gather,
+  // send): (bytes, GB/s), increasing bytes. Empty: bandwidth_GBps for every kind.
+  std::map<std::string, std::vector<std::pair<double, double>>> bus_GBps;
+  // Whether an asynchronous call progresses while its rank computes (false: it runs at its wait).
+  bool async_progress = true;
 
   // The table's time for `kind` on `n` ranks in seconds, or < 0 when the table has no such kind.
   double collective_latency_s(const std::string& kind, int n) const;
+  // The bus bandwidth (bytes / s) of a `kind` call of `bytes` (all_to_all(v) and broadcast use
+  // all_gather's table, recv and batch_p2p send's): the table's, else bandwidth_GBps / shared_by.
+  double bus_bandwidth_Bps(const std::string& kind, double bytes) const;
 };
 
 struct HardwareDescription {

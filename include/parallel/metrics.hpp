@@ -34,6 +34,9 @@ struct StepMetrics {
   // the first steps both should be 0 (test_step_conversions).
   int64_t conversion_bytes = 0;
   int64_t minor_faults = 0;
+  // The step's time blocked in communication waits (comm_wait_seconds: a wait that polls beyond
+  // its first test), the largest over the ranks: what the planner's exposed communication predicts.
+  double comm_wait_ms = 0.0;
   int64_t mem_peak_bytes = 0;  // allocator high-water mark since start, max over ranks (memory_plan.hpp)
   bool skipped = false;        // the update was skipped (skip_reason says why)
   std::string skip_reason;     // "overflow" (fp16), "nonfinite" or "spike" (training_guard.hpp)

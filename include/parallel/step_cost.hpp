@@ -113,6 +113,9 @@ class CostModel {
   const LinkLevel& level(const std::vector<int>& ranks) const;
   double collective_seconds(const CommEvent& e) const;
   double p2p_seconds(int64_t bytes, int a, int b) const;
+  // Whether asynchronous call `e`, issued by world rank `rank`, progresses while the rank computes
+  // (its link level's async_progress; a point-to-point call's level spans the rank and its peers).
+  bool progresses_async(const CommEvent& e, int rank) const;
   // The extra seconds each blocking wait costs a rank of an oversubscribed node
   // (hardware.hpp's node.oversubscribed_wait_us at this job's ranks per device); 0 otherwise.
   double oversubscribed_wait_s() const;
@@ -167,7 +170,9 @@ struct SimEntry {
 std::vector<SimEntry> cost_timeline(const std::vector<TimelineEntry>& timeline, const CostModel& cost);
 
 // Replays the representatives' timelines together (rank -> timeline). Throws when a message has
-// no partner among them or the timelines deadlock.
+// no partner among them or the timelines deadlock. An asynchronous call over a link that does not
+// progress calls during compute (LinkLevel::async_progress false) is issued where its rank first
+// waits for it; a call never waited for (a polled send) stays where it was issued.
 SimulationResult simulate(const std::map<int, std::vector<SimEntry>>& timelines, const CostModel& cost);
 SimulationResult simulate(const std::map<int, std::vector<TimelineEntry>>& timelines, const CostModel& cost);
 

@@ -139,8 +139,10 @@ double CostModel::collective_seconds(const CommEvent& e) const {
   const int n = static_cast<int>(e.ranks.size());
   if (n <= 1) return 0.0;
   const LinkLevel& l = level(e.ranks);
-  const double bw = l.bandwidth_GBps * 1e9 / l.shared_by, a = l.latency_us * 1e-6;
   const double b = static_cast<double>(e.bytes);
+  // The measured bus bandwidth of this kind at this size where the link has one (calibrate_machine),
+  // else the link's bandwidth.
+  const double bw = l.bus_bandwidth_Bps(e.kind, b), a = l.latency_us * 1e-6;
   // A measured small-collective time for this kind and group size (calibrate_machine) replaces the
   // formula's latency part; the bandwidth part stays the formula's.
   if (const double measured = l.collective_latency_s(e.kind, n); measured >= 0) {
@@ -163,7 +165,17 @@ double CostModel::oversubscribed_wait_s() const {
 
 double CostModel::p2p_seconds(int64_t bytes, int a, int b) const {
   const LinkLevel& l = level({a, b});
-  return l.latency_us * 1e-6 + static_cast<double>(bytes) / (l.bandwidth_GBps * 1e9 / l.shared_by);
+  const double size = static_cast<double>(bytes);
+  return l.latency_us * 1e-6 + size / l.bus_bandwidth_Bps("send", size);
+}
+
+bool CostModel::progresses_async(const CommEvent& e, int rank) const {
+  if (e.kind == "send" || e.kind == "recv" || e.kind == "batch_p2p") {
+    std::vector<int> ranks{rank};
+    ranks.insert(ranks.end(), e.peers.begin(), e.peers.end());
+    return level(ranks).async_progress;
+  }
+  return e.ranks.empty() ? true : level(e.ranks).async_progress;
 }
 
 std::string dimension_of(const std::string& group) {

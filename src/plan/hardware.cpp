@@ -69,7 +69,7 @@ double interpolate(const std::vector<std::pair<double, double>>& table, double x
 std::string table_yaml(const std::vector<std::pair<double, double>>& table) {
   std::string out = "[";
   for (std::size_t i = 0; i < table.size(); ++i)
-    out += fmt::format("{}[{:.6g}, {:.4g}]", i == 0 ? "" : ", ", table[i].first, table[i].second);
+    out += fmt::format("{}[{:.10g}, {:.4g}]", i == 0 ? "" : ", ", table[i].first, table[i].second);
   return out + "]";
 }
 
@@ -83,6 +83,25 @@ double LinkLevel::collective_latency_s(const std::string& kind, int n) const {
   const auto [n_last, us_last] = table.back();
   if (n > n_last && n_last > 1) return us_last * (n - 1) / (n_last - 1) * 1e-6;
   return interpolate(table, n) * 1e-6;
+}
+
+double LinkLevel::bus_bandwidth_Bps(const std::string& kind, double bytes) const {
+  std::string table_kind = kind;
+  if (kind == "all_to_all" || kind == "all_to_allv" || kind == "broadcast") table_kind = "all_gather";
+  if (kind == "recv" || kind == "batch_p2p") table_kind = "send";
+  const auto it = bus_GBps.find(table_kind);
+  if (it == bus_GBps.end() || it->second.empty()) return bandwidth_GBps * 1e9 / shared_by;
+  // Linear in log(bytes): sizes span four orders of magnitude.
+  const auto& t = it->second;
+  if (bytes <= t.front().first) return t.front().second * 1e9;
+  for (std::size_t i = 1; i < t.size(); ++i) {
+    const auto [x1, y1] = t[i];
+    if (bytes > x1) continue;
+    const auto [x0, y0] = t[i - 1];
+    const double f = std::log(bytes / x0) / std::log(x1 / x0);
+    return (y0 + f * (y1 - y0)) * 1e9;
+  }
+  return t.back().second * 1e9;
 }
 
 double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const {
@@ -195,7 +214,8 @@ struct Reader {
     return out;
   }
   LinkLevel link(const YAML::Node& n, const std::string& where) const {
-    only_keys(n, where, {"bandwidth_GBps", "latency_us", "shared_by", "collective_us"});
+    only_keys(n, where,
+              {"bandwidth_GBps", "latency_us", "shared_by", "collective_us", "bus_GBps", "async_progress"});
     LinkLevel l;
     l.bandwidth_GBps = number(need(n, where, "bandwidth_GBps"), where + ".bandwidth_GBps", 0);
     l.latency_us = number(need(n, where, "latency_us"), where + ".latency_us", 0, true);
@@ -212,6 +232,26 @@ struct Reader {
         const auto kind = kv.first.as<std::string>();
         l.collective_us[kind] = table(kv.second, key + "." + kind, 1, "group size > 1, microseconds");
       }
+    }
+    if (const YAML::Node c = n["bus_GBps"]) {
+      const std::string key = where + ".bus_GBps";
+      only_keys(c, key, {"all_reduce", "all_gather", "reduce_scatter", "send"});
+      for (const auto& kv : c) {
+        const auto kind = kv.first.as<std::string>();
+        auto t = table(kv.second, key + "." + kind, 0, "message bytes > 0, GB/s > 0");
+        for (std::size_t i = 0; i < t.size(); ++i)
+          if (t[i].second <= 0)
+            fail(fmt::format("{}.{}[{}][1]", key, kind, i),
+                 fmt::format("must be a number > 0 (GB/s), got {}", t[i].second));
+        l.bus_GBps[kind] = std::move(t);
+      }
+    }
+    if (const YAML::Node a = n["async_progress"]) {
+      const std::string key = where + ".async_progress";
+      if (!a.IsScalar() || (a.Scalar() != "true" && a.Scalar() != "false"))
+        fail(key,
+             fmt::format("must be true or false, got '{}'", a.IsScalar() ? a.Scalar() : "(not a scalar)"));
+      l.async_progress = a.Scalar() == "true";
     }
     return l;
   }
@@ -386,6 +426,16 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
       }
       out += "}";
     }
+    if (!l.bus_GBps.empty()) {
+      out += ", bus_GBps: {";
+      bool first_kind = true;
+      for (const auto& [kind, table] : l.bus_GBps) {
+        out += fmt::format("{}{}: {}", first_kind ? "" : ", ", kind, table_yaml(table));
+        first_kind = false;
+      }
+      out += "}";
+    }
+    if (!l.async_progress) out += ", async_progress: false";
     out += "}\n";
   }
   return out;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -54,6 +55,33 @@ std::vector<std::pair<bool, int64_t>> batch_ops(const std::string& detail) {
   return out;
 }
 
+// Rank `rank`'s timeline with every asynchronous call that does not progress during compute
+// (CostModel::progresses_async) moved to just before its first wait: MPI without a progress thread
+// advances a nonblocking call only inside MPI calls, so the call runs when its rank waits for it.
+// A call never waited for (a send the pipeline polls) stays where it was issued.
+std::vector<SimEntry> defer_to_waits(const std::vector<SimEntry>& tl, int rank, const CostModel& cost) {
+  std::set<int64_t> waited;
+  for (const SimEntry& e : tl)
+    if (e.kind == TimelineEntry::Kind::Wait) waited.insert(e.call);
+  std::vector<SimEntry> out;
+  out.reserve(tl.size());
+  std::map<int64_t, SimEntry> held;
+  for (const SimEntry& e : tl) {
+    if (e.kind == TimelineEntry::Kind::Comm && e.comm.async && waited.count(e.call) &&
+        !cost.progresses_async(e.comm, rank)) {
+      held.emplace(e.call, e);
+      continue;
+    }
+    if (e.kind == TimelineEntry::Kind::Wait)
+      if (const auto it = held.find(e.call); it != held.end()) {
+        out.push_back(std::move(it->second));
+        held.erase(it);
+      }
+    out.push_back(e);
+  }
+  return out;
+}
+
 class Simulator {
  public:
   Simulator(const std::map<int, std::vector<SimEntry>>& timelines, const CostModel& cost) : cost_(cost) {
@@ -61,7 +89,11 @@ class Simulator {
       index_[rank] = sims_.size();
       RankSim s;
       s.rank = rank;
-      s.timeline = &tl;
+      // Copied only where a link defers calls (a large job's timelines hold millions of entries).
+      const HardwareDescription& hw = cost.hardware();
+      s.timeline = hw.node_link.async_progress && hw.cluster_link.async_progress
+                       ? &tl
+                       : &(deferred_[rank] = defer_to_waits(tl, rank, cost));
       s.out.rank = rank;
       for (const char* d : kDimensions) s.out.exposed_s[d] = 0;
       sims_.push_back(std::move(s));
@@ -352,6 +384,7 @@ class Simulator {
   }
 
   const CostModel& cost_;
+  std::map<int, std::vector<SimEntry>> deferred_;  // the timelines as run (defer_to_waits)
   std::vector<RankSim> sims_;
   std::map<int, std::size_t> index_;
   std::map<std::pair<int, int>, std::deque<P2P>> sends_, recvs_;

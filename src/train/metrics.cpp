@@ -69,6 +69,7 @@ bool MetricsWriter::write_train(const StepMetrics& m) {
                       {"host_reads", m.host_reads},
                       {"conversion_bytes", m.conversion_bytes},
                       {"minor_faults", m.minor_faults},
+                      {"comm_wait_ms", number(m.comm_wait_ms)},
                       {"mem_peak_bytes", m.mem_peak_bytes}};
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.skipped) {

@@ -103,6 +103,7 @@ std::vector<Scalar> train_scalars(const StepMetrics& m) {
                              {"host_reads", static_cast<double>(m.host_reads)},
                              {"conversion_bytes", static_cast<double>(m.conversion_bytes)},
                              {"minor_faults", static_cast<double>(m.minor_faults)},
+                             {"comm_wait_ms", m.comm_wait_ms},
                              {"mem_peak_bytes", static_cast<double>(m.mem_peak_bytes)}};
   if (m.loss_scale > 0) out.push_back({"loss_scale", m.loss_scale});
   if (m.skipped) out.push_back({"skipped", 1.0});  // skip_reason, a string, is metrics.jsonl's only

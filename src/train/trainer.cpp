@@ -925,11 +925,12 @@ int64_t Trainer::train() {
     if (result.overflow) verdict = m.guard->check(loss, 0.0, false);
     const std::string too_many = m.guard->record(verdict, !result.skipped, loss, result.grad_norm);
     // Host reads of this step and the allocator's peak so far, each the largest over the ranks.
-    Tensor maxima = Tensor::zeros({4}, DType::I64);
+    Tensor maxima = Tensor::zeros({5}, DType::I64);
     maxima.data<int64_t>()[0] = host_reads() - reads_before;
     maxima.data<int64_t>()[1] = m.measured_peak();
     maxima.data<int64_t>()[2] = conversion_passes().bytes - converted_before;
     maxima.data<int64_t>()[3] = minor_faults() - faults_before;
+    maxima.data<int64_t>()[4] = std::llround((comm_wait_seconds() - waited_before) * 1e6);  // microseconds
     m.world.all_reduce(maxima, ReduceOp::Max);
     const int64_t reads = maxima.data<int64_t>()[0];
     ++m.step;
@@ -959,6 +960,7 @@ int64_t Trainer::train() {
     s.mem_peak_bytes = maxima.data<int64_t>()[1];
     s.conversion_bytes = maxima.data<int64_t>()[2];
     s.minor_faults = maxima.data<int64_t>()[3];
+    s.comm_wait_ms = static_cast<double>(maxima.data<int64_t>()[4]) * 1e-3;
     s.loss_scale = m.train_step->optimizer().loss_scaler() ? result.loss_scale : 0.0;
     if (c.model.num_experts > 0) m.moe_metrics(s, batches_per_step);
     if (c.model.mtp_num_layers > 0) m.mtp_metrics(s);

@@ -121,6 +121,68 @@ TEST(CollectiveCost, AMeasuredSmallCollectiveReplacesTheLatencyTerm) {
   EXPECT_TRUE(back.cluster_link.collective_us.empty());
 }
 
+TEST(CollectiveCost, AMeasuredBusBandwidthReplacesTheLinkBandwidthForItsKind) {
+  // all_reduce: 0.5 GB/s bus bandwidth at 1 MB, 0.25 at 100 MB (log-linear between, flat beyond);
+  // send: 2 GB/s. Kinds without a table keep the link's 1 GB/s.
+  HardwareDescription hw = simple_machine();
+  hw.node_link.bus_GBps["all_reduce"] = {{1e6, 0.5}, {1e8, 0.25}};
+  hw.node_link.bus_GBps["send"] = {{1e6, 2}};
+  hw.node_link.bus_GBps["all_gather"] = {{1e6, 4}};
+  const CostModel cost(hw, 8);
+  CommEvent e;
+  e.kind = "all_reduce";
+  e.ranks = {0, 1};
+  e.bytes = 1'000'000;
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 1e6 / 0.5e9);  // 2 (1/2) B / busbw
+  e.bytes = 10'000'000;                                       // halfway in log(bytes): 0.375 GB/s
+  EXPECT_NEAR(cost.collective_seconds(e), 1e7 / 0.375e9, 1e-12);
+  e.bytes = 1'000'000'000;  // beyond the largest: flat
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 1e9 / 0.25e9);
+  e.bytes = 1000;  // below the smallest: flat
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 1000 / 0.5e9);
+  e.kind = "reduce_scatter";  // no table: the link's bandwidth
+  e.bytes = 1'000'000'000;
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 0.5);
+  e.kind = "all_to_all";  // all_gather's table
+  EXPECT_DOUBLE_EQ(cost.collective_seconds(e), 0.5e9 / 4e9);
+  EXPECT_DOUBLE_EQ(cost.p2p_seconds(1'000'000'000, 0, 1), 0.5);  // send's table
+  EXPECT_DOUBLE_EQ(cost.p2p_seconds(1'000'000'000, 0, 8), 2.0);  // across nodes: the cluster's link
+  // Written and read back; absent (the GPU descriptions), the link's bandwidth as before.
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_EQ(back.node_link.bus_GBps, hw.node_link.bus_GBps);
+  EXPECT_TRUE(back.cluster_link.bus_GBps.empty());
+  EXPECT_DOUBLE_EQ(simple_machine().node_link.bus_bandwidth_Bps("all_reduce", 1e6), 1e9);
+}
+
+TEST(Simulate, AnAsyncCallOverALinkWithoutProgressRunsAtItsWait) {
+  // The dp all-reduce of AsyncAllReduceOverlapsCompute (0.5 s beside a 1 s op) on a link whose
+  // asynchronous calls do not progress during compute (MPI without a progress thread): it starts
+  // at the wait, so the step is 1.5 s and its 0.5 s are exposed.
+  HardwareDescription hw = simple_machine();
+  hw.node_link.async_progress = false;
+  std::map<int, std::vector<TimelineEntry>> t;
+  t[0] = {comm(0, "all_reduce", "dp", {0, 1}, 500'000'000, true), op(1), wait(0)};
+  const SimulationResult deferred = simulate(t, CostModel(hw, 2));
+  EXPECT_DOUBLE_EQ(deferred.step_time_s, 1.5);
+  EXPECT_DOUBLE_EQ(deferred.exposed_s.at("dp"), 0.5);
+  EXPECT_DOUBLE_EQ(simulate(t, CostModel(simple_machine(), 2)).step_time_s, 1.0);  // progressing
+  // cp's ring exchange likewise; a call that is never waited for (a polled send) stays where it
+  // was issued: the two-stage pipeline's activation send still reaches stage 1 at 1 s.
+  std::map<int, std::vector<TimelineEntry>> cp;
+  cp[0] = {comm(0, "batch_p2p", "cp", {0, 1}, 1'000'000'000, true, {1, 1}), op(1), wait(0)};
+  cp[0][0].comm.detail = "send 500000000,recv 500000000";
+  EXPECT_DOUBLE_EQ(simulate(cp, CostModel(hw, 2)).exposed_s.at("cp"), 0.5);
+  std::map<int, std::vector<TimelineEntry>> pp;
+  pp[0] = {op(1), comm(0, "send", "pp", {0, 1}, 1000, true, {1}), op(1)};
+  pp[1] = {comm(0, "recv", "pp", {0, 1}, 1000, true, {0}), wait(0), op(1)};
+  const SimulationResult pipe = simulate(pp, CostModel(hw, 2));
+  EXPECT_NEAR(pipe.ranks[1].end_s, 2.0 + 1e-6, 1e-9);  // 1 us on the wire at 1 GB/s
+  // The key reads back, and a cluster link keeps its own.
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_FALSE(back.node_link.async_progress);
+  EXPECT_TRUE(back.cluster_link.async_progress);
+}
+
 TEST(Simulate, ABlockingWaitOnAnOversubscribedNodeCostsTheMeasuredWait) {
   // Two ranks per device (4 ranks, 2 devices) cost 0.5 s a blocking wait, four 1 s; beyond one rank
   // a device the curve starts at 0 (3 ranks on 2 devices: 1.5 per device -> 0.25 s).
@@ -553,6 +615,21 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(with(overhead, overhead + "\n  op_fixed_us: {attention_forward: many}"))
                 .find("device.op_fixed_us.attention_forward must be a number"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {all_reduce: [[65536, 0]]}}"))
+                .find("bad.yaml: links.node.bus_GBps.all_reduce[0][1] must be a number > 0 (GB/s), got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {all_reduce: [[1000, 1], [100, 2]]}}"))
+                .find("links.node.bus_GBps.all_reduce[1][0] must increase, got 100 after 1000"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {recv: [[1e6, 1]]}}"))
+                .find("links.node.bus_GBps.recv is not a known key"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {send: 3}}"))
+                .find("links.node.bus_GBps.send must be a list of [message bytes > 0, GB/s > 0] pairs"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, async_progress: no}"))
+                .find("bad.yaml: links.node.async_progress must be true or false, got 'no'"),
             std::string::npos);
 }
 
