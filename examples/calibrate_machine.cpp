@@ -318,10 +318,11 @@ void measure_large_messages(parallel::MpiCommunicator& world, parallel::Hardware
   std::string line;
   for (const std::string kind : {"all_reduce", "reduce_scatter", "all_gather", "send"}) {
     line = kind + " bus GB/s by size:";
-    for (const int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{8} << 20, int64_t{64} << 20}) {
+    for (const int64_t bytes :
+         {int64_t{64} << 10, int64_t{256} << 10, int64_t{1} << 20, int64_t{8} << 20, int64_t{64} << 20}) {
       const int64_t n = bytes / 4;
       Tensor full = Tensor::full({n}, 1.0f, DType::F32), half = Tensor::full({n / 2}, 1.0f, DType::F32);
-      const int calls = bytes >= (int64_t{64} << 20) ? 5 : bytes >= (int64_t{8} << 20) ? 9 : 31;
+      const int calls = bytes >= (int64_t{64} << 20) ? 7 : bytes >= (int64_t{8} << 20) ? 15 : 61;
       std::function<void()> call;
       double factor = 1;  // nccl-tests' bus factor on 2 ranks
       if (kind == "all_reduce") {

@@ -73,6 +73,7 @@ TEST(Metrics, JsonLinesAreWrittenAndFlushed) {
     s.loss = 4.5;
     s.lr = 1e-3;
     s.grad_norm = std::numeric_limits<double>::infinity();
+    s.comm_wait_ms = 12.5;
     w.write_train(s);
     w.write_eval(1, 4.25);
     std::ifstream in(path);  // readable before the writer closes: flushed per line
@@ -82,6 +83,7 @@ TEST(Metrics, JsonLinesAreWrittenAndFlushed) {
     EXPECT_EQ(j["step"], 1);
     EXPECT_EQ(j["loss"], 4.5);
     EXPECT_TRUE(j["grad_norm"].is_null());
+    EXPECT_EQ(j["comm_wait_ms"], 12.5);
     for (const char* key : {"lr", "tokens_per_sec", "step_time_ms", "mfu", "peak_flops_per_rank"})
       EXPECT_TRUE(j.contains(key)) << key;
     std::getline(in, line);
