@@ -291,8 +291,8 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
 // Ranks 0 and 1 measure while the others sleep. For each kind a step issues (all_reduce,
 // reduce_scatter, all_gather; send for pipeline and context-parallel messages) and message sizes
 // from 64 KiB to 64 MiB (a whole tensor's bytes, as the cost formulas count them): the median
-// wall time of the call issued asynchronously and then waited for, as the trainer does, less the
-// small call's median (links.node.collective_us at 2 ranks; a send: the 8-byte latency), as
+// wall time of the call issued asynchronously and then polled until complete, as the trainer's wait polls it,
+// less the small call's median (links.node.collective_us at 2 ranks; a send: the 8-byte latency), as
 // nccl-tests' bus bandwidth (links.node.bus_GBps). On a CPU these calls are bound by memory - the
 // reduction, MPI's temporary buffers and their first-touch page faults - not by the link, so a
 // 64 MiB all-reduce runs an order of magnitude below a cache-resident ping-pong.
@@ -315,6 +315,15 @@ void measure_large_messages(parallel::MpiCommunicator& world, parallel::Hardware
     const auto& t = hw.node_link.collective_us[kind];
     return t.empty() ? 0.0 : t.front().second * 1e-6;
   };
+  // Polled until complete (each poll progresses MPI), not waited for: the communicator's wait
+  // yields the core after 50 us, and where other processes are runnable a yield costs up to a
+  // scheduler tick (a 786 KB all-reduce: 0.27 ms in MPI_Wait, 3.6 ms median through the pacer at
+  // load 9.5). Under such load the small sizes still vary between calibrations (docs/planner.md,
+  // "Communication as the step uses the link"): calibrate on a quiet machine.
+  const auto finish = [](const WorkHandle& h) {
+    while (!h->is_completed()) {
+    }
+  };
   std::string line;
   for (const std::string kind : {"all_reduce", "reduce_scatter", "all_gather", "send"}) {
     line = kind + " bus GB/s by size:";
@@ -326,21 +335,21 @@ void measure_large_messages(parallel::MpiCommunicator& world, parallel::Hardware
       std::function<void()> call;
       double factor = 1;  // nccl-tests' bus factor on 2 ranks
       if (kind == "all_reduce") {
-        call = [&] { g.all_reduce(full, ReduceOp::Sum, true)->wait(); };
+        call = [&] { finish(g.all_reduce(full, ReduceOp::Sum, true)); };
       } else if (kind == "reduce_scatter") {
-        call = [&] { g.reduce_scatter(full, half, ReduceOp::Sum, true)->wait(); };
+        call = [&] { finish(g.reduce_scatter(full, half, ReduceOp::Sum, true)); };
         factor = 0.5;
       } else if (kind == "all_gather") {
-        call = [&] { g.all_gather(half, full, true)->wait(); };
+        call = [&] { finish(g.all_gather(half, full, true)); };
         factor = 0.5;
       } else {
         call = [&] {  // one way = half a round trip
           if (g.rank() == 0) {
-            g.send(full, peer, 0)->wait();
-            g.recv(full, peer, 0)->wait();
+            finish(g.send(full, peer, 0));
+            finish(g.recv(full, peer, 0));
           } else {
-            g.recv(full, peer, 0)->wait();
-            g.send(full, peer, 0)->wait();
+            finish(g.recv(full, peer, 0));
+            finish(g.send(full, peer, 0));
           }
         };
       }
