@@ -2,8 +2,9 @@
 // A small owning tensor: shape, dtype, device, row-major storage shared between views.
 //
 // Storage is reference counted; views (view, narrow, flatten) share it and never copy. Kernels
-// require contiguous tensors (check is_contiguous()); narrow() along a dimension other than the
-// first gives a strided view, and contiguous() makes a packed copy of it.
+// require contiguous tensors (check is_contiguous()) unless their contract says otherwise (the CPU
+// attention's q, k, v: ops.hpp); narrow() along a dimension other than the first gives a strided
+// view, and contiguous() makes a packed copy of it.
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -81,7 +82,10 @@ class Tensor {
   int64_t storage_offset() const { return offset_; }  // in elements
 
   // Views: share storage, copy nothing.
-  Tensor view(const Shape& shape) const;  // contiguous only; one dimension may be -1
+  // One dimension may be -1. A non-contiguous tensor can be viewed where each new dimension lies
+  // within a run of adjacent elements (PyTorch's rule: split [s, b, h] rows of a fused tensor
+  // into [s, b, heads, d]); other shapes are refused (call contiguous()).
+  Tensor view(const Shape& shape) const;
   Tensor flatten() const { return view({numel()}); }
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor select(int64_t index) const;  // narrow(0, index, 1) without the leading dimension

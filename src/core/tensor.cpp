@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -324,8 +325,41 @@ std::string Tensor::str() const {
 
 // ---- views ----------------------------------------------------------------------------------
 
+namespace {
+// The strides of `shape` over the elements of a tensor (old_shape, old_strides), when each new
+// dimension lies inside one run of old dimensions that are contiguous with each other (PyTorch's
+// view rule): a run may be merged or split, never mixed with its neighbours. Empty when no such
+// strides exist.
+std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& shape) {
+  Shape strides(shape.size());
+  if (shape_numel(old_shape) == 0) return contiguous_strides(shape);
+  int64_t nd = static_cast<int64_t>(shape.size()) - 1;
+  // Walk the old dimensions from the innermost, one contiguous run [d, run_end] at a time.
+  int64_t run_numel = 1;
+  int64_t run_stride = old_strides.empty() ? 1 : old_strides.back();
+  int64_t new_numel = 1;
+  for (int64_t d = static_cast<int64_t>(old_shape.size()) - 1; d >= 0; --d) {
+    run_numel *= old_shape[d];
+    const bool run_ends = d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != run_numel * run_stride);
+    if (!run_ends) continue;
+    while (nd >= 0 && (new_numel < run_numel || shape[nd] == 1)) {
+      strides[nd] = new_numel * run_stride;
+      new_numel *= shape[nd];
+      --nd;
+    }
+    if (new_numel != run_numel) return std::nullopt;
+    if (d > 0) {
+      run_stride = old_strides[d - 1];
+      run_numel = 1;
+      new_numel = 1;
+    }
+  }
+  if (nd != -1) return std::nullopt;
+  return strides;
+}
+}  // namespace
+
 Tensor Tensor::view(const Shape& shape) const {
-  PARALLEL_CHECK(is_contiguous(), "view() of a non-contiguous {}: call contiguous() first", str());
   Shape s = shape;
   int64_t known = 1, infer = -1;
   for (size_t d = 0; d < s.size(); ++d) {
@@ -344,7 +378,16 @@ Tensor Tensor::view(const Shape& shape) const {
   PARALLEL_CHECK(shape_numel(s) == numel(), "cannot view {} as {}", str(), shape_str(shape));
   Tensor t = *this;
   t.shape_ = s;
-  t.strides_ = contiguous_strides(s);
+  if (is_contiguous()) {
+    t.strides_ = contiguous_strides(s);
+    return t;
+  }
+  std::optional<Shape> strides = view_strides(shape_, strides_, s);
+  PARALLEL_CHECK(strides.has_value(),
+                 "view {} of a non-contiguous {} (strides {}) would mix non-adjacent elements: call "
+                 "contiguous() first",
+                 shape_str(s), str(), shape_str(strides_));
+  t.strides_ = *strides;
   return t;
 }
 

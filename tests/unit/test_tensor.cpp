@@ -57,7 +57,8 @@ TEST(Tensor, NarrowAlongEachDimension) {
   Tensor t = Tensor::from_vector(iota(24), {2, 3, 4});
   Tensor rows = t.narrow(1, 1, 2);  // [2, 2, 4], strided
   EXPECT_FALSE(rows.is_contiguous());
-  EXPECT_EQ(rows.to_float_vector(), (std::vector<float>{4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 20, 21, 22, 23}));
+  EXPECT_EQ(rows.to_float_vector(),
+            (std::vector<float>{4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 20, 21, 22, 23}));
   Tensor cols = t.narrow(2, 3, 1);
   EXPECT_EQ(cols.to_float_vector(), (std::vector<float>{3, 7, 11, 15, 19, 23}));
   Tensor first = t.narrow(0, 1, 1);
@@ -71,6 +72,24 @@ TEST(Tensor, NarrowAlongEachDimension) {
   EXPECT_EQ(packed.to_float_vector(), rows.to_float_vector());
   EXPECT_THROW(t.narrow(1, 2, 2), Error);
   EXPECT_THROW(t.narrow(3, 0, 1), Error);
+}
+
+// A view of a strided tensor splits or merges only dimensions whose elements are adjacent (as
+// attention's [s, b, heads, d] views into the fused [s, b, 3 h] qkv output do).
+TEST(Tensor, ViewOfStridedTensorKeepsItsStrides) {
+  Tensor t = Tensor::from_vector(iota(2 * 3 * 12), {2, 3, 12});
+  Tensor k = t.narrow(2, 4, 4);  // [2, 3, 4], strides [36, 12, 1]
+  Tensor heads = k.view({2, 3, 2, 2});
+  EXPECT_EQ(heads.strides(), (Shape{36, 12, 2, 1}));
+  EXPECT_EQ(heads.data_ptr(), k.data_ptr());
+  EXPECT_EQ(heads.to_float_vector(), k.to_float_vector());
+  Tensor rows = k.view({6, 4});  // positions and batch merge: 36 = 3 * 12
+  EXPECT_EQ(rows.strides(), (Shape{12, 1}));
+  EXPECT_EQ(rows.to_float_vector(), k.to_float_vector());
+  EXPECT_EQ(heads.view({2, 3, 4}).strides(), k.strides());
+  EXPECT_EQ(k.view({1, 2, 3, 1, 4}).to_float_vector(), k.to_float_vector());
+  EXPECT_THROW(k.view({2, 12}), Error);  // would merge a row's 4 elements with the next row's
+  EXPECT_THROW(k.view({24}), Error);
 }
 
 TEST(Tensor, CopyIntoStridedDestinationConverts) {
