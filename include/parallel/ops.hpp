@@ -189,6 +189,11 @@ void rope_backward(Tensor& dx, int64_t position_offset, const Rope& rope, Stream
 // sizes passes nothing new. softmax_scale is the caller's (usually 1/sqrt(d); MLA under YaRN
 // multiplies it by mscale^2), never derived from a head size here.
 //
+// Strides: on the CPU (and meta), q, k, v, dq, dk and dv need only each position's heads side by
+// side (strides [.., .., head size, 1]); their position and batch strides are free, so they may be views
+// into the fused qkv projection's output [s, b, (hq + 2 hkv) d] and its gradient (the layer passes
+// them so, with no copy). out, dout and lse are contiguous, and on CUDA every tensor is.
+//
 // Dtypes: q, k, v, out (and dout, dq, dk, dv) share the activation dtype; lse is fp32. The scores,
 // the online softmax and every accumulator are fp32. bf16 on a CPU with AVX512-BF16, and 16-bit
 // inputs on CUDA's tensor-core kernels (head dims 64 and 128), both for d == dv only, multiply

@@ -8,9 +8,10 @@
 //
 // Layouts: q, dq [s, b, hq, d]; k, dk [s, b, hkv, d]; v, dv [s, b, hkv, dv]; out, dout
 // [s, b, hq, dv]; lse [b, hq, s] (d: query/key head size, dv: value head size). A head's rows are
-// therefore strided by b * heads * d (or dv), but each row's d floats are contiguous, and every
-// inner loop below runs along such a row (or along a tile row) so that GCC vectorises it without
-// -ffast-math.
+// therefore strided (by b * heads * d, or dv, when contiguous; q, k, v, dq, dk and dv may be views
+// into the fused qkv tensor and its gradient, with their own position and batch strides:
+// attention_tiles.hpp's Rows), but each row's d floats are contiguous, and every inner loop below
+// runs along such a row (or along a tile row) so that GCC vectorises it without -ffast-math.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -433,9 +434,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   char* O = static_cast<char*>(out.data_ptr());
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
   float* L = lse.data<float>();
-  const int64_t ldq = x.B * x.hq * x.d;  // stride between consecutive positions of one head
-  const int64_t ldk = x.B * x.hkv * x.d;
-  const int64_t ldv = x.B * x.hkv * x.dv;
+  const Rows qr = rows_of(q), kr = rows_of(k), vr = rows_of(v), outr = rows_of(out);
+  const int64_t ldq = qr.s;  // stride between consecutive positions of one head
+  const int64_t ldk = kr.s;
+  const int64_t ldv = vr.s;
   const int64_t d = x.d, dv = x.dv;
   const int64_t nqb = (x.sq + kBr - 1) / kBr;
   const int64_t nqg = (nqb + kForwardBlocks - 1) / kForwardBlocks;
@@ -474,8 +476,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           const int64_t qb0 = (nqg - 1 - qg_rev) * kForwardBlocks;
           const int64_t nblk = std::min(kForwardBlocks, nqb - qb0);
           const int64_t hk = h / x.group;
-          const char* k_head = K + (b * x.hkv * d + hk * d) * es;
-          const char* v_head = V + (b * x.hkv * dv + hk * dv) * es;
+          const char* k_head = K + (kr.at(0, b) + hk * d) * es;
+          const char* v_head = V + (vr.at(0, b) + hk * dv) * es;
           // The group's key range: the union of its blocks' (attention_mask.hpp).
           int64_t lo = x.sk, hi = 0;
           for (int64_t t = 0; t < nblk; t++) {
@@ -488,7 +490,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
             if (wide) {
               float* qw = scratch_f32(0, kForwardBlocks * kBr * d) + t * kBr * d;
               for (int64_t i = 0; i < rows; i++)
-                widen_to_f32(Q + (((i0 + i) * x.B + b) * x.hq * d + h * d) * es, dt, qw + i * d, d);
+                widen_to_f32(Q + (qr.at(i0 + i, b) + h * d) * es, dt, qw + i * d, d);
             }
           }
 
@@ -509,9 +511,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
               if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t i0 = (qb0 + t) * kBr, rows = std::min(kBr, x.sq - i0);
               // The query block: in place for fp32, else its rows widened ([rows, d]).
-              const float* q_blk =
-                  wide ? scratch_f32(0, kForwardBlocks * kBr * d) + t * kBr * d
-                       : reinterpret_cast<const float*>(Q + ((i0 * x.B + b) * x.hq * d + h * d) * es);
+              const float* q_blk = wide ? scratch_f32(0, kForwardBlocks * kBr * d) + t * kBr * d
+                                        : reinterpret_cast<const float*>(Q + (qr.at(i0, b) + h * d) * es);
               const int64_t ldq_blk = wide ? d : ldq;
               float* acc = acc_all + t * kBr * dv;
               // Only the scores each row sees (the diagonal tile's masked half is never computed),
@@ -535,7 +536,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
               // l == 0: the row saw no key (possible for a block of context parallelism): zero
               // output, lse = -inf, which attention_merge and the backward read as "nothing here".
               const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-              char* o_at = O + (((i0 + i) * x.B + b) * x.hq * dv + h * dv) * es;
+              char* o_at = O + (outr.at(i0 + i, b) + h * dv) * es;
               float* o = wide ? o_row : reinterpret_cast<float*>(o_at);
               const float* a = acc_all + (t * kBr + i) * dv;
               for (int64_t kk = 0; kk < dv; kk++) o[kk] = a[kk] * inv_l;
@@ -579,8 +580,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   char* dQ = static_cast<char*>(dq.data_ptr());
   char* dK = static_cast<char*>(dk.data_ptr());
   char* dV = static_cast<char*>(dv.data_ptr());
-  const int64_t ldk = x.B * x.hkv * x.d;
-  const int64_t ldv = x.B * x.hkv * x.dv;
+  const Rows qr = rows_of(q), kr = rows_of(k), vr = rows_of(v), outr = rows_of(out), dor = rows_of(dout);
+  const Rows dqr = rows_of(dq), dkr = rows_of(dk), dvr = rows_of(dv);
+  const int64_t ldk = kr.s;
+  const int64_t ldv = vr.s;
   const int64_t d = x.d, dvh = x.dv;
 
   // D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij, the softmax backward's per-row term, computed
@@ -626,15 +629,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
         // The task's query, output-gradient and dQ rows, packed in scratch laid out [sq, group, d]
         // (one row per position, the group's heads side by side), and D of each of its rows (from
         // the packed dO row).
-        const char* q_rows = Q + h_first * d * es;
-        const char* do_rows = dO + h_first * dvh * es;
         const int64_t gq = x.group * d, go = x.group * dvh;
         float* qw = scratch_f32(0, x.sq * gq);
         float* dow = scratch_f32(1, x.sq * go);
         for (int64_t i = 0; i < x.sq; i++) {
-          widen_to_f32(q_rows + (i * x.B + b) * x.hq * d * es, dt, qw + i * gq, gq);
-          widen_to_f32(do_rows + (i * x.B + b) * x.hq * dvh * es, dt, dow + i * go, go);
-          const float* o_rows = read_f32(O + ((i * x.B + b) * x.hq * dvh + h_first * dvh) * es, dt, go, 4);
+          widen_to_f32(Q + (qr.at(i, b) + h_first * d) * es, dt, qw + i * gq, gq);
+          widen_to_f32(dO + (dor.at(i, b) + h_first * dvh) * es, dt, dow + i * go, go);
+          const float* o_rows = read_f32(O + (outr.at(i, b) + h_first * dvh) * es, dt, go, 4);
           for (int64_t g = 0; g < x.group; g++) {
             const float* o = o_rows + g * dvh;
             const float* gr = dow + i * go + g * dvh;
@@ -651,8 +652,8 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
         std::fill(dQt + h_first * d, dQt + h_first * d + x.sq * gq, 0.0f);
         for (int64_t qb = 0; qb < nqb; qb++)
           block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
-        const char* k_head = K + (b * x.hkv * d + hk * d) * es;
-        const char* v_head = V + (b * x.hkv * dvh + hk * dvh) * es;
+        const char* k_head = K + (kr.at(0, b) + hk * d) * es;
+        const char* v_head = V + (vr.at(0, b) + hk * dvh) * es;
 
         for (int64_t j0 = 0; j0 < x.sk; j0 += kBc) {
           const int64_t cols = std::min(kBc, x.sk - j0);
@@ -706,14 +707,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
           }
 
           for (int64_t j = 0; j < cols; j++) {
-            const int64_t kv = (j0 + j) * x.B + b;
-            narrow_from_f32(dk_acc + j * d, dt, dK + (kv * x.hkv * d + hk * d) * es, d);
-            narrow_from_f32(dv_acc + j * dvh, dt, dV + (kv * x.hkv * dvh + hk * dvh) * es, dvh);
+            narrow_from_f32(dk_acc + j * d, dt, dK + (dkr.at(j0 + j, b) + hk * d) * es, d);
+            narrow_from_f32(dv_acc + j * dvh, dt, dV + (dvr.at(j0 + j, b) + hk * dvh) * es, dvh);
           }
         }
         for (int64_t i = 0; i < x.sq; i++)
-          narrow_from_f32(dQt + i * ldq_t + h_first * d, dt,
-                          dQ + ((i * x.B + b) * x.hq * d + h_first * d) * es, x.group * d);
+          narrow_from_f32(dQt + i * ldq_t + h_first * d, dt, dQ + (dqr.at(i, b) + h_first * d) * es,
+                          x.group * d);
       }
     }
   }

@@ -247,7 +247,8 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
   const u16* V = bits(v);
   u16* O = bits(out);
   float* L = lse.data<float>();
-  const int64_t ldq = x.B * x.hq * x.d, ldk = x.B * x.hkv * x.d, d = x.d, half_d = d / 2;
+  const Rows qr = rows_of(q), kr = rows_of(k), vr = rows_of(v), outr = rows_of(out);
+  const int64_t ldq = qr.s, d = x.d, half_d = d / 2;
   const int64_t nqb = (x.sq + kBr - 1) / kBr;
 
   // Every query block of a head reads all its keys and values: pack them once per call. kp:
@@ -260,8 +261,8 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
   for (int64_t b = 0; b < x.B; b++) {
     for (int64_t hk = 0; hk < x.hkv; hk++) {
       const int64_t head = b * x.hkv + hk;
-      transpose_words(kp_all + head * kp_head, x.sk, K + (b * x.hkv + hk) * d, ldk, x.sk, half_d);
-      pair_rows(vp_all + head * vp_head, d, V + (b * x.hkv + hk) * d, ldk, x.sk, d);
+      transpose_words(kp_all + head * kp_head, x.sk, K + kr.at(0, b) + hk * d, kr.s, x.sk, half_d);
+      pair_rows(vp_all + head * vp_head, d, V + vr.at(0, b) + hk * d, vr.s, x.sk, d);
     }
   }
 
@@ -285,7 +286,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
           const int64_t i0 = (nqb - 1 - qb_rev) * kBr;
           const int64_t rows = std::min(kBr, x.sq - i0);
           const int64_t head = b * x.hkv + h / x.group;
-          const u32* q_blk = words(Q + (i0 * x.B + b) * x.hq * d + h * d);
+          const u32* q_blk = words(Q + qr.at(i0, b) + h * d);
           const u32* kp = kp_all + head * kp_head;
           const u32* vp = vp_all + head * vp_head;
 
@@ -309,7 +310,7 @@ void attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, T
             const float inv_l = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
             float* a = acc + i * d;
             for (int64_t kk = 0; kk < d; kk++) a[kk] *= inv_l;
-            convert_block_from_f32(a, DType::BF16, O + ((i0 + i) * x.B + b) * x.hq * d + h * d, d);
+            convert_block_from_f32(a, DType::BF16, O + outr.at(i0 + i, b) + h * d, d);
             L[(b * x.hq + h) * x.sq + i0 + i] =
                 l[i] > 0.0f ? m[i] + std::log(l[i]) : -std::numeric_limits<float>::infinity();
           }
@@ -333,7 +334,9 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
   u16* dQ = bits(dq);
   u16* dK = bits(dk);
   u16* dV = bits(dv);
-  const int64_t ldq = x.B * x.hq * x.d, ldk = x.B * x.hkv * x.d, d = x.d, half_d = d / 2;
+  const Rows qr = rows_of(q), kr = rows_of(k), vr = rows_of(v), outr = rows_of(out), dor = rows_of(dout);
+  const Rows dqr = rows_of(dq), dkr = rows_of(dk), dvr = rows_of(dv);
+  const int64_t ldq = qr.s, ldo = dor.s, ldk = kr.s, ldv = vr.s, d = x.d, half_d = d / 2;
 
   // D_i = rowsum(dO_i * O_i), once per row rather than once per key tile.
   Tensor Dt = Tensor::empty({x.B, x.hq, x.sq}, DType::F32);
@@ -341,10 +344,8 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < x.B; b++)
     for (int64_t h = 0; h < x.hq; h++)
-      for (int64_t i = 0; i < x.sq; i++) {
-        const int64_t row = (i * x.B + b) * x.hq * d + h * d;
-        Dv[(b * x.hq + h) * x.sq + i] = dot_row(O + row, dO + row, d);
-      }
+      for (int64_t i = 0; i < x.sq; i++)
+        Dv[(b * x.hq + h) * x.sq + i] = dot_row(O + outr.at(i, b) + h * d, dO + dor.at(i, b) + h * d, d);
 
   // Per thread, in 32-bit words (bf16_workspace): kp, vp, kc, qi, doi, P, dS, pi, dsi, dSb,
   // dk_acc, dv_acc, dq_acc.
@@ -381,13 +382,13 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
         std::fill(dq_acc, dq_acc + x.group * x.sq * d, 0.0f);
         for (int64_t qb = 0; qb < nqb; qb++)
           block_ranges(mask, b, qb * kBr, std::min(kBr, x.sq - qb * kBr), x.sk, ranges[qb]);
-        const u16* k_head = K + b * x.hkv * d + hk * d;
-        const u16* v_head = V + b * x.hkv * d + hk * d;
+        const u16* k_head = K + kr.at(0, b) + hk * d;
+        const u16* v_head = V + vr.at(0, b) + hk * d;
 
         for (int64_t j0 = 0; j0 < x.sk; j0 += kBc) {
           const int64_t cols = std::min(kBc, x.sk - j0);
           transpose_words(kp, kBc, k_head + j0 * ldk, ldk, cols, half_d);
-          transpose_words(vp, kBc, v_head + j0 * ldk, ldk, cols, half_d);
+          transpose_words(vp, kBc, v_head + j0 * ldv, ldv, cols, half_d);
           pair_rows(kc, d, k_head + j0 * ldk, ldk, cols, d);
           std::fill(dk_acc, dk_acc + cols * d, 0.0f);
           std::fill(dv_acc, dv_acc + cols * d, 0.0f);
@@ -397,12 +398,12 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
               const BlockRanges& r = ranges[i0 / kBr];
               if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t rows = std::min(kBr, x.sq - i0), row_pairs = (rows + 1) / 2;
-              const u16* q_blk = Q + (i0 * x.B + b) * x.hq * d + h * d;
-              const u16* do_blk = dO + (i0 * x.B + b) * x.hq * d + h * d;
+              const u16* q_blk = Q + qr.at(i0, b) + h * d;
+              const u16* do_blk = dO + dor.at(i0, b) + h * d;
               const float* lse_blk = L + (b * x.hq + h) * x.sq + i0;
               const float* D_blk = Dv + (b * x.hq + h) * x.sq + i0;
               pair_rows(qi, d, q_blk, ldq, rows, d);
-              pair_rows(doi, d, do_blk, ldq, rows, d);
+              pair_rows(doi, d, do_blk, ldo, rows, d);
 
               // P = exp(scale * Q K^T - lse), recomputed rather than stored by the forward.
               dot_pairs(P, kBc, false, words(q_blk), ldq / 2, 1, kp, kBc, rows, cols, half_d);
@@ -413,7 +414,7 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
               dot_pairs(dv_acc, d, true, pi, 1, kBc, doi, d, cols, d, row_pairs);  // dV += P^T dO
 
               // dS = scale * P * (dO V^T - D)
-              dot_pairs(dS, kBc, false, words(do_blk), ldq / 2, 1, vp, kBc, rows, cols, half_d);
+              dot_pairs(dS, kBc, false, words(do_blk), ldo / 2, 1, vp, kBc, rows, cols, half_d);
               for (int64_t i = 0; i < rows; i++)
                 dscores_tile_row(P + i * kBc, dS + i * kBc, 0, cols, cols, softmax_scale, D_blk[i]);
               pair_rows_f32(dsi, kBc, dS, kBc, rows, cols);
@@ -426,16 +427,15 @@ void attention_backward_bf16(const Tensor& dout, const Tensor& q, const Tensor& 
           }
 
           for (int64_t j = 0; j < cols; j++) {
-            const int64_t row = ((j0 + j) * x.B + b) * x.hkv * d + hk * d;
-            convert_block_from_f32(dk_acc + j * d, DType::BF16, dK + row, d);
-            convert_block_from_f32(dv_acc + j * d, DType::BF16, dV + row, d);
+            convert_block_from_f32(dk_acc + j * d, DType::BF16, dK + dkr.at(j0 + j, b) + hk * d, d);
+            convert_block_from_f32(dv_acc + j * d, DType::BF16, dV + dvr.at(j0 + j, b) + hk * d, d);
           }
         }
 
         for (int64_t g = 0; g < x.group; g++)
           for (int64_t i = 0; i < x.sq; i++)
             convert_block_from_f32(dq_acc + (g * x.sq + i) * d, DType::BF16,
-                                   dQ + (i * x.B + b) * x.hq * d + (h_first + g) * d, d);
+                                   dQ + dqr.at(i, b) + (h_first + g) * d, d);
       }
     }
   }

@@ -24,6 +24,17 @@ struct Dims {
 };
 Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
 
+// Where the heads of position i, batch element b of an [s, b, heads, e] operand start, in
+// elements from its first one: the heads of one (i, b) lie side by side (strides e and 1, checked
+// by ops.cpp), while the position and batch strides are the tensor's own. q, k, v, dq, dk and dv
+// may thus be views into the fused qkv projection's output [s, b, (hq + 2 hkv) d] (and its
+// gradient), read and written in place; out, dout and lse are contiguous.
+struct Rows {
+  int64_t s = 0, b = 0;  // the position and batch strides
+  int64_t at(int64_t i, int64_t bb) const { return i * s + bb * b; }
+};
+inline Rows rows_of(const Tensor& t) { return {t.strides()[0], t.strides()[1]}; }
+
 // What one call allocates besides its outputs, in 4-byte words: `shared` once (packed operands,
 // the backward's row sums) and `per_thread` for each OpenMP thread (tiles, accumulators). The
 // kernels size their buffers from these, and the memory plan asks for them (attention_workspace_bytes).

@@ -36,11 +36,25 @@ namespace {
 //   I64   - int64 (row indices)
 enum class Want { Act, Param, F32, I32, I64 };
 
+// How an argument's elements may lie:
+//   Contiguous - packed row-major (every op's default)
+//   HeadRows   - [s, b, heads, e] with each (position, batch element)'s heads side by side (strides
+//                e and 1) and any position and batch strides: a view into a fused tensor, as
+//                attention's q, k, v (and dq, dk, dv) are into the qkv projection's output (and its
+//                gradient). CPU kernels only: on CUDA it must be contiguous.
+enum class Layout { Contiguous, HeadRows };
+
 struct Arg {
   const Tensor& t;
   const char* name;
   Want want = Want::Act;
+  Layout layout = Layout::Contiguous;
 };
+
+bool has_head_rows(const Tensor& t) {
+  return t.dim() == 4 && (t.size(3) <= 1 || t.strides()[3] == 1) &&
+         (t.size(2) <= 1 || t.strides()[2] == t.size(3));
+}
 
 bool is_float_dtype(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
 
@@ -55,8 +69,14 @@ Checked check_args(const char* op, std::initializer_list<Arg> args) {
   const Arg* first_act = nullptr;
   for (const Arg& a : args) {
     PARALLEL_CHECK(a.t.defined(), "ops::{}: {} is undefined", op, a.name);
-    PARALLEL_CHECK(a.t.is_contiguous(), "ops::{}: {} {} must be contiguous (call .contiguous())", op, a.name,
-                   shape_str(a.t.shape()));
+    if (a.layout == Layout::HeadRows && !a.t.device().is_cuda() && a.t.dim() == 4)
+      PARALLEL_CHECK(has_head_rows(a.t),
+                     "ops::{}: {} {} with strides {} must hold each position's heads side by side "
+                     "(strides [.., .., {}, 1]; call .contiguous())",
+                     op, a.name, shape_str(a.t.shape()), shape_str(a.t.strides()), a.t.size(3));
+    else
+      PARALLEL_CHECK(a.t.is_contiguous(), "ops::{}: {} {} must be contiguous (call .contiguous())", op,
+                     a.name, shape_str(a.t.shape()));
     PARALLEL_CHECK(a.t.device() == out.device, "ops::{}: {} is on {} but {} is on {}", op, a.name,
                    a.t.device().str(), args.begin()->name, out.device.str());
     if (a.want == Want::Act) {
@@ -726,7 +746,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
                        const AttentionMask& mask, float softmax_scale, Stream stream) {
   const char* op = "attention_forward";
   const OpTimeSpan op_time(op);
-  const Checked c = check_args(op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse", Want::F32}});
+  const Checked c = check_args(op, {{q, "q", Want::Act, Layout::HeadRows},
+                                    {k, "k", Want::Act, Layout::HeadRows},
+                                    {v, "v", Want::Act, Layout::HeadRows},
+                                    {out, "out"},
+                                    {lse, "lse", Want::F32}});
   check_attention(op, q, k, v, out, lse);
   const AttentionBounds bounds = attention_bounds(op, q, k, mask);
   if (c.device.is_meta())
@@ -800,14 +824,14 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   const char* op = "attention_backward";
   const OpTimeSpan op_time(op);
   const Checked c = check_args(op, {{dout, "dout"},
-                                    {q, "q"},
-                                    {k, "k"},
-                                    {v, "v"},
+                                    {q, "q", Want::Act, Layout::HeadRows},
+                                    {k, "k", Want::Act, Layout::HeadRows},
+                                    {v, "v", Want::Act, Layout::HeadRows},
                                     {out, "out"},
                                     {lse, "lse", Want::F32},
-                                    {dq, "dq"},
-                                    {dk, "dk"},
-                                    {dv, "dv"}});
+                                    {dq, "dq", Want::Act, Layout::HeadRows},
+                                    {dk, "dk", Want::Act, Layout::HeadRows},
+                                    {dv, "dv", Want::Act, Layout::HeadRows}});
   check_attention(op, q, k, v, out, lse);
   check_same_shape(op, dout, "dout", out, "out");
   check_same_shape(op, dq, "dq", q, "q");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parallel/allocator.hpp"
+#include "parallel/error.hpp"
 #include "parallel/ops.hpp"
 #include "parallel/tensor.hpp"
 
@@ -213,6 +214,63 @@ INSTANTIATE_TEST_SUITE_P(
         // scores ~ +-1000: exp would overflow without the running max
         Case{{130, 2, 4, 2, 64}, false, 100.0f}, Case{{130, 2, 4, 2, 64}, true, 100.0f}),
     case_name);
+
+// ---- views into a fused qkv tensor ---------------------------------------------------------------
+
+// q, k, v read as views of one fused [s, b, (hq + 2 hkv) d] tensor, and dq, dk, dv written into
+// one fused gradient (what the self-attention layer does on the CPU), give bitwise the results of
+// contiguous copies: the kernels change only where they read and write. Every dtype's kernel
+// (fp32; bf16 on AVX512-BF16 or widened; fp16 widened), under GQA, a window and documents.
+TEST(Attention, ViewsOfFusedQkvMatchContiguousCopiesBitwise) {
+  const int64_t s = 150, b = 2, hq = 8, hkv = 2, d = 32, n = (hq + 2 * hkv) * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // Two documents per sequence, starting at 0 and at 70 (b = 0) or 100 (b = 1).
+  std::vector<int32_t> starts(static_cast<size_t>(b * s));
+  for (int64_t bb = 0; bb < b; bb++)
+    for (int64_t p = 0; p < s; p++) starts[bb * s + p] = p < (bb == 0 ? 70 : 100) ? 0 : (bb == 0 ? 70 : 100);
+  const Tensor doc_start = Tensor::from_vector(starts, {b, s});
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    for (int mask_kind = 0; mask_kind < 3; mask_kind++) {
+      ops::AttentionMask mask;
+      if (mask_kind == 1) mask.window = 50;
+      if (mask_kind == 2) mask.doc_start = doc_start;
+      const std::string what = std::string(dtype_name(dt)) + " mask " + std::to_string(mask_kind);
+      Tensor qkv = Tensor::from_vector(randn(s * b * n, 41), {s, b, n}).to(dt);
+      Tensor q = qkv.narrow(2, 0, hq * d).view({s, b, hq, d});
+      Tensor k = qkv.narrow(2, hq * d, hkv * d).view({s, b, hkv, d});
+      Tensor v = qkv.narrow(2, (hq + hkv) * d, hkv * d).view({s, b, hkv, d});
+      ASSERT_FALSE(q.is_contiguous());
+      const Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+      Tensor dout = Tensor::from_vector(randn(s * b * hq * d, 42), {s, b, hq, d}).to(dt);
+
+      Tensor out = Tensor::empty({s, b, hq, d}, dt), lse = Tensor::empty({b, hq, s}, DType::F32);
+      Tensor out_c = Tensor::empty({s, b, hq, d}, dt), lse_c = Tensor::empty({b, hq, s}, DType::F32);
+      ops::attention_forward(q, k, v, out, lse, mask, scale);
+      ops::attention_forward(qc, kc, vc, out_c, lse_c, mask, scale);
+      EXPECT_EQ(out.to_float_vector(), out_c.to_float_vector()) << what;
+      EXPECT_EQ(lse.to_float_vector(), lse_c.to_float_vector()) << what;
+
+      // The fused gradient starts as NaN: the three views must cover and write all of it.
+      Tensor dqkv = Tensor::full({s, b, n}, std::numeric_limits<double>::quiet_NaN(), dt);
+      Tensor dq = dqkv.narrow(2, 0, hq * d).view({s, b, hq, d});
+      Tensor dk = dqkv.narrow(2, hq * d, hkv * d).view({s, b, hkv, d});
+      Tensor dv = dqkv.narrow(2, (hq + hkv) * d, hkv * d).view({s, b, hkv, d});
+      Tensor dq_c = Tensor::empty(qc.shape(), dt), dk_c = Tensor::empty(kc.shape(), dt),
+             dv_c = Tensor::empty(vc.shape(), dt);
+      ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, mask, scale);
+      ops::attention_backward(dout, qc, kc, vc, out_c, lse_c, dq_c, dk_c, dv_c, mask, scale);
+      EXPECT_EQ(dq.to_float_vector(), dq_c.to_float_vector()) << what;
+      EXPECT_EQ(dk.to_float_vector(), dk_c.to_float_vector()) << what;
+      EXPECT_EQ(dv.to_float_vector(), dv_c.to_float_vector()) << what;
+      for (float g : dqkv.to_float_vector()) ASSERT_FALSE(std::isnan(g)) << what;
+    }
+  }
+  // A view whose heads are not side by side is refused with the rule, not read wrongly.
+  Tensor qkv = Tensor::empty({s, b, 2 * hq * d}, DType::F32);
+  Tensor every_other = qkv.view({s, b, hq, 2 * d}).narrow(3, 0, d);
+  Tensor out = Tensor::empty({s, b, hq, d}, DType::F32), lse = Tensor::empty({b, hq, s}, DType::F32);
+  EXPECT_THROW(ops::attention_forward(every_other, every_other, every_other, out, lse, true, scale), Error);
+}
 
 // ---- the reference's backward against finite differences --------------------------------------
 
