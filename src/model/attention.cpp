@@ -70,20 +70,36 @@ std::vector<Parameter*> SelfAttention::parameters() {
   return out;
 }
 
-// qkv_out [s, b, (hq_l + 2 hkv_l) d] -> q, k, v (contiguous, rotated) -> the core's output and state.
-// s is this rank's whole share of the sequence (the qkv linear gathered it under sp): all of it,
-// or its two chunks under context parallelism.
+// Which of q, k and v the attention core reads straight out of the fused qkv output (and whose
+// gradients it writes straight into the fused dqkv): the CPU kernels take each position's heads at
+// any row stride (ops.hpp), so a head block of the fused tensor needs no copy. Copied instead, as
+// contiguous tensors: on CUDA (its kernels take contiguous tensors), under context parallelism
+// (ring and all-to-all attention pack and move whole tensors), and q and k when rope or qk-norm
+// changes them (in place, on the copy: the fused output is kept for selective recompute). The meta
+// device takes the CPU's path, so a meta run allocates what a CPU run does.
+SelfAttention::InPlace SelfAttention::in_place(Device dev) const {
+  const bool views = !dev.is_cuda() && env_.cp_size() == 1;
+  const bool qk_changed = q_norm.has_value() || env_.config->position_embedding == PositionEmbedding::Rope;
+  return {.qk = views && !qk_changed, .v = views};
+}
+
+// qkv_out [s, b, (hq_l + 2 hkv_l) d] -> q, k, v (views of it, or contiguous copies; rotated) -> the
+// core's output and state. s is this rank's whole share of the sequence (the qkv linear gathered it
+// under sp): all of it, or its two chunks under context parallelism.
 void SelfAttention::core_forward(const Tensor& qkv_out, Context& ctx) {
   const int64_t s = qkv_out.size(0), b = qkv_out.size(1), d = env_.head_dim;
   const int64_t nq = heads_local_ * d, nkv = groups_local_ * d;
-  const Device dev = qkv_out.device();
-  const DType dt = qkv_out.dtype();
-  Tensor q = Tensor::empty({s, b, heads_local_, d}, dt, dev);
-  Tensor k = Tensor::empty({s, b, groups_local_, d}, dt, dev);
-  Tensor v = Tensor::empty({s, b, groups_local_, d}, dt, dev);
-  q.view({s, b, nq}).copy_(qkv_out.narrow(2, 0, nq));
-  k.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq, nkv));
-  v.view({s, b, nkv}).copy_(qkv_out.narrow(2, nq + nkv, nkv));
+  const InPlace views = in_place(qkv_out.device());
+  auto part = [&](int64_t start, int64_t heads, bool view) {
+    const Tensor rows = qkv_out.narrow(2, start, heads * d);
+    if (view) return rows.view({s, b, heads, d});
+    Tensor t = Tensor::empty({s, b, heads, d}, qkv_out.dtype(), qkv_out.device());
+    t.view({s, b, heads * d}).copy_(rows);
+    return t;
+  };
+  Tensor q = part(0, heads_local_, views.qk);
+  Tensor k = part(nq, groups_local_, views.qk);
+  Tensor v = part(nq + nkv, groups_local_, views.v);
   if (q_norm) {  // per head, before rope (each row of [s b heads, d])
     q = q_norm->forward(q, ctx.q_norm_ctx);
     k = k_norm->forward(k, ctx.k_norm_ctx);
@@ -131,9 +147,17 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
   Tensor dout = dout_flat.view({s, b, heads_local_, d});
   const Device dev = dout.device();
   const DType dt = dout.dtype();
-  Tensor dq = Tensor::empty({s, b, heads_local_, d}, dt, dev);
-  Tensor dk = Tensor::empty({s, b, groups_local_, d}, dt, dev);
-  Tensor dv = Tensor::empty({s, b, groups_local_, d}, dt, dev);
+  // The fused layout [.., q_r | k_r | v_r] the qkv GEMM produced: the kernel writes the gradients
+  // of the parts it read in place straight into it, the others are copied in below.
+  Tensor dqkv = Tensor::empty({s, b, nq + 2 * nkv}, dt, dev);
+  const InPlace views = in_place(dev);
+  auto part = [&](int64_t start, int64_t heads, bool view) {
+    if (view) return dqkv.narrow(2, start, heads * d).view({s, b, heads, d});
+    return Tensor::empty({s, b, heads, d}, dt, dev);
+  };
+  Tensor dq = part(0, heads_local_, views.qk);
+  Tensor dk = part(nq, groups_local_, views.qk);
+  Tensor dv = part(nq + nkv, groups_local_, views.v);
   core_.backward(dout, ctx.core, dq, dk, dv);
   ctx.out = Tensor();
   // dq, dk, dv leave the attention kernel in bf16, and again after the rope's backward rotation.
@@ -146,11 +170,11 @@ Tensor SelfAttention::core_backward(const Tensor& dout_flat, Context& ctx) {
     dq = q_norm->backward(dq, ctx.q_norm_ctx);
     dk = k_norm->backward(dk, ctx.k_norm_ctx);
   }
-  // Back into the fused layout [.., q_r | k_r | v_r] the qkv GEMM produced.
-  Tensor dqkv = Tensor::empty({s, b, nq + 2 * nkv}, dt, dev);
-  dqkv.narrow(2, 0, nq).copy_(dq.view({s, b, nq}));
-  dqkv.narrow(2, nq, nkv).copy_(dk.view({s, b, nkv}));
-  dqkv.narrow(2, nq + nkv, nkv).copy_(dv.view({s, b, nkv}));
+  if (!views.qk) {
+    dqkv.narrow(2, 0, nq).copy_(dq.view({s, b, nq}));
+    dqkv.narrow(2, nq, nkv).copy_(dk.view({s, b, nkv}));
+  }
+  if (!views.v) dqkv.narrow(2, nq + nkv, nkv).copy_(dv.view({s, b, nkv}));
   return dqkv;
 }
 

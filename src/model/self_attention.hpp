@@ -47,6 +47,11 @@ class SelfAttention {
   std::optional<Norm> q_norm, k_norm;
 
  private:
+  // Whether the core reads q and k, and v, as views of the fused qkv output (attention.cpp).
+  struct InPlace {
+    bool qk = false, v = false;
+  };
+  InPlace in_place(Device dev) const;
   Tensor walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode);
   void core_forward(const Tensor& qkv_out, Context& ctx);
   // The attention core's backward between the two linears: proj's dx -> qkv's dy.
