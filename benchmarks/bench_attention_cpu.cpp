@@ -80,20 +80,33 @@ double forward_flops(int64_t s, int64_t b, int64_t heads) {
   return kCausal ? f / 2 : f;
 }
 
+// fused: q, k, v are views of one [s, b, 3 heads d] tensor and dq, dk, dv of one fused gradient,
+// as the self-attention layer passes them on the CPU (docs/ops.md); else contiguous tensors.
 struct Inputs {
   Tensor q, k, v, out, lse, dout, dq, dk, dv;
   float scale;
-  Inputs(int64_t s, int64_t b, DType dt, int64_t heads = 12) {
+  Inputs(int64_t s, int64_t b, DType dt, int64_t heads = 12, bool fused = false) {
     const Shape shape{s, b, heads, kHeadDim};
-    q = random_tensor(shape, 1, dt);
-    k = random_tensor(shape, 2, dt);
-    v = random_tensor(shape, 3, dt);
+    if (fused) {
+      const int64_t n = heads * kHeadDim;
+      const Tensor qkv = random_tensor({s, b, 3 * n}, 1, dt), dqkv = Tensor::zeros({s, b, 3 * n}, dt);
+      q = qkv.narrow(2, 0, n).view(shape);
+      k = qkv.narrow(2, n, n).view(shape);
+      v = qkv.narrow(2, 2 * n, n).view(shape);
+      dq = dqkv.narrow(2, 0, n).view(shape);
+      dk = dqkv.narrow(2, n, n).view(shape);
+      dv = dqkv.narrow(2, 2 * n, n).view(shape);
+    } else {
+      q = random_tensor(shape, 1, dt);
+      k = random_tensor(shape, 2, dt);
+      v = random_tensor(shape, 3, dt);
+      dq = Tensor::zeros(shape, dt);
+      dk = Tensor::zeros(shape, dt);
+      dv = Tensor::zeros(shape, dt);
+    }
     dout = random_tensor(shape, 4, dt);
     out = Tensor::zeros(shape, dt);
     lse = Tensor::zeros({b, heads, s}, DType::F32);
-    dq = Tensor::zeros(shape, dt);
-    dk = Tensor::zeros(shape, dt);
-    dv = Tensor::zeros(shape, dt);
     scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   }
 };
@@ -103,12 +116,13 @@ DType dtype_arg(const benchmark::State& state) { return state.range(2) ? DType::
 void label(benchmark::State& state, int64_t s, int64_t b, const Tensor& q) {
   const std::string path = ops::attention_implementation(q.dtype(), q.size(3));
   state.SetLabel("s=" + std::to_string(s) + " b=" + std::to_string(b) + " hq=" + std::to_string(q.size(2)) +
-                 " d=" + std::to_string(kHeadDim) + (kCausal ? " causal " : " ") + path);
+                 " d=" + std::to_string(kHeadDim) + (kCausal ? " causal " : " ") + path +
+                 (q.is_contiguous() ? "" : " fused qkv views"));
 }
 
 void BM_AttentionForward(benchmark::State& state) {
   const int64_t s = state.range(0), b = state.range(1), heads = state.range(3);
-  Inputs x(s, b, dtype_arg(state), heads);
+  Inputs x(s, b, dtype_arg(state), heads, state.range(4) != 0);
   const double seconds = timed_loop(
       state, [&] { ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, kCausal, x.scale); },
       forward_flops(s, b, heads), state.range(2) ? 1 : 0);
@@ -120,7 +134,7 @@ void BM_AttentionForward(benchmark::State& state) {
 
 void BM_AttentionBackward(benchmark::State& state) {
   const int64_t s = state.range(0), b = state.range(1), heads = state.range(3);
-  Inputs x(s, b, dtype_arg(state), heads);
+  Inputs x(s, b, dtype_arg(state), heads, state.range(4) != 0);
   ops::attention_forward(x.q, x.k, x.v, x.out, x.lse, kCausal, x.scale);
   const double seconds = timed_loop(
       state,
@@ -192,10 +206,13 @@ BENCHMARK(BM_MaskedBackward)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// {s, b, bf16, heads}: 1024 tokens either way; GPT-2 small's 12 heads and the mini GPT's 6.
+// {s, b, bf16, heads, fused}: 1024 tokens either way; GPT-2 small's 12 heads and the mini GPT's 6;
+// contiguous q, k, v, then views of a fused qkv at the step shapes (s = 256).
 static void step_shapes(benchmark::internal::Benchmark* b) {
   for (const auto& [s, batch, heads] : {std::array<int64_t, 3>{256, 4, 6}, {256, 4, 12}, {1024, 1, 12}})
-    for (int64_t bf16 : {0, 1}) b->Args({s, batch, bf16, heads});
+    for (int64_t bf16 : {0, 1})
+      for (int64_t fused : {0, 1})
+        if (!fused || s == 256) b->Args({s, batch, bf16, heads, fused});
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 BENCHMARK(BM_AttentionForward)->Apply(step_shapes);
