@@ -417,24 +417,20 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   for (const auto& [label, l] : {std::pair{"node", hw.node_link}, std::pair{"cluster", hw.cluster_link}}) {
     out += fmt::format("  {}: {{bandwidth_GBps: {:.6g}, latency_us: {:.6g}, shared_by: {}", label,
                        l.bandwidth_GBps, l.latency_us, l.shared_by);
-    if (!l.collective_us.empty()) {
-      out += ", collective_us: {";
+    // A table per collective kind, as `, key: {kind: [[x, y], ...], ...}`; nothing when empty.
+    auto kind_tables = [&out](const char* key,
+                              const std::map<std::string, std::vector<std::pair<double, double>>>& m) {
+      if (m.empty()) return;
+      out += fmt::format(", {}: {{", key);
       bool first_kind = true;
-      for (const auto& [kind, table] : l.collective_us) {
+      for (const auto& [kind, table] : m) {
         out += fmt::format("{}{}: {}", first_kind ? "" : ", ", kind, table_yaml(table));
         first_kind = false;
       }
       out += "}";
-    }
-    if (!l.bus_GBps.empty()) {
-      out += ", bus_GBps: {";
-      bool first_kind = true;
-      for (const auto& [kind, table] : l.bus_GBps) {
-        out += fmt::format("{}{}: {}", first_kind ? "" : ", ", kind, table_yaml(table));
-        first_kind = false;
-      }
-      out += "}";
-    }
+    };
+    kind_tables("collective_us", l.collective_us);
+    kind_tables("bus_GBps", l.bus_GBps);
     if (!l.async_progress) out += ", async_progress: false";
     out += "}\n";
   }
