@@ -316,29 +316,38 @@ void add_bias(Tensor& y, const Tensor& bias) {
 // and the sum order is fixed, so the result does not depend on the thread count or the blocking).
 // The blocks are at most kCols wide and come in a multiple of the thread count, so that every
 // thread sums as many columns: h = 384 in blocks of 256 left one of two threads a third idle.
+// Each thread owns one contiguous range of columns and walks the rows in order, adding each row's
+// slice into an fp32 accumulator row (per-thread scratch, L1/L2-resident), then adds it to dbias.
+// Every column is summed over the rows in row order from 0 and then added to dbias, whatever the
+// split: the result does not depend on the thread count. The rows are read front to back as long
+// contiguous slices; blocks of <= 256 columns walked down the rows one after the other (before)
+// read each row in 1 KB pieces at a stride of h and ran at ~6 GB/s.
 void bias_backward(const Tensor& dy, Tensor& dbias) {
   const int64_t h = dbias.numel();
   if (h == 0) return;
   const int64_t rows = dy.numel() / h;
   const DType dt = dy.dtype();
   float* dB = dbias.data<float>();
-  constexpr int64_t kCols = 256;
   const bool parallel = rows * h > 2 * kChunk;
-  const int64_t threads = parallel ? omp_get_max_threads() : 1;
-  const int64_t wanted = ((h + kCols - 1) / kCols + threads - 1) / threads * threads;
-  const int64_t cols = std::min(kCols, ((h + wanted - 1) / wanted + 15) / 16 * 16);
-  const int64_t blocks = (h + cols - 1) / cols;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t blk = 0; blk < blocks; blk++) {
-    const int64_t c0 = blk * cols, nc = std::min(h, c0 + cols) - c0;
-    float acc[kCols] = {};
-    for (int64_t r = 0; r < rows; r++) {
-      if (dt == DType::BF16)
-        add_row(acc, static_cast<const bf16_t*>(dy.data_ptr()) + r * h + c0, nc);
-      else
-        add_row(acc, read_f32(offset_ptr(dy.data_ptr(), dt, r * h + c0), dt, nc, 0), nc);
+  const int threads = parallel ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    // Column ranges in multiples of 16 (whole cache lines of fp32 and bf16 rows).
+    const int64_t c0 = std::min(h, (h * t / nt + 15) / 16 * 16);
+    const int64_t c1 = t + 1 == nt ? h : std::min(h, (h * (t + 1) / nt + 15) / 16 * 16);
+    const int64_t nc = c1 - c0;
+    if (nc > 0) {
+      float* acc = scratch_f32(5, nc);
+      std::fill_n(acc, nc, 0.0f);
+      for (int64_t r = 0; r < rows; r++) {
+        if (dt == DType::BF16)
+          add_row(acc, static_cast<const bf16_t*>(dy.data_ptr()) + r * h + c0, nc);
+        else
+          add_row(acc, read_f32(offset_ptr(dy.data_ptr(), dt, r * h + c0), dt, nc, 0), nc);
+      }
+      add_row(dB + c0, acc, nc);
     }
-    add_row(dB + c0, acc, nc);
   }
 }
 
