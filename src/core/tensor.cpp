@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -510,15 +511,30 @@ void Tensor::fill_(double value, Stream stream) {
   void* d = data_ptr();
   if (is_contiguous()) {
     const int64_t n = numel();
-    if (dtype_ == DType::F32) {
-      std::fill_n(static_cast<float*>(d), n, static_cast<float>(value));
-      return;
+    // +0.0 in every dtype is all zero bits: a memset, which glibc streams past the cache for large
+    // sizes (the gradient buffer's zeroing each step: 55 MB for the mini GPT, 500 MB for GPT-2,
+    // ~41 GB/s against ~15 for a loop of fp32 stores here). Fills of >= kParallelCopyBytes are split
+    // over the threads in 64-byte pieces; every element gets the same value either way.
+    const bool zero_bits = value == 0.0 && !std::signbit(value);
+    const std::size_t es = dtype_size(dtype_);
+    auto fill_range = [&](int64_t b, int64_t e) {
+      if (zero_bits) {
+        std::memset(static_cast<char*>(d) + b * static_cast<int64_t>(es), 0,
+                    static_cast<std::size_t>(e - b) * es);
+      } else if (dtype_ == DType::F32) {
+        std::fill_n(static_cast<float*>(d) + b, e - b, static_cast<float>(value));
+      } else {
+        for (int64_t i = b; i < e; ++i) store(d, dtype_, i, value);
+      }
+    };
+    const bool split = static_cast<int64_t>(nbytes()) >= kParallelCopyBytes;
+#pragma omp parallel if (split)
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t piece = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
+      const int64_t pieces = (n + piece - 1) / piece;
+      fill_range(std::min(n, pieces * t / threads * piece), std::min(n, pieces * (t + 1) / threads * piece));
     }
-    if (value == 0.0) {
-      std::memset(d, 0, nbytes());
-      return;
-    }
-    for (int64_t i = 0; i < n; ++i) store(d, dtype_, i, value);
     return;
   }
   for_each_element(shape_, strides_, strides_, [&](int64_t di, int64_t) { store(d, dtype_, di, value); });
