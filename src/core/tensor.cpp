@@ -527,8 +527,10 @@ void Tensor::fill_(double value, Stream stream) {
         for (int64_t i = b; i < e; ++i) store(d, dtype_, i, value);
       }
     };
-    const bool split = static_cast<int64_t>(nbytes()) >= kParallelCopyBytes;
-#pragma omp parallel if (split)
+    // Small fills stay out of OpenMP altogether: even a region with a false `if` costs a call
+    // into the runtime, and a step makes several small fills.
+    if (static_cast<int64_t>(nbytes()) < kParallelCopyBytes) return fill_range(0, n);
+#pragma omp parallel
     {
       const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
       const int64_t piece = std::max<int64_t>(1, 64 / static_cast<int64_t>(es));
