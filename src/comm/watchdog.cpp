@@ -3,6 +3,7 @@
 
 #include <fmt/ranges.h>
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +14,7 @@
 
 #include "parallel/communicator.hpp"
 #include "parallel/error.hpp"
+#include "parallel/launch.hpp"
 #include "parallel/log.hpp"
 
 namespace parallel {
@@ -43,7 +45,25 @@ std::string describe_group(const Communicator& comm) {
 
 namespace detail {
 
-WaitPacer::WaitPacer() : start_(Clock::now()), limit_s_(comm_timeout()) {}
+bool waits_share_cores() {
+  static const bool share = [] {
+    int local_ranks = 1;
+    try {
+      local_ranks = std::max(1, discover_launch_from_environment().local_size);
+    } catch (const std::exception&) {
+      // A malformed launcher variable is reported where the job reads its rank; here it only
+      // chooses how to wait, and a rank a core is the cheaper assumption to get wrong.
+    }
+    int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
+    return local_ranks > cpus;
+  }();
+  return share;
+}
+
+WaitPacer::WaitPacer() : start_(Clock::now()), limit_s_(comm_timeout()), share_cores_(waits_share_cores()) {}
 
 WaitPacer::~WaitPacer() {
   g_wait_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count(),
@@ -55,7 +75,7 @@ double WaitPacer::elapsed_s() const { return std::chrono::duration<double>(Clock
 bool WaitPacer::pause() {
   using std::chrono::microseconds;
   const auto waited = Clock::now() - start_;
-  if (waited < microseconds(50)) return true;  // spin: the next poll follows at once
+  if (waited < microseconds(share_cores_ ? 50 : 2000)) return true;  // spin: the next poll follows at once
   if (std::chrono::duration<double>(waited).count() > limit_s_) return false;
   if (waited < microseconds(2000)) {
     std::this_thread::yield();
