@@ -22,6 +22,8 @@
 //     a 16-bit kernel widens and narrows its blocks and runs at its own rate);
 //   - ops::add on 3 x 128 MiB: memory bandwidth (bytes read and written over time);
 //   - ops::add on one element: the per-op overhead;
+//   - a small GPT chunk's step less its ops' own time, per op: the host code between ops
+//     (device.host_us_per_op; measure_host_code below);
 //   - ping-pong of 8 bytes (latency) and 4 MiB (bandwidth) between ranks 0 and 1;
 //   - on the first g = 2, 4, 8 ranks: the median time of a small all_reduce, all_gather and
 //     reduce_scatter (links.node.collective_us), and, where g exceeds the cores, the median step
@@ -54,9 +56,13 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/gpt_model.hpp"
 #include "parallel/hardware.hpp"
 #include "parallel/meta.hpp"
+#include "parallel/op_times.hpp"
 #include "parallel/ops.hpp"
+#include "parallel/optimizer.hpp"
+#include "parallel/parameter.hpp"
 #include "parallel/runtime.hpp"
 #include "parallel/step_cost.hpp"
 
@@ -173,6 +179,71 @@ void measure_fixed_costs(parallel::HardwareDescription& hw, std::string& notes) 
   };
   fixed("attention_forward", forward, flops);
   fixed("attention_backward", backward, 2.5 * flops);
+}
+
+// ---- The host code between a step's ops ----
+
+// What a step spends outside its ops on the issuing thread: the layers' views and shape logic, the
+// bookkeeping of saved activations, the optimizer's loop over its parameters (on this machine 1.5-1.8
+// us per op issued in the tiny model's step, 10-12 % of it; docs/planner.md, "Where the tiny step's
+// time goes"). Measured on a small GPT chunk (2 layers, width 128, 4 heads, sequence 64, vocabulary
+// 1024, micro-batch 2, fp32), one forward, backward and AdamW step at a time: its wall time less
+// its ops' own (op_times.hpp), over the ops it issued; the fastest of 60 such steps, in wall time as
+// the op timer is, on rank 0 while the others sleep. The shape is the library's, not a model's: the
+// host code per op does not follow the operands' size (only the ops do), and it is a property of
+// this library on this machine, which is why a calibration of the machine measures it.
+void measure_host_code(parallel::HardwareDescription& hw, std::string& notes) {
+  using namespace parallel;
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.vocab_size = 1024;
+  c.seq_length = 64;
+  const int64_t batch = 2;
+  MpiCommunicator self(MPI_COMM_SELF);
+  GPTModel model(c, ChunkSpec{0, c.num_layers, true, true}, {}, self);
+  AdamW opt(model.parameters(), OptimizerConfig{}, Precision::FP32);
+  std::vector<int32_t> ids(static_cast<std::size_t>(batch * c.seq_length));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+  const Tensor tokens = Tensor::from_vector(ids, {batch, c.seq_length});
+  const Tensor seed = Tensor::full({1}, 1.0 / static_cast<double>(batch * c.seq_length), DType::F32);
+  const auto step = [&] {
+    zero_grads(model.parameters());
+    auto act = model.new_activations();
+    model.forward(tokens, tokens, *act);
+    model.backward(seed, *act);
+    opt.step(1e-4);
+  };
+  const bool was_enabled = ops::op_times_enabled();
+  ops::set_op_times_enabled(true);
+  for (int i = 0; i < 5; ++i) step();  // first-use allocations, packed weights
+  double best = 1e30, best_ops = 0;
+  int64_t calls = 0;
+  for (int i = 0; i < 60; ++i) {
+    ops::reset_op_times();
+    const auto start = Clock::now();
+    step();
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    double in_ops = 0;
+    int64_t n = 0;
+    for (const auto& [op, t] : ops::op_times()) {
+      in_ops += t.seconds;
+      n += t.calls;
+    }
+    if (n > 0 && (wall - in_ops) / static_cast<double>(n) < best) {
+      best = (wall - in_ops) / static_cast<double>(n);
+      best_ops = in_ops;
+      calls = n;
+    }
+  }
+  ops::reset_op_times();
+  ops::set_op_times_enabled(was_enabled);
+  hw.host_us_per_op = std::max(0.0, best) * 1e6;
+  notes += fmt::format(
+      "host code per op (a 2-layer, width-128 GPT chunk's forward, backward and AdamW step, {} ops taking "
+      "{:.0f} us): {:.2f} us\n",
+      calls, best_ops * 1e6, hw.host_us_per_op);
 }
 
 // ---- Communication by group size, and blocking waits on an oversubscribed node ----
@@ -634,6 +705,7 @@ int main(int argc, char** argv) {
         hw.memory_bandwidth_GBps = 3.0 * 4 * n / time_per_call([&] { ops::add(a, b, c); }, 0.3) / 1e9;
       }
       measure_fixed_costs(hw, notes);
+      measure_host_code(hw, notes);
       release_from(world, 1);
     }
     // Ping-pong between ranks 0 and 1 (the others sleep): one-way time = round trip / 2.

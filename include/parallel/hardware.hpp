@@ -33,6 +33,12 @@
 //         # call, and for attention per (batch x head) pair, the unit its work is split into; measured
 //         # by calibrate_machine on a small operand (the kernel's time there less its work at its
 //         # op_tflops rate). One map for every dtype. Absent: 0
+//     host_us_per_op: 1.5
+//         # optional: the caller's host code per op issued, outside the op (a layer's views, the
+//         # bookkeeping of its saved tensors, the freeing of what it no longer needs); measured by
+//         # calibrate_machine as a small GPT chunk's forward and backward less its ops' own time,
+//         # over its op count. Time-shared as the op overhead is. Absent (the GPU descriptions,
+//         # whose host code runs ahead of the device's kernels): 0
 //     memory_GiB: 80
 //   node:
 //     devices: 8                     # devices per node (a CPU: its cores)
@@ -124,6 +130,8 @@ struct HardwareDescription {
   double op_overhead_us = 0;
   // Per op kind, microseconds per call (attention: per batch x head pair) beyond op_overhead_us.
   std::map<std::string, double> op_fixed_us;
+  // The caller's host code per op, outside the op (device.host_us_per_op; 0: none).
+  double host_us_per_op = 0;
   double memory_GiB = 0;
   int devices_per_node = 1;
   // (ranks per device, microseconds): the extra cost of a blocking wait on an oversubscribed

@@ -19,6 +19,7 @@ int64_t now_ns() {
       .count();
 }
 
+bool g_enabled = read_enabled();  // a plain bool: read by every op, written between ops only
 thread_local int t_depth = 0;
 thread_local std::map<std::string, OpTime>* t_times = nullptr;
 
@@ -29,10 +30,9 @@ std::map<std::string, OpTime>& times() {
 
 }  // namespace
 
-bool op_times_enabled() {
-  static const bool enabled = read_enabled();
-  return enabled;
-}
+bool op_times_enabled() { return g_enabled; }
+
+void set_op_times_enabled(bool enabled) { g_enabled = enabled; }
 
 std::map<std::string, OpTime> op_times() { return times(); }
 

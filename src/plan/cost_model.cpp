@@ -51,7 +51,8 @@ double CostModel::kernel_seconds(double flops, double bytes, DType dtype, double
   const double rate = matmul_size > 0
                           ? hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(matmul_size, dtype) * share_
                           : hw_.vector_tflops * 1e12 * share_;
-  return hw_.op_overhead_us * 1e-6 / share_ + std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
+  return (hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 / share_ +
+         std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
 }
 
 double fixed_cost_units(const OpEvent& e) {
@@ -121,9 +122,10 @@ double CostModel::op_seconds(const OpEvent& e) const {
   // description has one.
   if (const double measured = hw_.op_tflops_for(e.op, dtype); measured > 0) rate = measured * 1e12 * share_;
   const double compute = rate > 0 ? e.flops / rate : 0.0;
-  // The overhead and the fixed cost are the rank's own work (on a CPU: its core's), so they are
-  // time-shared as its kernels are.
-  return (hw_.op_overhead_us * 1e-6 + hw_.op_fixed_s(e.op, fixed_cost_units(e))) / share_ +
+  // The overhead, the caller's host code around the op and the fixed cost are the rank's own work
+  // (on a CPU: its core's), so they are time-shared as its kernels are.
+  return ((hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 + hw_.op_fixed_s(e.op, fixed_cost_units(e))) /
+             share_ +
          std::max(compute, bytes / bw);
 }
 

@@ -274,7 +274,7 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   const YAML::Node dev = r.need(root, "", "device");
   r.only_keys(dev, "device",
               {"matmul_tflops", "matmul_efficiency", "vector_tflops", "op_tflops", "memory_bandwidth_GBps",
-               "op_overhead_us", "op_fixed_us", "memory_GiB"});
+               "op_overhead_us", "op_fixed_us", "host_us_per_op", "memory_GiB"});
   const YAML::Node mm = r.need(dev, "device", "matmul_tflops");
   if (!mm.IsMap() || mm.size() == 0) r.fail("device.matmul_tflops", "must map dtypes to TFLOP/s (fp32: 156)");
   for (const auto& kv : mm) {
@@ -330,6 +330,8 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   hw.memory_bandwidth_GBps =
       r.number(r.need(dev, "device", "memory_bandwidth_GBps"), "device.memory_bandwidth_GBps", 0);
   hw.op_overhead_us = r.number(r.need(dev, "device", "op_overhead_us"), "device.op_overhead_us", 0, true);
+  if (const YAML::Node host = dev["host_us_per_op"])
+    hw.host_us_per_op = r.number(host, "device.host_us_per_op", 0, true);
   if (const YAML::Node fixed = dev["op_fixed_us"]) {
     if (!fixed.IsMap())
       r.fail("device.op_fixed_us", "must map op names to microseconds per call (attention_forward: 5)");
@@ -409,6 +411,7 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   out += fmt::format("  memory_bandwidth_GBps: {:.6g}\n  op_overhead_us: {:.6g}\n", hw.memory_bandwidth_GBps,
                      hw.op_overhead_us);
   if (!hw.op_fixed_us.empty()) out += "  op_fixed_us: " + rates_yaml(hw.op_fixed_us) + "\n";
+  if (hw.host_us_per_op > 0) out += fmt::format("  host_us_per_op: {:.6g}\n", hw.host_us_per_op);
   if (hw.memory_GiB > 0) out += fmt::format("  memory_GiB: {:.6g}\n", hw.memory_GiB);
   out += fmt::format("node:\n  devices: {}\n", hw.devices_per_node);
   if (!hw.oversubscribed_wait_us.empty())

@@ -335,6 +335,26 @@ links:
                         "two_dtypes.yaml");
 }
 
+TEST(OpCost, TheHostCodePerOpIsAddedToEveryOpAndTimeShared) {
+  // device.host_us_per_op (calibrate_machine: a small GPT chunk's step less its ops, per op): the
+  // caller's code around each op, paid once per op like the overhead, and like it time-shared
+  // when ranks share the devices. Absent: 0, the op priced as before.
+  HardwareDescription hw = simple_machine();
+  hw.op_overhead_us = 1;
+  OpEvent g;
+  g.op = "add";
+  EXPECT_DOUBLE_EQ(CostModel(hw, 8).op_seconds(g), 1e-6);
+  hw.host_us_per_op = 2;
+  EXPECT_DOUBLE_EQ(CostModel(hw, 8).op_seconds(g), 3e-6);
+  hw.devices_per_node = 2;
+  EXPECT_DOUBLE_EQ(CostModel(hw, 4, 4).op_seconds(g), 6e-6);  // half a device each
+  // It reads back, and a description without it reads 0.
+  const HardwareDescription back = parse_hardware(hardware_yaml(hw), "round trip");
+  EXPECT_DOUBLE_EQ(back.host_us_per_op, 2);
+  EXPECT_DOUBLE_EQ(parse_hardware(hardware_yaml(simple_machine()), "none").host_us_per_op, 0);
+  EXPECT_EQ(hardware_yaml(simple_machine()).find("host_us_per_op"), std::string::npos);
+}
+
 TEST(OpCost, ABf16OpIsPricedByTheBf16CurveAndKernelRate) {
   const HardwareDescription hw = two_dtype_machine();
   const CostModel cost(hw, 8);
@@ -581,6 +601,12 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(with("cluster: {bandwidth_GBps: 0.5, ", "cluster: {"))
                 .find("links.cluster.bandwidth_GBps is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("vector_tflops: ", "host_us_per_op: -0.5\n  vector_tflops: "))
+                .find("bad.yaml: device.host_us_per_op must be a number >= 0, got -0.5"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("vector_tflops: ", "host_us_per_op: fast\n  vector_tflops: "))
+                .find("bad.yaml: device.host_us_per_op must be a number >= 0, got 'fast'"),
             std::string::npos);
   // The measured communication terms: every error names its key.
   EXPECT_NE(error_of(with("devices: 8", "devices: 8\n  oversubscribed_wait_us: [[2, 40], [2, 50]]"))
