@@ -330,16 +330,21 @@ void matmul_acc(float* __restrict C, int64_t ldc, const float* __restrict A, int
 }
 
 // The per-row bands of one tile [j0, j0 + cols) of a query block: rows_lo/hi[i] = row i's visible
-// columns of the tile (empty: lo >= hi); cols_lo/hi[j] (when asked) = the hull of the rows that see
-// column j (empty when none does), for the products whose rows are the tile's keys.
+// columns of the tile (empty: lo >= hi).
 void tile_bands(const BlockRanges& r, int64_t rows, int64_t j0, int64_t cols, int32_t* rows_lo,
-                int32_t* rows_hi, int32_t* cols_lo = nullptr, int32_t* cols_hi = nullptr) {
+                int32_t* rows_hi) {
   for (int64_t i = 0; i < rows; i++) {
     const int64_t lo = std::min(r.start(i, j0), cols);
     rows_lo[i] = static_cast<int32_t>(lo);
     rows_hi[i] = static_cast<int32_t>(std::max(r.end(i, j0, cols), lo));
   }
-  if (cols_lo == nullptr) return;
+}
+
+// From a tile's row bands: cols_lo/hi[j] = the hull of the rows that see column j (empty when none
+// does), for the products whose rows are the tile's keys. O(rows * cols): only for tiles that some
+// row sees in part (a tile every row sees whole needs no band).
+void column_bands(int64_t rows, int64_t cols, const int32_t* rows_lo, const int32_t* rows_hi,
+                  int32_t* cols_lo, int32_t* cols_hi) {
   for (int64_t j = 0; j < cols; j++) cols_lo[j] = static_cast<int32_t>(rows), cols_hi[j] = 0;
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = rows_lo[i]; j < rows_hi[i]; j++) {
@@ -350,25 +355,34 @@ void tile_bands(const BlockRanges& r, int64_t rows, int64_t j0, int64_t cols, in
 
 // kT[kk, j] = rows[j][kk] for j in [j_lo, j_hi), kk in [k_lo, k_hi): the plain loop, for what
 // the 8 x 8 blocks below leave.
-inline void transpose_scalar(float* __restrict kT, const float* __restrict rows, int64_t row_stride,
-                             int64_t j_lo, int64_t j_hi, int64_t k_lo, int64_t k_hi) {
+// `packed` (when given): the same rows also copied as [cols, d].
+inline void transpose_scalar(float* __restrict kT, float* __restrict packed, const float* __restrict rows,
+                             int64_t row_stride, int64_t d, int64_t j_lo, int64_t j_hi, int64_t k_lo,
+                             int64_t k_hi) {
   for (int64_t j = j_lo; j < j_hi; j++) {
     const float* r = rows + j * row_stride;
     for (int64_t kk = k_lo; kk < k_hi; kk++) kT[kk * kBc + j] = r[kk];
+    if (packed != nullptr)
+      for (int64_t kk = k_lo; kk < k_hi; kk++) packed[j * d + kk] = r[kk];
   }
 }
 
 // AVX2: 8 x 8 blocks transposed in registers (8 row loads, 24 shuffles, 8 stores), where the plain
 // loop moves one float per load and store: the forward transposes a key tile for every query block
 // that meets it, and the scalar loop cost about a tenth of the tile products.
-[[gnu::target("avx2")]] void transpose_avx2(float* __restrict kT, const float* __restrict rows,
-                                            int64_t row_stride, int64_t cols, int64_t d) {
+// With `packed`, the rows loaded are also stored as [cols, d] (the backward's key tile for dQ += dS K),
+// so that the strided rows are read once for both.
+[[gnu::target("avx2")]] void transpose_avx2(float* __restrict kT, float* __restrict packed,
+                                            const float* __restrict rows, int64_t row_stride, int64_t cols,
+                                            int64_t d) {
   const int64_t cols8 = cols / 8 * 8, d8 = d / 8 * 8;
   for (int64_t j = 0; j < cols8; j += 8) {
     const float* r = rows + j * row_stride;
     for (int64_t kk = 0; kk < d8; kk += 8) {
       __m256 a[8], t[8];
       for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_ps(r + i * row_stride + kk);
+      if (packed != nullptr)
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(packed + (j + i) * d + kk, a[i]);
       for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
@@ -385,29 +399,39 @@ inline void transpose_scalar(float* __restrict kT, const float* __restrict rows,
         _mm256_storeu_ps(out + (i + 4) * kBc, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
       }
     }
-    transpose_scalar(kT, rows, row_stride, j, j + 8, d8, d);
+    transpose_scalar(kT, packed, rows, row_stride, d, j, j + 8, d8, d);
   }
-  transpose_scalar(kT, rows, row_stride, cols8, cols, 0, d);
+  transpose_scalar(kT, packed, rows, row_stride, d, cols8, cols, 0, d);
 }
 
 // kT[kk, j] = rows[j][kk]: the key (or value) block transposed to [d, Bc], so that the score tile
 // Q @ K^T becomes a plain A @ B whose inner loop runs along the keys.
-void transpose_block(float* __restrict kT, const float* __restrict rows, int64_t row_stride, int64_t cols,
-                     int64_t d) {
+// packed (optional): the rows also copied as [cols, d].
+void transpose_block(float* __restrict kT, float* __restrict packed, const float* __restrict rows,
+                     int64_t row_stride, int64_t cols, int64_t d) {
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return transpose_avx2(kT, rows, row_stride, cols, d);
-  transpose_scalar(kT, rows, row_stride, 0, cols, 0, d);
+  if (avx2) return transpose_avx2(kT, packed, rows, row_stride, cols, d);
+  transpose_scalar(kT, packed, rows, row_stride, d, 0, cols, 0, d);
 }
 
 // The same from rows of `dt` (row_stride in elements): each 16-bit row is widened on the way.
-void transpose_block(float* __restrict kT, const char* rows, DType dt, int64_t row_stride, int64_t cols,
-                     int64_t d) {
-  if (dt == DType::F32) return transpose_block(kT, reinterpret_cast<const float*>(rows), row_stride, cols, d);
+void transpose_block(float* __restrict kT, float* __restrict packed, const char* rows, DType dt,
+                     int64_t row_stride, int64_t cols, int64_t d) {
+  if (dt == DType::F32)
+    return transpose_block(kT, packed, reinterpret_cast<const float*>(rows), row_stride, cols, d);
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  // Widened a row at a time into [cols, d] scratch, then transposed as fp32 rows.
-  float* r = scratch_f32(7, kBc * d);
+  // Widened a row at a time into [cols, d] (packed, or scratch), then transposed as fp32 rows.
+  float* r = packed != nullptr ? packed : scratch_f32(7, kBc * d);
   for (int64_t j = 0; j < cols; j++) widen_to_f32(rows + j * row_stride * es, dt, r + j * d, d);
-  transpose_block(kT, r, d, cols, d);
+  transpose_block(kT, nullptr, r, d, cols, d);
+}
+
+// Asks for the `lines` 64-byte lines from each of `n` rows `stride` bytes apart into L2 (T1) ahead
+// of use: rows far apart defeat the hardware's stride prefetchers (the row copies run through one
+// memcpy whose loads alternate between operands), and their first touch was a tenth of the backward.
+inline void prefetch_rows(const char* p, int64_t n, int64_t stride, int64_t bytes) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + i * stride + o, _MM_HINT_T1);
 }
 
 }  // namespace
@@ -497,19 +521,32 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
           // Only the key tiles that meet some row's visible range: under a causal mask none past
           // the group's last query, under documents or a window none before its first visible
           // key. Tiles stay aligned to kBc.
-          for (int64_t j0 = lo < hi ? lo / kBc * kBc : 0; j0 < hi; j0 += kBc) {
+          const int64_t j_first = lo < hi ? lo / kBc * kBc : 0;
+          for (int64_t j0 = j_first; j0 < hi; j0 += kBc) {
             const int64_t cols = std::min(kBc, hi - j0);
-            transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
+            transpose_block(kT, nullptr, k_head + j0 * ldk * es, dt, ldk, cols, d);
             // The value tile packed ([cols, dv]): in place its rows lie b * hkv * dv floats apart
             // and alias in L1, and the group's blocks reread it.
             float* v_blk = scratch_f32(1, kBc * dv);
             for (int64_t j = 0; j < cols; j++)
               widen_to_f32(v_head + (j0 + j) * ldv * es, dt, v_blk + j * dv, dv);
+            if (j0 + kBc < hi) {  // the next tile's rows, while this one is computed
+              const int64_t next = std::min(kBc, hi - j0 - kBc);
+              prefetch_rows(k_head + (j0 + kBc) * ldk * es, next, ldk * es, d * es);
+              prefetch_rows(v_head + (j0 + kBc) * ldv * es, next, ldv * es, dv * es);
+            }
 
             for (int64_t t = 0; t < nblk; t++) {
               const BlockRanges& r = ranges[t];
               if (r.empty() || r.hi <= j0 || r.lo >= j0 + cols) continue;
               const int64_t i0 = (qb0 + t) * kBr, rows = std::min(kBr, x.sq - i0);
+              // The block's output rows, written after its last tile: fetched while it is computed.
+              if (r.hi <= j0 + kBc)
+                prefetch_rows(O + (outr.at(i0, b) + h * dv) * es, rows, outr.s * es, dv * es);
+              // fp32 reads the query rows in place: the next block's, while this one is computed.
+              if (!wide && j0 == j_first && t + 1 < nblk)
+                prefetch_rows(Q + (qr.at(i0 + kBr, b) + h * d) * es, std::min(kBr, x.sq - i0 - kBr), ldq * es,
+                              d * es);
               // The query block: in place for fp32, else its rows widened ([rows, d]).
               const float* q_blk = wide ? scratch_f32(0, kForwardBlocks * kBr * d) + t * kBr * d
                                         : reinterpret_cast<const float*>(Q + (qr.at(i0, b) + h * d) * es);
@@ -632,7 +669,16 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
         const int64_t gq = x.group * d, go = x.group * dvh;
         float* qw = scratch_f32(0, x.sq * gq);
         float* dow = scratch_f32(1, x.sq * go);
+        constexpr int64_t kAhead = 8;  // rows prefetched ahead of the packing
+        prefetch_rows(Q + (qr.at(0, b) + h_first * d) * es, std::min(kAhead, x.sq), qr.s * es, gq * es);
+        prefetch_rows(dO + (dor.at(0, b) + h_first * dvh) * es, std::min(kAhead, x.sq), dor.s * es, go * es);
+        prefetch_rows(O + (outr.at(0, b) + h_first * dvh) * es, std::min(kAhead, x.sq), outr.s * es, go * es);
         for (int64_t i = 0; i < x.sq; i++) {
+          if (i + kAhead < x.sq) {
+            prefetch_rows(Q + (qr.at(i + kAhead, b) + h_first * d) * es, 1, 0, gq * es);
+            prefetch_rows(dO + (dor.at(i + kAhead, b) + h_first * dvh) * es, 1, 0, go * es);
+            prefetch_rows(O + (outr.at(i + kAhead, b) + h_first * dvh) * es, 1, 0, go * es);
+          }
           widen_to_f32(Q + (qr.at(i, b) + h_first * d) * es, dt, qw + i * gq, gq);
           widen_to_f32(dO + (dor.at(i, b) + h_first * dvh) * es, dt, dow + i * go, go);
           const float* o_rows = read_f32(O + (outr.at(i, b) + h_first * dvh) * es, dt, go, 4);
@@ -657,11 +703,24 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 
         for (int64_t j0 = 0; j0 < x.sk; j0 += kBc) {
           const int64_t cols = std::min(kBc, x.sk - j0);
-          transpose_block(kT, k_head + j0 * ldk * es, dt, ldk, cols, d);
-          transpose_block(vT, v_head + j0 * ldv * es, dt, ldv, cols, dvh);
-          // The key tile's rows for dQ += dS K, packed ([cols, d]).
+          // The key tile transposed for the scores and, from the same loads, packed ([cols, d])
+          // for dQ += dS K.
           float* k_blk = scratch_f32(3, kBc * d);
-          for (int64_t j = 0; j < cols; j++) widen_to_f32(k_head + (j0 + j) * ldk * es, dt, k_blk + j * d, d);
+          transpose_block(kT, k_blk, k_head + j0 * ldk * es, dt, ldk, cols, d);
+          transpose_block(vT, nullptr, v_head + j0 * ldv * es, dt, ldv, cols, dvh);
+          if (j0 + kBc < x.sk) {  // the next tile's rows, while this one is computed
+            const int64_t next = std::min(kBc, x.sk - j0 - kBc);
+            prefetch_rows(k_head + (j0 + kBc) * ldk * es, next, ldk * es, d * es);
+            prefetch_rows(v_head + (j0 + kBc) * ldv * es, next, ldv * es, dvh * es);
+          }
+          // The rows this tile writes at its end (dK, dV) and, spread over the tiles, the task's dQ
+          // rows: their first touch (read for ownership) overlaps the products instead of stalling
+          // the copies out.
+          prefetch_rows(dK + (dkr.at(j0, b) + hk * d) * es, cols, dkr.s * es, d * es);
+          prefetch_rows(dV + (dvr.at(j0, b) + hk * dvh) * es, cols, dvr.s * es, dvh * es);
+          if (j0 < x.sq)
+            prefetch_rows(dQ + (dqr.at(j0, b) + h_first * d) * es, std::min(kBc, x.sq - j0), dqr.s * es,
+                          x.group * d * es);
           const int64_t ldk_blk = d;
           std::fill(dk_acc, dk_acc + cols * d, 0.0f);
           std::fill(dv_acc, dv_acc + cols * dvh, 0.0f);
@@ -681,9 +740,10 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
               // The products see only the tile's visible part: the scores P and dP of each row's
               // visible columns, and the sums over a row's (dQ) or a column's (dK, dV) visible
               // entries (P and dS are zero elsewhere). A tile every row sees whole needs no band.
-              tile_bands(r, rows, j0, cols, rows_lo, rows_hi, cols_lo, cols_hi);
+              tile_bands(r, rows, j0, cols, rows_lo, rows_hi);
               bool whole = rows == kBr;
               for (int64_t i = 0; i < rows && whole; i++) whole = rows_lo[i] == 0 && rows_hi[i] == cols;
+              if (!whole) column_bands(rows, cols, rows_lo, rows_hi, cols_lo, cols_hi);
               const Bound columns = whole ? Bound::none : Bound::columns,
                           depth = whole ? Bound::none : Bound::depth;
               const Band scores{columns, rows_lo, rows_hi, true}, row_sums{depth, rows_lo, rows_hi},
