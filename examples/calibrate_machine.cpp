@@ -30,6 +30,9 @@
 //     of "compute, then a small blocking all_reduce" beyond its compute at the shared rate and the
 //     collective's own time: what each blocking wait costs an oversubscribed rank
 //     (node.oversubscribed_wait_us);
+//   - where 4 or 8 ranks exceed the cores: the small GPT chunk's step on all of them at once over
+//     its time alone, both in thread CPU time (node.shared_core_slowdown;
+//     measure_shared_core_slowdown below);
 //   - on ranks 0 and 1: all_reduce, reduce_scatter, all_gather and send from 64 KiB to 64 MiB,
 //     issued asynchronously and waited for as the step does (links.node.bus_GBps), and whether an
 //     asynchronous call progresses while its rank computes (links.node.async_progress);
@@ -351,6 +354,86 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
         notes +=
             fmt::format("{} ranks on {} cores, compute C then a blocking all_reduce: {}\n", g, cores, each);
       }
+    }
+    group.barrier();
+    if (world.rank() == 0) release_from(world, g);
+  }
+}
+
+// ---- Kernels when ranks time-share the cores ----
+
+// Ranks that time-share a core also share its caches: each one's data is evicted by the others'
+// while it is off the core, so its ops take longer in its own CPU time than the same ops alone
+// (the tiny model's 4-rank step: 1.24 times the one-core calibration per op; docs/planner.md).
+// Measured on the small GPT chunk of measure_host_code (forward, backward and AdamW: the kernels a
+// small step runs, with their host code), in thread CPU time, so that waiting for a core does not
+// count (processor sharing prices that): the median step on rank 0 alone (the others sleep), then
+// on the first g ranks at once for each g = 4, 8 above the cores (the mean of the ranks' medians).
+// The ratio is node.shared_core_slowdown at g / cores ranks a core.
+void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
+                                  parallel::HardwareDescription& hw, std::string& notes) {
+  using namespace parallel;
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.vocab_size = 1024;
+  c.seq_length = 64;
+  const int64_t batch = 2;
+  MpiCommunicator self(MPI_COMM_SELF);
+  GPTModel model(c, ChunkSpec{0, c.num_layers, true, true}, {}, self);
+  AdamW opt(model.parameters(), OptimizerConfig{}, Precision::FP32);
+  std::vector<int32_t> ids(static_cast<std::size_t>(batch * c.seq_length));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
+  const Tensor tokens = Tensor::from_vector(ids, {batch, c.seq_length});
+  const Tensor seed = Tensor::full({1}, 1.0 / static_cast<double>(batch * c.seq_length), DType::F32);
+  const auto median_step_cpu = [&] {
+    const auto step = [&] {
+      zero_grads(model.parameters());
+      auto act = model.new_activations();
+      model.forward(tokens, tokens, *act);
+      model.backward(seed, *act);
+      opt.step(1e-4);
+    };
+    for (int i = 0; i < 5; ++i) step();  // first-use allocations, packed weights
+    std::vector<double> t;
+    for (int i = 0; i < 40; ++i) {
+      const double start = thread_seconds();
+      step();
+      t.push_back(thread_seconds() - start);
+    }
+    return median(t);
+  };
+  double alone = 0;
+  if (world.rank() == 0) {
+    alone = median_step_cpu();
+    release_from(world, 1);
+  } else {
+    idle_until_released(world);
+  }
+  std::vector<int> sizes;
+  for (int g : {4, 8})
+    if (g > cores && g <= world.size()) sizes.push_back(g);
+  std::vector<std::unique_ptr<Communicator>> groups;
+  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int g = sizes[i];
+    if (world.rank() >= g) {
+      idle_until_released(world);
+      continue;
+    }
+    Communicator& group = *groups[i];
+    group.barrier();
+    Tensor mine = Tensor::full({1}, static_cast<float>(median_step_cpu()), DType::F32);
+    group.all_reduce(mine);
+    if (world.rank() == 0) {
+      const double shared = static_cast<double>(mine.data<float>()[0]) / g;
+      const double factor = std::max(1.0, shared / alone);
+      hw.shared_core_slowdown.emplace_back(static_cast<double>(g) / cores, factor);
+      notes += fmt::format(
+          "{} ranks on {} cores, a 2-layer width-128 GPT chunk's step in thread CPU time: {:.0f} us "
+          "(mean of the ranks' medians) against {:.0f} us alone: x{:.3f}\n",
+          g, cores, shared * 1e6, alone * 1e6, factor);
     }
     group.barrier();
     if (world.rank() == 0) release_from(world, g);
@@ -735,6 +818,7 @@ int main(int argc, char** argv) {
     }
     hw.node_link.latency_us = small * 1e6;  // rank 0's: measure_collectives subtracts it
     measure_collectives(world, cores, hw, notes);
+    measure_shared_core_slowdown(world, cores, hw, notes);
     if (world.size() >= 2) measure_large_messages(world, hw, notes);
     if (world.rank() != 0) return 0;
     hw.node_link.bandwidth_GBps = static_cast<double>(big_bytes) / std::max(big - small, 1e-9) / 1e9;

@@ -78,6 +78,11 @@
 //         # devices (the blocked rank spins, then yields, and resumes only when the scheduler gives
 //         # it a core back); linear between the points, flat beyond the ends; 0 when not
 //         # oversubscribed
+//     shared_core_slowdown: [[2, 1.1], [4, 1.25]]
+//         # ranks per device -> how much longer each op runs (in the rank's own CPU time) when
+//         # that many ranks time-share a device: their data evicts each other's from the core's
+//         # caches; linear between the points from (1, 1), flat beyond the ends; each >= 1;
+//         # applied only when oversubscribed
 //
 // A link's bandwidth is one direction, per link; `shared_by` devices share one link, so each gets
 // bandwidth / shared_by when all send at once (a collective's ranks all do).
@@ -137,6 +142,9 @@ struct HardwareDescription {
   // (ranks per device, microseconds): the extra cost of a blocking wait on an oversubscribed
   // node, increasing ranks per device. Empty: none.
   std::vector<std::pair<double, double>> oversubscribed_wait_us;
+  // (ranks per device, factor >= 1): an op's time when ranks time-share a device over its time
+  // alone (node.shared_core_slowdown), increasing ranks per device. Empty: 1.
+  std::vector<std::pair<double, double>> shared_core_slowdown;
   LinkLevel node_link;     // within a node
   LinkLevel cluster_link;  // across nodes
 
@@ -152,6 +160,8 @@ struct HardwareDescription {
   double op_fixed_s(const std::string& op, double units = 1) const;
   // The extra seconds of one blocking wait at `ranks_per_device` (> 1: oversubscribed), else 0.
   double oversubscribed_wait_s(double ranks_per_device) const;
+  // The factor on an op's time at `ranks_per_device` (> 1: oversubscribed), else 1.
+  double shared_core_slowdown_at(double ranks_per_device) const;
 };
 
 // Parses and validates a description; errors name the file, the key and the rule

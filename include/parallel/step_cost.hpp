@@ -119,6 +119,9 @@ class CostModel {
   // The extra seconds each blocking wait costs a rank of an oversubscribed node
   // (hardware.hpp's node.oversubscribed_wait_us at this job's ranks per device); 0 otherwise.
   double oversubscribed_wait_s() const;
+  // The factor on every op's time when ranks time-share the devices (hardware.hpp's
+  // node.shared_core_slowdown at this job's ranks per device); 1 otherwise.
+  double shared_core_slowdown() const;
 
  private:
   // One kernel: overhead + max(flops at the rate, bytes at the bandwidth); `matmul_size` > 0 takes
@@ -255,6 +258,7 @@ struct StepPlan {
   bool oversubscribed = false;
   int ranks_per_node = 0;
   double share = 1;
+  double shared_core_slowdown = 1;  // CostModel::shared_core_slowdown: every op's factor
   // Per representative (in `traces` order): each op kind's predicted seconds and count over the
   // step, replays included (pretrain_gpt --plan --breakdown prints it).
   struct OpTotal {

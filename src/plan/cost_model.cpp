@@ -51,8 +51,9 @@ double CostModel::kernel_seconds(double flops, double bytes, DType dtype, double
   const double rate = matmul_size > 0
                           ? hw_.matmul_flops(dtype) * hw_.matmul_efficiency_at(matmul_size, dtype) * share_
                           : hw_.vector_tflops * 1e12 * share_;
-  return (hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 / share_ +
-         std::max(rate > 0 ? flops / rate : 0.0, bytes / bw);
+  return ((hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 / share_ +
+          std::max(rate > 0 ? flops / rate : 0.0, bytes / bw)) *
+         shared_core_slowdown();
 }
 
 double fixed_cost_units(const OpEvent& e) {
@@ -123,10 +124,13 @@ double CostModel::op_seconds(const OpEvent& e) const {
   if (const double measured = hw_.op_tflops_for(e.op, dtype); measured > 0) rate = measured * 1e12 * share_;
   const double compute = rate > 0 ? e.flops / rate : 0.0;
   // The overhead, the caller's host code around the op and the fixed cost are the rank's own work
-  // (on a CPU: its core's), so they are time-shared as its kernels are.
-  return ((hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 + hw_.op_fixed_s(e.op, fixed_cost_units(e))) /
-             share_ +
-         std::max(compute, bytes / bw);
+  // (on a CPU: its core's), so they are time-shared as its kernels are; and ranks that time-share
+  // a core also evict each other's data from its caches, so the whole op runs slower
+  // (shared_core_slowdown, 1 where each rank has its device).
+  return (((hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 + hw_.op_fixed_s(e.op, fixed_cost_units(e))) /
+              share_ +
+          std::max(compute, bytes / bw)) *
+         shared_core_slowdown();
 }
 
 const LinkLevel& CostModel::level(const std::vector<int>& ranks) const {
@@ -163,6 +167,11 @@ double CostModel::collective_seconds(const CommEvent& e) const {
 double CostModel::oversubscribed_wait_s() const {
   if (!oversubscribed()) return 0;
   return hw_.oversubscribed_wait_s(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
+}
+
+double CostModel::shared_core_slowdown() const {
+  if (!oversubscribed()) return 1;
+  return hw_.shared_core_slowdown_at(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
 }
 
 double CostModel::p2p_seconds(int64_t bytes, int a, int b) const {

@@ -112,6 +112,14 @@ double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const
   return interpolate(table, ranks_per_device) * 1e-6;
 }
 
+double HardwareDescription::shared_core_slowdown_at(double ranks_per_device) const {
+  if (ranks_per_device <= 1 || shared_core_slowdown.empty()) return 1;
+  // One rank per device runs at the calibrated rate: the curve starts at (1, 1).
+  std::vector<std::pair<double, double>> table{{1.0, 1.0}};
+  table.insert(table.end(), shared_core_slowdown.begin(), shared_core_slowdown.end());
+  return interpolate(table, ranks_per_device);
+}
+
 namespace {
 
 struct Reader {
@@ -344,7 +352,7 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   }
   if (dev["memory_GiB"]) hw.memory_GiB = r.number(dev["memory_GiB"], "device.memory_GiB", 0);
   const YAML::Node node = r.need(root, "", "node");
-  r.only_keys(node, "node", {"devices", "oversubscribed_wait_us"});
+  r.only_keys(node, "node", {"devices", "oversubscribed_wait_us", "shared_core_slowdown"});
   const double devices = r.number(r.need(node, "node", "devices"), "node.devices", 1, true);
   if (devices != std::floor(devices))
     r.fail("node.devices", fmt::format("must be a whole number >= 1, got {}", devices));
@@ -352,6 +360,13 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   if (const YAML::Node w = node["oversubscribed_wait_us"])
     hw.oversubscribed_wait_us =
         r.table(w, "node.oversubscribed_wait_us", 1, "ranks per device > 1, microseconds");
+  if (const YAML::Node f = node["shared_core_slowdown"]) {
+    hw.shared_core_slowdown = r.table(f, "node.shared_core_slowdown", 1, "ranks per device > 1, factor >= 1");
+    for (std::size_t i = 0; i < hw.shared_core_slowdown.size(); ++i)
+      if (hw.shared_core_slowdown[i].second < 1)
+        r.fail(fmt::format("node.shared_core_slowdown[{}][1]", i),
+               fmt::format("must be a factor >= 1, got {}", hw.shared_core_slowdown[i].second));
+  }
   const YAML::Node links = r.need(root, "", "links");
   r.only_keys(links, "links", {"node", "cluster"});
   hw.node_link = r.link(r.need(links, "links", "node"), "links.node");
@@ -416,6 +431,8 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   out += fmt::format("node:\n  devices: {}\n", hw.devices_per_node);
   if (!hw.oversubscribed_wait_us.empty())
     out += fmt::format("  oversubscribed_wait_us: {}\n", table_yaml(hw.oversubscribed_wait_us));
+  if (!hw.shared_core_slowdown.empty())
+    out += fmt::format("  shared_core_slowdown: {}\n", table_yaml(hw.shared_core_slowdown));
   out += "links:\n";
   for (const auto& [label, l] : {std::pair{"node", hw.node_link}, std::pair{"cluster", hw.cluster_link}}) {
     out += fmt::format("  {}: {{bandwidth_GBps: {:.6g}, latency_us: {:.6g}, shared_by: {}", label,

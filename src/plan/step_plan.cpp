@@ -73,6 +73,7 @@ StepPlan plan_step(const Config& c, int world_size, const HardwareDescription& h
   p.ranks_per_node = cost.ranks_per_node();
   p.share = cost.share();
   p.oversubscribed = cost.oversubscribed();
+  p.shared_core_slowdown = cost.shared_core_slowdown();
   std::map<int, std::vector<SimEntry>> timelines;
   const int stage_width = world_size / c.parallel.pipeline;  // ranks a representative stands for
   for (int r : representative_ranks(c, world_size)) {
@@ -142,10 +143,11 @@ std::string step_plan_json(const StepPlan& p) {
       "{:.6g},\n  \"model_tflops_per_device\": {:.6g},\n  \"model_flops_per_step\": {:.6g},\n  "
       "\"hardware_flops_per_step\": {:.6g},\n  \"exposed_communication_s\": {{{}}},\n  \"ranks_per_node\": "
       "{},\n  "
-      "\"oversubscribed\": {},\n  \"oversubscribed_wait_s\": {:.6g},\n  \"time_per_stage\": [\n{}\n  ]\n}}\n",
+      "\"oversubscribed\": {},\n  \"oversubscribed_wait_s\": {:.6g},\n  \"shared_core_slowdown\": {:.6g},\n  "
+      "\"time_per_stage\": [\n{}\n  ]\n}}\n",
       p.sim.step_time_s, p.tokens_per_s, p.mfu, p.sim.bubble_fraction, p.model_tflops_per_device,
       p.model_flops, p.hardware_flops, exposed, p.ranks_per_node, p.oversubscribed ? "true" : "false",
-      p.sim.oversubscribed_wait_s, ranks);
+      p.sim.oversubscribed_wait_s, p.shared_core_slowdown, ranks);
 }
 
 std::string step_plan_table(const StepPlan& p) {
@@ -154,9 +156,10 @@ std::string step_plan_table(const StepPlan& p) {
       p.sim.step_time_s, p.tokens_per_s, 100 * p.mfu, p.model_tflops_per_device, 100 * p.sim.bubble_fraction);
   if (p.oversubscribed)
     out += fmt::format(
-        "oversubscribed: {} ranks per node share its devices; each rank gets {:.3g} of one, and its "
-        "blocking waits cost {:.4g} s of the step beyond their calls (mean per representative)\n",
-        p.ranks_per_node, p.share, p.sim.oversubscribed_wait_s);
+        "oversubscribed: {} ranks per node share its devices; each rank gets {:.3g} of one, its ops run "
+        "{:.3g} times their time alone (shared caches), and its blocking waits cost {:.4g} s of the step "
+        "beyond their calls (mean per representative)\n",
+        p.ranks_per_node, p.share, p.shared_core_slowdown, p.sim.oversubscribed_wait_s);
   out += "exposed communication (s):";
   for (const char* d : kDimensions) out += fmt::format(" {} {:.4g}", d, p.sim.exposed_s.at(d));
   out += "\n stage rank   end (s)  compute (s)  bubble (s)\n";

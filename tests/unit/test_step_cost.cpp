@@ -219,6 +219,49 @@ TEST(Simulate, ABlockingWaitOnAnOversubscribedNodeCostsTheMeasuredWait) {
   EXPECT_DOUBLE_EQ(simulate(chain, CostModel(four, 4, 4)).step_time_s, 2.0);
 }
 
+TEST(OpCost, RanksThatTimeShareACoreRunEachOpSlowerByTheMeasuredFactor) {
+  // 2 devices; 1.2 at two ranks a device, 1.5 at four; the curve starts at (1, 1).
+  HardwareDescription two = simple_machine();
+  two.devices_per_node = 2;
+  two.shared_core_slowdown = {{2, 1.2}, {4, 1.5}};
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(1.0), 1.0);
+  EXPECT_NEAR(two.shared_core_slowdown_at(1.5), 1.1, 1e-12);
+  EXPECT_NEAR(two.shared_core_slowdown_at(3.0), 1.35, 1e-12);
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(8.0), 1.5);
+  OpEvent g;
+  g.op = "gelu_forward";
+  g.dtypes = {DType::F32};
+  g.flops = 1e12;
+  // A device per rank: 1 s, no factor. Four ranks on two devices: half a device (2 s) x 1.2.
+  EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).shared_core_slowdown(), 1.0);
+  EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).op_seconds(g), 1.0);
+  EXPECT_DOUBLE_EQ(CostModel(two, 4, 4).shared_core_slowdown(), 1.2);
+  EXPECT_DOUBLE_EQ(CostModel(two, 4, 4).op_seconds(g), 2.4);
+  EXPECT_DOUBLE_EQ(CostModel(two, 8, 8).op_seconds(g), 4.0 * 1.5);
+  // Without the key every op keeps its processor-sharing time.
+  EXPECT_DOUBLE_EQ(CostModel(simple_machine(), 16, 16).op_seconds(g), 2.0);
+  // Written and read back; a factor below 1 is refused with its key.
+  const HardwareDescription back = parse_hardware(hardware_yaml(two), "round trip");
+  EXPECT_EQ(back.shared_core_slowdown, two.shared_core_slowdown);
+  std::string bad = hardware_yaml(two);
+  const std::size_t at = bad.find("[4, 1.5]");
+  ASSERT_NE(at, std::string::npos) << bad;
+  bad.replace(at, 8, "[4, 0.8]");
+  EXPECT_THROW(
+      {
+        try {
+          parse_hardware(bad, "bad.yaml");
+        } catch (const Error& e) {
+          EXPECT_NE(
+              std::string(e.what()).find("node.shared_core_slowdown[1][1] must be a factor >= 1, got 0.8"),
+              std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
 TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
   HardwareDescription hw = simple_machine();
   hw.matmul_efficiency[DType::F32] = {{100, 0.25}, {10000, 1.0}};
