@@ -26,6 +26,12 @@
 // to 8 MiB of k at a time (fewer phases) made the step's GEMMs ~1.1x slower (a larger packed
 // block in a cache the step's activations already fill), and packing 4 slivers a task, a row of b
 // at a time, measured no better.
+// Tried for cold operands and dropped (2026-11-27, docs/benchmarks.md "The own GEMM on cold
+// operands"): prefetchw of c's tile; prefetching each op(b) sliver's (and op(a) block's) source
+// lines before packing it; prefetching the next row block's op(a) source and the next phase's op(b)
+// source between micro-kernels; kc 384; and broadcasting an untransposed fp32 op(a) from its rows
+// instead of packing it (with and without prefetch 4 / 8 lines ahead). None measured ahead, cold or
+// in the step; the unpacked op(a) and the between-kernel prefetches measured behind.
 // c: an fp32 c is accumulated in place (the first k block scales the old c by beta, the later
 // ones add, the last adds the bias). A 16-bit c over one k block is finished and narrowed in the
 // micro-kernel's epilogue; over several, the panel's rows accumulate in fp32 scratch ([m, nc],
