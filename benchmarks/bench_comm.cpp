@@ -1,6 +1,7 @@
 // Bandwidth of the MPI backend's collectives, reported like nccl-tests (algbw and busbw).
 //
 //   mpirun -np 4 ./bin/bench_comm [--benchmark_filter=all_reduce]
+//   (PARALLEL_BENCH_PIECE_BYTES=N: the two-rank all-reduce's piece size, for choosing the default)
 //
 // Every rank runs every benchmark in lockstep, so iteration counts are fixed per size: Google
 // Benchmark's adaptive counts differ between ranks and would leave some ranks waiting in a
@@ -8,6 +9,7 @@
 // is done when the last rank is done), and only rank 0 prints.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -106,13 +108,18 @@ void bench(benchmark::State& state, MpiCommunicator& comm, const std::string& op
   }
 }
 
+// PARALLEL_BENCH_PIECE_BYTES=N sets the two-rank all-reduce's piece size (mpi_communicator.hpp).
 void register_benchmarks(MpiCommunicator& comm) {
+  if (const char* piece = std::getenv("PARALLEL_BENCH_PIECE_BYTES"))
+    comm.set_reduce_piece_bytes(std::atoll(piece));
   const std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather",
                                         "broadcast",  "all_to_all",     "ping_pong"};
   for (const std::string& op : ops) {
     if (op == "ping_pong" && comm.size() < 2) continue;
     for (DType dtype : {DType::F32, DType::BF16})
-      for (int64_t bytes = int64_t{4} << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
+      for (int64_t bytes :
+           {int64_t{4} << 10, int64_t{16} << 10, int64_t{64} << 10, int64_t{256} << 10, int64_t{1} << 20,
+            int64_t{4} << 20, int64_t{8} << 20, int64_t{16} << 20, int64_t{32} << 20, int64_t{64} << 20}) {
         const std::string name = fmt::format("{}/{}/{}", op, dtype_name(dtype), size_name(bytes));
         benchmark::RegisterBenchmark(
             name.c_str(),

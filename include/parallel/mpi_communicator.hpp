@@ -2,6 +2,16 @@
 // The MPI backend: CPU tensors, non-blocking collectives (MPI-3) for the async handles. Every
 // operation is posted non-blocking; a synchronous call, Work::wait() and barrier() poll it with
 // MPI_Testall against comm_timeout() (communicator.hpp's watchdog) instead of blocking in MPI_Wait.
+//
+// Two-rank sums. In a group of two, all_reduce and reduce_scatter with ReduceOp::Sum of fp32, bf16
+// or fp16 tensors of 64 KiB or more do not go through MPI's collectives (whose temporaries of the
+// whole message are mapped and page-faulted afresh at every call above glibc's mmap threshold):
+// the ranks exchange halves point to point on a duplicate communicator and both reduce at once,
+// all_reduce in pieces of reduce_piece_bytes() through one buffer of half a piece that the
+// communicator keeps, reduce_scatter straight into `out`. The results are bitwise those of MPI's
+// in-place binomial all-reduce. Such an operation advances only inside wait() / is_completed() of
+// its own or a later such operation on the same communicator (in call order, as on the peer), so
+// with async=true a rank's work is not delayed by a peer that has not reached the call yet.
 #include <mpi.h>
 
 #include <memory>
@@ -12,7 +22,8 @@ namespace parallel {
 
 namespace detail {
 struct MpiGroupLabel;  // a group's name and world ranks (mpi_communicator.cpp)
-}
+struct MpiPairState;   // two-rank reductions' communicator, buffer and queue (mpi_communicator.cpp)
+}  // namespace detail
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -30,6 +41,12 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm handle() const { return comm_; }
   void set_name(std::string name) override;
   std::vector<int> world_ranks() const override;
+
+  // The piece size of two-rank all-reduces (above); the same on both ranks. Smaller pieces need a
+  // smaller buffer, larger ones fewer round trips.
+  static constexpr int64_t kDefaultReducePieceBytes = int64_t{8} << 20;
+  void set_reduce_piece_bytes(int64_t bytes);
+  int64_t reduce_piece_bytes() const { return piece_bytes_; }
 
   WorkHandle all_reduce(Tensor& tensor, ReduceOp op, bool async) override;
   WorkHandle reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) override;
@@ -51,6 +68,8 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   // Name and world ranks, shared with the pending operations for the watchdog's message.
   std::shared_ptr<detail::MpiGroupLabel> label_;
+  std::shared_ptr<detail::MpiPairState> pair_;  // groups of two only
+  int64_t piece_bytes_ = kDefaultReducePieceBytes;
 };
 
 }  // namespace parallel

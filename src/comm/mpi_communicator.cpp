@@ -1,12 +1,15 @@
 #include "parallel/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <numeric>
 #include <utility>
 
+#include "comm/pair_reduce.hpp"
 #include "comm/watchdog.hpp"
 #include "parallel/error.hpp"
 
@@ -30,31 +33,12 @@ bool mpi_usable() {
 
 // ---- bf16 / fp16 reductions -------------------------------------------------------------------
 // MPI has no 16-bit float types, so the data travels as opaque 2-byte elements and user-defined ops
-// do the arithmetic: widen to fp32, combine, round back once per pairwise step, as NCCL does.
+// do the arithmetic (pair_reduce: widen to fp32, combine, round back once per pairwise step, as
+// NCCL does). MPI calls the op with (in, inout) and wants inout = in op inout.
 
-struct HalfFormat {
-  static float bf(uint16_t b) { return bf16_to_float(bf16{b}); }
-  static uint16_t to_bf(float v) { return float_to_bf16(v).bits; }
-  static float f(uint16_t b) { return f16_to_float(f16{b}); }
-  static uint16_t to_f(float v) { return float_to_f16(v).bits; }
-};
-
-struct SumOp {
-  static float apply(float a, float b) { return a + b; }
-};
-// NaN wins, as in torch.max, so that a NaN on any rank is never hidden.
-struct MaxOp {
-  static float apply(float a, float b) { return (std::isnan(a) || a > b) ? a : b; }
-};
-struct MinOp {
-  static float apply(float a, float b) { return (std::isnan(a) || a < b) ? a : b; }
-};
-
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), typename Op>
+template <DType D, ReduceOp Op>
 void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = FromFloat(Op::apply(ToFloat(a[i]), ToFloat(b[i])));
+  detail::pair_reduce(D, Op, in, inout, inout, *len);
 }
 
 struct HalfTypes {
@@ -82,18 +66,12 @@ const HalfTypes& half_types() {
     PARALLEL_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &g_half.type));
     PARALLEL_MPI_CHECK(MPI_Type_commit(&g_half.type));
     const bool commute = true;
-    PARALLEL_MPI_CHECK(
-        MPI_Op_create(&half_reduce<HalfFormat::bf, HalfFormat::to_bf, SumOp>, commute, &g_half.bf16_ops[0]));
-    PARALLEL_MPI_CHECK(
-        MPI_Op_create(&half_reduce<HalfFormat::bf, HalfFormat::to_bf, MaxOp>, commute, &g_half.bf16_ops[1]));
-    PARALLEL_MPI_CHECK(
-        MPI_Op_create(&half_reduce<HalfFormat::bf, HalfFormat::to_bf, MinOp>, commute, &g_half.bf16_ops[2]));
-    PARALLEL_MPI_CHECK(
-        MPI_Op_create(&half_reduce<HalfFormat::f, HalfFormat::to_f, SumOp>, commute, &g_half.f16_ops[0]));
-    PARALLEL_MPI_CHECK(
-        MPI_Op_create(&half_reduce<HalfFormat::f, HalfFormat::to_f, MaxOp>, commute, &g_half.f16_ops[1]));
-    PARALLEL_MPI_CHECK(
-        MPI_Op_create(&half_reduce<HalfFormat::f, HalfFormat::to_f, MinOp>, commute, &g_half.f16_ops[2]));
+    PARALLEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::BF16, ReduceOp::Sum>, commute, &g_half.bf16_ops[0]));
+    PARALLEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::BF16, ReduceOp::Max>, commute, &g_half.bf16_ops[1]));
+    PARALLEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::BF16, ReduceOp::Min>, commute, &g_half.bf16_ops[2]));
+    PARALLEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::F16, ReduceOp::Sum>, commute, &g_half.f16_ops[0]));
+    PARALLEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::F16, ReduceOp::Max>, commute, &g_half.f16_ops[1]));
+    PARALLEL_MPI_CHECK(MPI_Op_create(&half_reduce<DType::F16, ReduceOp::Min>, commute, &g_half.f16_ops[2]));
     int keyval = MPI_KEYVAL_INVALID;
     PARALLEL_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_half_types, &keyval, nullptr));
     PARALLEL_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
@@ -294,6 +272,226 @@ WorkHandle finish(std::shared_ptr<MpiWork> work, bool async) {
   return completed_work();
 }
 
+// ---- two-rank reductions over a persistent buffer ---------------------------------------------
+// Open MPI's in-place MPI_Iallreduce (libnbc's binomial tree, whatever the size) mallocs a
+// temporary of the whole message at every call and copies the message into it; above glibc's
+// 32 MiB mmap threshold that memory is mapped afresh each time, so a 56 MB gradient all-reduce
+// page-faulted 13,567 times a step, and rank 1's half then waited while rank 0 reduced everything.
+// Between two ranks a sum is done here instead, in pieces: each rank sends the half of a piece the
+// other reduces, receives the other's contribution to its own half into a buffer kept by the
+// communicator, reduces it and sends the result back. Nothing is allocated after the first call,
+// both ranks reduce at once, and each element is a0 + a1 in fp32 arithmetic (rounded once for
+// 16-bit types), bitwise the binomial tree's two-rank result (sums commute; a NaN present on both
+// ranks keeps rank 0's). Reduce-scatter is one exchange with no buffer: the peer's contribution is
+// received straight into `out`.
+//
+// The work runs in wait() / is_completed(), one operation at a time in the order the calls were
+// made (the same on both ranks), on a duplicate of the group's communicator, so its messages never
+// match the caller's point-to-point traffic and a later call never touches the buffer an earlier
+// one is using.
+
+class PairWork;
+
+}  // namespace
+
+namespace detail {
+struct MpiPairState {
+  MPI_Comm comm = MPI_COMM_NULL;  // duplicate of the group's, for these messages alone
+  std::shared_ptr<const MpiGroupLabel> label;
+  int rank = 0;
+  int64_t piece_bytes = MpiCommunicator::kDefaultReducePieceBytes;
+  std::unique_ptr<std::byte[]> buffer;  // the peer's half of a piece
+  int64_t buffer_bytes = 0;
+  std::deque<PairWork*> queue;  // pending operations, oldest first
+
+  std::byte* buffer_of(int64_t bytes) {
+    if (bytes > buffer_bytes) {
+      buffer = std::make_unique_for_overwrite<std::byte[]>(static_cast<std::size_t>(bytes));
+      buffer_bytes = bytes;
+    }
+    return buffer.get();
+  }
+};
+}  // namespace detail
+
+namespace {
+
+constexpr int kTagHalf = 1;     // a piece's half, to be reduced by the receiver
+constexpr int kTagResult = 2;   // a reduced half, back to the other rank
+constexpr int kTagScatter = 3;  // reduce-scatter: the receiver's chunk
+
+class PairWork final : public Work {
+ public:
+  // All-reduce of `tensor` in place (out undefined), or reduce-scatter of `in` into `out`.
+  PairWork(std::shared_ptr<detail::MpiPairState> state, const char* operation, ReduceOp op, Tensor tensor,
+           Tensor out)
+      : state_(std::move(state)),
+        operation_(operation),
+        op_(op),
+        tensor_(std::move(tensor)),
+        out_(std::move(out)) {
+    const DType dt = tensor_.dtype();
+    es_ = static_cast<int64_t>(dtype_size(dt));
+    if (out_.defined()) {
+      stages_ = 1;
+    } else {
+      piece_ = std::max<int64_t>(2, state_->piece_bytes / es_);
+      pieces_ = (tensor_.numel() + piece_ - 1) / piece_;
+      stages_ = pieces_ + 1;
+    }
+    state_->queue.push_back(this);
+  }
+
+  ~PairWork() override {
+    if (!done_ && std::uncaught_exceptions() == 0 && mpi_usable()) {
+      wait();
+      return;
+    }
+    if (!done_) {
+      // Unwinding towards MPI_Abort: leave the buffers to MPI (as MpiWork does).
+      new Tensor(std::move(tensor_));
+      new Tensor(std::move(out_));
+      new std::shared_ptr<MpiWork>(std::move(stage_));
+    }
+    auto& q = state_->queue;
+    if (auto it = std::find(q.begin(), q.end(), this); it != q.end()) q.erase(it);
+  }
+
+  void wait() override {
+    // Earlier operations first: the peer works through the same queue in the same order.
+    while (!done_) state_->queue.front()->advance(/*block=*/true);
+  }
+
+  bool is_completed() override {
+    while (!done_) {
+      PairWork* front = state_->queue.front();
+      if (!front->advance(/*block=*/false)) break;
+    }
+    return done_;
+  }
+
+ private:
+  // Runs the stages that can run; true once this operation is complete (it then leaves the queue).
+  bool advance(bool block) {
+    while (!done_) {
+      if (stage_ == nullptr) post(next_stage_);
+      if (block)
+        stage_->wait();
+      else if (!stage_->is_completed())
+        return false;
+      stage_ = nullptr;
+      reduce(next_stage_);
+      if (++next_stage_ == stages_) finish();
+    }
+    return true;
+  }
+
+  // An all-reduce piece's range and the half each rank reduces (rank 0 the first).
+  struct Piece {
+    int64_t offset, count, mine_offset, mine_count, theirs_offset, theirs_count;
+  };
+  Piece piece(int64_t k) const {
+    Piece p{};
+    p.offset = k * piece_;
+    p.count = std::min(piece_, tensor_.numel() - p.offset);
+    const int64_t first = p.count / 2;
+    const bool zero = state_->rank == 0;
+    p.mine_offset = p.offset + (zero ? 0 : first);
+    p.mine_count = zero ? first : p.count - first;
+    p.theirs_offset = p.offset + (zero ? first : 0);
+    p.theirs_count = p.count - p.mine_count;
+    return p;
+  }
+
+  char* at(const Tensor& t, int64_t element) const {
+    return static_cast<char*>(t.data_ptr()) + element * es_;
+  }
+
+  void post(int64_t s) {
+    const int peer = 1 - state_->rank;
+    const MPI_Datatype type = mpi_type(tensor_.dtype());
+    stage_ = std::make_shared<MpiWork>(operation_, state_->label);
+    if (out_.defined()) {
+      const Chunk mine = chunk_of(tensor_.numel(), 2, state_->rank);
+      const Chunk theirs = chunk_of(tensor_.numel(), 2, peer);
+      PARALLEL_MPI_CHECK(MPI_Irecv(out_.data_ptr(), static_cast<int>(mine.count), type, peer, kTagScatter,
+                                   state_->comm, stage_->add_request()));
+      PARALLEL_MPI_CHECK(MPI_Isend(at(tensor_, theirs.offset), static_cast<int>(theirs.count), type, peer,
+                                   kTagScatter, state_->comm, stage_->add_request()));
+      return;
+    }
+    // Stage s returns piece s-1's reduced halves and exchanges piece s's halves to reduce.
+    if (s > 0) {
+      const Piece p = piece(s - 1);
+      PARALLEL_MPI_CHECK(MPI_Irecv(at(tensor_, p.theirs_offset), static_cast<int>(p.theirs_count), type, peer,
+                                   kTagResult, state_->comm, stage_->add_request()));
+      PARALLEL_MPI_CHECK(MPI_Isend(at(tensor_, p.mine_offset), static_cast<int>(p.mine_count), type, peer,
+                                   kTagResult, state_->comm, stage_->add_request()));
+    }
+    if (s < pieces_) {
+      const Piece p = piece(s);
+      std::byte* buffer = state_->buffer_of((piece_ / 2 + 1) * es_);
+      PARALLEL_MPI_CHECK(MPI_Irecv(buffer, static_cast<int>(p.mine_count), type, peer, kTagHalf, state_->comm,
+                                   stage_->add_request()));
+      PARALLEL_MPI_CHECK(MPI_Isend(at(tensor_, p.theirs_offset), static_cast<int>(p.theirs_count), type, peer,
+                                   kTagHalf, state_->comm, stage_->add_request()));
+    }
+  }
+
+  // a = rank 0's contribution, b = rank 1's, as MPI's (in, inout) on the binomial tree's root.
+  void reduce(int64_t s) {
+    const DType dt = tensor_.dtype();
+    const bool zero = state_->rank == 0;
+    if (out_.defined()) {
+      const Chunk mine = chunk_of(tensor_.numel(), 2, state_->rank);
+      const void* local = at(tensor_, mine.offset);
+      detail::pair_reduce(dt, op_, zero ? local : out_.data_ptr(), zero ? out_.data_ptr() : local,
+                          out_.data_ptr(), mine.count);
+      return;
+    }
+    if (s >= pieces_) return;
+    const Piece p = piece(s);
+    const void* peer = state_->buffer.get();
+    void* local = at(tensor_, p.mine_offset);
+    detail::pair_reduce(dt, op_, zero ? local : peer, zero ? peer : local, local, p.mine_count);
+  }
+
+  void finish() {
+    done_ = true;
+    tensor_ = Tensor();
+    out_ = Tensor();
+    auto& q = state_->queue;
+    q.erase(std::find(q.begin(), q.end(), this));
+  }
+
+  std::shared_ptr<detail::MpiPairState> state_;
+  const char* operation_;
+  ReduceOp op_;
+  Tensor tensor_;  // all-reduce: the tensor; reduce-scatter: `in`
+  Tensor out_;     // reduce-scatter only
+  int64_t es_ = 0;
+  int64_t piece_ = 0, pieces_ = 0;  // all-reduce only
+  int64_t stages_ = 0, next_stage_ = 0;
+  std::shared_ptr<MpiWork> stage_;  // the stage in flight
+  bool done_ = false;
+};
+
+WorkHandle finish_pair(std::shared_ptr<PairWork> work, bool async) {
+  if (async) return work;
+  work->wait();
+  return completed_work();
+}
+
+// Between two ranks, sums of floating tensors of at least this size go through PairWork; smaller
+// ones (losses, norms, flags) stay on MPI's collectives, whose temporaries come from the heap.
+constexpr int64_t kPairMinBytes = int64_t{64} << 10;
+
+bool pairwise(int size, ReduceOp op, const Tensor& t) {
+  const DType dt = t.dtype();
+  return size == 2 && op == ReduceOp::Sum && (dt == DType::F32 || dt == DType::BF16 || dt == DType::F16) &&
+         static_cast<int64_t>(t.nbytes()) >= kPairMinBytes;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
@@ -318,6 +516,19 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   PARALLEL_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   if (size_ == world_size && label_->world_ranks == mine) label_->name = "world";
   Communicator::set_name(label_->name);
+  if (size_ == 2) {
+    pair_ = std::make_shared<detail::MpiPairState>();
+    pair_->label = label_;
+    pair_->rank = rank_;
+    PARALLEL_MPI_CHECK(MPI_Comm_dup(comm_, &pair_->comm));
+  }
+}
+
+void MpiCommunicator::set_reduce_piece_bytes(int64_t bytes) {
+  PARALLEL_CHECK(bytes >= 64, "MpiCommunicator::set_reduce_piece_bytes: {} bytes; a piece needs at least 64",
+                 bytes);
+  piece_bytes_ = bytes;
+  if (pair_ != nullptr) pair_->piece_bytes = bytes;
 }
 
 void MpiCommunicator::set_name(std::string name) {
@@ -328,7 +539,9 @@ void MpiCommunicator::set_name(std::string name) {
 std::vector<int> MpiCommunicator::world_ranks() const { return label_->world_ranks; }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (comm_ != MPI_COMM_NULL && mpi_usable()) MPI_Comm_free(&comm_);
+  if (!mpi_usable()) return;
+  if (pair_ != nullptr && pair_->comm != MPI_COMM_NULL) MPI_Comm_free(&pair_->comm);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 WorkHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op, bool async) {
@@ -336,6 +549,8 @@ WorkHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op, bool async) 
   const int n = mpi_count(tensor.numel(), "all_reduce");
   const MPI_Op mop = mpi_op(op, tensor.dtype());
   const MPI_Datatype type = mpi_type(tensor.dtype());
+  if (pair_ != nullptr && pairwise(size_, op, tensor))
+    return finish_pair(std::make_shared<PairWork>(pair_, "all_reduce", op, tensor, Tensor()), async);
   auto work = std::make_shared<MpiWork>("all_reduce", label_);
   work->keep(tensor);
   PARALLEL_MPI_CHECK(
@@ -355,9 +570,11 @@ WorkHandle MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, Reduce
       out.numel(), rank_, in.numel(), size_, mine.count);
   const MPI_Op mop = mpi_op(op, in.dtype());
   const MPI_Datatype type = mpi_type(in.dtype());
-  auto work = std::make_shared<MpiWork>("reduce_scatter", label_);
   // MPI forbids aliased send and receive buffers (and MPI_IN_PLACE means a different layout here).
   Tensor src = overlaps(in, out) ? in.clone() : in;
+  if (pair_ != nullptr && pairwise(size_, op, in))
+    return finish_pair(std::make_shared<PairWork>(pair_, "reduce_scatter", op, src, out), async);
+  auto work = std::make_shared<MpiWork>("reduce_scatter", label_);
   work->keep(src);
   work->keep(out);
   auto& counts = work->counts();
