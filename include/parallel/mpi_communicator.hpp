@@ -9,9 +9,10 @@
 // the ranks exchange halves point to point on a duplicate communicator and both reduce at once,
 // all_reduce in pieces of reduce_piece_bytes() through one buffer of half a piece that the
 // communicator keeps, reduce_scatter straight into `out`. The results are bitwise those of MPI's
-// in-place binomial all-reduce. Such an operation advances only inside wait() / is_completed() of
-// its own or a later such operation on the same communicator (in call order, as on the peer), so
-// with async=true a rank's work is not delayed by a peer that has not reached the call yet.
+// in-place binomial all-reduce (where both ranks hold a NaN, rank 0's is kept). Such an
+// operation advances only inside wait() / is_completed() of its own or a later such operation on
+// the same communicator (in call order, as on the peer), so with async=true a rank's work is not
+// delayed by a peer that has not reached the call yet.
 #include <mpi.h>
 
 #include <memory>
