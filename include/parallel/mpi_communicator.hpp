@@ -4,7 +4,7 @@
 // MPI_Testall against comm_timeout() (communicator.hpp's watchdog) instead of blocking in MPI_Wait.
 //
 // Two-rank sums. In a group of two, all_reduce and reduce_scatter with ReduceOp::Sum of fp32, bf16
-// or fp16 tensors of 64 KiB or more do not go through MPI's collectives (whose temporaries of the
+// or fp16 tensors of 1 MiB or more do not go through MPI's collectives (whose temporaries of the
 // whole message are mapped and page-faulted afresh at every call above glibc's mmap threshold):
 // the ranks exchange halves point to point on a duplicate communicator and both reduce at once,
 // all_reduce in pieces of reduce_piece_bytes() through one buffer of half a piece that the

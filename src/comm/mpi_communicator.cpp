@@ -483,8 +483,11 @@ WorkHandle finish_pair(std::shared_ptr<PairWork> work, bool async) {
 }
 
 // Between two ranks, sums of floating tensors of at least this size go through PairWork; smaller
-// ones (losses, norms, flags) stay on MPI's collectives, whose temporaries come from the heap.
-constexpr int64_t kPairMinBytes = int64_t{64} << 10;
+// ones (losses, norms, flags) stay on MPI's collectives, whose small temporaries come from the heap
+// again after the first. PairWork's two waits cost more than MPI's one below it on a loaded machine
+// (bench_comm, load 11: 64 KiB all-reduce 0.02-0.05 GB/s against MPI's 0.4-2.2; 1 MiB 0.6-3.3
+// against 0.2-0.3).
+constexpr int64_t kPairMinBytes = int64_t{1} << 20;
 
 bool pairwise(int size, ReduceOp op, const Tensor& t) {
   const DType dt = t.dtype();

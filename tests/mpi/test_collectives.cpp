@@ -589,9 +589,10 @@ TEST(TwoRankSums, AllReduceIsBitwiseTheScalarSumInEveryPieceLayout) {
   if (pair == nullptr) GTEST_SKIP() << "odd rank out";
   auto& comm = dynamic_cast<MpiCommunicator&>(*pair);
   ASSERT_EQ(comm.size(), 2);
-  // One piece, several with an odd tail, and odd pieces (halves of unequal length).
+  // One piece; several with a short tail; odd pieces (halves of unequal length: 65537 fp32
+  // elements, 131075 16-bit ones). Every tensor is above the 1 MiB the two-rank path starts at.
   const std::pair<int64_t, int64_t> layouts[] = {
-      {MpiCommunicator::kDefaultReducePieceBytes, 70001}, {4096, 70001}, {1002, 33333}, {256, 20000}};
+      {MpiCommunicator::kDefaultReducePieceBytes, 600011}, {262148, 600011}, {262150, 600011}};
   for (DType dtype : kFloatTypes)
     for (auto [piece, n] : layouts) {
       comm.set_reduce_piece_bytes(piece);
@@ -628,7 +629,7 @@ TEST(TwoRankSums, ReduceScatterIsBitwiseTheScalarSum) {
   auto pair = pair_of_ranks();
   if (pair == nullptr) GTEST_SKIP() << "odd rank out";
   for (DType dtype : kFloatTypes)
-    for (int64_t n : {int64_t{70001}, int64_t{40000}}) {
+    for (int64_t n : {int64_t{600011}, int64_t{524288}}) {
       const Tensor x0 = make(n, dtype, 0, pair_value), x1 = make(n, dtype, 1, pair_value);
       const Chunk mine = chunk_of(n, 2, pair->rank());
       Tensor out = Tensor::empty({mine.count}, dtype);
@@ -646,7 +647,7 @@ TEST(TwoRankSums, AsyncOperationsCompleteWhicheverIsWaitedFirst) {
   auto pair = pair_of_ranks();
   if (pair == nullptr) GTEST_SKIP() << "odd rank out";
   const int r = pair->rank();
-  const int64_t n = 50001;
+  const int64_t n = 600011;
   const Tensor x0 = make(n, DType::BF16, 0, pair_value), x1 = make(n, DType::BF16, 1, pair_value);
   Tensor a = (r == 0 ? x0 : x1).clone();
   Tensor b = make(n, DType::F32, r, quarter_value);
