@@ -33,10 +33,12 @@
 //   - where 4 or 8 ranks exceed the cores: the small GPT chunk's step on all of them at once over
 //     its time alone, both in thread CPU time (node.shared_core_slowdown;
 //     measure_shared_core_slowdown below);
-//   - on ranks 0 and 1: all_reduce, reduce_scatter, all_gather and send from 64 KiB to 64 MiB,
-//     issued asynchronously and waited for as the step does (links.node.bus_GBps), and whether an
-//     asynchronous call progresses while its rank computes (links.node.async_progress);
-//     measure_large_messages below.
+//   - on the first g = 2, 4, 8 ranks: all_reduce, reduce_scatter and all_gather (and on 2 ranks
+//     send) from 64 KiB to 64 MiB, issued asynchronously and waited for as the step does, in fp32,
+//     and the reductions again in bf16 (links.node.bus_GBps, per dtype and group size;
+//     measure_bus_bandwidth below);
+//   - on ranks 0 and 1: whether an asynchronous call progresses while its rank computes
+//     (links.node.async_progress; measure_async_progress below).
 // Kernels are timed in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that other processes
 // on a shared machine slow the measurement but do not change it; messages by the fastest of many
 // round trips in wall time (a round trip that was not descheduled); collectives and oversubscribed
@@ -442,33 +444,28 @@ void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
 
 // ---- Large messages: bandwidth as the step uses the link, and asynchronous progress ----
 
-// Ranks 0 and 1 measure while the others sleep. For each kind a step issues (all_reduce,
-// reduce_scatter, all_gather; send for pipeline and context-parallel messages) and message sizes
-// from 64 KiB to 64 MiB (a whole tensor's bytes, as the cost formulas count them): the median
-// wall time of the call issued asynchronously and then polled until complete, as the trainer's wait polls it,
-// less the small call's median (links.node.collective_us at 2 ranks; a send: the 8-byte latency), as
-// nccl-tests' bus bandwidth (links.node.bus_GBps). On a CPU these calls are bound by memory - the
+// Bus bandwidth by message size (links.node.bus_GBps), on the first g = 2, 4, 8 ranks (up to the
+// world size) while the others sleep, per dtype. For each kind a step issues (all_reduce,
+// reduce_scatter, all_gather; on 2 ranks also send, for pipeline and context-parallel messages)
+// and message sizes from 64 KiB to 64 MiB (a whole tensor's bytes, as the cost formulas count
+// them): the fastest wall time of the call issued asynchronously and then polled until complete, as
+// the trainer's wait polls it, less the small call's median (links.node.collective_us at g ranks; a
+// send: the 8-byte latency), as nccl-tests' bus bandwidth (factor 2 (g-1)/g for all_reduce, (g-1)/g
+// for reduce_scatter and all_gather, 1 for a send). On a CPU these calls are bound by memory - the
 // reduction, MPI's temporary buffers and their first-touch page faults - not by the link, so a
-// 64 MiB all-reduce runs an order of magnitude below a cache-resident ping-pong.
-// Then whether an asynchronous call progresses while its rank computes (links.node.async_progress):
-// an 8 MiB all_reduce and an 8 MiB exchange (both ranks send and receive, as context parallelism's
-// ring does) issued, then C of compute (C = the call's own median time), then waited. A call that
-// progresses ends the step at about max(C, T); one that does not, at C + T.
-void measure_large_messages(parallel::MpiCommunicator& world, parallel::HardwareDescription& hw,
-                            std::string& notes) {
+// 64 MiB all-reduce runs an order of magnitude below a cache-resident ping-pong; and g ranks on
+// fewer cores share the cores and the memory bus, so the figure depends on g. In bf16 only the
+// reductions (all_reduce, reduce_scatter): MPI runs them through the communicator's user-defined op
+// (mpi_communicator.cpp), several times slower per byte than fp32's built-in sum, while a gather or
+// a send moves bytes as fp32's does (the cost model's fallback to fp32's tables, hardware.hpp).
+void measure_bus_bandwidth(parallel::MpiCommunicator& world, parallel::HardwareDescription& hw,
+                           std::string& notes) {
   using namespace parallel;
-  std::unique_ptr<Communicator> pair = world.split(world.rank() < 2 ? 0 : 1, world.rank());
-  if (world.rank() >= 2) {
-    idle_until_released(world);
-    return;
-  }
-  Communicator& g = *pair;
-  const int peer = 1 - g.rank();
-  const auto small_s = [&](const std::string& kind) {
-    if (kind == "send") return hw.node_link.latency_us * 1e-6;
-    const auto& t = hw.node_link.collective_us[kind];
-    return t.empty() ? 0.0 : t.front().second * 1e-6;
-  };
+  std::vector<int> sizes;
+  for (int g : {2, 4, 8})
+    if (g <= world.size()) sizes.push_back(g);
+  std::vector<std::unique_ptr<Communicator>> groups;
+  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
   // Polled until complete (each poll progresses MPI), not waited for: the communicator's wait
   // yields the core after 50 us, and where other processes are runnable a yield costs up to a
   // scheduler tick (a 786 KB all-reduce: 0.27 ms in MPI_Wait, 3.6 ms median through the pacer at
@@ -479,52 +476,94 @@ void measure_large_messages(parallel::MpiCommunicator& world, parallel::Hardware
     while (!h->is_completed()) {
     }
   };
-  std::string line;
-  for (const std::string kind : {"all_reduce", "reduce_scatter", "all_gather", "send"}) {
-    line = kind + " bus GB/s by size:";
-    for (const int64_t bytes :
-         {int64_t{64} << 10, int64_t{256} << 10, int64_t{1} << 20, int64_t{8} << 20, int64_t{64} << 20}) {
-      const int64_t n = bytes / 4;
-      Tensor full = Tensor::full({n}, 1.0f, DType::F32), half = Tensor::full({n / 2}, 1.0f, DType::F32);
-      const int calls = bytes >= (int64_t{64} << 20) ? 7 : bytes >= (int64_t{8} << 20) ? 15 : 61;
-      std::function<void()> call;
-      double factor = 1;  // nccl-tests' bus factor on 2 ranks
-      if (kind == "all_reduce") {
-        call = [&] { finish(g.all_reduce(full, ReduceOp::Sum, true)); };
-      } else if (kind == "reduce_scatter") {
-        call = [&] { finish(g.reduce_scatter(full, half, ReduceOp::Sum, true)); };
-        factor = 0.5;
-      } else if (kind == "all_gather") {
-        call = [&] { finish(g.all_gather(half, full, true)); };
-        factor = 0.5;
-      } else {
-        call = [&] {  // one way = half a round trip
-          if (g.rank() == 0) {
-            finish(g.send(full, peer, 0));
-            finish(g.recv(full, peer, 0));
-          } else {
-            finish(g.recv(full, peer, 0));
-            finish(g.send(full, peer, 0));
-          }
-        };
-      }
-      g.barrier();
-      std::vector<double> t;
-      for (int i = 0; i < calls + 1; ++i) {
-        g.barrier();
-        const auto start = Clock::now();
-        call();
-        if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-      }
-      double seconds = *std::min_element(t.begin(), t.end()) / (kind == "send" ? 2.0 : 1.0);
-      seconds = std::max(seconds - small_s(kind), seconds * 0.05);
-      const double gbps = factor * static_cast<double>(bytes) / seconds / 1e9;
-      if (world.rank() == 0) hw.node_link.bus_GBps[kind].emplace_back(static_cast<double>(bytes), gbps);
-      line += fmt::format(" {} KiB {:.2f};", bytes >> 10, gbps);
+  for (std::size_t gi = 0; gi < sizes.size(); ++gi) {
+    const int gsize = sizes[gi];
+    if (world.rank() >= gsize) {
+      idle_until_released(world);
+      continue;
     }
-    if (world.rank() == 0) notes += line + "\n";
+    Communicator& g = *groups[gi];
+    const int peer = 1 - g.rank();  // send: ranks 0 and 1
+    const auto small_s = [&](const std::string& kind) {
+      if (kind == "send") return hw.node_link.latency_us * 1e-6;
+      for (const auto& [n, us] : hw.node_link.collective_us[kind])
+        if (static_cast<int>(n) == gsize) return us * 1e-6;
+      return 0.0;
+    };
+    for (DType dt : {DType::F32, DType::BF16}) {
+      std::vector<std::string> kinds{"all_reduce", "reduce_scatter"};
+      if (dt == DType::F32) kinds.push_back("all_gather");
+      if (dt == DType::F32 && gsize == 2) kinds.push_back("send");
+      for (const std::string& kind : kinds) {
+        std::string line = fmt::format("{} {} on {} ranks, bus GB/s by size:", kind, dtype_name(dt), gsize);
+        for (const int64_t bytes :
+             {int64_t{64} << 10, int64_t{256} << 10, int64_t{1} << 20, int64_t{8} << 20, int64_t{64} << 20}) {
+          const int64_t n = bytes / static_cast<int64_t>(dtype_size(dt));
+          Tensor full = Tensor::full({n}, 1.0f, dt), part = Tensor::full({n / gsize}, 1.0f, dt);
+          // Fewer calls of the largest sizes on more ranks: 8 ranks time-share two cores.
+          const int calls = bytes >= (int64_t{64} << 20)  ? (gsize > 2 ? 5 : 7)
+                            : bytes >= (int64_t{8} << 20) ? 15
+                                                          : 61;
+          std::function<void()> call;
+          const double g1 = static_cast<double>(gsize - 1) / gsize;
+          double factor = g1;  // nccl-tests' bus factor on g ranks
+          if (kind == "all_reduce") {
+            call = [&] { finish(g.all_reduce(full, ReduceOp::Sum, true)); };
+            factor = 2 * g1;
+          } else if (kind == "reduce_scatter") {
+            call = [&] { finish(g.reduce_scatter(full, part, ReduceOp::Sum, true)); };
+          } else if (kind == "all_gather") {
+            call = [&] { finish(g.all_gather(part, full, true)); };
+          } else {
+            factor = 1;
+            call = [&] {  // one way = half a round trip
+              if (g.rank() == 0) {
+                finish(g.send(full, peer, 0));
+                finish(g.recv(full, peer, 0));
+              } else {
+                finish(g.recv(full, peer, 0));
+                finish(g.send(full, peer, 0));
+              }
+            };
+          }
+          g.barrier();
+          std::vector<double> t;
+          for (int i = 0; i < calls + 1; ++i) {
+            g.barrier();
+            const auto start = Clock::now();
+            call();
+            if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+          }
+          double seconds = *std::min_element(t.begin(), t.end()) / (kind == "send" ? 2.0 : 1.0);
+          seconds = std::max(seconds - small_s(kind), seconds * 0.05);
+          const double gbps = factor * static_cast<double>(bytes) / seconds / 1e9;
+          if (world.rank() == 0)
+            hw.node_link.bus_GBps[dt][kind][gsize].emplace_back(static_cast<double>(bytes), gbps);
+          line += fmt::format(" {} KiB {:.2f};", bytes >> 10, gbps);
+        }
+        if (world.rank() == 0) notes += line + "\n";
+      }
+    }
+    g.barrier();
+    if (world.rank() == 0) release_from(world, gsize);
   }
-  // Asynchronous progress.
+}
+
+// Whether an asynchronous call progresses while its rank computes (links.node.async_progress), on
+// ranks 0 and 1 while the others sleep: an 8 MiB all_reduce and an 8 MiB exchange (both ranks send
+// and receive, as context parallelism's ring does) issued, then C of compute (C = the call's own
+// median time), then waited. A call that progresses ends the step at about max(C, T); one that
+// does not, at C + T.
+void measure_async_progress(parallel::MpiCommunicator& world, parallel::HardwareDescription& hw,
+                            std::string& notes) {
+  using namespace parallel;
+  std::unique_ptr<Communicator> pair = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+  if (world.rank() >= 2) {
+    idle_until_released(world);
+    return;
+  }
+  Communicator& g = *pair;
+  const int peer = 1 - g.rank();
   const int64_t n = (int64_t{8} << 20) / 4;
   Tensor a = Tensor::full({n}, 1.0f, DType::F32), b = Tensor::full({n}, 1.0f, DType::F32);
   const auto exchange = [&] {
@@ -819,7 +858,8 @@ int main(int argc, char** argv) {
     hw.node_link.latency_us = small * 1e6;  // rank 0's: measure_collectives subtracts it
     measure_collectives(world, cores, hw, notes);
     measure_shared_core_slowdown(world, cores, hw, notes);
-    if (world.size() >= 2) measure_large_messages(world, hw, notes);
+    measure_bus_bandwidth(world, hw, notes);
+    measure_async_progress(world, hw, notes);
     if (world.rank() != 0) return 0;
     hw.node_link.bandwidth_GBps = static_cast<double>(big_bytes) / std::max(big - small, 1e-9) / 1e9;
     hw.node_link.shared_by = 1;

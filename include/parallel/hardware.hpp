@@ -61,12 +61,19 @@
 //         # the bus bandwidth (nccl-tests' busbw: the formula's B / bw term is factor x B / busbw,
 //         # factor 2 (n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for a
 //         # send) that a call of that kind reaches by message size (the whole tensor's bytes, as
-//         # in the formulas): measured on 2 ranks as the step issues calls (asynchronous, then
-//         # waited), beyond the small call's time. Replaces bandwidth_GBps for that kind; linear in
+//         # in the formulas): measured as the step issues calls (asynchronous, then waited),
+//         # beyond the small call's time. Replaces bandwidth_GBps for that kind; linear in
 //         # log(bytes) between the sizes, flat beyond the ends. A CPU's large collectives are
 //         # bound by memory (the reduction, the library's temporary buffers and their page
 //         # faults), not by the link: 0.7-1.3 GB/s for a 56 MB all-reduce where a cache-resident
-//         # 4 MiB ping-pong reaches 10.
+//         # 4 MiB ping-pong reaches 10. A kind's table serves every group size and dtype; or per
+//         # group size it was measured on (ranks sharing cores and memory run slower per byte):
+//         #   bus_GBps: {all_reduce: {2: [[65536, 3.2], ...], 4: [...], 8: [...]}, send: [...]}
+//         # linear in the group size between measured sizes, the nearest measured size's table
+//         # below and beyond them (a plain list is the table of size 2, so of every size); and per
+//         # dtype of the tensor (a 16-bit reduction runs MPI's user-defined op; fp32 required, the
+//         # fallback of a kind a dtype has no table for):
+//         #   bus_GBps: {fp32: {all_reduce: ..., send: ...}, bf16: {all_reduce: ..., reduce_scatter: ...}}
 //     node: {..., async_progress: false}
 //         # whether an asynchronous call makes progress while its rank computes (default true:
 //         # NCCL's streams). MPI without a progress thread advances a nonblocking call only inside
@@ -108,17 +115,25 @@ struct LinkLevel {
   // Measured seconds of one small collective by group size, per kind (all_reduce, all_gather,
   // reduce_scatter): (group size, microseconds), increasing size. Empty: the formula's latency.
   std::map<std::string, std::vector<std::pair<double, double>>> collective_us;
-  // Measured bus bandwidth by message size, per kind (all_reduce, reduce_scatter, all_gather,
-  // send): (bytes, GB/s), increasing bytes. Empty: bandwidth_GBps for every kind.
-  std::map<std::string, std::vector<std::pair<double, double>>> bus_GBps;
+  // Measured bus bandwidth by message size: (bytes, GB/s), increasing bytes; per dtype, per kind
+  // (all_reduce, reduce_scatter, all_gather, send) and per group size (> 1) it was measured on.
+  // The YAML's single forms are fp32's entry (the dtype fallback) and group size 2's (a table at
+  // one size serves every size). Empty: bandwidth_GBps for every kind.
+  using BusTable = std::vector<std::pair<double, double>>;
+  using BusTables = std::map<std::string, std::map<int, BusTable>>;  // kind -> group size -> table
+  std::map<DType, BusTables> bus_GBps;
   // Whether an asynchronous call progresses while its rank computes (false: it runs at its wait).
   bool async_progress = true;
 
   // The table's time for `kind` on `n` ranks in seconds, or < 0 when the table has no such kind.
   double collective_latency_s(const std::string& kind, int n) const;
-  // The bus bandwidth (bytes / s) of a `kind` call of `bytes` (all_to_all(v) and broadcast use
-  // all_gather's table, recv and batch_p2p send's): the table's, else bandwidth_GBps / shared_by.
-  double bus_bandwidth_Bps(const std::string& kind, double bytes) const;
+  // The bus bandwidth (bytes / s) of a `kind` call of `bytes` in `dtype` on `ranks` ranks
+  // (all_to_all(v) and broadcast use all_gather's tables, recv and batch_p2p send's): the dtype's
+  // table for the kind, else fp32's, else bandwidth_GBps / shared_by. Of that kind's tables by
+  // group size: the one size's when there is one, else linear in the group size between the two
+  // measured sizes around `ranks`, the nearest size's below the smallest and beyond the largest.
+  double bus_bandwidth_Bps(const std::string& kind, double bytes, int ranks = 2,
+                           DType dtype = DType::F32) const;
 };
 
 struct HardwareDescription {

@@ -146,9 +146,9 @@ double CostModel::collective_seconds(const CommEvent& e) const {
   if (n <= 1) return 0.0;
   const LinkLevel& l = level(e.ranks);
   const double b = static_cast<double>(e.bytes);
-  // The measured bus bandwidth of this kind at this size where the link has one (calibrate_machine),
-  // else the link's bandwidth.
-  const double bw = l.bus_bandwidth_Bps(e.kind, b), a = l.latency_us * 1e-6;
+  // The measured bus bandwidth of this kind at this size, group size and dtype where the link has
+  // one (calibrate_machine), else the link's bandwidth.
+  const double bw = l.bus_bandwidth_Bps(e.kind, b, n, e.dtype), a = l.latency_us * 1e-6;
   // A measured small-collective time for this kind and group size (calibrate_machine) replaces the
   // formula's latency part; the bandwidth part stays the formula's.
   if (const double measured = l.collective_latency_s(e.kind, n); measured >= 0) {

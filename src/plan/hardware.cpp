@@ -73,6 +73,32 @@ std::string table_yaml(const std::vector<std::pair<double, double>>& table) {
   return out + "]";
 }
 
+// links.*.bus_GBps as `, bus_GBps: {...}` (nothing when empty): the single forms where they say
+// the same (fp32 alone: no dtype level; group size 2 alone: a plain list).
+std::string bus_tables_yaml(const std::map<DType, LinkLevel::BusTables>& bus) {
+  if (bus.empty()) return "";
+  const auto kinds_yaml = [](const LinkLevel::BusTables& kinds) {
+    std::string s = "{";
+    for (const auto& [kind, by_size] : kinds) {
+      s += fmt::format("{}{}: ", s.size() == 1 ? "" : ", ", kind);
+      if (by_size.size() == 1 && by_size.count(2)) {
+        s += table_yaml(by_size.at(2));
+        continue;
+      }
+      std::string sizes = "{";
+      for (const auto& [ranks, t] : by_size)
+        sizes += fmt::format("{}{}: {}", sizes.size() == 1 ? "" : ", ", ranks, table_yaml(t));
+      s += sizes + "}";
+    }
+    return s + "}";
+  };
+  if (bus.size() == 1 && bus.count(DType::F32)) return ", bus_GBps: " + kinds_yaml(bus.at(DType::F32));
+  std::string s;
+  for (const auto& [dtype, kinds] : bus)
+    s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", dtype_name(dtype), kinds_yaml(kinds));
+  return ", bus_GBps: {" + s + "}";
+}
+
 }  // namespace
 
 double LinkLevel::collective_latency_s(const std::string& kind, int n) const {
@@ -85,23 +111,49 @@ double LinkLevel::collective_latency_s(const std::string& kind, int n) const {
   return interpolate(table, n) * 1e-6;
 }
 
-double LinkLevel::bus_bandwidth_Bps(const std::string& kind, double bytes) const {
-  std::string table_kind = kind;
-  if (kind == "all_to_all" || kind == "all_to_allv" || kind == "broadcast") table_kind = "all_gather";
-  if (kind == "recv" || kind == "batch_p2p") table_kind = "send";
-  const auto it = bus_GBps.find(table_kind);
-  if (it == bus_GBps.end() || it->second.empty()) return bandwidth_GBps * 1e9 / shared_by;
-  // Linear in log(bytes): sizes span four orders of magnitude.
-  const auto& t = it->second;
-  if (bytes <= t.front().first) return t.front().second * 1e9;
+namespace {
+
+// One bus-bandwidth table's GB/s at `bytes`: linear in log(bytes) between the sizes (they span four
+// orders of magnitude), flat beyond the ends.
+double bus_GBps_at(const LinkLevel::BusTable& t, double bytes) {
+  if (bytes <= t.front().first) return t.front().second;
   for (std::size_t i = 1; i < t.size(); ++i) {
     const auto [x1, y1] = t[i];
     if (bytes > x1) continue;
     const auto [x0, y0] = t[i - 1];
     const double f = std::log(bytes / x0) / std::log(x1 / x0);
-    return (y0 + f * (y1 - y0)) * 1e9;
+    return y0 + f * (y1 - y0);
   }
-  return t.back().second * 1e9;
+  return t.back().second;
+}
+
+}  // namespace
+
+double LinkLevel::bus_bandwidth_Bps(const std::string& kind, double bytes, int ranks, DType dtype) const {
+  std::string table_kind = kind;
+  if (kind == "all_to_all" || kind == "all_to_allv" || kind == "broadcast") table_kind = "all_gather";
+  if (kind == "recv" || kind == "batch_p2p") table_kind = "send";
+  // The dtype's tables for this kind, else fp32's (a kind moves bytes the same in any dtype unless
+  // a reduction runs on them: the calibration measures 16-bit tables for the reductions only).
+  const std::map<int, BusTable>* by_size = nullptr;
+  for (DType t : {dtype, DType::F32}) {
+    const auto tables = bus_GBps.find(t);
+    if (tables == bus_GBps.end()) continue;
+    if (const auto it = tables->second.find(table_kind); it != tables->second.end() && !it->second.empty()) {
+      by_size = &it->second;
+      break;
+    }
+  }
+  if (by_size == nullptr) return bandwidth_GBps * 1e9 / shared_by;
+  // By group size: the nearest measured size's outside the measured range, linear between sizes.
+  const auto above = by_size->lower_bound(ranks);
+  if (above == by_size->begin()) return bus_GBps_at(above->second, bytes) * 1e9;
+  if (above == by_size->end()) return bus_GBps_at(by_size->rbegin()->second, bytes) * 1e9;
+  if (above->first == ranks) return bus_GBps_at(above->second, bytes) * 1e9;
+  const auto below = std::prev(above);
+  const double f = static_cast<double>(ranks - below->first) / (above->first - below->first);
+  const double lo = bus_GBps_at(below->second, bytes), hi = bus_GBps_at(above->second, bytes);
+  return (lo + f * (hi - lo)) * 1e9;
 }
 
 double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const {
@@ -221,6 +273,66 @@ struct Reader {
     }
     return out;
   }
+  // links.*.bus_GBps: {kind: tables} (every dtype: fp32's), or {dtype: {kind: tables}} with fp32;
+  // a kind's tables are one [[bytes, GB/s], ...] list (group size 2's: every size), or
+  // {group size: list, ...}.
+  std::map<DType, LinkLevel::BusTables> bus_tables(const YAML::Node& c, const std::string& key) const {
+    if (!c.IsMap() || c.size() == 0)
+      fail(key,
+           "must map collective kinds to [[message bytes, GB/s], ...] (all_reduce: [[65536, 1.2]]), "
+           "or dtypes to such maps (bf16: {...})");
+    bool per_dtype = false, per_kind = false;
+    for (const auto& kv : c) (is_dtype_name(kv.first.as<std::string>()) ? per_dtype : per_kind) = true;
+    std::map<DType, LinkLevel::BusTables> out;
+    if (!per_dtype) {
+      out[DType::F32] = bus_kinds(c, key);
+      return out;
+    }
+    for (const auto& kv : c) {
+      const auto name = kv.first.as<std::string>();
+      const std::string k = key + "." + name;
+      if (!is_dtype_name(name))
+        fail(k, "is not a dtype: a per-dtype bus_GBps maps every key to {kind: tables} (fp32, bf16, fp16)");
+      const DType dtype = dtype_key(name, k);
+      out[dtype] = bus_kinds(kv.second, k);
+    }
+    if (!out.count(DType::F32)) fail(key + ".fp32", "is missing (the fallback tables of a per-dtype map)");
+    return out;
+  }
+  LinkLevel::BusTables bus_kinds(const YAML::Node& c, const std::string& key) const {
+    only_keys(c, key, {"all_reduce", "all_gather", "reduce_scatter", "send"});
+    LinkLevel::BusTables out;
+    for (const auto& kv : c) {
+      const auto kind = kv.first.as<std::string>();
+      const std::string k = key + "." + kind;
+      if (kv.second.IsMap()) {
+        if (kv.second.size() == 0) fail(k, "must map group sizes (> 1) to [[message bytes, GB/s], ...]");
+        for (const auto& size_table : kv.second) {
+          const std::string name = size_table.first.as<std::string>();
+          const std::string ks = k + "." + name;
+          double ranks = 0;
+          try {
+            ranks = size_table.first.as<double>();
+          } catch (const YAML::Exception&) {
+          }
+          if (!(ranks > 1) || ranks != std::floor(ranks))
+            fail(ks, "is not a group size (a whole number > 1 of ranks the table was measured on)");
+          out[kind][static_cast<int>(ranks)] = bus_table(size_table.second, ks);
+        }
+      } else {
+        out[kind][2] = bus_table(kv.second, k);
+      }
+    }
+    return out;
+  }
+  LinkLevel::BusTable bus_table(const YAML::Node& n, const std::string& key) const {
+    auto t = table(n, key, 0, "message bytes > 0, GB/s > 0");
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (t[i].second <= 0)
+        fail(fmt::format("{}[{}][1]", key, i),
+             fmt::format("must be a number > 0 (GB/s), got {}", t[i].second));
+    return t;
+  }
   LinkLevel link(const YAML::Node& n, const std::string& where) const {
     only_keys(n, where,
               {"bandwidth_GBps", "latency_us", "shared_by", "collective_us", "bus_GBps", "async_progress"});
@@ -241,19 +353,7 @@ struct Reader {
         l.collective_us[kind] = table(kv.second, key + "." + kind, 1, "group size > 1, microseconds");
       }
     }
-    if (const YAML::Node c = n["bus_GBps"]) {
-      const std::string key = where + ".bus_GBps";
-      only_keys(c, key, {"all_reduce", "all_gather", "reduce_scatter", "send"});
-      for (const auto& kv : c) {
-        const auto kind = kv.first.as<std::string>();
-        auto t = table(kv.second, key + "." + kind, 0, "message bytes > 0, GB/s > 0");
-        for (std::size_t i = 0; i < t.size(); ++i)
-          if (t[i].second <= 0)
-            fail(fmt::format("{}.{}[{}][1]", key, kind, i),
-                 fmt::format("must be a number > 0 (GB/s), got {}", t[i].second));
-        l.bus_GBps[kind] = std::move(t);
-      }
-    }
+    if (const YAML::Node c = n["bus_GBps"]) l.bus_GBps = bus_tables(c, where + ".bus_GBps");
     if (const YAML::Node a = n["async_progress"]) {
       const std::string key = where + ".async_progress";
       if (!a.IsScalar() || (a.Scalar() != "true" && a.Scalar() != "false"))
@@ -450,7 +550,7 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
       out += "}";
     };
     kind_tables("collective_us", l.collective_us);
-    kind_tables("bus_GBps", l.bus_GBps);
+    out += bus_tables_yaml(l.bus_GBps);
     if (!l.async_progress) out += ", async_progress: false";
     out += "}\n";
   }

@@ -374,7 +374,10 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
     e.group = "dp";
     e.ranks = shard_group(p.pipeline - 1);
     e.bytes = static_cast<int64_t>(stage_weights * 2);
-    e.dtype = dtype;
+    // The gradient buffer is fp32 (grad_buffer.cpp), so the call runs at fp32's bandwidth (a
+    // 16-bit table, where the link has one, is a 16-bit reduction's, slower per byte); half its
+    // bytes stays the floor it was.
+    e.dtype = DType::F32;
     e.kind = sharding == Sharding::None ? "all_reduce" : "reduce_scatter";
     reduction = cost.collective_seconds(e);
   }

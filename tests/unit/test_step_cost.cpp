@@ -125,9 +125,9 @@ TEST(CollectiveCost, AMeasuredBusBandwidthReplacesTheLinkBandwidthForItsKind) {
   // all_reduce: 0.5 GB/s bus bandwidth at 1 MB, 0.25 at 100 MB (log-linear between, flat beyond);
   // send: 2 GB/s. Kinds without a table keep the link's 1 GB/s.
   HardwareDescription hw = simple_machine();
-  hw.node_link.bus_GBps["all_reduce"] = {{1e6, 0.5}, {1e8, 0.25}};
-  hw.node_link.bus_GBps["send"] = {{1e6, 2}};
-  hw.node_link.bus_GBps["all_gather"] = {{1e6, 4}};
+  hw.node_link.bus_GBps[DType::F32]["all_reduce"][2] = {{1e6, 0.5}, {1e8, 0.25}};
+  hw.node_link.bus_GBps[DType::F32]["send"][2] = {{1e6, 2}};
+  hw.node_link.bus_GBps[DType::F32]["all_gather"][2] = {{1e6, 4}};
   const CostModel cost(hw, 8);
   CommEvent e;
   e.kind = "all_reduce";
@@ -152,6 +152,67 @@ TEST(CollectiveCost, AMeasuredBusBandwidthReplacesTheLinkBandwidthForItsKind) {
   EXPECT_EQ(back.node_link.bus_GBps, hw.node_link.bus_GBps);
   EXPECT_TRUE(back.cluster_link.bus_GBps.empty());
   EXPECT_DOUBLE_EQ(simple_machine().node_link.bus_bandwidth_Bps("all_reduce", 1e6), 1e9);
+}
+
+TEST(CollectiveCost, TheBusBandwidthOfTheGroupsSizeAndOfTheTensorsDtype) {
+  // all_reduce fp32 measured on 2, 4 and 8 ranks (1, 0.5 and 0.25 GB/s: ranks sharing cores and
+  // memory), bf16 on 2 and 8 (0.25 and 0.125 GB/s: MPI's user-defined op); all_gather fp32 on one
+  // size only (4: serves every size); no bf16 all_gather table (fp32's).
+  HardwareDescription hw = simple_machine();
+  auto& fp32 = hw.node_link.bus_GBps[DType::F32];
+  fp32["all_reduce"] = {{2, {{1e6, 1}}}, {4, {{1e6, 0.5}}}, {8, {{1e6, 0.25}}}};
+  fp32["all_gather"] = {{4, {{1e6, 2}}}};
+  hw.node_link.bus_GBps[DType::BF16]["all_reduce"] = {{2, {{1e6, 0.25}}}, {8, {{1e6, 0.125}}}};
+  const CostModel cost(hw, 8);
+  CommEvent e;
+  e.kind = "all_reduce";
+  e.bytes = 1'000'000'000;
+  const auto at = [&](std::vector<int> ranks, DType dtype) {
+    e.ranks = std::move(ranks);
+    e.dtype = dtype;
+    return cost.collective_seconds(e);
+  };
+  const double B = 1e9;
+  // The group's size picks its table: 2 (n-1)/n B / busbw.
+  EXPECT_DOUBLE_EQ(at({0, 1}, DType::F32), 1.0 * B / 1e9);
+  EXPECT_DOUBLE_EQ(at({0, 1, 2, 3}, DType::F32), 1.5 * B / 0.5e9);
+  EXPECT_DOUBLE_EQ(at({0, 1, 2, 3, 4, 5, 6, 7}, DType::F32), 1.75 * B / 0.25e9);
+  // Between measured sizes, linear in the size: 6 ranks halfway between 4 and 8 (0.375 GB/s).
+  EXPECT_NEAR(at({0, 1, 2, 3, 4, 5}, DType::F32), 2.0 * 5 / 6 * B / 0.375e9, 1e-9);
+  // A bf16 all-reduce takes bf16's table; on 4 ranks, linear between its 2 and 8 (0.2083 GB/s).
+  EXPECT_DOUBLE_EQ(at({0, 1}, DType::BF16), 1.0 * B / 0.25e9);
+  EXPECT_NEAR(at({0, 1, 2, 3}, DType::BF16), 1.5 * B / ((0.25 + (0.125 - 0.25) / 3) * 1e9), 1e-9);
+  // fp16 has no table: fp32's.
+  EXPECT_DOUBLE_EQ(at({0, 1, 2, 3}, DType::F16), 1.5 * B / 0.5e9);
+  // Beyond the largest measured size: its table (on one node of 8 no such group; the level spans
+  // the cluster link then, which has none): checked on the link directly.
+  EXPECT_DOUBLE_EQ(hw.node_link.bus_bandwidth_Bps("all_reduce", B, 16, DType::F32), 0.25e9);
+  // all_gather's one table (measured on 4) serves 2 and 8 ranks, and bf16 (no bf16 table).
+  e.kind = "all_gather";
+  EXPECT_DOUBLE_EQ(at({0, 1}, DType::BF16), 0.5 * B / 2e9);
+  EXPECT_DOUBLE_EQ(at({0, 1, 2, 3, 4, 5, 6, 7}, DType::F32), 0.875 * B / 2e9);
+  // reduce_scatter has no table at all: the link's 1 GB/s.
+  e.kind = "reduce_scatter";
+  EXPECT_DOUBLE_EQ(at({0, 1, 2, 3}, DType::BF16), 0.75 * B / 1e9);
+  // Written (dtype and group-size levels) and read back.
+  const std::string yaml = hardware_yaml(hw);
+  EXPECT_NE(yaml.find("bf16: {all_reduce: {2: [[1000000, 0.25]], 8: [[1000000, 0.125]]}}"), std::string::npos)
+      << yaml;
+  const HardwareDescription back = parse_hardware(yaml, "round trip");
+  EXPECT_EQ(back.node_link.bus_GBps, hw.node_link.bus_GBps);
+  // The single forms: a plain list is group size 2's (so every size's), a map of kinds fp32's.
+  std::string text = hardware_yaml(simple_machine());
+  const std::string link = "shared_by: 1}";
+  text.replace(text.find(link), link.size(),
+               "shared_by: 1, bus_GBps: {all_reduce: [[1e6, 0.5]], send: {2: [[1e6, 3]]}}}");
+  const HardwareDescription plain = parse_hardware(text, "plain.yaml");
+  ASSERT_EQ(plain.node_link.bus_GBps.size(), 1u);
+  EXPECT_EQ(plain.node_link.bus_GBps.at(DType::F32).at("all_reduce").count(2), 1u);
+  EXPECT_DOUBLE_EQ(plain.node_link.bus_bandwidth_Bps("all_reduce", 1e6, 8, DType::BF16), 0.5e9);
+  // Written back in the single form, which says the same.
+  EXPECT_NE(hardware_yaml(plain).find("bus_GBps: {all_reduce: [[1000000, 0.5]], send: [[1000000, 3]]}"),
+            std::string::npos)
+      << hardware_yaml(plain);
 }
 
 TEST(Simulate, AnAsyncCallOverALinkWithoutProgressRunsAtItsWait) {
@@ -696,6 +757,34 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {send: 3}}"))
                 .find("links.node.bus_GBps.send must be a list of [message bytes > 0, GB/s > 0] pairs"),
+            std::string::npos);
+  // Per group size and per dtype: the key and the rule.
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {all_reduce: {1: [[1e6, 1]]}}}"))
+                .find("bad.yaml: links.node.bus_GBps.all_reduce.1 is not a group size (a whole number > 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {all_reduce: {four: [[1e6, 1]]}}}"))
+                .find("links.node.bus_GBps.all_reduce.four is not a group size"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {all_reduce: {4: [[1e6, -2]]}}}"))
+                .find("links.node.bus_GBps.all_reduce.4[0][1] must be a number >= 0, got -2"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {all_reduce: {}}}"))
+                .find("links.node.bus_GBps.all_reduce must map group sizes (> 1)"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {bf16: {all_reduce: [[1e6, 1]]}}}"))
+          .find("bad.yaml: links.node.bus_GBps.fp32 is missing (the fallback tables of a per-dtype map)"),
+      std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}",
+                          "shared_by: 1, bus_GBps: {fp32: {send: [[1e6, 1]]}, all_reduce: [[1e6, 1]]}}"))
+                .find("links.node.bus_GBps.all_reduce is not a dtype: a per-dtype bus_GBps maps every key"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}",
+                          "shared_by: 1, bus_GBps: {fp32: {send: [[1e6, 1]]}, bf16: {recv: [[1e6, 1]]}}}"))
+                .find("links.node.bus_GBps.bf16.recv is not a known key"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, bus_GBps: {fp32: {send: [[1e6, 1]]}, int32: {}}}"))
+                .find("links.node.bus_GBps.int32 is not a floating dtype"),
             std::string::npos);
   EXPECT_NE(error_of(with("shared_by: 1}", "shared_by: 1, async_progress: no}"))
                 .find("bad.yaml: links.node.async_progress must be true or false, got 'no'"),
