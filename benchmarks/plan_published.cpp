@@ -113,6 +113,11 @@ int main(int argc, char** argv) {
                  "with --search: threads that plan layouts at once (0: the machine's hardware threads; the "
                  "result is the same for any number)")
       ->check(CLI::Range(0, 256));
+  int stage_layer_shift = parallel::plan::SearchOptions{}.stage_layer_shift;
+  app.add_option("--stage-layer-shift", stage_layer_shift,
+                 "with --search: how many layers the first and last pipeline stage may hold fewer or more "
+                 "than the others (0: the even split only)")
+      ->check(CLI::Range(0, 64));
   std::string attention = "unfused";
   double dropout = 0.1;
   app.add_option("--attention", attention,
@@ -182,7 +187,8 @@ int main(int argc, char** argv) {
       const parallel::Config c = parallel::parse_config(row_yaml(r, best_mb, dropout), {}, r.gpus);
       const std::clock_t cpu_start = std::clock();
       const parallel::plan::SearchResult found = parallel::plan::search_layouts(
-          c, r.gpus, hw, {.top_k = 1, .cost = options, .threads = search_threads});
+          c, r.gpus, hw,
+          {.top_k = 1, .cost = options, .stage_layer_shift = stage_layer_shift, .threads = search_threads});
       const double cpu = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
       if (found.top.empty()) {
         searched = fmt::format(" none fits | | | | {:.1f} / {:.1f} |", cpu, found.seconds);

@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
                  "with --search: threads that plan layouts at once (0: the machine's hardware threads; the "
                  "result is the same for any number)")
       ->check(CLI::Range(0, 256));
+  int search_stage_layer_shift = parallel::plan::SearchOptions{}.stage_layer_shift;
+  app.add_option("--search-stage-layer-shift", search_stage_layer_shift,
+                 "with --search: how many layers the first and last pipeline stage may hold fewer or more "
+                 "than the others (parallel.first_stage_layers / last_stage_layers; 0: the even split only)")
+      ->check(CLI::Range(0, 64));
   bool plan_on_meta = false;
   app.add_flag("--meta", plan_on_meta,
                "with --plan: plan by running the trainer's first two steps on the meta device, once per "
@@ -115,6 +120,7 @@ int main(int argc, char** argv) {
                                            {.top_k = search_top,
                                             .ranks_per_node = ranks_per_node,
                                             .cost = cost_options,
+                                            .stage_layer_shift = search_stage_layer_shift,
                                             .threads = search_threads});
         std::printf("layouts of %d ranks on %s (%s):\n%s", world_size, hw.name.c_str(), hardware_file.c_str(),
                     parallel::plan::search_table(result).c_str());

@@ -7,6 +7,7 @@
 // 4, ... while the chunks divide the layers), context (1, and divisors up to 8 for sequences of
 // 8192 and more), expert (MoE only: divisors of the experts), expert-tensor (MoE only: divisors of
 // an expert's width up to a node's devices; ep x etp must divide tp x cp x data), data (the rest);
+// first and last stage layer counts (without virtual stages: SearchOptions::stage_layer_shift);
 // schedule (1F1B and zb-h1 without virtual stages; interleaved, and zb-v at 2 virtual stages, with
 // them); sharding (none, optim, optim_grads, optim_grads_params when data x context > 1), each
 // sharding mode over all of data x context or, HSDP, within groups of every size g that divides
@@ -59,6 +60,13 @@ struct SearchOptions {
   // dominance): the brute force the tests hold the search to.
   bool exhaustive = false;
   CostOptions cost;  // how the planned system's kernels are costed (step_cost.hpp), as plan_step
+  // First and last stage layer counts (virtual stages 1, pp >= 2): besides the even split, every
+  // split whose first and last stage each hold within this many layers of the middle stages (pp 2:
+  // of each other's count, within twice this), the middle stages splitting the rest evenly
+  // (parallel.first_stage_layers / last_stage_layers, Megatron's decoder_first/last_pipeline_num_layers:
+  // the first stage also runs the embedding, the last the output layer and the loss). 0: the even
+  // split only.
+  int stage_layer_shift = 1;
   // Plan the configured layout first (when it is valid for the world size), so that the time bound
   // prunes against it from the start (branch and bound's warm start).
   bool seed_with_config = true;
@@ -72,7 +80,8 @@ struct SearchOptions {
 struct SearchedLayout {
   Config config;  // validated for the world size
   // "tp8 pp64 v1 dp6 cp1 ep1 1f1b sharding none recompute full mb1"; " etp2" after ep when etp > 1,
-  // " hsdp8" after the sharding mode under HSDP.
+  // " hsdp8" after the sharding mode under HSDP, " layers F-L" after pp when the first / last stage
+  // layer counts are set (0: not set).
   std::string layout;
   double step_time_s = 0;
   double model_tflops_per_device = 0;

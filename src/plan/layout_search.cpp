@@ -21,6 +21,7 @@
 #include "parallel/error.hpp"
 #include "parallel/memory_plan.hpp"
 #include "parallel/parallel_state.hpp"
+#include "parallel/pipeline.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/precision.hpp"
 #include "parallel/sharding.hpp"
@@ -45,6 +46,39 @@ std::vector<int> divisors(int n) {
   for (int d = 1; d <= n; ++d)
     if (n % d == 0) out.push_back(d);
   return out;
+}
+
+// The first and last stage's layer counts to try for pp stages of n layers (virtual stages 1; the
+// rules refuse explicit counts with interleaving): (0, 0), the even split, then every (first, last)
+// whose middle stages split the rest evenly (>= 1 layer each) and whose first and last stage each
+// hold within `shift` layers of a middle stage (pp 2: within 2 shift of each other), as Megatron's
+// decoder_first/last_pipeline_num_layers. The first stage also runs the embedding, the last the
+// output layer and the loss, so the even split leaves them unbalanced.
+std::vector<std::pair<int, int>> stage_splits(int n, int pp, int shift) {
+  std::vector<std::pair<int, int>> out{{0, 0}};
+  if (pp < 2 || shift <= 0) return out;
+  for (int first = 1; first < n; ++first)
+    for (int last = 1; first + last < n || (pp == 2 && first + last == n); ++last) {
+      const int rest = n - first - last;
+      if (pp == 2) {
+        if (rest == 0 && first != last && std::abs(first - last) <= 2 * shift) out.emplace_back(first, last);
+        continue;
+      }
+      if (rest < pp - 2 || rest % (pp - 2) != 0) continue;
+      const int middle = rest / (pp - 2);
+      if (first == middle && last == middle) continue;  // the even split: (0, 0)
+      if (std::abs(first - middle) <= shift && std::abs(last - middle) <= shift)
+        out.emplace_back(first, last);
+    }
+  return out;
+}
+
+// Each pipeline stage's transformer layers (virtual stages 1: first / last counts as set), or with
+// virtual stages each rank's share, num_layers / pp.
+std::vector<int> stage_layer_counts(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  if (p.virtual_stages == 1) return pipeline::layers_per_stage(pipeline::LayoutParams::of(c));
+  return std::vector<int>(static_cast<std::size_t>(p.pipeline), c.model.num_layers / p.pipeline);
 }
 
 // Weight elements a rank holds of one transformer layer: the attention and a dense MLP split over
@@ -85,7 +119,9 @@ double memory_lower_bound(const Config& c, double kept_per_layer) {
   const ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
   const int stages = p.pipeline;
-  const int layers = m.num_layers / stages;
+  // The first stage's layers (it keeps the most micro-batches in flight; with explicit first / last
+  // counts its own count).
+  const int layers = stage_layer_counts(c).front();
   double dense = 0, experts = 0;
   for (int i = 0; i < layers; ++i) {
     const LayerWeights w = layer_weights(m, i, p);
@@ -209,8 +245,10 @@ LayerBound moe_layer_bound(const Config& c, const CostModel& cost, const RankGri
 }
 
 // Lower bound on the step time (layout_search.hpp, pruning 3), for the last pipeline stage (it holds
-// at least num_layers / pp layers and starts after the first micro-batch's forward has passed the
-// stages before it). Its compute stream runs, per micro-batch and layer, at least:
+// num_layers / pp layers, or its own count when the first / last counts are set, and starts after
+// the first micro-batch's forward has passed the stages before it; with uneven counts also the
+// stage with the most layers, whose stream runs them for every micro-batch). Its compute stream
+// runs, per micro-batch and layer, at least:
 //   - the GEMMs, each at the rate the cost model gives its size (m n k)^(1/3) at most (a GEMM the
 //     model splits further is smaller and slower; the backward's two GEMMs per weight have the
 //     forward's size) plus one op's overhead, the forward again under full recompute; in a MoE
@@ -298,7 +336,12 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
       tp_collective = cost.collective_seconds(e);
     }
   }
-  const int layers = m.num_layers / p.pipeline;  // every stage holds at least this many
+  // The last stage's layers (every stage's under the even split), and whether the first and last
+  // counts were set (layers_per_stage).
+  const std::vector<int> stage_layers = stage_layer_counts(c);
+  const int layers = stage_layers.back();
+  const bool uneven = std::any_of(stage_layers.begin(), stage_layers.end(),
+                                  [&](int count) { return count != stage_layers.front(); });
   // A dense layer's share: its GEMMs (one op each, the backward's two per weight), attention and
   // tensor parallelism's two forward collectives.
   const double attention_gemms =
@@ -328,7 +371,9 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   const double forward = layers * layer.forward, backward = layers * layer.backward;
   const double forward_comm = layers * layer.forward_comm, backward_comm = layers * layer.backward_comm;
   double stage_weights = 0;
-  for (int i = 0; i < layers; ++i) {
+  // The reductions below are the first and the last stage's: with uneven counts, the fewer of theirs.
+  const int weight_layers = uneven ? std::min(stage_layers.front(), stage_layers.back()) : layers;
+  for (int i = 0; i < weight_layers; ++i) {
     const LayerWeights w = layer_weights(m, i, p);
     stage_weights += w.dense + w.experts;
   }
@@ -343,14 +388,20 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
                                (static_cast<double>(c.train.micro_batch_size) * p.data);
   // The last stage starts no work before the first micro-batch's forward has passed the pp - 1
   // stages before it (any schedule): pp - 1 chunks of layers / (pp v) layers each.
-  const double fill = (p.pipeline - 1) * forward / p.virtual_stages;
+  // (With uneven counts, virtual stages 1: the layers of the stages before the last.)
+  const double layers_before_last = static_cast<double>(m.num_layers - layers);
+  const double fill =
+      uneven ? layers_before_last * layer.forward : (p.pipeline - 1) * forward / p.virtual_stages;
   // 1F1B and interleaved: the last stage's last work is the last micro-batch's backward (of its
   // first chunk); the pp - 1 stages before it then each run their backward of it in turn (chunks of
   // layers / (pp v) layers), the first stage last. Zero-bubble schedules defer weight gradients into
   // that drain, so it is counted for the other two only.
   const bool drains = p.pipeline_schedule == PipelineSchedule::OneFOneB ||
                       p.pipeline_schedule == PipelineSchedule::Interleaved;
-  const double drain = drains ? (p.pipeline - 1) * (backward + recompute) / p.virtual_stages : 0.0;
+  const double drain =
+      !drains  ? 0.0
+      : uneven ? layers_before_last * (layer.backward + (full ? layer.forward + layer.forward_comm : 0.0))
+               : (p.pipeline - 1) * (backward + recompute) / p.virtual_stages;
   // The group gradients are reduced over first (and sharded over): dp (x cp), or under HSDP the
   // first sharding_group_size dp ranks (DataParallel's shard group; cp 1 only).
   const int hsdp = c.optimizer.sharding_group_size;
@@ -404,10 +455,19 @@ double time_lower_bound(const Config& c, const CostModel& cost, int world_size) 
   // The reduction follows the last backward of the stage that reduces last: the first stage after
   // the drain (1F1B, interleaved: its gradients start reducing after its own last backward), or
   // the last stage.
-  const double compute_bound = fill +
-                               micro_batches * (forward + forward_comm + backward + backward_comm +
-                                                recompute + output_layer + replica_per_micro_batch) +
-                               drain + reduction + replica_per_step;
+  double compute_bound = fill +
+                         micro_batches * (forward + forward_comm + backward + backward_comm + recompute +
+                                          output_layer + replica_per_micro_batch) +
+                         drain + reduction + replica_per_step;
+  // With uneven counts a stage before the last may hold more layers; its compute stream runs every
+  // micro-batch's forward and backward of them too (the step is the latest stage's end).
+  if (uneven) {
+    const double most = *std::max_element(stage_layers.begin(), stage_layers.end());
+    compute_bound = std::max(compute_bound,
+                             micro_batches * most *
+                                 (layer.forward + layer.forward_comm + layer.backward + layer.backward_comm +
+                                  (full ? layer.forward + layer.forward_comm : 0.0)));
+  }
   // The shard group's stream runs its calls one after another within the step:
   // with sharded gradients (optim_grads, optim_grads_params) no full-size gradient outlives a
   // micro-batch, so every micro-batch's backward reduce-scatters the stage's fp32 gradients
@@ -455,8 +515,12 @@ const char* context_comm_name(ContextComm comm) {
 std::string layout_name(const Config& c) {
   const ParallelConfig& p = c.parallel;
   return fmt::format(
-      "tp{}{} pp{} v{} dp{} cp{}{} ep{}{} {} sharding {}{} recompute {} mb{}", p.tensor,
-      p.sequence_parallel ? "+sp" : "", p.pipeline, p.virtual_stages, p.data, p.context,
+      "tp{}{} pp{}{} v{} dp{} cp{}{} ep{}{} {} sharding {}{} recompute {} mb{}", p.tensor,
+      p.sequence_parallel ? "+sp" : "", p.pipeline,
+      p.first_stage_layers > 0 || p.last_stage_layers > 0
+          ? fmt::format(" layers {}-{}", p.first_stage_layers, p.last_stage_layers)
+          : "",
+      p.virtual_stages, p.data, p.context,
       p.context > 1 ? fmt::format(" {}", context_comm_name(p.context_comm)) : "", p.expert,
       p.expert_tensor > 1 ? fmt::format(" etp{}", p.expert_tensor) : "",
       pipeline::schedule_name(p.pipeline_schedule), sharding_name(c.optimizer.sharding),
@@ -526,7 +590,16 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
           if (v > 1) schedules = {PipelineSchedule::Interleaved};
           if (v == 2) schedules.push_back(PipelineSchedule::ZeroBubbleV);
           if (pp == 1) schedules = {PipelineSchedule::OneFOneB};
-          for (PipelineSchedule schedule : schedules)
+          // Each schedule with each first / last stage layer count (virtual stages 1).
+          struct StageChoice {
+            PipelineSchedule schedule;
+            int first_layers, last_layers;
+          };
+          std::vector<StageChoice> choices;
+          for (const auto& [first, last] : v == 1 ? stage_splits(m.num_layers, pp, options.stage_layer_shift)
+                                                  : std::vector<std::pair<int, int>>{{0, 0}})
+            for (PipelineSchedule schedule : schedules) choices.push_back({schedule, first, last});
+          for (const auto& [schedule, first_layers, last_layers] : choices)
             for (const auto& [ep, etp] : expert_grids)
               for (Sharding sharding :
                    {Sharding::None, Sharding::Optim, Sharding::OptimGrads, Sharding::OptimGradsParams}) {
@@ -558,7 +631,8 @@ SearchResult search_layouts(const Config& base, int world_size, const HardwareDe
                         p.sequence_parallel = tp > 1;
                         p.expert = ep;
                         p.expert_tensor = etp;
-                        p.first_stage_layers = p.last_stage_layers = 0;
+                        p.first_stage_layers = first_layers;
+                        p.last_stage_layers = last_layers;
                         p.data = 0;
                         c.optimizer.sharding = sharding;
                         c.optimizer.distributed = sharding != Sharding::None;

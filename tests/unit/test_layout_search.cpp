@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "parallel/config.hpp"
@@ -114,6 +116,61 @@ TEST(LayoutSearch, FitsFollowsTheRulesRanksByTimeAndBeatsTheBruteForce) {
     return std::string();
   }();
   EXPECT_LT(r.simulated, all.simulated);  // the pruning pruned
+}
+
+// First and last stage layer counts (SearchOptions::stage_layer_shift): on a model whose output
+// layer outweighs two transformer layers (vocabulary 16384 at width 64), the search tries pp 2 with 5 / 3
+// and 3 / 5 layers beside 4 / 4; both bounds hold on every such layout of the brute force, the
+// last stage holding one layer fewer is predicted faster than the even split (it also runs the
+// output layer), and the search's first is the brute force's fastest. Shift 0: the even split only.
+TEST(LayoutSearch, FirstAndLastStageLayerCountsAreSearched) {
+  Config base = model();
+  base.model.vocab_size = 16384;
+  constexpr int kWorld = 2;
+  SearchOptions options;
+  options.top_k = 3;
+  options.micro_batch_sizes = {1, 2};
+  const SearchResult all = [&] {
+    SearchOptions o = options;
+    o.top_k = 1 << 20;
+    o.exhaustive = true;
+    return search_layouts(base, kWorld, machine(1e6), o);
+  }();
+  std::map<std::string, double> step;  // pp2 1f1b, no sharding, no recompute, mb 1: by layer counts
+  int uneven = 0;
+  for (const SearchedLayout& s : all.top) {
+    const ParallelConfig& p = s.config.parallel;
+    if (p.first_stage_layers > 0 || p.last_stage_layers > 0) {
+      ++uneven;
+      EXPECT_NE(s.layout.find(fmt::format("pp2 layers {}-{} v1", p.first_stage_layers, p.last_stage_layers)),
+                std::string::npos)
+          << s.layout;
+      EXPECT_EQ(p.first_stage_layers + p.last_stage_layers, 8) << s.layout;
+    }
+    EXPECT_LE(s.time_lower_bound_s, s.step_time_s) << s.layout;
+    EXPECT_LE(memory_lower_bound(s.config), static_cast<double>(s.peak_bytes)) << s.layout;
+    if (p.pipeline == 2 && p.pipeline_schedule == PipelineSchedule::OneFOneB &&
+        s.config.optimizer.sharding == Sharding::None && s.config.train.recompute == Recompute::None &&
+        s.config.train.micro_batch_size == 1)
+      step[fmt::format("{}-{}", p.first_stage_layers, p.last_stage_layers)] = s.step_time_s;
+  }
+  EXPECT_GT(uneven, 0);
+  ASSERT_TRUE(step.count("0-0") && step.count("5-3") && step.count("3-5")) << step.size();
+  EXPECT_LT(step["5-3"], step["0-0"]);
+  EXPECT_LT(step["0-0"], step["3-5"]);
+  EXPECT_FALSE(step.count("6-2"));  // beyond the shift
+  const SearchResult r = search_layouts(base, kWorld, machine(1e6), options);
+  ASSERT_FALSE(r.top.empty());
+  double best = std::numeric_limits<double>::infinity();
+  for (const SearchedLayout& s : all.top) best = std::min(best, s.step_time_s);
+  EXPECT_EQ(r.top.front().step_time_s, best) << r.top.front().layout;
+  // Shift 0: no explicit counts.
+  SearchOptions even = options;
+  even.stage_layer_shift = 0;
+  even.top_k = 1 << 20;
+  even.exhaustive = true;
+  for (const SearchedLayout& s : search_layouts(base, kWorld, machine(1e6), even).top)
+    EXPECT_EQ(s.config.parallel.first_stage_layers + s.config.parallel.last_stage_layers, 0) << s.layout;
 }
 
 // Planning on several threads (SearchOptions::threads) gives the sequential search's result: the
