@@ -30,8 +30,9 @@
 //     of "compute, then a small blocking all_reduce" beyond its compute at the shared rate and the
 //     collective's own time: what each blocking wait costs an oversubscribed rank
 //     (node.oversubscribed_wait_us);
-//   - where 4 or 8 ranks exceed the cores: the small GPT chunk's step on all of them at once over
-//     its time alone, both in thread CPU time (node.shared_core_slowdown;
+//   - where 4 or 8 ranks exceed the cores: a GPT chunk's step on all of them at once over its
+//     time alone, both in thread CPU time, at two sizes (width 128 and 512: working sets within and
+//     beyond the core's L2), keyed by the step's working set (node.shared_core_slowdown;
 //     measure_shared_core_slowdown below);
 //   - on the first g = 2, 4, 8 ranks: all_reduce, reduce_scatter and all_gather (and on 2 ranks
 //     send) from 64 KiB to 64 MiB, issued asynchronously and waited for as the step does, in fp32,
@@ -367,78 +368,139 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
 // Ranks that time-share a core also share its caches: each one's data is evicted by the others'
 // while it is off the core, so its ops take longer in its own CPU time than the same ops alone
 // (the tiny model's 4-rank step: 1.24 times the one-core calibration per op; docs/planner.md).
-// Measured on the small GPT chunk of measure_host_code (forward, backward and AdamW: the kernels a
-// small step runs, with their host code), in thread CPU time, so that waiting for a core does not
-// count (processor sharing prices that): the median step on rank 0 alone (the others sleep), then
-// on the first g ranks at once for each g = 4, 8 above the cores (the mean of the ranks' medians).
-// The ratio is node.shared_core_slowdown at g / cores ranks a core.
-void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
-                                  parallel::HardwareDescription& hw, std::string& notes) {
+// How much depends on the op's working set: one that lives in the core's caches loses them at
+// every switch, one that streams from memory anyway hardly notices. So the probe is a GPT chunk's
+// step (forward, backward and AdamW: the kernels a step runs, with their host code) at two sizes:
+// width 128 (its ops' working sets of tens to hundreds of KiB fit the core's L2) and width 512
+// (MiBs: beyond it). Each is timed in thread CPU time, so that waiting for a core does not count
+// (processor sharing prices that): the median step on rank 0 alone (the others sleep), then on
+// the first g ranks at once for each g = 4, 8 above the cores (the mean of the ranks' medians).
+// The ratio is node.shared_core_slowdown at g / cores ranks a core, keyed by the probe's working
+// set: the median of its ops' bytes read + written weighted by their time (the cost model's on
+// the description measured so far, from the same step recorded on the meta device), since the
+// step's ratio is its ops' ratios weighted by their time.
+struct SlowdownProbe {
+  parallel::ModelConfig config;
+  int64_t batch = 0;
+  std::string label;
+};
+
+// The probe's step as `steps` calls of `run`, on `device` (meta: recorded, not run).
+template <typename Run>
+void probe_steps(const SlowdownProbe& p, parallel::Device device, int steps, Run&& run) {
   using namespace parallel;
-  ModelConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.vocab_size = 1024;
-  c.seq_length = 64;
-  const int64_t batch = 2;
+  const ModelConfig& c = p.config;
   MpiCommunicator self(MPI_COMM_SELF);
-  GPTModel model(c, ChunkSpec{0, c.num_layers, true, true}, {}, self);
+  GPTModel::Options options;
+  options.device = device;
+  GPTModel model(c, ChunkSpec{0, c.num_layers, true, true}, options, self);
   AdamW opt(model.parameters(), OptimizerConfig{}, Precision::FP32);
-  std::vector<int32_t> ids(static_cast<std::size_t>(batch * c.seq_length));
+  std::vector<int32_t> ids(static_cast<std::size_t>(p.batch * c.seq_length));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % c.vocab_size);
-  const Tensor tokens = Tensor::from_vector(ids, {batch, c.seq_length});
-  const Tensor seed = Tensor::full({1}, 1.0 / static_cast<double>(batch * c.seq_length), DType::F32);
-  const auto median_step_cpu = [&] {
-    const auto step = [&] {
+  const Tensor tokens = Tensor::from_vector(ids, {p.batch, c.seq_length}).to(device);
+  const Tensor seed =
+      Tensor::full({1}, 1.0 / static_cast<double>(p.batch * c.seq_length), DType::F32).to(device);
+  for (int i = 0; i < steps; ++i)
+    run([&] {
       zero_grads(model.parameters());
       auto act = model.new_activations();
       model.forward(tokens, tokens, *act);
       model.backward(seed, *act);
       opt.step(1e-4);
-    };
-    for (int i = 0; i < 5; ++i) step();  // first-use allocations, packed weights
-    std::vector<double> t;
-    for (int i = 0; i < 40; ++i) {
-      const double start = thread_seconds();
-      step();
-      t.push_back(thread_seconds() - start);
-    }
-    return median(t);
-  };
-  double alone = 0;
-  if (world.rank() == 0) {
-    alone = median_step_cpu();
-    release_from(world, 1);
-  } else {
-    idle_until_released(world);
+    });
+}
+
+// The median step in thread CPU time (after 5 first-use steps).
+double median_probe_step(const SlowdownProbe& p) {
+  std::vector<double> t;
+  int i = 0;
+  probe_steps(p, parallel::Device::cpu(), 45, [&](auto&& step) {
+    const double start = thread_seconds();
+    step();
+    if (i++ >= 5) t.push_back(thread_seconds() - start);
+  });
+  return median(t);
+}
+
+// The probe's working set: its ops' bytes read + written, the median weighted by their modelled
+// time on one rank a device.
+double probe_working_set(const SlowdownProbe& p, const parallel::HardwareDescription& hw) {
+  using namespace parallel;
+  MetaOpRecorder rec;
+  probe_steps(p, Device::meta(), 1, [](auto&& step) { step(); });
+  const plan::CostModel cost(hw, 1, 1);
+  std::vector<std::pair<double, double>> by_bytes;  // (bytes, seconds)
+  double total = 0;
+  for (const OpEvent& e : rec.events()) {
+    const double t = cost.op_seconds(e);
+    by_bytes.emplace_back(static_cast<double>(e.bytes_read + e.bytes_written), t);
+    total += t;
   }
+  PARALLEL_CHECK(total > 0, "calibrate_machine: the {} probe recorded no op on meta", p.label);
+  std::sort(by_bytes.begin(), by_bytes.end());
+  double below = 0;
+  for (const auto& [bytes, t] : by_bytes)
+    if ((below += t) >= total / 2) return bytes;
+  return by_bytes.back().first;
+}
+
+void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
+                                  parallel::HardwareDescription& hw, std::string& notes) {
+  using namespace parallel;
+  std::vector<SlowdownProbe> probes(2);
+  for (auto& [c, batch, label] : probes) {
+    c.num_layers = 2;
+    c.num_attention_heads = 4;
+    c.vocab_size = 1024;
+  }
+  probes[0].config.hidden_size = 128;
+  probes[0].config.seq_length = 64;
+  probes[0].batch = 2;
+  probes[0].label = "2-layer width-128";
+  // Its GEMMs' weights (512 x 2048 fp32: 4 MiB) and activations exceed the core's L2; 64 tokens
+  // keep its step near 20 ms.
+  probes[1].config.num_layers = 1;
+  probes[1].config.hidden_size = 512;
+  probes[1].config.seq_length = 32;
+  probes[1].batch = 2;
+  probes[1].label = "1-layer width-512";
   std::vector<int> sizes;
   for (int g : {4, 8})
     if (g > cores && g <= world.size()) sizes.push_back(g);
   std::vector<std::unique_ptr<Communicator>> groups;
   for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const int g = sizes[i];
-    if (world.rank() >= g) {
-      idle_until_released(world);
-      continue;
-    }
-    Communicator& group = *groups[i];
-    group.barrier();
-    Tensor mine = Tensor::full({1}, static_cast<float>(median_step_cpu()), DType::F32);
-    group.all_reduce(mine);
+  for (const SlowdownProbe& probe : probes) {
+    double alone = 0, bytes = 0;
     if (world.rank() == 0) {
-      const double shared = static_cast<double>(mine.data<float>()[0]) / g;
-      const double factor = std::max(1.0, shared / alone);
-      hw.shared_core_slowdown.emplace_back(static_cast<double>(g) / cores, factor);
-      notes += fmt::format(
-          "{} ranks on {} cores, a 2-layer width-128 GPT chunk's step in thread CPU time: {:.0f} us "
-          "(mean of the ranks' medians) against {:.0f} us alone: x{:.3f}\n",
-          g, cores, shared * 1e6, alone * 1e6, factor);
+      alone = median_probe_step(probe);
+      bytes = probe_working_set(probe, hw);
+      release_from(world, 1);
+    } else {
+      idle_until_released(world);
     }
-    group.barrier();
-    if (world.rank() == 0) release_from(world, g);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const int g = sizes[i];
+      if (world.rank() >= g) {
+        idle_until_released(world);
+        continue;
+      }
+      Communicator& group = *groups[i];
+      group.barrier();
+      Tensor mine = Tensor::full({1}, static_cast<float>(median_probe_step(probe)), DType::F32);
+      group.all_reduce(mine);
+      if (world.rank() == 0) {
+        const double shared = static_cast<double>(mine.data<float>()[0]) / g;
+        const double factor = std::max(1.0, shared / alone);
+        hw.shared_core_slowdown[bytes].emplace_back(static_cast<double>(g) / cores, factor);
+        notes += fmt::format(
+            "{} ranks on {} cores, a {} GPT chunk's step (working set {:.0f} KiB: its ops' bytes, the "
+            "time-weighted median) in thread CPU time: {:.0f} us (mean of the ranks' medians) against {:.0f} "
+            "us alone: x{:.3f}\n",
+            g, cores, probe.label, bytes / 1024, shared * 1e6, alone * 1e6, factor);
+      }
+      group.barrier();
+      if (world.rank() == 0) release_from(world, g);
+    }
   }
 }
 

@@ -89,7 +89,12 @@
 //         # ranks per device -> how much longer each op runs (in the rank's own CPU time) when
 //         # that many ranks time-share a device: their data evicts each other's from the core's
 //         # caches; linear between the points from (1, 1), flat beyond the ends; each >= 1;
-//         # applied only when oversubscribed
+//         # applied only when oversubscribed. That list serves every op; or per working set
+//         # (the op's bytes read + written, > 0), as calibrate_machine measures it:
+//         #   shared_core_slowdown: {262144: [[2, 1.3], [4, 1.3]], 4194304: [[2, 1.05], [4, 1.05]]}
+//         # an op small enough to live in the core's caches loses them at every switch, a large
+//         # one streams from memory either way; linear in log(bytes) between the sizes, the
+//         # nearest size's curve beyond them
 //
 // A link's bandwidth is one direction, per link; `shared_by` devices share one link, so each gets
 // bandwidth / shared_by when all send at once (a collective's ranks all do).
@@ -157,9 +162,12 @@ struct HardwareDescription {
   // (ranks per device, microseconds): the extra cost of a blocking wait on an oversubscribed
   // node, increasing ranks per device. Empty: none.
   std::vector<std::pair<double, double>> oversubscribed_wait_us;
-  // (ranks per device, factor >= 1): an op's time when ranks time-share a device over its time
-  // alone (node.shared_core_slowdown), increasing ranks per device. Empty: 1.
-  std::vector<std::pair<double, double>> shared_core_slowdown;
+  // Working-set bytes (an op's bytes read + written) -> (ranks per device, factor >= 1): an op's
+  // time when ranks time-share a device over its time alone (node.shared_core_slowdown), increasing
+  // ranks per device. The YAML's single list is the entry at 0 bytes (one curve for every size).
+  // Empty: 1.
+  using SlowdownCurve = std::vector<std::pair<double, double>>;
+  std::map<double, SlowdownCurve> shared_core_slowdown;
   LinkLevel node_link;     // within a node
   LinkLevel cluster_link;  // across nodes
 
@@ -175,8 +183,10 @@ struct HardwareDescription {
   double op_fixed_s(const std::string& op, double units = 1) const;
   // The extra seconds of one blocking wait at `ranks_per_device` (> 1: oversubscribed), else 0.
   double oversubscribed_wait_s(double ranks_per_device) const;
-  // The factor on an op's time at `ranks_per_device` (> 1: oversubscribed), else 1.
-  double shared_core_slowdown_at(double ranks_per_device) const;
+  // The factor on the time of an op that reads and writes `bytes` at `ranks_per_device` (> 1:
+  // oversubscribed), else 1: each working set's curve at ranks_per_device, linear in log(bytes)
+  // between the measured sizes, the nearest size's beyond them.
+  double shared_core_slowdown_at(double ranks_per_device, double bytes = 0) const;
 };
 
 // Parses and validates a description; errors name the file, the key and the rule

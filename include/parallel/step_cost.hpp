@@ -119,9 +119,10 @@ class CostModel {
   // The extra seconds each blocking wait costs a rank of an oversubscribed node
   // (hardware.hpp's node.oversubscribed_wait_us at this job's ranks per device); 0 otherwise.
   double oversubscribed_wait_s() const;
-  // The factor on every op's time when ranks time-share the devices (hardware.hpp's
-  // node.shared_core_slowdown at this job's ranks per device); 1 otherwise.
-  double shared_core_slowdown() const;
+  // The factor on the time of an op reading and writing `bytes` when ranks time-share the devices
+  // (hardware.hpp's node.shared_core_slowdown at this job's ranks per device and that working set;
+  // 0 bytes: the smallest measured working set's, the largest factor); 1 otherwise.
+  double shared_core_slowdown(double bytes = 0) const;
 
  private:
   // One kernel: overhead + max(flops at the rate, bytes at the bandwidth); `matmul_size` > 0 takes
@@ -258,7 +259,7 @@ struct StepPlan {
   bool oversubscribed = false;
   int ranks_per_node = 0;
   double share = 1;
-  double shared_core_slowdown = 1;  // CostModel::shared_core_slowdown: every op's factor
+  double shared_core_slowdown = 1;  // CostModel::shared_core_slowdown(): the smallest ops' factor
   // Per representative (in `traces` order): each op kind's predicted seconds and count over the
   // step, replays included (pretrain_gpt --plan --breakdown prints it).
   struct OpTotal {

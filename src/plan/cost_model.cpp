@@ -53,7 +53,7 @@ double CostModel::kernel_seconds(double flops, double bytes, DType dtype, double
                           : hw_.vector_tflops * 1e12 * share_;
   return ((hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 / share_ +
           std::max(rate > 0 ? flops / rate : 0.0, bytes / bw)) *
-         shared_core_slowdown();
+         shared_core_slowdown(bytes);
 }
 
 double fixed_cost_units(const OpEvent& e) {
@@ -125,12 +125,13 @@ double CostModel::op_seconds(const OpEvent& e) const {
   const double compute = rate > 0 ? e.flops / rate : 0.0;
   // The overhead, the caller's host code around the op and the fixed cost are the rank's own work
   // (on a CPU: its core's), so they are time-shared as its kernels are; and ranks that time-share
-  // a core also evict each other's data from its caches, so the whole op runs slower
-  // (shared_core_slowdown, 1 where each rank has its device).
+  // a core also evict each other's data from its caches, so the whole op runs slower, the more
+  // so the more of its working set the caches held (shared_core_slowdown by the op's bytes, 1
+  // where each rank has its device).
   return (((hw_.op_overhead_us + hw_.host_us_per_op) * 1e-6 + hw_.op_fixed_s(e.op, fixed_cost_units(e))) /
               share_ +
           std::max(compute, bytes / bw)) *
-         shared_core_slowdown();
+         shared_core_slowdown(bytes);
 }
 
 const LinkLevel& CostModel::level(const std::vector<int>& ranks) const {
@@ -169,9 +170,9 @@ double CostModel::oversubscribed_wait_s() const {
   return hw_.oversubscribed_wait_s(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
 }
 
-double CostModel::shared_core_slowdown() const {
+double CostModel::shared_core_slowdown(double bytes) const {
   if (!oversubscribed()) return 1;
-  return hw_.shared_core_slowdown_at(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
+  return hw_.shared_core_slowdown_at(static_cast<double>(ranks_per_node_) / hw_.devices_per_node, bytes);
 }
 
 double CostModel::p2p_seconds(int64_t bytes, int a, int b) const {

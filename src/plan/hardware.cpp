@@ -164,12 +164,23 @@ double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const
   return interpolate(table, ranks_per_device) * 1e-6;
 }
 
-double HardwareDescription::shared_core_slowdown_at(double ranks_per_device) const {
+double HardwareDescription::shared_core_slowdown_at(double ranks_per_device, double bytes) const {
   if (ranks_per_device <= 1 || shared_core_slowdown.empty()) return 1;
-  // One rank per device runs at the calibrated rate: the curve starts at (1, 1).
-  std::vector<std::pair<double, double>> table{{1.0, 1.0}};
-  table.insert(table.end(), shared_core_slowdown.begin(), shared_core_slowdown.end());
-  return interpolate(table, ranks_per_device);
+  // One rank per device runs at the calibrated rate: each curve starts at (1, 1).
+  const auto at = [ranks_per_device](const SlowdownCurve& curve) {
+    std::vector<std::pair<double, double>> table{{1.0, 1.0}};
+    table.insert(table.end(), curve.begin(), curve.end());
+    return interpolate(table, ranks_per_device);
+  };
+  // By working set: linear in log(bytes) between the measured sizes (they span orders of
+  // magnitude), the nearest size's beyond them (a single curve serves every size).
+  const auto above = shared_core_slowdown.lower_bound(bytes);
+  if (above == shared_core_slowdown.begin()) return at(above->second);
+  if (above == shared_core_slowdown.end()) return at(shared_core_slowdown.rbegin()->second);
+  const auto below = std::prev(above);
+  const double f = std::log(bytes / below->first) / std::log(above->first / below->first);
+  const double lo = at(below->second), hi = at(above->second);
+  return lo + f * (hi - lo);
 }
 
 namespace {
@@ -461,11 +472,34 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
     hw.oversubscribed_wait_us =
         r.table(w, "node.oversubscribed_wait_us", 1, "ranks per device > 1, microseconds");
   if (const YAML::Node f = node["shared_core_slowdown"]) {
-    hw.shared_core_slowdown = r.table(f, "node.shared_core_slowdown", 1, "ranks per device > 1, factor >= 1");
-    for (std::size_t i = 0; i < hw.shared_core_slowdown.size(); ++i)
-      if (hw.shared_core_slowdown[i].second < 1)
-        r.fail(fmt::format("node.shared_core_slowdown[{}][1]", i),
-               fmt::format("must be a factor >= 1, got {}", hw.shared_core_slowdown[i].second));
+    const auto curve = [&r](const YAML::Node& n, const std::string& key) {
+      auto t = r.table(n, key, 1, "ranks per device > 1, factor >= 1");
+      for (std::size_t i = 0; i < t.size(); ++i)
+        if (t[i].second < 1)
+          r.fail(fmt::format("{}[{}][1]", key, i), fmt::format("must be a factor >= 1, got {}", t[i].second));
+      return t;
+    };
+    // One list (every working set: the entry at 0 bytes), or {working-set bytes: list, ...}.
+    if (f.IsMap()) {
+      if (f.size() == 0)
+        r.fail("node.shared_core_slowdown",
+               "must map working-set bytes to [[ranks per device, factor], ...] lists, or be one such list");
+      for (const auto& kv : f) {
+        const std::string key = "node.shared_core_slowdown." + kv.first.as<std::string>();
+        double bytes = -1;
+        try {
+          bytes = kv.first.as<double>();
+        } catch (const YAML::Exception&) {
+        }
+        if (!std::isfinite(bytes) || bytes <= 0)
+          r.fail(key, fmt::format("must be keyed by an op's working set in bytes > 0, got '{}'",
+                                  kv.first.as<std::string>()));
+        if (hw.shared_core_slowdown.count(bytes)) r.fail(key, "is given twice");
+        hw.shared_core_slowdown[bytes] = curve(kv.second, key);
+      }
+    } else {
+      hw.shared_core_slowdown[0] = curve(f, "node.shared_core_slowdown");
+    }
   }
   const YAML::Node links = r.need(root, "", "links");
   r.only_keys(links, "links", {"node", "cluster"});
@@ -531,8 +565,15 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   out += fmt::format("node:\n  devices: {}\n", hw.devices_per_node);
   if (!hw.oversubscribed_wait_us.empty())
     out += fmt::format("  oversubscribed_wait_us: {}\n", table_yaml(hw.oversubscribed_wait_us));
-  if (!hw.shared_core_slowdown.empty())
-    out += fmt::format("  shared_core_slowdown: {}\n", table_yaml(hw.shared_core_slowdown));
+  // One curve at 0 bytes is the single list, which means the same.
+  if (hw.shared_core_slowdown.size() == 1 && hw.shared_core_slowdown.count(0)) {
+    out += fmt::format("  shared_core_slowdown: {}\n", table_yaml(hw.shared_core_slowdown.at(0)));
+  } else if (!hw.shared_core_slowdown.empty()) {
+    std::string s;
+    for (const auto& [bytes, curve] : hw.shared_core_slowdown)
+      s += fmt::format("{}{:.10g}: {}", s.empty() ? "" : ", ", bytes, table_yaml(curve));
+    out += "  shared_core_slowdown: {" + s + "}\n";
+  }
   out += "links:\n";
   for (const auto& [label, l] : {std::pair{"node", hw.node_link}, std::pair{"cluster", hw.cluster_link}}) {
     out += fmt::format("  {}: {{bandwidth_GBps: {:.6g}, latency_us: {:.6g}, shared_by: {}", label,

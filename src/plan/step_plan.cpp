@@ -157,7 +157,8 @@ std::string step_plan_table(const StepPlan& p) {
   if (p.oversubscribed)
     out += fmt::format(
         "oversubscribed: {} ranks per node share its devices; each rank gets {:.3g} of one, its ops run "
-        "{:.3g} times their time alone (shared caches), and its blocking waits cost {:.4g} s of the step "
+        "up to {:.3g} times their time alone (shared caches), and its blocking waits cost {:.4g} s of the "
+        "step "
         "beyond their calls (mean per representative)\n",
         p.ranks_per_node, p.share, p.shared_core_slowdown, p.sim.oversubscribed_wait_s);
   out += "exposed communication (s):";

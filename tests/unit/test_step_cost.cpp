@@ -284,7 +284,7 @@ TEST(OpCost, RanksThatTimeShareACoreRunEachOpSlowerByTheMeasuredFactor) {
   // 2 devices; 1.2 at two ranks a device, 1.5 at four; the curve starts at (1, 1).
   HardwareDescription two = simple_machine();
   two.devices_per_node = 2;
-  two.shared_core_slowdown = {{2, 1.2}, {4, 1.5}};
+  two.shared_core_slowdown = {{0, {{2, 1.2}, {4, 1.5}}}};  // one curve: every working set
   EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(1.0), 1.0);
   EXPECT_NEAR(two.shared_core_slowdown_at(1.5), 1.1, 1e-12);
   EXPECT_NEAR(two.shared_core_slowdown_at(3.0), 1.35, 1e-12);
@@ -321,6 +321,76 @@ TEST(OpCost, RanksThatTimeShareACoreRunEachOpSlowerByTheMeasuredFactor) {
         }
       },
       Error);
+}
+
+TEST(OpCost, SharedCoreSlowdownDependsOnTheOpsWorkingSet) {
+  // 2 devices; at 256 KiB an op runs 1.4 times longer at two ranks a device (1.6 at four), at
+  // 4 MiB 1.1 (1.2): linear in log(bytes) between, the nearest size's beyond.
+  HardwareDescription two = simple_machine();
+  two.devices_per_node = 2;
+  two.shared_core_slowdown = {{262144, {{2, 1.4}, {4, 1.6}}}, {4194304, {{2, 1.1}, {4, 1.2}}}};
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(1.0, 1000), 1.0);
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(2.0, 1000), 1.4);
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(2.0, 262144), 1.4);
+  EXPECT_NEAR(two.shared_core_slowdown_at(2.0, 1048576), 1.4 + 0.5 * (1.1 - 1.4), 1e-12);  // halfway in log
+  EXPECT_NEAR(two.shared_core_slowdown_at(3.0, 1048576), 0.5 * (1.5 + 1.15), 1e-12);
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(2.0, 4194304), 1.1);
+  EXPECT_DOUBLE_EQ(two.shared_core_slowdown_at(8.0, 1e9), 1.2);
+  // Per op by its bytes read + written: a 64 KiB memory-bound op at four ranks on two devices
+  // takes 2 x 1.4 its time alone, a 64 MiB one 2 x 1.1.
+  const auto streaming = [](int64_t bytes) {
+    OpEvent e;
+    e.op = "add";
+    e.dtypes = {DType::F32};
+    e.bytes_read = bytes / 2;
+    e.bytes_written = bytes / 2;
+    return e;
+  };
+  for (int64_t bytes : {int64_t{65536}, int64_t{67108864}}) {
+    const double alone = CostModel(two, 2, 2).op_seconds(streaming(bytes));
+    EXPECT_NEAR(CostModel(two, 4, 4).op_seconds(streaming(bytes)), alone * 2 * (bytes < 262144 ? 1.4 : 1.1),
+                1e-9 * alone);
+  }
+  EXPECT_DOUBLE_EQ(CostModel(two, 4, 4).shared_core_slowdown(), 1.4);  // the smallest ops'
+  EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).shared_core_slowdown(), 1.0);
+  // Written as the map form and read back the same; the single list is its one entry at 0 bytes.
+  const std::string yaml = hardware_yaml(two);
+  EXPECT_NE(yaml.find("shared_core_slowdown: {262144: [[2, 1.4], [4, 1.6]], 4194304: [[2, 1.1], [4, 1.2]]}"),
+            std::string::npos)
+      << yaml;
+  EXPECT_EQ(parse_hardware(yaml, "round trip").shared_core_slowdown, two.shared_core_slowdown);
+  // Bad values name the key and the rule.
+  const auto error_of = [&yaml](const std::string& from, const std::string& to) {
+    std::string bad = yaml;
+    const std::size_t at = bad.find(from);
+    EXPECT_NE(at, std::string::npos) << bad;
+    if (at == std::string::npos) return std::string();
+    bad.replace(at, from.size(), to);
+    try {
+      parse_hardware(bad, "bad.yaml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(error_of("4194304: [[2, 1.1]", "4194304: [[2, 0.9]")
+                .find("bad.yaml: node.shared_core_slowdown.4194304[0][1] must be a factor >= 1, got 0.9"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of("{262144:", "{-5:")
+          .find("node.shared_core_slowdown.-5 must be keyed by an op's working set in bytes > 0, got '-5'"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of("{262144:", "{big:")
+          .find("node.shared_core_slowdown.big must be keyed by an op's working set in bytes > 0, got 'big'"),
+      std::string::npos);
+  EXPECT_NE(error_of("[[2, 1.4], [4, 1.6]]", "[[4, 1.4], [2, 1.6]]")
+                .find("node.shared_core_slowdown.262144[1][0] must increase, got 2 after 4"),
+            std::string::npos);
+  EXPECT_NE(error_of("{262144: [[2, 1.4], [4, 1.6]], 4194304: [[2, 1.1], [4, 1.2]]}", "{}")
+                .find("node.shared_core_slowdown must map working-set bytes to [[ranks per device, factor], "
+                      "...] lists, or be one such list"),
+            std::string::npos);
 }
 
 TEST(OpCost, RooflineWithShapeCurveAndOverhead) {
