@@ -267,6 +267,27 @@ void release_from(parallel::MpiCommunicator& world, int first) {
   for (int r = first; r < world.size(); ++r) world.send(flag, r, 7)->wait();
 }
 
+// For each g in `sizes`, one after another, the first g ranks of `world` run `measure(g, group)`
+// on a communicator of their own, between two barriers of that group, while the other ranks sleep
+// until world rank 0 releases them. Every rank of `world` calls this.
+void on_first_ranks(parallel::MpiCommunicator& world, const std::vector<int>& sizes,
+                    const std::function<void(int g, parallel::Communicator& group)>& measure) {
+  std::vector<std::unique_ptr<parallel::Communicator>> groups;
+  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const int g = sizes[i];
+    if (world.rank() >= g) {
+      idle_until_released(world);
+      continue;
+    }
+    parallel::Communicator& group = *groups[i];
+    group.barrier();
+    measure(g, group);
+    group.barrier();
+    if (world.rank() == 0) release_from(world, g);
+  }
+}
+
 // Busy for `us` microseconds of this thread's CPU time (the compute between a step's waits).
 void compute_for(double us) {
   static volatile double sink = 0;
@@ -307,16 +328,7 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
   std::vector<int> sizes;
   for (int g : {2, 4, 8})
     if (g <= world.size()) sizes.push_back(g);
-  std::vector<std::unique_ptr<Communicator>> groups;
-  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const int g = sizes[i];
-    if (world.rank() >= g) {
-      idle_until_released(world);
-      continue;
-    }
-    Communicator& group = *groups[i];
-    group.barrier();
+  on_first_ranks(world, sizes, [&](int g, Communicator& group) {
     Tensor one = Tensor::full({2}, 1.0f, DType::F32), all = Tensor::full({2 * g}, 1.0f, DType::F32);
     const double reduce = median(each_call([&] { group.all_reduce(one); }, 400));
     const double gather = median(each_call([&] { group.all_gather(one, all); }, 400));
@@ -358,9 +370,7 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
             fmt::format("{} ranks on {} cores, compute C then a blocking all_reduce: {}\n", g, cores, each);
       }
     }
-    group.barrier();
-    if (world.rank() == 0) release_from(world, g);
-  }
+  });
 }
 
 // ---- Kernels when ranks time-share the cores ----
@@ -467,8 +477,6 @@ void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
   std::vector<int> sizes;
   for (int g : {4, 8})
     if (g > cores && g <= world.size()) sizes.push_back(g);
-  std::vector<std::unique_ptr<Communicator>> groups;
-  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
   for (const SlowdownProbe& probe : probes) {
     double alone = 0, bytes = 0;
     if (world.rank() == 0) {
@@ -478,14 +486,7 @@ void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
     } else {
       idle_until_released(world);
     }
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const int g = sizes[i];
-      if (world.rank() >= g) {
-        idle_until_released(world);
-        continue;
-      }
-      Communicator& group = *groups[i];
-      group.barrier();
+    on_first_ranks(world, sizes, [&](int g, Communicator& group) {
       Tensor mine = Tensor::full({1}, static_cast<float>(median_probe_step(probe)), DType::F32);
       group.all_reduce(mine);
       if (world.rank() == 0) {
@@ -498,9 +499,7 @@ void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
             "us alone: x{:.3f}\n",
             g, cores, probe.label, bytes / 1024, shared * 1e6, alone * 1e6, factor);
       }
-      group.barrier();
-      if (world.rank() == 0) release_from(world, g);
-    }
+    });
   }
 }
 
@@ -517,17 +516,16 @@ void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
 // reduction, MPI's temporary buffers and their first-touch page faults - not by the link, so a
 // 64 MiB all-reduce runs an order of magnitude below a cache-resident ping-pong; and g ranks on
 // fewer cores share the cores and the memory bus, so the figure depends on g. In bf16 only the
-// reductions (all_reduce, reduce_scatter): MPI runs them through the communicator's user-defined op
-// (mpi_communicator.cpp), several times slower per byte than fp32's built-in sum, while a gather or
-// a send moves bytes as fp32's does (the cost model's fallback to fp32's tables, hardware.hpp).
+// reductions (all_reduce, reduce_scatter): on more than two ranks MPI runs them through the
+// communicator's user-defined op (mpi_communicator.cpp), slower per byte than fp32's built-in sum
+// (two ranks take the communicator's own point-to-point path, pair_reduce.cpp, alike for both), while
+// a gather or a send moves bytes as fp32's does (the cost model's fallback to fp32's tables, hardware.hpp).
 void measure_bus_bandwidth(parallel::MpiCommunicator& world, parallel::HardwareDescription& hw,
                            std::string& notes) {
   using namespace parallel;
   std::vector<int> sizes;
   for (int g : {2, 4, 8})
     if (g <= world.size()) sizes.push_back(g);
-  std::vector<std::unique_ptr<Communicator>> groups;
-  for (int g : sizes) groups.push_back(world.split(world.rank() < g ? 0 : 1, world.rank()));
   // Polled until complete (each poll progresses MPI), not waited for: the communicator's wait
   // yields the core after 50 us, and where other processes are runnable a yield costs up to a
   // scheduler tick (a 786 KB all-reduce: 0.27 ms in MPI_Wait, 3.6 ms median through the pacer at
@@ -538,13 +536,7 @@ void measure_bus_bandwidth(parallel::MpiCommunicator& world, parallel::HardwareD
     while (!h->is_completed()) {
     }
   };
-  for (std::size_t gi = 0; gi < sizes.size(); ++gi) {
-    const int gsize = sizes[gi];
-    if (world.rank() >= gsize) {
-      idle_until_released(world);
-      continue;
-    }
-    Communicator& g = *groups[gi];
+  on_first_ranks(world, sizes, [&](int gsize, Communicator& g) {
     const int peer = 1 - g.rank();  // send: ranks 0 and 1
     const auto small_s = [&](const std::string& kind) {
       if (kind == "send") return hw.node_link.latency_us * 1e-6;
@@ -606,9 +598,7 @@ void measure_bus_bandwidth(parallel::MpiCommunicator& world, parallel::HardwareD
         if (world.rank() == 0) notes += line + "\n";
       }
     }
-    g.barrier();
-    if (world.rank() == 0) release_from(world, gsize);
-  }
+  });
 }
 
 // Whether an asynchronous call progresses while its rank computes (links.node.async_progress), on
