@@ -20,8 +20,8 @@ struct OpTime {
   double seconds = 0;
 };
 
-// Whether PARALLEL_OP_TIMES is set to something other than "0" (read once), or what
-// set_op_times_enabled last said.
+// Whether PARALLEL_OP_TIMES is set to something other than "0" (read once, at the first call), or
+// what set_op_times_enabled last said.
 bool op_times_enabled();
 // Turns the timing on or off for the ops called from now on, whatever the environment says
 // (calibrate_machine times a layer's host code between its ops this way). Call it between ops,

@@ -1,6 +1,7 @@
 // Opt-in wall time of the real ops (op_times.hpp).
 #include "parallel/op_times.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,7 +20,10 @@ int64_t now_ns() {
       .count();
 }
 
-bool g_enabled = read_enabled();  // a plain bool: read by every op, written between ops only
+// -1 until the first op asks: PARALLEL_OP_TIMES is read then, not at load time, so that a program
+// (or a test) may set it before its first op. set_op_times_enabled overrides it. Relaxed atomics:
+// every op reads it, and only its own value matters.
+std::atomic<int> g_enabled{-1};
 thread_local int t_depth = 0;
 thread_local std::map<std::string, OpTime>* t_times = nullptr;
 
@@ -30,9 +34,16 @@ std::map<std::string, OpTime>& times() {
 
 }  // namespace
 
-bool op_times_enabled() { return g_enabled; }
+bool op_times_enabled() {
+  int e = g_enabled.load(std::memory_order_relaxed);
+  if (e < 0) {
+    e = read_enabled() ? 1 : 0;
+    g_enabled.store(e, std::memory_order_relaxed);
+  }
+  return e == 1;
+}
 
-void set_op_times_enabled(bool enabled) { g_enabled = enabled; }
+void set_op_times_enabled(bool enabled) { g_enabled.store(enabled ? 1 : 0, std::memory_order_relaxed); }
 
 std::map<std::string, OpTime> op_times() { return times(); }
 
