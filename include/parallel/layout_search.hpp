@@ -65,8 +65,9 @@ struct SearchOptions {
   // of each other's count, within twice this), the middle stages splitting the rest evenly
   // (parallel.first_stage_layers / last_stage_layers, Megatron's decoder_first/last_pipeline_num_layers:
   // the first stage also runs the embedding, the last the output layer and the loss). 0: the even
-  // split only.
-  int stage_layer_shift = 1;
+  // split only - the default, because 1 costs the slowest SC21 search 1.26 times its CPU time (59 s
+  // wall here against 43 s, docs/planner.md "Search") and found nothing faster on those rows.
+  int stage_layer_shift = 0;
   // Plan the configured layout first (when it is valid for the world size), so that the time bound
   // prunes against it from the start (branch and bound's warm start).
   bool seed_with_config = true;

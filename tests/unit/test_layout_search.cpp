@@ -130,6 +130,7 @@ TEST(LayoutSearch, FirstAndLastStageLayerCountsAreSearched) {
   SearchOptions options;
   options.top_k = 3;
   options.micro_batch_sizes = {1, 2};
+  options.stage_layer_shift = 1;
   const SearchResult all = [&] {
     SearchOptions o = options;
     o.top_k = 1 << 20;
