@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <optional>
@@ -85,6 +86,12 @@ Runtime::Runtime(int* argc, char*** argv) {
   if (initialized) {
     launch_.source = "mpi (already initialised)";
   } else {
+    // Open MPI yields the core inside every idle progress call when the node is oversubscribed
+    // (mpi_yield_when_idle defaults to 1 there); the communicator's waits poll with MPI_Testall,
+    // so each poll would yield, which under EEVDF sends the waiter behind every runnable task of
+    // its core (src/comm/watchdog.hpp). The communicator's WaitPacer sleeps instead. A value the
+    // user set (environment or mpirun --mca) is kept.
+    setenv("OMPI_MCA_mpi_yield_when_idle", "0", /*overwrite=*/0);
     int provided = 0;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
       std::fprintf(stderr, "libparallel: MPI_Init_thread failed\n");

@@ -77,13 +77,10 @@ bool WaitPacer::pause() {
   const auto waited = Clock::now() - start_;
   if (waited < microseconds(share_cores_ ? 50 : 2000)) return true;  // spin: the next poll follows at once
   if (std::chrono::duration<double>(waited).count() > limit_s_) return false;
-  if (waited < microseconds(2000)) {
-    std::this_thread::yield();
-  } else {
-    const auto nap = std::clamp(std::chrono::duration_cast<microseconds>(waited) / 32, microseconds(50),
-                                microseconds(500));
-    std::this_thread::sleep_for(nap);
-  }
+  // Sleep, never yield: watchdog.hpp says why.
+  const auto nap =
+      std::clamp(std::chrono::duration_cast<microseconds>(waited) / 32, microseconds(50), microseconds(500));
+  std::this_thread::sleep_for(nap);
   return true;
 }
 

@@ -20,15 +20,23 @@ namespace parallel::detail {
 // Paces the polls of one wait and keeps its deadline (comm_timeout(), read when the wait starts).
 // How depends on whether this node's ranks have a core each (waits_share_cores()):
 //  - a core each (local ranks <= the CPUs this process may run on): the first 2 ms poll back to
-//    back. Nobody of the job needs the core, and a yield would hand it to any other runnable
-//    process for up to a scheduler slice (on this machine, under other sessions' builds, a 786 KB
-//    all-reduce took 0.27 ms with MPI_Wait and 3.6 ms with a yield between polls);
+//    back. Nobody of the job needs the core (on the Zen 3 VM, under other sessions' builds, a 786
+//    KB all-reduce took 0.27 ms with MPI_Wait and 3.6 ms with a yield between polls);
 //  - ranks time-share cores (tests run more ranks than cores): the first 50 µs poll back to back,
-//    so a transfer that is about to finish gets no added latency; until 2 ms the core is yielded
-//    between polls, so the peer this rank waits for can run.
-// After 2 ms the rank sleeps between polls, for 1/32 of the time waited so far (50 to 500 µs), so a
-// rank waiting long for a slow peer leaves the core to the ranks still computing, at a cost of at
-// most ~3 % of the wait. The time waited is added to comm_wait_seconds() when the pacer goes.
+//    so a transfer that is about to finish gets no added latency.
+// Then the rank sleeps between polls, for 1/32 of the time waited so far (50 to 500 µs), so a rank
+// waiting for a slow peer leaves the core to the ranks still computing, at a cost of at most ~3 %
+// of the wait. It never yields (sched_yield): under Linux's EEVDF scheduler a yield pushes the
+// yielder's deadline a slice later each time, so a rank that yield-polls falls behind every other
+// runnable task of its core - the other ranks and any other process - and, when its message has
+// come, gets the core back only after them; the core of a rank that polls never goes idle, so the
+// kernel never moves a waiting-to-run rank onto it either. A sleeping rank leaves the run queue:
+// the core goes to its peers (or idles, and the load balancer pulls a rank from the busy core),
+// and the rank is placed afresh when it wakes. Measured on the tiny model's 4-rank layouts on 2
+// cores (docs/planner.md, "28 November: waits that sleep"): steps 1.3-3 times faster and about
+// 5 times less spread than with the yield. Runtime turns Open MPI's own yield off for the same
+// reason (mpi_yield_when_idle, which it turns on when a node is oversubscribed).
+// The time waited is added to comm_wait_seconds() when the pacer goes.
 class WaitPacer {
  public:
   WaitPacer();
