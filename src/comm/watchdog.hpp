@@ -33,8 +33,8 @@ namespace parallel::detail {
 // kernel never moves a waiting-to-run rank onto it either. A sleeping rank leaves the run queue:
 // the core goes to its peers (or idles, and the load balancer pulls a rank from the busy core),
 // and the rank is placed afresh when it wakes. Measured on the tiny model's 4-rank layouts on 2
-// cores (docs/planner.md, "28 November: waits that sleep"): steps 1.3-3 times faster and about
-// 5 times less spread than with the yield. Runtime turns Open MPI's own yield off for the same
+// cores (docs/planner.md, "28 November: waits that sleep"): steps 1.8-2.1 times faster (8 ranks:
+// 1.5) than with the yield. Runtime turns Open MPI's own yield off for the same
 // reason (mpi_yield_when_idle, which it turns on when a node is oversubscribed).
 // The time waited is added to comm_wait_seconds() when the pacer goes.
 class WaitPacer {
