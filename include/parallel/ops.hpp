@@ -104,6 +104,10 @@ void round_to_precision_(Tensor& x, DType precision, Stream stream = {});
 // GeLU with the tanh approximation (GPT-2's): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream = {});
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream = {});
+// gelu_backward, and dbias (fp32 [f], x [..., f]) += the column sums of dx, as bias_backward(dx,
+// dbias) would add them: one pass, dx written and summed while it is in cache (the MLP's first bias
+// gradient). Bitwise the two ops one after the other on the CPU.
+void gelu_backward_bias(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& dbias, Stream stream = {});
 
 // SwiGLU on x = [..., 2f] split in halves (gate = x[..., :f], up = x[..., f:]): y = silu(gate) * up,
 // y = [..., f]. Under tensor parallelism each rank holds its own [gate_r | up_r] halves.
@@ -288,6 +292,11 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
                                int64_t vocab_size, Tensor& row_max, Tensor& target_logit, Stream stream = {});
 void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
                            int64_t vocab_size, Tensor& sum_exp, Stream stream = {});
+// Both pieces at once where no reduction sits between them (the logits' vocabulary on one rank):
+// row_max, target_logit, then sum_exp against that row_max, each row's max and sum taken while the
+// row is in cache (the logits are read from memory once instead of twice). Bitwise the two calls.
+void cross_entropy_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                         Tensor& row_max, Tensor& target_logit, Tensor& sum_exp, Stream stream = {});
 // dlogits[i, j] = grad_scale[i] * (softmax_ij - [j is target_i]); padding columns get 0.
 // softmax_ij = exp(logits_ij - row_max_i) / sum_exp_i with the all-reduced row_max and sum_exp.
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
@@ -340,6 +349,12 @@ void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream = {})
 // float, then each element divided by it (torch's x.div_(x.norm().clamp(min=eps))). Muon's
 // Newton-Schulz starts from it; no host read, so it runs on a GPU without a sync and on meta.
 void normalize_(Tensor& x, float eps, Stream stream = {});
+// acc[0] += sum of squares of xs[0], then of xs[1], ... (each fp32, on acc's device): bitwise the
+// sequence of sum_of_squares_accumulate calls over xs in order, in one pass over all of them (on
+// the CPU one OpenMP region for the list instead of one per tensor; each tensor is still split
+// over the threads exactly as sum_of_squares_accumulate splits it, so every partial sum is the
+// same). The global gradient norm's sum over every parameter.
+void sum_of_squares_accumulate_multi(const std::vector<Tensor>& xs, Tensor& acc, Stream stream = {});
 
 // ---- optimizer --------------------------------------------------------------------------------
 
@@ -365,5 +380,18 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
 // 16-bit parameters, without a second pass over the main weights.
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, Tensor& model_copy,
                    const AdamWStep& h, Stream stream = {});
+
+// One tensor of a multi-tensor update: the arguments of adamw_update_ (model_copy undefined: the
+// fp32 overload) and the tensor's own weight decay (AdamWStep::weight_decay is not used).
+struct AdamWTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  Tensor model_copy;
+  double weight_decay = 0.0;
+};
+// adamw_update_ of every entry with h (weight decay per entry), in one pass over all of them, as
+// torch's _foreach / multi_tensor_apply: on the CPU one OpenMP region whose threads share every
+// tensor's blocks, instead of one region per tensor. Each element's update is independent of the
+// others, so every result is bitwise that of the per-tensor calls.
+void adamw_update_multi_(const std::vector<AdamWTensors>& tensors, const AdamWStep& h, Stream stream = {});
 
 }  // namespace parallel::ops

@@ -204,8 +204,9 @@ class Optimizer {
   int64_t updates_ = 0;
 
  private:
-  // AdamW's update of one slot with the step's scalars (s.weight_decay filled in here).
-  static void adamw_slot(Slot& s, ops::AdamWStep h);
+  // One slot's arguments of the multi-tensor update (ops::adamw_update_multi_): the main weights,
+  // and at low precision the model's 16-bit copy written from them in the same pass.
+  static ops::AdamWTensors adamw_tensors(const Slot& s);
   void update_bucket(int replica, int bucket);  // the bucket-reduced hook's target
   void disarm();
   struct Overlap {

@@ -60,6 +60,9 @@ struct LinearContext {
   // split backward's two steps, its gradient.
   LoraDropout lora_dropout;
   Tensor lora_x, lora_h, lora_dh;
+  // Set by whoever produced the output gradient and already added its column sums into the bias
+  // gradient (ColumnParallelLinear::bias_grad_to_fuse): backward() then skips its own; cleared there.
+  bool bias_grad_added = false;
 };
 
 // Split backward (zero-bubble pipeline schedules). Every layer with weights offers, besides its
@@ -94,6 +97,11 @@ class ColumnParallelLinear {
 
   int64_t out_local() const { return out_local_; }
   std::vector<Parameter*> parameters();
+  // The bias gradient (fused [out_local] view) for a caller that sums the output gradient's columns
+  // into it itself, in the pass that produces that gradient (the MLP: ops::gelu_backward_bias), and
+  // then sets LinearContext::bias_grad_added for backward(). Undefined where backward() would not
+  // add them in the same way: no bias, frozen base weights, or a gathered output (dy is split first).
+  Tensor bias_grad_to_fuse() const;
   // One per part. The parts' tensors sit back to back in one storage, so a single view spans them
   // all and one GEMM serves every part. The Parameters are the source of truth: whoever re-binds
   // them (ParamAndGradBuffer) must keep each tensor kind's parts adjacent and in this order.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <vector>
 
 #include "adamw_scalars.hpp"
 #include "cpu/bf16_io.hpp"
@@ -76,30 +77,85 @@ PARALLEL_CLONES void update_block_bf16(kernels::AdamWScalars k, const float* g, 
 
 }  // namespace
 
+namespace {
+
+// Blocks small enough that the fresh fp32 values are still in L1 when an fp16 model copy is
+// narrowed from them; bf16 copies are written inside the update loop itself.
+constexpr int64_t kBlock = 4096;
+// Below this many elements (in all) the update runs on the calling thread.
+constexpr int64_t kParallelAbove = 1 << 16;
+
+// One tensor's pointers and scalars.
+struct Job {
+  kernels::AdamWScalars k;
+  const float* g;
+  float* p;
+  float* m;
+  float* v;
+  void* copy;  // the 16-bit model copy, or null
+  DType copy_dt;
+};
+
+// (Tensor is a handle: data() of a const one is the storage it points to.)
+Job job_of(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+           const ops::AdamWStep& h, double weight_decay, const Tensor* model_copy) {
+  Job j;
+  j.k = kernels::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, weight_decay, h.step, h.grad_scale);
+  j.g = grad.data<float>();
+  j.p = param.data<float>();
+  j.m = exp_avg.data<float>();
+  j.v = exp_avg_sq.data<float>();
+  j.copy = model_copy != nullptr ? model_copy->data_ptr() : nullptr;
+  j.copy_dt = model_copy != nullptr ? model_copy->dtype() : DType::F32;
+  return j;
+}
+
+void update_range(const Job& j, int64_t lo, int64_t hi) {
+  if (j.copy != nullptr && j.copy_dt == DType::BF16) {
+    update_block_bf16(j.k, j.g + lo, j.p + lo, j.m + lo, j.v + lo, static_cast<uint16_t*>(j.copy) + lo,
+                      hi - lo);
+  } else {
+    update_block(j.k, j.g + lo, j.p + lo, j.m + lo, j.v + lo, hi - lo);
+    if (j.copy != nullptr)
+      convert_block_from_f32(j.p + lo, j.copy_dt, offset_ptr(j.copy, j.copy_dt, lo), hi - lo);
+  }
+}
+
+}  // namespace
+
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                    const ops::AdamWStep& h, Tensor* model_copy) {
-  const kernels::AdamWScalars k =
-      kernels::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, h.grad_scale);
-  const float* g = grad.data<float>();
-  float* p = param.data<float>();
-  float* m = exp_avg.data<float>();
-  float* v = exp_avg_sq.data<float>();
+  const Job j = job_of(param, grad, exp_avg, exp_avg_sq, h, h.weight_decay, model_copy);
   const int64_t n = param.numel();
-  const DType copy_dt = model_copy != nullptr ? model_copy->dtype() : DType::F32;
-  void* copy = model_copy != nullptr ? model_copy->data_ptr() : nullptr;
-  // Blocks small enough that the fresh fp32 values are still in L1 when an fp16 model copy is
-  // narrowed from them; bf16 copies are written inside the update loop itself.
-  constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-    if (copy != nullptr && copy_dt == DType::BF16) {
-      update_block_bf16(k, g + lo, p + lo, m + lo, v + lo, static_cast<uint16_t*>(copy) + lo, hi - lo);
-    } else {
-      update_block(k, g + lo, p + lo, m + lo, v + lo, hi - lo);
-      if (copy != nullptr) convert_block_from_f32(p + lo, copy_dt, offset_ptr(copy, copy_dt, lo), hi - lo);
-    }
+#pragma omp parallel for schedule(static) if (n > kParallelAbove)
+  for (int64_t b = 0; b < blocks; ++b) update_range(j, b * kBlock, std::min(n, (b + 1) * kBlock));
+}
+
+// Every tensor's blocks in one list, split evenly over one team (the per-element update does not
+// depend on which thread runs it or on the block boundaries: bitwise the per-tensor calls).
+void adamw_update_multi_(const std::vector<ops::AdamWTensors>& tensors, const ops::AdamWStep& h) {
+  struct Block {
+    int32_t job;
+    int64_t lo, hi;
+  };
+  std::vector<Job> jobs;
+  std::vector<Block> blocks;
+  jobs.reserve(tensors.size());
+  int64_t total = 0;
+  for (const ops::AdamWTensors& t : tensors) {
+    const Tensor* copy = t.model_copy.defined() ? &t.model_copy : nullptr;
+    jobs.push_back(job_of(t.param, t.grad, t.exp_avg, t.exp_avg_sq, h, t.weight_decay, copy));
+    const int64_t n = t.param.numel();
+    for (int64_t lo = 0; lo < n; lo += kBlock)
+      blocks.push_back({static_cast<int32_t>(jobs.size() - 1), lo, std::min(n, lo + kBlock)});
+    total += n;
+  }
+  const auto count = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (total > kParallelAbove)
+  for (int64_t b = 0; b < count; ++b) {
+    const Block& blk = blocks[static_cast<size_t>(b)];
+    update_range(jobs[static_cast<size_t>(blk.job)], blk.lo, blk.hi);
   }
 }
 

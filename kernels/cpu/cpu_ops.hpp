@@ -41,6 +41,7 @@ void round_to_bf16_(Tensor& x);
 void round_to_f16_(Tensor& x);
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void gelu_backward_bias(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& dbias);
 void swiglu_forward(const Tensor& x, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 void dropout_forward(const Tensor& x, Tensor& y, float p, uint64_t seed, uint64_t offset);
@@ -96,6 +97,8 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
                                int64_t vocab_size, Tensor& row_max, Tensor& target_logit);
 void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t vocab_start,
                            int64_t vocab_size, Tensor& sum_exp);
+void cross_entropy_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                         Tensor& row_max, Tensor& target_logit, Tensor& sum_exp);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits);
@@ -114,9 +117,11 @@ void row_dot(const Tensor& a, const Tensor& b, const Tensor& index, Tensor& out)
 double sum_of_squares(const Tensor& x);
 void sum_of_squares_accumulate(const Tensor& x, Tensor& acc);
 void normalize_(Tensor& x, float eps);
+void sum_of_squares_accumulate_multi(const std::vector<Tensor>& xs, Tensor& acc);
 
 // ---- optimizer (adamw.cpp) -----------------------------------------------------------------
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                    const ops::AdamWStep& h, Tensor* model_copy);
+void adamw_update_multi_(const std::vector<ops::AdamWTensors>& tensors, const ops::AdamWStep& h);
 
 }  // namespace parallel::cpu

@@ -27,9 +27,12 @@ inline uint64_t mix64(uint64_t z) {
 }
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 
-// Uniform in [0, 1) from the top 24 bits: exactly representable, never 1.
+// Uniform in [0, 1) from the top 24 bits: exactly representable, never 1. The 24 bits go to float
+// through int32: the same value (exact either way), but a 64-bit integer to float conversion has no
+// vector instruction below AVX512DQ and kept the AVX2 clone's loops scalar; int32 to float does.
 inline float uniform(uint64_t key, uint64_t index) {
-  return static_cast<float>(mix64(key + (index + 1) * kGolden) >> 40) * (1.0f / 16777216.0f);
+  const auto top = static_cast<int32_t>(mix64(key + (index + 1) * kGolden) >> 40);
+  return static_cast<float>(top) * (1.0f / 16777216.0f);
 }
 
 // The per-call constants: element i is kept iff uniform(key, first + i) >= p, and kept values are
@@ -52,15 +55,15 @@ struct DropoutMask {
 // dropout_add_row, the branch or the residual), element for element: `omp simd` says there is no
 // other overlap, which GCC cannot prove (out could alias m's fields) and would otherwise not
 // vectorise. m's fields are read into locals for the same reason.
-// 16-bit storage. The generator's 64-bit multiplies keep its loop scalar below AVX-512 DQ, and in
-// one loop with the element they kept the bf16 widening and rounding scalar too. So a block of
-// kMaskBlock elements is done in two loops. dropout_row: the keep decisions into a mask, then
-// `x * scale & mask` (x * scale or +0.0f, the values of `keep ? x * scale : 0.0f`; the product is
-// taken for every element, since under -ftrapping-math GCC will not speculate a conditional one
-// and the loop would stay scalar). dropout_add_row: the fp32 loop's own expression into an fp32
-// block, then the rounding: an add after the dropped product is where GCC may fuse a (masked)
-// FMA on some ISAs, and the same expression keeps that choice the fp32 kernel's. fp32 keeps the
-// one loop.
+// Every loop spells a dropped value as `x * scale & mask` (x * scale or +0.0f, the values of
+// `keep ? x * scale : 0.0f`): the product is taken for every element, since under -ftrapping-math
+// GCC will not speculate a conditional one and the loop would stay scalar. With uniform()'s int32
+// conversion the generator vectorises in the AVX2 clone too (vpmuludq for the 64-bit multiplies).
+// The residual add follows the masked product, so no clone can fuse the two into an FMA: every
+// ISA adds the rounded product, as the scalar loop did.
+// 16-bit storage: a block of kMaskBlock elements is done in two loops. dropout_row: the keep
+// decisions into a mask, then the masked product. dropout_add_row: the fp32 loop's own expression
+// into an fp32 block, then the rounding. fp32 keeps the one loop.
 constexpr int64_t kMaskBlock = 256;
 
 [[gnu::always_inline]] inline void keep_mask(uint32_t* mask, uint64_t key, float p, uint64_t first,
@@ -78,7 +81,7 @@ template <class In, class Out>
   const uint64_t key = m.key;
   if constexpr (std::is_same_v<In, float> && std::is_same_v<Out, float>) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) out[i] = uniform(key, first + i) >= p ? in[i] * scale : 0.0f;
+    for (int64_t i = 0; i < n; i++) out[i] = masked(in[i] * scale, uniform(key, first + i) >= p ? ~0u : 0u);
   } else {
     uint32_t mask[kMaskBlock];
     for (int64_t b = 0; b < n; b += kMaskBlock) {
@@ -103,7 +106,7 @@ template <class T, class Out>
   if constexpr (std::is_same_v<T, float> && std::is_same_v<Out, float>) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++)
-      out[i] = residual[i] + (uniform(key, first + i) >= p ? branch[i] * scale : 0.0f);
+      out[i] = residual[i] + masked(branch[i] * scale, uniform(key, first + i) >= p ? ~0u : 0u);
   } else {
     float sum[kMaskBlock];
     for (int64_t b = 0; b < n; b += kMaskBlock) {
@@ -112,7 +115,8 @@ template <class T, class Out>
       const T* re = residual + b;
 #pragma omp simd
       for (int64_t i = 0; i < len; i++)
-        sum[i] = load_elem(re, i) + (uniform(key, first + b + i) >= p ? load_elem(br, i) * scale : 0.0f);
+        sum[i] =
+            load_elem(re, i) + masked(load_elem(br, i) * scale, uniform(key, first + b + i) >= p ? ~0u : 0u);
 #pragma omp simd
       for (int64_t i = 0; i < len; i++) store_elem(out, b + i, sum[i]);
     }

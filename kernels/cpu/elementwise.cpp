@@ -351,6 +351,51 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   }
 }
 
+// gelu_backward and bias_backward of its output in one pass: the same column split as
+// bias_backward, and each thread computes its columns of a row's dx, then adds the slice (as
+// stored: bf16 dx is summed as rounded) into its accumulator row while it is in L1. Every dx element
+// is gelu_bwd_chunk's, and every column sum bias_backward's (rows in order from 0, then into
+// dbias): bitwise the two ops one after the other, whatever the thread count. dx is then not read
+// a second time. fp16 (widened through scratch) runs the two ops.
+void gelu_backward_bias(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& dbias) {
+  const int64_t h = dbias.numel();
+  const DType dt = dx.dtype();
+  if (dt == DType::F16 || h == 0) {
+    gelu_backward(dy, x, dx);
+    bias_backward(dx, dbias);
+    return;
+  }
+  const int64_t rows = dx.numel() / h;
+  float* dB = dbias.data<float>();
+  const bool parallel = rows * h > 2 * kChunk;
+  const int threads = parallel ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t c0 = std::min(h, (h * t / nt + 15) / 16 * 16);
+    const int64_t c1 = t + 1 == nt ? h : std::min(h, (h * (t + 1) / nt + 15) / 16 * 16);
+    const int64_t nc = c1 - c0;
+    if (nc > 0) {
+      float* acc = scratch_f32(5, nc);
+      std::fill_n(acc, nc, 0.0f);
+      for (int64_t r = 0; r < rows; r++) {
+        const int64_t off = r * h + c0;
+        if (dt == DType::BF16) {
+          bf16_t* d = static_cast<bf16_t*>(dx.data_ptr()) + off;
+          gelu_bwd_chunk(static_cast<const bf16_t*>(dy.data_ptr()) + off,
+                         static_cast<const bf16_t*>(x.data_ptr()) + off, d, nc);
+          add_row(acc, static_cast<const bf16_t*>(d), nc);
+        } else {
+          float* d = dx.data<float>() + off;
+          gelu_bwd_chunk(dy.data<float>() + off, x.data<float>() + off, d, nc);
+          add_row(acc, static_cast<const float*>(d), nc);
+        }
+      }
+      add_row(dB + c0, acc, nc);
+    }
+  }
+}
+
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   binary_chunks(a, b, out,
                 [](int64_t, const auto* A, const auto* B, auto* O, int64_t n) { add_into(A, B, O, n); });

@@ -62,13 +62,18 @@ Tensor MLP::forward(const Tensor& x, Context& ctx) {
 
 namespace {
 
-// fc2's dx -> fc1's dy through the activation.
-Tensor activation_backward(Activation activation, const Tensor& du, MLP::Context& ctx) {
+// fc2's dx -> fc1's dy through the activation. With fc1_bias_grad defined (gelu only) fc1's bias
+// gradient is summed in the same pass (ops::gelu_backward_bias), and fc1's backward told so.
+Tensor activation_backward(Activation activation, const Tensor& du, MLP::Context& ctx, Tensor fc1_bias_grad) {
   Tensor dpre = Tensor::empty(ctx.pre.shape(), ctx.pre.dtype(), ctx.pre.device());
-  if (activation == Activation::SwiGLU)
+  if (activation == Activation::SwiGLU) {
     ops::swiglu_backward(du, ctx.pre, dpre);
-  else
+  } else if (fc1_bias_grad.defined()) {
+    ops::gelu_backward_bias(du, ctx.pre, dpre, fc1_bias_grad);
+    ctx.fc1_ctx.bias_grad_added = true;
+  } else {
     ops::gelu_backward(du, ctx.pre, dpre);
+  }
   ctx.pre = Tensor();
   return dpre;
 }
@@ -77,7 +82,10 @@ Tensor activation_backward(Activation activation, const Tensor& du, MLP::Context
 
 Tensor MLP::walk_backward(const Tensor& dy, Context& ctx, BackwardMode mode) {
   Tensor du = backward_step(fc2, dy, ctx.fc2_ctx, mode);
-  Tensor dpre = activation_backward(activation_, du, ctx);
+  // Only in the fused backward: a split one adds the bias gradient in its weight step.
+  Tensor dpre = activation_backward(
+      activation_, du, ctx,
+      mode == BackwardMode::Fused && activation_ != Activation::SwiGLU ? fc1.bias_grad_to_fuse() : Tensor());
   return backward_step(fc1, dpre, ctx.fc1_ctx, mode);
 }
 

@@ -328,6 +328,23 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, Stream stream)
   cpu::gelu_backward(dy, x, dx);
 }
 
+void gelu_backward_bias(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& dbias, Stream stream) {
+  const OpTimeSpan op_time("gelu_backward_bias");
+  const Checked k =
+      check_args("gelu_backward_bias", {{dy, "dy"}, {x, "x"}, {dx, "dx"}, {dbias, "dbias", Want::F32}});
+  check_same_shape("gelu_backward_bias", dy, "dy", x, "x");
+  check_same_shape("gelu_backward_bias", dx, "dx", x, "x");
+  check_1d("gelu_backward_bias", dbias, "dbias");
+  check_last_dim("gelu_backward_bias", dx, "dx", dbias.numel(), "dbias size");
+  // Off the CPU (and on meta, which records them): the two ops.
+  if (!k.device.is_cpu()) {
+    gelu_backward(dy, x, dx, stream);
+    bias_backward(dx, dbias, stream);
+    return;
+  }
+  cpu::gelu_backward_bias(dy, x, dx, dbias);
+}
+
 namespace {
 // x [..., 2f] and y [..., f] with the same leading dimensions.
 void check_swiglu(const char* op, const Tensor& x, const Tensor& y, const char* yn) {
@@ -941,6 +958,27 @@ void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t 
   cpu::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
 }
 
+void cross_entropy_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                         Tensor& row_max, Tensor& target_logit, Tensor& sum_exp, Stream stream) {
+  const char* op = "cross_entropy_stats";
+  const OpTimeSpan op_time(op);
+  const Checked k = check_args(op, {{logits, "logits"},
+                                    {targets, "targets", Want::I32},
+                                    {row_max, "row_max", Want::F32},
+                                    {target_logit, "target_logit", Want::F32},
+                                    {sum_exp, "sum_exp", Want::F32}});
+  check_ce(op, logits,
+           {{targets, "targets"}, {row_max, "row_max"}, {target_logit, "target_logit"}, {sum_exp, "sum_exp"}},
+           vocab_start, vocab_size);
+  // Off the CPU (and on meta, which records them): the two ops.
+  if (!k.device.is_cpu()) {
+    cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, stream);
+    cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp, stream);
+    return;
+  }
+  cpu::cross_entropy_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, sum_exp);
+}
+
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
                             const Tensor& sum_exp, const Tensor& grad_scale, int64_t vocab_start,
                             int64_t vocab_size, Tensor& dlogits, Stream stream) {
@@ -1101,6 +1139,22 @@ void sum_of_squares_accumulate(const Tensor& x, Tensor& acc, Stream stream) {
   cpu::sum_of_squares_accumulate(x, acc);
 }
 
+// Timed under the per-tensor op's name: a profile's row then holds the same work before and after.
+void sum_of_squares_accumulate_multi(const std::vector<Tensor>& xs, Tensor& acc, Stream stream) {
+  const OpTimeSpan op_time("sum_of_squares_accumulate");
+  const Checked k = check_args("sum_of_squares_accumulate_multi", {{acc, "acc", Want::F32}});
+  PARALLEL_CHECK(acc.numel() == 1, "ops::sum_of_squares_accumulate_multi: acc {} must have one element",
+                 acc.str());
+  for (const Tensor& x : xs)
+    check_args("sum_of_squares_accumulate_multi", {{x, "x", Want::F32}, {acc, "acc", Want::F32}});
+  // Off the CPU (and on meta, which records each tensor's op): the per-tensor op, in order.
+  if (!k.device.is_cpu()) {
+    for (const Tensor& x : xs) sum_of_squares_accumulate(x, acc, stream);
+    return;
+  }
+  cpu::sum_of_squares_accumulate_multi(xs, acc);
+}
+
 void normalize_(Tensor& x, float eps, Stream stream) {
   const OpTimeSpan op_time("normalize_");
   const Checked k = check_args("normalize_", {{x, "x", Want::F32}});
@@ -1115,17 +1169,17 @@ void normalize_(Tensor& x, float eps, Stream stream) {
 
 namespace {
 Checked check_adamw(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                    const AdamWStep& h) {
+                    const AdamWStep& h, const char* op = "adamw_update_") {
   const OpTimeSpan op_time("adamw_update_");
-  const Checked k = check_args("adamw_update_", {{param, "param", Want::F32},
-                                                 {grad, "grad", Want::F32},
-                                                 {exp_avg, "exp_avg", Want::F32},
-                                                 {exp_avg_sq, "exp_avg_sq", Want::F32}});
+  const Checked k = check_args(op, {{param, "param", Want::F32},
+                                    {grad, "grad", Want::F32},
+                                    {exp_avg, "exp_avg", Want::F32},
+                                    {exp_avg_sq, "exp_avg_sq", Want::F32}});
   PARALLEL_CHECK(grad.numel() == param.numel() && exp_avg.numel() == param.numel() &&
                      exp_avg_sq.numel() == param.numel(),
-                 "ops::adamw_update_: param {}, grad {}, exp_avg {}, exp_avg_sq {} must have one numel",
+                 "ops::{}: param {}, grad {}, exp_avg {}, exp_avg_sq {} must have one numel", op,
                  param.numel(), grad.numel(), exp_avg.numel(), exp_avg_sq.numel());
-  PARALLEL_CHECK(h.step >= 1, "ops::adamw_update_: step counts from 1, got {}", h.step);
+  PARALLEL_CHECK(h.step >= 1, "ops::{}: step counts from 1, got {}", op, h.step);
   return k;
 }
 }  // namespace
@@ -1163,6 +1217,39 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& e
     return;
   }
   cpu::adamw_update_(param, grad, exp_avg, exp_avg_sq, h, &model_copy);
+}
+
+// Timed under the per-tensor op's name: a profile's row then holds the same work before and after.
+void adamw_update_multi_(const std::vector<AdamWTensors>& tensors, const AdamWStep& h, Stream stream) {
+  const OpTimeSpan op_time("adamw_update_");
+  bool cpu = true;
+  for (const AdamWTensors& t : tensors) {
+    Tensor param = t.param, exp_avg = t.exp_avg, exp_avg_sq = t.exp_avg_sq;
+    const Checked k = check_adamw(param, t.grad, exp_avg, exp_avg_sq, h, "adamw_update_multi_");
+    cpu = cpu && k.device.is_cpu();
+    if (t.model_copy.defined())
+      PARALLEL_CHECK(
+          (t.model_copy.dtype() == DType::BF16 || t.model_copy.dtype() == DType::F16) &&
+              t.model_copy.is_contiguous() && t.model_copy.numel() == param.numel() &&
+              t.model_copy.device() == param.device(),
+          "ops::adamw_update_multi_: model_copy {} must be bf16 or fp16, contiguous, on {}, with {} "
+          "elements",
+          t.model_copy.str(), param.device().str(), param.numel());
+  }
+  // Off the CPU (and on meta, which records each tensor's op): the per-tensor op, in order.
+  if (!cpu) {
+    for (const AdamWTensors& t : tensors) {
+      AdamWStep ht = h;
+      ht.weight_decay = t.weight_decay;
+      Tensor param = t.param, exp_avg = t.exp_avg, exp_avg_sq = t.exp_avg_sq, copy = t.model_copy;
+      if (copy.defined())
+        adamw_update_(param, t.grad, exp_avg, exp_avg_sq, copy, ht, stream);
+      else
+        adamw_update_(param, t.grad, exp_avg, exp_avg_sq, ht, stream);
+    }
+    return;
+  }
+  cpu::adamw_update_multi_(tensors, h);
 }
 
 }  // namespace parallel::ops

@@ -112,13 +112,13 @@ void Optimizer::add_muon_matrices(const std::vector<Parameter*>& params,
   }
 }
 
-void Optimizer::adamw_slot(Slot& s, ops::AdamWStep h) {
-  h.weight_decay = s.weight_decay;
-  // Low precision: the model's 16-bit copy is written from the fp32 main weights in the same pass.
-  if (s.target.defined())
-    ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, s.target, h);
-  else
-    ops::adamw_update_(s.main, s.grad, s.exp_avg, s.exp_avg_sq, h);
+ops::AdamWTensors Optimizer::adamw_tensors(const Slot& s) {
+  return {.param = s.main,
+          .grad = s.grad,
+          .exp_avg = s.exp_avg,
+          .exp_avg_sq = s.exp_avg_sq,
+          .model_copy = s.target,
+          .weight_decay = s.weight_decay};
 }
 
 std::string Optimizer::overlap_refusal() const {
@@ -177,8 +177,10 @@ void Optimizer::update_bucket(int replica, int bucket) {
   char& done = overlap_.done[static_cast<std::size_t>(replica)][static_cast<std::size_t>(bucket)];
   if (done) return;
   before_bucket_update(replica, bucket);
+  std::vector<ops::AdamWTensors> tensors;
   for (int i : overlap_.slots[static_cast<std::size_t>(replica)][static_cast<std::size_t>(bucket)])
-    adamw_slot(slots_[static_cast<std::size_t>(i)], overlap_.h);
+    tensors.push_back(adamw_tensors(slots_[static_cast<std::size_t>(i)]));
+  ops::adamw_update_multi_(tensors, overlap_.h);
   done = 1;
   after_bucket_update(replica, bucket);
 }
@@ -217,13 +219,17 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
   Tensor sum_sq = Tensor::zeros({1}, DType::F32, device);
   // MoE experts: summed over their own groups (grad_norm.hpp).
   Tensor expert_sq = has_experts_ ? Tensor::zeros({1}, DType::F32, device) : Tensor();
+  // Each sum over its gradients in one pass (one OpenMP region per list on the CPU), in slot order.
+  std::vector<Tensor> dense_grads, expert_grads;
   for (const Slot& s : slots_) {
     if (s.param->expert) {
-      ops::sum_of_squares_accumulate(s.grad, expert_sq);
+      expert_grads.push_back(s.grad);
     } else if (counts_toward_grad_norm(*s.param, groups_.tp_rank, groups_.first_pipeline_stage)) {
-      ops::sum_of_squares_accumulate(s.grad, sum_sq);
+      dense_grads.push_back(s.grad);
     }
   }
+  ops::sum_of_squares_accumulate_multi(dense_grads, sum_sq);
+  if (!expert_grads.empty()) ops::sum_of_squares_accumulate_multi(expert_grads, expert_sq);
   r.grad_norm = reduce_grad_norm(sum_sq, groups_.model, dp, expert_sq, groups_.expert_model, expert_dp);
   if (scaler_) {
     const bool overflow = !std::isfinite(r.grad_norm);
@@ -260,8 +266,10 @@ StepResult Optimizer::step(double lr, const std::function<bool(double grad_norm)
       for (std::size_t b = 0; b < overlap_.done[d].size(); ++b)
         update_bucket(static_cast<int>(d), static_cast<int>(b));
   } else {
-    for (Slot& s : slots_)
-      if (!s.muon) adamw_slot(s, h);
+    std::vector<ops::AdamWTensors> tensors;
+    for (const Slot& s : slots_)
+      if (!s.muon) tensors.push_back(adamw_tensors(s));
+    ops::adamw_update_multi_(tensors, h);
   }
   if (!muon_.empty()) muon_update(lr, h.grad_scale);
   after_update();

@@ -157,6 +157,11 @@ Tensor ColumnParallelLinear::fused(const std::vector<Parameter>& parts, Tensor P
   return fused_rows(parts, member, "ColumnParallelLinear");
 }
 
+Tensor ColumnParallelLinear::bias_grad_to_fuse() const {
+  if (!options_.bias || base_frozen() || options_.gather_output) return Tensor();
+  return fused(biases, &Parameter::grad);
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearContext& ctx) {
   PARALLEL_CHECK(x.size(-1) == in_, "ColumnParallelLinear: input {} must end in {}", x.str(), in_);
   Tensor x_full = options_.sequence_parallel ? gather_sequence(tp_, x) : x.contiguous();
@@ -204,7 +209,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   if (!base_frozen()) {
     Tensor weight_grad = fused(weights, &Parameter::grad);
     ops::gemm(dy2d, true, x2d, false, weight_grad, 1.0f, 1.0f);
-    if (options_.bias) {
+    if (options_.bias && !ctx.bias_grad_added) {
       Tensor bias_grad = fused(biases, &Parameter::grad);
       ops::bias_backward(dy2d, bias_grad);
     }
@@ -212,6 +217,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, LinearContext& ctx) {
   if (!lora_a.empty()) lora_backward_weight(dy2d, ctx);
   work->wait();
   ctx.input = Tensor();
+  ctx.bias_grad_added = false;
   return dx;
 }
 

@@ -18,10 +18,15 @@ Tensor vocab_parallel_cross_entropy(Communicator& tp, const Tensor& logits_in, c
   // Target logit and sum of exponentials share one buffer so that one all-reduce sums both.
   Tensor stats = Tensor::empty({2, n}, DType::F32, dev);
   Tensor target_logit = stats.select(0), sum_exp = stats.select(1);
-  ops::cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit);
-  if (tp.size() > 1) tp.all_reduce(row_max, ReduceOp::Max);
-  ops::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
-  if (tp.size() > 1) tp.all_reduce(stats, ReduceOp::Sum);
+  if (tp.size() > 1) {
+    ops::cross_entropy_local_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit);
+    tp.all_reduce(row_max, ReduceOp::Max);
+    ops::cross_entropy_sum_exp(logits, row_max, vocab_start, vocab_size, sum_exp);
+    tp.all_reduce(stats, ReduceOp::Sum);
+  } else {
+    // No reduction between the max and the sum: both in one pass over the logits.
+    ops::cross_entropy_stats(logits, targets, vocab_start, vocab_size, row_max, target_logit, sum_exp);
+  }
 
   // loss_i = log(sum_j exp(z_ij - max_i)) + max_i - z_i,target, on the logits' device: the host
   // reads nothing per micro-batch.

@@ -293,6 +293,32 @@ inline Row gelu_backward(DType dt, Shape shape, Tol tol) {
   return row("gelu_backward", dt, dims(shape), "-", tol, cuda_default(tol), s);
 }
 
+// gelu_backward with fc1's bias gradient in the same pass: dbias (fp32 [f], from a nonzero start)
+// += the column sums of dx. Two rows: dx against the exact gradient (gelu_backward's tolerance),
+// and dbias against the start plus the column sums of the exact dx rounded to the row's dtype
+// (the kernel's dx errors add up over the rows: a tolerance of its own).
+inline Row gelu_backward_bias(DType dt, Shape shape, bool read_dbias, Tol tol) {
+  Spec s;
+  const auto h = static_cast<size_t>(shape.back());
+  s.make = [=] {
+    return Tensors{uniform(shape, dt, 63), uniform(shape, dt, 64, -5.0f, 5.0f), uniform(shape, dt, 65),
+                   uniform({shape.back()}, DType::F32, 66)};
+  };
+  s.call = [](Tensors& t) { ops::gelu_backward_bias(t[0], t[1], t[2], t[3]); };
+  s.read = read_dbias ? outs({{3, "dbias"}}) : outs({{2, "dx"}});
+  s.reference = [=](const Tensors& t) {
+    const V dy = values(t[0]), x = values(t[1]);
+    V dx(x.size()), db = values(t[3]);
+    for (size_t i = 0; i < x.size(); i++) {
+      dx[i] = dy[i] * gelu_grad(x[i]);
+      db[i % h] += round_to(dx[i], dt);
+    }
+    return read_dbias ? Outputs{rounded("dbias", DType::F32, db)} : Outputs{rounded("dx", dt, dx)};
+  };
+  return row("gelu_backward_bias", dt, dims(shape), read_dbias ? "dbias fp32 (read)" : "dbias fp32; dx read",
+             tol, cuda_default(tol), s);
+}
+
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // x [rows, 2f] = [gate | up] -> y [rows, f].
@@ -1266,6 +1292,30 @@ inline Row cross_entropy_sum_exp(DType dt, CeShape c, Tol tol) {
   return row("cross_entropy_sum_exp", dt, c.str(), "row_max/sum_exp fp32", tol, cuda_default(tol), s);
 }
 
+// Both local pieces in one op (one rank holds the vocabulary): row_max, target_logit, and sum_exp
+// against the op's own row_max.
+inline Row cross_entropy_stats(DType dt, CeShape c, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    Tensors t = ce_inputs(dt, c, 185);
+    for (uint32_t seed : {186u, 187u, 188u}) t.push_back(uniform({c.n}, DType::F32, seed));
+    return t;
+  };
+  s.call = [=](Tensors& t) { ops::cross_entropy_stats(t[0], t[1], c.vs, c.vocab, t[2], t[3], t[4]); };
+  s.read = outs({{2, "row_max"}, {3, "target_logit"}, {4, "sum_exp"}});
+  s.reference = [=](const Tensors& t) {
+    const V l = values(t[0]), m = ce_row_max(c, l);
+    const std::vector<int32_t> tg = ints(t[1]);
+    V tl(static_cast<size_t>(c.n), 0.0);
+    for (int64_t i = 0; i < c.n; i++)
+      if (tg[i] >= c.vs && tg[i] < c.vs + c.vl) tl[i] = l[i * c.vl + (tg[i] - c.vs)];
+    return Outputs{rounded("row_max", DType::F32, m), rounded("target_logit", DType::F32, tl),
+                   rounded("sum_exp", DType::F32, ce_sum_exp(c, l, m))};
+  };
+  return row("cross_entropy_stats", dt, c.str(), "targets int32; row_max/target_logit/sum_exp fp32", tol,
+             cuda_default(tol), s);
+}
+
 inline Row cross_entropy_backward(DType dt, CeShape c, Tol tol) {
   Spec s;
   s.make = [=] {
@@ -1418,6 +1468,99 @@ inline Row adamw_update_model_copy(DType copy_dt, int64_t n, Tol tol) {
              fmt::format("param/grad/exp_avg/exp_avg_sq fp32; model_copy {}", dn(copy_dt)), tol, tol, s);
 }
 
+// The multi-tensor ops: tensors of `sizes` in one call (one above the CPU's 65536-element
+// threshold), each against the single-tensor reference.
+// acc [1] += each x's sum of squares in turn; the op rounds acc to fp32 after every tensor.
+inline Row sum_of_squares_accumulate_multi(std::vector<int64_t> sizes, Tol tol) {
+  Spec s;
+  s.make = [=] {
+    Tensors t{Tensor::from_floats({1.25f}, {1}, DType::F32)};
+    for (size_t i = 0; i < sizes.size(); i++)
+      t.push_back(uniform({sizes[i]}, DType::F32, static_cast<uint32_t>(231 + i), -3.0f, 3.0f));
+    return t;
+  };
+  s.call = [](Tensors& t) { ops::sum_of_squares_accumulate_multi(Tensors(t.begin() + 1, t.end()), t[0]); };
+  s.read = outs({{0, "acc"}});
+  s.reference = [](const Tensors& t) {
+    double acc = values(t[0])[0];
+    for (size_t i = 1; i < t.size(); i++)
+      for (double x : values(t[i])) acc += x * x;
+    return Outputs{rounded("acc", DType::F32, {acc})};
+  };
+  std::string shape;
+  for (int64_t n : sizes) shape += (shape.empty() ? "" : ",") + std::to_string(n);
+  return row("sum_of_squares_accumulate_multi", DType::F32, shape, "xs fp32; acc fp32 [1]", tol,
+             cuda_default(tol), s);
+}
+
+// adamw_update_multi_ over tensors of `sizes` in one call (one above the CPU's 65536-element
+// threshold; weight decay on every other one), with 16-bit model copies of copy_dt (F32: none):
+// each tensor's outputs against adamw_exact with its own decay.
+inline Row adamw_update_multi(DType copy_dt, std::vector<int64_t> sizes, Tol tol) {
+  const ops::AdamWStep h = adamw_step();
+  const size_t per = copy_dt == DType::F32 ? 4 : 5;
+  const auto decay = [h](size_t i) { return i % 2 == 0 ? h.weight_decay : 0.0; };
+  Spec s;
+  s.make = [=] {
+    Tensors t;
+    for (size_t i = 0; i < sizes.size(); i++) {
+      for (Tensor& x : adamw_inputs(sizes[i])) t.push_back(x);
+      if (copy_dt != DType::F32) t.push_back(uniform({sizes[i]}, copy_dt, 225));
+    }
+    return t;
+  };
+  s.call = [=](Tensors& t) {
+    std::vector<ops::AdamWTensors> list;
+    for (size_t i = 0; i < sizes.size(); i++) {
+      const size_t b = i * per;
+      list.push_back({t[b], t[b + 1], t[b + 2], t[b + 3], per == 5 ? t[b + 4] : Tensor(), decay(i)});
+    }
+    ops::adamw_update_multi_(list, h);
+  };
+  s.read = [=](const Tensors& t) {
+    Outputs o;
+    for (size_t i = 0; i < sizes.size(); i++) {
+      const size_t b = i * per;
+      const std::string n = std::to_string(i);
+      o.push_back(output("param " + n, t[b]));
+      o.push_back(output("exp_avg " + n, t[b + 2]));
+      o.push_back(output("exp_avg_sq " + n, t[b + 3]));
+      if (per == 5) {
+        const V p = values(t[b]);
+        V diff = values(t[b + 4]);
+        for (size_t j = 0; j < diff.size(); j++) diff[j] -= round_to(p[j], copy_dt);
+        o.push_back({"model_copy - round(param) " + n, copy_dt, diff});
+      }
+    }
+    return o;
+  };
+  s.reference = [=](const Tensors& t) {
+    Outputs o;
+    for (size_t i = 0; i < sizes.size(); i++) {
+      const size_t b = i * per;
+      ops::AdamWStep hi = h;
+      hi.weight_decay = decay(i);
+      Outputs one = adamw_exact(
+          Tensors(t.begin() + static_cast<std::ptrdiff_t>(b), t.begin() + static_cast<std::ptrdiff_t>(b + 4)),
+          hi);
+      const std::string n = std::to_string(i);
+      for (auto& x : one) {
+        x.name += " " + n;
+        o.push_back(std::move(x));
+      }
+      if (per == 5)
+        o.push_back({"model_copy - round(param) " + n, copy_dt, V(static_cast<size_t>(sizes[i]), 0.0)});
+    }
+    return o;
+  };
+  std::string shape;
+  for (int64_t n : sizes) shape += (shape.empty() ? "" : ",") + std::to_string(n);
+  return row("adamw_update_multi_", copy_dt, shape,
+             copy_dt == DType::F32 ? std::string("fp32 state, decay on every other")
+                                   : fmt::format("fp32 state; model_copy {}", dn(copy_dt)),
+             tol, tol, s);
+}
+
 // ---- the table --------------------------------------------------------------------------------
 
 // Every row. speed = false: small shapes with odd sizes (vector remainders, uneven thread splits,
@@ -1462,6 +1605,9 @@ inline std::vector<Row> op_rows(bool speed = false) {
       t.push_back(gelu_forward(dt, s, elementwise));
       // fp32: the kernel's s (1 - s) cancels for s = sigmoid(2u) near 1, ~30 fp32 ulps of dx.
       t.push_back(gelu_backward(dt, s, half ? elementwise : Tol{4, 4e-6}));
+      t.push_back(gelu_backward_bias(dt, s, false, half ? elementwise : Tol{4, 4e-6}));
+      // dbias: the rows' dx errors (fp32 ~30 ulps by cancellation, 16-bit one rounding) summed.
+      t.push_back(gelu_backward_bias(dt, s, true, half ? Tol{1, 1e-2} : Tol{4, 1e-4}));
     }
     if (half) t.push_back(round_to_precision(dt, speed ? 1 << 22 : 4099));
     t.push_back(swiglu_forward(dt, speed ? 2048 : 13, speed ? 2048 : 67, elementwise));
@@ -1613,6 +1759,7 @@ inline std::vector<Row> op_rows(bool speed = false) {
     const CeShape ce = speed ? CeShape{2048, 8192, 0, 8192} : CeShape{11, 37, 20, 50};
     t.push_back(cross_entropy_local_stats(dt, ce, Tol{}));
     t.push_back(cross_entropy_sum_exp(dt, ce, Tol{4, 0}));
+    t.push_back(cross_entropy_stats(dt, ce, Tol{4, 0}));  // row_max, target_logit exact; sum_exp as above
     t.push_back(cross_entropy_backward(dt, ce, half ? Tol{1, 1e-7} : Tol{4, 1e-7}));
     if (!speed) t.push_back(cross_entropy_backward(dt, {9, 64, 0, 64}, half ? Tol{1, 1e-7} : Tol{4, 1e-7}));
 
@@ -1625,6 +1772,10 @@ inline std::vector<Row> op_rows(bool speed = false) {
   t.push_back(adamw_update(speed ? 1 << 22 : 1003, Tol{4, 1e-7}));     // m, v: b1 m + (1 - b1) g cancels
   for (DType copy : {BF16, F16})
     t.push_back(adamw_update_model_copy(copy, speed ? 1 << 22 : 1003, Tol{4, 1e-7}));
+  const std::vector<int64_t> lists =
+      speed ? std::vector<int64_t>{1 << 22, 1 << 20, 384} : std::vector<int64_t>{1003, 7, 70001};
+  t.push_back(sum_of_squares_accumulate_multi(lists, Tol{3, 0}));  // one fp32 rounding per tensor
+  for (DType copy : {F32, BF16, F16}) t.push_back(adamw_update_multi(copy, lists, Tol{4, 1e-7}));
   return t;
 }
 
@@ -1756,6 +1907,18 @@ inline std::vector<Rejection> rejection_rows() {
                  Tensor acc = z({1}, F32);
                  ops::sum_of_squares_accumulate(z({8}, BF16), acc);
                }});
+  r.push_back({"gelu_backward_bias", "dbias", "bf16 dbias", [=] {
+                 Tensor dx = z({4, 8}, F32), db = z({8}, BF16);
+                 ops::gelu_backward_bias(z({4, 8}, F32), z({4, 8}, F32), dx, db);
+               }});
+  r.push_back({"sum_of_squares_accumulate_multi", "x", "bf16 x", [=] {
+                 Tensor acc = z({1}, F32);
+                 ops::sum_of_squares_accumulate_multi({z({8}, F32), z({8}, BF16)}, acc);
+               }});
+  r.push_back(
+      {"adamw_update_multi_", "grad", "bf16 grad", [=] {
+         ops::adamw_update_multi_({{z({8}, F32), z({8}, BF16), z({8}, F32), z({8}, F32)}}, ops::AdamWStep{});
+       }});
   r.push_back({"adamw_update_", "grad", "bf16 grad", [=] {
                  Tensor p = z({8}, F32), m = z({8}, F32), v = z({8}, F32);
                  ops::adamw_update_(p, z({8}, BF16), m, v, ops::AdamWStep{});
