@@ -1,7 +1,9 @@
 // Bandwidth of the MPI backend's collectives, reported like nccl-tests (algbw and busbw).
 //
 //   mpirun -np 4 ./bin/bench_comm [--benchmark_filter=all_reduce]
-//   (PARALLEL_BENCH_PIECE_BYTES=N: the two-rank all-reduce's piece size, for choosing the default)
+//   (PARALLEL_BENCH_PIECE_BYTES=N: the two-rank all-reduce's and the ring's piece size;
+//    PARALLEL_BENCH_P2P_MIN_BYTES=N: the smallest sum that goes point to point, 0 for every size and
+//    a large N for MPI's collectives at every size: for choosing the defaults)
 //
 // Every rank runs every benchmark in lockstep, so iteration counts are fixed per size: Google
 // Benchmark's adaptive counts differ between ranks and would leave some ranks waiting in a
@@ -108,10 +110,13 @@ void bench(benchmark::State& state, MpiCommunicator& comm, const std::string& op
   }
 }
 
-// PARALLEL_BENCH_PIECE_BYTES=N sets the two-rank all-reduce's piece size (mpi_communicator.hpp).
+// PARALLEL_BENCH_PIECE_BYTES and PARALLEL_BENCH_P2P_MIN_BYTES set the point-to-point sums' piece
+// size and threshold (mpi_communicator.hpp).
 void register_benchmarks(MpiCommunicator& comm) {
   if (const char* piece = std::getenv("PARALLEL_BENCH_PIECE_BYTES"))
     comm.set_reduce_piece_bytes(std::atoll(piece));
+  if (const char* min_bytes = std::getenv("PARALLEL_BENCH_P2P_MIN_BYTES"))
+    comm.set_point_to_point_sum_min_bytes(std::atoll(min_bytes));
   const std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather",
                                         "broadcast",  "all_to_all",     "ping_pong"};
   for (const std::string& op : ops) {

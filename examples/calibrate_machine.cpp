@@ -516,10 +516,12 @@ void measure_shared_core_slowdown(parallel::MpiCommunicator& world, int cores,
 // reduction, MPI's temporary buffers and their first-touch page faults - not by the link, so a
 // 64 MiB all-reduce runs an order of magnitude below a cache-resident ping-pong; and g ranks on
 // fewer cores share the cores and the memory bus, so the figure depends on g. In bf16 only the
-// reductions (all_reduce, reduce_scatter): on more than two ranks MPI runs them through the
-// communicator's user-defined op (mpi_communicator.cpp), slower per byte than fp32's built-in sum
-// (two ranks take the communicator's own point-to-point path, pair_reduce.cpp, alike for both), while
-// a gather or a send moves bytes as fp32's does (the cost model's fallback to fp32's tables, hardware.hpp).
+// reductions (all_reduce, reduce_scatter): below the communicator's point-to-point threshold MPI
+// runs them through a user-defined op (mpi_communicator.cpp), slower per byte than fp32's built-in
+// sum; above it two ranks take the pair path and more ranks the ring (pair_reduce.cpp,
+// ring_reduce.cpp), both through the communicator, so these figures are the paths the step takes.
+// A gather or a send moves bytes as fp32's does (the cost model's fallback to fp32's tables,
+// hardware.hpp).
 void measure_bus_bandwidth(parallel::MpiCommunicator& world, parallel::HardwareDescription& hw,
                            std::string& notes) {
   using namespace parallel;

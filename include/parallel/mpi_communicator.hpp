@@ -4,15 +4,24 @@
 // MPI_Testall against comm_timeout() (communicator.hpp's watchdog) instead of blocking in MPI_Wait.
 //
 // Two-rank sums. In a group of two, all_reduce and reduce_scatter with ReduceOp::Sum of fp32, bf16
-// or fp16 tensors of 1 MiB or more do not go through MPI's collectives (whose temporaries of the
-// whole message are mapped and page-faulted afresh at every call above glibc's mmap threshold):
-// the ranks exchange halves point to point on a duplicate communicator and both reduce at once,
-// all_reduce in pieces of reduce_piece_bytes() through one buffer of half a piece that the
-// communicator keeps, reduce_scatter straight into `out`. The results are bitwise those of MPI's
-// in-place binomial all-reduce (where both ranks hold a NaN, rank 0's is kept). Such an
-// operation advances only inside wait() / is_completed() of its own or a later such operation on
+// or fp16 tensors of point_to_point_sum_min_bytes() or more do not go through MPI's collectives
+// (whose temporaries of the whole message are mapped and page-faulted afresh at every call above
+// glibc's mmap threshold): the ranks exchange halves point to point on a duplicate communicator and
+// both reduce at once, all_reduce in pieces of reduce_piece_bytes() through one buffer of half a
+// piece that the communicator keeps, reduce_scatter straight into `out`. The results are bitwise
+// those of MPI's in-place binomial all-reduce (where both ranks hold a NaN, rank 0's is kept). Such
+// an operation advances only inside wait() / is_completed() of its own or a later such operation on
 // the same communicator (in call order, as on the peer), so with async=true a rank's work is not
 // delayed by a peer that has not reached the call yet.
+//
+// Larger groups' sums. In a group of three or more, the same sums go round a ring of point-to-point
+// messages (NCCL's ring: reduce-scatter, then all-gather), a piece of at most
+// reduce_piece_bytes() / 4 per rank and step, received into two buffers the communicator keeps
+// (src/comm/ring_reduce.hpp). Each element is summed once, on the rank whose chunk holds it, in a
+// fixed order of the ranks, and copied to the others: every rank ends bitwise identical. The
+// results may differ in the last bits from MPI's (which adds in an order of its own choosing).
+// reduce_scatter may write into this rank's own chunk of `in`. They advance like the two-rank
+// sums: inside wait() / is_completed(), in call order.
 #include <mpi.h>
 
 #include <memory>
@@ -22,8 +31,9 @@
 namespace parallel {
 
 namespace detail {
-struct MpiGroupLabel;  // a group's name and world ranks (mpi_communicator.cpp)
+struct MpiGroupLabel;  // a group's name and world ranks (src/comm/mpi_group_label.hpp)
 struct MpiPairState;   // two-rank reductions' communicator, buffer and queue (mpi_communicator.cpp)
+struct RingState;      // larger groups' sums: communicator, buffers and queue (src/comm/ring_reduce.hpp)
 }  // namespace detail
 
 class MpiCommunicator final : public Communicator {
@@ -43,11 +53,16 @@ class MpiCommunicator final : public Communicator {
   void set_name(std::string name) override;
   std::vector<int> world_ranks() const override;
 
-  // The piece size of two-rank all-reduces (above); the same on both ranks. Smaller pieces need a
-  // smaller buffer, larger ones fewer round trips.
+  // The piece size of two-rank all-reduces and of larger groups' rings (above); the same on every
+  // rank. Smaller pieces need smaller buffers, larger ones fewer round trips.
   static constexpr int64_t kDefaultReducePieceBytes = int64_t{8} << 20;
   void set_reduce_piece_bytes(int64_t bytes);
   int64_t reduce_piece_bytes() const { return piece_bytes_; }
+  // The smallest sum that goes point to point (two-rank sums and rings, above); smaller ones use
+  // MPI's collectives. The same on every rank. Measured in docs/benchmarks.md (2026-11-27).
+  static constexpr int64_t kDefaultPointToPointSumMinBytes = int64_t{1} << 20;
+  void set_point_to_point_sum_min_bytes(int64_t bytes);
+  int64_t point_to_point_sum_min_bytes() const { return p2p_min_bytes_; }
 
   WorkHandle all_reduce(Tensor& tensor, ReduceOp op, bool async) override;
   WorkHandle reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, bool async) override;
@@ -70,7 +85,9 @@ class MpiCommunicator final : public Communicator {
   // Name and world ranks, shared with the pending operations for the watchdog's message.
   std::shared_ptr<detail::MpiGroupLabel> label_;
   std::shared_ptr<detail::MpiPairState> pair_;  // groups of two only
+  std::shared_ptr<detail::RingState> ring_;     // groups of three or more
   int64_t piece_bytes_ = kDefaultReducePieceBytes;
+  int64_t p2p_min_bytes_ = kDefaultPointToPointSumMinBytes;
 };
 
 }  // namespace parallel

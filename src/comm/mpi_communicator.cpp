@@ -9,18 +9,13 @@
 #include <numeric>
 #include <utility>
 
+#include "comm/mpi_group_label.hpp"
 #include "comm/pair_reduce.hpp"
+#include "comm/ring_reduce.hpp"
 #include "comm/watchdog.hpp"
 #include "parallel/error.hpp"
 
 namespace parallel {
-
-namespace detail {
-struct MpiGroupLabel {
-  std::string name = "unnamed";
-  std::vector<int> world_ranks;  // group rank -> MPI_COMM_WORLD rank
-};
-}  // namespace detail
 
 namespace {
 
@@ -482,17 +477,19 @@ WorkHandle finish_pair(std::shared_ptr<PairWork> work, bool async) {
   return completed_work();
 }
 
-// Between two ranks, sums of floating tensors of at least this size go through PairWork; smaller
-// ones (losses, norms, flags) stay on MPI's collectives, whose small temporaries come from the heap
-// again after the first. PairWork's two waits cost more than MPI's one below it on a loaded machine
-// (bench_comm, load 11: 64 KiB all-reduce 0.02-0.05 GB/s against MPI's 0.4-2.2; 1 MiB 0.6-3.3
-// against 0.2-0.3).
-constexpr int64_t kPairMinBytes = int64_t{1} << 20;
-
-bool pairwise(int size, ReduceOp op, const Tensor& t) {
+// Sums that go point to point (PairWork in groups of two, the ring of ring_reduce.hpp in larger
+// ones): floating tensors of at least point_to_point_sum_min_bytes(). Smaller ones (losses, norms,
+// flags) stay on MPI's collectives, whose small temporaries come from the heap again after the first.
+bool point_to_point_sum(ReduceOp op, const Tensor& t, int64_t min_bytes) {
   const DType dt = t.dtype();
-  return size == 2 && op == ReduceOp::Sum && (dt == DType::F32 || dt == DType::BF16 || dt == DType::F16) &&
-         static_cast<int64_t>(t.nbytes()) >= kPairMinBytes;
+  return op == ReduceOp::Sum && (dt == DType::F32 || dt == DType::BF16 || dt == DType::F16) &&
+         static_cast<int64_t>(t.nbytes()) >= min_bytes;
+}
+
+WorkHandle finish_ring(std::shared_ptr<Work> work, bool async) {
+  if (async) return work;
+  work->wait();
+  return completed_work();
 }
 
 }  // namespace
@@ -524,6 +521,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
     pair_->label = label_;
     pair_->rank = rank_;
     PARALLEL_MPI_CHECK(MPI_Comm_dup(comm_, &pair_->comm));
+  } else if (size_ > 2) {
+    ring_ = std::make_shared<detail::RingState>();
+    ring_->label = label_;
+    ring_->rank = rank_;
+    ring_->size = size_;
+    ring_->piece_bytes = piece_bytes_;
+    PARALLEL_MPI_CHECK(MPI_Comm_dup(comm_, &ring_->comm));
   }
 }
 
@@ -532,6 +536,12 @@ void MpiCommunicator::set_reduce_piece_bytes(int64_t bytes) {
                  bytes);
   piece_bytes_ = bytes;
   if (pair_ != nullptr) pair_->piece_bytes = bytes;
+  if (ring_ != nullptr) ring_->piece_bytes = bytes;
+}
+
+void MpiCommunicator::set_point_to_point_sum_min_bytes(int64_t bytes) {
+  PARALLEL_CHECK(bytes >= 0, "MpiCommunicator::set_point_to_point_sum_min_bytes: {} bytes", bytes);
+  p2p_min_bytes_ = bytes;
 }
 
 void MpiCommunicator::set_name(std::string name) {
@@ -544,6 +554,7 @@ std::vector<int> MpiCommunicator::world_ranks() const { return label_->world_ran
 MpiCommunicator::~MpiCommunicator() {
   if (!mpi_usable()) return;
   if (pair_ != nullptr && pair_->comm != MPI_COMM_NULL) MPI_Comm_free(&pair_->comm);
+  if (ring_ != nullptr && ring_->comm != MPI_COMM_NULL) MPI_Comm_free(&ring_->comm);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -552,8 +563,10 @@ WorkHandle MpiCommunicator::all_reduce(Tensor& tensor, ReduceOp op, bool async) 
   const int n = mpi_count(tensor.numel(), "all_reduce");
   const MPI_Op mop = mpi_op(op, tensor.dtype());
   const MPI_Datatype type = mpi_type(tensor.dtype());
-  if (pair_ != nullptr && pairwise(size_, op, tensor))
+  if (pair_ != nullptr && point_to_point_sum(op, tensor, p2p_min_bytes_))
     return finish_pair(std::make_shared<PairWork>(pair_, "all_reduce", op, tensor, Tensor()), async);
+  if (ring_ != nullptr && point_to_point_sum(op, tensor, p2p_min_bytes_))
+    return finish_ring(detail::ring_sum(ring_, "all_reduce", tensor, Tensor()), async);
   auto work = std::make_shared<MpiWork>("all_reduce", label_);
   work->keep(tensor);
   PARALLEL_MPI_CHECK(
@@ -573,9 +586,15 @@ WorkHandle MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out, Reduce
       out.numel(), rank_, in.numel(), size_, mine.count);
   const MPI_Op mop = mpi_op(op, in.dtype());
   const MPI_Datatype type = mpi_type(in.dtype());
+  if (ring_ != nullptr && point_to_point_sum(op, in, p2p_min_bytes_)) {
+    // The ring writes this rank's chunk last, so `out` may be that chunk of `in` itself.
+    const auto* slot = static_cast<const char*>(in.data_ptr()) + mine.offset * dtype_size(in.dtype());
+    Tensor src = (out.data_ptr() != slot && overlaps(in, out)) ? in.clone() : in;
+    return finish_ring(detail::ring_sum(ring_, "reduce_scatter", src, out), async);
+  }
   // MPI forbids aliased send and receive buffers (and MPI_IN_PLACE means a different layout here).
   Tensor src = overlaps(in, out) ? in.clone() : in;
-  if (pair_ != nullptr && pairwise(size_, op, in))
+  if (pair_ != nullptr && point_to_point_sum(op, in, p2p_min_bytes_))
     return finish_pair(std::make_shared<PairWork>(pair_, "reduce_scatter", op, src, out), async);
   auto work = std::make_shared<MpiWork>("reduce_scatter", label_);
   work->keep(src);

@@ -709,5 +709,220 @@ TEST(TwoRankSums, LargeSumsPageFaultOnlyOnTheFirstCall) {
   EXPECT_EQ(out.to_float_vector()[0], 16.0f);  // 0.5 doubled four times, then summed once more
 }
 
+// ---- sums of three ranks or more (mpi_communicator.hpp: a ring over kept buffers) -------------
+
+namespace ring {
+
+// The world's ranks as a group of their own (so that piece sizes can change without touching the
+// world) and, from 4 ranks on, the first three ranks and the rest (5 at 8 ranks): odd sizes beside
+// powers of two. Groups of fewer than three are left out; every member lists its groups in the
+// same order.
+std::vector<std::unique_ptr<Communicator>> groups() {
+  auto& w = world();
+  std::vector<std::unique_ptr<Communicator>> out;
+  if (w.size() >= 3) out.push_back(w.split(0, w.rank()));
+  if (w.size() >= 4) {
+    auto g = w.split(w.rank() < 3 ? 0 : 1, w.rank());
+    if (g->size() >= 3) out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::vector<Tensor> inputs(int p, int64_t n, DType dtype, const ValueFn& f) {
+  std::vector<Tensor> x;
+  for (int r = 0; r < p; ++r) x.push_back(make(n, dtype, r, f));
+  return x;
+}
+
+// The sum ring_reduce.hpp states, bit for bit: rank c's chunk is
+// ((x[c+1] + x[c+2]) + ...) + x[c] (ranks mod p), each + the scalar pair_reduce_reference.
+std::vector<std::byte> ordered_sum(const std::vector<Tensor>& x) {
+  const int p = static_cast<int>(x.size());
+  const int64_t n = x[0].numel();
+  const DType dt = x[0].dtype();
+  const std::size_t es = dtype_size(dt);
+  std::vector<std::byte> out(x[0].nbytes());
+  for (int c = 0; c < p; ++c) {
+    const Chunk chunk = chunk_of(n, p, c);
+    std::byte* partial = out.data() + chunk.offset * es;
+    auto part = [&](int r) {
+      return static_cast<const std::byte*>(x[(c + r) % p].data_ptr()) + chunk.offset * es;
+    };
+    std::memcpy(partial, part(1), chunk.count * es);
+    for (int r = 2; r <= p; ++r)
+      detail::pair_reduce_reference(dt, ReduceOp::Sum, partial, part(r), partial, chunk.count);
+  }
+  return out;
+}
+
+// Rank 0's bytes, as every rank of `g` sees them.
+bool same_on_every_rank(Communicator& g, const Tensor& t) {
+  Tensor root = t.clone();
+  g.broadcast(root, 0, false);
+  Tensor same =
+      Tensor::full({1}, std::memcmp(root.data_ptr(), t.data_ptr(), t.nbytes()) == 0 ? 1 : 0, DType::I32);
+  g.all_reduce(same, ReduceOp::Min, false);
+  return same.data<int32_t>()[0] == 1;
+}
+
+}  // namespace ring
+
+TEST(RingSums, AllReduceIsBitwiseTheStatedOrderOnEveryRank) {
+  auto groups = ring::groups();
+  if (groups.empty()) GTEST_SKIP() << "no group of three ranks or more";
+  // One piece per chunk; several with a short tail (piece 262150 bytes: 16,387 fp32 elements per
+  // rank and step). n is odd, so the chunks differ in length. Every message is above the 1 MiB
+  // the ring starts at, and pair_value puts infinities, NaN and subnormals among rounded values.
+  for (auto& g : groups) {
+    auto& comm = dynamic_cast<MpiCommunicator&>(*g);
+    for (int64_t piece : {MpiCommunicator::kDefaultReducePieceBytes, int64_t{262150}})
+      for (DType dtype : kFloatTypes)
+        for (int64_t n : {int64_t{600011}, int64_t{1048583}}) {
+          comm.set_reduce_piece_bytes(piece);
+          const auto x = ring::inputs(comm.size(), n, dtype, pair_value);
+          Tensor t = x[static_cast<std::size_t>(comm.rank())].clone();
+          comm.all_reduce(t, ReduceOp::Sum, false);
+          EXPECT_EQ(first_difference(t.data_ptr(), ring::ordered_sum(x), dtype_size(dtype)), -1)
+              << dtype_name(dtype) << " n=" << n << " piece=" << piece << " group of " << comm.size()
+              << " rank " << comm.rank();
+          EXPECT_TRUE(ring::same_on_every_rank(comm, t));
+        }
+    comm.set_reduce_piece_bytes(MpiCommunicator::kDefaultReducePieceBytes);
+  }
+}
+
+TEST(RingSums, Fp32AllReduceMatchesAnFp64Sum) {
+  // Against MPI_Allreduce of the same data in fp64: a sum of p fp32 terms rounds p - 1 times, each
+  // time by at most 2^-24 of a partial sum (and once more to store), so p * 2^-24 * sum |x| bounds
+  // the difference.
+  for (auto& g : ring::groups()) {
+    auto& comm = dynamic_cast<MpiCommunicator&>(*g);
+    const int64_t n = 300007;
+    Tensor t = make(n, DType::F32, comm.rank(), wavy_value);
+    std::vector<double> sum(static_cast<std::size_t>(n)), abs_sum(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      sum[static_cast<std::size_t>(i)] = t.data<float>()[i];
+      abs_sum[static_cast<std::size_t>(i)] = std::fabs(t.data<float>()[i]);
+    }
+    ASSERT_EQ(
+        MPI_Allreduce(MPI_IN_PLACE, sum.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm.handle()),
+        MPI_SUCCESS);
+    ASSERT_EQ(
+        MPI_Allreduce(MPI_IN_PLACE, abs_sum.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm.handle()),
+        MPI_SUCCESS);
+    comm.all_reduce(t, ReduceOp::Sum, false);
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 5; ++i) {
+      const double tol = comm.size() * std::ldexp(1.0, -24) * abs_sum[static_cast<std::size_t>(i)];
+      if (std::fabs(t.data<float>()[i] - sum[static_cast<std::size_t>(i)]) > tol) {
+        ++bad;
+        ADD_FAILURE() << "index " << i << ": " << t.data<float>()[i] << " against "
+                      << sum[static_cast<std::size_t>(i)] << " +- " << tol << " (group of " << comm.size()
+                      << ")";
+      }
+    }
+  }
+}
+
+TEST(RingSums, ReduceScatterIsBitwiseTheStatedOrderIncludingInPlace) {
+  // Out of place, into this rank's own chunk of `in` (the ring writes it last, no copy), and into
+  // a tensor overlapping another rank's chunk (the communicator sends from a copy then).
+  for (auto& g : ring::groups()) {
+    const int p = g->size(), r = g->rank();
+    for (DType dtype : kFloatTypes)
+      for (int64_t n : {int64_t{600011}, int64_t{1048576}}) {
+        const auto x = ring::inputs(p, n, dtype, pair_value);
+        const auto want = ring::ordered_sum(x);
+        const Chunk mine = chunk_of(n, p, r);
+        const std::size_t es = dtype_size(dtype);
+        const std::vector<std::byte> want_mine(want.begin() + mine.offset * es,
+                                               want.begin() + (mine.offset + mine.count) * es);
+        const std::string what = fmt::format("{} n={} group of {} rank {}", dtype_name(dtype), n, p, r);
+
+        Tensor out = Tensor::empty({mine.count}, dtype);
+        g->reduce_scatter(x[static_cast<std::size_t>(r)], out, ReduceOp::Sum, false);
+        EXPECT_EQ(first_difference(out.data_ptr(), want_mine, es), -1) << what << " out of place";
+
+        Tensor in = x[static_cast<std::size_t>(r)].clone();
+        Tensor slot = in.narrow(0, mine.offset, mine.count);
+        g->reduce_scatter(in, slot, ReduceOp::Sum, false);
+        EXPECT_EQ(first_difference(slot.data_ptr(), want_mine, es), -1) << what << " into its own slot";
+
+        Tensor in2 = x[static_cast<std::size_t>(r)].clone();
+        Tensor front = in2.narrow(0, 0, mine.count);
+        g->reduce_scatter(in2, front, ReduceOp::Sum, false);
+        EXPECT_EQ(first_difference(front.data_ptr(), want_mine, es), -1) << what << " over the front";
+      }
+  }
+}
+
+TEST(RingSums, AsyncOperationsCompleteWhicheverIsWaitedFirst) {
+  for (auto& g : ring::groups()) {
+    const int p = g->size(), r = g->rank();
+    const int64_t n = 600011;
+    const auto x = ring::inputs(p, n, DType::BF16, pair_value);
+    const auto want = ring::ordered_sum(x);
+    Tensor a = x[static_cast<std::size_t>(r)].clone();
+    Tensor b = make(n, DType::F32, r, quarter_value);
+    const Chunk mine = chunk_of(n, p, r);
+    Tensor b_out = Tensor::empty({mine.count}, DType::F32);
+    Tensor c = x[static_cast<std::size_t>(r)].clone();
+    std::vector<WorkHandle> works;
+    works.push_back(g->all_reduce(a, ReduceOp::Sum, true));
+    works.push_back(g->reduce_scatter(b, b_out, ReduceOp::Sum, true));
+    works.push_back(g->all_reduce(c, ReduceOp::Sum, true));
+    b = Tensor();  // the handle keeps `in` alive
+    if (r % 3 == 0) {
+      works[2]->wait();
+      works[0]->wait();
+      works[1]->wait();
+    } else if (r % 3 == 1) {
+      while (!works[1]->is_completed()) {
+      }
+      works[0]->wait();
+      works[2]->wait();
+    } else {
+      for (auto& w : works) w->wait();
+    }
+    for (auto& w : works) EXPECT_TRUE(w->is_completed());
+    EXPECT_EQ(first_difference(a.data_ptr(), want, 2), -1);
+    EXPECT_EQ(first_difference(c.data_ptr(), want, 2), -1);
+    const std::vector<float> got = b_out.to_float_vector();
+    for (int64_t j = 0; j < mine.count; ++j) {
+      float sum = 0;  // quarter values: every order gives the exact sum
+      for (int q = 0; q < p; ++q) sum += quarter_value(q, mine.offset + j);
+      ASSERT_EQ(got[static_cast<std::size_t>(j)], sum);
+    }
+  }
+}
+
+TEST(RingSums, LargeSumsPageFaultOnlyOnTheFirstCall) {
+  // A count, not a time, as for two ranks: 48 MiB fp32 and 32 MiB bf16 all-reduces and a 48 MiB
+  // reduce-scatter touch no new page after one call each (MPI's libnbc mallocs a temporary of the
+  // whole message per call, mapped afresh above glibc's mmap threshold).
+  if (world().size() < 3) GTEST_SKIP() << "a ring needs three ranks";
+  auto& w = world();
+  const int64_t n = int64_t{12} << 20;
+  // 2^-40 times powers of the group size: every partial sum is exact in fp32 and bf16.
+  const double tiny = std::ldexp(1.0, -40);
+  Tensor f = Tensor::full({n}, tiny, DType::F32);
+  Tensor h = Tensor::full({n}, tiny, DType::BF16);
+  Tensor out = Tensor::empty({chunk_of(n, w.size(), w.rank()).count}, DType::F32);
+  auto round = [&] {
+    w.all_reduce(f, ReduceOp::Sum, false);
+    w.all_reduce(h, ReduceOp::Sum, false);
+    w.reduce_scatter(f, out, ReduceOp::Sum, false);
+  };
+  round();
+  const long before = minor_faults();
+  for (int i = 0; i < 3; ++i) round();
+  const long faults = minor_faults() - before;
+  EXPECT_LT(faults, 64) << "rank " << w.rank();
+  const double p = w.size();
+  EXPECT_EQ(out.to_float_vector()[0],
+            static_cast<float>(tiny * p * p * p * p * p));  // f: p^4, then once more
+  EXPECT_EQ(h.to_float_vector()[0], static_cast<float>(tiny * p * p * p * p));
+}
+
 }  // namespace
 }  // namespace parallel
