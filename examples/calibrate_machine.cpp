@@ -29,7 +29,9 @@
 //     reduce_scatter (links.node.collective_us), and, where g exceeds the cores, the median step
 //     of "compute, then a small blocking all_reduce" beyond its compute at the shared rate and the
 //     collective's own time: what each blocking wait costs an oversubscribed rank
-//     (node.oversubscribed_wait_us);
+//     (node.oversubscribed_wait_us); and the same with the g ranks in pairs, each pair's
+//     all_reduce at once, beyond the two-rank call: a small group's wait inside the larger job
+//     (node.subgroup_wait_us);
 //   - where 4 or 8 ranks exceed the cores: a GPT chunk's step on all of them at once over its
 //     time alone, both in thread CPU time, at two sizes (width 128 and 512: working sets within and
 //     beyond the core's L2), keyed by the step's working set (node.shared_core_slowdown;
@@ -368,6 +370,37 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
         hw.oversubscribed_wait_us.emplace_back(per_core, extra_sum / 3 * 1e6);
         notes +=
             fmt::format("{} ranks on {} cores, compute C then a blocking all_reduce: {}\n", g, cores, each);
+      }
+      // The same inside groups of two, all pairs at once (a tp / pp / dp pair's waits inside a
+      // larger job): a pair's rank that waits sleeps (the pacer), and its partner may be off its
+      // core behind the other pairs' ranks, so the wait lasts until the partner has had its turn.
+      // The model's step would be C at the shared rate plus the two-rank call measured with a
+      // core each (2.9 us); the rest is node.subgroup_wait_us.
+      std::unique_ptr<Communicator> pair = group.split(group.rank() / 2, group.rank());
+      // Rank 0's two-rank median (the other ranks record nothing).
+      const auto two = hw.node_link.collective_us.find("all_reduce");
+      const double pair_reduce =
+          two == hw.node_link.collective_us.end() ? 0.0 : two->second.front().second * 1e-6;
+      double pair_sum = 0;
+      std::string pair_each;
+      for (double c_us : {25.0, 100.0, 400.0}) {
+        const int calls = static_cast<int>(std::clamp(200000.0 / (c_us * per_core), 100.0, 400.0));
+        const double step = median(each_call(
+            [&] {
+              compute_for(c_us);
+              pair->all_reduce(one);
+            },
+            calls));
+        const double extra = std::max(0.0, step - c_us * 1e-6 * per_core - pair_reduce);
+        pair_sum += extra;
+        pair_each += fmt::format("{}C = {:.0f} us: step {:.1f} us, extra {:.1f} us",
+                                 pair_each.empty() ? "" : "; ", c_us, step * 1e6, extra * 1e6);
+      }
+      if (world.rank() == 0) {
+        hw.subgroup_wait_us.emplace_back(per_core, pair_sum / 3 * 1e6);
+        notes +=
+            fmt::format("{} ranks on {} cores in pairs, compute C then the pair's blocking all_reduce: {}\n",
+                        g, cores, pair_each);
       }
     }
   });

@@ -85,6 +85,17 @@
 //         # devices (the blocked rank spins, then yields, and resumes only when the scheduler gives
 //         # it a core back); linear between the points, flat beyond the ends; 0 when not
 //         # oversubscribed
+//     subgroup_wait_us: [[2, 470], [4, 1100]]
+//         # ranks per device -> the extra time each blocking wait on a group smaller than the
+//         # node's ranks costs (a tp / pp / dp pair inside a larger job) when ranks time-share the
+//         # devices: the waiter sleeps, and its partner shares a core with ranks per device - 1
+//         # others, so the wait lasts until they have had their turn on it, about the work they do
+//         # between their own blocking points (measured: pairs that compute then all-reduce, all
+//         # at once, beyond the two-rank call). oversubscribed_wait_us is then the figure of the
+//         # waits on groups of all the node's ranks (whose measured call already holds the
+//         # others' turns). Linear between the points, flat beyond the ends; absent:
+//         # oversubscribed_wait_us for every group; 0 when not oversubscribed (a device per rank,
+//         # as on a DGX node: nobody else holds the partner's device)
 //     shared_core_slowdown: [[2, 1.1], [4, 1.25]]
 //         # ranks per device -> how much longer each op runs (in the rank's own CPU time) when
 //         # that many ranks time-share a device: their data evicts each other's from the core's
@@ -162,6 +173,9 @@ struct HardwareDescription {
   // (ranks per device, microseconds): the extra cost of a blocking wait on an oversubscribed
   // node, increasing ranks per device. Empty: none.
   std::vector<std::pair<double, double>> oversubscribed_wait_us;
+  // The same for a wait on a group smaller than the node's ranks (node.subgroup_wait_us). Empty:
+  // oversubscribed_wait_us.
+  std::vector<std::pair<double, double>> subgroup_wait_us;
   // Working-set bytes (an op's bytes read + written) -> (ranks per device, factor >= 1): an op's
   // time when ranks time-share a device over its time alone (node.shared_core_slowdown), increasing
   // ranks per device. The YAML's single list is the entry at 0 bytes (one curve for every size).
@@ -183,6 +197,9 @@ struct HardwareDescription {
   double op_fixed_s(const std::string& op, double units = 1) const;
   // The extra seconds of one blocking wait at `ranks_per_device` (> 1: oversubscribed), else 0.
   double oversubscribed_wait_s(double ranks_per_device) const;
+  // The extra seconds of one blocking wait on a group smaller than the node's ranks at
+  // `ranks_per_device` (> 1), else 0: subgroup_wait_us, else oversubscribed_wait_s.
+  double subgroup_wait_s(double ranks_per_device) const;
   // The factor on the time of an op that reads and writes `bytes` at `ranks_per_device` (> 1:
   // oversubscribed), else 1: each working set's curve at ranks_per_device, linear in log(bytes)
   // between the measured sizes, the nearest size's beyond them.

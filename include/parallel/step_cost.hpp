@@ -119,6 +119,10 @@ class CostModel {
   // The extra seconds each blocking wait costs a rank of an oversubscribed node
   // (hardware.hpp's node.oversubscribed_wait_us at this job's ranks per device); 0 otherwise.
   double oversubscribed_wait_s() const;
+  // The same for a wait on a group of `group_ranks` ranks: node.subgroup_wait_us where the group is
+  // smaller than the node's ranks (its partners share their cores with ranks outside it), else
+  // oversubscribed_wait_s(); 0 on a node with a device per rank.
+  double oversubscribed_wait_s(int group_ranks) const;
   // The factor on the time of an op reading and writing `bytes` when ranks time-share the devices
   // (hardware.hpp's node.shared_core_slowdown at this job's ranks per device and that working set;
   // 0 bytes: the smallest measured working set's, the largest factor); 1 otherwise.

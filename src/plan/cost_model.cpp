@@ -170,6 +170,12 @@ double CostModel::oversubscribed_wait_s() const {
   return hw_.oversubscribed_wait_s(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
 }
 
+double CostModel::oversubscribed_wait_s(int group_ranks) const {
+  if (!oversubscribed()) return 0;
+  if (group_ranks >= ranks_per_node_) return oversubscribed_wait_s();
+  return hw_.subgroup_wait_s(static_cast<double>(ranks_per_node_) / hw_.devices_per_node);
+}
+
 double CostModel::shared_core_slowdown(double bytes) const {
   if (!oversubscribed()) return 1;
   return hw_.shared_core_slowdown_at(static_cast<double>(ranks_per_node_) / hw_.devices_per_node, bytes);

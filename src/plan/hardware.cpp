@@ -164,6 +164,14 @@ double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const
   return interpolate(table, ranks_per_device) * 1e-6;
 }
 
+double HardwareDescription::subgroup_wait_s(double ranks_per_device) const {
+  if (subgroup_wait_us.empty()) return oversubscribed_wait_s(ranks_per_device);
+  if (ranks_per_device <= 1) return 0;
+  std::vector<std::pair<double, double>> table{{1.0, 0.0}};
+  table.insert(table.end(), subgroup_wait_us.begin(), subgroup_wait_us.end());
+  return interpolate(table, ranks_per_device) * 1e-6;
+}
+
 double HardwareDescription::shared_core_slowdown_at(double ranks_per_device, double bytes) const {
   if (ranks_per_device <= 1 || shared_core_slowdown.empty()) return 1;
   // One rank per device runs at the calibrated rate: each curve starts at (1, 1).
@@ -463,7 +471,8 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   }
   if (dev["memory_GiB"]) hw.memory_GiB = r.number(dev["memory_GiB"], "device.memory_GiB", 0);
   const YAML::Node node = r.need(root, "", "node");
-  r.only_keys(node, "node", {"devices", "oversubscribed_wait_us", "shared_core_slowdown"});
+  r.only_keys(node, "node",
+              {"devices", "oversubscribed_wait_us", "subgroup_wait_us", "shared_core_slowdown"});
   const double devices = r.number(r.need(node, "node", "devices"), "node.devices", 1, true);
   if (devices != std::floor(devices))
     r.fail("node.devices", fmt::format("must be a whole number >= 1, got {}", devices));
@@ -471,6 +480,8 @@ HardwareDescription parse_hardware(const std::string& yaml_text, const std::stri
   if (const YAML::Node w = node["oversubscribed_wait_us"])
     hw.oversubscribed_wait_us =
         r.table(w, "node.oversubscribed_wait_us", 1, "ranks per device > 1, microseconds");
+  if (const YAML::Node w = node["subgroup_wait_us"])
+    hw.subgroup_wait_us = r.table(w, "node.subgroup_wait_us", 1, "ranks per device > 1, microseconds");
   if (const YAML::Node f = node["shared_core_slowdown"]) {
     const auto curve = [&r](const YAML::Node& n, const std::string& key) {
       auto t = r.table(n, key, 1, "ranks per device > 1, factor >= 1");
@@ -565,6 +576,8 @@ std::string hardware_yaml(const HardwareDescription& hw, const std::string& comm
   out += fmt::format("node:\n  devices: {}\n", hw.devices_per_node);
   if (!hw.oversubscribed_wait_us.empty())
     out += fmt::format("  oversubscribed_wait_us: {}\n", table_yaml(hw.oversubscribed_wait_us));
+  if (!hw.subgroup_wait_us.empty())
+    out += fmt::format("  subgroup_wait_us: {}\n", table_yaml(hw.subgroup_wait_us));
   // One curve at 0 bytes is the single list, which means the same.
   if (hw.shared_core_slowdown.size() == 1 && hw.shared_core_slowdown.count(0)) {
     out += fmt::format("  shared_core_slowdown: {}\n", table_yaml(hw.shared_core_slowdown.at(0)));

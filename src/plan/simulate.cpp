@@ -24,6 +24,7 @@ struct Call {
   double transfer = 0;  // the longest point-to-point transfer of the call (its own time on the wire)
   std::string dim;
   bool p2p = false;
+  int group_ranks = 2;  // the ranks that meet in it (a point-to-point call: 2)
 };
 
 struct RankSim {
@@ -277,8 +278,9 @@ class Simulator {
     const double blocked = std::max(0.0, c.end - s.clock);
     if (blocked > 0) {
       // A rank that blocks on an oversubscribed node resumes only when the scheduler gives it a
-      // core back: the measured wait (0 on a node with a device per rank).
-      const double wake = cost_.oversubscribed_wait_s();
+      // core back: the measured wait, for a group smaller than the node's ranks the one measured
+      // on pairs inside the job (0 on a node with a device per rank).
+      const double wake = cost_.oversubscribed_wait_s(c.group_ranks);
       ++s.out.blocking_waits;
       s.out.oversubscribed_wait_s += wake;
       s.out.exposed_s[c.dim] += wake;
@@ -290,7 +292,7 @@ class Simulator {
     } else {
       s.out.exposed_s[c.dim] += blocked;
     }
-    s.clock = std::max(s.clock, c.end + (blocked > 0 ? cost_.oversubscribed_wait_s() : 0.0));
+    s.clock = std::max(s.clock, c.end + (blocked > 0 ? cost_.oversubscribed_wait_s(c.group_ranks) : 0.0));
     return true;
   }
 
@@ -333,6 +335,7 @@ class Simulator {
       return;
     }
     // A collective: its members among the representatives must all issue it.
+    call.group_ranks = static_cast<int>(e.comm.ranks.size());
     int reps = 0;
     for (int r : e.comm.ranks) reps += static_cast<int>(index_.count(r));
     const double cost = cost_.collective_seconds(e.comm);

@@ -290,6 +290,48 @@ TEST(Simulate, ABlockingWaitOnAnOversubscribedNodeCostsTheMeasuredWait) {
   EXPECT_DOUBLE_EQ(simulate(chain, CostModel(four, 4, 4)).step_time_s, 2.0);
 }
 
+TEST(Simulate, AWaitOnASmallGroupInsideAnOversubscribedJobCostsTheSubgroupWait) {
+  // 4 ranks on 2 devices: a wait on all 4 costs oversubscribed_wait_us (0.5 s at two a device), a
+  // wait on a pair of them subgroup_wait_us (0.2 s); without that key, the pair's is 0.5 s too.
+  HardwareDescription two = simple_machine();
+  two.devices_per_node = 2;
+  two.oversubscribed_wait_us = {{2, 0.5e6}, {4, 1e6}};
+  two.subgroup_wait_us = {{2, 0.2e6}, {4, 0.6e6}};
+  EXPECT_DOUBLE_EQ(two.subgroup_wait_s(1.0), 0.0);
+  EXPECT_DOUBLE_EQ(two.subgroup_wait_s(1.5), 0.1);
+  EXPECT_DOUBLE_EQ(two.subgroup_wait_s(3.0), 0.4);
+  const CostModel four_ranks(two, 4, 4);
+  EXPECT_DOUBLE_EQ(four_ranks.oversubscribed_wait_s(4), 0.5);
+  EXPECT_DOUBLE_EQ(four_ranks.oversubscribed_wait_s(2), 0.2);
+  EXPECT_DOUBLE_EQ(CostModel(two, 2, 2).oversubscribed_wait_s(2), 0.0);  // a device per rank
+  // The same pipeline (stage 1 blocks 2 s on stage 0's message) on a pair of the 4-rank job: the
+  // pair's wait, 0.2 s.
+  std::map<int, std::vector<TimelineEntry>> chain;
+  chain[0] = {op(1), comm(0, "send", "pp", {0, 2}, 0, true, {2})};
+  chain[2] = {comm(0, "recv", "pp", {0, 2}, 0, true, {0}), wait(0), op(1)};
+  SimulationResult r = simulate(chain, CostModel(two, 4, 4));
+  EXPECT_DOUBLE_EQ(r.step_time_s, 2.2);
+  EXPECT_DOUBLE_EQ(r.ranks[1].oversubscribed_wait_s, 0.2);
+  // A collective of all 4 ranks (one representative: its peers are symmetric) that blocks - the
+  // call outlasts nothing here, so one whose end comes after the rank's clock: a pipeline whose
+  // stage 1 waits for a world all-reduce that stage 0 joins after 2 s of compute - costs the
+  // whole-job figure.
+  std::map<int, std::vector<TimelineEntry>> world;
+  world[0] = {op(1), comm(0, "all_reduce", "world", {0, 1, 2, 3}, 0, false)};
+  world[1] = {comm(0, "all_reduce", "world", {0, 1, 2, 3}, 0, false), op(1)};
+  r = simulate(world, CostModel(two, 4, 4));
+  EXPECT_DOUBLE_EQ(r.ranks[1].oversubscribed_wait_s, 0.5);
+  // Without subgroup_wait_us every group's wait is oversubscribed_wait_us.
+  HardwareDescription plain = two;
+  plain.subgroup_wait_us.clear();
+  EXPECT_DOUBLE_EQ(simulate(chain, CostModel(plain, 4, 4)).step_time_s, 2.5);
+  // The key reads back; a file without it has none.
+  const HardwareDescription back = parse_hardware(hardware_yaml(two), "round trip");
+  ASSERT_EQ(back.subgroup_wait_us.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.subgroup_wait_us[1].second, 0.6e6);
+  EXPECT_TRUE(parse_hardware(hardware_yaml(plain), "round trip").subgroup_wait_us.empty());
+}
+
 TEST(OpCost, RanksThatTimeShareACoreRunEachOpSlowerByTheMeasuredFactor) {
   // 2 devices; 1.2 at two ranks a device, 1.5 at four; the curve starts at (1, 1).
   HardwareDescription two = simple_machine();
@@ -763,6 +805,12 @@ TEST(Hardware, BadDescriptionsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of(with("devices: 8", "devices: 8\n  oversubscribed_wait_us: [[1, 40]]"))
                 .find("node.oversubscribed_wait_us[0][0] must be a number > 1, got 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("devices: 8", "devices: 8\n  subgroup_wait_us: [[1, 40]]"))
+                .find("node.subgroup_wait_us[0][0] must be a number > 1, got 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(with("devices: 8", "devices: 8\n  subgroup_wait_us: [[2, -4]]"))
+                .find("node.subgroup_wait_us[0][1] must be a number >= 0, got -4"),
             std::string::npos);
   EXPECT_NE(
       error_of(with("devices: 8", "devices: 8\n  oversubscribed_wait_us: 40"))
