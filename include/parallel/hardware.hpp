@@ -85,17 +85,18 @@
 //         # devices (the blocked rank spins, then yields, and resumes only when the scheduler gives
 //         # it a core back); linear between the points, flat beyond the ends; 0 when not
 //         # oversubscribed
-//     subgroup_wait_us: [[2, 470], [4, 1100]]
+//     subgroup_wait_us: [[2, 500], [4, 50]]
 //         # ranks per device -> the extra time each blocking wait on a group smaller than the
 //         # node's ranks costs (a tp / pp / dp pair inside a larger job) when ranks time-share the
-//         # devices: the waiter sleeps, and its partner shares a core with ranks per device - 1
-//         # others, so the wait lasts until they have had their turn on it, about the work they do
-//         # between their own blocking points (measured: pairs that compute then all-reduce, all
-//         # at once, beyond the two-rank call). oversubscribed_wait_us is then the figure of the
-//         # waits on groups of all the node's ranks (whose measured call already holds the
-//         # others' turns). Linear between the points, flat beyond the ends; absent:
-//         # oversubscribed_wait_us for every group; 0 when not oversubscribed (a device per rank,
-//         # as on a DGX node: nobody else holds the partner's device)
+//         # devices: the waiter sleeps (the communicator's pacer), and its partner shares a core
+//         # with ranks outside the pair, so the wait lasts until the partner has had its turn.
+//         # Measured (calibrate_machine): all ranks in pairs, each pair computing then all-reducing
+//         # at once; the mean step beyond the compute at the shared rate and the two-rank call
+//         # measured with a core each. oversubscribed_wait_us is then the figure of the waits on
+//         # groups of all the node's ranks (whose measured call already holds the others' turns).
+//         # Linear between the points, flat beyond the ends; absent: oversubscribed_wait_us for
+//         # every group; 0 when not oversubscribed (a device per rank, as on a DGX node: nobody
+//         # else holds the partner's device, whatever the file says)
 //     shared_core_slowdown: [[2, 1.1], [4, 1.25]]
 //         # ranks per device -> how much longer each op runs (in the rank's own CPU time) when
 //         # that many ranks time-share a device: their data evicts each other's from the core's
