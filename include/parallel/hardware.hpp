@@ -82,8 +82,8 @@
 //     devices: 2
 //     oversubscribed_wait_us: [[2, 40], [4, 120]]
 //         # ranks per device -> the extra time each blocking wait costs when ranks time-share the
-//         # devices (the blocked rank spins, then yields, and resumes only when the scheduler gives
-//         # it a core back); linear between the points, flat beyond the ends; 0 when not
+//         # devices (the blocked rank spins 50 us, then sleeps, and resumes only when the scheduler
+//         # gives it a core back); linear between the points, flat beyond the ends; 0 when not
 //         # oversubscribed
 //     subgroup_wait_us: [[2, 500], [4, 50]]
 //         # ranks per device -> the extra time each blocking wait on a group smaller than the
