@@ -83,6 +83,20 @@ PARALLEL_CLONES void row_softmax_grad(const bf16_t* l, float m, float g_over_sum
   for (int64_t j = valid; j < v; j++) d[j] = 0;
 }
 
+// Row l's max (-inf when this rank holds only padding) and the target's logit (0 when the target
+// lies in another rank's slice of the vocabulary).
+template <class T>
+void max_and_target(const T* l, int64_t t, int64_t valid, float& m, float& tl) {
+  m = row_max_of(l, valid);
+  tl = t >= 0 && t < valid ? load_elem(l, t) : 0.0f;
+}
+
+// The sum of exp(l - m) over the row; 0 for a row of padding only (m = -inf).
+template <class T>
+float sum_exp_of(const T* l, float m, int64_t valid) {
+  return std::isinf(m) && m < 0 ? 0.0f : row_sum_exp(l, m, valid);
+}
+
 }  // namespace
 
 void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
@@ -94,15 +108,10 @@ void cross_entropy_local_stats(const Tensor& logits, const Tensor& targets, int6
 #pragma omp parallel for schedule(static) if (worth_threads(n, v))
   for (int64_t i = 0; i < n; i++) {
     const int64_t t = static_cast<int64_t>(T[i]) - vocab_start;
-    if (dt == DType::BF16) {
-      const bf16_t* l = static_cast<const bf16_t*>(logits.data_ptr()) + i * v;
-      M[i] = row_max_of(l, valid);
-      TL[i] = t >= 0 && t < valid ? load_elem(l, t) : 0.0f;
-      continue;
-    }
-    const float* l = read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0);
-    M[i] = row_max_of(l, valid);  // -inf when this rank holds only padding
-    TL[i] = t >= 0 && t < valid ? l[t] : 0.0f;
+    if (dt == DType::BF16)
+      max_and_target(static_cast<const bf16_t*>(logits.data_ptr()) + i * v, t, valid, M[i], TL[i]);
+    else
+      max_and_target(read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0), t, valid, M[i], TL[i]);
   }
 }
 
@@ -114,10 +123,9 @@ void cross_entropy_sum_exp(const Tensor& logits, const Tensor& row_max, int64_t 
   float* S = sum_exp.data<float>();
 #pragma omp parallel for schedule(static) if (worth_threads(n, v))
   for (int64_t i = 0; i < n; i++)
-    S[i] = std::isinf(M[i]) && M[i] < 0 ? 0.0f
-           : dt == DType::BF16
-               ? row_sum_exp(static_cast<const bf16_t*>(logits.data_ptr()) + i * v, M[i], valid)
-               : row_sum_exp(read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0), M[i], valid);
+    S[i] = dt == DType::BF16
+               ? sum_exp_of(static_cast<const bf16_t*>(logits.data_ptr()) + i * v, M[i], valid)
+               : sum_exp_of(read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0), M[i], valid);
 }
 
 // Row by row: the max, then the sum against it while the row (32 KiB of fp32 at v = 8192) is still
@@ -135,15 +143,13 @@ void cross_entropy_stats(const Tensor& logits, const Tensor& targets, int64_t vo
     const int64_t t = static_cast<int64_t>(T[i]) - vocab_start;
     if (dt == DType::BF16) {
       const bf16_t* l = static_cast<const bf16_t*>(logits.data_ptr()) + i * v;
-      M[i] = row_max_of(l, valid);
-      TL[i] = t >= 0 && t < valid ? load_elem(l, t) : 0.0f;
-      S[i] = std::isinf(M[i]) && M[i] < 0 ? 0.0f : row_sum_exp(l, M[i], valid);
-      continue;
+      max_and_target(l, t, valid, M[i], TL[i]);
+      S[i] = sum_exp_of(l, M[i], valid);
+    } else {
+      const float* l = read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0);
+      max_and_target(l, t, valid, M[i], TL[i]);
+      S[i] = sum_exp_of(l, M[i], valid);
     }
-    const float* l = read_f32(offset_ptr(logits.data_ptr(), dt, i * v), dt, valid, 0);
-    M[i] = row_max_of(l, valid);
-    TL[i] = t >= 0 && t < valid ? l[t] : 0.0f;
-    S[i] = std::isinf(M[i]) && M[i] < 0 ? 0.0f : row_sum_exp(l, M[i], valid);
   }
 }
 

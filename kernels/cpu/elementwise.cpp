@@ -312,6 +312,22 @@ void add_bias(Tensor& y, const Tensor& bias) {
   }
 }
 
+namespace {
+
+// Thread t's columns [c0, c0 + nc) of h among nt: ranges in multiples of 16 (whole cache lines of
+// fp32 and bf16 rows), the last thread's up to h. Shared by bias_backward and gelu_backward_bias,
+// whose column sums must split alike.
+struct Columns {
+  int64_t c0, nc;
+};
+Columns bias_columns(int64_t h, int64_t t, int64_t nt) {
+  const int64_t c0 = std::min(h, (h * t / nt + 15) / 16 * 16);
+  const int64_t c1 = t + 1 == nt ? h : std::min(h, (h * (t + 1) / nt + 15) / 16 * 16);
+  return {c0, c1 - c0};
+}
+
+}  // namespace
+
 // dbias += column sums of dy. Threads own disjoint column blocks (no partial buffers, no races,
 // and the sum order is fixed, so the result does not depend on the thread count or the blocking).
 // The blocks are at most kCols wide and come in a multiple of the thread count, so that every
@@ -332,11 +348,7 @@ void bias_backward(const Tensor& dy, Tensor& dbias) {
   const int threads = parallel ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    // Column ranges in multiples of 16 (whole cache lines of fp32 and bf16 rows).
-    const int64_t c0 = std::min(h, (h * t / nt + 15) / 16 * 16);
-    const int64_t c1 = t + 1 == nt ? h : std::min(h, (h * (t + 1) / nt + 15) / 16 * 16);
-    const int64_t nc = c1 - c0;
+    const auto [c0, nc] = bias_columns(h, omp_get_thread_num(), omp_get_num_threads());
     if (nc > 0) {
       float* acc = scratch_f32(5, nc);
       std::fill_n(acc, nc, 0.0f);
@@ -371,10 +383,7 @@ void gelu_backward_bias(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& d
   const int threads = parallel ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(threads)
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t c0 = std::min(h, (h * t / nt + 15) / 16 * 16);
-    const int64_t c1 = t + 1 == nt ? h : std::min(h, (h * (t + 1) / nt + 15) / 16 * 16);
-    const int64_t nc = c1 - c0;
+    const auto [c0, nc] = bias_columns(h, omp_get_thread_num(), omp_get_num_threads());
     if (nc > 0) {
       float* acc = scratch_f32(5, nc);
       std::fill_n(acc, nc, 0.0f);
