@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <numeric>
 #include <utility>
 
+#include "comm/in_order_queue.hpp"
 #include "comm/mpi_group_label.hpp"
 #include "comm/pair_reduce.hpp"
 #include "comm/ring_reduce.hpp"
@@ -297,7 +297,7 @@ struct MpiPairState {
   int64_t piece_bytes = MpiCommunicator::kDefaultReducePieceBytes;
   std::unique_ptr<std::byte[]> buffer;  // the peer's half of a piece
   int64_t buffer_bytes = 0;
-  std::deque<PairWork*> queue;  // pending operations, oldest first
+  InOrderQueue<PairWork> queue;  // pending operations
 
   std::byte* buffer_of(int64_t bytes) {
     if (bytes > buffer_bytes) {
@@ -334,7 +334,7 @@ class PairWork final : public Work {
       pieces_ = (tensor_.numel() + piece_ - 1) / piece_;
       stages_ = pieces_ + 1;
     }
-    state_->queue.push_back(this);
+    state_->queue.push(this);
   }
 
   ~PairWork() override {
@@ -348,24 +348,20 @@ class PairWork final : public Work {
       new Tensor(std::move(out_));
       new std::shared_ptr<MpiWork>(std::move(stage_));
     }
-    auto& q = state_->queue;
-    if (auto it = std::find(q.begin(), q.end(), this); it != q.end()) q.erase(it);
+    state_->queue.remove(this);
   }
 
+  // Earlier operations first: the peer works through the same queue in the same order.
   void wait() override {
-    // Earlier operations first: the peer works through the same queue in the same order.
-    while (!done_) state_->queue.front()->advance(/*block=*/true);
+    state_->queue.run_until([this] { return done_; }, /*block=*/true);
   }
-
   bool is_completed() override {
-    while (!done_) {
-      PairWork* front = state_->queue.front();
-      if (!front->advance(/*block=*/false)) break;
-    }
-    return done_;
+    return state_->queue.run_until([this] { return done_; }, /*block=*/false);
   }
 
  private:
+  friend class detail::InOrderQueue<PairWork>;
+
   // Runs the stages that can run; true once this operation is complete (it then leaves the queue).
   bool advance(bool block) {
     while (!done_) {
@@ -455,8 +451,7 @@ class PairWork final : public Work {
     done_ = true;
     tensor_ = Tensor();
     out_ = Tensor();
-    auto& q = state_->queue;
-    q.erase(std::find(q.begin(), q.end(), this));
+    state_->queue.remove(this);
   }
 
   std::shared_ptr<detail::MpiPairState> state_;

@@ -51,7 +51,7 @@ class RingWork final : public Work {
     pieces_ = (widest + sub_ - 1) / sub_;
     steps_ = out_.defined() ? p - 1 : 2 * (p - 1);
     stages_ = pieces_ * steps_;
-    state_->queue.push_back(this);
+    state_->queue.push(this);
   }
 
   ~RingWork() override {
@@ -65,24 +65,20 @@ class RingWork final : public Work {
       new Tensor(std::move(out_));
       new std::shared_ptr<RingState>(state_);
     }
-    auto& q = state_->queue;
-    if (auto it = std::find(q.begin(), q.end(), this); it != q.end()) q.erase(it);
+    state_->queue.remove(this);
   }
 
+  // Earlier operations first: the other ranks work through the same queue in the same order.
   void wait() override {
-    // Earlier operations first: the other ranks work through the same queue in the same order.
-    while (!done_) state_->queue.front()->advance(/*block=*/true);
+    state_->queue.run_until([this] { return done_; }, /*block=*/true);
   }
-
   bool is_completed() override {
-    while (!done_) {
-      RingWork* front = state_->queue.front();
-      if (!front->advance(/*block=*/false)) break;
-    }
-    return done_;
+    return state_->queue.run_until([this] { return done_; }, /*block=*/false);
   }
 
  private:
+  friend class InOrderQueue<RingWork>;
+
   struct Block {
     int64_t offset, count;  // elements of the whole tensor
   };
@@ -172,8 +168,7 @@ class RingWork final : public Work {
     done_ = true;
     tensor_ = Tensor();
     out_ = Tensor();
-    auto& q = state_->queue;
-    q.erase(std::find(q.begin(), q.end(), this));
+    state_->queue.remove(this);
   }
 
   std::shared_ptr<RingState> state_;

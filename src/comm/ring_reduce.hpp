@@ -23,9 +23,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 
+#include "comm/in_order_queue.hpp"
 #include "parallel/communicator.hpp"
 
 namespace parallel::detail {
@@ -40,8 +40,8 @@ struct RingState {
   int size = 0;
   int64_t piece_bytes = 0;  // the two receive buffers hold piece_bytes / 4 each
   std::unique_ptr<std::byte[]> buffers;
-  int64_t buffer_bytes = 0;     // both buffers together
-  std::deque<RingWork*> queue;  // pending operations, oldest first
+  int64_t buffer_bytes = 0;      // both buffers together
+  InOrderQueue<RingWork> queue;  // pending operations
 
   std::byte* buffers_of(int64_t bytes);  // grows (never shrinks) to `bytes` for both together
 };
