@@ -66,6 +66,14 @@ double interpolate(const std::vector<std::pair<double, double>>& table, double x
   return table.back().second;
 }
 
+// A curve by ranks per device measured from 2 up, read at x: one rank per device is the calibrated
+// case, so the curve starts at (1, at_one).
+double from_one_rank(double at_one, const std::vector<std::pair<double, double>>& points, double x) {
+  std::vector<std::pair<double, double>> table{{1.0, at_one}};
+  table.insert(table.end(), points.begin(), points.end());
+  return interpolate(table, x);
+}
+
 std::string table_yaml(const std::vector<std::pair<double, double>>& table) {
   std::string out = "[";
   for (std::size_t i = 0; i < table.size(); ++i)
@@ -158,27 +166,21 @@ double LinkLevel::bus_bandwidth_Bps(const std::string& kind, double bytes, int r
 
 double HardwareDescription::oversubscribed_wait_s(double ranks_per_device) const {
   if (ranks_per_device <= 1 || oversubscribed_wait_us.empty()) return 0;
-  // One rank per device waits for nothing: the curve starts at (1, 0).
-  std::vector<std::pair<double, double>> table{{1.0, 0.0}};
-  table.insert(table.end(), oversubscribed_wait_us.begin(), oversubscribed_wait_us.end());
-  return interpolate(table, ranks_per_device) * 1e-6;
+  // One rank per device waits for nothing.
+  return from_one_rank(0.0, oversubscribed_wait_us, ranks_per_device) * 1e-6;
 }
 
 double HardwareDescription::subgroup_wait_s(double ranks_per_device) const {
   if (subgroup_wait_us.empty()) return oversubscribed_wait_s(ranks_per_device);
   if (ranks_per_device <= 1) return 0;
-  std::vector<std::pair<double, double>> table{{1.0, 0.0}};
-  table.insert(table.end(), subgroup_wait_us.begin(), subgroup_wait_us.end());
-  return interpolate(table, ranks_per_device) * 1e-6;
+  return from_one_rank(0.0, subgroup_wait_us, ranks_per_device) * 1e-6;
 }
 
 double HardwareDescription::shared_core_slowdown_at(double ranks_per_device, double bytes) const {
   if (ranks_per_device <= 1 || shared_core_slowdown.empty()) return 1;
   // One rank per device runs at the calibrated rate: each curve starts at (1, 1).
   const auto at = [ranks_per_device](const SlowdownCurve& curve) {
-    std::vector<std::pair<double, double>> table{{1.0, 1.0}};
-    table.insert(table.end(), curve.begin(), curve.end());
-    return interpolate(table, ranks_per_device);
+    return from_one_rank(1.0, curve, ranks_per_device);
   };
   // By working set: linear in log(bytes) between the measured sizes (they span orders of
   // magnitude), the nearest size's beyond them (a single curve serves every size).
