@@ -71,9 +71,10 @@ bool as_pitched(const Shape& shape, const Shape& strides, Pitched& out) {
   out = Pitched{};
   if (dims.empty()) return true;
   size_t k = dims.size();
-  if (dims[k - 1].second != 1) return false;
+  // The contiguous inner run; a strided innermost dimension (a column narrowed out of a matrix) is
+  // runs of one element at that dimension's stride.
   int64_t width = 1;
-  while (k > 0 && dims[k - 1].second == width) width *= dims[--k].first;  // the contiguous inner run
+  while (k > 0 && dims[k - 1].second == width) width *= dims[--k].first;
   out.width = out.pitch = width;
   if (k == 0) return true;
   out.pitch = dims[k - 1].second;

@@ -498,9 +498,9 @@ TEST(CudaTensor, FillRoundsLikeTheCpuReference) {
   }
 }
 
-// Narrowed views (what context parallelism's reorders, the qkv split and the tp gathers copy):
-// on the GPU, from and to the host, with and without a conversion, each against the CPU's own
-// strided copy of the same views.
+// Narrowed views (what context parallelism's reorders, the qkv split and the tp gathers copy, and
+// the one-element columns of the model's targets [b, s] -> [s, b]): on the GPU, from and to the
+// host, with and without a conversion, each against the CPU's own strided copy of the same views.
 TEST(CudaTensor, NarrowedViewsCopyLikeTheCpu) {
   REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
@@ -510,7 +510,7 @@ TEST(CudaTensor, NarrowedViewsCopyLikeTheCpu) {
   struct View {
     int64_t dim, start, length;
   };
-  for (const View v : {View{2, 2, 4}, View{1, 1, 1}, View{3, 1, 2}, View{0, 2, 3}}) {
+  for (const View v : {View{2, 2, 4}, View{1, 1, 1}, View{3, 1, 2}, View{0, 2, 3}, View{3, 2, 1}}) {
     SCOPED_TRACE("narrow(" + std::to_string(v.dim) + ", " + std::to_string(v.start) + ", " +
                  std::to_string(v.length) + ")");
     const Tensor want = host.narrow(v.dim, v.start, v.length).contiguous();
