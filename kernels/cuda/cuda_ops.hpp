@@ -94,6 +94,51 @@ inline void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   kernels::add_bias(y.data_ptr(), y.dtype(), bias.data_ptr(), bias.dtype(), h == 0 ? 0 : y.numel() / h, h,
                     stream.handle);
 }
+// Where cuBLASLt's bias epilogue with a bias of c's 16-bit dtype was seen to round c once: a linear
+// layer's forward (a @ b^T) with every dimension a multiple of 8 and every operand 16-byte aligned
+// (the op table's 24x64x16 row, sensitive to a double rounding, and GemmDispatch's 64x96x256; H200,
+// cuBLAS 13.1, 2026-11-28). On the op table's unaligned bf16 37x29x41 a @ b it rounded the product
+// to bf16 before adding the bias (201 ulp off), so other layouts and shapes take the fp32-bias path.
+inline bool lt_bias_rounds_once(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                                const Tensor& bias, const Tensor& c, int64_t m, int64_t n, int64_t k) {
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  return !trans_a && trans_b && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && aligned(a) && aligned(b) &&
+         aligned(bias) && aligned(c);
+}
+
+// c = op(a) @ op(b) + bias, rounded once as the CPU's gemm_bias: 16-bit operands add the bias in the
+// GEMM's fp32 epilogue before c's one rounding (a separate add would round the product to 16 bits
+// first, and a bias cancelling it would leave that rounding error: hundreds of ulp of c). A bias of
+// c's 16-bit dtype (the mixed-precision model's) goes to cuBLASLt's bias epilogue as it is where
+// lt_bias_rounds_once says so, unless PARALLEL_GEMM=ours; otherwise it is widened to fp32 for the
+// dispatcher's epilogue path (gemm_16_auto: cuBLASLt with an fp32 bias, which cuBLAS 13.1 has no
+// algorithm for with a 16-bit c, else ours). fp32: the product, then the bias.
+inline void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+                      Tensor& c, Stream stream) {
+  using namespace ops_detail;
+  const int64_t m = c.size(0), n = c.size(1), k = trans_a ? a.size(0) : a.size(1);
+  if (a.dtype() == DType::F32 || m == 0 || n == 0 || k == 0) {
+    gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, stream);
+    add_bias(c, bias, stream);
+    return;
+  }
+  DeviceGuard guard(c.device().index);
+  if (bias.dtype() == c.dtype() && kernels::gemm_mode() != kernels::GemmMode::Ours &&
+      lt_bias_rounds_once(a, trans_a, b, trans_b, bias, c, m, n, k) &&
+      cuda::gemm_cublaslt_16_bias(a.dtype(), a.data_ptr(), trans_a, b.data_ptr(), trans_b, c.data_ptr(),
+                                  c.dtype(), m, n, k, 1.0f, 0.0f, bias.data_ptr(), bias.dtype(),
+                                  stream.handle))
+    return;
+  Tensor bias32 = bias;
+  if (bias.dtype() != DType::F32) {  // the epilogue reads an fp32 bias; converted on `stream`
+    bias32 = Tensor::empty(bias.shape(), DType::F32, bias.device(), stream);
+    bias32.copy_(bias, stream);
+  }
+  kernels::GemmEpilogue epilogue;
+  epilogue.bias = cf(bias32);
+  kernels::gemm_16_auto(a.dtype(), a.data_ptr(), trans_a, b.data_ptr(), trans_b, c.data_ptr(), c.dtype(), m,
+                        n, k, 1.0f, 0.0f, epilogue, stream.handle);
+}
 inline void bias_backward(const Tensor& dy, Tensor& dbias, Stream stream) {
   DeviceGuard guard(dy.device().index);
   const int64_t h = dbias.numel();
@@ -171,14 +216,16 @@ inline void layernorm_forward(const Tensor& x, const Tensor& weight, const Tenso
   kernels::layernorm_forward(x.data_ptr(), w.data_ptr(), b.data_ptr(), w.dtype(), y.data_ptr(), x.dtype(),
                              f(mean), f(rstd), rows_of(x), w.numel(), eps, stream.handle);
 }
+// dresidual (optional): added to dx in fp32 before dx's one rounding (norm_backward_residual; it
+// may be dx itself).
 inline void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                               const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias,
-                               Stream stream) {
+                               const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream,
+                               const Tensor* dresidual = nullptr) {
   using namespace ops_detail;
   DeviceGuard guard(x.device().index);
   kernels::layernorm_backward(dy.data_ptr(), x.data_ptr(), weight.data_ptr(), weight.dtype(), cf(mean),
-                              cf(rstd), dx.data_ptr(), x.dtype(), f(dweight), f(dbias), rows_of(x),
-                              weight.numel(), stream.handle);
+                              cf(rstd), dresidual ? dresidual->data_ptr() : nullptr, dx.data_ptr(), x.dtype(),
+                              f(dweight), f(dbias), rows_of(x), weight.numel(), stream.handle);
 }
 inline void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& rstd, float eps,
                             Stream stream) {
@@ -188,11 +235,24 @@ inline void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Te
                            rows_of(x), weight.numel(), eps, stream.handle);
 }
 inline void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                             Tensor& dx, Tensor& dweight, Stream stream) {
+                             Tensor& dx, Tensor& dweight, Stream stream, const Tensor* dresidual = nullptr) {
   using namespace ops_detail;
   DeviceGuard guard(x.device().index);
   kernels::rmsnorm_backward(dy.data_ptr(), x.data_ptr(), weight.data_ptr(), weight.dtype(), cf(rstd),
-                            dx.data_ptr(), x.dtype(), f(dweight), rows_of(x), weight.numel(), stream.handle);
+                            dresidual ? dresidual->data_ptr() : nullptr, dx.data_ptr(), x.dtype(), f(dweight),
+                            rows_of(x), weight.numel(), stream.handle);
+}
+// The norm's backward (LayerNorm when mean is defined) with the residual added before dx's one
+// rounding, as the CPU; then dropout's backward into dbranch when defined.
+inline void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Tensor& x,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                   Tensor& dweight, Tensor& dbias, float p, uint64_t seed, uint64_t offset,
+                                   Tensor& dbranch, Stream stream) {
+  if (mean.defined())
+    layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias, stream, &dresidual);
+  else
+    rmsnorm_backward(dy, x, weight, rstd, dx, dweight, stream, &dresidual);
+  if (dbranch.defined()) dropout_backward(dx, dbranch, p, seed, offset, stream);
 }
 
 // ---- attention --------------------------------------------------------------------------------

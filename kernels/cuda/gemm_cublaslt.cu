@@ -57,8 +57,11 @@ struct Key {
   int c_dtype;  // cudaDataType of c
   int align_a, align_b, align_c;
   bool beta_zero;
+  int bias;        // CUBLASLT_EPILOGUE_BIAS: the bias's cudaDataType + 1; 0 without a bias
+  int align_bias;  // of the bias pointer (1 without a bias)
   auto tie() const {
-    return std::tie(device, m, n, k, ta, tb, dtype, c_dtype, align_a, align_b, align_c, beta_zero);
+    return std::tie(device, m, n, k, ta, tb, dtype, c_dtype, align_a, align_b, align_c, beta_zero, bias,
+                    align_bias);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -82,12 +85,15 @@ struct Descs {
   }
 };
 
-// Row-major c[m, n] = alpha op(a)[m, k] op(b)[k, n] + beta c with a, b of `in_type`, c of `c_type`
-// (fp32, or in_type: cuBLASLt forms the result in fp32, the scale type, and rounds it into c).
-void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, int64_t m, int64_t n,
+// Row-major c[m, n] = alpha op(a)[m, k] op(b)[k, n] + beta c (+ bias[n]) with a, b of `in_type`, c of
+// `c_type` (fp32, or in_type: cuBLASLt forms the result in fp32, the scale type, and rounds it into
+// c once). bias: nullptr, or a vector of bias_type added by CUBLASLT_EPILOGUE_BIAS (cuBLAS's rows
+// are our columns: one value per column n, as ours). False, with nothing run, when cuBLASLt has no
+// algorithm for a call with a bias (the caller runs our kernel instead); without one that throws.
+bool lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, int64_t m, int64_t n,
              int64_t k, float alpha, float beta, cudaDataType_t in_type, cudaDataType_t c_type,
-             cudaStream_t stream) {
-  if (m == 0 || n == 0) return;
+             cudaStream_t stream, const void* bias = nullptr, cudaDataType_t bias_type = CUDA_R_32F) {
+  if (m == 0 || n == 0) return true;
   const int device = cuda::detail::current_device();
   cublasLtHandle_t handle = handle_for(device);
   Descs d;
@@ -97,6 +103,14 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, 
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  if (bias != nullptr) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                sizeof bias_type));
+  }
   // Stored shapes, column-major (rows, cols, ld).
   if (trans_b)
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, in_type, k, n, k));
@@ -119,12 +133,23 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, 
                 alignment(a),
                 alignment(b),
                 alignment(c),
-                beta == 0.0f};
+                beta == 0.0f,
+                bias != nullptr ? static_cast<int>(bias_type) + 1 : 0,
+                bias != nullptr ? alignment(bias) : 1};
   static std::mutex mutex;
   static std::map<Key, cublasLtMatmulAlgo_t> cache;
+  static std::map<Key, bool> no_algo;  // bias calls cuBLASLt has no algorithm for (asked once)
+  // Only a call with a bias may be declined: the heuristic knows nothing of the bias pointer's
+  // alignment, so cuBLASLt can refuse such a call at launch (before running anything).
+  auto decline = [&] {
+    std::lock_guard<std::mutex> lock(mutex);
+    no_algo.emplace(key, true);
+    return false;
+  };
   cublasLtMatmulAlgo_t algo;
   {
     std::lock_guard<std::mutex> lock(mutex);
+    if (no_algo.count(key)) return false;
     auto it = cache.find(key);
     if (it == cache.end()) {
       cublasLtMatmulPreference_t pref = nullptr;
@@ -145,6 +170,10 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, 
       const cublasStatus_t st =
           cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &found);
       cublasLtMatmulPreferenceDestroy(pref);
+      if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && bias != nullptr) {
+        no_algo.emplace(key, true);
+        return false;
+      }
       if (st != CUBLAS_STATUS_SUCCESS || found == 0)
         throw_error(__FILE__, __LINE__,
                     "cuBLASLt has no algorithm for gemm [" + std::to_string(m) + ", " + std::to_string(k) +
@@ -155,8 +184,12 @@ void lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, 
   }
   cuda::detail::Scratch workspace(kWorkspaceBytes, stream);
   // a = cuBLAS B, b = cuBLAS A; C and D are both c (in place: beta c read, result written).
-  CUBLAS_CHECK(cublasLtMatmul(handle, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &algo,
-                              workspace.as<void>(), kWorkspaceBytes, stream));
+  const cublasStatus_t st = cublasLtMatmul(handle, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &algo,
+                                           workspace.as<void>(), kWorkspaceBytes, stream);
+  if (bias != nullptr && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE))
+    return decline();
+  if (st != CUBLAS_STATUS_SUCCESS) throw_cublas(__FILE__, __LINE__, "cublasLtMatmul", st);
+  return true;
 }
 
 }  // namespace
@@ -189,6 +222,20 @@ void gemm_cublaslt_16(DType ab_dtype, const void* a, bool trans_a, const void* b
   const cudaDataType_t in = ab_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, in, c_dtype == DType::F32 ? CUDA_R_32F : in,
           static_cast<cudaStream_t>(stream));
+}
+bool gemm_cublaslt_16_bias(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+                           DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                           const void* bias, DType bias_dtype, void* stream) {
+  CUDA_OPS_REQUIRE(ab_dtype == DType::BF16 || ab_dtype == DType::F16,
+                   "gemm_cublaslt_16_bias: a and b must be bf16 or fp16");
+  CUDA_OPS_REQUIRE(c_dtype == DType::F32 || c_dtype == ab_dtype,
+                   "gemm_cublaslt_16_bias: c must be fp32 or a's dtype");
+  CUDA_OPS_REQUIRE(bias != nullptr && k > 0, "gemm_cublaslt_16_bias: needs a bias and k >= 1");
+  CUDA_OPS_REQUIRE(bias_dtype == DType::F32 || bias_dtype == c_dtype,
+                   "gemm_cublaslt_16_bias: the bias must be fp32 or c's dtype");
+  const cudaDataType_t in = ab_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  return lt_gemm(a, trans_a, b, trans_b, c, m, n, k, alpha, beta, in, c_dtype == DType::F32 ? CUDA_R_32F : in,
+                 static_cast<cudaStream_t>(stream), bias, bias_dtype == DType::F32 ? CUDA_R_32F : in);
 }
 }  // namespace cuda
 

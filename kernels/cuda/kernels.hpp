@@ -44,13 +44,16 @@ void round_to_precision(float* x, int64_t n, DType precision, stream_t stream);
 // ---- norm.cu ---- x, y, dy, dx of `dtype`; w, b of `w_dtype`; mean, rstd, dw, db fp32.
 void layernorm_forward(const void* x, const void* w, const void* b, DType w_dtype, void* y, DType dtype,
                        float* mean, float* rstd, int64_t rows, int64_t h, float eps, stream_t stream);
+// dresidual (nullptr or of `dtype`, may be dx): dx = norm'(dy) + dresidual, added in fp32 and rounded
+// once.
 void layernorm_backward(const void* dy, const void* x, const void* w, DType w_dtype, const float* mean,
-                        const float* rstd, void* dx, DType dtype, float* dw, float* db, int64_t rows,
-                        int64_t h, stream_t stream);
+                        const float* rstd, const void* dresidual, void* dx, DType dtype, float* dw, float* db,
+                        int64_t rows, int64_t h, stream_t stream);
 void rmsnorm_forward(const void* x, const void* w, DType w_dtype, void* y, DType dtype, float* rstd,
                      int64_t rows, int64_t h, float eps, stream_t stream);
 void rmsnorm_backward(const void* dy, const void* x, const void* w, DType w_dtype, const float* rstd,
-                      void* dx, DType dtype, float* dw, int64_t rows, int64_t h, stream_t stream);
+                      const void* dresidual, void* dx, DType dtype, float* dw, int64_t rows, int64_t h,
+                      stream_t stream);
 
 // ---- rope.cu ---- x [s, per_pos, d] of `dtype`, in place; direction +1 forward, -1 backward.
 void rope(void* x, DType dtype, int64_t s, int64_t per_pos, int64_t d, int64_t position_offset,
@@ -157,5 +160,13 @@ void gemm_cublaslt_f16(const f16* a, bool trans_a, const f16* b, bool trans_b, f
 // accumulation and scale type, rounded into 16 bits by cuBLASLt; beta c read in c's type).
 void gemm_cublaslt_16(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
                       DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta, void* stream);
+// The same plus bias[n] (of bias_dtype: F32, or c's dtype) added in cuBLASLt's epilogue
+// (CUBLASLT_EPILOGUE_BIAS) in fp32 before c's one rounding; k >= 1. False, with nothing run, when
+// cuBLASLt has no algorithm for it (then our kernel, which has the epilogue, runs the call). Seen on
+// an H200 with cuBLAS 13.1 (2026-11-28): no algorithm for an fp32 bias with a bf16 c; a bf16 bias
+// with a bf16 c is cuBLASLt's default combination.
+bool gemm_cublaslt_16_bias(DType ab_dtype, const void* a, bool trans_a, const void* b, bool trans_b, void* c,
+                           DType c_dtype, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                           const void* bias, DType bias_dtype, void* stream);
 
 }  // namespace parallel::cuda

@@ -58,7 +58,7 @@ __global__ void layernorm_fwd_kernel(const T* x, const W* w, const W* b, T* y, f
 // With xhat = (x - m) rs and g = w dy: dx = rs (g - mean(g) - xhat mean(g xhat)).
 template <typename T, typename W>
 __global__ void layernorm_bwd_dx_kernel(const T* dy, const T* x, const W* w, const float* mean,
-                                        const float* rstd, T* dx, int64_t rows, int64_t h) {
+                                        const float* rstd, const T* dres, T* dx, int64_t rows, int64_t h) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -74,7 +74,8 @@ __global__ void layernorm_bwd_dx_kernel(const T* dy, const T* x, const W* w, con
   T* dxr = dx + row * h;
   for (int64_t i = lane; i < h; i += 32) {
     const float xhat = (to_f32(xr[i]) - m) * rs;
-    dxr[i] = to_storage<T>(rs * (to_f32(w[i]) * to_f32(dyr[i]) - mean_g - xhat * mean_gx));
+    const float d = rs * (to_f32(w[i]) * to_f32(dyr[i]) - mean_g - xhat * mean_gx);
+    dxr[i] = to_storage<T>(dres ? d + to_f32(dres[row * h + i]) : d);  // dres may alias dx: same element
   }
 }
 
@@ -98,8 +99,8 @@ __global__ void rmsnorm_fwd_kernel(const T* x, const W* w, T* y, float* rstd, in
 
 // dx = rs (w dy - x rs^2 mean(w dy x)).
 template <typename T, typename W>
-__global__ void rmsnorm_bwd_dx_kernel(const T* dy, const T* x, const W* w, const float* rstd, T* dx,
-                                      int64_t rows, int64_t h) {
+__global__ void rmsnorm_bwd_dx_kernel(const T* dy, const T* x, const W* w, const float* rstd, const T* dres,
+                                      T* dx, int64_t rows, int64_t h) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -109,8 +110,10 @@ __global__ void rmsnorm_bwd_dx_kernel(const T* dy, const T* x, const W* w, const
   for (int64_t i = lane; i < h; i += 32) s += to_f32(w[i]) * to_f32(dyr[i]) * to_f32(xr[i]);
   const float c = rs * rs * warp_sum(s) / static_cast<float>(h);
   T* dxr = dx + row * h;
-  for (int64_t i = lane; i < h; i += 32)
-    dxr[i] = to_storage<T>(rs * (to_f32(w[i]) * to_f32(dyr[i]) - to_f32(xr[i]) * c));
+  for (int64_t i = lane; i < h; i += 32) {
+    const float d = rs * (to_f32(w[i]) * to_f32(dyr[i]) - to_f32(xr[i]) * c);
+    dxr[i] = to_storage<T>(dres ? d + to_f32(dres[row * h + i]) : d);
+  }
 }
 
 // ---- parameter gradients: column partials, then an ordered sum ----
@@ -208,12 +211,12 @@ void layernorm_forward(const void* x, const void* w, const void* b, DType w_dtyp
 }
 
 void layernorm_backward(const void* dy, const void* x, const void* w, DType w_dtype, const float* mean,
-                        const float* rstd, void* dx, DType dtype, float* dw, float* db, int64_t rows,
-                        int64_t h, stream_t stream) {
+                        const float* rstd, const void* dresidual, void* dx, DType dtype, float* dw, float* db,
+                        int64_t rows, int64_t h, stream_t stream) {
   if (rows == 0 || h == 0) return;
   PARALLEL_CUDA_DISPATCH_ACT_PARAM(dtype, w_dtype, T, W, {
     layernorm_bwd_dx_kernel<T, W><<<row_blocks(rows), kThreads, 0, st(stream)>>>(
-        in<T>(dy), in<T>(x), in<W>(w), mean, rstd, out<T>(dx), rows, h);
+        in<T>(dy), in<T>(x), in<W>(w), mean, rstd, in<T>(dresidual), out<T>(dx), rows, h);
     CUDA_OPS_LAUNCHED();
     param_grads<T>(in<T>(dy), in<T>(x), mean, rstd, dw, db, rows, h, st(stream));
   });
@@ -230,11 +233,12 @@ void rmsnorm_forward(const void* x, const void* w, DType w_dtype, void* y, DType
 }
 
 void rmsnorm_backward(const void* dy, const void* x, const void* w, DType w_dtype, const float* rstd,
-                      void* dx, DType dtype, float* dw, int64_t rows, int64_t h, stream_t stream) {
+                      const void* dresidual, void* dx, DType dtype, float* dw, int64_t rows, int64_t h,
+                      stream_t stream) {
   if (rows == 0 || h == 0) return;
   PARALLEL_CUDA_DISPATCH_ACT_PARAM(dtype, w_dtype, T, W, {
-    rmsnorm_bwd_dx_kernel<T, W><<<row_blocks(rows), kThreads, 0, st(stream)>>>(in<T>(dy), in<T>(x), in<W>(w),
-                                                                               rstd, out<T>(dx), rows, h);
+    rmsnorm_bwd_dx_kernel<T, W><<<row_blocks(rows), kThreads, 0, st(stream)>>>(
+        in<T>(dy), in<T>(x), in<W>(w), rstd, in<T>(dresidual), out<T>(dx), rows, h);
     CUDA_OPS_LAUNCHED();
     param_grads<T>(in<T>(dy), in<T>(x), nullptr, rstd, dw, nullptr, rows, h, st(stream));
   });

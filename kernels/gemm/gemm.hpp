@@ -36,10 +36,12 @@ void gemm_mma(DType ab_dtype, const void* a, bool trans_a, const void* b, bool t
 // The same contract as gemm_bf16 / gemm_f16, computed by our kernel or by cuBLASLt
 // (parallel::cuda::gemm_cublaslt_bf16 / _f16, kernels/cuda/kernels.hpp). PARALLEL_GEMM (read once,
 // at the first call) picks how:
-//   auto (default)  gemm_rule (gemm_rule.hpp): a pure function of the shape, dtypes, epilogue and
+//   auto (default)  gemm_rule (gemm_rule.hpp): a pure function of the shape, dtypes, GeLU epilogue and
 //                   the device's compute capability, so every rank and every run choose the same
 //                   (the determinism contract of cuda_ops.hpp).
-//   ours, cublaslt  that one for calls without an epilogue (an epilogue or k == 0 always runs ours).
+//   ours, cublaslt  that one (a GeLU epilogue or k == 0 always runs ours; a bias alone runs
+//                   cuBLASLt's bias epilogue except under ours, and ours where cuBLASLt has no
+//                   algorithm for it).
 //   timed           measured on request: the first call with a GemmKey times both on the caller's
 //                   stream and real operands (2 rounds of 2 warm-up + 5 timed runs each, CUDA
 //                   events; that first call therefore synchronises the stream once) and caches the

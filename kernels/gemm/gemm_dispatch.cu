@@ -149,8 +149,17 @@ void gemm_auto(const Problem& p, const GemmEpilogue& epilogue, void* stream) {
   CUDA_OPS_REQUIRE(p.ab == DType::BF16 || p.ab == DType::F16, "gemm_16_auto: a and b must be bf16 or fp16");
   CUDA_OPS_REQUIRE(p.c_dtype == DType::F32 || p.c_dtype == p.ab, "gemm_16_auto: c must be fp32 or a's dtype");
   const GemmMode mode = gemm_mode();  // throws on an invalid PARALLEL_GEMM, also for epilogue calls
-  const bool has_epilogue = epilogue.bias != nullptr || epilogue.gelu;
-  if (has_epilogue || p.k == 0 || mode == GemmMode::Ours) {
+  if (epilogue.gelu || p.k == 0 || mode == GemmMode::Ours) {
+    gemm_mma(p.ab, p.a, p.ta, p.b, p.tb, p.c, p.c_dtype, p.m, p.n, p.k, p.alpha, p.beta, epilogue, stream);
+    return;
+  }
+  if (epilogue.bias != nullptr) {
+    // A bias alone: cuBLASLt's bias epilogue, as the rule sends every call without GeLU (gemm_rule.hpp),
+    // in every mode but ours (timing is for calls without an epilogue); our kernel when cuBLASLt has
+    // no algorithm for it. Either adds the bias in fp32 before c's one rounding.
+    if (cuda::gemm_cublaslt_16_bias(p.ab, p.a, p.ta, p.b, p.tb, p.c, p.c_dtype, p.m, p.n, p.k, p.alpha,
+                                    p.beta, epilogue.bias, DType::F32, stream))
+      return;
     gemm_mma(p.ab, p.a, p.ta, p.b, p.tb, p.c, p.c_dtype, p.m, p.n, p.k, p.alpha, p.beta, epilogue, stream);
     return;
   }
@@ -166,7 +175,7 @@ void gemm_auto(const Problem& p, const GemmEpilogue& epilogue, void* stream) {
   problem.trans_b = p.tb;
   problem.dtype = p.ab;
   problem.c_dtype = p.c_dtype;
-  problem.epilogue = false;
+  problem.gelu = false;
   problem.arch = current_arch();
   const GemmImpl rule = gemm_rule(problem);
   if (mode == GemmMode::Auto) {

@@ -70,13 +70,15 @@ struct GemmProblem {
   bool trans_a = false, trans_b = false;
   DType dtype = DType::BF16;   // of a and b: BF16 or F16
   DType c_dtype = DType::F32;  // of c: F32 or dtype
-  bool epilogue = false;       // a bias or GeLU epilogue
+  bool gelu = false;           // a GeLU epilogue (with or without a bias); a bias alone is no field:
+                               // both candidates add it (cuBLASLt's CUBLASLT_EPILOGUE_BIAS)
   int arch = 90;               // compute capability, major * 10 + minor (sm_90: 90)
 };
 
 // The choice of PARALLEL_GEMM=auto (the default).
-//   - an epilogue (bias, GeLU) or k == 0: ours, the only one that implements them (cuBLASLt's
-//     epilogues are not wired; it rejects k = 0);
+//   - a GeLU epilogue or k == 0: ours, the only one that implements them (cuBLASLt's GeLU epilogue
+//     is not wired; it rejects k = 0). A bias alone goes where the call would go without it
+//     (cuBLASLt's bias epilogue; ours when cuBLASLt has no algorithm for the call, gemm_dispatch.cu);
 //   - everything else: cuBLASLt. Our kernel has never been measured against it on a GPU
 //     (docs/gpu.md); cuBLASLt has Hopper wgmma kernels where ours is the portable sm_80 design, and
 //     it also takes what ours cannot (below sm_80, a dimension over INT_MAX, m over 65535 tiles).
@@ -85,7 +87,7 @@ struct GemmProblem {
 //     keyed on the fields of GemmProblem (shape, transposition, dtypes, arch) and nothing else.
 // Same inputs, same answer: no state, no timing, no environment.
 inline GemmImpl gemm_rule(const GemmProblem& p) {
-  if (p.epilogue || p.k == 0) return GemmImpl::Ours;
+  if (p.gelu || p.k == 0) return GemmImpl::Ours;
   return GemmImpl::CublasLt;
 }
 

@@ -196,10 +196,9 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
         {&a, &b, &bias}, {&c});
   }
   if (k.device.is_cuda()) {
-    // No fused epilogue on this path yet: the product, then the bias (both checked by their ops).
-    gemm(a, trans_a, b, trans_b, c, 1.0f, 0.0f, stream);
-    add_bias(c, bias, stream);
-    return;
+    // The bias in the GEMM's epilogue for 16-bit operands (cuda_ops.hpp); the shapes checked by the
+    // CUDA GEMM as for gemm().
+    PARALLEL_ON_CUDA(gemm_bias(a, trans_a, b, trans_b, bias, c, stream));
   }
   check_gemm_shapes("gemm_bias", a, trans_a, b, trans_b, c);
   cpu::gemm_bias(a, trans_a, b, trans_b, bias, c);
@@ -602,14 +601,8 @@ void norm_backward_residual(const Tensor& dy, const Tensor& dresidual, const Ten
     return meta::record_op("norm_backward_residual", 14.0 * static_cast<double>(x.numel()),
                            {&dy, &dresidual, &x, &weight, &mean, &rstd}, {&dx, &dweight, &dbias, &dbranch});
   if (k.device.is_cuda()) {
-    // The unfused ops in sequence (ops.hpp): the norm's backward, the residual add, dropout's backward.
-    Tensor g = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (layernorm)
-      layernorm_backward(dy, x, weight, mean, rstd, g, dweight, dbias, stream);
-    else
-      rmsnorm_backward(dy, x, weight, rstd, g, dweight, stream);
-    add(g, dresidual, dx, stream);
-    if (dbranch.defined()) dropout_backward(dx, dbranch, drop.p, drop.seed, drop.offset, stream);
+    PARALLEL_ON_CUDA(norm_backward_residual(dy, dresidual, x, weight, mean, rstd, dx, dweight, dbias, drop.p,
+                                            drop.seed, drop.offset, dbranch, stream));
     return;
   }
   cpu::norm_backward_residual(dy, dresidual, x, weight, mean, rstd, dx, dweight, dbias, drop.p, drop.seed,

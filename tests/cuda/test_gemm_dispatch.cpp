@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -207,6 +208,81 @@ TEST(GemmDispatch, EpilogueRunsOurs) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(c1.to(Device::cpu()).to_float_vector(), c2.to(Device::cpu()).to_float_vector());
   EXPECT_EQ(p1.to(Device::cpu()).to_float_vector(), p2.to(Device::cpu()).to_float_vector());
+}
+
+// A bias alone (what gemm_bias runs on 16-bit operands): the automatic choice adds it in cuBLASLt's
+// epilogue, or in ours where cuBLASLt has no algorithm, and either rounds c once. Row 0's bias
+// cancels its product, so a product rounded to bf16 before the bias (the double rounding the first
+// GPU run found in gemm_bias, 2026-11-28) misses by about an ulp of the product, hundreds of ulp of
+// the result. Prints which implementation ran ("[op-path]").
+TEST(GemmDispatch, BiasAloneRoundsOnceWhereverItRuns) {
+  REQUIRE_GPU();
+  const int64_t M = 64, N = 96, K = 256;
+  const Device dev = Device::cuda(0);
+  const Tensor a16 = Tensor::from_vector(rand_vec(M * K, 41), {M, K}).to(DType::BF16);
+  const Tensor b16 = Tensor::from_vector(rand_vec(N * K, 42), {N, K}).to(DType::BF16);
+  const std::vector<float> A = a16.to_float_vector(), B = b16.to_float_vector();
+  std::vector<double> prod(static_cast<std::size_t>(M * N));
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0.0;
+      for (int64_t kk = 0; kk < K; kk++) s += static_cast<double>(A[i * K + kk]) * B[j * K + kk];
+      prod[i * N + j] = s;
+    }
+  std::vector<float> bias_v(static_cast<std::size_t>(N));
+  const std::vector<float> jitter = rand_vec(N, 43);
+  for (int64_t j = 0; j < N; j++) bias_v[j] = static_cast<float>(-prod[j]) + 1e-3f * jitter[j];
+  const Tensor a = a16.to(dev), b = b16.to(dev), bias = Tensor::from_vector(bias_v, {N}).to(dev);
+  kernels::GemmEpilogue e;
+  e.bias = static_cast<const float*>(bias.data_ptr());
+  auto run = [&](int which) {
+    Tensor c = Tensor::full({M, N}, NAN, DType::BF16, dev);
+    bool lt = true;
+    if (which == 0)
+      kernels::gemm_mma(DType::BF16, a.data_ptr(), false, b.data_ptr(), true, c.data_ptr(), DType::BF16, M, N,
+                        K, 1.0f, 0.0f, e, nullptr);
+    else if (which == 1)
+      lt = cuda::gemm_cublaslt_16_bias(DType::BF16, a.data_ptr(), false, b.data_ptr(), true, c.data_ptr(),
+                                       DType::BF16, M, N, K, 1.0f, 0.0f, e.bias, DType::F32, nullptr);
+    else
+      kernels::gemm_16_auto(DType::BF16, a.data_ptr(), false, b.data_ptr(), true, c.data_ptr(), DType::BF16,
+                            M, N, K, 1.0f, 0.0f, e, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return std::make_pair(lt, c.to(Device::cpu()).to_float_vector());
+  };
+  const auto [lt_has_algo, lt_result] = run(1);
+  std::printf("[op-path] gemm bf16 -> bf16 with an fp32 bias: %s\n",
+              lt_has_algo ? "cuBLASLt's bias epilogue" : "ours (cuBLASLt has no algorithm for it)");
+  for (int which : {0, 1, 2}) {
+    if (which == 1 && !lt_has_algo) continue;
+    SCOPED_TRACE(which == 0 ? "ours" : which == 1 ? "cuBLASLt" : "auto");
+    const std::vector<float> got = which == 1 ? lt_result : run(which).second;
+    for (int64_t i = 0; i < M * N; i++) {
+      const double want = prod[i] + bias_v[i % N];
+      // One rounding to bf16 (half an ulp, 2^-9 relative) plus fp32 accumulation over K terms.
+      const double tol = std::ldexp(std::fabs(want), -8) + 2e-5;
+      ASSERT_NEAR(got[i], want, tol) << "c[" << i / N << ", " << i % N << "]";
+    }
+  }
+  // A bf16 bias (the mixed-precision model's; ops::gemm_bias hands it to cuBLASLt as it is): the
+  // same bound against the product plus the bias's bf16 values.
+  const Tensor bias16 = bias.to(DType::BF16);
+  const std::vector<float> b16v = bias16.to(Device::cpu()).to_float_vector();
+  Tensor c = Tensor::full({M, N}, NAN, DType::BF16, dev);
+  const bool lt16 =
+      cuda::gemm_cublaslt_16_bias(DType::BF16, a.data_ptr(), false, b.data_ptr(), true, c.data_ptr(),
+                                  DType::BF16, M, N, K, 1.0f, 0.0f, bias16.data_ptr(), DType::BF16, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::printf("[op-path] gemm bf16 -> bf16 with a bf16 bias: %s\n",
+              lt16 ? "cuBLASLt's bias epilogue" : "ours (cuBLASLt has no algorithm for it)");
+  if (lt16) {
+    const std::vector<float> got = c.to(Device::cpu()).to_float_vector();
+    for (int64_t i = 0; i < M * N; i++) {
+      const double want = prod[i] + b16v[i % N];
+      ASSERT_NEAR(got[i], want, std::ldexp(std::fabs(want), -8) + 2e-5)
+          << "bf16 bias, c[" << i / N << ", " << i % N << "]";
+    }
+  }
 }
 
 // k == 0: only the beta term (cuBLASLt would reject it; the dispatch runs ours).

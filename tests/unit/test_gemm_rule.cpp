@@ -58,7 +58,7 @@ std::vector<GemmProblem> problems() {
       for (const bool tb : {false, true})
         for (const DType ab : {DType::BF16, DType::F16})
           for (const DType c : {DType::F32, ab})
-            for (const bool epilogue : {false, true})
+            for (const bool gelu : {false, true})
               for (const int arch : {70, 80, 86, 89, 90, 100}) {
                 GemmProblem p;
                 p.m = d[0];
@@ -68,18 +68,18 @@ std::vector<GemmProblem> problems() {
                 p.trans_b = tb;
                 p.dtype = ab;
                 p.c_dtype = c;
-                p.epilogue = epilogue;
+                p.gelu = gelu;
                 p.arch = arch;
                 out.push_back(p);
               }
   return out;
 }
 
-TEST(GemmRule, EpilogueAndEmptySumRunOursEverythingElseCublasLt) {
+TEST(GemmRule, GeluEpilogueAndEmptySumRunOursEverythingElseCublasLt) {
   for (const GemmProblem& p : problems()) {
     SCOPED_TRACE(std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) + " arch " +
-                 std::to_string(p.arch) + (p.epilogue ? " epilogue" : ""));
-    const GemmImpl want = p.epilogue || p.k == 0 ? GemmImpl::Ours : GemmImpl::CublasLt;
+                 std::to_string(p.arch) + (p.gelu ? " gelu" : ""));
+    const GemmImpl want = p.gelu || p.k == 0 ? GemmImpl::Ours : GemmImpl::CublasLt;
     EXPECT_EQ(kernels::gemm_rule(p), want);
   }
 }
