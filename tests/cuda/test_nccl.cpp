@@ -184,24 +184,68 @@ struct StreamGate {
   }
 };
 
+// Opens the gate after 10 s unless disarmed first: a call that blocks the host behind the gate
+// (which the test exists to catch) fails the test naming the step it blocked in, instead of hanging
+// it (the first GPU run, 2026-11-28, hung here; this says where).
+class GateTimer {
+ public:
+  explicit GateTimer(StreamGate& gate)
+      : thread_([this, &gate] {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          while (!disarmed_.load() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          if (!disarmed_.load()) {
+            blocked_in_ = step_.load();
+            gate.open = true;
+          }
+        }) {}
+  ~GateTimer() { disarm(); }
+  void at(const char* step) { step_ = step; }
+  // The step the host was blocked in when the timer opened the gate, or nullptr.
+  const char* disarm() {
+    disarmed_ = true;
+    if (thread_.joinable()) thread_.join();
+    return blocked_in_;
+  }
+
+ private:
+  std::atomic<bool> disarmed_{false};
+  std::atomic<const char*> step_{"start"};
+  const char* blocked_in_ = nullptr;
+  std::thread thread_;
+};
+
 TEST_F(Nccl, AsyncHandleFollowsTheComputeStream) {
   const int64_t n = 1 << 20;
   Tensor x = Tensor::zeros({n}, DType::F32, Device::cuda(0), stream());
-  // Warm up this size first: anything that synchronises (a lazy cudaMalloc inside NCCL) would
-  // otherwise hang behind the gate below.
+  // Warm up this size and the fill kernel first: anything that synchronises would otherwise block
+  // behind the gate below: a lazy cudaMalloc inside NCCL, and the first launch of a kernel, which
+  // CUDA's lazy module loading (the default since CUDA 12.2) loads with a context-wide wait (the
+  // first GPU run, 2026-11-28, blocked in fill_ here).
   comm().all_reduce(x, ReduceOp::Sum, false);
+  x.fill_(1.0, stream());
   ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
 
   StreamGate gate;
+  GateTimer timer(gate);
   ASSERT_EQ(cudaLaunchHostFunc(compute_, &StreamGate::hold, &gate), cudaSuccess);
+  timer.at("fill_ behind the gate");
   x.fill_(3.0, stream());  // queued behind the gate
+  timer.at("all_reduce (async)");
   WorkHandle w = comm().all_reduce(x, ReduceOp::Sum, true);
   // The all-reduce must wait for the fill, which waits for the gate: nothing can have finished,
   // and the call itself did not block the host.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_FALSE(w->is_completed());
+  timer.at("is_completed before wait");
+  const bool done_early = w->is_completed();
+  timer.at("wait");
   w->wait();  // must not block the host either: it only orders the compute stream
-  EXPECT_FALSE(w->is_completed());
+  timer.at("is_completed after wait");
+  const bool done_after_wait = w->is_completed();
+  const char* blocked = timer.disarm();
+  ASSERT_EQ(blocked, nullptr) << "the host blocked behind the gated compute stream in: " << blocked;
+  EXPECT_FALSE(done_early);
+  EXPECT_FALSE(done_after_wait);
   gate.open = true;
   const auto got = host_values(x);  // ordered after the all-reduce by wait()
   EXPECT_TRUE(w->is_completed());
