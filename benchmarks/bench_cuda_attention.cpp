@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,12 +47,23 @@ using bench::no_gpu;
 using bench::time_loop;
 
 Tensor gpu_random(const Shape& shape, DType dtype) {
-  // Values only need to be finite and varied; a cheap deterministic pattern on the host.
-  const int64_t n = shape_numel(shape);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; i++) v[i] = static_cast<float>((i * 7919) % 2003) / 2003.0f - 0.5f;
-  Tensor t = Tensor::from_vector(v, shape);
-  return (dtype == DType::F32 ? t : t.to(dtype)).to(Device::cuda(0));
+  // Values only need to be finite and varied: a deterministic pattern made on the host once per
+  // shape and dtype, then copied on the GPU. Google Benchmark runs a case's body several times
+  // (to size the iterations); making 33M values on the host each time took about 2.5 s per case on
+  // the first GPU run (2026-11-28), most of the attention benchmarks' time.
+  // Never destroyed: freeing device memory during static destruction can outlive the CUDA context.
+  static auto& made = *new std::map<std::pair<Shape, DType>, Tensor>();
+  auto it = made.find({shape, dtype});
+  if (it == made.end()) {
+    const int64_t n = shape_numel(shape);
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; i++) v[i] = static_cast<float>((i * 7919) % 2003) / 2003.0f - 0.5f;
+    Tensor t = Tensor::from_vector(v, shape);
+    it = made.emplace(std::make_pair(shape, dtype),
+                      (dtype == DType::F32 ? t : t.to(dtype)).to(Device::cuda(0)))
+             .first;
+  }
+  return it->second.clone();
 }
 
 double attention_flops(int64_t s, int64_t d, int64_t heads, int64_t b, bool causal, bool backward) {

@@ -11,7 +11,8 @@
 //     picked and the times it measured for both: the figures to revise the rule with.
 //   - memory-bound kernels (norms, activations, rope, cross-entropy, embedding, AdamW, rounding,
 //     sum of squares): bytes_per_second from the bytes each must move at minimum (stated per
-//     benchmark), and pct_hbm = 100 x (GB/s) / 3350, the percentage of the H100 SXM's 3.35 TB/s.
+//     benchmark), and pct_hbm = 100 x (GB/s) / the device's theoretical bandwidth (memory clock x
+//     bus width x 2, from the driver: 3.35 TB/s on an H100 SXM, 4.9 on an H200).
 // Attention has its own file (bench_cuda_attention.cpp).
 //
 //   ./bench_cuda_kernels --benchmark_filter='BM_GemmBf16/gpt2_124m'      (one model's GEMMs)
@@ -44,9 +45,23 @@ namespace {
 
 using namespace parallel;
 
-constexpr double kPeakGBs = 3350.0;  // H100 SXM HBM3, GB/s
-constexpr int64_t kTokens = 8192;    // rows of every activation below
-constexpr int64_t kVocab = 50304;    // GPT-2's 50257 padded to a multiple of 128
+// The device's theoretical memory bandwidth in GB/s: two transfers per memory clock over the bus
+// (H100 SXM: 2619 MHz x 5120 bits = 3.35 TB/s; H200: 3201 MHz x 6144 bits = 4.9 TB/s). 3350 when
+// the driver does not say.
+double peak_gbs() {
+  static const double gbs = [] {
+    int device = 0, khz = 0, bits = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess || khz <= 0 ||
+        bits <= 0)
+      return 3350.0;
+    return 2.0 * khz * 1e3 * (bits / 8.0) / 1e9;
+  }();
+  return gbs;
+}
+constexpr int64_t kTokens = 8192;  // rows of every activation below
+constexpr int64_t kVocab = 50304;  // GPT-2's 50257 padded to a multiple of 128
 
 using bench::no_gpu;
 using bench::time_loop;
@@ -83,7 +98,7 @@ Tensor gpu_empty(const Shape& shape, DType dtype = DType::F32) {
 // bytes_per_second (from the manual time) and pct_hbm for `bytes` moved per iteration.
 void set_bandwidth(benchmark::State& state, double bytes, double sec) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes * static_cast<double>(state.iterations())));
-  state.counters["pct_hbm"] = sec > 0 ? 100.0 * bytes / sec / 1e9 / kPeakGBs : 0.0;
+  state.counters["pct_hbm"] = sec > 0 ? 100.0 * bytes / sec / 1e9 / peak_gbs() : 0.0;
 }
 
 // ---- GEMM -------------------------------------------------------------------------------------
