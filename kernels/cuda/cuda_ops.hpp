@@ -94,25 +94,13 @@ inline void add_bias(Tensor& y, const Tensor& bias, Stream stream) {
   kernels::add_bias(y.data_ptr(), y.dtype(), bias.data_ptr(), bias.dtype(), h == 0 ? 0 : y.numel() / h, h,
                     stream.handle);
 }
-// Where cuBLASLt's bias epilogue with a bias of c's 16-bit dtype was seen to round c once: a linear
-// layer's forward (a @ b^T) with every dimension a multiple of 8 and every operand 16-byte aligned
-// (the op table's 24x64x16 row, sensitive to a double rounding, and GemmDispatch's 64x96x256; H200,
-// cuBLAS 13.1, 2026-11-28). On the op table's unaligned bf16 37x29x41 a @ b it rounded the product
-// to bf16 before adding the bias (201 ulp off), so other layouts and shapes take the fp32-bias path.
-inline bool lt_bias_rounds_once(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                                const Tensor& bias, const Tensor& c, int64_t m, int64_t n, int64_t k) {
-  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-  return !trans_a && trans_b && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && aligned(a) && aligned(b) &&
-         aligned(bias) && aligned(c);
-}
-
 // c = op(a) @ op(b) + bias, rounded once as the CPU's gemm_bias: 16-bit operands add the bias in the
 // GEMM's fp32 epilogue before c's one rounding (a separate add would round the product to 16 bits
 // first, and a bias cancelling it would leave that rounding error: hundreds of ulp of c). A bias of
 // c's 16-bit dtype (the mixed-precision model's) goes to cuBLASLt's bias epilogue as it is where
-// lt_bias_rounds_once says so, unless PARALLEL_GEMM=ours; otherwise it is widened to fp32 for the
-// dispatcher's epilogue path (gemm_16_auto: cuBLASLt with an fp32 bias, which cuBLAS 13.1 has no
-// algorithm for with a 16-bit c, else ours). fp32: the product, then the bias.
+// kernels::gemm_bias16_in_cublaslt allows (gemm_rule.hpp), unless PARALLEL_GEMM=ours; otherwise it is widened
+// to fp32 for the dispatcher's epilogue path (gemm_16_auto: cuBLASLt with an fp32 bias, which cuBLAS 13.1 has
+// no algorithm for with a 16-bit c, else ours). fp32: the product, then the bias.
 inline void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
                       Tensor& c, Stream stream) {
   using namespace ops_detail;
@@ -123,8 +111,10 @@ inline void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans
     return;
   }
   DeviceGuard guard(c.device().index);
+  auto aligned16 = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   if (bias.dtype() == c.dtype() && kernels::gemm_mode() != kernels::GemmMode::Ours &&
-      lt_bias_rounds_once(a, trans_a, b, trans_b, bias, c, m, n, k) &&
+      kernels::gemm_bias16_in_cublaslt(trans_a, trans_b, m, n, k,
+                                       aligned16(a) && aligned16(b) && aligned16(bias) && aligned16(c)) &&
       cuda::gemm_cublaslt_16_bias(a.dtype(), a.data_ptr(), trans_a, b.data_ptr(), trans_b, c.data_ptr(),
                                   c.dtype(), m, n, k, 1.0f, 0.0f, bias.data_ptr(), bias.dtype(),
                                   stream.handle))

@@ -75,6 +75,18 @@ struct GemmProblem {
   int arch = 90;               // compute capability, major * 10 + minor (sm_90: 90)
 };
 
+// Whether cuBLASLt's bias epilogue may take a bias of c's 16-bit dtype as it is (ops::gemm_bias on
+// 16-bit tensors; otherwise the bias is widened to fp32 for our kernel's epilogue). Only where it was
+// seen to round c once: a linear layer's forward, a @ b^T, with every dimension a multiple of 8 and
+// every pointer (a, b, c, bias) 16-byte aligned (the op table's 24x64x16 row, which a double
+// rounding fails, and GemmDispatch's 64x96x256; H200, cuBLAS 13.1, 2026-11-28). On the op table's
+// unaligned bf16 37x29x41 a @ b it rounded the product to bf16 before adding the bias (201 ulp
+// off). Widen this where measurements show more layouts rounding once.
+inline bool gemm_bias16_in_cublaslt(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                    bool pointers_16_byte_aligned) {
+  return !trans_a && trans_b && m % 8 == 0 && n % 8 == 0 && k % 8 == 0 && k > 0 && pointers_16_byte_aligned;
+}
+
 // The choice of PARALLEL_GEMM=auto (the default).
 //   - a GeLU epilogue or k == 0: ours, the only one that implements them (cuBLASLt's GeLU epilogue
 //     is not wired; it rejects k = 0). A bias alone goes where the call would go without it

@@ -84,6 +84,24 @@ TEST(GemmRule, GeluEpilogueAndEmptySumRunOursEverythingElseCublasLt) {
   }
 }
 
+// cuBLASLt's epilogue takes a 16-bit bias only where it was seen to round once: a @ b^T, every
+// dimension a multiple of 8, aligned pointers.
+TEST(GemmRule, Bias16InCublasLtOnlyForAlignedForwardLayout) {
+  EXPECT_TRUE(kernels::gemm_bias16_in_cublaslt(false, true, 8192, 2304, 768, true));
+  EXPECT_TRUE(kernels::gemm_bias16_in_cublaslt(false, true, 24, 64, 16, true));
+  EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, false, 24, 64, 16, true));  // a @ b
+  EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(true, true, 24, 64, 16, true));
+  EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(true, false, 24, 64, 16, true));
+  EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, false, 37, 29, 41, true));  // the op table's miss
+  for (const int64_t odd : {1, 4, 12, 4097}) {
+    EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, true, odd, 64, 64, true)) << odd;
+    EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, true, 64, odd, 64, true)) << odd;
+    EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, true, 64, 64, odd, true)) << odd;
+  }
+  EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, true, 64, 64, 0, true));
+  EXPECT_FALSE(kernels::gemm_bias16_in_cublaslt(false, true, 64, 64, 64, false));  // misaligned
+}
+
 // What makes it safe across ranks and runs: the answer depends on the problem only, not on what was
 // asked before (no cache, no timing), so any order of calls, on any rank, gives the same answers.
 TEST(GemmRule, SameAnswerInAnyOrder) {
