@@ -375,7 +375,8 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
       // larger job): a pair's rank that waits sleeps (the pacer), and its partner may be off its
       // core behind the other pairs' ranks, so the wait lasts until the partner has had its turn.
       // The model's step would be C at the shared rate plus the two-rank call measured with a
-      // core each (2.9 us); the rest, by the mean step, is node.subgroup_wait_us.
+      // core each (2.9 us); the rest, by the group's longest time over the calls, is
+      // node.subgroup_wait_us.
       std::unique_ptr<Communicator> pair = group.split(group.rank() / 2, group.rank());
       // Rank 0's two-rank median (the other ranks record nothing).
       const auto two = hw.node_link.collective_us.find("all_reduce");
@@ -385,23 +386,37 @@ void measure_collectives(parallel::MpiCommunicator& world, int cores, parallel::
       std::string pair_each;
       for (double c_us : {25.0, 100.0, 400.0}) {
         const int calls = static_cast<int>(std::clamp(200000.0 / (c_us * per_core), 100.0, 400.0));
-        // The mean, not the median: pairs take turns on the cores, a pair running many fast
-        // steps in its slice and then one long one while the others run (the median step of 4
-        // ranks in pairs at C = 25 us measured 35 us, under the 50 us of C at the shared rate),
-        // and a step's time is the sum of its waits.
-        const std::vector<double> t = each_call(
-            [&] {
-              compute_for(c_us);
-              pair->all_reduce(one);
-            },
-            calls);
-        double step = 0;
-        for (double x : t) step += x / static_cast<double>(t.size());
+        // The makespan, not one rank's calls: pairs take turns on the cores, a pair running many
+        // fast steps in its slice and then one long one while the others run (the median step of
+        // 4 ranks in pairs at C = 25 us measured 35 us, under the 50 us of C at the shared rate),
+        // and the pair that holds rank 0 may finish its calls first and leave the cores to the
+        // rest (2026-11-28 01:35, 8 ranks at C = 400 us: rank 0's mean step 1,402 us, under the
+        // 1,600 us of C at the shared rate, which no schedule gives every rank). A step ends when
+        // its slowest rank does: the step here is the group's longest time over the calls, from
+        // a common start, per call.
+        for (int i = 0; i < 20; ++i) {  // warm up, as each_call does
+          compute_for(c_us);
+          pair->all_reduce(one);
+        }
+        group.barrier();
+        const auto start = Clock::now();
+        double own_mean = 0;
+        for (int i = 0; i < calls; ++i) {
+          const auto call_start = Clock::now();
+          compute_for(c_us);
+          pair->all_reduce(one);
+          own_mean += std::chrono::duration<double>(Clock::now() - call_start).count() / calls;
+        }
+        Tensor longest = Tensor::zeros({1}, DType::I64);  // nanoseconds
+        longest.data<int64_t>()[0] =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+        group.all_reduce(longest, ReduceOp::Max);
+        const double step = static_cast<double>(longest.data<int64_t>()[0]) * 1e-9 / calls;
         const double extra = std::max(0.0, step - c_us * 1e-6 * per_core - pair_reduce);
         pair_sum += extra;
         pair_each +=
-            fmt::format("{}C = {:.0f} us: step {:.1f} us (median {:.1f}), extra {:.1f} us",
-                        pair_each.empty() ? "" : "; ", c_us, step * 1e6, median(t) * 1e6, extra * 1e6);
+            fmt::format("{}C = {:.0f} us: step {:.1f} us (rank 0's mean {:.1f}), extra {:.1f} us",
+                        pair_each.empty() ? "" : "; ", c_us, step * 1e6, own_mean * 1e6, extra * 1e6);
       }
       if (world.rank() == 0) {
         hw.subgroup_wait_us.emplace_back(per_core, pair_sum / 3 * 1e6);
