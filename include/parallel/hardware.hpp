@@ -91,8 +91,8 @@
 //         # devices: the waiter sleeps (the communicator's pacer), and its partner shares a core
 //         # with ranks outside the pair, so the wait lasts until the partner has had its turn.
 //         # Measured (calibrate_machine): all ranks in pairs, each pair computing then all-reducing
-//         # at once; the mean step beyond the compute at the shared rate and the two-rank call
-//         # measured with a core each. oversubscribed_wait_us is then the figure of the waits on
+//         # at once; the step (the slowest rank's time over the calls, per call) beyond the compute
+//         # at the shared rate and the two-rank call measured with a core each. oversubscribed_wait_us is then the figure of the waits on
 //         # groups of all the node's ranks (whose measured call already holds the others' turns).
 //         # Linear between the points, flat beyond the ends; absent: oversubscribed_wait_us for
 //         # every group; 0 when not oversubscribed (a device per rank, as on a DGX node: nobody
