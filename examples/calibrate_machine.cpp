@@ -45,7 +45,8 @@
 // Kernels are timed in the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that other processes
 // on a shared machine slow the measurement but do not change it; messages by the fastest of many
 // round trips in wall time (a round trip that was not descheduled); collectives and oversubscribed
-// waits by the median, since a step's calls meet whatever the scheduler does.
+// waits by the median, since a step's calls meet whatever the scheduler does; the waits of ranks in
+// pairs by the group's makespan (measure_collectives says why).
 #include <fmt/format.h>
 #include <time.h>
 #include <unistd.h>
