@@ -16,6 +16,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -138,12 +139,12 @@ bool lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, 
                 bias != nullptr ? alignment(bias) : 1};
   static std::mutex mutex;
   static std::map<Key, cublasLtMatmulAlgo_t> cache;
-  static std::map<Key, bool> no_algo;  // bias calls cuBLASLt has no algorithm for (asked once)
+  static std::set<Key> no_algo;  // bias calls cuBLASLt has no algorithm for (asked once)
   // Only a call with a bias may be declined: the heuristic knows nothing of the bias pointer's
   // alignment, so cuBLASLt can refuse such a call at launch (before running anything).
   auto decline = [&] {
     std::lock_guard<std::mutex> lock(mutex);
-    no_algo.emplace(key, true);
+    no_algo.insert(key);
     return false;
   };
   cublasLtMatmulAlgo_t algo;
@@ -171,7 +172,7 @@ bool lt_gemm(const void* a, bool trans_a, const void* b, bool trans_b, void* c, 
           cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.a, d.b, d.c, d.c, pref, 1, &result, &found);
       cublasLtMatmulPreferenceDestroy(pref);
       if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && bias != nullptr) {
-        no_algo.emplace(key, true);
+        no_algo.insert(key);
         return false;
       }
       if (st != CUBLAS_STATUS_SUCCESS || found == 0)
