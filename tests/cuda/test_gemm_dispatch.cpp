@@ -250,19 +250,25 @@ TEST(GemmDispatch, BiasAloneRoundsOnceWhereverItRuns) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return std::make_pair(lt, c.to(Device::cpu()).to_float_vector());
   };
+  // c against the product plus `bias_values` (what the bias holds in its dtype): one rounding to
+  // bf16 (half an ulp, 2^-9 relative) plus fp32 accumulation over K terms.
+  auto expect_rounded_once = [&](const std::vector<float>& got, const std::vector<float>& bias_values) {
+    for (int64_t i = 0; i < M * N; i++) {
+      const double want = prod[i] + bias_values[i % N];
+      ASSERT_NEAR(got[i], want, std::ldexp(std::fabs(want), -8) + 2e-5)
+          << "c[" << i / N << ", " << i % N << "]";
+    }
+  };
+  auto print_path = [](const char* bias_kind, bool in_cublaslt) {
+    std::printf("[op-path] gemm bf16 -> bf16 with %s bias: %s\n", bias_kind,
+                in_cublaslt ? "cuBLASLt's bias epilogue" : "ours (cuBLASLt has no algorithm for it)");
+  };
   const auto [lt_has_algo, lt_result] = run(1);
-  std::printf("[op-path] gemm bf16 -> bf16 with an fp32 bias: %s\n",
-              lt_has_algo ? "cuBLASLt's bias epilogue" : "ours (cuBLASLt has no algorithm for it)");
+  print_path("an fp32", lt_has_algo);
   for (int which : {0, 1, 2}) {
     if (which == 1 && !lt_has_algo) continue;
     SCOPED_TRACE(which == 0 ? "ours" : which == 1 ? "cuBLASLt" : "auto");
-    const std::vector<float> got = which == 1 ? lt_result : run(which).second;
-    for (int64_t i = 0; i < M * N; i++) {
-      const double want = prod[i] + bias_v[i % N];
-      // One rounding to bf16 (half an ulp, 2^-9 relative) plus fp32 accumulation over K terms.
-      const double tol = std::ldexp(std::fabs(want), -8) + 2e-5;
-      ASSERT_NEAR(got[i], want, tol) << "c[" << i / N << ", " << i % N << "]";
-    }
+    expect_rounded_once(which == 1 ? lt_result : run(which).second, bias_v);
   }
   // A bf16 bias (the mixed-precision model's; ops::gemm_bias hands it to cuBLASLt as it is): the
   // same bound against the product plus the bias's bf16 values.
@@ -273,15 +279,10 @@ TEST(GemmDispatch, BiasAloneRoundsOnceWhereverItRuns) {
       cuda::gemm_cublaslt_16_bias(DType::BF16, a.data_ptr(), false, b.data_ptr(), true, c.data_ptr(),
                                   DType::BF16, M, N, K, 1.0f, 0.0f, bias16.data_ptr(), DType::BF16, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::printf("[op-path] gemm bf16 -> bf16 with a bf16 bias: %s\n",
-              lt16 ? "cuBLASLt's bias epilogue" : "ours (cuBLASLt has no algorithm for it)");
+  print_path("a bf16", lt16);
   if (lt16) {
-    const std::vector<float> got = c.to(Device::cpu()).to_float_vector();
-    for (int64_t i = 0; i < M * N; i++) {
-      const double want = prod[i] + b16v[i % N];
-      ASSERT_NEAR(got[i], want, std::ldexp(std::fabs(want), -8) + 2e-5)
-          << "bf16 bias, c[" << i / N << ", " << i % N << "]";
-    }
+    SCOPED_TRACE("cuBLASLt, bf16 bias");
+    expect_rounded_once(c.to(Device::cpu()).to_float_vector(), b16v);
   }
 }
 
