@@ -15,6 +15,8 @@ bundle=${1:-/tmp/libparallel-gpu-bundle}
 steps=${STEPS:-12}
 micros=${MICROS:-4 16}
 # shellcheck disable=SC1091
+source "$here/gpu_gpt2_args.sh"
+# shellcheck disable=SC1091
 source "$bundle/env.sh" || {
   echo "gpu_gpt2_compare: no $bundle/env.sh (run gpu_check.sh first)" >&2
   exit 2
@@ -24,11 +26,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 ours() { # ours MICRO -> median tokens/s of steps 3..
-  "$bundle/bin/pretrain_gpt" --config "$bundle/share/configs/gpt2_124m.yaml" --set data.path=synthetic \
-    --set train.device=cuda --set train.precision=bf16 --set train.steps="$steps" \
-    --set optimizer.warmup_steps=1 --set train.micro_batch_size="$1" --set train.log_interval=1 \
-    --set train.eval_interval=0 --set checkpoint.save_interval=0 --set 'checkpoint.dir=""' \
-    --set train.output_dir="$work/ours_$1" >"$work/ours_$1.log" 2>&1 || {
+  gpt2_cuda_args "$bundle" "$steps" "$1" "$work/ours_$1"
+  "$bundle/bin/pretrain_gpt" "${gpt2_args[@]}" >"$work/ours_$1.log" 2>&1 || {
     echo "failed: $(tail -2 "$work/ours_$1.log" | tr '\n' ' ')"
     return
   }

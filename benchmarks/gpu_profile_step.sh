@@ -12,6 +12,9 @@
 # Environment: MICRO (16), NCU (the ncu to use: PATH, then /usr/local/cuda/bin, then
 # /opt/nvidia/nsight-compute/*/ncu), TOP (40 rows).
 set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck disable=SC1091
+source "$here/gpu_gpt2_args.sh"
 bundle=${1:-/tmp/libparallel-gpu-bundle}
 micro=${MICRO:-16}
 top=${TOP:-40}
@@ -29,12 +32,9 @@ ncu=${NCU:-$(command -v ncu || true)}
 }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+gpt2_cuda_args "$bundle" 2 "$micro" "$work/run"
 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$work/ncu.csv" \
-  "$bundle/bin/pretrain_gpt" --config "$bundle/share/configs/gpt2_124m.yaml" --set data.path=synthetic \
-  --set train.device=cuda --set train.precision=bf16 --set train.steps=2 --set optimizer.warmup_steps=1 \
-  --set train.micro_batch_size="$micro" --set train.log_interval=1 --set train.eval_interval=0 \
-  --set checkpoint.save_interval=0 --set 'checkpoint.dir=""' --set train.output_dir="$work/run" \
-  >"$work/run.log" 2>&1 || {
+  "$bundle/bin/pretrain_gpt" "${gpt2_args[@]}" >"$work/run.log" 2>&1 || {
   echo "gpu_profile_step: the profiled run failed: $(tail -3 "$work/run.log" | tr '\n' ' ')" >&2
   exit 1
 }
