@@ -4,6 +4,9 @@
 # fp32 and bf16 autocast), rounds alternating so every side sees the same machine load.
 #   benchmarks/compare_pytorch2.sh [BUILD_DIR] [ROUNDS] [mini|gpt2|both]
 # PRECISIONS=fp32 (or bf16) runs only that precision's three columns; default both.
+# MODES=compile (or eager) runs only that PyTorch mode (the other column reads 0); default both.
+# THEIR_STEPS=N times N steps on the PyTorch side instead of ours's count (its warm-up unchanged):
+# without AVX512-BF16 a bf16 autocast step takes 30 s (mini) to minutes (GPT-2) on 2 cores.
 # PyTorch 2.x comes from $TORCH2_DIR (default /tmp/torch2; ../shared/tools/torch2_setup.sh puts it
 # there). Models (issue 12): "mini" 6 layers x 384, 6 heads, vocab 8192, seq 256, batch 4;
 # "gpt2" the GPT-2 124M shape, 12 x 768, 12 heads, vocab 50257, seq 256, batch 4.
@@ -15,7 +18,9 @@ torch_dir=${TORCH2_DIR:-/tmp/torch2}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # both sides use libgomp; see compare_pytorch.sh
 THREADS=${THREADS:-2}
 PRECISIONS=${PRECISIONS:-fp32 bf16}
+MODES=${MODES:-eager compile}
 want() { [[ " $PRECISIONS " == *" $1 "* ]]; }
+mode() { [[ " $MODES " == *" $1 "* ]]; }
 PYTHONPATH=$torch_dir python3 -c 'import torch' 2>/dev/null ||
   { echo "compare_pytorch2: no PyTorch 2 in $torch_dir (run ../shared/tools/torch2_setup.sh)" >&2; exit 1; }
 work=$(mktemp -d)
@@ -23,7 +28,7 @@ trap 'rm -rf "$work"' EXIT
 
 echo "date: $(date -u +%Y-%m-%d)"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; flags: $(grep -o -w -E 'avx512f|avx512_bf16|avx512_fp16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-echo "torch: $(PYTHONPATH=$torch_dir python3 -c 'import torch; print(torch.__version__)'), threads $THREADS, OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
+echo "torch: $(PYTHONPATH=$torch_dir python3 -c 'import torch; print(torch.__version__)'), threads $THREADS, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, precisions: $PRECISIONS, modes: $MODES, their timed steps: ${THEIR_STEPS:-ours}"
 
 # ours MODEL PRECISION: median tokens/s over the steps after the first two.
 ours() {
@@ -38,8 +43,11 @@ ours() {
     awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
   rm -rf "$work/run"
 }
-theirs() {  # theirs MODEL... eager|compile fp32|bf16
-  PYTHONPATH=$torch_dir python3 benchmarks/pytorch2_gpt_step.py "$@" 2>/dev/null | tail -1
+theirs() {  # theirs L H HEADS V S B STEPS THREADS eager|compile fp32|bf16 (0 when MODES leaves it out)
+  local args=("$@")
+  mode "${args[8]}" || { echo 0; return; }
+  args[6]=${THEIR_STEPS:-${args[6]}}
+  PYTHONPATH=$torch_dir python3 benchmarks/pytorch2_gpt_step.py "${args[@]}" 2>/dev/null | tail -1
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
@@ -47,7 +55,7 @@ bench() {  # bench NAME L H HEADS V S B STEPS
   local name=$1
   shift
   local model=("$@")
-  local shape=("${model[@]:0:7}")
+  local shape=("${model[@]:0:7}")  # with STEPS: pytorch2_gpt_step.py's first seven arguments
   echo
   echo "== $name: ${model[0]} layers x ${model[1]}, ${model[2]} heads, vocab ${model[3]}, seq ${model[4]}, batch ${model[5]}"
   local ours_f=() ours_b=() ef=() cf=() eb=() cb=()
