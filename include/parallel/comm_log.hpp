@@ -3,6 +3,7 @@
 // (recording_communicator.hpp) sees a real communicator do, and what MetaCommunicator
 // (meta_communicator.hpp) records in its place. Two logs of one rank compare field by field.
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@ struct CommEvent {
   bool operator==(const CommEvent&) const = default;
   std::string str() const;  // "all_reduce sum 4096 B f32 on tp [0, 1]"
 };
+
+// Writes str(): what GoogleTest prints for a CommEvent in a failed comparison (else raw bytes).
+std::ostream& operator<<(std::ostream& os, const CommEvent& e);
 
 // Shared by a communicator and the groups split from it.
 class CommLog {

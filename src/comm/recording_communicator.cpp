@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <exception>
+#include <ostream>
 
 #include "parallel/error.hpp"
 
@@ -24,6 +25,8 @@ std::string CommEvent::str() const {
                      peers.empty() ? "" : fmt::format(" peers [{}]", fmt::join(peers, ", ")),
                      async ? " async" : "");
 }
+
+std::ostream& operator<<(std::ostream& os, const CommEvent& e) { return os << e.str(); }
 
 CommEvent comm_event(const Communicator& comm, const char* kind, const Tensor& t, bool async,
                      std::string detail, std::vector<int> peers) {
