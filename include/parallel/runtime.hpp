@@ -25,7 +25,10 @@ namespace parallel {
 class Runtime {
  public:
   // Initialises MPI (MPI_THREAD_FUNNELED) unless it already is, checks that MPI's view of the job
-  // agrees with the launcher's, and sets up logging and the error context.
+  // agrees with the launcher's, and sets up logging and the error context. Before MPI (and so before
+  // CUDA) starts it sets two environment variables, each only where the user has not: Open MPI's
+  // mpi_yield_when_idle to 0, and in a job of several ranks CUDA_MODULE_LOADING to EAGER (a kernel
+  // loaded lazily can wait for an NCCL kernel spinning on a peer: see runtime.cpp).
   Runtime(int* argc, char*** argv);
   ~Runtime();  // finalises MPI if this object initialised it
   Runtime(const Runtime&) = delete;

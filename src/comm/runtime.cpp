@@ -81,6 +81,15 @@ Runtime::Runtime(int* argc, char*** argv) {
   // issue 4845: never on a thread inside a GEMM). include/parallel/signal_handler.hpp.
   guard_signals();
   launch_ = discover_launch_from_environment();
+  // CUDA loads a kernel's module on its first launch by default (lazy loading, CUDA 12.2 on), and
+  // that load waits for the GPU's queue to drain while it holds the context. In a job of several
+  // ranks the queue can hold an NCCL kernel spinning on a peer whose host is itself blocked the same
+  // way: a deadlock (NVIDIA's lazy-loading guide; test_nccl's gated stream blocked this way on the
+  // first GPU run). Eager loading has to be chosen before CUDA initialises, hence here; it costs
+  // start-up time and some device memory for every kernel of every library. A value the user set
+  // is kept, and a single rank keeps lazy loading (nothing remote to wait on).
+  // make_nccl_communicator warns when the mode it finds is lazy.
+  if (launch_.world_size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) {

@@ -13,6 +13,7 @@
 // device synchronisation outside the communicator (reading a tensor back), which has none.
 #include "parallel/nccl_communicator.hpp"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -28,6 +29,7 @@
 #include "cuda/cuda_check.hpp"
 #include "nccl_check.hpp"
 #include "parallel/device.hpp"
+#include "parallel/log.hpp"
 
 namespace parallel {
 namespace {
@@ -505,6 +507,21 @@ class NcclCommunicator final : public Communicator {
   std::map<std::pair<int, int>, Link> links_;  // (from, to) -> link, for the directions touching us
 };
 
+// True when the driver loads modules lazily (CUDA_MODULE_LOADING=LAZY, the default since CUDA
+// 12.2). Asked through the runtime's driver entry point so that the library needs no libcuda at
+// link time; false when the driver cannot say.
+bool lazy_module_loading() {
+  using GetLoadingMode = CUresult (*)(CUmoduleLoadingMode*);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr)
+    return false;
+  CUmoduleLoadingMode mode{};
+  return reinterpret_cast<GetLoadingMode>(fn)(&mode) == CUDA_SUCCESS && mode == CU_MODULE_LAZY_LOADING;
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& bootstrap, Device device,
@@ -518,6 +535,17 @@ std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator& bootstrap,
   PARALLEL_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()));
   // NCCL binds the communicator to the current device; a rank drives one GPU, so it stays current.
   PARALLEL_CUDA_CHECK(cudaSetDevice(device.index));
+  // Runtime asks for eager loading in a job of several ranks; CUDA started before it, or a user's
+  // CUDA_MODULE_LOADING=LAZY, leaves a first kernel launch able to wait for a spinning NCCL kernel.
+  static const bool warned = [] {
+    if (lazy_module_loading())
+      logger().warn(
+          "CUDA loads kernels lazily here: a kernel's first launch waits for the GPU's queue, which can "
+          "hold an NCCL kernel waiting on a peer (a possible deadlock); set CUDA_MODULE_LOADING=EAGER "
+          "before CUDA starts");
+    return true;
+  }();
+  (void)warned;
   ncclComm_t comm = nullptr;
   PARALLEL_NCCL_CHECK(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()));
   std::unique_ptr<NcclCommunicator> out;
