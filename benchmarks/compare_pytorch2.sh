@@ -4,7 +4,8 @@
 # fp32 and bf16 autocast), rounds alternating so every side sees the same machine load.
 #   benchmarks/compare_pytorch2.sh [BUILD_DIR] [ROUNDS] [mini|gpt2|both]
 # PRECISIONS=fp32 (or bf16) runs only that precision's three columns; default both.
-# MODES=compile (or eager) runs only that PyTorch mode (the other column reads 0); default both.
+# MODES=compile (or eager) runs only that PyTorch mode (the other column reads 0), MODES=none ours
+# only; default both.
 # THEIR_STEPS=N times N steps on the PyTorch side instead of ours's count (its warm-up unchanged):
 # without AVX512-BF16 a bf16 autocast step takes 30 s (mini) to minutes (GPT-2) on 2 cores.
 # PyTorch 2.x comes from $TORCH2_DIR (default /tmp/torch2; ../shared/tools/torch2_setup.sh puts it
@@ -30,6 +31,8 @@ echo "date: $(date -u +%Y-%m-%d)"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; flags: $(grep -o -w -E 'avx512f|avx512_bf16|avx512_fp16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "torch: $(PYTHONPATH=$torch_dir python3 -c 'import torch; print(torch.__version__)'), threads $THREADS, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, precisions: $PRECISIONS, modes: $MODES, their timed steps: ${THEIR_STEPS:-ours}"
 
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
 # ours MODEL PRECISION: median tokens/s over the steps after the first two.
 ours() {
   local L=$1 H=$2 HEADS=$3 V=$4 S=$5 B=$6 STEPS=$7 prec=$8
@@ -39,8 +42,10 @@ ours() {
     --set train.global_batch_size=$B --set train.steps=$((STEPS + 2)) --set train.log_interval=1 \
     --set train.precision=$prec --set optimizer.warmup_steps=0 --set train.output_dir="$work/run" \
     >"$work/ours.log" 2>&1 || { tail -5 "$work/ours.log" >&2; exit 1; }
-  grep -o '"tokens_per_sec":[^,}]*' "$work/run/metrics.jsonl" | cut -d: -f2 | tail -n +3 | sort -g |
-    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+  grep -o '"tokens_per_sec":[^,}]*' "$work/run/metrics.jsonl" | cut -d: -f2 | tail -n +3 | median
+  # The same steps' MFU: against the peak the trainer measured at its start (the clock moves: this
+  # 2-core VM's probe read 80-95 GFLOP/s within minutes), kept for the summary line.
+  grep -o '"mfu":[^,}]*' "$work/run/metrics.jsonl" | cut -d: -f2 | tail -n +3 | median >>"$work/mfu_$prec"
   rm -rf "$work/run"
 }
 theirs() {  # theirs L H HEADS V S B STEPS THREADS eager|compile fp32|bf16 (0 when MODES leaves it out)
@@ -49,7 +54,6 @@ theirs() {  # theirs L H HEADS V S B STEPS THREADS eager|compile fp32|bf16 (0 wh
   args[6]=${THEIR_STEPS:-${args[6]}}
   PYTHONPATH=$torch_dir python3 benchmarks/pytorch2_gpt_step.py "${args[@]}" 2>/dev/null | tail -1
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 bench() {  # bench NAME L H HEADS V S B STEPS
   local name=$1
@@ -73,16 +77,23 @@ bench() {  # bench NAME L H HEADS V S B STEPS
       e=$(theirs "${shape[@]}" "$THREADS" eager bf16)
       f=$(theirs "${shape[@]}" "$THREADS" compile bf16)
     fi
-    printf "%-5s %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f\n" "$r" "$a" "$b" "$c" "$d" "$e" "$f"
+    printf "%-5s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n" "$r" "$a" "$b" "$c" "$d" "$e" "$f"
     ours_f+=("$a") ef+=("$b") cf+=("$c") ours_b+=("$d") eb+=("$e") cb+=("$f")
   done
   local mf me mc mb mbe mbc
   mf=$(echo "${ours_f[*]}" | median) me=$(echo "${ef[*]}" | median) mc=$(echo "${cf[*]}" | median)
   mb=$(echo "${ours_b[*]}" | median) mbe=$(echo "${eb[*]}" | median) mbc=$(echo "${cb[*]}" | median)
-  printf "%-5s %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f\n" median "$mf" "$me" "$mc" "$mb" "$mbe" "$mbc"
+  printf "%-5s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n" median "$mf" "$me" "$mc" "$mb" "$mbe" "$mbc"
   awk -v a="$mf" -v b="$me" -v c="$mc" -v d="$mb" -v e="$mbe" -v f="$mbc" 'function r(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
     BEGIN { printf "ratios: fp32 ours/eager %s, ours/compile %s; bf16 ours/eager %s, ours/compile %s; ours bf16/fp32 %s\n",
       r(a, b), r(a, c), r(d, e), r(d, f), r(d, a) }'
+  local p
+  for p in fp32 bf16; do
+    [[ -s $work/mfu_$p ]] || continue
+    echo "ours $p, % of the peak its run measured at start (rounds; median): $(awk '{printf "%.1f ", 100 * $1}' "$work/mfu_$p");" \
+      "$(median <"$work/mfu_$p" | awk '{printf "%.1f", 100 * $1}')"
+  done
+  rm -f "$work"/mfu_*
 }
 
 # Our GEMM kernel and ISA for the record (the trainer logs them at start).
