@@ -6,6 +6,7 @@
 // that value in PARALLEL_TEST_USER_CUDA_MODULE_LOADING).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
