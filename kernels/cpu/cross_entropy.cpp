@@ -5,7 +5,8 @@
 // Columns with global id >= vocab_size are padding (vocab rounded up to a multiple of the TP size)
 // and are skipped everywhere. bf16 logits are read, and bf16 dlogits written, inside the loops
 // (bf16_io.hpp: the same fp32 operations, no fp32 copy of the row); fp16 logits are widened a row
-// at a time. dlogits are written in the logits' dtype.
+// at a time. dlogits are written in the logits' dtype. Built with -ffp-contract=off (CMakeLists.txt),
+// as the element-wise kernels are: the bf16 loops round exactly as the fp32 ones.
 #include <algorithm>
 #include <cmath>
 #include <limits>

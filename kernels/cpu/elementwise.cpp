@@ -6,6 +6,9 @@
 // place (bf16_io.hpp: the widen and the narrow happen inside the loop, one pass over memory, fp32
 // arithmetic, results bitwise those of widening, the fp32 loop and narrowing). fp16 tensors are
 // widened chunk by chunk into per-thread fp32 scratch (widen.hpp) and run the fp32 loops.
+// Built with -ffp-contract=off (CMakeLists.txt), so that every instantiation and every part of a
+// vectorised loop rounds each product and sum alike: the bitwise contract does not rest on GCC
+// contracting the same multiply-adds everywhere.
 #include <omp.h>
 
 #include <algorithm>

@@ -9,6 +9,9 @@
 // everything else of a bf16 row, the residual sum, the outputs, the residual gradient read and the
 // dropout of the branch gradient, is read and written as bf16 inside the loops (bf16_io.hpp), with
 // no separate narrowing pass. fp16 rows go through fp32 scratch both ways.
+// Built with -ffp-contract=off (CMakeLists.txt): GCC's multiply-add contraction differs between the
+// instantiations' loops (and between a clone's main loop and its remainder), which breaks the bf16
+// rows' bitwise contract under AVX-512.
 #include <omp.h>
 
 #include <algorithm>
