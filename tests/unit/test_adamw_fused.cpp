@@ -6,6 +6,7 @@
 // (AVX-512, AVX2 or baseline), and several steps so that m and v carry history.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -115,9 +116,16 @@ void run_case(const Case& c) {
     expect_same_bits(v, exp_avg_sq, "exp_avg_sq");
     if (copy.defined()) {
       const auto* bits = static_cast<const uint16_t*>(copy.data_ptr());
-      int64_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) bad += bits[i] != narrow(p[i], c.copy);
-      EXPECT_EQ(bad, 0) << "model copy";
+      int64_t bad = 0, first = -1;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (bits[i] == narrow(p[i], c.copy)) continue;
+        if (first < 0) first = static_cast<int64_t>(i);
+        ++bad;
+      }
+      EXPECT_EQ(bad, 0) << "model copy: first difference at " << first << " (main weight bits 0x" << std::hex
+                        << (first >= 0 ? std::bit_cast<uint32_t>(p[first]) : 0u) << ", copy 0x"
+                        << (first >= 0 ? bits[first] : 0) << ", want 0x"
+                        << (first >= 0 ? narrow(p[first], c.copy) : 0) << ")";
     }
   }
 }

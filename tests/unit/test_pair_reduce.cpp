@@ -71,12 +71,17 @@ int compare(DType dt, ReduceOp op, const std::vector<T>& as, const std::vector<T
   return bad;
 }
 
-TEST(PairReduce, SixteenBitMatchesTheScalarDefinitionOnEveryPattern) {
+// Every 16-bit pattern of one format, against the partners.
+void compare_every_pattern(DType dt) {
   std::vector<uint16_t> all(65536);
   for (uint32_t i = 0; i < 65536; i++) all[i] = static_cast<uint16_t>(i);
-  for (DType dt : {DType::BF16, DType::F16})
-    for (ReduceOp op : kOps) EXPECT_EQ(compare(dt, op, all, partners16(dt)), 0) << dtype_name(dt);
+  for (ReduceOp op : kOps) EXPECT_EQ(compare(dt, op, all, partners16(dt)), 0) << dtype_name(dt);
 }
+
+// One test per format: fp16 goes through F16C, which an emulator may round differently from the
+// hardware (scripts/avx512_emulated.sh leaves the fp16 one out there).
+TEST(PairReduce, Bf16MatchesTheScalarDefinitionOnEveryPattern) { compare_every_pattern(DType::BF16); }
+TEST(PairReduce, Fp16MatchesTheScalarDefinitionOnEveryPattern) { compare_every_pattern(DType::F16); }
 
 TEST(PairReduce, Bf16SumsRoundTiesToEven) {
   // The inputs above reach exact ties (fp32 sums whose dropped half is 0x8000): the comparison
