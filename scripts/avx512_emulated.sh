@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# The CPU kernels' AVX-512 code run on a machine without AVX-512 (issue 28):
+#   scripts/avx512_emulated.sh BUILD_DIR OUT_DIR [TEST[:GTEST_FILTER] ...]
+# boots a Linux guest in Bochs (an x86 emulator that implements AVX-512; QEMU's TCG does not),
+# emulating a Skylake-X, and runs the named gtest binaries of BUILD_DIR there, one process each, on one
+# emulated core. The dispatchers then pick what an AVX-512 machine picks: the avx512f clones of the
+# element-wise kernels, AdamW, the norms, cross-entropy, conversions and initialisation, oneDNN's
+# avx512_core GEMMs, the x86-64-v4 dropout masks. With no TEST, the tests that cover those paths run.
+#
+# What it cannot cover: Bochs 2.7 has no AVX512-BF16, AVX512-FP16 or AMX, so the bf16 attention's
+# dot-product kernel (kernels/cpu/attention_bf16.cpp) and oneDNN's avx512_core_bf16/AMX GEMMs still
+# need real hardware. Timings inside the guest mean nothing.
+#
+# BUILD_DIR must be a build without CUDA (-DPARALLEL_WITH_CUDA=OFF): the guest's initramfs carries every
+# library a test loads, and the CUDA libraries alone are over a gigabyte.
+#
+# Needs: bochs, bochsbios, vgabios, busybox-static, isolinux, syslinux-common, xorriso, cpio, script
+# (util-linux), and a Debian cloud kernel image, fetched once with apt-get download (from this
+# machine's own apt sources) into $AVX512_EMU_CACHE (default /var/cache/libparallel).
+# AVX512_EMU_JOBS guests run side by side (default: the number of cores); AVX512_EMU_TIMEOUT is one
+# guest's wall-clock limit in seconds (default 3600).
+# Exit status: 0 every test passed (gtest's own skips count as passes), 1 a test failed or a guest
+# did not finish, 2 usage, 77 skipped (a tool or the kernel image unavailable), with one line saying why.
+set -euo pipefail
+
+skip() {
+  echo "SKIPPED: $*"
+  exit 77
+}
+fail() {
+  echo "avx512_emulated: FAILED: $*"
+  exit 1
+}
+
+[[ $# -ge 2 ]] || {
+  echo "usage: scripts/avx512_emulated.sh BUILD_DIR OUT_DIR [TEST[:GTEST_FILTER] ...]" >&2
+  exit 2
+}
+build=$(readlink -f "$1")
+out=$(mkdir -p "$2" && readlink -f "$2")
+shift 2
+tests=("$@")
+if [[ ${#tests[@]} -eq 0 ]]; then
+  # Each names code with an avx512f (or x86-64-v4) clone or an AVX-512 dispatch, cheapest first so a
+  # slow guest still reports most of them.
+  # The fp16 cases that round weights or sums to fp16 are left out: Bochs 2.7's F16C conversion
+  # does not round ties to even (the guest's own probe, "f16c ties" in the report, shows it), and
+  # those paths are F16C code that AVX2 machines run too.
+  tests=(test_dtype test_init test_tensor test_adamw "test_adamw_fused:-*Fp16*" test_bf16_kernels_exact
+         test_attention_tiles test_init_vectorised "test_pair_reduce:-*Fp16*" test_multi_tensor test_ops
+         test_fused_passes test_attention "test_backend_ops:-*adamw_update*fp16*")
+fi
+jobs=${AVX512_EMU_JOBS:-$(nproc)}
+limit=${AVX512_EMU_TIMEOUT:-3600}
+cache=${AVX512_EMU_CACHE:-/var/cache/libparallel}
+
+for tool in bochs-bin busybox xorriso cpio script apt-get dpkg-deb ldd; do
+  command -v $tool >/dev/null || skip "$tool is missing (see the list of packages at the top of this script)"
+done
+for f in /usr/share/bochs/BIOS-bochs-latest /usr/share/vgabios/vgabios.bin /usr/lib/ISOLINUX/isolinux.bin \
+  /usr/lib/syslinux/modules/bios/ldlinux.c32; do
+  [[ -f $f ]] || skip "$f is missing (bochsbios, vgabios, isolinux, syslinux-common)"
+done
+busybox_bin=$(command -v busybox)
+# ldd fails on a static executable.
+if ldd "$busybox_bin" >/dev/null 2>&1; then skip "$busybox_bin is not static (busybox-static)"; fi
+[[ -f $build/CMakeCache.txt ]] || fail "$build is not a CMake build directory"
+if grep -q '^PARALLEL_HAVE_CUDA:.*=ON' "$build/CMakeCache.txt" || [[ -n $(ls "$build"/lib/libparallel* 2>/dev/null | xargs -r ldd | grep -m1 libcudart) ]]; then
+  fail "$build links CUDA: configure a build with -DPARALLEL_WITH_CUDA=OFF for the guest"
+fi
+for t in "${tests[@]}"; do
+  [[ -x $build/bin/${t%%:*} ]] || fail "no $build/bin/${t%%:*} (build it first)"
+done
+source_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+[[ -d $source_dir/tests/reference ]] || fail "no checkout at $source_dir (from $build/CMakeCache.txt)"
+
+# ---- the guest kernel: Debian's cloud image (serial console, initramfs, no modules needed) --------
+mkdir -p "$cache"
+kernel=$(ls "$cache"/vmlinuz-*-cloud-amd64 2>/dev/null | sort -V | tail -1 || true)
+if [[ -z $kernel ]]; then
+  pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  [[ -n $pkg ]] || skip "apt knows no linux-image-cloud-amd64 (no Debian apt sources on this machine)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || { rm -rf "$tmp"; skip "apt-get download $pkg failed (no mirror reachable)"; }
+  dpkg-deb -x "$tmp"/*.deb "$tmp/x"
+  cp "$tmp"/x/boot/vmlinuz-* "$cache/"
+  rm -rf "$tmp"
+  kernel=$(ls "$cache"/vmlinuz-*-cloud-amd64 | sort -V | tail -1)
+fi
+
+# ---- one initramfs per guest: busybox, the tests, every library they load -------------------------
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# What the emulator gets wrong that the hardware does not: F16C's rounding of halfway cases, which
+# the hardware rounds to even (1 + 2^-11 -> 0x3c00; 2^-13 + 2^-24 -> 0x0800).
+cat >"$work/f16c_ties.c" <<'EOF'
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+__attribute__((target("f16c"))) static unsigned short to_f16(float x) { return _cvtss_sh(x, 0); }
+int main(void) {
+  volatile float one = 1.0f;  // computed at run time, in the guest
+  const unsigned short a = to_f16(one + ldexpf(one, -11)), b = to_f16(ldexpf(one, -13) + ldexpf(one, -24));
+  printf("=== f16c ties: 1+2^-11 -> 0x%04x, 2^-13+2^-24 -> 0x%04x: %s\n", a, b,
+         a == 0x3c00 && b == 0x0800 ? "to even, as the hardware" : "NOT to even (the hardware rounds to even)");
+  return 0;
+}
+EOF
+command -v gcc >/dev/null || skip "gcc is missing (for the guest's F16C probe)"
+gcc -O1 -static -o "$work/f16c_ties" "$work/f16c_ties.c" -lm || skip "no static C library (libc6-dev) for the guest's probe"
+libs=$(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
+[[ -z $(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done | grep 'not found') ]] || fail "a test has a library ldd cannot find"
+
+guests=$((jobs < ${#tests[@]} ? jobs : ${#tests[@]}))
+for ((g = 0; g < guests; g++)); do
+  root=$work/root$g
+  mkdir -p "$root"/{bin,proc,sys,dev,tmp,t}
+  cp "$busybox_bin" "$root/bin/busybox"
+  cp "$work/f16c_ties" "$root/bin/"
+  for a in sh mount poweroff cat echo grep sort tr timeout sync; do ln -s busybox "$root/bin/$a"; done
+  for l in $libs; do cp -L --parents "$l" "$root/"; done
+  # The tests' fixtures and configs, found through PARALLEL_SOURCE_DIR as under ctest.
+  mkdir -p "$root/src/tests"
+  cp -r "$source_dir/tests/reference" "$source_dir/tests/data" "$root/src/tests/"
+  cp -r "$source_dir/configs" "$root/src/"
+  # Round-robin, so both guests get a share of the cheap and the slow tests.
+  : >"$root/tests"
+  for ((i = g; i < ${#tests[@]}; i += guests)); do
+    t=${tests[$i]}
+    cp "$build/bin/${t%%:*}" "$root/t/"
+    echo "$t" >>"$root/tests"
+  done
+  cat >"$root/init" <<'EOF'
+#!/bin/sh
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+export PATH=/bin HOME=/tmp TMPDIR=/tmp OMP_NUM_THREADS=1 PARALLEL_SOURCE_DIR=/src
+cd /tmp
+echo "=== guest cpu: $(grep -o -w -E 'avx512[a-z_0-9]*|avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+/bin/f16c_ties
+for t in $(cat /tests); do
+  name=${t%%:*}
+  filter=*
+  [ "$name" != "$t" ] && filter=${t#*:}
+  echo "=== test $t start"
+  /t/$name --gtest_brief=1 "--gtest_filter=$filter" </dev/null
+  echo "=== test $t rc=$?"
+done
+echo "=== guest done"
+sync
+poweroff -f
+EOF
+  chmod +x "$root/init"
+  iso=$work/iso$g
+  mkdir -p "$iso/isolinux"
+  (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$iso/isolinux/initrd.gz"
+  cp "$kernel" "$iso/isolinux/vmlinuz"
+  cp /usr/lib/ISOLINUX/isolinux.bin /usr/lib/syslinux/modules/bios/ldlinux.c32 "$iso/isolinux/"
+  # clearcpuid=321,323 (XSAVEC, XSAVES): Bochs 2.7 reports the standard-format size for the compacted
+  # XSAVE format, so a Linux that uses the compacted one (6.0 and later) finds the sizes inconsistent
+  # and turns XSAVE off, AVX-512 with it. The standard format (XSAVEOPT) is consistent.
+  cat >"$iso/isolinux/isolinux.cfg" <<'EOF'
+default linux
+prompt 0
+timeout 0
+label linux
+  kernel vmlinuz
+  append initrd=initrd.gz console=ttyS0,115200 loglevel=4 nokaslr mitigations=off clearcpuid=321,323 lpj=2000000 rdinit=/init
+EOF
+  xorriso -as mkisofs -quiet -o "$work/guest$g.iso" -b isolinux/isolinux.bin -c isolinux/boot.cat -no-emul-boot \
+    -boot-load-size 4 -boot-info-table "$iso" 2>/dev/null
+  rm -rf "$iso"
+  # vga update_freq=1: the terminal display otherwise redraws often enough to slow the guest tenfold.
+  cat >"$work/bochsrc$g" <<EOF
+megs: 2048
+cpu: model=corei7_skylake_x, count=1, ips=50000000, reset_on_triple_fault=0
+romimage: file=/usr/share/bochs/BIOS-bochs-latest
+vgaromimage: file=/usr/share/vgabios/vgabios.bin
+vga: extension=none, update_freq=1
+ata0: enabled=1, ioaddr1=0x1f0, ioaddr2=0x3f0, irq=14
+ata0-master: type=cdrom, path=$work/guest$g.iso, status=inserted
+boot: cdrom
+com1: enabled=1, mode=file, dev=$out/guest$g.serial
+display_library: term
+clock: sync=none, time0=local
+log: $out/guest$g.bochs.log
+panic: action=fatal
+error: action=ignore
+info: action=ignore
+debug: action=ignore
+EOF
+done
+
+# ---- run the guests -------------------------------------------------------------------------------
+# Debian's bochs-bin has the debugger built in: "c" continues from the first prompt. The terminal
+# display wants a terminal, which script(1) provides. The guest's power-off ends Bochs (ACPI soft off
+# is a "panic" to Bochs, fatal by the settings above).
+printf 'c\nquit\n' >"$work/continue"
+start=$(date +%s)
+pids=()
+for ((g = 0; g < guests; g++)); do
+  rm -f "$out/guest$g.serial"
+  (cd "$work" && script -qfc "timeout -s KILL $limit bochs-bin -q -rc $work/continue -f $work/bochsrc$g" /dev/null \
+    >"$out/guest$g.terminal" 2>&1 </dev/null || true) &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+echo "avx512_emulated: $guests guest(s) ran in $(($(date +%s) - start)) s"
+if grep -q '^PARALLEL_EMULATE_AVX512_BF16:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "bf16 attention: the AVX512-BF16 kernel, its two instructions spelled in AVX-512F (PARALLEL_EMULATE_AVX512_BF16=ON)"
+else
+  echo "bf16 attention: widened to fp32 (no AVX512-BF16 in Bochs; -DPARALLEL_EMULATE_AVX512_BF16=ON runs the bf16 kernel)"
+fi
+
+# ---- the report -----------------------------------------------------------------------------------
+status=0
+for ((g = 0; g < guests; g++)); do
+  serial=$out/guest$g.serial
+  [[ -f $serial ]] || {
+    echo "guest $g: no serial output (see $out/guest$g.bochs.log)"
+    status=1
+    continue
+  }
+  grep -a -E '^=== (guest cpu|f16c ties):' "$serial" | tr -d '\r' | sed "s/^=== /guest $g: /" || true
+  grep -a -q 'avx512f' "$serial" || {
+    echo "guest $g: the guest reports no avx512f: nothing AVX-512 ran"
+    status=1
+  }
+  while read -r t; do
+    rc=$(tr -d '\r' <"$serial" | grep -a -F "=== test $t rc=" | tail -1 | sed 's/.*rc=//' || true)
+    if [[ -z $rc ]]; then
+      echo "  $t: DID NOT FINISH (guest limit ${limit}s)"
+      status=1
+    elif [[ $rc != 0 ]]; then
+      echo "  $t: FAILED (exit $rc)"
+      status=1
+    else
+      echo "  $t: passed"
+    fi
+  done < <(for ((i = g; i < ${#tests[@]}; i += guests)); do echo "${tests[$i]}"; done)
+  grep -a -q '^=== guest done' "$serial" || { echo "guest $g: did not reach the end"; status=1; }
+done
+exit $status
