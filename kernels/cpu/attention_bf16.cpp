@@ -46,7 +46,38 @@ using namespace attention_tiles;
 typedef uint16_t u16 __attribute__((may_alias));
 typedef uint32_t u32 __attribute__((may_alias));
 
+#ifndef PARALLEL_EMULATE_AVX512_BF16
 #define PARALLEL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// The file's two AVX512-BF16 instructions.
+PARALLEL_BF16 inline __m512 dot_pairs_acc(__m512 acc, __m512bh a, __m512bh b) {
+  return _mm512_dpbf16_ps(acc, a, b);
+}
+PARALLEL_BF16 inline __m256bh round_to_bf16(__m512 x) { return _mm512_cvtneps_pbh(x); }
+#else
+// The CMake option PARALLEL_EMULATE_AVX512_BF16, for scripts/avx512_emulated.sh only: the two
+// instructions spelled in AVX-512F, so that an emulator without AVX512-BF16 (Bochs 2.7) runs every
+// other line of this kernel (tiling, masks, tails, pair layouts). The arithmetic is the
+// instructions' own (the odd pair's exact product added first, then the even one's, each rounded
+// to nearest even; NaNs quieted), except that denormal inputs and results are kept, not flushed.
+#define PARALLEL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+PARALLEL_BF16 inline __m512 dot_pairs_acc(__m512 acc, __m512bh a, __m512bh b) {
+  const __m512i ai = (__m512i)a, bi = (__m512i)b, high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(ai, high)),
+                        _mm512_castsi512_ps(_mm512_and_si512(bi, high)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(ai, 16)),
+                         _mm512_castsi512_ps(_mm512_slli_epi32(bi, 16)), acc);
+}
+PARALLEL_BF16 inline __m256bh round_to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+  const __m512i r = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), quiet);
+  return (__m256bh)_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+#endif
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
 
@@ -70,7 +101,7 @@ PARALLEL_BF16 inline void dot_block(float* C, int64_t ldc, const u32* Aw, int64_
     for (int i = 0; i < MR; i++) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(Aw[i * a_rs + p * a_ps]));
 #pragma GCC unroll 2
-      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
+      for (int v = 0; v < NV; v++) acc[i][v] = dot_pairs_acc(acc[i][v], a, b[v]);
     }
   }
 #pragma GCC unroll 8
@@ -140,7 +171,7 @@ PARALLEL_BF16 void pair_rows(u32* out, int64_t ldo, const u16* rows, int64_t ld,
 
 // 16 fp32 values rounded to bf16 (nearest even) in the low halves of 16 32-bit lanes.
 PARALLEL_BF16 inline __m512i bf16_lanes(const float* x, __mmask16 m) {
-  const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x));
+  const __m256bh h = round_to_bf16(_mm512_maskz_loadu_ps(m, x));
   return _mm512_cvtepu16_epi32((__m256i)h);
 }
 
@@ -170,7 +201,7 @@ PARALLEL_BF16 void round_rows(u16* out, int64_t ldo, const float* rows, int64_t 
     u16* o = out + i * ldo;
     for (int64_t c = 0; c < width; c += 16) {
       const __mmask16 m = lanes(width - c);
-      const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, r + c));
+      const __m256bh h = round_to_bf16(_mm512_maskz_loadu_ps(m, r + c));
       _mm256_mask_storeu_epi16(o + c, m, (__m256i)h);
     }
     if (width % 2) o[width] = 0;
@@ -209,8 +240,13 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 }  // namespace
 
 bool attention_bf16_supported(DType dtype, int64_t head_dim) {
+#ifndef PARALLEL_EMULATE_AVX512_BF16
   static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+#endif
   return cpu && dtype == DType::BF16 && head_dim % 2 == 0;
 }
 

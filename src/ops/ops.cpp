@@ -817,8 +817,12 @@ double attention_visible_pairs(const AttentionMask& mask, int64_t sq, int64_t sk
 
 std::string attention_implementation(DType dtype, int64_t head_dim) {
   if (dtype == DType::F32) return "fp32";
-  return cpu::attention_bf16_supported(dtype, head_dim) ? "bf16 on avx512_bf16 dot products"
-                                                        : "widened to fp32";
+#ifdef PARALLEL_EMULATE_AVX512_BF16
+  constexpr const char* bf16_dots = "bf16 on avx512_bf16 dot products (emulated in AVX-512F)";
+#else
+  constexpr const char* bf16_dots = "bf16 on avx512_bf16 dot products";
+#endif
+  return cpu::attention_bf16_supported(dtype, head_dim) ? bf16_dots : "widened to fp32";
 }
 
 int64_t attention_workspace_bytes(DType dtype, int64_t s, int64_t b, int64_t hq, int64_t hkv,

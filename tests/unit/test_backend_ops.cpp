@@ -46,7 +46,8 @@ std::map<size_t, Cell>& cells() {
 }
 
 std::string verdict_cell(const Verdict& v) {
-  return v.ok ? fmt::format("pass {:.2f}", v.worst) : fmt::format("FAIL {}", v.worst > 1e9 ? "inf" : fmt::format("{:.3g}", v.worst));
+  return v.ok ? fmt::format("pass {:.2f}", v.worst)
+              : fmt::format("FAIL {}", v.worst > 1e9 ? "inf" : fmt::format("{:.3g}", v.worst));
 }
 
 // ---- correctness: CPU against the reference, one gtest case per row ---------------------------
@@ -135,11 +136,13 @@ TEST(OpTableRejections, WrongDtypesAreRefusedNamingOpAndArgument) {
       ADD_FAILURE() << r.op << " accepted " << r.what;
     } catch (const Error& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find(op), std::string::npos) << r.what << ": the message does not name " << op << ": " << msg;
-      EXPECT_NE(msg.find(arg), std::string::npos) << r.what << ": the message does not name " << r.arg << ": "
-                                                  << msg;
+      EXPECT_NE(msg.find(op), std::string::npos)
+          << r.what << ": the message does not name " << op << ": " << msg;
+      EXPECT_NE(msg.find(arg), std::string::npos)
+          << r.what << ": the message does not name " << r.arg << ": " << msg;
     } catch (const std::exception& e) {
-      ADD_FAILURE() << r.op << " with " << r.what << " threw something other than parallel::Error: " << e.what();
+      ADD_FAILURE() << r.op << " with " << r.what
+                    << " threw something other than parallel::Error: " << e.what();
     }
   }
 }
@@ -147,13 +150,17 @@ TEST(OpTableRejections, WrongDtypesAreRefusedNamingOpAndArgument) {
 void print_summary() {
   if (cells().empty()) return;
   std::printf("\nop table: %zu rows (worst error as a fraction of the row's tolerance)\n", cells().size());
-  std::printf("%-26s %-5s %-36s %-46s %-18s %-10s %s\n", "op", "dtype", "shape", "other arguments", "tolerance", "cpu",
-              "cuda");
+  // Which CPU kernels the rows ran (they depend on the CPU's ISA).
+  std::printf("cpu kernels: gemm fp32 %s; gemm bf16 %s; attention bf16 %s\n",
+              ops::gemm_implementation(DType::F32).c_str(), ops::gemm_implementation(DType::BF16).c_str(),
+              ops::attention_implementation(DType::BF16, 64).c_str());
+  std::printf("%-26s %-5s %-36s %-46s %-18s %-10s %s\n", "op", "dtype", "shape", "other arguments",
+              "tolerance", "cpu", "cuda");
   int fails = 0, missing = 0;
   for (const auto& [i, c] : cells()) {
     const Row& r = table()[i];
-    std::printf("%-26s %-5s %-36s %-46s %-18s %-10s %s\n", r.op.c_str(), dn(r.dtype), r.shape.c_str(), r.fixed.c_str(),
-                r.tol.str().c_str(), c.cpu.c_str(), c.cuda.c_str());
+    std::printf("%-26s %-5s %-36s %-46s %-18s %-10s %s\n", r.op.c_str(), dn(r.dtype), r.shape.c_str(),
+                r.fixed.c_str(), r.tol.str().c_str(), c.cpu.c_str(), c.cuda.c_str());
     fails += c.cpu.starts_with("FAIL") + c.cuda.starts_with("FAIL");
     missing += c.cuda == "missing";
   }
@@ -169,7 +176,8 @@ void sync(Device d) {
 int speed(const char* filter) {
   std::vector<Device> devices{Device::cpu()};
   if (cuda_device_count() > 0) devices.push_back(Device::cuda());
-  std::printf("%-27s %-5s %-40s %-8s %10s %10s %10s\n", "op", "dtype", "shape", "device", "us", "GB/s", "GFLOP/s");
+  std::printf("%-27s %-5s %-40s %-8s %10s %10s %10s\n", "op", "dtype", "shape", "device", "us", "GB/s",
+              "GFLOP/s");
   for (const Row& row : op_rows(/*speed=*/true)) {
     if (filter != nullptr && row.name().find(filter) == std::string::npos) continue;
     for (Device d : devices) {
@@ -188,12 +196,12 @@ int speed(const char* filter) {
           secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         }
         const double t = secs / iters;
-        std::printf("%-27s %-5s %-40s %-8s %10.1f %10.2f %10s\n", row.op.c_str(), dn(row.dtype), row.shape.c_str(),
-                    d.str().c_str(), t * 1e6, run.bytes / t / 1e9,
+        std::printf("%-27s %-5s %-40s %-8s %10.1f %10.2f %10s\n", row.op.c_str(), dn(row.dtype),
+                    row.shape.c_str(), d.str().c_str(), t * 1e6, run.bytes / t / 1e9,
                     run.flops > 0 ? fmt::format("{:.1f}", run.flops / t / 1e9).c_str() : "-");
       } catch (const Error& e) {
-        std::printf("%-27s %-5s %-40s %-8s %s\n", row.op.c_str(), dn(row.dtype), row.shape.c_str(), d.str().c_str(),
-                    std::strstr(e.what(), "no CUDA kernel") ? "missing" : "threw");
+        std::printf("%-27s %-5s %-40s %-8s %s\n", row.op.c_str(), dn(row.dtype), row.shape.c_str(),
+                    d.str().c_str(), std::strstr(e.what(), "no CUDA kernel") ? "missing" : "threw");
       }
       std::fflush(stdout);
     }
