@@ -41,14 +41,15 @@ out=$(mkdir -p "$2" && readlink -f "$2")
 shift 2
 tests=("$@")
 if [[ ${#tests[@]} -eq 0 ]]; then
-  # Each covers code with an avx512f (or x86-64-v4) clone or an AVX-512 dispatch, roughly cheapest
-  # first, so that a guest stopped by the time limit still reports most of them.
+  # Each covers code with an avx512f (or x86-64-v4) clone or an AVX-512 dispatch; the last four run
+  # whole models (one rank) against the single-rank and PyTorch references.
   # The fp16 cases that round weights or sums to fp16 are left out: Bochs 2.7's F16C conversion
   # does not round ties to even (the guest's own probe, "f16c ties" in the report, shows it), and
   # those paths are F16C code that AVX2 machines run too.
   tests=(test_dtype test_init test_tensor test_adamw "test_adamw_fused:-*Fp16*" test_bf16_kernels_exact
          test_attention_tiles test_init_vectorised "test_pair_reduce:-*Fp16*" test_multi_tensor test_ops
-         test_fused_passes test_attention "test_backend_ops:-*adamw_update*fp16*")
+         test_fused_passes test_attention "test_backend_ops:-*adamw_update*fp16*" test_step_conversions
+         test_mixed_precision test_gpt_parity test_pytorch_parity)
 fi
 jobs=${AVX512_EMU_JOBS:-$(nproc)}
 limit=${AVX512_EMU_TIMEOUT:-3600}
@@ -110,6 +111,18 @@ command -v gcc >/dev/null || skip "gcc is missing (for the guest's F16C probe)"
 gcc -O1 -static -o "$work/f16c_ties" "$work/f16c_ties.c" -lm || skip "no static C library (libc6-dev) for the guest's probe"
 libs=$(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
 [[ -z $(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done | grep 'not found') ]] || fail "a test has a library ldd cannot find"
+# A test that links Open MPI runs as a singleton (one rank, no mpirun): the guest needs the
+# components Open MPI opens at run time, their libraries and its help texts.
+ompi_dirs=()
+if grep -q '/libmpi\.so' <<<"$libs"; then
+  for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/share/openmpi; do [[ -d $d ]] && ompi_dirs+=("$d"); done
+  libs=$(
+    echo "$libs"
+    find /usr/lib/x86_64-linux-gnu/openmpi -name '*.so' -exec ldd {} \; 2>/dev/null |
+      awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+  )
+  libs=$(sort -u <<<"$libs")
+fi
 
 guests=$((jobs < ${#tests[@]} ? jobs : ${#tests[@]}))
 for ((g = 0; g < guests; g++)); do
@@ -119,6 +132,7 @@ for ((g = 0; g < guests; g++)); do
   cp "$work/f16c_ties" "$root/bin/"
   for a in sh mount poweroff cat echo grep sort tr timeout sync; do ln -s busybox "$root/bin/$a"; done
   for l in $libs; do cp -L --parents "$l" "$root/"; done
+  for d in "${ompi_dirs[@]}"; do mkdir -p "$root${d%/*}" && cp -a "$d" "$root${d%/*}/"; done
   # The tests' fixtures and configs, found through PARALLEL_SOURCE_DIR as under ctest.
   mkdir -p "$root/src/tests"
   cp -r "$source_dir/tests/reference" "$source_dir/tests/data" "$root/src/tests/"
@@ -137,6 +151,10 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
 export PATH=/bin HOME=/tmp TMPDIR=/tmp OMP_NUM_THREADS=1 PARALLEL_SOURCE_DIR=/src
+# Open MPI singletons without a server process, as root, over shared memory only.
+export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 cd /tmp
 echo "=== guest cpu: $(grep -o -w -E 'avx512[a-z_0-9]*|avx2|fma' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 /bin/f16c_ties
@@ -145,7 +163,7 @@ for t in $(cat /tests); do
   filter=*
   [ "$name" != "$t" ] && filter=${t#*:}
   echo "=== test $t start"
-  /t/$name --gtest_brief=1 "--gtest_filter=$filter" </dev/null
+  /t/$name --gtest_brief=1 --gtest_color=no "--gtest_filter=$filter" </dev/null
   echo "=== test $t rc=$?"
 done
 echo "=== guest done"
@@ -235,6 +253,10 @@ for ((g = 0; g < guests; g++)); do
       status=1
     elif [[ $rc != 0 ]]; then
       echo "  $t: FAILED (exit $rc)"
+      status=1
+    elif tr -d '\r' <"$serial" | awk -v s="=== test $t start" -v e="=== test $t rc=" \
+      'index($0, s) == 1 {on = 1} on && /\] 0 tests from 0 test suites ran/ {n = 1} index($0, e) == 1 {on = 0} END {exit !n}'; then
+      echo "  $t: NO TEST matched the filter"
       status=1
     else
       echo "  $t: passed"
