@@ -66,7 +66,7 @@ busybox_bin=$(command -v busybox)
 # ldd fails on a static executable.
 if ldd "$busybox_bin" >/dev/null 2>&1; then skip "$busybox_bin is not static (busybox-static)"; fi
 [[ -f $build/CMakeCache.txt ]] || fail "$build is not a CMake build directory"
-if [[ -n $(ls "$build"/lib/libparallel.so* 2>/dev/null | xargs -r ldd 2>/dev/null | grep -m1 libcudart) ]]; then
+if [[ -n $(find "$build/lib" -name 'libparallel.so*' -exec ldd {} + 2>/dev/null | grep -m1 libcudart) ]]; then
   fail "$build links CUDA: configure a build with -DPARALLEL_WITH_CUDA=OFF for the guest"
 fi
 for t in "${tests[@]}"; do
