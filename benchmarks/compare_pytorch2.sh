@@ -31,22 +31,15 @@ echo "date: $(date -u +%Y-%m-%d)"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; flags: $(grep -o -w -E 'avx512f|avx512_bf16|avx512_fp16|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "torch: $(PYTHONPATH=$torch_dir python3 -c 'import torch; print(torch.__version__)'), threads $THREADS, OMP_WAIT_POLICY=$OMP_WAIT_POLICY, precisions: $PRECISIONS, modes: $MODES, their timed steps: ${THEIR_STEPS:-ours}"
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+source benchmarks/ours_step.sh
 
-# ours MODEL PRECISION: median tokens/s over the steps after the first two.
+# ours L H HEADS V S B STEPS PRECISION: median tokens/s over the timed steps; their median MFU (the
+# clock moves: this 2-core VM's probe read 80-95 GFLOP/s within minutes) kept for the summary line.
 ours() {
-  local L=$1 H=$2 HEADS=$3 V=$4 S=$5 B=$6 STEPS=$7 prec=$8
-  OMP_NUM_THREADS=$THREADS "$build/bin/pretrain_gpt" --config configs/tiny.yaml \
-    --set model.num_layers=$L --set model.hidden_size=$H --set model.num_attention_heads=$HEADS \
-    --set model.vocab_size=$V --set model.seq_length=$S --set train.micro_batch_size=$B \
-    --set train.global_batch_size=$B --set train.steps=$((STEPS + 2)) --set train.log_interval=1 \
-    --set train.precision=$prec --set optimizer.warmup_steps=0 --set train.output_dir="$work/run" \
-    >"$work/ours.log" 2>&1 || { tail -5 "$work/ours.log" >&2; exit 1; }
-  grep -o '"tokens_per_sec":[^,}]*' "$work/run/metrics.jsonl" | cut -d: -f2 | tail -n +3 | median
-  # The same steps' MFU: against the peak the trainer measured at its start (the clock moves: this
-  # 2-core VM's probe read 80-95 GFLOP/s within minutes), kept for the summary line.
-  grep -o '"mfu":[^,}]*' "$work/run/metrics.jsonl" | cut -d: -f2 | tail -n +3 | median >>"$work/mfu_$prec"
-  rm -rf "$work/run"
+  local r
+  r=$(ours_step "$build" "$work" "$@") || exit 1
+  echo "${r%% *}"
+  echo "${r##* }" >>"$work/mfu_$8"
 }
 theirs() {  # theirs L H HEADS V S B STEPS THREADS eager|compile fp32|bf16 (0 when MODES leaves it out)
   local args=("$@")
