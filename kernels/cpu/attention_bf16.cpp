@@ -240,13 +240,14 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 }  // namespace
 
 bool attention_bf16_supported(DType dtype, int64_t head_dim) {
-#ifndef PARALLEL_EMULATE_AVX512_BF16
-  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#ifdef PARALLEL_EMULATE_AVX512_BF16
+  constexpr bool emulated = true;  // the two instructions are spelled in AVX-512F (above)
 #else
-  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
+  constexpr bool emulated = false;
 #endif
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          (emulated || __builtin_cpu_supports("avx512bf16"));
   return cpu && dtype == DType::BF16 && head_dim % 2 == 0;
 }
 
