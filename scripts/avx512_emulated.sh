@@ -109,8 +109,9 @@ int main(void) {
 EOF
 command -v gcc >/dev/null || skip "gcc is missing (for the guest's F16C probe)"
 gcc -O1 -static -o "$work/f16c_ties" "$work/f16c_ties.c" -lm || skip "no static C library (libc6-dev) for the guest's probe"
-libs=$(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
-[[ -z $(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done | grep 'not found') ]] || fail "a test has a library ldd cannot find"
+deps=$(for t in "${tests[@]}"; do ldd "$build/bin/${t%%:*}"; done)
+! grep -q 'not found' <<<"$deps" || fail "a test has a library ldd cannot find"
+libs=$(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$deps" | sort -u)
 # A test that links Open MPI runs as a singleton (one rank, no mpirun): the guest needs the
 # components Open MPI opens at run time, their libraries and its help texts.
 ompi_dirs=()
@@ -235,33 +236,35 @@ fi
 # ---- the report -----------------------------------------------------------------------------------
 status=0
 for ((g = 0; g < guests; g++)); do
-  serial=$out/guest$g.serial
-  [[ -f $serial ]] || {
+  [[ -f $out/guest$g.serial ]] || {
     echo "guest $g: no serial output (see $out/guest$g.bochs.log)"
     status=1
     continue
   }
-  grep -a -E '^=== (guest cpu|f16c ties):' "$serial" | tr -d '\r' | sed "s/^=== /guest $g: /" || true
+  serial=$work/serial$g
+  tr -d '\r' <"$out/guest$g.serial" >"$serial"
+  grep -a -E '^=== (guest cpu|f16c ties):' "$serial" | sed "s/^=== /guest $g: /" || true
   grep -a -q 'avx512f' "$serial" || {
     echo "guest $g: the guest reports no avx512f: nothing AVX-512 ran"
     status=1
   }
   while read -r t; do
-    rc=$(tr -d '\r' <"$serial" | grep -a -F "=== test $t rc=" | tail -1 | sed 's/.*rc=//' || true)
+    rc=$(grep -a -F "=== test $t rc=" "$serial" | tail -1 | sed 's/.*rc=//' || true)
     if [[ -z $rc ]]; then
       echo "  $t: DID NOT FINISH (guest limit ${limit}s)"
       status=1
     elif [[ $rc != 0 ]]; then
       echo "  $t: FAILED (exit $rc)"
       status=1
-    elif tr -d '\r' <"$serial" | awk -v s="=== test $t start" -v e="=== test $t rc=" \
-      'index($0, s) == 1 {on = 1} on && /\] 0 tests from 0 test suites ran/ {n = 1} index($0, e) == 1 {on = 0} END {exit !n}'; then
+    elif awk -v s="=== test $t start" -v e="=== test $t rc=" \
+      'index($0, s) == 1 {on = 1} on && /\] 0 tests from 0 test suites ran/ {n = 1} index($0, e) == 1 {on = 0} END {exit !n}' \
+      "$serial"; then
       echo "  $t: NO TEST matched the filter"
       status=1
     else
       echo "  $t: passed"
     fi
-  done < <(for ((i = g; i < ${#tests[@]}; i += guests)); do echo "${tests[$i]}"; done)
+  done <"$work/root$g/tests"
   grep -a -q '^=== guest done' "$serial" || { echo "guest $g: did not reach the end"; status=1; }
 done
 exit $status
