@@ -14,9 +14,10 @@
 # BUILD_DIR must be a build without CUDA (-DPARALLEL_WITH_CUDA=OFF): the guest's initramfs carries every
 # library a test loads, and the CUDA libraries alone are over a gigabyte.
 #
-# Needs: bochs, bochsbios, vgabios, busybox-static, isolinux, syslinux-common, xorriso, cpio, script
-# (util-linux), and a Debian cloud kernel image, fetched once with apt-get download (from this
-# machine's own apt sources) into $AVX512_EMU_CACHE (default /var/cache/libparallel).
+# Needs: bochs, bochsbios, vgabios, bochs-term, busybox-static, isolinux, syslinux-common, xorriso,
+# cpio (scripts/install-deps.sh --with-avx512-emulator), script (util-linux), and a Debian cloud
+# kernel image, fetched once with apt-get download (from this machine's own apt sources) into
+# $AVX512_EMU_CACHE (default /var/cache/libparallel).
 # AVX512_EMU_JOBS guests run side by side (default: the number of cores); AVX512_EMU_TIMEOUT is one
 # guest's wall-clock limit in seconds (default 3600).
 # Exit status: 0 every test passed (gtest's own skips count as passes), 1 a test failed or a guest

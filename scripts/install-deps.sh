@@ -4,6 +4,7 @@
 #   --with-torch   also install python3-torch (only needed to regenerate the PyTorch fixtures)
 #   --with-plots   also install python3-matplotlib (scripts/plot_metrics.py; scripts/test.sh asks for it)
 #   --with-fuzz    also install clang and its sanitizer/libFuzzer runtimes (only for scripts/fuzz.sh)
+#   --with-avx512-emulator  also install Bochs and what its guests boot from (scripts/avx512_emulated.sh)
 set -euo pipefail
 
 packages=(
@@ -28,6 +29,10 @@ packages=(
 # only recommended by clang, and recommendations are not installed. ctest replays the corpora
 # without any of this.
 [[ " $* " == *" --with-fuzz "* ]] && packages+=(clang libclang-rt-14-dev)
+# The AVX-512 check on machines without AVX-512 (scripts/avx512_emulated.sh, docs/ops.md): Bochs,
+# its BIOS images and terminal display, a static busybox, and the tools that make a bootable CD.
+[[ " $* " == *" --with-avx512-emulator "* ]] &&
+  packages+=(bochs bochsbios vgabios bochs-term busybox-static isolinux syslinux-common xorriso cpio)
 
 missing=()
 for p in "${packages[@]}"; do
