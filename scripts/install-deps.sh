@@ -30,9 +30,12 @@ packages=(
 # without any of this.
 [[ " $* " == *" --with-fuzz "* ]] && packages+=(clang libclang-rt-14-dev)
 # The AVX-512 check on machines without AVX-512 (scripts/avx512_emulated.sh, docs/ops.md): Bochs,
-# its BIOS images and terminal display, a static busybox, and the tools that make a bootable CD.
+# its BIOS images and terminal display, a static busybox, and the tools that make a bootable CD; for
+# the Sapphire Rapids guest (scripts/setup_spr_emulator.sh), what fetches, checks and builds Debian
+# 13's Bochs.
 [[ " $* " == *" --with-avx512-emulator "* ]] &&
-  packages+=(bochs bochsbios vgabios bochs-term busybox-static isolinux syslinux-common xorriso cpio)
+  packages+=(bochs bochsbios vgabios bochs-term busybox-static isolinux syslinux-common xorriso cpio
+    curl gpgv debian-archive-keyring xz-utils libncurses-dev)
 
 missing=()
 for p in "${packages[@]}"; do
