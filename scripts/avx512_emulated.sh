@@ -2,10 +2,11 @@
 # The CPU kernels' AVX-512 code run on a machine without AVX-512 (issue 28):
 #   scripts/avx512_emulated.sh BUILD_DIR OUT_DIR [TEST[:GTEST_FILTER] ...]
 # boots a Linux guest in Bochs (an x86 emulator that implements AVX-512; QEMU's TCG does not),
-# emulating a Skylake-X or a Sapphire Rapids, and runs the named gtest binaries of BUILD_DIR there, one process each, on one
-# emulated core. The dispatchers then pick what an AVX-512 machine picks: the avx512f clones of the
-# element-wise kernels, AdamW, the norms, cross-entropy, conversions and initialisation, oneDNN's
-# avx512_core GEMMs, the x86-64-v4 dropout masks. With no TEST, the tests that cover those paths run.
+# emulating a Skylake-X or a Sapphire Rapids, and runs the named gtest binaries of BUILD_DIR there, one
+# process each, on one emulated core. The dispatchers then pick what an AVX-512 machine picks: the
+# avx512f clones of the element-wise kernels, AdamW, the norms, cross-entropy, conversions and
+# initialisation, oneDNN's avx512_core GEMMs, the x86-64-v4 dropout masks. With no TEST, the tests
+# that cover those paths run.
 #
 # AVX512_EMU_CPU is the emulated CPU, one of two:
 #   corei7_skylake_x (the default)  AVX-512F/CD/BW/DQ/VL: Debian 12's Bochs 2.7 (bochs-bin) and Debian
@@ -218,15 +219,14 @@ EOF
   # and turns XSAVE off, AVX-512 with it; under Bochs 3.0, Debian 13's kernel takes a general
   # protection fault setting the compacted format up (fpu__init_cpu_xstate). The standard format
   # (XSAVEOPT) works in both.
-  cat >"$iso/isolinux/isolinux.cfg" <<'EOF'
+  cat >"$iso/isolinux/isolinux.cfg" <<EOF
 default linux
 prompt 0
 timeout 0
 label linux
   kernel vmlinuz
-  append initrd=initrd.gz console=ttyS0,115200 loglevel=4 nokaslr mitigations=off clearcpuid=321,323 lpj=2000000 rdinit=/init KERNEL_ARGS
+  append initrd=initrd.gz console=ttyS0,115200 loglevel=4 nokaslr mitigations=off clearcpuid=321,323 lpj=2000000 rdinit=/init${kernel_args:+ $kernel_args}
 EOF
-  sed -i "s/ KERNEL_ARGS\$/${kernel_args:+ $kernel_args}/" "$iso/isolinux/isolinux.cfg"
   xorriso -as mkisofs -quiet -o "$work/guest$g.iso" -b isolinux/isolinux.bin -c isolinux/boot.cat -no-emul-boot \
     -boot-load-size 4 -boot-info-table "$iso" 2>/dev/null
   rm -rf "$iso"

@@ -28,7 +28,9 @@ fail() {
 }
 
 suite=trixie
-cache=$(mkdir -p "${1:-${AVX512_EMU_CACHE:-/var/cache/libparallel}}" && readlink -f "${1:-${AVX512_EMU_CACHE:-/var/cache/libparallel}}")
+cache=${1:-${AVX512_EMU_CACHE:-/var/cache/libparallel}}
+mkdir -p "$cache"
+cache=$(readlink -f "$cache")
 # (Lists are read whole: grep -q closing a pipe early would fail it under pipefail.)
 has_spr() { grep -q -x sapphire_rapids <<<"$("$1" --help cpu 2>&1 || true)"; }
 have_bochs=0
@@ -104,7 +106,8 @@ if [[ $have_bochs == 0 ]]; then
   stanza Sources bochs >stanza
   version=$(awk '/^Version:/ {print $2}' stanza)
   dir=$(awk '/^Directory:/ {print $2}' stanza)
-  orig=$(awk '/^Checksums-Sha256:/ {on = 1; next} /^[A-Za-z0-9-]+:/ {on = 0} on && $3 ~ /\.orig\.tar\./ {print $3}' stanza)
+  orig=$(awk '/^Checksums-Sha256:/ {on = 1; next} /^[A-Za-z0-9-]+:/ {on = 0}
+    on && $3 ~ /\.orig\.tar\./ {print $3}' stanza)
   [[ -n $version && -n $dir && -n $orig ]] || fail "$suite's Sources has no bochs source package"
   [[ ${version%%.*} -ge 3 ]] || fail "$suite's bochs is $version; AVX512-FP16 needs Bochs 3.0 or later"
   fetch "$dir/$orig" "$orig"
