@@ -216,9 +216,10 @@ EOF
   cp /usr/lib/ISOLINUX/isolinux.bin /usr/lib/syslinux/modules/bios/ldlinux.c32 "$iso/isolinux/"
   # clearcpuid=321,323 (XSAVEC, XSAVES): Bochs 2.7 reports the standard-format size for the compacted
   # XSAVE format, so a Linux that uses the compacted one (6.0 and later) finds the sizes inconsistent
-  # and turns XSAVE off, AVX-512 with it; under Bochs 3.0, Debian 13's kernel takes a general
-  # protection fault setting the compacted format up (fpu__init_cpu_xstate). The standard format
-  # (XSAVEOPT) works in both.
+  # and turns XSAVE off, AVX-512 with it. Under Bochs 3.0 as a Sapphire Rapids, Debian 13's kernel
+  # takes a general protection fault in fpu__init_cpu_xstate, probably at XSETBV: Bochs has no XFD,
+  # so Linux drops the AMX tile data but keeps the tile configuration, a pair XCR0 refuses. Without
+  # XSAVES, Linux drops AMX altogether (XFD depends on it). The standard format works in both.
   cat >"$iso/isolinux/isolinux.cfg" <<EOF
 default linux
 prompt 0
