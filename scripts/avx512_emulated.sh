@@ -63,12 +63,11 @@ else
   bochs=${AVX512_EMU_BOCHS:-$cache/bochs/bin/bochs}
   kernel_dir=$cache/trixie
   kernel_args="no5lvl"
-  [[ -x $bochs ]] && compgen -G "$kernel_dir/vmlinuz-*-cloud-amd64" >/dev/null ||
-    skip "no $bochs or no kernel in $kernel_dir: run scripts/setup_spr_emulator.sh first"
 fi
 
 for tool in "$bochs" busybox xorriso cpio script apt-get dpkg-deb ldd; do
-  command -v $tool >/dev/null || skip "$tool is missing (see the list of packages at the top of this script)"
+  command -v "$tool" >/dev/null ||
+    skip "$tool is missing (the packages at the top of this script; for sapphire_rapids, scripts/setup_spr_emulator.sh)"
 done
 for f in /usr/share/bochs/BIOS-bochs-latest /usr/share/vgabios/vgabios.bin /usr/lib/ISOLINUX/isolinux.bin \
   /usr/lib/syslinux/modules/bios/ldlinux.c32; do
@@ -78,10 +77,7 @@ done
 models=$("$bochs" --help cpu 2>&1 || true)
 grep -q -x -F "$cpu_model" <<<"$models" ||
   skip "$bochs does not emulate the CPU model $cpu_model ($bochs --help cpu lists those it does)"
-# A Bochs with its debugger built in (Debian's) stops at a prompt first: -rc feeds it "c".
-has_debugger=0
 usage=$("$bochs" --help 2>&1 || true)
-if grep -q -e '^ *-rc ' <<<"$usage"; then has_debugger=1; fi
 bochs_version=$(sed -n 's/.*Bochs x86 Emulator \([0-9][0-9.]*\).*/\1/p' <<<"$usage" | head -1)
 if [[ ${#tests[@]} -eq 0 ]]; then
   # Each covers code with an avx512f (or x86-64-v4) clone or an AVX-512 dispatch; the last four run
@@ -116,6 +112,7 @@ source_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.tx
 mkdir -p "$cache"
 kernel=$(ls "$kernel_dir"/vmlinuz-*-cloud-amd64 2>/dev/null | sort -V | tail -1 || true)
 if [[ -z $kernel ]]; then
+  [[ $kernel_dir == "$cache" ]] || skip "no kernel in $kernel_dir: run scripts/setup_spr_emulator.sh first"
   pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
   [[ -n $pkg ]] || skip "apt knows no linux-image-cloud-amd64 (no Debian apt sources on this machine)"
   tmp=$(mktemp -d)
@@ -253,12 +250,12 @@ EOF
 done
 
 # ---- run the guests -------------------------------------------------------------------------------
-# Debian's bochs-bin has the debugger built in: "c" continues from the first prompt. The terminal
-# display wants a terminal, which script(1) provides. The guest's power-off ends Bochs (ACPI soft off
-# is a "panic" to Bochs, fatal by the settings above).
+# A Bochs with its debugger built in (Debian's bochs-bin) stops at a prompt first: -rc feeds it "c".
+# The terminal display wants a terminal, which script(1) provides. The guest's power-off ends Bochs
+# (ACPI soft off is a "panic" to Bochs, fatal by the settings above).
 printf 'c\nquit\n' >"$work/continue"
 rc_args=""
-[[ $has_debugger == 1 ]] && rc_args="-rc $work/continue"
+if grep -q -e '^ *-rc ' <<<"$usage"; then rc_args="-rc $work/continue"; fi
 start=$(date +%s)
 pids=()
 for ((g = 0; g < guests; g++)); do

@@ -58,11 +58,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 fetch() { curl -fsS --retry 2 -m 600 -o "$2" "$mirror/$1" || fail "could not fetch $mirror/$1"; }
-# sha256_of FILE NAME: the SHA256 that a Release file or an index stanza FILE gives NAME.
-sha256_of() {
-  awk -v name="$2" '/^[A-Za-z0-9-]+:/ {in256 = ($1 == "SHA256:" || $1 == "Checksums-Sha256:")}
-    in256 && NF == 3 && $3 == name {print $1; exit}' "$1"
+# sha256_list FILE: "SHA256 NAME" for each file that a Release file or a Sources stanza lists.
+sha256_list() {
+  awk '/^[A-Za-z0-9-]+:/ {in256 = ($1 == "SHA256:" || $1 == "Checksums-Sha256:")}
+    in256 && NF == 3 {print $1, $3}' "$1"
 }
+# sha256_of FILE NAME: the SHA256 that FILE gives NAME.
+sha256_of() { sha256_list "$1" | awk -v name="$2" '$2 == name {print $1}'; }
 check() {
   [[ -n $2 ]] || fail "no SHA256 for $1"
   echo "$2  $1" | sha256sum -c --quiet - || fail "$1 does not match its SHA256"
@@ -106,8 +108,7 @@ if [[ $have_bochs == 0 ]]; then
   stanza Sources bochs >stanza
   version=$(awk '/^Version:/ {print $2}' stanza)
   dir=$(awk '/^Directory:/ {print $2}' stanza)
-  orig=$(awk '/^Checksums-Sha256:/ {on = 1; next} /^[A-Za-z0-9-]+:/ {on = 0}
-    on && $3 ~ /\.orig\.tar\./ {print $3}' stanza)
+  orig=$(sha256_list stanza | awk '$2 ~ /\.orig\.tar\./ {print $2}')
   [[ -n $version && -n $dir && -n $orig ]] || fail "$suite's Sources has no bochs source package"
   [[ ${version%%.*} -ge 3 ]] || fail "$suite's bochs is $version; AVX512-FP16 needs Bochs 3.0 or later"
   fetch "$dir/$orig" "$orig"
