@@ -13,8 +13,9 @@
 # The bare system is made once and cached as a tarball outside the repository
 # ($GPU_REHEARSAL_CACHE, default /var/cache/libparallel): later runs unpack it in seconds.
 #
-# Needs root (chroot, mounts, namespaces). Exit status: 0 passed, 1 failed, 77 skipped (not root, or
-# no cached system and debootstrap or the mirror unavailable), with one line saying why.
+# Needs root (chroot, mounts, namespaces). Exit status: 0 passed, 1 failed, 77 skipped (not root,
+# "/" not a mount point as in a plain chroot, or no cached system and debootstrap or the mirror
+# unavailable), with one line saying why.
 set -euo pipefail
 
 skip() {
@@ -36,6 +37,11 @@ bundle=$(readlink -f "$1")
 for tool in unshare chroot mount tar; do
   command -v $tool >/dev/null || skip "$tool is missing (util-linux / coreutils)"
 done
+# The check's mounts are kept from the machine by making every mount of its namespace private from
+# "/" down, which needs "/" to be a mount point. Inside a plain chroot it is not, and unshare stops
+# with "cannot change root filesystem propagation".
+awk '$5 == "/" {found = 1} END {exit !found}' /proc/self/mountinfo 2>/dev/null ||
+  skip "/ is not a mount point here (a chroot?), so the check's mounts cannot be made private"
 
 start=$(date +%s)
 # ---- the bare system: cached tarball, else debootstrap ---------------------------------------

@@ -7,7 +7,8 @@
 # test_backend_ops and the two CUDA benchmark programs are added), then scripts/gpu_rehearsal.sh:
 # unpacked in a bare Debian chroot without network, every binary loads and pretrain_gpt trains the
 # tiny config on the CPU as one process, and the report says "no GPU".
-# Skipped (77) with one line when not root, without MPICH, or when no bare system can be made
+# Skipped (77) with one line when not root, without MPICH, inside a plain chroot ("/" not a mount
+# point: gpu_rehearsal.sh says so), or when no bare system can be made
 # (debootstrap or the mirror unavailable, and none cached in /var/cache/libparallel).
 #   gpu_rehearsal_test.sh SOURCE_DIR BINARY_DIR CXX_COMPILER
 set -euo pipefail
